@@ -1,0 +1,322 @@
+//! Criterion benchmarks of kappa-linalg: Newton–Schulz against plain sgemm, SVD and κ against
+//! torch.linalg (through tch), and the iterative κ estimate against the full-SVD κ.
+//!
+//! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench linalg` (and again with 2).
+//! After the criterion output a summary table prints the ratios directly.
+
+use std::time::Duration;
+
+use criterion::{black_box, BenchmarkId, Criterion};
+use kappa_benches::{
+    configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, ns_step_flops, shape_id,
+    F32_SHAPES, F64_SHAPES,
+};
+use kappa_linalg::tch_backend::tensor_from_array;
+use kappa_linalg::{
+    condition_number, condition_number_estimate, newton_schulz_muon, sigma_max_power,
+    sigma_min_inverse, singular_values, svd_thin, IterativeOptions, SvdDriver,
+};
+use ndarray::{linalg::general_mat_mul, Array2, Axis};
+use tch::{Device, Kind, Tensor};
+
+const NS_ND: &str = "ns5_ndarray_f32";
+const NS_TCH: &str = "ns5_tch_f32";
+const SVD: &str = "singular_values";
+const COND: &str = "condition_number";
+const EST: &str = "kappa_estimate_f64";
+
+fn configure(c: Criterion) -> Criterion {
+    c.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+fn wide(x: &Array2<f32>) -> Array2<f32> {
+    if x.nrows() > x.ncols() {
+        x.t().as_standard_layout().to_owned()
+    } else {
+        x.clone()
+    }
+}
+
+fn bench_newton_schulz(c: &mut Criterion) {
+    let mut g = c.benchmark_group(NS_ND);
+    for (m, n) in F32_SHAPES {
+        let id = shape_id(m, n);
+        let x: Array2<f32> = gaussian(m, n, 1);
+        let xw = wide(&x);
+        let (r, s) = xw.dim();
+        let (mut gram, mut a2, mut out) = (
+            Array2::<f32>::zeros((r, r)),
+            Array2::<f32>::zeros((r, r)),
+            Array2::<f32>::zeros((r, s)),
+        );
+        // The three products of one quintic step, into preallocated buffers: plain sgemm.
+        g.bench_function(BenchmarkId::new("sgemm_step", &id), |b| {
+            b.iter(|| {
+                general_mat_mul(1.0, &xw, &xw.t(), 0.0, &mut gram);
+                general_mat_mul(1.0, &gram, &gram, 0.0, &mut a2);
+                general_mat_mul(1.0, &a2, &xw, 0.0, &mut out);
+                black_box(&out);
+            })
+        });
+        g.bench_function(BenchmarkId::new("ns5", &id), |b| {
+            b.iter(|| newton_schulz_muon(black_box(&x)).expect("ns5"))
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group(NS_TCH);
+    for (m, n) in F32_SHAPES {
+        let id = shape_id(m, n);
+        let x: Array2<f32> = gaussian(m, n, 1);
+        let t = tensor_from_array(x.view(), Kind::Float, Device::Cpu).expect("tensor");
+        let tw = tensor_from_array(wide(&x).view(), Kind::Float, Device::Cpu).expect("tensor");
+        g.bench_function(BenchmarkId::new("sgemm_step", &id), |b| {
+            b.iter(|| {
+                let gram = tw.mm(&tw.tr());
+                let a2 = gram.mm(&gram);
+                black_box(a2.mm(&tw))
+            })
+        });
+        g.bench_function(BenchmarkId::new("ns5", &id), |b| {
+            b.iter(|| newton_schulz_muon(black_box(&t)).expect("ns5"))
+        });
+    }
+    g.finish();
+}
+
+/// torch.linalg.svdvals on CPU. tch's `linalg_svdvals` always passes the CUDA-only `driver`
+/// argument (an error on CPU) and `torch.svd(compute_uv=False)` takes a ~3× slower path, so this
+/// calls `torch.linalg.matrix_norm(A, 2)`, which is `svdvals(A).amax()` (same kernel as
+/// `torch.linalg.svdvals`, plus a max over k values).
+fn torch_svdvals(t: &Tensor) -> Tensor {
+    t.linalg_norm(2, [0i64, 1].as_slice(), false, None::<Kind>)
+}
+
+fn bench_svd_and_cond(c: &mut Criterion) {
+    let mut g = c.benchmark_group(SVD);
+    for (m, n, dt) in shapes_with_dtype() {
+        let id = shape_id(m, n);
+        match dt {
+            Kind::Float => {
+                let a: Array2<f32> = gaussian(m, n, 2);
+                let t = tensor_from_array(a.view(), dt, Device::Cpu).expect("tensor");
+                g.bench_function(BenchmarkId::new("gesvd", &id), |b| {
+                    b.iter(|| singular_values(black_box(a.view()), SvdDriver::QrIteration))
+                });
+                g.bench_function(BenchmarkId::new("gesdd", &id), |b| {
+                    b.iter(|| singular_values(black_box(a.view()), SvdDriver::DivideAndConquer))
+                });
+                g.bench_function(BenchmarkId::new("torch_svdvals", &id), |b| {
+                    b.iter(|| torch_svdvals(black_box(&t)))
+                });
+            }
+            _ => {
+                let a: Array2<f64> = gaussian(m, n, 2);
+                let t = tensor_from_array(a.view(), dt, Device::Cpu).expect("tensor");
+                g.bench_function(BenchmarkId::new("gesvd", &id), |b| {
+                    b.iter(|| singular_values(black_box(a.view()), SvdDriver::QrIteration))
+                });
+                g.bench_function(BenchmarkId::new("gesdd", &id), |b| {
+                    b.iter(|| singular_values(black_box(a.view()), SvdDriver::DivideAndConquer))
+                });
+                g.bench_function(BenchmarkId::new("torch_svdvals", &id), |b| {
+                    b.iter(|| torch_svdvals(black_box(&t)))
+                });
+            }
+        }
+    }
+    g.finish();
+    let mut gc = c.benchmark_group(COND);
+    for (m, n, dt) in shapes_with_dtype() {
+        let id = shape_id(m, n);
+        match dt {
+            Kind::Float => {
+                let a: Array2<f32> = gaussian(m, n, 3);
+                let t = tensor_from_array(a.view(), dt, Device::Cpu).expect("tensor");
+                gc.bench_function(BenchmarkId::new("kappa_linalg", &id), |b| {
+                    b.iter(|| condition_number(black_box(a.view())))
+                });
+                gc.bench_function(BenchmarkId::new("torch_cond", &id), |b| {
+                    b.iter(|| black_box(&t).linalg_cond(2))
+                });
+            }
+            _ => {
+                let a: Array2<f64> = gaussian(m, n, 3);
+                let t = tensor_from_array(a.view(), dt, Device::Cpu).expect("tensor");
+                gc.bench_function(BenchmarkId::new("kappa_linalg", &id), |b| {
+                    b.iter(|| condition_number(black_box(a.view())))
+                });
+                gc.bench_function(BenchmarkId::new("torch_cond", &id), |b| {
+                    b.iter(|| black_box(&t).linalg_cond(2))
+                });
+            }
+        }
+    }
+    gc.finish();
+}
+
+fn shapes_with_dtype() -> Vec<(usize, usize, Kind)> {
+    F32_SHAPES
+        .iter()
+        .map(|&(m, n)| (m, n, Kind::Float))
+        .chain(F64_SHAPES.iter().map(|&(m, n)| (m, n, Kind::Double)))
+        .collect()
+}
+
+/// A tall matrix with singular values spaced geometrically from 1 down to 1e-3 (κ = 1000).
+fn graded(m: usize, n: usize) -> Array2<f64> {
+    let g: Array2<f64> = gaussian(m, n, 5);
+    let f = svd_thin(g.view(), SvdDriver::QrIteration).expect("svd");
+    let k = f.s.len();
+    let s = ndarray::Array1::from_shape_fn(k, |i| 10f64.powf(-3.0 * i as f64 / (k - 1) as f64));
+    (&f.u * &s.view().insert_axis(Axis(0))).dot(&f.vt)
+}
+
+fn estimate_inputs() -> Vec<(String, Array2<f64>)> {
+    let mut v: Vec<(String, Array2<f64>)> = F64_SHAPES
+        .iter()
+        .map(|&(m, n)| (shape_id(m, n), gaussian(m, n, 4)))
+        .collect();
+    v.push(("graded_4096x256".to_string(), graded(4096, 256)));
+    v
+}
+
+fn bench_estimate(c: &mut Criterion) {
+    let mut g = c.benchmark_group(EST);
+    let opts = IterativeOptions::default();
+    for (id, a) in estimate_inputs() {
+        g.bench_function(BenchmarkId::new("full_svd", &id), |b| {
+            b.iter(|| condition_number(black_box(a.view())))
+        });
+        g.bench_function(BenchmarkId::new("lanczos", &id), |b| {
+            b.iter(|| condition_number_estimate(black_box(a.view()), opts))
+        });
+        g.bench_function(BenchmarkId::new("power_sigma_max", &id), |b| {
+            b.iter(|| sigma_max_power(black_box(a.view()), opts))
+        });
+        g.bench_function(BenchmarkId::new("inverse_sigma_min", &id), |b| {
+            b.iter(|| sigma_min_inverse(black_box(a.view()), opts))
+        });
+    }
+    g.finish();
+}
+
+fn ratio(num: Option<f64>, den: Option<f64>) -> Option<f64> {
+    Some(num? / den?)
+}
+
+fn summary(threads: usize) {
+    println!("\n==== kappa-linalg benchmark summary (threads = {threads}, medians) ====");
+    println!("\nNewton–Schulz quintic, 5 steps, f32: throughput as a fraction of plain sgemm");
+    println!("(fraction = 5 × t(sgemm_step) / t(ns5); sgemm_step = the 3 products of one step; goal ≥ 0.90)");
+    println!(
+        "{:<10} {:<8} {:>14} {:>10} {:>12} {:>10} {:>9}",
+        "shape", "backend", "sgemm_step ms", "ns5 ms", "sgemm GF/s", "ns5 GF/s", "fraction"
+    );
+    for (group, backend) in [(NS_ND, "ndarray"), (NS_TCH, "tch")] {
+        for (m, n) in F32_SHAPES {
+            let id = shape_id(m, n);
+            let step = median_seconds(group, "sgemm_step", &id);
+            let ns = median_seconds(group, "ns5", &id);
+            let fl = ns_step_flops(m, n);
+            println!(
+                "{:<10} {:<8} {:>14} {:>10} {:>12} {:>10} {:>9}",
+                id,
+                backend,
+                fmt_ms(step),
+                fmt_ms(ns),
+                fmt_ratio(step.map(|t| fl / t * 1e-9)),
+                fmt_ratio(ns.map(|t| 5.0 * fl / t * 1e-9)),
+                fmt_ratio(ratio(step.map(|t| 5.0 * t), ns)),
+            );
+        }
+    }
+    println!(
+        "\nSingular values and κ against torch.linalg (ratio = ours / torch; < 1 means faster)"
+    );
+    println!(
+        "{:<10} {:<4} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9} {:>10} {:>9}",
+        "shape",
+        "type",
+        "gesvd ms",
+        "gesdd ms",
+        "torch ms",
+        "gesvd/torch",
+        "gesdd/torch",
+        "κ ms",
+        "torch κ ms",
+        "κ/torch"
+    );
+    for (m, n, dt) in shapes_with_dtype() {
+        let id = shape_id(m, n);
+        let gesvd = median_seconds(SVD, "gesvd", &id);
+        let gesdd = median_seconds(SVD, "gesdd", &id);
+        let torch = median_seconds(SVD, "torch_svdvals", &id);
+        let k = median_seconds(COND, "kappa_linalg", &id);
+        let tk = median_seconds(COND, "torch_cond", &id);
+        println!(
+            "{:<10} {:<4} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9} {:>10} {:>9}",
+            id,
+            if dt == Kind::Float { "f32" } else { "f64" },
+            fmt_ms(gesvd),
+            fmt_ms(gesdd),
+            fmt_ms(torch),
+            fmt_ratio(ratio(gesvd, torch)),
+            fmt_ratio(ratio(gesdd, torch)),
+            fmt_ms(k),
+            fmt_ms(tk),
+            fmt_ratio(ratio(k, tk)),
+        );
+    }
+    println!("\nIterative κ (Golub–Kahan–Lanczos, default options) against the full-SVD κ, f64");
+    println!("(goal at 4096x256: speedup ≥ 10 with relative error ≤ 1%)");
+    println!(
+        "{:<16} {:>9} {:>10} {:>8} {:>6} {:>9} {:>10} {:>12} {:>13}",
+        "input",
+        "svd ms",
+        "lanczos ms",
+        "speedup",
+        "steps",
+        "converged",
+        "rel. error",
+        "power σmax ms",
+        "inverse σmin ms"
+    );
+    let opts = IterativeOptions::default();
+    for (id, a) in estimate_inputs() {
+        let full = median_seconds(EST, "full_svd", &id);
+        let lz = median_seconds(EST, "lanczos", &id);
+        let pw = median_seconds(EST, "power_sigma_max", &id);
+        let inv = median_seconds(EST, "inverse_sigma_min", &id);
+        let exact = condition_number(a.view()).ok();
+        let est = condition_number_estimate(a.view(), opts).ok();
+        let err = match (exact, est) {
+            (Some(k), Some(e)) => Some((e.kappa - k).abs() / k),
+            _ => None,
+        };
+        println!(
+            "{:<16} {:>9} {:>10} {:>8} {:>6} {:>9} {:>10} {:>12} {:>13}",
+            id,
+            fmt_ms(full),
+            fmt_ms(lz),
+            fmt_ratio(ratio(full, lz)),
+            est.map_or("n/a".into(), |e| e.iterations.to_string()),
+            est.map_or("n/a".into(), |e| e.converged.to_string()),
+            err.map_or("n/a".into(), |e| format!("{e:.2e}")),
+            fmt_ms(pw),
+            fmt_ms(inv),
+        );
+    }
+}
+
+fn main() {
+    let threads = configure_threads();
+    let mut c = configure(Criterion::default()).configure_from_args();
+    bench_newton_schulz(&mut c);
+    bench_svd_and_cond(&mut c);
+    bench_estimate(&mut c);
+    c.final_summary();
+    summary(threads);
+}

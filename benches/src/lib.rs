@@ -1,0 +1,103 @@
+//! kappa-benches: shared helpers for the criterion benchmarks (threads, inputs, summaries).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use ndarray::Array2;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+/// The f32 shapes of the transformer sizes used in kappa (rows, cols).
+pub const F32_SHAPES: [(usize, usize); 5] =
+    [(64, 64), (384, 384), (384, 1536), (768, 768), (768, 3072)];
+
+/// The f64 shapes (rows, cols).
+pub const F64_SHAPES: [(usize, usize); 3] = [(256, 256), (1024, 1024), (4096, 256)];
+
+/// Reads `KAPPA_BENCH_THREADS` (1 or 2; default 1), makes OpenBLAS and libtorch use that many
+/// threads, and returns it.
+///
+/// OpenBLAS reads `OPENBLAS_NUM_THREADS` once, when the library is loaded, so when that variable
+/// does not already hold the requested count the benchmark re-executes itself with it set (and
+/// `OMP_NUM_THREADS` for libtorch's OpenMP pool) and exits with the child's status.
+pub fn configure_threads() -> usize {
+    let threads = match std::env::var("KAPPA_BENCH_THREADS").ok().as_deref() {
+        None | Some("") | Some("1") => 1,
+        Some("2") => 2,
+        Some(other) => {
+            eprintln!("KAPPA_BENCH_THREADS must be 1 or 2, found {other:?}");
+            std::process::exit(2);
+        }
+    };
+    let want = threads.to_string();
+    let has = std::env::var("OPENBLAS_NUM_THREADS").ok();
+    if has.as_deref() != Some(want.as_str()) {
+        let exe = std::env::current_exe().expect("the benchmark's own path");
+        let status = Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env("OPENBLAS_NUM_THREADS", &want)
+            .env("OMP_NUM_THREADS", &want)
+            .env("KAPPA_BENCH_THREADS", &want)
+            .status()
+            .expect("re-executing the benchmark with OPENBLAS_NUM_THREADS set");
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    tch::set_num_threads(threads as i32);
+    threads
+}
+
+/// A seeded Gaussian matrix.
+pub fn gaussian<A: kappa_linalg::Real>(rows: usize, cols: usize, seed: u64) -> Array2<A> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    Array2::from_shape_simple_fn((rows, cols), || {
+        A::from_f64_lossy(StandardNormal.sample(&mut rng))
+    })
+}
+
+/// `rows`x`cols` as a benchmark parameter string.
+pub fn shape_id(rows: usize, cols: usize) -> String {
+    format!("{rows}x{cols}")
+}
+
+/// Flops of one quintic Newton–Schulz step on an m×n matrix (wide orientation r = min, s = max):
+/// Gram 2r²s, A·A 2r³, B·X 2r²s.
+pub fn ns_step_flops(rows: usize, cols: usize) -> f64 {
+    let (r, s) = (rows.min(cols) as f64, rows.max(cols) as f64);
+    4.0 * r * r * s + 2.0 * r * r * r
+}
+
+fn criterion_dir() -> Option<PathBuf> {
+    if let Some(h) = std::env::var_os("CRITERION_HOME") {
+        return Some(PathBuf::from(h));
+    }
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        return Some(PathBuf::from(t).join("criterion"));
+    }
+    // target/release/deps/linalg-<hash>
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.parent()?.parent()?.join("criterion"))
+}
+
+/// The median time in seconds criterion recorded for `group/function/parameter` in this run.
+pub fn median_seconds(group: &str, function: &str, parameter: &str) -> Option<f64> {
+    let path = criterion_dir()?
+        .join(group)
+        .join(function)
+        .join(parameter)
+        .join("new")
+        .join("estimates.json");
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["median"]["point_estimate"].as_f64().map(|ns| ns * 1e-9)
+}
+
+/// Formats an optional ratio.
+pub fn fmt_ratio(x: Option<f64>) -> String {
+    x.map_or_else(|| "n/a".to_string(), |x| format!("{x:.3}"))
+}
+
+/// Formats optional seconds as milliseconds.
+pub fn fmt_ms(x: Option<f64>) -> String {
+    x.map_or_else(|| "n/a".to_string(), |x| format!("{:.3}", x * 1e3))
+}

@@ -1,0 +1,3 @@
+//! The experiments, one module each.
+
+pub mod random_spectra;

@@ -1,0 +1,24 @@
+//! kappa-experiments: the experiment registry behind `cargo xtask reproduce`.
+//!
+//! An experiment is data: a typed config per [`Scale`] (serialized to `config.toml`), a seed, and
+//! a run folder with `config.toml`, `metrics.jsonl` and `run.json`. After the runs, each
+//! experiment turns its run folders — never in-memory state — into a section of
+//! `results/report.md`, with tables beside the papers' numbers and PNG plots.
+//!
+//! The principal types: [`Experiment`] (what an experiment implements), [`Run`] (a run folder
+//! being written), [`RunRecord`] (a finished run folder read back), [`plot::LinePlot`] and
+//! [`report::Section`].
+
+pub mod experiments;
+pub mod plot;
+pub mod registry;
+pub mod report;
+pub mod run;
+pub mod runner;
+pub mod scale;
+pub mod stats;
+
+pub use registry::{registry, Experiment, RegisteredExperiment};
+pub use report::Section;
+pub use run::{Run, RunRecord, RunStatus};
+pub use scale::Scale;

@@ -1,0 +1,114 @@
+//! The `kappa-experiments` binary, normally started by `cargo xtask reproduce`.
+//!
+//! - `kappa-experiments list [--only NAME]…` names the experiments and the claims they test.
+//! - `kappa-experiments data-needs [--only NAME]…` prints the data sets they read.
+//! - `kappa-experiments reproduce --scale S --results DIR --data DIR [--only NAME]… [--seeds N]`
+//!   runs them and writes `DIR/report.md`.
+//! - `kappa-experiments report --scale S --results DIR` rebuilds the report from run folders.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use kappa_experiments::runner::{report, reproduce, select, Settings};
+use kappa_experiments::Scale;
+
+#[derive(Parser)]
+#[command(
+    name = "kappa-experiments",
+    about = "Run kappa's experiments and write the report"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct Selection {
+    /// Only these experiments (repeatable).
+    #[arg(long)]
+    only: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Name every experiment and the paper claim it tests.
+    List(Selection),
+    /// Print the data sets the selected experiments read, one per line.
+    DataNeeds(Selection),
+    /// Run the selected experiments, then write the report.
+    Reproduce {
+        #[command(flatten)]
+        selection: Selection,
+        /// smoke, cpu or paper.
+        #[arg(long, default_value = "cpu")]
+        scale: Scale,
+        /// Seeds per experiment (default: each experiment's own).
+        #[arg(long)]
+        seeds: Option<u32>,
+        /// BLAS and libtorch threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// cpu, cuda or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// The results folder.
+        #[arg(long, default_value = "results")]
+        results: PathBuf,
+        /// The data folder that `cargo xtask setup` fills.
+        #[arg(long, default_value = "data")]
+        data: PathBuf,
+    },
+    /// Rebuild the report from existing run folders.
+    Report {
+        /// smoke, cpu or paper.
+        #[arg(long, default_value = "cpu")]
+        scale: Scale,
+        /// The results folder.
+        #[arg(long, default_value = "results")]
+        results: PathBuf,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::List(selection) => {
+            for e in select(&selection.only)? {
+                println!("{:<16} {}", e.name(), e.claim());
+            }
+        }
+        Command::DataNeeds(selection) => {
+            let needs: BTreeSet<&str> = select(&selection.only)?
+                .iter()
+                .flat_map(|e| e.data_needs().iter().copied())
+                .collect();
+            for need in needs {
+                println!("{need}");
+            }
+        }
+        Command::Reproduce {
+            selection,
+            scale,
+            seeds,
+            threads,
+            device,
+            results,
+            data,
+        } => {
+            let experiments = select(&selection.only)?;
+            let settings = Settings {
+                scale,
+                seeds,
+                threads,
+                device: &device,
+                results: &results,
+                data: &data,
+            };
+            reproduce(&experiments, &settings)?;
+            report(scale, &results)?;
+        }
+        Command::Report { scale, results } => report(scale, &results)?,
+    }
+    Ok(())
+}

@@ -1,0 +1,56 @@
+//! Every experiment runs at `--scale smoke` and the report is generated with a table and a PNG.
+
+use std::fs;
+
+use kappa_experiments::runner::{report, reproduce, select, Settings};
+use kappa_experiments::Scale;
+
+#[test]
+fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
+    let results = std::env::temp_dir().join(format!("kappa-smoke-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&results);
+    let experiments = select(&[]).unwrap();
+    let settings = Settings {
+        scale: Scale::Smoke,
+        seeds: Some(2),
+        threads: 1,
+        device: "cpu",
+        results: &results,
+        data: &results.join("no-data-needed"),
+    };
+    reproduce(&experiments, &settings).unwrap();
+    report(Scale::Smoke, &results).unwrap();
+
+    let text = fs::read_to_string(results.join("report.md")).unwrap();
+    for e in &experiments {
+        assert!(
+            text.contains(&format!("## {}", e.name())),
+            "no section for {}",
+            e.name()
+        );
+    }
+    assert!(text.contains("|---|"), "the report has no table");
+    let images: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("![").and_then(|r| r.split_once("](")))
+        .map(|(_, path)| path.trim_end_matches(')'))
+        .collect();
+    assert!(!images.is_empty(), "the report embeds no plot");
+    for image in images {
+        let bytes = fs::read(results.join(image)).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{image} is not a PNG");
+    }
+    fs::remove_dir_all(&results).unwrap();
+}
+
+#[test]
+fn unknown_experiments_are_named_in_the_error() {
+    let err = select(&["no-such-thing".to_string()])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("no-such-thing") && err.contains("random-spectra"),
+        "{err}"
+    );
+}

@@ -1,0 +1,244 @@
+//! Condition numbers and numerical rank, under one rule.
+//!
+//! # The rule
+//!
+//! Let A ∈ ℝ^{m×n}, k = min(m, n), σ₁ ≥ … ≥ σ_k ≥ 0 its singular values and τ ≥ 0 a threshold
+//! given by a [`RankTolerance`] (by default numpy's `matrix_rank` rule τ = σ₁·max(m, n)·ε, with ε
+//! the machine epsilon of the element type). Then
+//!
+//! * the **numerical rank** is r = #{i : σ_i > τ};
+//! * the **2-norm condition number** is κ(A) = σ₁/σ_k if r = k, and **κ(A) = +∞** if r < k
+//!   (A is numerically rank-deficient, including A = 0). It is a value, never an error;
+//! * the **pseudo condition number** is κ⁺(A) = σ₁/σ_r over the singular values above τ, for
+//!   r ≥ 1, and κ⁺(0) = +∞ (the zero matrix has no singular value above any threshold).
+//!
+//! So κ⁺ = κ whenever κ is finite, κ ≥ 1 and κ⁺ ≥ 1 always, κ(αA) = κ(A) for α ≠ 0 (τ scales
+//! with σ₁), and κ(Q) = 1 for Q with orthonormal rows or columns. With
+//! `RankTolerance::Absolute(0.0)` the rule reduces to the raw ratio σ₁/σ_k (∞ only when σ_k is
+//! exactly 0), which is numpy's `cond`.
+//!
+//! Why the default threshold: below τ a computed singular value carries no information, since the
+//! SVD's backward error is of order max(m, n)·ε·σ₁ (see [`crate::svd`]). The default therefore
+//! reports κ = ∞ exactly when the ratio could not be trusted to any digit.
+
+use ndarray::{ArrayView1, ArrayView2};
+
+use crate::error::{check_nonneg, check_vector, LinalgError, Result};
+use crate::scalar::Real;
+use crate::svd::{singular_values, SvdDriver};
+
+/// The threshold τ below which a singular value counts as zero (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum RankTolerance {
+    /// numpy's `matrix_rank` default: τ = σ₁·max(m, n)·ε (ε of the element type).
+    #[default]
+    Numpy,
+    /// τ = rtol·σ₁, for a finite rtol ≥ 0.
+    Relative(f64),
+    /// τ = atol, for a finite atol ≥ 0.
+    Absolute(f64),
+}
+
+impl RankTolerance {
+    /// The threshold τ for a matrix with `rows`×`cols` entries of type `A` and largest singular
+    /// value `sigma_max`.
+    ///
+    /// Errors: [`LinalgError::InvalidArgument`] (argument `tol`) for a negative or non-finite
+    /// relative/absolute tolerance.
+    pub fn threshold<A: Real>(self, sigma_max: f64, rows: usize, cols: usize) -> Result<f64> {
+        match self {
+            RankTolerance::Numpy => Ok(sigma_max * rows.max(cols) as f64 * A::EPS),
+            RankTolerance::Relative(r) => {
+                check_nonneg("tol", r)?;
+                Ok(r * sigma_max)
+            }
+            RankTolerance::Absolute(t) => {
+                check_nonneg("tol", t)?;
+                Ok(t)
+            }
+        }
+    }
+}
+
+/// Everything the rule of this module derives from a spectrum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Conditioning<A> {
+    /// κ = σ₁/σ_k, or +∞ if the numerical rank is below k.
+    pub kappa: A,
+    /// κ⁺ = σ₁/σ_r over the singular values above τ; +∞ for the zero matrix.
+    pub pseudo_kappa: A,
+    /// The numerical rank r.
+    pub rank: usize,
+    /// σ₁.
+    pub sigma_max: A,
+    /// σ_k, the min(m, n)-th singular value (possibly 0).
+    pub sigma_min: A,
+    /// The threshold τ that was applied.
+    pub threshold: A,
+}
+
+/// Applies the rule of this module to precomputed singular values of a `rows`×`cols` matrix
+/// (any order; they are sorted here).
+///
+/// Use it to get κ, κ⁺ and the rank from one SVD. Cost: O(k log k).
+///
+/// Errors: `s` empty or non-finite, `s` negative (argument `s`), `s.len() != min(rows, cols)`
+/// (argument `s`), and an invalid `tol`.
+///
+/// ```
+/// use kappa_linalg::{conditioning_from_singular_values, RankTolerance};
+/// let s = ndarray::array![4.0, 2.0, 0.0];
+/// let c = conditioning_from_singular_values(s.view(), 3, 3, RankTolerance::Numpy).unwrap();
+/// assert_eq!((c.rank, c.kappa, c.pseudo_kappa), (2, f64::INFINITY, 2.0));
+/// ```
+pub fn conditioning_from_singular_values<A: Real>(
+    s: ArrayView1<'_, A>,
+    rows: usize,
+    cols: usize,
+    tol: RankTolerance,
+) -> Result<Conditioning<A>> {
+    check_vector("s", &s)?;
+    let k = rows.min(cols);
+    if s.len() != k {
+        return Err(LinalgError::ShapeMismatch {
+            arg: "s",
+            expected: format!("min(rows, cols) = {k} singular values"),
+            found: format!("{} values", s.len()),
+        });
+    }
+    if let Some(i) = s.iter().position(|&x| x < A::zero()) {
+        return Err(LinalgError::InvalidArgument {
+            arg: "s",
+            reason: format!("singular values are ≥ 0, found s[{i}] = {}", s[i]),
+        });
+    }
+    let mut v: Vec<A> = s.to_vec();
+    v.sort_by(|a, b| b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal));
+    let smax = v[0];
+    let smin = v[k - 1];
+    let tau = A::from_f64_lossy(tol.threshold::<A>(smax.to_f64_lossy(), rows, cols)?);
+    let rank = v.iter().filter(|&&x| x > tau).count();
+    let inf = A::infinity();
+    let kappa = if rank == k { smax / smin } else { inf };
+    let pseudo_kappa = if rank == 0 { inf } else { smax / v[rank - 1] };
+    Ok(Conditioning {
+        kappa,
+        pseudo_kappa,
+        rank,
+        sigma_max: smax,
+        sigma_min: smin,
+        threshold: tau,
+    })
+}
+
+/// κ, κ⁺, the numerical rank and the extreme singular values of `a`, from one SVD (singular
+/// values only, [`SvdDriver::QrIteration`]).
+///
+/// Cost: one SVD, ~4mn² flops (m ≥ n). Accuracy: the relative error of a finite κ is at most
+/// about p(m,n)·ε·κ (from the SVD's absolute error p(m,n)·ε·σ₁ in σ_k).
+///
+/// Errors: `a` empty or non-finite; an invalid `tol`; LAPACK failure.
+pub fn conditioning<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result<Conditioning<A>> {
+    // Validate `tol` before the expensive part.
+    tol.threshold::<A>(1.0, 1, 1)?;
+    let s = singular_values(a, SvdDriver::QrIteration)?;
+    let (m, n) = a.dim();
+    conditioning_from_singular_values(s.view(), m, n, tol)
+}
+
+/// The 2-norm condition number κ(A) = σ₁/σ_k, k = min(m, n), with the default rank rule
+/// ([`RankTolerance::Numpy`]): +∞ for numerically rank-deficient `a` (see the module docs).
+///
+/// Works for any rectangular shape. Cost: one SVD (singular values only).
+///
+/// Errors: [`LinalgError::Empty`] and [`LinalgError::NonFinite`] for argument `a`.
+///
+/// ```
+/// use kappa_linalg::condition_number;
+/// let a = ndarray::array![[2.0, 0.0], [0.0, 0.5], [0.0, 0.0]];
+/// assert_eq!(condition_number(a.view()).unwrap(), 4.0);
+/// let singular = ndarray::array![[1.0, 2.0], [2.0, 4.0]];
+/// assert_eq!(condition_number(singular.view()).unwrap(), f64::INFINITY);
+/// ```
+pub fn condition_number<A: Real>(a: ArrayView2<'_, A>) -> Result<A> {
+    Ok(conditioning(a, RankTolerance::Numpy)?.kappa)
+}
+
+/// κ(A) under an explicit [`RankTolerance`] (e.g. `Absolute(0.0)` for the raw ratio σ₁/σ_k).
+///
+/// ```
+/// use kappa_linalg::{condition_number_with, RankTolerance};
+/// let a = ndarray::array![[1.0, 0.0], [0.0, 1e-17]];
+/// assert_eq!(condition_number_with(a.view(), RankTolerance::Numpy).unwrap(), f64::INFINITY);
+/// assert_eq!(condition_number_with(a.view(), RankTolerance::Absolute(0.0)).unwrap(), 1e17);
+/// ```
+pub fn condition_number_with<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result<A> {
+    Ok(conditioning(a, tol)?.kappa)
+}
+
+/// The pseudo condition number κ⁺(A) = σ₁/σ_r over the r singular values above the threshold
+/// (numpy's rule by default): the conditioning of A on its numerical range, as needed for
+/// matrices that are singular by construction (e.g. the softmax Jacobian diag(p) − ppᵀ, whose
+/// rows sum to 0). +∞ only for the zero matrix.
+///
+/// ```
+/// use kappa_linalg::{pseudo_condition_number, RankTolerance};
+/// // diag(p) − ppᵀ for p = (1/2, 1/4, 1/4) has rank 2 (its rows sum to 0).
+/// let p = [0.5, 0.25, 0.25];
+/// let j = ndarray::Array2::from_shape_fn((3, 3), |(i, k)| (i == k) as u8 as f64 * p[i] - p[i] * p[k]);
+/// let k = pseudo_condition_number(j.view(), RankTolerance::Numpy).unwrap();
+/// assert!(k.is_finite() && k >= 1.0);
+/// ```
+pub fn pseudo_condition_number<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result<A> {
+    Ok(conditioning(a, tol)?.pseudo_kappa)
+}
+
+/// The numerical rank r = #{σ_i > τ} (numpy's `matrix_rank` with [`RankTolerance::Numpy`]).
+///
+/// ```
+/// use kappa_linalg::{numerical_rank, RankTolerance};
+/// let a = ndarray::array![[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]];
+/// assert_eq!(numerical_rank(a.view(), RankTolerance::Numpy).unwrap(), 1);
+/// ```
+pub fn numerical_rank<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result<usize> {
+    Ok(conditioning(a, tol)?.rank)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numpy_threshold() {
+        let t = RankTolerance::Numpy.threshold::<f64>(2.0, 3, 5).unwrap();
+        assert_eq!(t, 2.0 * 5.0 * f64::EPSILON);
+        let t = RankTolerance::Numpy.threshold::<f32>(1.0, 4, 2).unwrap();
+        assert_eq!(t, 4.0 * f64::from(f32::EPSILON));
+        assert_eq!(
+            RankTolerance::Relative(0.1)
+                .threshold::<f64>(3.0, 1, 1)
+                .unwrap(),
+            0.30000000000000004
+        );
+        assert_eq!(
+            RankTolerance::Absolute(0.5)
+                .threshold::<f64>(3.0, 1, 1)
+                .unwrap(),
+            0.5
+        );
+    }
+
+    #[test]
+    fn rule_on_given_spectra() {
+        let s = ndarray::array![1.0, 0.5, 1e-20];
+        let c = conditioning_from_singular_values(s.view(), 3, 4, RankTolerance::Numpy).unwrap();
+        assert_eq!((c.rank, c.kappa, c.pseudo_kappa), (2, f64::INFINITY, 2.0));
+        let raw = conditioning_from_singular_values(s.view(), 3, 4, RankTolerance::Absolute(0.0))
+            .unwrap();
+        assert_eq!((raw.rank, raw.kappa), (3, 1e20));
+        // Unsorted input is sorted.
+        let u = ndarray::array![0.5, 2.0];
+        let c = conditioning_from_singular_values(u.view(), 2, 2, RankTolerance::Numpy).unwrap();
+        assert_eq!((c.sigma_max, c.sigma_min, c.kappa), (2.0, 0.5, 4.0));
+    }
+}

@@ -1,0 +1,241 @@
+//! The crate's one error type, and the input checks every public entry point runs first.
+//!
+//! Every error names the argument it is about (`arg`, the parameter name as written in the
+//! function's signature) and the problem, so a message such as
+//! ``argument `a` has a non-finite entry NaN at (2, 0)`` points straight at the bad value.
+
+use ndarray::{ArrayView1, ArrayView2};
+
+/// Everything that can go wrong in `kappa-linalg`.
+///
+/// Bad input (empty matrices, NaN or ±∞ entries, mismatched shapes, invalid parameters) is always
+/// reported through this enum; no public function panics on user input.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinalgError {
+    /// A matrix or vector argument has no entries.
+    #[error("argument `{arg}` is empty (shape {rows}×{cols}); a non-empty matrix is required")]
+    Empty {
+        /// The argument's name.
+        arg: &'static str,
+        /// Its number of rows (the length, for a vector).
+        rows: usize,
+        /// Its number of columns (1 for a vector).
+        cols: usize,
+    },
+    /// A matrix or vector argument has a NaN or ±∞ entry.
+    #[error("argument `{arg}` has a non-finite entry {value} at ({row}, {col})")]
+    NonFinite {
+        /// The argument's name.
+        arg: &'static str,
+        /// Row of the first non-finite entry (the index, for a vector).
+        row: usize,
+        /// Column of the first non-finite entry (0 for a vector).
+        col: usize,
+        /// The offending value (NaN, inf or -inf).
+        value: f64,
+    },
+    /// An argument's shape does not fit the other arguments.
+    #[error("argument `{arg}` has shape {found}, expected {expected}")]
+    ShapeMismatch {
+        /// The argument's name.
+        arg: &'static str,
+        /// What was expected, in words (e.g. `"3 rows, to match a's 3 columns"`).
+        expected: String,
+        /// The shape that was passed, e.g. `"4×5"`.
+        found: String,
+    },
+    /// A square matrix was required.
+    #[error("argument `{arg}` must be square, found {rows}×{cols}")]
+    NotSquare {
+        /// The argument's name.
+        arg: &'static str,
+        /// Its number of rows.
+        rows: usize,
+        /// Its number of columns.
+        cols: usize,
+    },
+    /// A symmetric matrix was required.
+    #[error(
+        "argument `{arg}` is not symmetric: max |a_ij − a_ji| = {asymmetry:e} exceeds the tolerance {tolerance:e}"
+    )]
+    NotSymmetric {
+        /// The argument's name.
+        arg: &'static str,
+        /// The largest entrywise asymmetry found.
+        asymmetry: f64,
+        /// The tolerance it was compared with.
+        tolerance: f64,
+    },
+    /// A positive semidefinite matrix was required.
+    #[error(
+        "argument `{arg}` is not positive semidefinite: it has the eigenvalue {eigenvalue:e}, below −{tolerance:e}"
+    )]
+    NotPositiveSemidefinite {
+        /// The argument's name.
+        arg: &'static str,
+        /// The most negative eigenvalue.
+        eigenvalue: f64,
+        /// The tolerance below zero that is still accepted as zero.
+        tolerance: f64,
+    },
+    /// A scalar or option argument is out of its domain (negative tolerance, zero steps, ...).
+    #[error("argument `{arg}` is invalid: {reason}")]
+    InvalidArgument {
+        /// The argument's name.
+        arg: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The result would not fit in memory (or its size overflows `usize`).
+    #[error("argument `{arg}` is too large: {reason}")]
+    TooLarge {
+        /// The argument's name.
+        arg: &'static str,
+        /// Why the result cannot be built.
+        reason: String,
+    },
+    /// A tensor has an element type the backend does not compute in.
+    #[error("argument `{arg}` has element type {dtype}; supported: {supported}")]
+    UnsupportedDtype {
+        /// The argument's name.
+        arg: &'static str,
+        /// The element type found.
+        dtype: String,
+        /// The element types that are supported.
+        supported: &'static str,
+    },
+    /// A LAPACK routine reported a failure (for example no convergence of the QR iteration).
+    #[error("LAPACK ({routine}) failed on argument `{arg}`: {message}")]
+    Lapack {
+        /// The argument's name.
+        arg: &'static str,
+        /// The operation that failed.
+        routine: &'static str,
+        /// LAPACK's message.
+        message: String,
+    },
+    /// libtorch reported an error (only with the `tch` feature).
+    #[error("libtorch failed on argument `{arg}`: {message}")]
+    Backend {
+        /// The argument's name.
+        arg: &'static str,
+        /// libtorch's message.
+        message: String,
+    },
+}
+
+/// `Result` with [`LinalgError`].
+pub type Result<T> = std::result::Result<T, LinalgError>;
+
+/// Formats a shape as `rows×cols`.
+pub(crate) fn shape_str(rows: usize, cols: usize) -> String {
+    format!("{rows}×{cols}")
+}
+
+/// Wraps an `ndarray-linalg` error.
+pub(crate) fn lapack_err(
+    arg: &'static str,
+    routine: &'static str,
+) -> impl FnOnce(ndarray_linalg::error::LinalgError) -> LinalgError {
+    move |e| LinalgError::Lapack {
+        arg,
+        routine,
+        message: e.to_string(),
+    }
+}
+
+/// Checks that a matrix is non-empty and finite.
+pub(crate) fn check_matrix<A: crate::Real>(arg: &'static str, a: &ArrayView2<'_, A>) -> Result<()> {
+    let (rows, cols) = a.dim();
+    if rows == 0 || cols == 0 {
+        return Err(LinalgError::Empty { arg, rows, cols });
+    }
+    check_finite(arg, a)
+}
+
+/// Checks that every entry of a matrix is finite (allows empty matrices).
+pub(crate) fn check_finite<A: crate::Real>(arg: &'static str, a: &ArrayView2<'_, A>) -> Result<()> {
+    if a.iter().all(|x| x.is_finite()) {
+        return Ok(());
+    }
+    let ((row, col), value) = a
+        .indexed_iter()
+        .find(|(_, x)| !x.is_finite())
+        .map(|(ij, x)| (ij, x.to_f64_lossy()))
+        .unwrap_or(((0, 0), f64::NAN));
+    Err(LinalgError::NonFinite {
+        arg,
+        row,
+        col,
+        value,
+    })
+}
+
+/// Checks that a vector is non-empty and finite.
+pub(crate) fn check_vector<A: crate::Real>(arg: &'static str, v: &ArrayView1<'_, A>) -> Result<()> {
+    if v.is_empty() {
+        return Err(LinalgError::Empty {
+            arg,
+            rows: 0,
+            cols: 1,
+        });
+    }
+    match v.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(LinalgError::NonFinite {
+            arg,
+            row: i,
+            col: 0,
+            value: v[i].to_f64_lossy(),
+        }),
+    }
+}
+
+/// Checks that a scalar parameter is finite and `>= 0`.
+pub(crate) fn check_nonneg(arg: &'static str, x: f64) -> Result<()> {
+    if x.is_finite() && x >= 0.0 {
+        Ok(())
+    } else {
+        Err(LinalgError::InvalidArgument {
+            arg,
+            reason: format!("must be finite and ≥ 0, found {x}"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn checks_name_the_argument_and_the_entry() {
+        let a = array![[1.0, 2.0], [f64::NEG_INFINITY, 0.0]];
+        let e = check_matrix("w", &a.view()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "argument `w` has a non-finite entry -inf at (1, 0)"
+        );
+        let z = ndarray::Array2::<f32>::zeros((0, 2));
+        assert!(matches!(
+            check_matrix("w", &z.view()),
+            Err(LinalgError::Empty {
+                arg: "w",
+                rows: 0,
+                cols: 2
+            })
+        ));
+        let v = array![1.0f32, f32::NAN];
+        assert!(matches!(
+            check_vector("v", &v.view()),
+            Err(LinalgError::NonFinite {
+                arg: "v",
+                row: 1,
+                ..
+            })
+        ));
+        assert!(check_nonneg("tol", -0.0).is_ok());
+        assert!(check_nonneg("tol", f64::NAN).is_err());
+    }
+}

@@ -1,0 +1,71 @@
+//! kappa-linalg: the numerical kernel of kappa.
+//!
+//! SVD (both LAPACK drivers), condition numbers under one documented rule, power and inverse
+//! iteration for σ_max and σ_min, Newton–Schulz orthogonalization (Muon's quintic, the classical
+//! cubic, per-step coefficient tables), the exact polar factor, PSD square roots, and column-major
+//! `vec`/Kronecker/commutation algebra. The algorithms are written once against a small matrix
+//! trait with an `ndarray` backend and, behind the `tch` feature, a `tch::Tensor` backend.
+//!
+//! # Principal items
+//!
+//! | module | items |
+//! |---|---|
+//! | [`error`] | [`LinalgError`], [`Result`] — every entry point validates its input |
+//! | [`matrix`] | [`Matrix`], the backend trait (`ndarray::Array2<f32 \| f64>`; `tch::Tensor` with the `tch` feature) |
+//! | [`svd`] | [`singular_values`], [`svd_thin`], [`svd_full`], [`polar_factor`], [`SvdDriver`], [`Svd`] |
+//! | [`cond`] | [`condition_number`], [`pseudo_condition_number`], [`numerical_rank`], [`conditioning`], [`RankTolerance`] |
+//! | [`iterative`] | [`sigma_max_power`], [`sigma_min_inverse`], [`condition_number_estimate`] |
+//! | [`newton_schulz`](mod@newton_schulz) | [`newton_schulz_muon`], [`newton_schulz_cubic`], [`newton_schulz()`], [`NsSchedule`] |
+//! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
+//! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
+//!
+//! # Conventions
+//!
+//! * Element types: `f32` and `f64` on `ndarray` (generic over [`Real`]); `f32`, `bf16` and `f64`
+//!   on `tch`. Computation happens in the input's precision.
+//! * The κ rule: κ(A) = σ₁/σ_k (k = min(m, n)) when A has full numerical rank, and +∞ (a value,
+//!   not an error) otherwise; see [`cond`].
+//! * Vectorization is column-major: vec(A M B) = (Bᵀ ⊗ A) vec(M); see [`kron`](mod@kron).
+//! * Matrix products go through BLAS (the system OpenBLAS; `ndarray`'s `blas` feature).
+//!
+//! ```
+//! use kappa_linalg::{condition_number, singular_values, SvdDriver};
+//! let a = ndarray::array![[3.0, 0.0], [0.0, 1.5], [0.0, 0.0]];
+//! assert_eq!(singular_values(a.view(), SvdDriver::default())?.to_vec(), vec![3.0, 1.5]);
+//! assert_eq!(condition_number(a.view())?, 2.0);
+//! # Ok::<(), kappa_linalg::LinalgError>(())
+//! ```
+
+// Links the system OpenBLAS, which provides the cblas symbols behind ndarray's `blas` feature.
+use openblas_src as _;
+
+pub mod cond;
+pub mod error;
+pub mod iterative;
+pub mod kron;
+pub mod matrix;
+pub mod newton_schulz;
+pub mod psd;
+pub mod scalar;
+pub mod svd;
+#[cfg(feature = "tch")]
+pub mod tch_backend;
+
+pub use cond::{
+    condition_number, condition_number_with, conditioning, conditioning_from_singular_values,
+    numerical_rank, pseudo_condition_number, Conditioning, RankTolerance,
+};
+pub use error::{LinalgError, Result};
+pub use iterative::{
+    condition_number_estimate, sigma_max_power, sigma_min_inverse, IterativeOptions, KappaEstimate,
+    SigmaEstimate,
+};
+pub use kron::{commutation_matrix, kron, kron_matvec, unvec, vec, Commutation, MAX_DENSE_ENTRIES};
+pub use matrix::Matrix;
+pub use newton_schulz::{
+    newton_schulz, newton_schulz_cubic, newton_schulz_muon, NsSchedule, PolyStep, CUBIC, MUON_BAND,
+    MUON_BAND_THRESHOLD, MUON_QUINTIC, POLAR_EXPRESS_COEFFICIENTS, POLAR_EXPRESS_SAFETY,
+};
+pub use psd::{psd_inv_sqrt, psd_sqrt};
+pub use scalar::Real;
+pub use svd::{polar_factor, singular_values, svd_full, svd_thin, Svd, SvdDriver};

@@ -1,0 +1,188 @@
+//! The small matrix trait that the algorithms are written against, and its `ndarray` backend.
+//!
+//! An algorithm such as Newton–Schulz is written once against [`Matrix`] and runs on
+//! `ndarray::Array2<f32 | f64>` (this module) and, with the `tch` feature, on `tch::Tensor`
+//! (f32/bf16/f64, CPU or CUDA; see `tch_backend`). The trait holds only what the algorithms of
+//! this crate and of the optimizer crate need: shape, transpose, products in BLAS `gemm` form,
+//! scaling, `axpy`, the Frobenius norm, singular values and the exact polar factor.
+//!
+//! Scalars cross the trait as `f64` and are rounded to the matrix's element type where they are
+//! used. Every operation that takes a second matrix checks shapes and returns
+//! [`LinalgError::ShapeMismatch`] instead of panicking.
+
+use ndarray::{linalg::general_mat_mul, Array2, ShapeBuilder};
+
+use crate::error::{check_finite, shape_str, LinalgError, Result};
+use crate::scalar::{scaled_norm, Real};
+use crate::svd::{polar_factor, singular_values, SvdDriver};
+
+/// A dense real matrix, as the algorithms of this crate see it.
+///
+/// Implemented for `ndarray::Array2<f32>`, `ndarray::Array2<f64>` and (feature `tch`)
+/// `tch::Tensor`. The methods are the BLAS-level operations the algorithms need; the cost of
+/// each is the obvious one (`gemm` is 2·m·k·n flops).
+pub trait Matrix: Sized {
+    /// `(rows, cols)`.
+    fn shape(&self) -> (usize, usize);
+
+    /// Checks that the matrix is non-empty and that every entry is finite; `arg` names it in the
+    /// error.
+    fn validate(&self, arg: &'static str) -> Result<()>;
+
+    /// The transpose, by value. O(1) on both backends: `ndarray` swaps strides (the result is
+    /// column-major), `tch` returns a strided view.
+    fn into_transpose(self) -> Self;
+
+    /// The matrix product `self · rhs`.
+    fn matmul(&self, rhs: &Self) -> Result<Self>;
+
+    /// The Gram matrix `self · selfᵀ` (rows × rows).
+    fn gram(&self) -> Result<Self>;
+
+    /// BLAS `gemm` in place: `self ← alpha·(a·b) + beta·self`. `self` must not be `a` or `b`.
+    fn gemm(&mut self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<()>;
+
+    /// `alpha·(a·b) + beta·self` as a new matrix (`self` is not modified and may be `a` or `b`).
+    ///
+    /// This is the form the Newton–Schulz steps use: on `tch` it is one `baddbmm` call, on
+    /// `ndarray` a copy of `self` followed by an in-place BLAS `gemm`.
+    fn mul_add(&self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<Self>;
+
+    /// `self ← alpha·self`, in place.
+    fn scale(&mut self, alpha: f64) -> Result<()>;
+
+    /// `self ← self + alpha·x`, in place.
+    fn axpy(&mut self, alpha: f64, x: &Self) -> Result<()>;
+
+    /// The Frobenius norm sqrt(Σ x_ij²), computed without overflow or underflow and returned in
+    /// `f64` (on `tch`, the reduction runs in `f64` on the tensor's device).
+    fn frobenius_norm(&self) -> Result<f64>;
+
+    /// A copy of the matrix (a deep copy: the result shares no storage with `self`).
+    fn duplicate(&self) -> Result<Self>;
+
+    /// The singular values σ₁ ≥ … ≥ σ_k ≥ 0, k = min(rows, cols), as `f64`.
+    fn singular_values(&self) -> Result<Vec<f64>>;
+
+    /// The exact polar factor U·Vᵀ of the thin SVD A = U Σ Vᵀ (see [`polar_factor`]).
+    fn polar_factor(&self) -> Result<Self>;
+}
+
+fn check_product(
+    arg: &'static str,
+    lhs: (usize, usize),
+    rhs: (usize, usize),
+    out: Option<(usize, usize)>,
+) -> Result<()> {
+    if lhs.1 != rhs.0 {
+        return Err(LinalgError::ShapeMismatch {
+            arg,
+            expected: format!(
+                "{} rows, to match the left factor's {} columns",
+                lhs.1, lhs.1
+            ),
+            found: shape_str(rhs.0, rhs.1),
+        });
+    }
+    if let Some(o) = out {
+        if o != (lhs.0, rhs.1) {
+            return Err(LinalgError::ShapeMismatch {
+                arg: "self",
+                expected: format!("{} (the product's shape)", shape_str(lhs.0, rhs.1)),
+                found: shape_str(o.0, o.1),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl<A: Real> Matrix for Array2<A> {
+    fn shape(&self) -> (usize, usize) {
+        self.dim()
+    }
+
+    fn validate(&self, arg: &'static str) -> Result<()> {
+        crate::error::check_matrix(arg, &self.view())
+    }
+
+    fn into_transpose(self) -> Self {
+        self.reversed_axes()
+    }
+
+    fn matmul(&self, rhs: &Self) -> Result<Self> {
+        check_product("rhs", self.dim(), rhs.dim(), None)?;
+        Ok(self.dot(rhs))
+    }
+
+    fn gram(&self) -> Result<Self> {
+        Ok(self.dot(&self.t()))
+    }
+
+    fn gemm(&mut self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<()> {
+        check_product("b", a.dim(), b.dim(), Some(self.dim()))?;
+        general_mat_mul(
+            A::from_f64_lossy(alpha),
+            a,
+            b,
+            A::from_f64_lossy(beta),
+            self,
+        );
+        Ok(())
+    }
+
+    fn mul_add(&self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<Self> {
+        check_product("b", a.dim(), b.dim(), Some(self.dim()))?;
+        let mut out = self.duplicate()?;
+        general_mat_mul(
+            A::from_f64_lossy(alpha),
+            a,
+            b,
+            A::from_f64_lossy(beta),
+            &mut out,
+        );
+        Ok(out)
+    }
+
+    fn scale(&mut self, alpha: f64) -> Result<()> {
+        let s = A::from_f64_lossy(alpha);
+        self.mapv_inplace(|x| x * s);
+        Ok(())
+    }
+
+    fn axpy(&mut self, alpha: f64, x: &Self) -> Result<()> {
+        if self.dim() != x.dim() {
+            return Err(LinalgError::ShapeMismatch {
+                arg: "x",
+                expected: shape_str(self.nrows(), self.ncols()),
+                found: shape_str(x.nrows(), x.ncols()),
+            });
+        }
+        self.scaled_add(A::from_f64_lossy(alpha), x);
+        Ok(())
+    }
+
+    fn frobenius_norm(&self) -> Result<f64> {
+        Ok(scaled_norm(self.iter()))
+    }
+
+    fn duplicate(&self) -> Result<Self> {
+        // Keep the memory order, so a transposed (column-major) matrix stays cheap for BLAS.
+        if self.is_standard_layout() {
+            Ok(self.to_owned())
+        } else {
+            let mut out = Array2::zeros(self.dim().f());
+            out.assign(self);
+            Ok(out)
+        }
+    }
+
+    fn singular_values(&self) -> Result<Vec<f64>> {
+        check_finite("self", &self.view())?;
+        let s = singular_values(self.view(), SvdDriver::default())?;
+        Ok(s.iter().map(|x| x.to_f64_lossy()).collect())
+    }
+
+    fn polar_factor(&self) -> Result<Self> {
+        polar_factor(self.view(), SvdDriver::default())
+    }
+}

@@ -1,0 +1,15 @@
+//! The integration tests of kappa-linalg: proptest properties of every theorem-like claim, backend
+//! agreement (feature `tch`) and bad-input errors. One binary, one module per topic.
+
+mod properties {
+    pub mod bad_input;
+    pub mod common;
+    pub mod cond;
+    pub mod iterative;
+    pub mod kron;
+    pub mod newton_schulz;
+    pub mod psd;
+    pub mod svd;
+    #[cfg(feature = "tch")]
+    pub mod tch_backend;
+}

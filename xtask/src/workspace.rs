@@ -1,0 +1,87 @@
+//! Where things live: the repository root, the virtual environment, the data and results folders.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// The kappa checkout that xtask works on.
+pub struct Workspace {
+    root: PathBuf,
+}
+
+impl Workspace {
+    /// The repository root: the parent of this crate's manifest directory.
+    pub fn locate() -> Result<Self> {
+        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let root = manifest
+            .parent()
+            .context("xtask's manifest directory has no parent")?
+            .to_path_buf();
+        if !root.join("Cargo.toml").is_file() {
+            bail!("{} is not the kappa workspace root", root.display());
+        }
+        Ok(Self { root })
+    }
+
+    /// The repository root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The Python virtual environment that holds `torch==2.13.0`: `$KAPPA_VENV`, or `.venv` in
+    /// the repository (git-ignored).
+    pub fn venv_dir(&self) -> PathBuf {
+        env_path("KAPPA_VENV").unwrap_or_else(|| self.root.join(".venv"))
+    }
+
+    /// The data folder: `$KAPPA_DATA`, or `data` in the repository (git-ignored).
+    pub fn data_dir(&self) -> PathBuf {
+        env_path("KAPPA_DATA").unwrap_or_else(|| self.root.join("data"))
+    }
+
+    /// The results folder that `reproduce` writes: `results` in the repository (git-ignored).
+    pub fn results_dir(&self) -> PathBuf {
+        self.root.join("results")
+    }
+}
+
+fn env_path(name: &str) -> Option<PathBuf> {
+    env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Runs a command with inherited output, failing with the command line when it does not succeed.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let line = describe(cmd);
+    eprintln!("$ {line}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start `{line}`"))?;
+    if !status.success() {
+        bail!("`{line}` failed ({status})");
+    }
+    Ok(())
+}
+
+/// Runs a command and returns its standard output, or `None` when it cannot start or fails.
+pub fn output_of(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `program arg1 arg2 …`, for messages.
+pub fn describe(cmd: &Command) -> String {
+    let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
+    parts.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+    parts.join(" ")
+}
+
+/// Whether this process runs as root (so `apt-get install` can work without sudo).
+pub fn is_root() -> bool {
+    output_of(Command::new("id").arg("-u")).is_some_and(|s| s.trim() == "0")
+}
