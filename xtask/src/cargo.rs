@@ -173,7 +173,10 @@ fn publish(ws: &Workspace) -> Result<()> {
         fs::copy(results.join(rel), &target).with_context(|| format!("copying {rel}"))?;
     }
     fs::write(docs.join("report.md"), report)?;
-    eprintln!("xtask reproduce: published the report to {}", docs.display());
+    eprintln!(
+        "xtask reproduce: published the report to {}",
+        docs.display()
+    );
     Ok(())
 }
 

@@ -179,6 +179,8 @@ impl LinePlot {
             .configure_mesh()
             .x_desc(&self.x_label)
             .y_desc(&self.y_label)
+            .x_label_formatter(&tick_label)
+            .y_label_formatter(&tick_label)
             .label_style(("sans-serif", 15))
             .draw()
             .map_err(|e| err(&e))?;
@@ -229,6 +231,21 @@ impl LinePlot {
     }
 }
 
+/// Axis tick labels: plain decimals between 1e-3 and 1e4, scientific notation outside, so log
+/// axes spanning many decades stay readable.
+fn tick_label(v: &f64) -> String {
+    let a = v.abs();
+    if *v == 0.0 {
+        "0".to_string()
+    } else if (1e-3..1e4).contains(&a) {
+        let s = format!("{v:.3}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        s.to_string()
+    } else {
+        format!("{v:.0e}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +266,15 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn tick_labels_switch_to_scientific_notation_outside_four_decades() {
+        assert_eq!(tick_label(&2.5), "2.5");
+        assert_eq!(tick_label(&1000.0), "1000");
+        assert_eq!(tick_label(&0.0), "0");
+        assert_eq!(tick_label(&1e5), "1e5");
+        assert_eq!(tick_label(&3e-6), "3e-6");
     }
 
     #[test]
