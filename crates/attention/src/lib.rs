@@ -1,8 +1,82 @@
 //! kappa-attention: softmax attention and the theory of *Spectral Conditioning of Attention*.
 //!
-//! Single- and multi-head softmax attention on `ndarray`, the exact Jacobians of `vec A` with
-//! respect to W_Q, W_K, W_V (Theorem 3.3, column-major), the condition-number bound of
-//! Theorem 3.4, the SVD correction of Theorem 3.5 and the λ·I_k correction of Theorem 3.8, and the
-//! attention diagnostics (entropy, saturation, largest logit) that training logs.
+//! Single- and multi-head softmax attention on `ndarray` (f32 and f64), the exact Jacobians of
+//! `vec A` with respect to W_Q, W_K, W_V and X (Theorem 3.3; dense and matrix-free), the
+//! condition numbers of the Jacobian and its blocks with their structural rank bounds, the
+//! Theorem 3.4 bound evaluated from its parts, the SVD correction of Theorem 3.5, the λ·I_k
+//! correction of Theorem 3.8 (with a scale-aware choice of λ), and the attention diagnostics
+//! (entropy, saturation, largest logit, κ of projections) that training logs.
 //!
-//! This crate is being built (issue 4); today it only reserves its place in the workspace.
+//! # Principal items
+//!
+//! | module | items |
+//! |---|---|
+//! | [`attention`] | [`SelfAttention`] (one head), [`Forward`] (the forward cache), [`attention()`], [`AttentionOptions`], [`ScoreScale`] |
+//! | [`jacobian`] | [`Forward::jacobian_weights`], [`Forward::jacobian_input`], `jvp_*`/`vjp_*`, [`WeightJacobian`], [`WeightSet`] |
+//! | [`softmax`] | [`softmax_rows`], Λ: [`softmax_jacobian_dense`], [`softmax_jacobian_apply`], [`softmax_jacobian_singular_values`] |
+//! | [`conditioning`] | [`theorem_3_4`], [`Theorem34`], [`JacobianConditioning`], [`Kappa`], [`full_rank_bound`] |
+//! | [`correction`] | [`SvdCorrection`] (Thm 3.5), [`IdentityShift`] (Thm 3.8), [`LambdaPolicy`], [`rect_identity`], [`identity_shift_flops`] |
+//! | [`multihead`] | [`MultiHeadAttention`], [`HeadLayout`] |
+//! | [`diagnostics`] | [`attention_diagnostics`], [`AttentionDiagnostics`], [`projection_stats`] |
+//! | [`error`] | [`AttentionError`], [`Result`] |
+//!
+//! # Conventions
+//!
+//! * Tokens are rows: X ∈ ℝ^{N×D}; weights W ∈ ℝ^{D×k}; A(X) = softmax_row(X W_Q W_Kᵀ Xᵀ / s) X W_V
+//!   with s = 1 (the paper's form, the default) or √k.
+//! * **Vectorization is column-major**, vec(A M B) = (Bᵀ ⊗ A) vec(M): the Jacobian row
+//!   i + c·N is output entry A[i, c] and column d + e·D is W[d, e].
+//! * κ follows kappa-linalg's rule: σ₁/σ_min(m,n) at full numerical rank, +∞ otherwise; κ⁺ is the
+//!   pseudo condition number over the singular values above numpy's threshold.
+//! * Every function validates its input and returns [`AttentionError`]; none panics on user
+//!   input.
+//!
+//! ```
+//! use kappa_attention::{theorem_3_4, AttentionOptions, IdentityShift, SelfAttention};
+//! use ndarray::Array2;
+//! let (n, d, k) = (4, 8, 2);
+//! let x = Array2::from_shape_fn((n, d), |(i, j)| ((3 * i + 5 * j) as f64).sin());
+//! let w = |o: usize| Array2::from_shape_fn((d, k), |(i, j)| ((7 * i + j + o) as f64).cos() * 0.3);
+//! let head = SelfAttention::new(w(0), w(1), w(2), AttentionOptions::default())?;
+//! let fwd = head.forward(x.view())?;
+//! // Exact Jacobian with respect to (W_Q, W_K, W_V): N·k × 3·D·k.
+//! let j = fwd.jacobian_weights()?.full()?;
+//! assert_eq!(j.dim(), (8, 48));
+//! // Theorem 3.4's bound against the exact κ(J).
+//! let t = theorem_3_4(&fwd)?;
+//! println!("κ(J) = {:.3e}, bound = {:.3e}, holds: {}", t.jacobian.full.kappa, t.rhs, t.holds());
+//! // The λ·I_k correction, applied as X W + λ X[:, 0..k].
+//! let shifted = head.with_identity_shift(IdentityShift::new(1.0)?)?;
+//! let _ = shifted.forward(x.view())?;
+//! # Ok::<(), kappa_attention::AttentionError>(())
+//! ```
+
+pub mod attention;
+pub mod conditioning;
+pub mod correction;
+pub mod diagnostics;
+pub mod error;
+pub mod jacobian;
+pub mod multihead;
+pub mod softmax;
+
+pub use attention::{attention, AttentionOptions, Forward, ScoreScale, SelfAttention};
+pub use conditioning::{
+    full_rank_bound, jacobian_singular_values, k_rank_bound, kappa_from_singular_values,
+    theorem_3_4, JacobianConditioning, Kappa, Theorem34,
+};
+pub use correction::{
+    block_identity, identity_shift_flops, rect_identity, Correction, IdentityShift, LambdaPolicy,
+    ShiftFlops, SvdCorrection,
+};
+pub use diagnostics::{
+    attention_diagnostics, projection_stats, AttentionDiagnostics, ProjectionStats,
+    SATURATION_THRESHOLD,
+};
+pub use error::{AttentionError, Result};
+pub use jacobian::{WeightJacobian, WeightSet};
+pub use multihead::{HeadLayout, MultiHeadAttention};
+pub use softmax::{
+    softmax_jacobian_apply, softmax_jacobian_conditioning, softmax_jacobian_dense,
+    softmax_jacobian_singular_values, softmax_row_jacobian, softmax_rows,
+};

@@ -90,5 +90,8 @@ impl<E: Experiment> RegisteredExperiment for E {
 
 /// Every experiment, in report order.
 pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
-    vec![Box::new(experiments::random_spectra::RandomSpectra)]
+    vec![
+        Box::new(experiments::random_spectra::RandomSpectra),
+        Box::new(experiments::theory::Theory),
+    ]
 }

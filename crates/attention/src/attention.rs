@@ -1,0 +1,334 @@
+//! Single-head softmax self-attention on `ndarray`, with the spectral-conditioning corrections
+//! applied as fixed additive terms, and the forward cache that the Jacobians are built from.
+//!
+//! # Math
+//!
+//! Tokens are rows: X ∈ ℝ^{N×D}. With W_Q, W_K, W_V ∈ ℝ^{D×k} and a score scale s > 0,
+//!
+//! Q = X W_Q, K = X W_K, V = X W_V, S = Q Kᵀ / s, P = softmax_row(S), A(X) = P V ∈ ℝ^{N×k}.
+//!
+//! The paper writes s = 1 ([`ScoreScale::One`], the default here); transformers use s = √k
+//! ([`ScoreScale::InvSqrtK`]). Folding 1/s into W_Q leaves every κ unchanged, but not the size
+//! of a λ·I_k correction relative to the weights. With a causal mask, P[i, j] = 0 for j > i.
+//!
+//! A correction C (see [`crate::correction`]) is a constant: the corrected block computes
+//! A(X) with W_• + C_• in place of W_•. Gradients with respect to W are the plain attention's
+//! gradients evaluated at W + C, and no parameter is added. The λ·I_k correction is applied
+//! without forming W + λ I_k: X (W + λ E) = X W + λ X[:, offset..offset + k].
+
+use kappa_linalg::Real;
+use ndarray::{s, Array2, ArrayView2};
+
+use crate::correction::{Correction, IdentityShift, SvdCorrection};
+use crate::error::{check_matrix, check_scalar, check_shape, shape_str, AttentionError, Result};
+use crate::softmax::softmax_unchecked;
+
+/// The score scale s in S = X W_Q W_Kᵀ Xᵀ / s.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum ScoreScale {
+    /// s = 1, as the paper writes attention (the default).
+    #[default]
+    One,
+    /// s = √k (k the head dimension), as transformers compute it.
+    InvSqrtK,
+    /// Any s > 0.
+    Custom(f64),
+}
+
+impl ScoreScale {
+    /// The divisor s for head dimension `k`.
+    ///
+    /// Errors: [`AttentionError::InvalidArgument`] (argument `scale`) for a custom s that is not
+    /// finite and > 0.
+    pub fn divisor(self, k: usize) -> Result<f64> {
+        match self {
+            ScoreScale::One => Ok(1.0),
+            ScoreScale::InvSqrtK => Ok((k as f64).sqrt()),
+            ScoreScale::Custom(s) => {
+                check_scalar("scale", s, true)?;
+                Ok(s)
+            }
+        }
+    }
+}
+
+/// How a head computes its scores.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct AttentionOptions {
+    /// The score scale s (default: s = 1, the paper's form).
+    pub scale: ScoreScale,
+    /// Mask entries (i, j) with j > i (default: no mask).
+    pub causal: bool,
+}
+
+/// One head of softmax self-attention with weights W_Q, W_K, W_V ∈ ℝ^{D×k} and an optional fixed
+/// correction.
+///
+/// ```
+/// use kappa_attention::{AttentionOptions, IdentityShift, SelfAttention};
+/// use ndarray::Array2;
+/// let (n, d, k) = (4, 6, 2);
+/// let x = Array2::from_shape_fn((n, d), |(i, j)| ((i * d + j) as f64 * 0.7).sin());
+/// let w = |o: f64| Array2::from_shape_fn((d, k), |(i, j)| ((i * k + j) as f64 + o).cos() * 0.3);
+/// let head = SelfAttention::new(w(0.0), w(1.0), w(2.0), AttentionOptions::default())?;
+/// let a = head.forward(x.view())?;
+/// assert_eq!(a.output().dim(), (n, k));
+/// // The same head with λ·I_k added to each projection (never forms W + λ I_k).
+/// let shifted = head.clone().with_identity_shift(IdentityShift::new(1.0)?)?;
+/// assert_eq!(shifted.parameter_count(), head.parameter_count());
+/// # Ok::<(), kappa_attention::AttentionError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelfAttention<A> {
+    wq: Array2<A>,
+    wk: Array2<A>,
+    wv: Array2<A>,
+    options: AttentionOptions,
+    correction: Correction<A>,
+}
+
+impl<A: Real> SelfAttention<A> {
+    /// A head with the given weights (all D×k, k ≥ 1, D ≥ 1) and options, without correction.
+    ///
+    /// Errors: any weight empty or non-finite (argument `wq`, `wk` or `wv`); `wk` or `wv` of a
+    /// shape other than `wq`'s; an invalid custom scale.
+    pub fn new(
+        wq: Array2<A>,
+        wk: Array2<A>,
+        wv: Array2<A>,
+        options: AttentionOptions,
+    ) -> Result<Self> {
+        check_matrix("wq", &wq.view())?;
+        let (d, k) = wq.dim();
+        check_shape("wk", &wk.view(), d, k, "the shape of wq")?;
+        check_shape("wv", &wv.view(), d, k, "the shape of wq")?;
+        options.scale.divisor(k)?;
+        Ok(Self {
+            wq,
+            wk,
+            wv,
+            options,
+            correction: Correction::None,
+        })
+    }
+
+    /// The same head with λ·E added to each of W_Q, W_K, W_V (Theorem 3.8; E the D×k block
+    /// identity at the shift's row offset), applied as X W + λ X[:, offset..offset + k].
+    ///
+    /// Errors: [`AttentionError::InvalidArgument`] (argument `shift`) when offset + k > D.
+    pub fn with_identity_shift(mut self, shift: IdentityShift) -> Result<Self> {
+        let (d, k) = self.dims();
+        shift.check_fits(d, k)?;
+        self.correction = Correction::Shift(shift);
+        Ok(self)
+    }
+
+    /// The same head with Theorem 3.5's SVD correction C_• = σ_max(W_•) U_• V_•ᵀ added to each
+    /// projection, computed from the current weights (so κ(W_• + C_•) = 2σ_max/(σ_max + σ_min)
+    /// ≤ 2).
+    ///
+    /// Errors: LAPACK failures.
+    pub fn with_svd_correction(mut self) -> Result<Self> {
+        let c = [
+            SvdCorrection::new(self.wq.view())?,
+            SvdCorrection::new(self.wk.view())?,
+            SvdCorrection::new(self.wv.view())?,
+        ];
+        self.correction = Correction::Svd(Box::new(c));
+        Ok(self)
+    }
+
+    /// The head without its correction.
+    pub fn without_correction(mut self) -> Self {
+        self.correction = Correction::None;
+        self
+    }
+
+    /// The correction in use.
+    pub fn correction(&self) -> &Correction<A> {
+        &self.correction
+    }
+
+    /// (D, k).
+    pub fn dims(&self) -> (usize, usize) {
+        self.wq.dim()
+    }
+
+    /// The options.
+    pub fn options(&self) -> AttentionOptions {
+        self.options
+    }
+
+    /// The trainable weights (W_Q, W_K, W_V), without correction.
+    pub fn weights(&self) -> (ArrayView2<'_, A>, ArrayView2<'_, A>, ArrayView2<'_, A>) {
+        (self.wq.view(), self.wk.view(), self.wv.view())
+    }
+
+    /// The number of trainable parameters, 3·D·k. A correction is a constant and adds none.
+    pub fn parameter_count(&self) -> usize {
+        3 * self.wq.len()
+    }
+
+    /// The weights the head effectively computes with, materialized: (W_Q + C_Q, W_K + C_K,
+    /// W_V + C_V) (the plain weights without a correction).
+    pub fn effective_weights(&self) -> [Array2<A>; 3] {
+        [
+            self.correction.apply(0, &self.wq),
+            self.correction.apply(1, &self.wk),
+            self.correction.apply(2, &self.wv),
+        ]
+    }
+
+    /// The divisor s of the scores.
+    pub fn score_divisor(&self) -> A {
+        // Validated in `new`.
+        A::from_f64_lossy(self.options.scale.divisor(self.dims().1).unwrap_or(1.0))
+    }
+
+    /// The forward pass on tokens `x` (N×D, one token per row), keeping what the Jacobians need.
+    ///
+    /// Errors: `x` empty or non-finite; `x` without D columns.
+    pub fn forward(&self, x: ArrayView2<'_, A>) -> Result<Forward<A>> {
+        check_matrix("x", &x)?;
+        let (d, k) = self.dims();
+        if x.ncols() != d {
+            return Err(AttentionError::ShapeMismatch {
+                arg: "x",
+                expected: format!("D = {d} columns, to match the weights' {d} rows"),
+                found: shape_str(x.nrows(), x.ncols()),
+            });
+        }
+        let s = self.score_divisor();
+        let q = self.project(x, 0, &self.wq);
+        let kk = self.project(x, 1, &self.wk);
+        let v = self.project(x, 2, &self.wv);
+        let scores = q.dot(&kk.t()).mapv(|e| e / s);
+        let p = softmax_unchecked(scores.view(), self.options.causal);
+        let output = p.dot(&v);
+        let [wq, wk, wv] = self.effective_weights();
+        debug_assert_eq!(q.dim(), (x.nrows(), k));
+        Ok(Forward {
+            x: x.to_owned(),
+            wq,
+            wk,
+            wv,
+            q,
+            k: kk,
+            v,
+            scores,
+            p,
+            output,
+            s,
+            causal: self.options.causal,
+        })
+    }
+
+    /// X W_• (+ the correction), without materializing W + λ I_k for the identity shift.
+    fn project(&self, x: ArrayView2<'_, A>, which: usize, w: &Array2<A>) -> Array2<A> {
+        match &self.correction {
+            Correction::None => x.dot(w),
+            Correction::Shift(shift) => {
+                let k = w.ncols();
+                let lambda = A::from_f64_lossy(shift.lambda());
+                let mut out = x.dot(w);
+                let off = shift.offset();
+                out.scaled_add(lambda, &x.slice(s![.., off..off + k]));
+                out
+            }
+            Correction::Svd(_) => x.dot(&self.correction.apply(which, w)),
+        }
+    }
+}
+
+/// A(X) = softmax(X W_Q W_Kᵀ Xᵀ / s) X W_V for one head, without keeping the forward cache.
+///
+/// Errors: as [`SelfAttention::new`] and [`SelfAttention::forward`].
+///
+/// ```
+/// use kappa_attention::{attention, AttentionOptions};
+/// let x = ndarray::array![[1.0, 0.0], [0.0, 1.0]];
+/// let w = ndarray::array![[1.0], [0.0]];
+/// let a = attention(x.view(), w.view(), w.view(), w.view(), AttentionOptions::default())?;
+/// // Scores [[1, 0], [0, 0]]: row 0 attends e/(1+e) to token 0, row 1 uniformly.
+/// let e = 1f64.exp();
+/// assert!((a[[0, 0]] - e / (1.0 + e)).abs() < 1e-15 && (a[[1, 0]] - 0.5).abs() < 1e-15);
+/// # Ok::<(), kappa_attention::AttentionError>(())
+/// ```
+pub fn attention<A: Real>(
+    x: ArrayView2<'_, A>,
+    wq: ArrayView2<'_, A>,
+    wk: ArrayView2<'_, A>,
+    wv: ArrayView2<'_, A>,
+    options: AttentionOptions,
+) -> Result<Array2<A>> {
+    let head = SelfAttention::new(wq.to_owned(), wk.to_owned(), wv.to_owned(), options)?;
+    Ok(head.forward(x)?.output)
+}
+
+/// The result of a forward pass and everything the Jacobians are built from.
+///
+/// The weights stored here are the *effective* ones (W + C), because a fixed correction makes the
+/// Jacobian with respect to W equal to the plain attention's Jacobian at W + C. The Jacobians are
+/// methods of this type (see [`crate::jacobian`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forward<A> {
+    pub(crate) x: Array2<A>,
+    pub(crate) wq: Array2<A>,
+    pub(crate) wk: Array2<A>,
+    pub(crate) wv: Array2<A>,
+    pub(crate) q: Array2<A>,
+    pub(crate) k: Array2<A>,
+    pub(crate) v: Array2<A>,
+    pub(crate) scores: Array2<A>,
+    pub(crate) p: Array2<A>,
+    pub(crate) output: Array2<A>,
+    pub(crate) s: A,
+    pub(crate) causal: bool,
+}
+
+impl<A: Real> Forward<A> {
+    /// A(X) = P V, N×k.
+    pub fn output(&self) -> ArrayView2<'_, A> {
+        self.output.view()
+    }
+    /// The attention matrix P = softmax_row(S), N×N.
+    pub fn attention_matrix(&self) -> ArrayView2<'_, A> {
+        self.p.view()
+    }
+    /// The scaled scores S = Q Kᵀ / s, N×N (masked entries keep their raw value; P is 0 there).
+    pub fn scores(&self) -> ArrayView2<'_, A> {
+        self.scores.view()
+    }
+    /// The tokens X, N×D.
+    pub fn tokens(&self) -> ArrayView2<'_, A> {
+        self.x.view()
+    }
+    /// Q = X (W_Q + C_Q), N×k.
+    pub fn queries(&self) -> ArrayView2<'_, A> {
+        self.q.view()
+    }
+    /// K = X (W_K + C_K), N×k.
+    pub fn keys(&self) -> ArrayView2<'_, A> {
+        self.k.view()
+    }
+    /// V = X (W_V + C_V), N×k.
+    pub fn values(&self) -> ArrayView2<'_, A> {
+        self.v.view()
+    }
+    /// The effective weights (W_Q + C_Q, W_K + C_K, W_V + C_V), each D×k.
+    pub fn effective_weights(&self) -> (ArrayView2<'_, A>, ArrayView2<'_, A>, ArrayView2<'_, A>) {
+        (self.wq.view(), self.wk.view(), self.wv.view())
+    }
+    /// The score divisor s.
+    pub fn score_divisor(&self) -> A {
+        self.s
+    }
+    /// Whether the causal mask was applied.
+    pub fn is_causal(&self) -> bool {
+        self.causal
+    }
+    /// (N, D, k).
+    pub fn dims(&self) -> (usize, usize, usize) {
+        (self.x.nrows(), self.x.ncols(), self.wq.ncols())
+    }
+}

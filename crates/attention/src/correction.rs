@@ -1,0 +1,439 @@
+//! The spectral-conditioning corrections: Theorem 3.5's exact SVD correction, Theorem 3.8's
+//! λ·I_k shift with its cheap "column scaling" implementation, and a scale-aware choice of λ.
+//!
+//! # What each guarantees
+//!
+//! Let W ∈ ℝ^{D×k}, r = min(D, k), σ₁ ≥ … ≥ σ_r its singular values, a = σ₁ = ‖W‖₂.
+//!
+//! * [`SvdCorrection`] (Theorem 3.5): C = σ₁ U Vᵀ from the thin SVD W = U Σ Vᵀ. Then
+//!   W + C = U (Σ + σ₁ I) Vᵀ keeps W's singular vectors and has singular values σ_i + σ₁, so
+//!   **κ(W + C) = 2σ₁ / (σ₁ + σ_r) ∈ [1, 2]**, strictly below 2 iff W has full rank r (for any
+//!   W ≠ 0; this is exact, not a bound). Cost: one SVD per matrix.
+//! * [`IdentityShift`] (Theorem 3.8): W + λ E with E = I_k, the D×k matrix with ones at (i, i)
+//!   (or the same block shifted down by a row offset, for multi-head layouts). E has k singular
+//!   values equal to 1, so by Weyl's inequality |σ_i(W + λE) − λ| ≤ a, and for **λ > a**:
+//!   **κ(W + λE) ≤ (λ + a)/(λ − a)** (T8). Hence a strict decrease κ(W + λE) < κ(W) is
+//!   guaranteed when **λ > a (κ(W) + 1)/(κ(W) − 1)** (T9), and κ(W + λE) → 1 as λ → ∞ (T11).
+//!   Nothing is guaranteed for λ ≤ a: the shift can make κ *worse* (T10, see
+//!   [`IdentityShift`]'s docs). The reading "‖W‖₂ ≤ 1, λ ≥ 2 ⇒ κ ≤ 3" of the paper's
+//!   "λ ≥ 2 under specific conditions" is the case a ≤ 1, λ = 2 of the Weyl bound.
+//! * [`LambdaPolicy`]: chooses λ from σ_max(W) (and κ(W)) so that one of the two guarantees
+//!   above holds — a policy no paper states; the paper uses a fixed λ = 10 whatever the weight
+//!   scale.
+//!
+//! All corrections are constants: they carry no gradient and add no parameter.
+
+use kappa_linalg::{conditioning, svd_thin, RankTolerance, Real, SvdDriver};
+use ndarray::{s, Array2, ArrayView2};
+
+use crate::error::{check_matrix, check_scalar, check_shape, AttentionError, Result};
+
+/// The D×k "rectangular identity" I_k = [I_{k×k}; 0] (ones at (i, i), i < min(D, k)).
+///
+/// Errors: `d` or `k` zero.
+///
+/// ```
+/// let e = kappa_attention::rect_identity::<f64>(3, 2)?;
+/// assert_eq!(e, ndarray::array![[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]);
+/// # Ok::<(), kappa_attention::AttentionError>(())
+/// ```
+pub fn rect_identity<A: Real>(d: usize, k: usize) -> Result<Array2<A>> {
+    block_identity(d, k, 0)
+}
+
+/// The D×k block identity E with ones at (offset + i, i), i < k: rows offset..offset + k of E
+/// form I_k. With offset = h·k it is head h's block of the fused D×D identity.
+///
+/// Errors: `d` or `k` zero; `offset + k > d` (argument `offset`).
+pub fn block_identity<A: Real>(d: usize, k: usize, offset: usize) -> Result<Array2<A>> {
+    if d == 0 || k == 0 {
+        return Err(AttentionError::InvalidArgument {
+            arg: if d == 0 { "d" } else { "k" },
+            reason: "must be at least 1".into(),
+        });
+    }
+    if offset.checked_add(k).is_none_or(|end| end > d) {
+        return Err(AttentionError::InvalidArgument {
+            arg: "offset",
+            reason: format!("rows offset..offset + k = {offset}..{offset}+{k} exceed D = {d}"),
+        });
+    }
+    let mut e = Array2::zeros((d, k));
+    for i in 0..k {
+        e[[offset + i, i]] = A::one();
+    }
+    Ok(e)
+}
+
+/// Theorem 3.5's exact correction C = σ_max(W) · U Vᵀ for one projection W.
+///
+/// **Guarantee** (exact, any W ≠ 0): W + C has W's singular vectors and singular values
+/// σ_i + σ_max, so κ(W + C) = 2σ_max/(σ_max + σ_min) ∈ [1, 2], strictly < 2 iff W has full rank.
+/// It is recomputed whenever W changes (one SVD per projection per step in training).
+///
+/// ```
+/// use kappa_attention::SvdCorrection;
+/// use kappa_linalg::condition_number;
+/// let w = ndarray::array![[100.0_f64, 0.0], [0.0, 0.01], [0.0, 0.0]];
+/// let c = SvdCorrection::new(w.view())?;
+/// let kappa = condition_number(c.apply(w.view())?.view())?;
+/// assert!((kappa - c.corrected_kappa()).abs() < 1e-12 && kappa < 2.0);
+/// # Ok::<(), kappa_attention::AttentionError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct SvdCorrection<A> {
+    c: Array2<A>,
+    sigma_max: A,
+    sigma_min: A,
+}
+
+impl<A: Real> SvdCorrection<A> {
+    /// C = σ₁ U Vᵀ from the thin SVD of `w` (any shape).
+    ///
+    /// Errors: `w` empty or non-finite (argument `w`); LAPACK failures.
+    pub fn new(w: ArrayView2<'_, A>) -> Result<Self> {
+        check_matrix("w", &w)?;
+        let f = svd_thin(w, SvdDriver::default())?;
+        let sigma_max = f.s[0];
+        let sigma_min = f.s[f.s.len() - 1];
+        let c = f.u.dot(&f.vt).mapv(|e| e * sigma_max);
+        Ok(Self {
+            c,
+            sigma_max,
+            sigma_min,
+        })
+    }
+
+    /// The correction matrix C (same shape as W).
+    pub fn matrix(&self) -> ArrayView2<'_, A> {
+        self.c.view()
+    }
+
+    /// W + C.
+    ///
+    /// Errors: `w` empty, non-finite or not of C's shape.
+    pub fn apply(&self, w: ArrayView2<'_, A>) -> Result<Array2<A>> {
+        check_shape("w", &w, self.c.nrows(), self.c.ncols(), "the shape of C")?;
+        Ok(&w + &self.c)
+    }
+
+    /// The closed form 2σ_max/(σ_max + σ_min) of κ(W + C) (1 for W = 0, where C = 0).
+    pub fn corrected_kappa(&self) -> A {
+        let two = A::one() + A::one();
+        if self.sigma_max == A::zero() {
+            return A::one();
+        }
+        two * self.sigma_max / (self.sigma_max + self.sigma_min)
+    }
+
+    /// σ_max(W).
+    pub fn sigma_max(&self) -> A {
+        self.sigma_max
+    }
+
+    /// σ_min(W), the min(D, k)-th singular value.
+    pub fn sigma_min(&self) -> A {
+        self.sigma_min
+    }
+}
+
+/// Theorem 3.8's cheap correction W ↦ W + λ E, E the D×k block identity at a row offset
+/// (offset 0: the paper's rectangular I_k).
+///
+/// **Guarantee**: for λ > a = σ_max(W), κ(W + λE) ≤ (λ + a)/(λ − a)
+/// ([`IdentityShift::weyl_bound`]); a strict decrease κ(W + λE) < κ(W) when
+/// λ > a(κ(W) + 1)/(κ(W) − 1) ([`IdentityShift::guarantees_decrease`]). **No guarantee for
+/// λ ≤ a**: e.g. D = 8, k = 4, W with top block ≈ −I and tiny other rows has κ(W) ≈ 1.04 but
+/// κ(W + I_k) ≫ κ(W), because the shift cancels W's large singular directions.
+///
+/// The projection is computed as X W + λ X[:, offset..offset + k] ([`IdentityShift::project`]),
+/// N·k extra multiplications against 2·N·D·k for X W: a relative cost of 1/(2D)
+/// ([`identity_shift_flops`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IdentityShift {
+    lambda: f64,
+    offset: usize,
+}
+
+impl IdentityShift {
+    /// λ·I_k (offset 0).
+    ///
+    /// Errors: λ not finite or negative (argument `lambda`).
+    ///
+    /// ```
+    /// use kappa_attention::IdentityShift;
+    /// let x = ndarray::array![[1.0, 2.0, 3.0]];
+    /// let w = ndarray::array![[0.5], [0.0], [1.0]];
+    /// let shift = IdentityShift::new(10.0)?;
+    /// // X (W + 10 I_1) = X W + 10 X[:, 0..1] = 3.5 + 10.
+    /// assert_eq!(shift.project(x.view(), w.view())?[[0, 0]], 13.5);
+    /// # Ok::<(), kappa_attention::AttentionError>(())
+    /// ```
+    pub fn new(lambda: f64) -> Result<Self> {
+        Self::at_offset(lambda, 0)
+    }
+
+    /// λ·E with E's identity block starting at row `offset`.
+    ///
+    /// Errors: λ not finite or negative (argument `lambda`).
+    pub fn at_offset(lambda: f64, offset: usize) -> Result<Self> {
+        check_scalar("lambda", lambda, false)?;
+        Ok(Self { lambda, offset })
+    }
+
+    /// λ.
+    pub fn lambda(&self) -> f64 {
+        self.lambda
+    }
+
+    /// The row offset of the identity block.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub(crate) fn check_fits(&self, d: usize, k: usize) -> Result<()> {
+        if self.offset + k > d {
+            return Err(AttentionError::InvalidArgument {
+                arg: "shift",
+                reason: format!(
+                    "the identity block at rows {}..{} does not fit in D = {d} rows",
+                    self.offset,
+                    self.offset + k
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The D×k matrix λ E.
+    ///
+    /// Errors: as [`block_identity`].
+    pub fn matrix<A: Real>(&self, d: usize, k: usize) -> Result<Array2<A>> {
+        Ok(block_identity::<A>(d, k, self.offset)?.mapv(|e| e * A::from_f64_lossy(self.lambda)))
+    }
+
+    /// W + λE, materialized (for analysis; training uses [`IdentityShift::project`]).
+    ///
+    /// Errors: `w` empty or non-finite; the block does not fit in `w`'s rows (argument `shift`).
+    pub fn apply<A: Real>(&self, w: ArrayView2<'_, A>) -> Result<Array2<A>> {
+        check_matrix("w", &w)?;
+        let (d, k) = w.dim();
+        self.check_fits(d, k)?;
+        let mut out = w.to_owned();
+        let l = A::from_f64_lossy(self.lambda);
+        for i in 0..k {
+            out[[self.offset + i, i]] += l;
+        }
+        Ok(out)
+    }
+
+    /// X (W + λE) computed as X W + λ X[:, offset..offset + k], never forming W + λE.
+    ///
+    /// Errors: `x` or `w` empty or non-finite; `w` without `x.ncols()` rows; the block does not
+    /// fit.
+    pub fn project<A: Real>(
+        &self,
+        x: ArrayView2<'_, A>,
+        w: ArrayView2<'_, A>,
+    ) -> Result<Array2<A>> {
+        check_matrix("x", &x)?;
+        check_matrix("w", &w)?;
+        let (d, k) = w.dim();
+        check_shape("x", &x, x.nrows(), d, "D columns, the rows of w")?;
+        self.check_fits(d, k)?;
+        let mut out = x.dot(&w);
+        out.scaled_add(
+            A::from_f64_lossy(self.lambda),
+            &x.slice(s![.., self.offset..self.offset + k]),
+        );
+        Ok(out)
+    }
+
+    /// Weyl's bound (λ + σ_max)/(λ − σ_max) on κ(W + λE), or `None` when λ ≤ σ_max (no bound).
+    pub fn weyl_bound(&self, sigma_max: f64) -> Option<f64> {
+        (self.lambda > sigma_max).then(|| (self.lambda + sigma_max) / (self.lambda - sigma_max))
+    }
+
+    /// Whether Theorem 3.8's sufficient condition λ > σ_max (κ + 1)/(κ − 1) holds for `w`
+    /// (κ = ∞ reads as λ > σ_max; κ = 1 never holds).
+    ///
+    /// Errors: `w` empty or non-finite; LAPACK failures.
+    pub fn guarantees_decrease<A: Real>(&self, w: ArrayView2<'_, A>) -> Result<bool> {
+        check_matrix("w", &w)?;
+        let c = conditioning(w, RankTolerance::Numpy)?;
+        let (a, kappa) = (c.sigma_max.to_f64_lossy(), c.kappa.to_f64_lossy());
+        Ok(match decrease_threshold(a, kappa) {
+            Some(t) => self.lambda > t,
+            None => false,
+        })
+    }
+}
+
+/// The threshold a (κ + 1)/(κ − 1) of Theorem 3.8's sufficient condition (a for κ = ∞), or
+/// `None` for κ ≤ 1.
+fn decrease_threshold(a: f64, kappa: f64) -> Option<f64> {
+    if kappa.is_infinite() {
+        Some(a)
+    } else if kappa > 1.0 {
+        Some(a * (kappa + 1.0) / (kappa - 1.0))
+    } else {
+        None
+    }
+}
+
+/// How to choose λ for [`IdentityShift`].
+///
+/// The paper fixes λ = 10 whatever the weight scale; the other two policies choose λ from
+/// σ_max(W) so that a guarantee of [`IdentityShift`] holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LambdaPolicy {
+    /// A fixed λ ≥ 0 (the paper: 10). No guarantee.
+    Fixed(f64),
+    /// λ = (1 + margin) · σ_max (κ + 1)/(κ − 1) with margin > 0: Theorem 3.8's sufficient
+    /// condition holds, so κ(W + λE) < κ(W) is **guaranteed**. Unattainable for κ(W) = 1.
+    SufficientDecrease {
+        /// The relative margin above the threshold (> 0).
+        margin: f64,
+    },
+    /// λ = σ_max (κ_t + 1)/(κ_t − 1) for a target κ_t > 1: by Weyl, κ(W + λE) ≤ κ_t is
+    /// **guaranteed** (the least λ for which the Weyl bound meets the target).
+    TargetKappa(f64),
+}
+
+impl LambdaPolicy {
+    /// The λ this policy chooses for `w`.
+    ///
+    /// Errors: `w` empty or non-finite (argument `w`); an invalid policy parameter (argument
+    /// `policy`); [`AttentionError::Unattainable`] for `SufficientDecrease` with κ(w) = 1 or
+    /// w = 0; LAPACK failures.
+    ///
+    /// ```
+    /// use kappa_attention::{IdentityShift, LambdaPolicy};
+    /// use kappa_linalg::condition_number;
+    /// let w = ndarray::array![[3.0, 0.0], [0.0, 1.0], [0.0, 0.0]];
+    /// let lambda = LambdaPolicy::TargetKappa(1.5).choose(w.view())?;
+    /// assert_eq!(lambda, 15.0); // 3 · (1.5 + 1)/(1.5 − 1)
+    /// let shifted = IdentityShift::new(lambda)?.apply(w.view())?;
+    /// assert!(condition_number(shifted.view())? <= 1.5);
+    /// # Ok::<(), kappa_attention::AttentionError>(())
+    /// ```
+    pub fn choose<A: Real>(&self, w: ArrayView2<'_, A>) -> Result<f64> {
+        match *self {
+            LambdaPolicy::Fixed(l) => {
+                check_scalar("policy", l, false)?;
+                check_matrix("w", &w)?;
+                Ok(l)
+            }
+            LambdaPolicy::SufficientDecrease { margin } => {
+                check_scalar("policy", margin, true)?;
+                check_matrix("w", &w)?;
+                let c = conditioning(w, RankTolerance::Numpy)?;
+                let (a, kappa) = (c.sigma_max.to_f64_lossy(), c.kappa.to_f64_lossy());
+                if a == 0.0 {
+                    return Err(AttentionError::Unattainable {
+                        arg: "w",
+                        reason: "w is zero; any λ > 0 gives κ(λE) = 1".into(),
+                    });
+                }
+                match decrease_threshold(a, kappa) {
+                    Some(t) => Ok((1.0 + margin) * t),
+                    None => Err(AttentionError::Unattainable {
+                        arg: "w",
+                        reason: format!(
+                            "κ(w) = {kappa} is already 1, so no λ decreases it strictly"
+                        ),
+                    }),
+                }
+            }
+            LambdaPolicy::TargetKappa(target) => {
+                if !(target.is_finite() && target > 1.0) {
+                    return Err(AttentionError::InvalidArgument {
+                        arg: "policy",
+                        reason: format!("the target κ must be finite and > 1, found {target}"),
+                    });
+                }
+                check_matrix("w", &w)?;
+                let a = kappa_linalg::singular_values(w, SvdDriver::default())?[0].to_f64_lossy();
+                Ok(a * (target + 1.0) / (target - 1.0))
+            }
+        }
+    }
+
+    /// One λ shared by several matrices (the paper shares λ across W_Q, W_K, W_V): the largest
+    /// of the λ chosen for each, which keeps every guarantee (the Weyl bound decreases in λ).
+    ///
+    /// Errors: `ws` empty (argument `ws`); as [`LambdaPolicy::choose`] for each.
+    pub fn choose_shared<A: Real>(&self, ws: &[ArrayView2<'_, A>]) -> Result<f64> {
+        if ws.is_empty() {
+            return Err(AttentionError::Empty {
+                arg: "ws",
+                rows: 0,
+                cols: 0,
+            });
+        }
+        ws.iter()
+            .try_fold(0.0f64, |m, w| Ok(m.max(self.choose(w.view())?)))
+    }
+}
+
+/// The extra multiplications of the cheap λ·I_k projection against the projection itself.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShiftFlops {
+    /// N·k multiplications by λ.
+    pub extra_multiplies: u64,
+    /// 2·N·D·k flops of X W.
+    pub projection_flops: u64,
+    /// extra / projection = 1/(2D).
+    pub ratio: f64,
+}
+
+/// FLOP count of X W + λ X[:, block] against X W for X ∈ ℝ^{N×D}, W ∈ ℝ^{D×k} (T15). For the
+/// fused multi-head form pass k = D (N·D against 2·N·D²): the ratio is 1/(2D) either way.
+///
+/// ```
+/// let f = kappa_attention::identity_shift_flops(197, 768, 64);
+/// assert_eq!(f.ratio, 1.0 / (2.0 * 768.0));
+/// ```
+pub fn identity_shift_flops(n: usize, d: usize, k: usize) -> ShiftFlops {
+    let extra = (n as u64) * (k as u64);
+    let proj = 2 * (n as u64) * (d as u64) * (k as u64);
+    ShiftFlops {
+        extra_multiplies: extra,
+        projection_flops: proj,
+        ratio: if proj == 0 {
+            0.0
+        } else {
+            extra as f64 / proj as f64
+        },
+    }
+}
+
+/// The fixed correction a head computes with.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Correction<A> {
+    /// Plain attention.
+    #[default]
+    None,
+    /// λ·E on each of W_Q, W_K, W_V (Theorem 3.8).
+    Shift(IdentityShift),
+    /// σ_max U Vᵀ on each of W_Q, W_K, W_V (Theorem 3.5), in that order.
+    Svd(Box<[SvdCorrection<A>; 3]>),
+}
+
+impl<A: Real> Correction<A> {
+    /// W + C for projection `which` (0 = Q, 1 = K, 2 = V); shapes are checked by the caller.
+    pub(crate) fn apply(&self, which: usize, w: &Array2<A>) -> Array2<A> {
+        match self {
+            Correction::None => w.clone(),
+            Correction::Shift(shift) => {
+                let mut out = w.clone();
+                let l = A::from_f64_lossy(shift.lambda);
+                for i in 0..w.ncols() {
+                    out[[shift.offset + i, i]] += l;
+                }
+                out
+            }
+            Correction::Svd(c) => w + &c[which].c,
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Attention diagnostics that training logs: entropy per row, the largest logit, saturation, the
+//! attention on the diagonal, and σ_max / σ_min / κ of each projection.
+//!
+//! The spectral-conditioning notes (§9.3) predict that λ·I_k with λ = 10 and LayerNorm-scaled
+//! tokens collapses attention to the identity at initialization: mean diagonal probability → 1,
+//! entropy → 0. These numbers detect it.
+
+use kappa_linalg::{singular_values, Real, SvdDriver};
+use ndarray::ArrayView2;
+
+use crate::attention::Forward;
+use crate::error::{check_matrix, check_shape, AttentionError, Result};
+
+/// Row-wise statistics of an attention matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionDiagnostics {
+    /// H_i = −Σ_j P[i, j] ln P[i, j] (nats; 0·ln 0 = 0) per row.
+    pub entropy_per_row: Vec<f64>,
+    /// The mean of `entropy_per_row`.
+    pub mean_entropy: f64,
+    /// The mean over rows of ln(#unmasked entries): the entropy of uniform attention.
+    pub uniform_entropy: f64,
+    /// The largest unmasked (scaled) score.
+    pub max_logit: f64,
+    /// The fraction of rows whose largest probability exceeds the threshold.
+    pub saturated_fraction: f64,
+    /// The threshold used for `saturated_fraction` (default 0.99).
+    pub saturation_threshold: f64,
+    /// The mean of P[i, i] over rows (1 for identity attention).
+    pub mean_diagonal: f64,
+}
+
+/// The default saturation threshold: a row is saturated when > 99% of its mass is on one token.
+pub const SATURATION_THRESHOLD: f64 = 0.99;
+
+/// Diagnostics of an attention matrix `p` (N×M, rows summing to 1) and its scaled `scores`
+/// (same shape); with `causal`, entries j > i are ignored for the largest logit and the uniform
+/// entropy. `threshold` ∈ (0, 1] defines saturation.
+///
+/// Errors: `p` or `scores` empty or non-finite; `scores` not of `p`'s shape; `threshold` outside
+/// (0, 1].
+///
+/// ```
+/// use kappa_attention::{attention_diagnostics, softmax_rows};
+/// let s = ndarray::array![[50.0, 0.0], [0.0, 0.0]];
+/// let p = softmax_rows(s.view(), false)?;
+/// let d = attention_diagnostics(p.view(), s.view(), false, 0.99)?;
+/// assert_eq!(d.saturated_fraction, 0.5);
+/// assert_eq!(d.max_logit, 50.0);
+/// assert!((d.entropy_per_row[1] - 2f64.ln()).abs() < 1e-15);
+/// # Ok::<(), kappa_attention::AttentionError>(())
+/// ```
+pub fn attention_diagnostics<A: Real>(
+    p: ArrayView2<'_, A>,
+    scores: ArrayView2<'_, A>,
+    causal: bool,
+    threshold: f64,
+) -> Result<AttentionDiagnostics> {
+    check_matrix("p", &p)?;
+    check_shape("scores", &scores, p.nrows(), p.ncols(), "the shape of p")?;
+    if !(threshold > 0.0 && threshold <= 1.0) {
+        return Err(AttentionError::InvalidArgument {
+            arg: "threshold",
+            reason: format!("must lie in (0, 1], found {threshold}"),
+        });
+    }
+    let n = p.nrows();
+    let m = p.ncols();
+    let mut entropy = Vec::with_capacity(n);
+    let (mut max_logit, mut saturated, mut diag, mut uniform) =
+        (f64::NEG_INFINITY, 0usize, 0.0, 0.0);
+    for i in 0..n {
+        let len = if causal { (i + 1).min(m) } else { m };
+        let row = p.row(i);
+        let mut h = 0.0;
+        let mut pmax = 0.0f64;
+        for j in 0..len {
+            let x = row[j].to_f64_lossy();
+            if x > 0.0 {
+                h -= x * x.ln();
+            }
+            pmax = pmax.max(x);
+            max_logit = max_logit.max(scores[[i, j]].to_f64_lossy());
+        }
+        entropy.push(h.max(0.0));
+        saturated += usize::from(pmax > threshold);
+        if i < m {
+            diag += row[i].to_f64_lossy();
+        }
+        uniform += (len as f64).ln();
+    }
+    let nf = n as f64;
+    Ok(AttentionDiagnostics {
+        mean_entropy: entropy.iter().sum::<f64>() / nf,
+        entropy_per_row: entropy,
+        uniform_entropy: uniform / nf,
+        max_logit,
+        saturated_fraction: saturated as f64 / nf,
+        saturation_threshold: threshold,
+        mean_diagonal: diag / nf,
+    })
+}
+
+impl<A: Real> Forward<A> {
+    /// [`attention_diagnostics`] of this forward pass with the default threshold 0.99.
+    pub fn diagnostics(&self) -> AttentionDiagnostics {
+        // Every input was validated by the forward pass, and P's rows are finite.
+        attention_diagnostics(
+            self.p.view(),
+            self.scores.view(),
+            self.causal,
+            SATURATION_THRESHOLD,
+        )
+        .unwrap_or_else(|_| AttentionDiagnostics {
+            entropy_per_row: Vec::new(),
+            mean_entropy: f64::NAN,
+            uniform_entropy: f64::NAN,
+            max_logit: f64::NAN,
+            saturated_fraction: f64::NAN,
+            saturation_threshold: SATURATION_THRESHOLD,
+            mean_diagonal: f64::NAN,
+        })
+    }
+}
+
+/// σ_max, σ_min and κ of one projection matrix.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProjectionStats {
+    /// σ_max = ‖W‖₂.
+    pub sigma_max: f64,
+    /// σ_min, the min(D, k)-th singular value.
+    pub sigma_min: f64,
+    /// κ = σ_max/σ_min under kappa-linalg's rule (∞ when numerically rank-deficient).
+    pub kappa: f64,
+}
+
+/// σ_max, σ_min and κ of a projection `w` (one SVD, singular values only).
+///
+/// Errors: `w` empty or non-finite; LAPACK failures.
+///
+/// ```
+/// let s = kappa_attention::projection_stats(ndarray::array![[2.0, 0.0], [0.0, 0.5]].view())?;
+/// assert_eq!((s.sigma_max, s.sigma_min, s.kappa), (2.0, 0.5, 4.0));
+/// # Ok::<(), kappa_attention::AttentionError>(())
+/// ```
+pub fn projection_stats<A: Real>(w: ArrayView2<'_, A>) -> Result<ProjectionStats> {
+    check_matrix("w", &w)?;
+    let s = singular_values(w, SvdDriver::default())?;
+    let (m, n) = w.dim();
+    let c = kappa_linalg::conditioning_from_singular_values(
+        s.view(),
+        m,
+        n,
+        kappa_linalg::RankTolerance::Numpy,
+    )?;
+    Ok(ProjectionStats {
+        sigma_max: c.sigma_max.to_f64_lossy(),
+        sigma_min: c.sigma_min.to_f64_lossy(),
+        kappa: c.kappa.to_f64_lossy(),
+    })
+}
