@@ -93,5 +93,7 @@ pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
     vec![
         Box::new(experiments::random_spectra::RandomSpectra),
         Box::new(experiments::theory::Theory),
+        Box::new(experiments::convergence::Convergence),
+        Box::new(experiments::optim_geometry::OptimGeometry),
     ]
 }

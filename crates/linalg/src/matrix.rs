@@ -4,7 +4,8 @@
 //! `ndarray::Array2<f32 | f64>` (this module) and, with the `tch` feature, on `tch::Tensor`
 //! (f32/bf16/f64, CPU or CUDA; see `tch_backend`). The trait holds only what the algorithms of
 //! this crate and of the optimizer crate need: shape, transpose, products in BLAS `gemm` form,
-//! scaling, `axpy`, the Frobenius norm, singular values and the exact polar factor.
+//! scaling, `axpy`, the Frobenius norm, singular values and the exact polar factor, and for manifold
+//! Muon (kappa-optim) the Frobenius inner product, the diagonal, column scaling and an in-place copy.
 //!
 //! Scalars cross the trait as `f64` and are rounded to the matrix's element type where they are
 //! used. Every operation that takes a second matrix checks shapes and returns
@@ -66,6 +67,37 @@ pub trait Matrix: Sized {
 
     /// The exact polar factor U·Vᵀ of the thin SVD A = U Σ Vᵀ (see [`polar_factor`]).
     fn polar_factor(&self) -> Result<Self>;
+
+    /// The Frobenius inner product ⟨self, other⟩ = Σ a_ij·b_ij = tr(selfᵀ·other), accumulated in
+    /// `f64` (shapes must match).
+    fn inner(&self, other: &Self) -> Result<f64>;
+
+    /// The diagonal (A₁₁, …, A_kk), k = min(rows, cols), as `f64`.
+    fn diagonal(&self) -> Result<Vec<f64>>;
+
+    /// Overwrites the diagonal in place: A_ii ← d_i for i < k = min(rows, cols); `d` must have
+    /// length k. With `d` all zeros this is the Off projector of manifold Muon's DGram constraint.
+    fn set_diagonal(&mut self, d: &[f64]) -> Result<()>;
+
+    /// Scales column j by `s[j]` in place (A ← A·diag(s)); `s` must have length `cols`.
+    fn scale_columns(&mut self, s: &[f64]) -> Result<()>;
+
+    /// Copies `src` into `self`'s storage in place (shapes must match). On `tch` this writes into
+    /// the existing tensor (`copy_`), so parameters shared with a var store are updated.
+    fn copy_from(&mut self, src: &Self) -> Result<()>;
+}
+
+/// Checks that a slice argument has the expected length.
+pub(crate) fn check_len(arg: &'static str, len: usize, expected: usize, what: &str) -> Result<()> {
+    if len == expected {
+        Ok(())
+    } else {
+        Err(LinalgError::ShapeMismatch {
+            arg,
+            expected: format!("length {expected} ({what})"),
+            found: format!("length {len}"),
+        })
+    }
 }
 
 fn check_product(
@@ -184,5 +216,54 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn polar_factor(&self) -> Result<Self> {
         polar_factor(self.view(), SvdDriver::default())
+    }
+
+    fn inner(&self, other: &Self) -> Result<f64> {
+        if self.dim() != other.dim() {
+            return Err(LinalgError::ShapeMismatch {
+                arg: "other",
+                expected: shape_str(self.nrows(), self.ncols()),
+                found: shape_str(other.nrows(), other.ncols()),
+            });
+        }
+        Ok(self
+            .iter()
+            .zip(other.iter())
+            .map(|(a, b)| a.to_f64_lossy() * b.to_f64_lossy())
+            .sum())
+    }
+
+    fn diagonal(&self) -> Result<Vec<f64>> {
+        Ok(self.diag().iter().map(|x| x.to_f64_lossy()).collect())
+    }
+
+    fn set_diagonal(&mut self, d: &[f64]) -> Result<()> {
+        let k = self.nrows().min(self.ncols());
+        check_len("d", d.len(), k, "one entry per diagonal element")?;
+        for (x, &v) in self.diag_mut().iter_mut().zip(d) {
+            *x = A::from_f64_lossy(v);
+        }
+        Ok(())
+    }
+
+    fn scale_columns(&mut self, s: &[f64]) -> Result<()> {
+        check_len("s", s.len(), self.ncols(), "one factor per column")?;
+        for (mut col, &v) in self.columns_mut().into_iter().zip(s) {
+            let v = A::from_f64_lossy(v);
+            col.mapv_inplace(|x| x * v);
+        }
+        Ok(())
+    }
+
+    fn copy_from(&mut self, src: &Self) -> Result<()> {
+        if self.dim() != src.dim() {
+            return Err(LinalgError::ShapeMismatch {
+                arg: "src",
+                expected: shape_str(self.nrows(), self.ncols()),
+                found: shape_str(src.nrows(), src.ncols()),
+            });
+        }
+        self.assign(src);
+        Ok(())
     }
 }

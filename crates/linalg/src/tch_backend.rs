@@ -294,4 +294,68 @@ impl Matrix for Tensor {
             .and_then(|q| q.f_to_kind(kind))
             .map_err(backend("self"))
     }
+
+    fn inner(&self, other: &Self) -> Result<f64> {
+        let s = check_2d("self", self)?;
+        let so = check_2d("other", other)?;
+        if s != so {
+            return Err(shape_err("other", crate::error::shape_str(s.0, s.1), so));
+        }
+        let _g = tch::no_grad_guard();
+        // Products and the sum in f64 on the device: no bf16/f32 rounding in the reduction.
+        self.f_to_kind(Kind::Double)
+            .and_then(|a| Ok((a, other.f_to_kind(Kind::Double)?)))
+            .and_then(|(a, b)| a.f_mul(&b))
+            .and_then(|p| p.f_sum(Kind::Double))
+            .and_then(|x| x.f_double_value(&[]))
+            .map_err(backend("other"))
+    }
+
+    fn diagonal(&self) -> Result<Vec<f64>> {
+        check_2d("self", self)?;
+        let _g = tch::no_grad_guard();
+        let d = self
+            .f_diagonal(0, 0, 1)
+            .and_then(|x| x.f_to_device(Device::Cpu))
+            .and_then(|x| x.f_to_kind(Kind::Double))
+            .map_err(backend("self"))?;
+        Vec::<f64>::try_from(&d).map_err(backend("self"))
+    }
+
+    fn set_diagonal(&mut self, d: &[f64]) -> Result<()> {
+        let (m, n) = check_2d("self", self)?;
+        crate::matrix::check_len("d", d.len(), m.min(n), "one entry per diagonal element")?;
+        let _g = tch::no_grad_guard();
+        let src = Tensor::from_slice(d)
+            .f_to_kind(self.kind())
+            .and_then(|x| x.f_to_device(self.device()))
+            .map_err(backend("d"))?;
+        let mut diag = self.f_diagonal(0, 0, 1).map_err(backend("self"))?;
+        diag.f_copy_(&src).map_err(backend("d"))?;
+        Ok(())
+    }
+
+    fn scale_columns(&mut self, s: &[f64]) -> Result<()> {
+        let (_, n) = check_2d("self", self)?;
+        crate::matrix::check_len("s", s.len(), n, "one factor per column")?;
+        let _g = tch::no_grad_guard();
+        let factors = Tensor::from_slice(s)
+            .f_to_kind(self.kind())
+            .and_then(|x| x.f_to_device(self.device()))
+            .and_then(|x| x.f_view([1, n as i64]))
+            .map_err(backend("s"))?;
+        let _ = self.f_mul_(&factors).map_err(backend("s"))?;
+        Ok(())
+    }
+
+    fn copy_from(&mut self, src: &Self) -> Result<()> {
+        let s = check_2d("self", self)?;
+        let ss = check_2d("src", src)?;
+        if s != ss {
+            return Err(shape_err("src", crate::error::shape_str(s.0, s.1), ss));
+        }
+        let _g = tch::no_grad_guard();
+        self.f_copy_(src).map_err(backend("src"))?;
+        Ok(())
+    }
 }

@@ -7,6 +7,7 @@ mod properties {
     pub mod cond;
     pub mod iterative;
     pub mod kron;
+    pub mod matrix_ops;
     pub mod newton_schulz;
     pub mod psd;
     pub mod svd;

@@ -1,8 +1,41 @@
 //! kappa-optim: optimizers for the geometry of attention training.
 //!
-//! Muon and manifold Muon (Stiefel and diagonal-Gram constraints), written once against
-//! kappa-linalg's matrix trait so they update `ndarray` matrices and `tch` tensors alike, and the
-//! preconditioned gradient descent with spectral initialization of *Training Dynamics of Softmax
-//! Self-Attention*.
+//! Muon and manifold Muon (Stiefel and diagonal-Gram constraints) of *Different Layers, Different
+//! Manifolds*, written once against kappa-linalg's [`Matrix`](kappa_linalg::Matrix) trait, so the
+//! same code updates `ndarray` matrices (f32/f64) and, with the `tch` feature, `tch::Tensor`
+//! parameters (f32/bf16/f64, CPU or CUDA) in place; and the preconditioned gradient
+//! descent with spectral initialization of *Training Dynamics of Softmax Self-Attention: Fast
+//! Global Convergence via Preconditioning* (Goel, Soltanolkotabi, Bartlett), in
+//! [`convergence`].
 //!
-//! This crate is being built (issues 5 and 6); today it only reserves its place in the workspace.
+//! # Principal items
+//!
+//! | module | items |
+//! |---|---|
+//! | [`error`] | [`OptimError`], [`Result`]: the crate's one error enum |
+//! | [`muon`] | [`Muon`], [`MuonConfig`] (presets `keller`, `paper`), [`MuonState`], [`UpdateScale`], [`Layout`] |
+//! | [`manifold`] | [`ManifoldMuon`], [`ManifoldMuonConfig`] (preset `paper`), [`ManifoldState`], [`Manifold`], [`DGramRetraction`], [`DualAscent`], [`DualReport`] |
+//! | [`msign`](mod@msign) | [`msign()`], [`Msign`] (exact, Muon quintic, Polar Express) |
+//! | [`momentum`] | [`Momentum`], [`MomentumKind`] (EMA and SGD forms, Nesterov) |
+//! | [`precision`] | [`Precision`], [`WorkingPrecision`] (msign's precision per device) |
+//! | [`convergence`] | [`DataModel`](convergence::DataModel), [`Sample`](convergence::Sample), [`EmpiricalProblem`](convergence::EmpiricalProblem), [`PopulationProblem`](convergence::PopulationProblem), [`Moments`](convergence::Moments), [`spectral_init`](convergence::spectral_init), [`Trainer`](convergence::Trainer), [`Settings`](convergence::Settings) |
+//!
+//! The convergence code is `f64` on `ndarray`, on top of `kappa-linalg` (PSD square roots, SVD, κ).
+
+pub mod convergence;
+pub mod error;
+pub mod manifold;
+pub mod momentum;
+pub mod msign;
+pub mod muon;
+pub mod precision;
+
+pub use error::{OptimError, Result};
+pub use manifold::{
+    DGramRetraction, DualAscent, DualReport, Manifold, ManifoldMuon, ManifoldMuonConfig,
+    ManifoldState, ManifoldStep, OnDivergence,
+};
+pub use momentum::{Momentum, MomentumKind};
+pub use msign::{msign, Msign};
+pub use muon::{Layout, Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
+pub use precision::{Precision, WorkingPrecision};

@@ -1,0 +1,265 @@
+//! Benchmarks of kappa-optim on the tch backend (f32, CPU): one Muon step against its bare
+//! Newton–Schulz matmuls, one Stiefel and one DGram manifold-Muon step (paper preset, K = 20)
+//! against one AdamW step (tch's), the dual-ascent cost in msign units, and kappa's Muon against
+//! `torch.optim.Muon` (run as a subprocess, `benches/reference/muon_torch.py`) at the same shapes
+//! and thread count.
+//!
+//! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench optim` (and again with 2).
+//! `KAPPA_BENCH_QUICK=1` keeps only 384×384 (a smoke run). The manifold steps take seconds at the
+//! larger shapes (20 Polar Express msigns of 10 steps each), so they are timed by hand (one warm-up,
+//! then the median of `KAPPA_BENCH_REPS` runs, default 3) instead of through criterion.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, BenchmarkId, Criterion};
+use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, shape_id};
+use kappa_linalg::tch_backend::tensor_from_array;
+use kappa_linalg::Matrix;
+use kappa_optim::{
+    msign, Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState, Msign, Muon, MuonConfig,
+    MuonState, Precision,
+};
+use ndarray::Array2;
+use tch::nn::OptimizerConfig;
+use tch::{Device, Kind, Tensor};
+
+const GROUP: &str = "optim_f32";
+const SHAPES: [(usize, usize); 5] = [
+    (384, 384),
+    (384, 1536),
+    (768, 768),
+    (768, 2304),
+    (768, 3072),
+];
+
+fn shapes() -> Vec<(usize, usize)> {
+    if std::env::var("KAPPA_BENCH_QUICK").is_ok_and(|v| v == "1") {
+        SHAPES[..1].to_vec()
+    } else {
+        SHAPES.to_vec()
+    }
+}
+
+fn t32(a: &Array2<f32>) -> Tensor {
+    tensor_from_array(a.view(), Kind::Float, Device::Cpu).expect("tensor")
+}
+
+/// The five quintic steps' products, bare (wide orientation), as `torch.mm` calls.
+fn ns_bare(x: &Tensor) -> Tensor {
+    let mut x = x.shallow_clone();
+    for _ in 0..5 {
+        let gram = x.mm(&x.tr());
+        let b = gram.mm(&gram);
+        x = b.mm(&x);
+    }
+    x
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group(GROUP);
+    for (m, n) in shapes() {
+        let id = shape_id(m, n);
+        let w0: Array2<f32> = gaussian(m, n, 1);
+        let grad = t32(&gaussian(m, n, 2));
+        let wide = if m > n {
+            t32(&w0).tr().contiguous()
+        } else {
+            t32(&w0)
+        };
+        g.bench_function(BenchmarkId::new("ns5_bare", &id), |b| {
+            b.iter(|| black_box(ns_bare(&wide)))
+        });
+        let muon = Muon::new(MuonConfig::keller()).expect("muon");
+        let mut w = t32(&w0);
+        let mut st = MuonState::new();
+        g.bench_function(BenchmarkId::new("muon_step", &id), |b| {
+            b.iter(|| muon.step(&mut w, &grad, &mut st).expect("step"))
+        });
+        let pe = Msign::polar_express();
+        g.bench_function(BenchmarkId::new("msign_pe10", &id), |b| {
+            b.iter(|| msign(&grad, pe, Precision::Auto).expect("msign"))
+        });
+        // tch's AdamW on a var-store parameter with a fixed gradient.
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let p = vs.root().var_copy("w", &t32(&w0));
+        let mut opt = tch::nn::AdamW::default().build(&vs, 1e-3).expect("adamw");
+        (&p * &grad).sum(Kind::Float).backward();
+        g.bench_function(BenchmarkId::new("adamw_step", &id), |b| {
+            b.iter(|| opt.step())
+        });
+    }
+    g.finish();
+}
+
+/// Median seconds of `reps` calls after one warm-up.
+fn time_by_hand(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..reps)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+struct ManifoldTimes {
+    stiefel: f64,
+    dgram: f64,
+    msign_calls: usize,
+}
+
+fn manifold_times(m: usize, n: usize, reps: usize) -> ManifoldTimes {
+    let grad = t32(&gaussian(m, n, 2)) * 0.01;
+    let mut out = ManifoldTimes {
+        stiefel: f64::NAN,
+        dgram: f64::NAN,
+        msign_calls: 0,
+    };
+    for manifold in [Manifold::Stiefel, Manifold::dgram()] {
+        let mut cfg = ManifoldMuonConfig::paper(manifold);
+        cfg.dual.on_divergence = kappa_optim::OnDivergence::Apply;
+        let opt = ManifoldMuon::new(cfg).expect("manifold");
+        let mut w = t32(&gaussian(m, n, 1)) * 0.02;
+        opt.retract_onto(&mut w).expect("retract");
+        let mut st = ManifoldState::new();
+        let mut calls = 0;
+        let t = time_by_hand(reps, || {
+            calls = opt
+                .step(&mut w, &grad, &mut st)
+                .expect("step")
+                .dual
+                .msign_calls;
+        });
+        match manifold {
+            Manifold::Stiefel => {
+                out.stiefel = t;
+                out.msign_calls = calls;
+            }
+            _ => out.dgram = t,
+        }
+    }
+    out
+}
+
+/// kappa Muon's update band at this shape (σ of msign(U) for the first step from zero momentum).
+fn kappa_band(m: usize, n: usize) -> (f64, f64) {
+    let g = t32(&gaussian(m, n, 2));
+    let o = msign(&g, Msign::MuonQuintic, Precision::Auto).expect("msign");
+    let s = o.singular_values().expect("svd");
+    (s[s.len() - 1], s[0])
+}
+
+fn torch_reference(threads: usize, shapes: &[(usize, usize)]) -> Option<serde_json::Value> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let python = std::env::var_os("KAPPA_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("../.venv/bin/python"));
+    let out = Command::new(python)
+        .arg(root.join("reference/muon_torch.py"))
+        .arg(threads.to_string())
+        .args(shapes.iter().map(|&(m, n)| shape_id(m, n)))
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "torch reference failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last()?).ok()
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? / b?)
+}
+
+fn main() {
+    let threads = configure_threads();
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+    let reps = std::env::var("KAPPA_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3usize)
+        .max(1);
+    let shapes = shapes();
+    let torch = torch_reference(threads, &shapes);
+    println!("\nkappa-optim, f32 on CPU, {threads} thread(s) (medians; manifold steps: median of {reps})");
+    println!(
+        "{:<10} {:>9} {:>9} {:>7} {:>9} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8} {:>17} {:>17}",
+        "shape",
+        "muon ms",
+        "ns5 ms",
+        "m/ns5",
+        "adamw ms",
+        "stiefel ms",
+        "dgram ms",
+        "st/adamw",
+        "dg/adamw",
+        "msign ms",
+        "dual/msg",
+        "torch ms",
+        "torch/kappa",
+        "σ band kappa|torch"
+    );
+    for (m, n) in shapes {
+        let id = shape_id(m, n);
+        let get = |f: &str| median_seconds(GROUP, f, &id);
+        let (muon, ns, adamw, ms) = (
+            get("muon_step"),
+            get("ns5_bare"),
+            get("adamw_step"),
+            get("msign_pe10"),
+        );
+        let mt = manifold_times(m, n, reps);
+        let (klo, khi) = kappa_band(m, n);
+        let tr = torch.as_ref().map(|t| &t[&id]);
+        let tsec = tr.and_then(|t| t["seconds"].as_f64());
+        let tband = tr.map_or("n/a".into(), |t| {
+            format!(
+                "{:.3}-{:.3}",
+                t["sigma_min"].as_f64().unwrap_or(f64::NAN),
+                t["sigma_max"].as_f64().unwrap_or(f64::NAN)
+            )
+        });
+        println!(
+            "{:<10} {:>9} {:>9} {:>7} {:>9} {:>10.1} {:>10.1} {:>8.0} {:>8.0} {:>9} {:>9} {:>8} {:>17} {:>8.3}-{:.3}|{}",
+            id,
+            fmt_ms(muon),
+            fmt_ms(ns),
+            fmt_ratio(ratio(muon, ns)),
+            fmt_ms(adamw),
+            mt.stiefel * 1e3,
+            mt.dgram * 1e3,
+            ratio(Some(mt.stiefel), adamw).unwrap_or(f64::NAN),
+            ratio(Some(mt.dgram), adamw).unwrap_or(f64::NAN),
+            fmt_ms(ms),
+            fmt_ratio(ratio(Some(mt.stiefel), ms)),
+            fmt_ms(tsec),
+            fmt_ratio(ratio(tsec, muon)),
+            klo,
+            khi,
+            tband,
+        );
+        let _ = mt.msign_calls;
+    }
+    println!(
+        "m/ns5: Muon step / its 5 bare quintic steps (goal ≤ 1.1). st/adamw, dg/adamw: manifold step / \
+         tch AdamW step. dual/msg: Stiefel step / one Polar Express msign (K = 20 → ≈ 20–22 expected \
+         with the retraction and the ‖G‖_* diagnostic). torch/kappa: torch.optim.Muon step (bf16) / \
+         kappa Muon step (f32), goal ≥ 10."
+    );
+}

@@ -1,0 +1,559 @@
+//! "optim-geometry": AdamW, Muon and manifold Muon (Stiefel, DGram) on an ill-conditioned
+//! least-squares problem, with the loss, κ(W) and σmax(W) of the weight tracked at every step.
+//!
+//! Problem: x ∈ ℝ^{d_in} with covariance V·diag(λ)·Vᵀ, λ geometric from 1 to 1/κ_x² (so the data
+//! matrix has κ ≈ κ_x), a teacher W* = U·diag(t)·Pᵀ with t geometric from 1 to κ_t, targets
+//! y = W*ᵀx + noise, and the model y = Wᵀx with W ∈ ℝ^{d_in×d_out} stored (in, out). The loss is
+//! ½·mean‖Wᵀx − y‖² over a minibatch; the logged loss is over the whole training set.
+//!
+//! What the paper's geometry predicts: Stiefel pins every singular value at 1 (κ = 1 at all
+//! steps, at the price of a loss floor since κ(W*) = κ_t ≠ 1); DGram keeps the columns orthogonal
+//! but lets their norms (= the singular values) drift, so κ and σmax are free; Muon and AdamW are
+//! unconstrained and drift towards the teacher's spectrum. All four run in f64 on `ndarray`
+//! through kappa-optim (the manifold runs with the paper's settings and the normalized dual
+//! ascent, Polar Express msign).
+
+use std::path::Path;
+
+use anyhow::Result;
+use kappa_linalg::{singular_values, svd_thin, SvdDriver};
+use kappa_optim::{
+    DualAscent, Layout, Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState, Muon,
+    MuonConfig, MuonState, OnDivergence,
+};
+use ndarray::{Array1, Array2, Axis};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
+
+use crate::plot::{LinePlot, Mark};
+use crate::report::{runs_table, Section};
+use crate::run::{Run, RunRecord, RunStatus};
+use crate::scale::Scale;
+use crate::stats::mean_std;
+use crate::Experiment;
+
+/// The experiment (registered as `optim-geometry`).
+pub struct OptimGeometry;
+
+/// The optimizers compared, in report order.
+pub const OPTIMIZERS: [&str; 4] = ["adamw", "muon", "stiefel", "dgram"];
+
+/// What `optim-geometry` runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Config {
+    /// Input dimension (rows of W).
+    pub d_in: usize,
+    /// Output dimension (columns of W), ≤ d_in.
+    pub d_out: usize,
+    /// Training samples.
+    pub samples: usize,
+    /// Minibatch size.
+    pub batch: usize,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Condition number of the data matrix.
+    pub data_kappa: f64,
+    /// Condition number of the teacher W*.
+    pub teacher_kappa: f64,
+    /// Standard deviation of the label noise.
+    pub noise: f64,
+    /// AdamW learning rate (β = (0.9, 0.95), ε = 1e-8, no weight decay).
+    pub adamw_lr: f64,
+    /// Muon learning rate (Keller's preset, no weight decay).
+    pub muon_lr: f64,
+    /// Manifold Muon learning rate η (the spectral norm of each step).
+    pub manifold_lr: f64,
+    /// Normalize G before the dual ascent (§8.4 of the notes); the paper did not.
+    pub normalize_dual: bool,
+    /// Log every this many steps (and the last).
+    pub log_every: usize,
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    /// `adamw`, `muon`, `stiefel` or `dgram`.
+    pub optimizer: String,
+    /// Steps taken.
+    pub step: usize,
+    /// Training loss over all samples.
+    pub loss: f64,
+    /// κ(W) (+∞ written as null when rank deficient).
+    pub kappa: Option<f64>,
+    /// σmax(W).
+    pub sigma_max: f64,
+    /// σmin(W).
+    pub sigma_min: f64,
+    /// Manifold violation of W (manifold runs; 0 before the first step too).
+    pub manifold_violation: Option<f64>,
+    /// Final tangent violation of the last dual ascent.
+    pub dual_violation: Option<f64>,
+    /// ⟨G, A⟩/‖G‖_* of the last step.
+    pub descent_ratio: Option<f64>,
+    /// Dual ascents flagged as diverged so far.
+    pub diverged_ascents: Option<usize>,
+}
+
+struct Problem {
+    x: Array2<f64>,
+    y: Array2<f64>,
+}
+
+fn gaussian(rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Array2<f64> {
+    Array2::from_shape_simple_fn((rows, cols), || StandardNormal.sample(rng))
+}
+
+fn orthonormal(rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Result<Array2<f64>> {
+    Ok(svd_thin(gaussian(rows, cols, rng).view(), SvdDriver::QrIteration)?.u)
+}
+
+fn geometric(k: usize, kappa: f64) -> Array1<f64> {
+    Array1::from_shape_fn(k, |i| kappa.powf(-(i as f64) / (k.max(2) - 1) as f64))
+}
+
+fn problem(c: &Config, rng: &mut ChaCha8Rng) -> Result<Problem> {
+    let v = orthonormal(c.d_in, c.d_in, rng)?;
+    let scales = geometric(c.d_in, c.data_kappa);
+    let x = (gaussian(c.samples, c.d_in, rng) * scales.view().insert_axis(Axis(0))).dot(&v.t());
+    let u = orthonormal(c.d_in, c.d_out, rng)?;
+    let p = orthonormal(c.d_out, c.d_out, rng)?;
+    let t = geometric(c.d_out, 1.0 / c.teacher_kappa);
+    let teacher = (&u * &t.view().insert_axis(Axis(0))).dot(&p.t());
+    let y = x.dot(&teacher) + gaussian(c.samples, c.d_out, rng) * c.noise;
+    Ok(Problem { x, y })
+}
+
+fn loss_and_grad(w: &Array2<f64>, x: &Array2<f64>, y: &Array2<f64>) -> (f64, Array2<f64>) {
+    let r = x.dot(w) - y;
+    let n = x.nrows() as f64;
+    let loss = 0.5 * r.iter().map(|v| v * v).sum::<f64>() / n;
+    (loss, x.t().dot(&r) / n)
+}
+
+/// AdamW on ndarray (reference optimizer for this experiment): torch's update with bias
+/// correction, decoupled weight decay.
+struct AdamW {
+    lr: f64,
+    betas: (f64, f64),
+    eps: f64,
+    m: Array2<f64>,
+    v: Array2<f64>,
+    t: i32,
+}
+
+impl AdamW {
+    fn new(lr: f64, shape: (usize, usize)) -> Self {
+        Self {
+            lr,
+            betas: (0.9, 0.95),
+            eps: 1e-8,
+            m: Array2::zeros(shape),
+            v: Array2::zeros(shape),
+            t: 0,
+        }
+    }
+
+    fn step(&mut self, w: &mut Array2<f64>, g: &Array2<f64>, lr_factor: f64) {
+        let (b1, b2) = self.betas;
+        self.t += 1;
+        self.m
+            .zip_mut_with(g, |m, &g| *m = b1 * *m + (1.0 - b1) * g);
+        self.v
+            .zip_mut_with(g, |v, &g| *v = b2 * *v + (1.0 - b2) * g * g);
+        let c1 = 1.0 - b1.powi(self.t);
+        let c2 = 1.0 - b2.powi(self.t);
+        let lr = self.lr * lr_factor;
+        ndarray::Zip::from(w)
+            .and(&self.m)
+            .and(&self.v)
+            .for_each(|w, &m, &v| *w -= lr * (m / c1) / ((v / c2).sqrt() + self.eps));
+    }
+}
+
+enum Opt {
+    AdamW(AdamW),
+    Muon(Muon, MuonState<Array2<f64>>),
+    Manifold(ManifoldMuon, ManifoldState<Array2<f64>>),
+}
+
+/// Cosine decay from 1 to 0.1 over the run.
+fn lr_factor(step: usize, steps: usize) -> f64 {
+    let p = step as f64 / steps.max(1) as f64;
+    0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+}
+
+impl Experiment for OptimGeometry {
+    type Config = Config;
+
+    fn name(&self) -> &'static str {
+        "optim-geometry"
+    }
+
+    fn claim(&self) -> &'static str {
+        "Manifold Muon on the Stiefel manifold holds every singular value of W at 1 (κ = 1) while \
+         training; DGram keeps the columns orthogonal but lets κ and σmax drift, as Muon and AdamW do."
+    }
+
+    fn default_seeds(&self, _scale: Scale) -> u32 {
+        3
+    }
+
+    fn config(&self, scale: Scale) -> Config {
+        let base = Config {
+            d_in: 32,
+            d_out: 16,
+            samples: 256,
+            batch: 64,
+            steps: 40,
+            data_kappa: 30.0,
+            teacher_kappa: 4.0,
+            noise: 0.05,
+            adamw_lr: 0.01,
+            muon_lr: 0.05,
+            manifold_lr: 0.05,
+            normalize_dual: true,
+            log_every: 1,
+        };
+        match scale {
+            Scale::Smoke => base,
+            Scale::Cpu => Config {
+                d_in: 128,
+                d_out: 48,
+                samples: 4096,
+                batch: 256,
+                steps: 1500,
+                data_kappa: 100.0,
+                log_every: 5,
+                ..base
+            },
+            Scale::Paper => Config {
+                d_in: 384,
+                d_out: 128,
+                samples: 16384,
+                batch: 512,
+                steps: 5000,
+                data_kappa: 100.0,
+                log_every: 10,
+                ..base
+            },
+        }
+    }
+
+    fn run(&self, c: &Config, run: &mut Run) -> Result<RunStatus> {
+        anyhow::ensure!(
+            c.d_out <= c.d_in && c.batch <= c.samples && c.steps > 0 && c.log_every > 0,
+            "config: need d_out ≤ d_in, batch ≤ samples, steps > 0, log_every > 0"
+        );
+        let seed = run.context().seed;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let data = problem(c, &mut rng)?;
+        let w_init = gaussian(c.d_in, c.d_out, &mut rng) / (c.d_in as f64).sqrt();
+        let bar = run.progress((OPTIMIZERS.len() * c.steps) as u64, "steps");
+        for (k, name) in OPTIMIZERS.iter().enumerate() {
+            let mut w = w_init.clone();
+            let mut dual = DualAscent::paper();
+            if c.normalize_dual {
+                dual = dual.normalized();
+            }
+            dual.on_divergence = OnDivergence::Apply;
+            let manifold_cfg = |manifold| ManifoldMuonConfig {
+                lr: c.manifold_lr,
+                layout: Layout::InOut,
+                dual,
+                ..ManifoldMuonConfig::paper(manifold)
+            };
+            let mut opt = match *name {
+                "adamw" => Opt::AdamW(AdamW::new(c.adamw_lr, w.dim())),
+                "muon" => Opt::Muon(
+                    Muon::new(MuonConfig {
+                        lr: c.muon_lr,
+                        layout: Layout::InOut,
+                        ..MuonConfig::keller()
+                    })?,
+                    MuonState::new(),
+                ),
+                "stiefel" => Opt::Manifold(
+                    ManifoldMuon::new(manifold_cfg(Manifold::Stiefel))?,
+                    ManifoldState::new(),
+                ),
+                _ => Opt::Manifold(
+                    ManifoldMuon::new(manifold_cfg(Manifold::dgram()))?,
+                    ManifoldState::new(),
+                ),
+            };
+            if let Opt::Manifold(m, _) = &opt {
+                m.retract_onto(&mut w)?;
+            }
+            let mut batch_rng = ChaCha8Rng::seed_from_u64(seed);
+            batch_rng.set_stream(k as u64 + 1);
+            let mut order: Vec<usize> = (0..c.samples).collect();
+            let mut cursor = c.samples;
+            let (mut dual_violation, mut descent_ratio, mut diverged) = (None, None, 0usize);
+            for step in 0..=c.steps {
+                if step % c.log_every == 0 || step == c.steps {
+                    let (loss, _) = loss_and_grad(&w, &data.x, &data.y);
+                    if !loss.is_finite() {
+                        bar.println(format!("{name}: loss became non-finite at step {step}"));
+                        break;
+                    }
+                    let sv = singular_values(w.view(), SvdDriver::QrIteration)?;
+                    let kappa = kappa_linalg::condition_number(w.view())?;
+                    let manifold_violation = match &opt {
+                        Opt::Manifold(m, _) => Some(m.violation(&w)?),
+                        _ => None,
+                    };
+                    run.log(&Record {
+                        optimizer: name.to_string(),
+                        step,
+                        loss,
+                        kappa: kappa.is_finite().then_some(kappa),
+                        sigma_max: sv[0],
+                        sigma_min: sv[sv.len() - 1],
+                        manifold_violation,
+                        dual_violation,
+                        descent_ratio,
+                        diverged_ascents: manifold_violation.map(|_| diverged),
+                    })?;
+                    bar.set_message(format!("{name} loss {loss:.4} κ {kappa:.3}"));
+                }
+                if step == c.steps {
+                    break;
+                }
+                if cursor + c.batch > c.samples {
+                    order.shuffle(&mut batch_rng);
+                    cursor = 0;
+                }
+                let idx = &order[cursor..cursor + c.batch];
+                cursor += c.batch;
+                let xb = data.x.select(Axis(0), idx);
+                let yb = data.y.select(Axis(0), idx);
+                let (_, g) = loss_and_grad(&w, &xb, &yb);
+                let f = lr_factor(step, c.steps);
+                match &mut opt {
+                    Opt::AdamW(a) => a.step(&mut w, &g, f),
+                    Opt::Muon(m, st) => {
+                        m.set_lr(c.muon_lr * f)?;
+                        m.step(&mut w, &g, st)?;
+                    }
+                    Opt::Manifold(m, st) => {
+                        m.set_lr(c.manifold_lr * f)?;
+                        let r = m.step(&mut w, &g, st)?;
+                        dual_violation = Some(r.dual.violation);
+                        descent_ratio = r.dual.descent_ratio;
+                        diverged += usize::from(r.dual.diverged);
+                    }
+                }
+                bar.inc(1);
+            }
+        }
+        bar.finish_and_clear();
+        Ok(RunStatus::Completed)
+    }
+
+    fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
+        let mut section = Section::new("optim-geometry: κ(W) under AdamW, Muon and manifold Muon");
+        section.paragraph(Experiment::claim(self));
+        runs_table(&mut section, runs);
+        let mut records: Vec<Record> = Vec::new();
+        let mut config: Option<Config> = None;
+        for run in runs
+            .iter()
+            .filter(|r| r.info.status == RunStatus::Completed)
+        {
+            records.extend(run.metrics::<Record>()?);
+            if config.is_none() {
+                config = run.config::<Config>().ok();
+            }
+        }
+        if records.is_empty() {
+            section.paragraph("No completed runs.");
+            return Ok(section);
+        }
+        if let Some(c) = &config {
+            section.paragraph(&format!(
+                "Least squares y = Wᵀx, W ∈ ℝ^{{{}×{}}}, {} samples with κ(X) ≈ {}, teacher κ(W*) = {}, \
+                 noise {}, batch {}, {} steps, cosine decay to 0.1×; lr: AdamW {}, Muon {}, manifold η {} \
+                 (paper preset: SGD-Nesterov 0.95, α = 0.1, K = 20, Polar Express; G normalized before \
+                 the dual ascent: {}). f64 on ndarray.",
+                c.d_in, c.d_out, c.samples, c.data_kappa, c.teacher_kappa, c.noise, c.batch,
+                c.steps, c.adamw_lr, c.muon_lr, c.manifold_lr, c.normalize_dual
+            ));
+        }
+        // Mean over seeds per (optimizer, step).
+        let series = |name: &str, f: &dyn Fn(&Record) -> Option<f64>| -> Vec<(f64, f64)> {
+            let mut steps: Vec<usize> = records
+                .iter()
+                .filter(|r| r.optimizer == name)
+                .map(|r| r.step)
+                .collect();
+            steps.sort_unstable();
+            steps.dedup();
+            steps
+                .into_iter()
+                .filter_map(|s| {
+                    let v: Vec<f64> = records
+                        .iter()
+                        .filter(|r| r.optimizer == name && r.step == s)
+                        .filter_map(f)
+                        .collect();
+                    (!v.is_empty()).then(|| (s as f64, mean_std(&v).0))
+                })
+                .collect()
+        };
+        let plots: [PlotSpec<'_>; 3] = [
+            ("loss.png", "Training loss", "loss", true, &|r| Some(r.loss)),
+            ("kappa.png", "Condition number of W", "κ(W)", true, &|r| {
+                r.kappa
+            }),
+            (
+                "sigma_max.png",
+                "Largest singular value of W",
+                "σmax(W)",
+                false,
+                &|r| Some(r.sigma_max),
+            ),
+        ];
+        for (file, title, ylabel, log, f) in plots {
+            let mut plot = LinePlot::new(&format!("{title} (mean over seeds)"), "step", ylabel);
+            if log {
+                plot = plot.log_y();
+            }
+            for name in OPTIMIZERS {
+                plot = plot.series(name, series(name, f), Mark::Line);
+            }
+            let path = out_dir.join(file);
+            plot.save(&path)?;
+            section.image(title, &relative(&path, report_dir));
+        }
+        // Table and verdicts.
+        let mut rows = Vec::new();
+        let mut stiefel_dev = 0.0f64;
+        let mut dgram_off = 0.0f64;
+        let mut drift = Vec::new();
+        for name in OPTIMIZERS {
+            let mine: Vec<&Record> = records.iter().filter(|r| r.optimizer == name).collect();
+            let last_step = mine.iter().map(|r| r.step).max().unwrap_or(0);
+            let last: Vec<&&Record> = mine.iter().filter(|r| r.step == last_step).collect();
+            let first: Vec<&&Record> = mine.iter().filter(|r| r.step == 0).collect();
+            let stat = |v: Vec<f64>| {
+                let (m, s) = mean_std(&v);
+                format!("{m:.4} ± {s:.4}")
+            };
+            let kappa_dev = mine
+                .iter()
+                .map(|r| r.kappa.map_or(f64::INFINITY, |k| (k - 1.0).abs()))
+                .fold(0.0, f64::max);
+            let max_violation = mine
+                .iter()
+                .filter_map(|r| r.manifold_violation)
+                .fold(0.0, f64::max);
+            let dual: Vec<f64> = last.iter().filter_map(|r| r.dual_violation).collect();
+            let diverged: usize = last.iter().filter_map(|r| r.diverged_ascents).sum();
+            if name == "stiefel" {
+                stiefel_dev = kappa_dev;
+            }
+            if name == "dgram" {
+                dgram_off = max_violation;
+            }
+            let k0 = mean_std(&first.iter().filter_map(|r| r.kappa).collect::<Vec<_>>()).0;
+            let k1 = mean_std(&last.iter().filter_map(|r| r.kappa).collect::<Vec<_>>()).0;
+            drift.push((name, k0, k1));
+            rows.push(vec![
+                name.to_string(),
+                stat(last.iter().map(|r| r.loss).collect()),
+                format!("{k0:.4}"),
+                stat(last.iter().filter_map(|r| r.kappa).collect()),
+                format!("{kappa_dev:.2e}"),
+                stat(last.iter().map(|r| r.sigma_max).collect()),
+                if name == "stiefel" || name == "dgram" {
+                    format!("{max_violation:.2e}")
+                } else {
+                    "—".into()
+                },
+                if dual.is_empty() {
+                    "—".into()
+                } else {
+                    format!("{:.2e}", mean_std(&dual).0)
+                },
+                if name == "stiefel" || name == "dgram" {
+                    diverged.to_string()
+                } else {
+                    "—".into()
+                },
+            ]);
+        }
+        section.table(
+            &[
+                "optimizer",
+                "final loss",
+                "κ at step 0",
+                "final κ(W)",
+                "max |κ − 1| over steps",
+                "final σmax",
+                "max manifold violation",
+                "final dual violation",
+                "diverged ascents",
+            ],
+            &rows,
+        );
+        let holds = stiefel_dev <= 1e-5;
+        let drifted: Vec<String> = drift
+            .iter()
+            .filter(|(n, _, _)| *n != "stiefel")
+            .map(|(n, k0, k1)| format!("{n} {k0:.3} → {k1:.3}"))
+            .collect();
+        section.paragraph(&format!(
+            "Verdict: Stiefel {} κ = 1 — the largest |κ(W) − 1| over every logged step and seed is \
+             {stiefel_dev:.2e} (Polar Express in f64 maps σ to 1 ± 1e-6). DGram kept its columns \
+             orthogonal to a largest ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂ of {dgram_off:.2e} while κ moved \
+             freely. κ(W) from the first to the last step, mean over seeds: {}.",
+            if holds { "holds" } else { "does NOT hold" },
+            drifted.join("; ")
+        ));
+        Ok(section)
+    }
+}
+
+/// (file, title, y label, log y, value of a record).
+type PlotSpec<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    bool,
+    &'a dyn Fn(&Record) -> Option<f64>,
+);
+
+fn relative(path: &Path, base: &Path) -> String {
+    path.strip_prefix(base)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adamw_matches_the_torch_update_on_its_first_step() {
+        // First step of Adam with bias correction: Δ = −lr·g/(|g| + ε) = −lr·sign(g).
+        let mut a = AdamW::new(0.1, (1, 2));
+        let mut w = ndarray::array![[1.0, 1.0]];
+        a.step(&mut w, &ndarray::array![[2.0, -3.0]], 1.0);
+        assert!((w[[0, 0]] - 0.9).abs() < 1e-6 && (w[[0, 1]] - 1.1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_problem_has_the_requested_conditioning() {
+        let c = OptimGeometry.config(Scale::Smoke);
+        let p = problem(&c, &mut ChaCha8Rng::seed_from_u64(1)).unwrap();
+        let k = kappa_linalg::condition_number(p.x.view()).unwrap();
+        assert!(
+            k > c.data_kappa / 3.0 && k < c.data_kappa * 3.0,
+            "κ(X) = {k}"
+        );
+    }
+}

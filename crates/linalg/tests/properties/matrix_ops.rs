@@ -1,0 +1,134 @@
+//! The matrix-trait operations manifold Muon needs (`inner`, `diagonal`, `set_diagonal`,
+//! `scale_columns`, `copy_from`): their definition on `ndarray`, their shape checks, and (feature `tch`) agreement
+//! of the tensor backend, including that `copy_from` and `set_diagonal` write in place.
+
+use super::common::*;
+use kappa_linalg::{LinalgError, Matrix};
+use ndarray::Array2;
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..config() })]
+
+    #[test]
+    fn diagonal_ops_match_their_definition((m, n, seed) in (1usize..12, 1usize..12, any::<u64>())) {
+        let a: Array2<f64> = gaussian(m, n, seed);
+        let k = m.min(n);
+        let d = Matrix::diagonal(&a).unwrap();
+        prop_assert_eq!(d.len(), k);
+        for (i, v) in d.iter().enumerate() {
+            prop_assert_eq!(*v, a[[i, i]]);
+        }
+        let mut b = a.clone();
+        let new: Vec<f64> = (0..k).map(|i| i as f64 - 0.5).collect();
+        b.set_diagonal(&new).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let want = if i == j { i as f64 - 0.5 } else { a[[i, j]] };
+                prop_assert_eq!(b[[i, j]], want);
+            }
+        }
+        let s: Vec<f64> = (0..n).map(|j| 1.0 + j as f64).collect();
+        let mut c = a.clone();
+        c.scale_columns(&s).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                prop_assert_eq!(c[[i, j]], a[[i, j]] * s[j]);
+            }
+        }
+        let b2: Array2<f64> = gaussian(m, n, seed ^ 9);
+        let want: f64 = a.iter().zip(b2.iter()).map(|(x, y)| x * y).sum();
+        prop_assert!((a.inner(&b2).unwrap() - want).abs() <= 1e-12 * (1.0 + want.abs()));
+        let mut z = Array2::<f64>::zeros((m, n));
+        z.copy_from(&a).unwrap();
+        prop_assert_eq!(z, a);
+    }
+}
+
+#[test]
+fn the_new_operations_check_lengths_and_shapes() {
+    let mut a: Array2<f64> = gaussian(3, 4, 1);
+    assert!(matches!(
+        a.set_diagonal(&[1.0, 2.0]),
+        Err(LinalgError::ShapeMismatch { arg: "d", .. })
+    ));
+    assert!(matches!(
+        a.scale_columns(&[1.0; 3]),
+        Err(LinalgError::ShapeMismatch { arg: "s", .. })
+    ));
+    let b: Array2<f64> = gaussian(4, 3, 1);
+    assert!(matches!(
+        a.copy_from(&b),
+        Err(LinalgError::ShapeMismatch { arg: "src", .. })
+    ));
+}
+
+#[test]
+fn transposed_arrays_keep_their_semantics() {
+    // A column-major (transposed) array: the ops act on the logical matrix, not the memory.
+    let a: Array2<f64> = gaussian(5, 3, 7);
+    let mut t = a.clone().reversed_axes();
+    t.scale_columns(&[2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    for i in 0..3 {
+        for j in 0..5 {
+            assert_eq!(t[[i, j]], a[[j, i]] * (2.0 + j as f64));
+        }
+    }
+}
+
+#[cfg(feature = "tch")]
+mod tch_agreement {
+    use super::*;
+    use kappa_linalg::tch_backend::{array_from_tensor, tensor_from_array};
+    use tch::{Device, Kind, Tensor};
+
+    #[test]
+    fn tensor_ops_agree_and_write_in_place() {
+        for (m, n) in [(5, 3), (3, 5), (4, 4)] {
+            let a: Array2<f64> = gaussian(m, n, 11);
+            let k = m.min(n);
+            for kind in [Kind::Float, Kind::Double] {
+                let t = tensor_from_array(a.view(), kind, Device::Cpu).unwrap();
+                let d = Matrix::diagonal(&t).unwrap();
+                let dn = Matrix::diagonal(&a).unwrap();
+                for (x, y) in d.iter().zip(&dn) {
+                    assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()));
+                }
+                let b: Array2<f64> = gaussian(m, n, 12);
+                let tb = tensor_from_array(b.view(), kind, Device::Cpu).unwrap();
+                let want = a.inner(&b).unwrap();
+                assert!(
+                    (Matrix::inner(&t, &tb).unwrap() - want).abs() <= 1e-5 * (1.0 + want.abs())
+                );
+                // A shallow clone shares storage, as var-store parameters do.
+                let mut alias: Tensor = t.shallow_clone();
+                alias.set_diagonal(&vec![0.0; k]).unwrap();
+                let s: Vec<f64> = (0..n).map(|j| 0.5 + j as f64).collect();
+                alias.scale_columns(&s).unwrap();
+                let mut want = a.clone();
+                want.set_diagonal(&vec![0.0; k]).unwrap();
+                want.scale_columns(&s).unwrap();
+                let got = array_from_tensor(&t).unwrap();
+                assert!(
+                    max_abs_diff(&got, &want) <= 1e-5,
+                    "in-place ops on {kind:?}"
+                );
+                let src = tensor_from_array(a.t().view(), kind, Device::Cpu)
+                    .unwrap()
+                    .tr();
+                alias.copy_from(&src).unwrap();
+                assert!(max_abs_diff(&array_from_tensor(&t).unwrap(), &a) <= 1e-6);
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_ops_check_lengths() {
+        let a: Array2<f64> = gaussian(3, 4, 1);
+        let mut t = tensor_from_array(a.view(), Kind::Float, Device::Cpu).unwrap();
+        assert!(t.set_diagonal(&[1.0]).is_err());
+        assert!(t.scale_columns(&[1.0; 3]).is_err());
+        let u = tensor_from_array(a.t().view(), Kind::Float, Device::Cpu).unwrap();
+        assert!(t.copy_from(&u).is_err());
+    }
+}

@@ -1,0 +1,265 @@
+//! Moments (Σ̂, M̂), the whitened coordinates (U, V), and the balanced spectral initialization.
+//!
+//! ```text
+//! Σ̂ = X Xᵀ / n                      (no centring: the model is zero-mean, notes AM11)
+//! M̂ = (Y Xᵀ)(X Xᵀ)^{-1} = (Y Xᵀ/n) Σ̂^{-1}     (least squares; YXᵀ/n alone estimates MΣ)
+//! T̂ = M̂ Σ̂^{1/2} = P̂ D̂ Q̂ᵀ            (compact SVD, r = min(k, d) components)
+//! ```
+//!
+//! Whitened coordinates (notes §3.2): U = AΣ̂^{1/2}, V = Σ̂^{1/2}BᵀΣ̂^{1/2}, so that
+//! AΣ̂Bᵀ = UVΣ̂^{-1/2} and the plug-in excess is ½‖UV − T̂‖_F². The balanced spectral
+//! initialization (notes §5, step 3) picks W ∈ ℝ^{r×d} with orthonormal rows (default [I_r 0]):
+//!
+//! ```text
+//! U₀ = P̂ D̂^{1/2} W,   V₀ = Wᵀ D̂^{1/2} Q̂ᵀ      ⇒  U₀V₀ = T̂  and  U₀ᵀU₀ = V₀V₀ᵀ = WᵀD̂W
+//! A₀ = U₀ Σ̂^{-1/2},   B₀ = Σ̂^{-1/2} V₀ᵀ Σ̂^{-1/2} ⇒  A₀Σ̂B₀ᵀ = M̂ exactly.
+//! ```
+//!
+//! The identities are exact for Σ̂, not Σ (notes §13): at finite n the *population* excess at
+//! initialization is positive even without noise, and it falls like 1/n.
+
+use kappa_linalg::{condition_number, svd_thin, Svd, SvdDriver};
+use ndarray::{s, Array1, Array2, ArrayView2, Axis};
+
+use super::data::{covariance_roots, DataModel, Sample, MAX_CONDITION};
+use crate::error::{check_matrix, OptimError, Result};
+
+/// The plug-in moments of a training set and everything derived from them: Σ̂^{±1/2}, Σ̂^{-1},
+/// M̂, T̂ and T̂'s compact SVD. Also the preconditioner and the regularizer's geometry.
+#[derive(Clone, Debug)]
+pub struct Moments {
+    n: usize,
+    sigma_hat: Array2<f64>,
+    sigma_hat_half: Array2<f64>,
+    sigma_hat_inv_half: Array2<f64>,
+    sigma_hat_inv: Array2<f64>,
+    m_hat: Array2<f64>,
+    t_hat: Array2<f64>,
+    t_svd: Svd<f64>,
+    condition: f64,
+}
+
+impl Moments {
+    /// Σ̂ and M̂ from a training set.
+    ///
+    /// Errors: [`OptimError::SingularCovariance`] when n < d or κ(Σ̂) > [`MAX_CONDITION`].
+    ///
+    /// ```
+    /// use kappa_optim::convergence::{Moments, Sample};
+    /// use kappa_optim::OptimError;
+    /// let x = ndarray::array![[1.0, 2.0], [0.5, -1.0], [3.0, 0.0]]; // d = 3, n = 2
+    /// let y = ndarray::array![[1.0, 0.0]];
+    /// let err = Moments::estimate(&Sample::new(x, y)?).unwrap_err();
+    /// assert!(matches!(err, OptimError::SingularCovariance { n: 2, d: 3, .. }));
+    /// # Ok::<(), OptimError>(())
+    /// ```
+    pub fn estimate(sample: &Sample) -> Result<Self> {
+        let (d, n) = (sample.dim(), sample.len());
+        if n < d {
+            return Err(OptimError::SingularCovariance {
+                n,
+                d,
+                condition: f64::INFINITY,
+            });
+        }
+        let x = sample.x();
+        let sigma_hat = x.dot(&x.t()) / n as f64;
+        let sigma_hat = (&sigma_hat + &sigma_hat.t()) * 0.5;
+        let condition = condition_number(sigma_hat.view())?;
+        if !(condition.is_finite() && condition <= MAX_CONDITION) {
+            return Err(OptimError::SingularCovariance { n, d, condition });
+        }
+        let cross = sample.y().dot(&x.t()) / n as f64;
+        Self::build(sigma_hat, CrossOrM::Cross(cross), n)
+    }
+
+    /// Moments from a given Σ̂ (d×d, positive definite) and M̂ (k×d); `n` is recorded only.
+    /// With the true Σ and M these are the oracle (n = ∞) moments.
+    ///
+    /// Errors: as [`DataModel::new`](super::DataModel::new).
+    pub fn from_parts(sigma_hat: Array2<f64>, m_hat: Array2<f64>, n: usize) -> Result<Self> {
+        Self::build(sigma_hat, CrossOrM::M(m_hat), n)
+    }
+
+    /// The oracle moments Σ̂ = Σ, M̂ = M of a model (n is recorded as `usize::MAX`).
+    pub fn oracle(model: &DataModel) -> Result<Self> {
+        Self::from_parts(model.sigma().clone(), model.m().clone(), usize::MAX)
+    }
+
+    fn build(sigma_hat: Array2<f64>, m: CrossOrM, n: usize) -> Result<Self> {
+        let d = sigma_hat.nrows();
+        let (sigma_hat_half, sigma_hat_inv_half, condition) =
+            covariance_roots("sigma_hat", &sigma_hat.view())?;
+        let sigma_hat = (&sigma_hat + &sigma_hat.t()) * 0.5;
+        let sigma_hat_inv = sigma_hat_inv_half.dot(&sigma_hat_inv_half);
+        let m_hat = match m {
+            CrossOrM::Cross(c) => c.dot(&sigma_hat_inv),
+            CrossOrM::M(m) => {
+                check_matrix("m_hat", &m.view(), m.nrows(), d, "k×d")?;
+                m
+            }
+        };
+        if m_hat.nrows() == 0 {
+            return Err(OptimError::InvalidArgument {
+                arg: "m_hat",
+                reason: "needs at least one row".into(),
+            });
+        }
+        let t_hat = m_hat.dot(&sigma_hat_half);
+        let t_svd = svd_thin(t_hat.view(), SvdDriver::default())?;
+        Ok(Self {
+            n,
+            sigma_hat,
+            sigma_hat_half,
+            sigma_hat_inv_half,
+            sigma_hat_inv,
+            m_hat,
+            t_hat,
+            t_svd,
+            condition,
+        })
+    }
+
+    /// The number of samples the moments came from (`usize::MAX` for oracle moments).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// d.
+    pub fn dim(&self) -> usize {
+        self.sigma_hat.nrows()
+    }
+
+    /// k.
+    pub fn outputs(&self) -> usize {
+        self.m_hat.nrows()
+    }
+
+    /// Σ̂.
+    pub fn sigma_hat(&self) -> &Array2<f64> {
+        &self.sigma_hat
+    }
+
+    /// Σ̂^{1/2}.
+    pub fn sigma_hat_half(&self) -> &Array2<f64> {
+        &self.sigma_hat_half
+    }
+
+    /// Σ̂^{-1/2}.
+    pub fn sigma_hat_inv_half(&self) -> &Array2<f64> {
+        &self.sigma_hat_inv_half
+    }
+
+    /// Σ̂^{-1}.
+    pub fn sigma_hat_inv(&self) -> &Array2<f64> {
+        &self.sigma_hat_inv
+    }
+
+    /// κ(Σ̂).
+    pub fn condition(&self) -> f64 {
+        self.condition
+    }
+
+    /// M̂.
+    pub fn m_hat(&self) -> &Array2<f64> {
+        &self.m_hat
+    }
+
+    /// T̂ = M̂Σ̂^{1/2}.
+    pub fn t_hat(&self) -> &Array2<f64> {
+        &self.t_hat
+    }
+
+    /// T̂'s singular values, descending (r = min(k, d) of them).
+    pub fn t_singular_values(&self) -> &Array1<f64> {
+        &self.t_svd.s
+    }
+
+    /// The largest eigenvalue of Σ̂ (from its square root: λ_max = σ_max(Σ̂^{1/2})²).
+    pub fn sigma_hat_max_eigenvalue(&self) -> f64 {
+        // Σ̂ is symmetric PD: its spectral norm is its largest eigenvalue; ‖·‖₂ ≤ ‖·‖_F is too
+        // loose, so use the SVD of the d×d matrix (cheap).
+        kappa_linalg::singular_values(self.sigma_hat.view(), SvdDriver::default())
+            .map(|s| s[0])
+            .unwrap_or_else(|_| self.sigma_hat.diag().iter().copied().fold(0.0, f64::max))
+    }
+
+    /// (U, V) = (AΣ̂^{1/2}, Σ̂^{1/2}BᵀΣ̂^{1/2}).
+    pub fn whiten(
+        &self,
+        a: ArrayView2<'_, f64>,
+        b: ArrayView2<'_, f64>,
+    ) -> (Array2<f64>, Array2<f64>) {
+        let h = &self.sigma_hat_half;
+        (a.dot(h), h.dot(&b.t()).dot(h))
+    }
+
+    /// (A, B) = (UΣ̂^{-1/2}, Σ̂^{-1/2}VᵀΣ̂^{-1/2}), the inverse of [`Moments::whiten`].
+    pub fn unwhiten(
+        &self,
+        u: ArrayView2<'_, f64>,
+        v: ArrayView2<'_, f64>,
+    ) -> (Array2<f64>, Array2<f64>) {
+        let h = &self.sigma_hat_inv_half;
+        (u.dot(h), h.dot(&v.t()).dot(h))
+    }
+}
+
+enum CrossOrM {
+    Cross(Array2<f64>),
+    M(Array2<f64>),
+}
+
+/// The default W₀ = [I_r 0] ∈ ℝ^{r×d}.
+pub fn default_stiefel(r: usize, d: usize) -> Array2<f64> {
+    let mut w = Array2::zeros((r, d));
+    for i in 0..r.min(d) {
+        w[[i, i]] = 1.0;
+    }
+    w
+}
+
+/// The balanced spectral initialization (A₀, B₀) with W₀ = [I_r 0] (see the module docs).
+///
+/// ```
+/// use kappa_optim::convergence::{spectral_init, Moments};
+/// let sigma = ndarray::array![[2.0, 0.3], [0.3, 1.0]];
+/// let m = ndarray::array![[0.5, -1.0]];
+/// let moments = Moments::from_parts(sigma.clone(), m.clone(), 1000)?;
+/// let (a, b) = spectral_init(&moments)?;
+/// let product = a.dot(&sigma).dot(&b.t()); // AΣ̂Bᵀ = M̂
+/// assert!((&product - &m).iter().all(|e| e.abs() < 1e-12));
+/// # Ok::<(), kappa_optim::OptimError>(())
+/// ```
+pub fn spectral_init(moments: &Moments) -> Result<(Array2<f64>, Array2<f64>)> {
+    let r = moments.t_singular_values().len();
+    spectral_init_with(moments, default_stiefel(r, moments.dim()).view())
+}
+
+/// The balanced point (A, B) of the estimated minimiser manifold Ŝ* for a given W ∈ ℝ^{r×d}
+/// with orthonormal rows (r = min(k, d)). With oracle moments these are the points of S*.
+///
+/// Errors: W not r×d, non-finite, or with rows that are not orthonormal (‖WWᵀ − I‖_max > 1e-8).
+pub fn spectral_init_with(
+    moments: &Moments,
+    w: ArrayView2<'_, f64>,
+) -> Result<(Array2<f64>, Array2<f64>)> {
+    let svd = &moments.t_svd;
+    let r = svd.s.len();
+    let d = moments.dim();
+    check_matrix("w", &w, r, d, "r×d, r = min(k, d)")?;
+    let gram = w.dot(&w.t()) - Array2::<f64>::eye(r);
+    let off = gram.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    if off > 1e-8 {
+        return Err(OptimError::InvalidArgument {
+            arg: "w",
+            reason: format!("must have orthonormal rows, max |WWᵀ − I| = {off:e}"),
+        });
+    }
+    let root = svd.s.mapv(f64::sqrt);
+    let p_root = &svd.u.slice(s![.., ..r]) * &root.view().insert_axis(Axis(0));
+    let u = p_root.dot(&w);
+    let root_qt = &svd.vt.slice(s![..r, ..]) * &root.view().insert_axis(Axis(1));
+    let v = w.t().dot(&root_qt);
+    Ok(moments.unwhiten(u.view(), v.view()))
+}

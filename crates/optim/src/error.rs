@@ -1,0 +1,181 @@
+//! The crate's one error type, `OptimError`, and the input checks its entry points share.
+//!
+//! Every variant names the argument or the quantity it is about. Bad input (mismatched shapes,
+//! NaN or ±∞ entries, parameters out of their domain, too few samples) is always reported through
+//! this enum; no public function of `kappa-optim` panics on user input. Further modules (Muon,
+//! manifold Muon) add their variants here.
+
+use ndarray::ArrayView2;
+
+/// Everything that can go wrong in `kappa-optim`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptimError {
+    /// An argument's shape does not fit the other arguments.
+    #[error("argument `{arg}` has shape {found}, expected {expected}")]
+    ShapeMismatch {
+        /// The argument's name.
+        arg: &'static str,
+        /// What was expected, in words.
+        expected: String,
+        /// The shape that was passed, e.g. `"4×5"`.
+        found: String,
+    },
+    /// A matrix argument has a NaN or ±∞ entry.
+    #[error("argument `{arg}` has a non-finite entry {value} at ({row}, {col})")]
+    NonFinite {
+        /// The argument's name.
+        arg: &'static str,
+        /// Row of the first non-finite entry.
+        row: usize,
+        /// Column of the first non-finite entry.
+        col: usize,
+        /// The offending value.
+        value: f64,
+    },
+    /// A scalar or option argument is out of its domain.
+    #[error("argument `{arg}` is invalid: {reason}")]
+    InvalidArgument {
+        /// The argument's name.
+        arg: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The sample covariance Σ̂ = XXᵀ/n is singular or numerically so (for example n < d), so
+    /// Σ̂^{-1/2}, the least-squares M̂ and the preconditioner do not exist.
+    #[error(
+        "the sample covariance Σ̂ is singular: {n} sample(s) in dimension d = {d} \
+         (κ(Σ̂) = {condition:e}); at least d linearly independent covariates are needed"
+    )]
+    SingularCovariance {
+        /// Number of samples the moments were estimated from.
+        n: usize,
+        /// Covariate dimension.
+        d: usize,
+        /// κ(Σ̂) (+∞ when rank deficient).
+        condition: f64,
+    },
+    /// An iterative method diverged: the loss or a parameter became non-finite, or the loss grew
+    /// past the divergence threshold. Usually the step size is too large.
+    #[error(
+        "diverged at step {step}: {quantity} = {value:e} (threshold {threshold:e}); \
+         the step size is probably too large"
+    )]
+    Diverged {
+        /// The step (number of updates applied so far) at which divergence was detected.
+        step: usize,
+        /// What was detected (`"loss"` or `"parameters"`).
+        quantity: &'static str,
+        /// The offending value.
+        value: f64,
+        /// The threshold it crossed (+∞ for a non-finite value).
+        threshold: f64,
+    },
+    /// A manifold-Muon parameter is not on its manifold at its first step (it was never
+    /// retracted onto it, e.g. a fresh Gaussian init). Call `ManifoldMuon::retract_onto` once
+    /// before training.
+    #[error(
+        "argument `w` is not on the {manifold} manifold at its first step: violation {violation:e} \
+         > tolerance {tol:e}; call `ManifoldMuon::retract_onto` once before training"
+    )]
+    NotOnManifold {
+        /// `"Stiefel"` or `"DGram"`.
+        manifold: &'static str,
+        /// The measured violation (`ManifoldMuon::violation`).
+        violation: f64,
+        /// The tolerance it exceeded.
+        tol: f64,
+    },
+    /// Manifold Muon's dual ascent diverged: the tangent violation of the final candidate is
+    /// non-finite or grew past `divergence_factor` times its starting value. The step was not
+    /// applied and the optimizer state is unchanged. Usually the gradient is badly scaled for
+    /// the dual step α (normalize it, `DualAscent::normalize`).
+    #[error(
+        "the manifold-Muon dual ascent diverged after {steps} step(s): tangent violation \
+         {violation:e} (started at {initial_violation:e}, gradient Frobenius norm \
+         {gradient_norm:e}); the step was not applied — normalize the gradient or lower α"
+    )]
+    DualAscentDiverged {
+        /// Dual steps taken.
+        steps: usize,
+        /// ‖H‖_F/n at the initial multiplier.
+        initial_violation: f64,
+        /// ‖H‖_F/n of the final candidate.
+        violation: f64,
+        /// ‖G‖_F of the (momentum) gradient the ascent started from.
+        gradient_norm: f64,
+    },
+    /// A `kappa-linalg` routine failed (SVD, PSD square root, condition number).
+    #[error(transparent)]
+    Linalg(#[from] kappa_linalg::LinalgError),
+}
+
+/// Converts a `kappa-linalg` input-check error on a matrix argument into the crate's own
+/// variants (so a NaN gradient is `OptimError::NonFinite { arg: "grad", .. }`).
+pub(crate) fn from_linalg(e: kappa_linalg::LinalgError) -> OptimError {
+    match e {
+        kappa_linalg::LinalgError::NonFinite {
+            arg,
+            row,
+            col,
+            value,
+        } => OptimError::NonFinite {
+            arg,
+            row,
+            col,
+            value,
+        },
+        other => OptimError::Linalg(other),
+    }
+}
+
+/// `Result` with [`OptimError`].
+pub type Result<T> = std::result::Result<T, OptimError>;
+
+/// Formats a shape as `rows×cols`.
+pub(crate) fn shape_str(rows: usize, cols: usize) -> String {
+    format!("{rows}×{cols}")
+}
+
+/// Checks that every entry is finite.
+pub(crate) fn check_finite(arg: &'static str, a: &ArrayView2<'_, f64>) -> Result<()> {
+    match a.indexed_iter().find(|(_, x)| !x.is_finite()) {
+        None => Ok(()),
+        Some(((row, col), &value)) => Err(OptimError::NonFinite {
+            arg,
+            row,
+            col,
+            value,
+        }),
+    }
+}
+
+/// Checks that `a` is `rows×cols` (with the expectation spelled out for the message) and finite.
+pub(crate) fn check_matrix(
+    arg: &'static str,
+    a: &ArrayView2<'_, f64>,
+    rows: usize,
+    cols: usize,
+    why: &str,
+) -> Result<()> {
+    if a.dim() != (rows, cols) {
+        return Err(OptimError::ShapeMismatch {
+            arg,
+            expected: format!("{} ({why})", shape_str(rows, cols)),
+            found: shape_str(a.nrows(), a.ncols()),
+        });
+    }
+    check_finite(arg, a)
+}
+
+/// Checks that a scalar is finite and in `[lo, hi]`.
+pub(crate) fn check_range(arg: &'static str, x: f64, lo: f64, hi: f64) -> Result<()> {
+    if x.is_finite() && x >= lo && x <= hi {
+        Ok(())
+    } else {
+        Err(OptimError::InvalidArgument {
+            arg,
+            reason: format!("must be finite and in [{lo}, {hi}], found {x}"),
+        })
+    }
+}

@@ -1,0 +1,331 @@
+//! Manifold Muon: the steepest spectral-norm step in the tangent space of the Stiefel manifold
+//! (WᵀW = I) or the diagonal-Gram manifold DGram (Off(WᵀW) = 0), followed by a retraction —
+//! Bernstein's dual-ascent formulation as the paper *Different Layers, Different Manifolds* ran
+//! it, written once for every [`WorkingPrecision`] backend.
+//!
+//! # One step (paper notes §2–§3)
+//!
+//! 1. U from the momentum recursion (the paper: SGD-Nesterov, β = 0.95).
+//! 2. Orientation: W is taken in its (out, in) form ([`Layout`]) and transposed when wide, so the
+//!    constraint is always on the smaller Gram WᵀW (n×n, m ≥ n). `nn.Linear`'s wide
+//!    `mlp.c_proj` therefore gets orthogonal *rows*; a square (out, in) matrix gets orthogonal
+//!    columns (input features).
+//! 3. Direction A by dual ascent ([`dual`]): A = msign(G + 2W·P(Λ)) with Λ ascending the dual
+//!    −‖G + 2W·P(Λ)‖_*; for square Stiefel the closed form A = W·msign(WᵀG − GᵀW).
+//! 4. W ← retract(W − η·A) ([`retraction`]). ‖η·A‖₂ = η: **the learning rate is the spectral norm
+//!    of the tangent step**; after the retraction ‖ΔW‖₂ = η to O(η²) when the dual converged.
+//!
+//! No weight decay (the paper's manifold runs used none; on Stiefel the scale is fixed anyway).
+//!
+//! # Traps (paper notes §8)
+//!
+//! * The dual ascent is not scale-invariant ([`DualAscent::normalize`], §8.4) and, with the
+//!   SGD-form momentum, runs on a U about 20× larger than Muon's EMA input. Its divergence is
+//!   detected and reported ([`OnDivergence`]), not applied silently.
+//! * The paper's DGram retraction swaps column scales when column norms are unsorted (§8.3,
+//!   [`DGramRetraction`]).
+//! * The fused QKV block (§8.2): the paper constrains the whole 3d×d `c_attn` matrix, so under
+//!   Stiefel only W_qᵀW_q + W_kᵀW_k + W_vᵀW_v = I holds (each slice has σ ≤ 1, none is
+//!   orthogonal). Pass the fused matrix to reproduce the paper; pass slices to constrain each.
+//! * Init: call [`ManifoldMuon::retract_onto`] once before training (the paper retracts the
+//!   nanoGPT init). A first step on a matrix that is off its manifold by more than
+//!   `manifold_tol` is [`OptimError::NotOnManifold`].
+//! * Precision: with bf16 msign (the paper; `Precision::Auto` on CUDA) the Stiefel constraint holds
+//!   only to ≈ 1e-2 (max |σ − 1| ≈ 3.5e-3); f64 with `Msign::Exact` holds it to 1e-10.
+//! * Cost: K msign calls per step (tol 1e-6 rarely triggers for tall matrices, §8.9), plus one
+//!   msign (Stiefel, DGram column-norm) or two SVDs (DGram paper) for the retraction, plus one msign
+//!   for the ‖G‖_* diagnostic when `diagnostics` is on.
+
+pub mod dual;
+pub mod retraction;
+
+pub use dual::{
+    spectral_norm_estimate, stiefel_square_direction, tangent_direction, DualAscent, DualReport,
+    OnDivergence, Projector,
+};
+pub use retraction::{DGramRetraction, Manifold};
+
+use kappa_linalg::Matrix;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{check_range, OptimError, Result};
+use crate::momentum::Momentum;
+use crate::msign::Msign;
+use crate::muon::{check_step_inputs, Layout};
+use crate::precision::{Precision, WorkingPrecision};
+use dual::{ascend, finish_report, stiefel_square, violation, TallProblem};
+use retraction::{retract, violation_tall};
+
+/// Manifold Muon's settings. The named preset [`ManifoldMuonConfig::paper`] is the paper's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ManifoldMuonConfig {
+    /// η > 0: the spectral norm of the tangent step.
+    pub lr: f64,
+    /// The constraint.
+    pub manifold: Manifold,
+    /// Momentum form.
+    pub momentum: Momentum,
+    /// Dual-ascent settings.
+    pub dual: DualAscent,
+    /// msign for the direction and for the Stiefel / column-norm retractions.
+    pub msign: Msign,
+    /// Which axis is fan-in (decides the orientation of square matrices).
+    pub layout: Layout,
+    /// Working precision of msign.
+    pub precision: Precision,
+    /// Use the closed form for square Stiefel matrices (equal to the ascent's first candidate).
+    pub square_closed_form: bool,
+    /// Compute ‖G‖_* and ⟨G, A⟩/‖G‖_* each step (one extra msign).
+    pub diagnostics: bool,
+    /// The largest manifold violation accepted at a parameter's first step (see
+    /// [`ManifoldMuon::violation`]); the default 0.05 passes bf16 retractions and rejects
+    /// Gaussian inits.
+    pub manifold_tol: f64,
+}
+
+impl ManifoldMuonConfig {
+    /// The paper's settings on `manifold`: η = 0.02 (peak), SGD-Nesterov momentum 0.95, α = 0.1,
+    /// K = 20, tol = 1e-6, no gradient normalization, Polar Express msign (10 steps), (out, in)
+    /// layout, precision chosen per device, square Stiefel closed form, diagnostics on.
+    pub fn paper(manifold: Manifold) -> Self {
+        Self {
+            lr: 0.02,
+            manifold,
+            momentum: Momentum::paper(),
+            dual: DualAscent::paper(),
+            msign: Msign::polar_express(),
+            layout: Layout::OutIn,
+            precision: Precision::Auto,
+            square_closed_form: true,
+            diagnostics: true,
+            manifold_tol: 0.05,
+        }
+    }
+
+    /// Checks every field.
+    pub fn validate(&self) -> Result<()> {
+        check_range("lr", self.lr, 0.0, f64::MAX)?;
+        check_range("manifold_tol", self.manifold_tol, 0.0, f64::MAX)?;
+        self.momentum.validate()?;
+        self.dual.validate()?;
+        self.msign.validate()
+    }
+}
+
+/// Per-parameter state: momentum buffer and step count.
+#[derive(Debug)]
+pub struct ManifoldState<M> {
+    buffer: Option<M>,
+    steps: u64,
+}
+
+impl<M> Default for ManifoldState<M> {
+    fn default() -> Self {
+        Self {
+            buffer: None,
+            steps: 0,
+        }
+    }
+}
+
+impl<M> ManifoldState<M> {
+    /// A fresh state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Steps applied so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The momentum buffer, once a step has been taken.
+    pub fn buffer(&self) -> Option<&M> {
+        self.buffer.as_ref()
+    }
+}
+
+/// What one manifold-Muon step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManifoldStep {
+    /// The dual ascent's diagnostics.
+    pub dual: DualReport,
+    /// [`ManifoldMuon::violation`] of the updated W.
+    pub manifold_violation: f64,
+    /// The precision msign ran in.
+    pub precision: &'static str,
+}
+
+/// Manifold Muon (see the module docs).
+///
+/// ```
+/// use kappa_optim::manifold::{Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState};
+/// use kappa_optim::Msign;
+/// let mut w = ndarray::array![[1.0_f64, 0.2], [0.1, 1.0], [0.3, -0.4]];
+/// let opt = ManifoldMuon::new(ManifoldMuonConfig {
+///     lr: 0.05,
+///     msign: Msign::Exact,
+///     ..ManifoldMuonConfig::paper(Manifold::Stiefel)
+/// })?;
+/// opt.retract_onto(&mut w)?; // put the init on the manifold
+/// let g = ndarray::array![[0.3_f64, -0.1], [0.2, 0.05], [-0.1, 0.2]];
+/// let step = opt.step(&mut w, &g, &mut ManifoldState::new())?;
+/// let wtw = w.t().dot(&w);
+/// assert!((&wtw - &ndarray::Array2::<f64>::eye(2)).iter().all(|e| e.abs() < 1e-10));
+/// assert!(step.dual.descent > 0.0);
+/// # Ok::<(), kappa_optim::OptimError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ManifoldMuon {
+    config: ManifoldMuonConfig,
+}
+
+impl ManifoldMuon {
+    /// Manifold Muon with `config` (validated).
+    pub fn new(config: ManifoldMuonConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self { config })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ManifoldMuonConfig {
+        &self.config
+    }
+
+    /// Changes η (for schedules).
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        check_range("lr", lr, 0.0, f64::MAX)?;
+        self.config.lr = lr;
+        Ok(())
+    }
+
+    /// Whether an m×n matrix is transposed to reach the tall (out, in) orientation.
+    fn flip(&self, rows: usize, cols: usize) -> bool {
+        let in_out = self.config.layout == Layout::InOut;
+        let (r, c) = if in_out { (cols, rows) } else { (rows, cols) };
+        in_out != (r < c)
+    }
+
+    fn tall<M: Matrix>(x: &M, flip: bool) -> Result<M> {
+        let d = x.duplicate()?;
+        Ok(if flip { d.into_transpose() } else { d })
+    }
+
+    /// How far `w` is from the manifold: Stiefel ‖WᵀW − I‖_F/√n, DGram
+    /// ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂ (tall orientation, n = the smaller side).
+    pub fn violation<M: WorkingPrecision>(&self, w: &M) -> Result<f64> {
+        w.validate("w").map_err(crate::error::from_linalg)?;
+        let (m, n) = w.shape();
+        let wt = Self::tall(w, self.flip(m, n))?;
+        let wtt = wt.duplicate()?.into_transpose();
+        violation_tall(&wt, &wtt, self.config.manifold)
+    }
+
+    /// Puts `w` on the manifold in place with the configured retraction (for the init; the
+    /// paper retracts nanoGPT's Gaussian init). For DGram's paper retraction the column norms
+    /// come out sorted descending.
+    pub fn retract_onto<M: WorkingPrecision>(&self, w: &mut M) -> Result<()> {
+        w.validate("w").map_err(crate::error::from_linalg)?;
+        let (m, n) = w.shape();
+        let flip = self.flip(m, n);
+        let c = &self.config;
+        let r = retract(&Self::tall(w, flip)?, c.manifold, c.msign, c.precision)?;
+        w.copy_from(&if flip { r.into_transpose() } else { r })?;
+        Ok(())
+    }
+
+    fn direction_tall<M: WorkingPrecision>(&self, w: &M, wt: &M, g: &M) -> Result<(M, DualReport)> {
+        let c = &self.config;
+        let (m, n) = w.shape();
+        if c.manifold == Manifold::Stiefel && m == n && c.square_closed_form {
+            let a = stiefel_square(w, wt, g, c.msign, c.precision)?;
+            let (_, v) = violation(wt, &a, Projector::Identity)?;
+            let mut report = DualReport {
+                msign_calls: 1,
+                initial_violation: v,
+                violation: v,
+                converged: v < c.dual.tol,
+                gradient_scale: 1.0,
+                ..DualReport::default()
+            };
+            finish_report(&mut report, g, &a, c.msign, c.precision, c.diagnostics)?;
+            return Ok((a, report));
+        }
+        ascend(
+            &TallProblem { w, wt, g },
+            c.manifold.projector(),
+            &c.dual,
+            c.msign,
+            c.precision,
+            c.diagnostics,
+        )
+    }
+
+    /// The tangent direction A for gradient (or momentum) `g` at `w`, in `w`'s orientation, and
+    /// the ascent's diagnostics. Nothing is modified; divergence is only flagged in the report.
+    pub fn direction<M: WorkingPrecision>(&self, w: &M, g: &M) -> Result<(M, DualReport)> {
+        check_step_inputs(w, g, None)?;
+        let (m, n) = w.shape();
+        let flip = self.flip(m, n);
+        let wt = Self::tall(w, flip)?;
+        let wtt = wt.duplicate()?.into_transpose();
+        let gt = Self::tall(g, flip)?;
+        let (a, report) = self.direction_tall(&wt, &wtt, &gt)?;
+        Ok((if flip { a.into_transpose() } else { a }, report))
+    }
+
+    /// One step on `w` in place (see the module docs).
+    ///
+    /// Errors (nothing is modified, the state is unchanged): shapes ([`OptimError::ShapeMismatch`]),
+    /// NaN/±∞ in `w` or `grad` ([`OptimError::NonFinite`]), `w` off its manifold at its first step
+    /// ([`OptimError::NotOnManifold`]), a diverging dual ascent with [`OnDivergence::Error`]
+    /// ([`OptimError::DualAscentDiverged`]), backend failures.
+    pub fn step<M: WorkingPrecision>(
+        &self,
+        w: &mut M,
+        grad: &M,
+        state: &mut ManifoldState<M>,
+    ) -> Result<ManifoldStep> {
+        check_step_inputs(w, grad, state.buffer.as_ref())?;
+        let c = &self.config;
+        let precision = w.working_name(c.precision)?;
+        let (m, n) = w.shape();
+        let flip = self.flip(m, n);
+        let w_tall = Self::tall(w, flip)?;
+        let wt = w_tall.duplicate()?.into_transpose();
+        if state.steps == 0 {
+            let v = violation_tall(&w_tall, &wt, c.manifold)?;
+            if v.is_nan() || v > c.manifold_tol {
+                return Err(OptimError::NotOnManifold {
+                    manifold: c.manifold.name(),
+                    violation: v,
+                    tol: c.manifold_tol,
+                });
+            }
+        }
+        let (buffer, u) = c.momentum.advance(state.buffer.as_ref(), grad)?;
+        let u_tall = if flip { u.into_transpose() } else { u };
+        let (a, report) = self.direction_tall(&w_tall, &wt, &u_tall)?;
+        if report.diverged && c.dual.on_divergence == OnDivergence::Error {
+            return Err(OptimError::DualAscentDiverged {
+                steps: report.dual_steps,
+                initial_violation: report.initial_violation,
+                violation: report.violation,
+                gradient_norm: u_tall.frobenius_norm()?,
+            });
+        }
+        let mut moved = w_tall;
+        moved.axpy(-c.lr, &a)?;
+        let new = retract(&moved, c.manifold, c.msign, c.precision)?;
+        let new_t = new.duplicate()?.into_transpose();
+        let manifold_violation = violation_tall(&new, &new_t, c.manifold)?;
+        w.copy_from(&if flip { new.into_transpose() } else { new })?;
+        state.buffer = Some(buffer);
+        state.steps += 1;
+        Ok(ManifoldStep {
+            dual: report,
+            manifold_violation,
+            precision,
+        })
+    }
+}

@@ -1,0 +1,127 @@
+//! Retractions back onto the Stiefel and DGram manifolds, and the manifold violation measures.
+//!
+//! All functions take W in the tall orientation (m ≥ n).
+//!
+//! * Stiefel: W ← msign(W), the polar projection (the paper's and TML's choice; the Modula docs'
+//!   exact alternative W·(I − AᵀA + AᵀA/sqrt(1+η²)) is not implemented).
+//! * DGram, [`DGramRetraction::Paper`]: the SVD W = U S Vᵀ, then W ← (UVᵀ)·diag(S). **Trap
+//!   (§8.3):** column j of the polar factor gets the j-th *largest* singular value. On DGram
+//!   W = Q·D, so UVᵀ = Q and the retraction returns Q·diag(sort_desc(D)): it is the identity only
+//!   when the column norms are sorted descending (as right after the init retraction). If two
+//!   column norms cross during training, their magnitudes are silently swapped — a jump of
+//!   ≈ |d_i − d_j| in W.
+//! * DGram, [`DGramRetraction::ColumnNorms`]: D = diag(‖w_j‖), W ← msign(W·D⁻¹)·D. Exact on DGram
+//!   (keeps every column's norm, never permutes), but when a column norm is comparable to the step
+//!   η the retraction can move W by several η (3–6× η measured in the notes, §10); a zero column
+//!   stays unscaled (D⁻¹ uses 1 there).
+//!
+//! Violation measures (scale-free, per unit of the diagonal):
+//! Stiefel ‖WᵀW − I‖_F/√n; DGram ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂ (0 for W = 0).
+
+use kappa_linalg::Matrix;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::msign::{msign, Msign};
+use crate::precision::{Precision, WorkingPrecision};
+
+/// The DGram retraction (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DGramRetraction {
+    /// The paper's (UVᵀ)·diag(S): faithful for reproduction, swaps column scales when column
+    /// norms are not sorted descending.
+    #[default]
+    Paper,
+    /// msign(W·D⁻¹)·D with D the column norms: keeps each column's norm.
+    ColumnNorms,
+}
+
+/// Which manifold a matrix is constrained to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Manifold {
+    /// WᵀW = I (all singular values 1).
+    Stiefel,
+    /// Off(WᵀW) = 0: orthogonal columns of free norms (σ_j = ‖w_j‖).
+    #[serde(rename = "dgram")]
+    DGram(DGramRetraction),
+}
+
+impl Manifold {
+    /// DGram with the paper's retraction.
+    pub const fn dgram() -> Self {
+        Manifold::DGram(DGramRetraction::Paper)
+    }
+
+    /// The Gram projector P of the constraint P(WᵀW) = P(I).
+    pub fn projector(&self) -> super::Projector {
+        match self {
+            Manifold::Stiefel => super::Projector::Identity,
+            Manifold::DGram(_) => super::Projector::OffDiagonal,
+        }
+    }
+
+    /// `"Stiefel"` or `"DGram"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Manifold::Stiefel => "Stiefel",
+            Manifold::DGram(_) => "DGram",
+        }
+    }
+}
+
+/// Retracts tall `w` onto `manifold` (new matrix).
+pub(crate) fn retract<M: WorkingPrecision>(
+    w: &M,
+    manifold: Manifold,
+    method: Msign,
+    precision: Precision,
+) -> Result<M> {
+    match manifold {
+        Manifold::Stiefel => msign(w, method, precision),
+        Manifold::DGram(DGramRetraction::Paper) => {
+            let s = w.singular_values()?;
+            let mut q = w.polar_factor()?;
+            q.scale_columns(&s)?;
+            Ok(q)
+        }
+        Manifold::DGram(DGramRetraction::ColumnNorms) => {
+            let wt = w.duplicate()?.into_transpose();
+            let d: Vec<f64> = wt
+                .matmul(w)?
+                .diagonal()?
+                .into_iter()
+                .map(|x| x.max(0.0).sqrt())
+                .collect();
+            let inv: Vec<f64> = d
+                .iter()
+                .map(|&x| if x > 0.0 { 1.0 / x } else { 1.0 })
+                .collect();
+            let mut x = w.duplicate()?;
+            x.scale_columns(&inv)?;
+            let mut q = msign(&x, method, precision)?;
+            q.scale_columns(&d)?;
+            Ok(q)
+        }
+    }
+}
+
+/// The violation of tall `w` (Wᵀ given as `wt`), see the module docs.
+pub(crate) fn violation_tall<M: Matrix>(w: &M, wt: &M, manifold: Manifold) -> Result<f64> {
+    let mut c = wt.matmul(w)?;
+    let d = c.diagonal()?;
+    let n = d.len() as f64;
+    match manifold {
+        Manifold::Stiefel => {
+            c.set_diagonal(&d.iter().map(|x| x - 1.0).collect::<Vec<_>>())?;
+            Ok(c.frobenius_norm()? / n.sqrt())
+        }
+        Manifold::DGram(_) => {
+            let scale = d.iter().map(|x| x * x).sum::<f64>().sqrt();
+            c.set_diagonal(&vec![0.0; d.len()])?;
+            let off = c.frobenius_norm()?;
+            Ok(if scale > 0.0 { off / scale } else { off })
+        }
+    }
+}

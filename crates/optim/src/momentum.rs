@@ -1,0 +1,96 @@
+//! Momentum for Muon and manifold Muon, in both forms the references use.
+//!
+//! With gradient g, buffer B (zero before the first step) and β:
+//!
+//! | [`MomentumKind`] | buffer | Nesterov input U | plain input U |
+//! |---|---|---|---|
+//! | `Ema` (Keller's Muon, `torch.optim.Muon`) | B ← β·B + (1−β)·g | (1−β)·g + β·B | B |
+//! | `Sgd` (the paper's code) | B ← β·B + g | g + β·B | B |
+//!
+//! Trap (paper notes §4, §8.4): the SGD form's U is about 1/(1−β) = 20× larger than the EMA form's
+//! for β = 0.95. msign is scale-invariant, so Muon does not care, but manifold Muon's dual ascent
+//! does (its step α has a fixed size while the multiplier scales with U).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{check_range, Result};
+use kappa_linalg::Matrix;
+
+/// Which momentum recursion (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MomentumKind {
+    /// Exponential moving average B ← β·B + (1−β)·g (Keller Jordan's Muon, `torch.optim.Muon`).
+    Ema,
+    /// Heavy-ball sum B ← β·B + g (the paper's code, PyTorch SGD's convention).
+    Sgd,
+}
+
+/// Momentum settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Momentum {
+    /// β ∈ [0, 1).
+    pub beta: f64,
+    /// The recursion.
+    pub kind: MomentumKind,
+    /// Use the Nesterov look-ahead input.
+    pub nesterov: bool,
+}
+
+impl Momentum {
+    /// Keller Jordan's Muon: β = 0.95, EMA, Nesterov.
+    pub const fn keller() -> Self {
+        Self {
+            beta: 0.95,
+            kind: MomentumKind::Ema,
+            nesterov: true,
+        }
+    }
+
+    /// The paper's code: β = 0.95, SGD sum, Nesterov.
+    pub const fn paper() -> Self {
+        Self {
+            beta: 0.95,
+            kind: MomentumKind::Sgd,
+            nesterov: true,
+        }
+    }
+
+    /// No momentum (U = g).
+    pub const fn none() -> Self {
+        Self {
+            beta: 0.0,
+            kind: MomentumKind::Sgd,
+            nesterov: false,
+        }
+    }
+
+    /// Checks β ∈ [0, 1).
+    pub fn validate(&self) -> Result<()> {
+        check_range("momentum.beta", self.beta, 0.0, 1.0 - f64::EPSILON)
+    }
+
+    /// One step: returns the new buffer and the input U for msign, leaving `buffer` untouched
+    /// (the caller commits the new buffer only when the whole step succeeds).
+    pub fn advance<M: Matrix>(&self, buffer: Option<&M>, grad: &M) -> Result<(M, M)> {
+        let b = self.beta;
+        let g_weight = match self.kind {
+            MomentumKind::Ema => 1.0 - b,
+            MomentumKind::Sgd => 1.0,
+        };
+        let mut buf = grad.duplicate()?;
+        buf.scale(g_weight)?;
+        if let Some(old) = buffer {
+            buf.axpy(b, old)?;
+        }
+        let u = if self.nesterov {
+            let mut u = grad.duplicate()?;
+            u.scale(g_weight)?;
+            u.axpy(b, &buf)?;
+            u
+        } else {
+            buf.duplicate()?
+        };
+        Ok((buf, u))
+    }
+}

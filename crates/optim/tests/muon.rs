@@ -1,0 +1,13 @@
+//! The integration tests of Muon and manifold Muon: the testable claims of the paper notes (§7)
+//! as proptest properties, backend agreement (feature `tch`) and the error contract. One binary,
+//! one module per topic; case counts are bounded (16–32) so the suite runs in seconds in release.
+
+mod muon {
+    pub mod common;
+    pub mod errors;
+    pub mod manifold;
+    pub mod msign;
+    pub mod optimizer;
+    #[cfg(feature = "tch")]
+    pub mod tch_backend;
+}

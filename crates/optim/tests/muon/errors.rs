@@ -1,0 +1,144 @@
+//! The error contract: typed errors, nothing modified on error.
+
+use super::common::*;
+use kappa_optim::manifold::*;
+use kappa_optim::*;
+use ndarray::Array2;
+
+#[test]
+fn non_finite_gradients_and_shapes_are_typed_errors() {
+    let muon = Muon::new(MuonConfig::keller()).unwrap();
+    let mut w = gaussian(6, 4, 1);
+    let w0 = w.clone();
+    let mut g = gaussian(6, 4, 2);
+    g[[2, 3]] = f64::NAN;
+    let mut st = MuonState::new();
+    match muon.step(&mut w, &g, &mut st) {
+        Err(OptimError::NonFinite {
+            arg: "grad",
+            row: 2,
+            col: 3,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let g2 = gaussian(4, 6, 2);
+    assert!(matches!(
+        muon.step(&mut w, &g2, &mut st),
+        Err(OptimError::ShapeMismatch { arg: "grad", .. })
+    ));
+    assert_eq!(w, w0);
+    assert_eq!(st.steps(), 0);
+    // A state from another parameter.
+    muon.step(&mut w, &gaussian(6, 4, 3), &mut st).unwrap();
+    let mut other = gaussian(5, 4, 1);
+    assert!(matches!(
+        muon.step(&mut other, &gaussian(5, 4, 3), &mut st),
+        Err(OptimError::ShapeMismatch { arg: "state", .. })
+    ));
+}
+
+#[test]
+fn invalid_settings_are_rejected() {
+    assert!(Muon::new(MuonConfig {
+        lr: f64::NAN,
+        ..MuonConfig::keller()
+    })
+    .is_err());
+    let mut m = Momentum::keller();
+    m.beta = 1.0;
+    assert!(Muon::new(MuonConfig {
+        momentum: m,
+        ..MuonConfig::keller()
+    })
+    .is_err());
+    assert!(Muon::new(MuonConfig {
+        msign: Msign::PolarExpress { steps: 0 },
+        ..MuonConfig::keller()
+    })
+    .is_err());
+    let mut d = DualAscent::paper();
+    d.steps = 0;
+    assert!(ManifoldMuon::new(ManifoldMuonConfig {
+        dual: d,
+        ..ManifoldMuonConfig::paper(Manifold::Stiefel)
+    })
+    .is_err());
+    // ndarray computes in its own type: bf16 is a typed error, not a panic.
+    let muon = Muon::new(MuonConfig {
+        precision: Precision::Bf16,
+        ..MuonConfig::keller()
+    })
+    .unwrap();
+    let mut w = gaussian(3, 3, 1);
+    assert!(matches!(
+        muon.step(&mut w, &gaussian(3, 3, 2), &mut MuonState::new()),
+        Err(OptimError::InvalidArgument {
+            arg: "precision",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_matrix_off_its_manifold_is_reported_with_its_violation() {
+    let opt = ManifoldMuon::new(ManifoldMuonConfig::paper(Manifold::Stiefel)).unwrap();
+    let mut w = gaussian(48, 16, 1) * 0.02;
+    let w0 = w.clone();
+    match opt.step(&mut w, &gaussian(48, 16, 2), &mut ManifoldState::new()) {
+        Err(OptimError::NotOnManifold {
+            manifold: "Stiefel",
+            violation,
+            tol,
+        }) => {
+            assert!(violation > tol && violation > 0.5, "{violation}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(w, w0);
+}
+
+#[test]
+fn a_diverging_dual_ascent_is_reported_not_applied() {
+    // Entries ~1e-4 with α = 0.1 (paper settings, unnormalized): the ascent diverges (§8.4).
+    let cfg = ManifoldMuonConfig {
+        msign: Msign::Exact,
+        momentum: Momentum::none(),
+        ..ManifoldMuonConfig::paper(Manifold::Stiefel)
+    };
+    let opt = ManifoldMuon::new(cfg).unwrap();
+    let mut w = orthonormal(96, 32, 1);
+    let w0 = w.clone();
+    let g = gaussian(96, 32, 2) * 1e-4;
+    let mut st = ManifoldState::new();
+    match opt.step(&mut w, &g, &mut st) {
+        Err(OptimError::DualAscentDiverged {
+            violation,
+            initial_violation,
+            ..
+        }) => {
+            assert!(violation > 2.0 * initial_violation);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(w, w0);
+    assert_eq!(st.steps(), 0);
+    assert!(st.buffer().is_none());
+    // With OnDivergence::Apply the step is applied and flagged.
+    let mut dual = DualAscent::paper();
+    dual.on_divergence = OnDivergence::Apply;
+    let opt = ManifoldMuon::new(ManifoldMuonConfig { dual, ..cfg }).unwrap();
+    let step = opt.step(&mut w, &g, &mut st).unwrap();
+    assert!(step.dual.diverged);
+    assert!(step.dual.descent_ratio.unwrap() < 0.5);
+    // Normalizing the gradient fixes it.
+    let opt = ManifoldMuon::new(ManifoldMuonConfig {
+        dual: DualAscent::paper().normalized(),
+        ..cfg
+    })
+    .unwrap();
+    let mut w = w0.clone();
+    let step = opt.step(&mut w, &g, &mut ManifoldState::new()).unwrap();
+    assert!(!step.dual.diverged && step.dual.violation < 1e-3);
+    let _: Option<&Array2<f64>> = st.buffer();
+}

@@ -1,0 +1,220 @@
+//! §7.3–7.9: manifold Muon on Stiefel and DGram — on-manifold after the step, tangency, the step's
+//! spectral norm, the square closed form, the shared code path, the dual objective, and both
+//! DGram retractions (including the paper's column-scale swap).
+
+use super::common::*;
+use kappa_optim::manifold::*;
+use kappa_optim::*;
+use ndarray::Array2;
+use proptest::prelude::*;
+
+fn exact_cfg(manifold: Manifold, lr: f64) -> ManifoldMuonConfig {
+    ManifoldMuonConfig {
+        lr,
+        msign: Msign::Exact,
+        dual: DualAscent::paper().normalized(),
+        momentum: Momentum::none(),
+        ..ManifoldMuonConfig::paper(manifold)
+    }
+}
+
+/// A point on DGram: orthonormal columns scaled by descending norms in [0.5, 2].
+fn dgram_point(m: usize, n: usize, seed: u64) -> Array2<f64> {
+    let (r, c) = (m.max(n), m.min(n));
+    let mut q = orthonormal(r, c, seed);
+    for (j, mut col) in q.columns_mut().into_iter().enumerate() {
+        col *= 2.0 - 1.5 * j as f64 / c as f64;
+    }
+    if m < n {
+        q.t().to_owned()
+    } else {
+        q
+    }
+}
+
+fn stiefel_point(m: usize, n: usize, seed: u64) -> Array2<f64> {
+    let q = orthonormal(m.max(n), m.min(n), seed);
+    if m < n {
+        q.t().to_owned()
+    } else {
+        q
+    }
+}
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    #[test]
+    fn stiefel_steps_stay_on_the_manifold_with_step_norm_lr((m, n, seed) in shapes()) {
+        let opt = ManifoldMuon::new(exact_cfg(Manifold::Stiefel, 0.02)).unwrap();
+        let w0 = stiefel_point(m, n, seed);
+        let mut w = w0.clone();
+        let g = gaussian(m, n, seed ^ 3);
+        let step = opt.step(&mut w, &g, &mut ManifoldState::new()).unwrap();
+        prop_assert!(stiefel_error(&w) <= 1e-10, "‖WᵀW − I‖_F = {}", stiefel_error(&w));
+        prop_assert!(step.manifold_violation <= 1e-10);
+        // §7.4 tangency (normalized dual: well scaled); §7.5 the step's spectral norm is η.
+        // Tall (aspect ≥ 3) and square shapes converge within K = 20; 32×20 does not (≈6e-2).
+        let aspect = m.max(n) as f64 / m.min(n) as f64;
+        if aspect >= 3.0 || m == n {
+            prop_assert!(step.dual.violation <= 1e-3, "violation {}", step.dual.violation);
+        }
+        if step.dual.violation <= 1e-4 {
+            let r = spectral(&(&w - &w0)) / 0.02;
+            prop_assert!((1.0 - 1e-3..=1.0 + 1e-2).contains(&r), "‖ΔW‖₂/η = {r}");
+        }
+        // §7.8 the constrained descent never beats Muon's ‖G‖_*.
+        let ratio = step.dual.descent_ratio.unwrap();
+        prop_assert!(ratio <= 1.0 + 1e-12 && ratio > 0.5, "descent ratio {ratio}");
+    }
+
+    #[test]
+    fn tall_stiefel_direction_is_tangent_when_well_scaled(seed in any::<u64>(), log_scale in -4.0f64..1.0) {
+        // Normalizing G makes convergence independent of its scale (§8.4).
+        let (m, n) = (96, 32);
+        let w = orthonormal(m, n, seed);
+        let g = gaussian(m, n, seed ^ 9) * 10f64.powf(log_scale);
+        let opt = ManifoldMuon::new(exact_cfg(Manifold::Stiefel, 0.02)).unwrap();
+        let (a, r) = opt.direction(&w, &g).unwrap();
+        prop_assert!(r.violation <= 1e-3, "violation {}", r.violation);
+        prop_assert!(!r.diverged);
+        prop_assert!((spectral(&a) - 1.0).abs() <= 1e-12);
+        // §7.8 the dual objective improves from its start (well-scaled ascent).
+        prop_assert!(r.dual_objective.last().unwrap() >= r.dual_objective.first().unwrap());
+        prop_assert!(r.descent_ratio.unwrap() > 0.85);
+    }
+
+    #[test]
+    fn square_stiefel_closed_form_equals_the_first_candidate(n in 4usize..32, seed in any::<u64>()) {
+        let w = orthonormal(n, n, seed);
+        let g = gaussian(n, n, seed ^ 1);
+        let closed = stiefel_square_direction(&w, &g, Msign::Exact, Precision::Native).unwrap();
+        let cfg = ManifoldMuonConfig { square_closed_form: false, ..exact_cfg(Manifold::Stiefel, 0.02) };
+        let (a, r) = ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap();
+        prop_assert!(max_abs_diff(&a, &closed) <= 1e-10);
+        prop_assert_eq!(r.msign_calls, 1, "the ascent stops at k = 0");
+        prop_assert!(r.initial_violation <= 1e-12);
+        let (_, rc) = ManifoldMuon::new(exact_cfg(Manifold::Stiefel, 0.02)).unwrap().direction(&w, &g).unwrap();
+        prop_assert_eq!(rc.msign_calls, 1);
+        prop_assert!(rc.violation <= 1e-12);
+    }
+
+    #[test]
+    fn both_manifolds_share_one_code_path((m, n, seed) in shapes()) {
+        // The optimizer's direction equals the bare ascent with the manifold's projector, bit
+        // for bit; DGram is Stiefel with P = Off.
+        let (m, n) = (m.max(n), m.min(n));
+        if m == n {
+            return Ok(());
+        }
+        let w = dgram_point(m, n, seed);
+        let g = gaussian(m, n, seed ^ 2);
+        for (manifold, proj) in [(Manifold::Stiefel, Projector::Identity), (Manifold::dgram(), Projector::OffDiagonal)] {
+            let cfg = exact_cfg(manifold, 0.02);
+            let (a, r) = ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap();
+            let (b, rb) = tangent_direction(&w, &g, proj, &cfg.dual, cfg.msign, cfg.precision, true).unwrap();
+            prop_assert_eq!(a, b);
+            prop_assert_eq!(r, rb);
+        }
+    }
+
+    #[test]
+    fn dgram_steps_keep_columns_orthogonal((m, n, seed) in shapes()) {
+        for retraction in [DGramRetraction::Paper, DGramRetraction::ColumnNorms] {
+            let opt = ManifoldMuon::new(exact_cfg(Manifold::DGram(retraction), 0.02)).unwrap();
+            let w0 = dgram_point(m, n, seed);
+            let mut w = w0.clone();
+            let g = gaussian(m, n, seed ^ 4);
+            let mut st = ManifoldState::new();
+            for _ in 0..3 {
+                opt.step(&mut w, &g, &mut st).unwrap();
+            }
+            prop_assert!(off_diag(&w) <= 1e-10, "{retraction:?}: ‖Off(WᵀW)‖_F = {}", off_diag(&w));
+            // Column norms (= σ) move by at most about the total step 3η (norms are sorted and
+            // separated by more than 2·3η, so the paper's retraction does not swap them).
+            let (d0, d1) = (col_norms(&w0), col_norms(&w));
+            let worst = d0.iter().zip(&d1).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            prop_assert!(worst <= 3.0 * 0.02 * 1.05, "{retraction:?}: column norm moved {worst}");
+        }
+    }
+}
+
+#[test]
+fn the_paper_dgram_retraction_swaps_unsorted_column_norms() {
+    let (m, n) = (40, 6);
+    let q = orthonormal(m, n, 5);
+    let sorted = [2.0, 1.6, 1.2, 0.9, 0.6, 0.3];
+    let unsorted = [0.3, 1.6, 2.0, 0.9, 1.2, 0.6];
+    let scaled = |d: &[f64]| {
+        let mut w = q.clone();
+        for (j, mut c) in w.columns_mut().into_iter().enumerate() {
+            c *= d[j];
+        }
+        w
+    };
+    let paper = ManifoldMuon::new(exact_cfg(Manifold::dgram(), 0.02)).unwrap();
+    let colnorm = ManifoldMuon::new(exact_cfg(
+        Manifold::DGram(DGramRetraction::ColumnNorms),
+        0.02,
+    ))
+    .unwrap();
+    // Sorted norms: both retractions are the identity on DGram.
+    for opt in [&paper, &colnorm] {
+        let w = scaled(&sorted);
+        let mut r = w.clone();
+        opt.retract_onto(&mut r).unwrap();
+        assert!(max_abs_diff(&r, &w) <= 1e-12);
+    }
+    // Unsorted: the paper's retraction returns Q·diag(sorted D) — the scales are permuted.
+    let w = scaled(&unsorted);
+    let mut r = w.clone();
+    paper.retract_onto(&mut r).unwrap();
+    assert!(max_abs_diff(&r, &scaled(&sorted)) <= 1e-12);
+    assert!(fro(&(&r - &w)) / fro(&w) > 0.3, "a large jump");
+    let mut r = w.clone();
+    colnorm.retract_onto(&mut r).unwrap();
+    assert!(
+        max_abs_diff(&r, &w) <= 1e-12,
+        "column-norm retraction keeps W"
+    );
+}
+
+#[test]
+fn retract_onto_puts_a_gaussian_init_on_the_manifold() {
+    for (m, n) in [(48, 16), (16, 48), (20, 20)] {
+        let g = gaussian(m, n, 8) * 0.02;
+        for manifold in [Manifold::Stiefel, Manifold::dgram()] {
+            let opt = ManifoldMuon::new(exact_cfg(manifold, 0.02)).unwrap();
+            assert!(opt.violation(&g).unwrap() > 0.05 || m == n && manifold != Manifold::Stiefel);
+            let mut w = g.clone();
+            opt.retract_onto(&mut w).unwrap();
+            assert!(opt.violation(&w).unwrap() <= 1e-12, "{manifold:?} {m}×{n}");
+            if manifold == Manifold::dgram() {
+                // σ kept, sorted descending across columns.
+                let d = col_norms(&w);
+                let s = sv(&g);
+                for (a, b) in d.iter().zip(&s) {
+                    assert!((a - b).abs() <= 1e-12);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn polar_express_holds_stiefel_to_its_accuracy() {
+    // The paper's msign in f64: σ end at 1 ± 1e-6, so the constraint holds to ~1e-6, not 1e-10.
+    let opt = ManifoldMuon::new(ManifoldMuonConfig {
+        dual: DualAscent::paper().normalized(),
+        ..ManifoldMuonConfig::paper(Manifold::Stiefel)
+    })
+    .unwrap();
+    let mut w = orthonormal(64, 24, 1);
+    let mut st = ManifoldState::new();
+    for i in 0..5 {
+        opt.step(&mut w, &gaussian(64, 24, 100 + i), &mut st)
+            .unwrap();
+    }
+    let e = stiefel_error(&w);
+    assert!(e <= 1e-5, "‖WᵀW − I‖_F = {e}");
+}
