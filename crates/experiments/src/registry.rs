@@ -95,5 +95,7 @@ pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
         Box::new(experiments::theory::Theory),
         Box::new(experiments::convergence::Convergence),
         Box::new(experiments::optim_geometry::OptimGeometry),
+        Box::new(experiments::vit_fmnist::VitFmnist),
+        Box::new(experiments::gpt_sotu::GptSotu),
     ]
 }

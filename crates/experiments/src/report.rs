@@ -49,6 +49,13 @@ impl Section {
         self
     }
 
+    /// An embedded image file, linked relative to `report_dir` when it lies below it (so links
+    /// stay valid when the results folder moves, e.g. when `--publish` copies it).
+    pub fn image_file(&mut self, alt: &str, file: &Path, report_dir: &Path) -> &mut Self {
+        let link = file.strip_prefix(report_dir).unwrap_or(file);
+        self.image(alt, &link.to_string_lossy())
+    }
+
     /// The rendered Markdown.
     pub fn to_markdown(&self) -> String {
         format!("## {}\n\n{}", self.title, self.body)

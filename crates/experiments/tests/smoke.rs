@@ -10,13 +10,18 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
     let results = std::env::temp_dir().join(format!("kappa-smoke-{}", std::process::id()));
     let _ = fs::remove_dir_all(&results);
     let experiments = select(&[]).unwrap();
+    // Tiny fixture data in the real on-disk formats, so no experiment needs installed data.
+    let data = results.join("data");
+    kappa_models::data::fixtures::write_fashion_mnist(&data.join("fashion-mnist"), 80, 30, 0)
+        .unwrap();
+    kappa_models::data::fixtures::write_sotu(&data.join("sotu")).unwrap();
     let settings = Settings {
         scale: Scale::Smoke,
         seeds: Some(2),
         threads: 1,
         device: "cpu",
         results: &results,
-        data: &results.join("no-data-needed"),
+        data: &data,
     };
     reproduce(&experiments, &settings).unwrap();
     report(Scale::Smoke, &results).unwrap();

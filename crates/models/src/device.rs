@@ -2,21 +2,7 @@
 
 use tch::Device;
 
-/// Errors of kappa-models.
-#[derive(Debug, thiserror::Error)]
-pub enum ModelsError {
-    /// The device name is not `cpu`, `cuda` or `cuda:N`.
-    #[error("unknown device `{0}`: use cpu, cuda or cuda:N")]
-    UnknownDevice(String),
-    /// A CUDA device was asked for but libtorch sees fewer devices.
-    #[error("device `{name}` was requested but libtorch sees {available} CUDA device(s)")]
-    CudaUnavailable {
-        /// The requested device name.
-        name: String,
-        /// How many CUDA devices libtorch reports.
-        available: usize,
-    },
-}
+use crate::error::ModelsError;
 
 /// Parses a device name and checks that the device exists.
 ///

@@ -1,10 +1,56 @@
-//! kappa-models: transformers on libtorch through `tch`.
+//! kappa-models: transformers on libtorch through `tch`, with spectrally conditioned attention.
 //!
-//! Attention modules with spectral conditioning, GPT and ViT, data loaders for the data sets that
-//! `cargo xtask setup` installs, and the training loop every experiment uses (issue 7). Today the
-//! crate holds the device selection every model will use, and its tests prove that `tch` links
-//! against the libtorch that setup installed.
+//! | module | principal items |
+//! |---|---|
+//! | [`attention`] | [`ConditionedAttention`] (an `nn::Module`), [`AttentionConfig`], [`Conditioning`] (none, λ·I_k, scale-aware λ, exact SVD), [`Layout`], [`ScoreScaling`] |
+//! | [`layers`] | `Linear`, `LayerNorm`, `Mlp`, [`Block`] (pre-LN), the [`Transformer`] trait |
+//! | [`gpt`] | [`Gpt`], [`GptConfig`] (`tiny`, `cpu`, `gpt2_small`) |
+//! | [`vit`] | [`Vit`], [`VitConfig`] (`tiny`, `cpu`, `vit_b16`) |
+//! | [`data`] | [`FashionMnist`] (IDX), [`TextCorpus`] (SOTU; characters or GPT-2 BPE), deterministic batches, `fixtures` |
+//! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy and saturation, exact κ(J) |
+//! | [`train`] | [`TrainConfig`], [`Trainer`] (AdamW groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`] |
+//! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
+//! | [`device`], [`error`] | [`parse_device`], [`ModelsError`] |
+//!
+//! See `docs/models.md` for the conventions, the math next to the code and measured figures.
+//!
+//! ```
+//! use kappa_models::{Conditioning, Gpt, GptConfig, Layout};
+//! use tch::{nn, Device, Kind, Tensor};
+//! tch::manual_seed(0);
+//! let vs = nn::VarStore::new(Device::Cpu);
+//! let cfg = GptConfig::tiny(32).with_conditioning(Conditioning::Identity { lambda: 1.0, layout: Layout::Shifted });
+//! let gpt = Gpt::new(&vs.root(), cfg)?;
+//! let idx = Tensor::randint(32, [2, 16], (Kind::Int64, Device::Cpu));
+//! let loss = gpt.loss(&idx, &idx)?;
+//! loss.backward();
+//! # Ok::<(), kappa_models::ModelsError>(())
+//! ```
 
+pub mod attention;
+pub mod data;
 pub mod device;
+pub mod diagnostics;
+pub mod error;
+pub mod float;
+pub mod gpt;
+pub mod layers;
+pub mod tasks;
+pub mod train;
+pub mod vit;
 
-pub use device::{parse_device, ModelsError};
+pub use attention::{
+    AttentionConfig, AttentionTrace, ConditionedAttention, Conditioning, Layout, ScoreScaling,
+};
+pub use data::{FashionMnist, Split, TextCorpus, Tokenizer, TokenizerKind};
+pub use device::parse_device;
+pub use diagnostics::{diagnose, summarize, DiagnosticsConfig, HeadDiagnostics};
+pub use error::{ModelsError, Result};
+pub use gpt::{Gpt, GptConfig};
+pub use layers::{Block, Transformer};
+pub use tasks::{ImageClassification, LanguageModeling};
+pub use train::{
+    adamw_groups, seeded, AdamW, Eval, GroupOptimizer, JsonlSink, Outcome, ParamGroup, Record,
+    Summary, Task, TrainConfig, Trainer,
+};
+pub use vit::{Vit, VitConfig};

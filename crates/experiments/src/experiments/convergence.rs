@@ -774,14 +774,6 @@ impl Experiment for Convergence {
     }
 }
 
-/// `path` relative to `base` when it lies below it.
-fn relative(path: &Path, base: &Path) -> String {
-    path.strip_prefix(base)
-        .unwrap_or(path)
-        .to_string_lossy()
-        .into_owned()
-}
-
 /// Two-sided 97.5% quantile of Student's t with `df` degrees of freedom.
 fn t975(df: usize) -> f64 {
     const T: [f64; 30] = [
@@ -1052,7 +1044,7 @@ fn report(
             if any {
                 let file = out_dir.join(format!("curves_kappa_sigma_{ks}.png"));
                 plot.save(&file)?;
-                section.image(&format!("E_t at κ(Σ) = {ks}"), &relative(&file, report_dir));
+                section.image_file(&format!("E_t at κ(Σ) = {ks}"), &file, report_dir);
             }
         }
     }
@@ -1375,10 +1367,7 @@ fn report(
         }
         let file = out_dir.join(format!("excess_vs_n_case{ci}.png"));
         if plot.save(&file).is_ok() {
-            section.image(
-                &format!("excess vs n, case {ci}"),
-                &relative(&file, report_dir),
-            );
+            section.image_file(&format!("excess vs n, case {ci}"), &file, report_dir);
         }
     }
     section.table(
@@ -1548,7 +1537,7 @@ fn report(
     }
     let file = out_dir.join("rate_vs_kappa_t.png");
     if p_t.save(&file).is_ok() {
-        section.image("1 − μ against κ(T)", &relative(&file, report_dir));
+        section.image_file("1 − μ against κ(T)", &file, report_dir);
     }
     let mut p_s = LinePlot::new("1 − μ against κ(Σ)", "κ(Σ)", "1 − μ")
         .log_x()
@@ -1569,7 +1558,7 @@ fn report(
     }
     let file = out_dir.join("rate_vs_kappa_sigma.png");
     if p_s.save(&file).is_ok() {
-        section.image("1 − μ against κ(Σ)", &relative(&file, report_dir));
+        section.image_file("1 − μ against κ(Σ)", &file, report_dir);
     }
     // Verdicts: spread of 1 − μ across κ(Σ), per κ(T).
     let spread = |pre: bool| -> f64 {

@@ -1,6 +1,8 @@
 //! The experiments, one module each.
 
 pub mod convergence;
+pub mod gpt_sotu;
 pub mod optim_geometry;
 pub mod random_spectra;
 pub mod theory;
+pub mod vit_fmnist;

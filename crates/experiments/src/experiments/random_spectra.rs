@@ -330,7 +330,7 @@ impl Experiment for RandomSpectra {
             }
             let file = out_dir.join("kappa_vs_ratio.png");
             plot.save(&file)?;
-            section.image("κ against k/D", &relative(&file, report_dir));
+            section.image_file("κ against k/D", &file, report_dir);
         }
 
         // The spectrum of the density shape against Marchenko–Pastur, as a CDF (with a KS distance).
@@ -381,18 +381,10 @@ impl Experiment for RandomSpectra {
                  limiting CDF is {ks:.4} (for comparison, 1/√k = {:.4}).",
                 1.0 / (*k as f64).sqrt()
             ));
-            section.image("Marchenko–Pastur CDF", &relative(&file, report_dir));
+            section.image_file("Marchenko–Pastur CDF", &file, report_dir);
         }
         Ok(section)
     }
-}
-
-/// `path` relative to `base` when it lies below it (report links stay valid if `results/` moves).
-fn relative(path: &Path, base: &Path) -> String {
-    path.strip_prefix(base)
-        .unwrap_or(path)
-        .to_string_lossy()
-        .into_owned()
 }
 
 #[cfg(test)]

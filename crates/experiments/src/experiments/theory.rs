@@ -535,13 +535,6 @@ fn pct(a: usize, b: usize) -> String {
     }
 }
 
-fn relative(path: &Path, base: &Path) -> String {
-    path.strip_prefix(base)
-        .unwrap_or(path)
-        .to_string_lossy()
-        .into_owned()
-}
-
 fn report_bound(
     section: &mut Section,
     records: &[Record],
@@ -684,10 +677,7 @@ fn report_bound(
         }
         let file = out_dir.join("theorem_3_4_scatter.png");
         plot.save(&file)?;
-        section.image(
-            "Theorem 3.4 bound vs exact κ(J)",
-            &relative(&file, report_dir),
-        );
+        section.image_file("Theorem 3.4 bound vs exact κ(J)", &file, report_dir);
     }
     Ok(())
 }
@@ -841,7 +831,7 @@ fn report_projections(
     section.paragraph(&sentences.join(" "));
     let file = out_dir.join("kappa_vs_lambda.png");
     plot.save(&file)?;
-    section.image("κ(W + λI_k) against λ", &relative(&file, report_dir));
+    section.image_file("κ(W + λI_k) against λ", &file, report_dir);
     Ok(())
 }
 
@@ -944,7 +934,7 @@ fn report_entropy(
     section.paragraph(&sentences.join(" "));
     let file = out_dir.join("entropy_vs_lambda.png");
     plot.save(&file)?;
-    section.image("attention entropy against λ", &relative(&file, report_dir));
+    section.image_file("attention entropy against λ", &file, report_dir);
     Ok(())
 }
 
@@ -1080,7 +1070,7 @@ fn report_jacobian(
     );
     section.paragraph(&sentences.join(" "));
     for (alt, file) in images {
-        section.image(&alt, &relative(&file, report_dir));
+        section.image_file(&alt, &file, report_dir);
     }
     Ok(())
 }

@@ -1,0 +1,257 @@
+//! Criterion benchmarks of kappa-models: one training step (forward, backward, gradient
+//! clipping, AdamW) of the CPU-sized GPT and ViT, baseline and λ·I_k-conditioned, and the same
+//! step in PyTorch eager (`benches/reference/models_reference.py`, run with the virtual
+//! environment's Python and the same libtorch, config and thread count).
+//!
+//! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench models` (and again with 2).
+//! Settings (environment):
+//!
+//! * `KAPPA_BENCH_THREADS` — 1 or 2 (libtorch and OpenBLAS threads; also passed to the script).
+//! * `KAPPA_BENCH_SECONDS` — criterion measurement time per function (default 5).
+//! * `KAPPA_VENV` — the virtual environment holding torch (default `<workspace>/.venv`).
+//! * `KAPPA_BENCH_REFERENCE_STEPS` — timed steps of the PyTorch script (default 30).
+//!
+//! After the criterion output a summary prints, per model: kappa's step time, PyTorch's, the
+//! ratio kappa / PyTorch (goal ≤ 0.95), the conditioned step over the baseline step (the paper
+//! reports +0.2%; goal ≤ 1%), images or tokens per second, and the model FLOP/s as a fraction
+//! of this machine's sgemm throughput (a 1024² f32 matmul through the same libtorch).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, Criterion};
+use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds};
+use kappa_models::{
+    adamw_groups, seeded, Conditioning, Gpt, GptConfig, Layout, ParamGroup, TrainConfig, Vit,
+    VitConfig,
+};
+use tch::{nn, Device, Kind, Tensor};
+
+const GROUP: &str = "models_train_step";
+const GPT_BATCH: i64 = 32;
+const VIT_BATCH: i64 = 64;
+const LAMBDA: f64 = 10.0;
+
+fn conditioning(lambda: f64) -> Conditioning {
+    if lambda > 0.0 {
+        Conditioning::Identity {
+            lambda,
+            layout: Layout::Shifted,
+        }
+    } else {
+        Conditioning::None
+    }
+}
+
+/// One training step as the `Trainer` takes it: zero gradients, loss, backward, global
+/// gradient norm and clipping at 1, AdamW on the decay / no-decay groups.
+struct Stepper {
+    groups: Vec<ParamGroup>,
+    params: Vec<Tensor>,
+}
+
+impl Stepper {
+    fn new(vs: &nn::VarStore) -> Self {
+        let groups = adamw_groups(vs, &TrainConfig::default());
+        let params = groups
+            .iter()
+            .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
+            .collect();
+        Self { groups, params }
+    }
+
+    fn step(&mut self, loss: impl FnOnce() -> Tensor) {
+        for p in &self.params {
+            p.shallow_clone().zero_grad();
+        }
+        loss().backward();
+        tch::no_grad(|| {
+            let mut total = Tensor::zeros([], (Kind::Double, Device::Cpu));
+            for p in &self.params {
+                total += p.grad().to_kind(Kind::Double).square().sum(Kind::Double);
+            }
+            let norm = total.sqrt().double_value(&[]);
+            if norm > 1.0 {
+                for p in &self.params {
+                    let _ = p.grad().g_mul_scalar_(1.0 / (norm + 1e-6));
+                }
+            }
+            for g in &mut self.groups {
+                g.optimizer.step(&g.params, 1e-3).expect("AdamW step");
+            }
+        });
+    }
+}
+
+fn gpt_config() -> GptConfig {
+    GptConfig::cpu(98)
+}
+
+fn vit_config() -> VitConfig {
+    VitConfig::cpu()
+}
+
+fn bench_gpt(c: &mut Criterion, lambda: f64, id: &str) {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = gpt_config().with_conditioning(conditioning(lambda));
+    let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
+    let idx = seeded(1, || {
+        Tensor::randint(
+            98,
+            [GPT_BATCH, cfg.block_size as i64],
+            (Kind::Int64, Device::Cpu),
+        )
+    });
+    let mut stepper = Stepper::new(&vs);
+    c.benchmark_group(GROUP).bench_function(id, |b| {
+        b.iter(|| stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss"))))
+    });
+}
+
+fn bench_vit(c: &mut Criterion, lambda: f64, id: &str) {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = vit_config().with_conditioning(conditioning(lambda));
+    let vit = seeded(0, || Vit::new(&vs.root(), cfg)).expect("vit");
+    let (x, y) = seeded(1, || {
+        (
+            Tensor::randn([VIT_BATCH, 1, 28, 28], (Kind::Float, Device::Cpu)),
+            Tensor::randint(10, [VIT_BATCH], (Kind::Int64, Device::Cpu)),
+        )
+    });
+    let mut stepper = Stepper::new(&vs);
+    c.benchmark_group(GROUP).bench_function(id, |b| {
+        b.iter(|| stepper.step(|| black_box(vit.loss(&x, &y).expect("loss"))))
+    });
+}
+
+/// sgemm FLOP/s of a 1024² f32 matmul through libtorch (best of 10 after a warmup).
+fn sgemm_flops() -> f64 {
+    let n = 1024;
+    let a = Tensor::randn([n, n], (Kind::Float, Device::Cpu));
+    let b = Tensor::randn([n, n], (Kind::Float, Device::Cpu));
+    let _ = a.matmul(&b);
+    let mut best = f64::INFINITY;
+    for _ in 0..10 {
+        let t = Instant::now();
+        let c = a.matmul(&b);
+        black_box(c.double_value(&[0, 0]));
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    2.0 * (n as f64).powi(3) / best
+}
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
+
+/// Seconds per step of the PyTorch reference, or the reason it could not run.
+fn reference(
+    model: &str,
+    config: &str,
+    batch: i64,
+    lambda: f64,
+    threads: usize,
+) -> Result<f64, String> {
+    let venv = std::env::var_os("KAPPA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".venv"));
+    let python = venv.join("bin/python");
+    let script = workspace().join("benches/reference/models_reference.py");
+    let steps = std::env::var("KAPPA_BENCH_REFERENCE_STEPS").unwrap_or_else(|_| "30".into());
+    let out = Command::new(&python)
+        .arg(&script)
+        .args(["--model", model, "--config", config])
+        .args(["--batch", &batch.to_string(), "--lam", &lambda.to_string()])
+        .args(["--threads", &threads.to_string(), "--steps", &steps])
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .env("OPENBLAS_NUM_THREADS", threads.to_string())
+        .output()
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .to_string());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    v["seconds_per_step"]
+        .as_f64()
+        .ok_or_else(|| "no seconds_per_step in the output".into())
+}
+
+fn main() {
+    let threads = configure_threads();
+    let seconds: u64 = std::env::var("KAPPA_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .measurement_time(Duration::from_secs(seconds))
+        .warm_up_time(Duration::from_secs(1))
+        .sample_size(10);
+    bench_gpt(&mut c, 0.0, "gpt_cpu_baseline");
+    bench_gpt(&mut c, LAMBDA, "gpt_cpu_lambda10");
+    bench_vit(&mut c, 0.0, "vit_cpu_baseline");
+    bench_vit(&mut c, LAMBDA, "vit_cpu_lambda10");
+    c.final_summary();
+
+    let peak = sgemm_flops();
+    let gpt = gpt_config();
+    let vit = vit_config();
+    let t = gpt.block_size;
+    let models = [
+        (
+            "gpt",
+            serde_json::to_string(&gpt).unwrap_or_default(),
+            GPT_BATCH,
+            // forward + backward ≈ 3 × forward
+            3.0 * gpt.flops_per_token(t) * (GPT_BATCH as usize * t) as f64,
+            (GPT_BATCH as usize * t) as f64,
+            "tokens",
+        ),
+        (
+            "vit",
+            serde_json::to_string(&vit).unwrap_or_default(),
+            VIT_BATCH,
+            3.0 * vit.flops_per_image() * VIT_BATCH as f64,
+            VIT_BATCH as f64,
+            "images",
+        ),
+    ];
+    println!(
+        "\nkappa-models training step, {threads} thread(s); sgemm (1024², libtorch): {:.1} GFLOP/s",
+        peak / 1e9
+    );
+    println!("| model | variant | kappa ms | PyTorch ms | kappa / PyTorch | conditioned / baseline | units/s | model GFLOP/s | fraction of sgemm |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (name, config, batch, flops, units, unit) in &models {
+        let base = median_seconds(GROUP, &format!("{name}_cpu_baseline"), "");
+        for (variant, lambda) in [("baseline", 0.0), ("λ=10", LAMBDA)] {
+            let id = if lambda > 0.0 { "lambda10" } else { "baseline" };
+            let ours = median_seconds(GROUP, &format!("{name}_cpu_{id}"), "");
+            let theirs = reference(name, config, *batch, lambda, threads);
+            if let Err(e) = &theirs {
+                eprintln!("PyTorch reference for {name} {variant} did not run: {e}");
+            }
+            let theirs = theirs.ok();
+            let ratio = ours.zip(theirs).map(|(a, b)| a / b);
+            let overhead = ours.zip(base).map(|(a, b)| a / b);
+            println!(
+                "| {name} | {variant} | {} | {} | {} | {} | {} {unit} | {} | {} |",
+                fmt_ms(ours),
+                fmt_ms(theirs),
+                fmt_ratio(ratio),
+                fmt_ratio(overhead),
+                ours.map_or("n/a".into(), |s| format!("{:.0}", units / s)),
+                ours.map_or("n/a".into(), |s| format!("{:.2}", flops / s / 1e9)),
+                ours.map_or("n/a".into(), |s| format!("{:.3}", flops / s / peak)),
+            );
+        }
+    }
+}

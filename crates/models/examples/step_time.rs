@@ -1,0 +1,90 @@
+//! Times training steps (forward, backward, AdamW) of the CPU-sized GPT and ViT on random data.
+//!
+//! `cargo run --release -p kappa-models --example step_time -- [threads] [steps]`
+
+use std::time::Instant;
+
+use kappa_models::{seeded, Conditioning, Gpt, GptConfig, Layout, TrainConfig, Vit, VitConfig};
+use tch::{nn, Device, Kind, Tensor};
+
+fn time_steps(vs: &nn::VarStore, steps: usize, mut loss: impl FnMut() -> Tensor) -> f64 {
+    let cfg = TrainConfig {
+        progress: false,
+        ..TrainConfig::default()
+    };
+    let mut groups = kappa_models::adamw_groups(vs, &cfg);
+    let params: Vec<Tensor> = groups
+        .iter()
+        .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
+        .collect();
+    let mut run = || {
+        for p in &params {
+            p.shallow_clone().zero_grad();
+        }
+        loss().backward();
+        tch::no_grad(|| {
+            for g in &mut groups {
+                g.optimizer.step(&g.params, 1e-3).unwrap();
+            }
+        });
+    };
+    run();
+    let t = Instant::now();
+    for _ in 0..steps {
+        run();
+    }
+    t.elapsed().as_secs_f64() / steps as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads: i32 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let steps: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
+    tch::set_num_threads(threads);
+    let conds = [
+        Conditioning::None,
+        Conditioning::Identity {
+            lambda: 10.0,
+            layout: Layout::Shifted,
+        },
+        Conditioning::Svd { every: 1 },
+    ];
+    for c in conds {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = VitConfig::cpu().with_conditioning(c);
+        let vit = seeded(0, || Vit::new(&vs.root(), cfg)).unwrap();
+        let (x, y) = seeded(1, || {
+            (
+                Tensor::randn([128, 1, 28, 28], (Kind::Float, Device::Cpu)),
+                Tensor::randint(10, [128], (Kind::Int64, Device::Cpu)),
+            )
+        });
+        let s = time_steps(&vs, steps, || {
+            let l = vit.loss(&x, &y).unwrap();
+            if matches!(c, Conditioning::Svd { .. }) {
+                use kappa_models::Transformer;
+                vit.refresh_conditioning(1).unwrap();
+            }
+            l
+        });
+        println!(
+            "vit cpu {:<24} B=128: {:.1} ms/step, {:.0} images/s",
+            c.label(),
+            s * 1e3,
+            128.0 / s
+        );
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = GptConfig::cpu(98).with_conditioning(c);
+        let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).unwrap();
+        let idx = seeded(1, || {
+            Tensor::randint(98, [32, 64], (Kind::Int64, Device::Cpu))
+        });
+        let s = time_steps(&vs, steps, || gpt.loss(&idx, &idx).unwrap());
+        println!(
+            "gpt cpu {:<24} B=32 T=64: {:.1} ms/step, {:.0} tokens/s",
+            c.label(),
+            s * 1e3,
+            2048.0 / s
+        );
+    }
+}

@@ -1,0 +1,824 @@
+//! Multi-head self-attention with spectral conditioning: a fused QKV projection, causal or
+//! bidirectional, libtorch's fused scaled-dot-product kernel, and the corrections of
+//! *Spectral Conditioning of Attention* as fixed, non-trainable buffers.
+//!
+//! # Conventions
+//!
+//! Tokens are rows: X ∈ ℝ^{B×T×D}. The fused projection stores its weight as libtorch does,
+//! `c_attn.weight` ∈ ℝ^{3D×D} (out × in), and computes `[Q K V] = X Wᵀ + b`. The paper's per-head
+//! weight W_Q^h ∈ ℝ^{D×k} (in × out, k = D/H) is the transpose of the k×D block of rows
+//! `h·k..(h+1)·k` of the first D rows; W_K^h and W_V^h come from the second and third D rows.
+//!
+//! # Conditioning (the C's of `SpecA(X) = softmax(X(W_Q+C_Q)(W_K+C_K)ᵀXᵀ/s) X(W_V+C_V)`)
+//!
+//! * [`Conditioning::Identity`]: C = λ·E with λ fixed. The cheap path never materializes W + λE:
+//!   `X(W + λE) = XW + λ·X[:, block]`, a scaled copy of k input columns added to the projection
+//!   output (N·k extra multiplies against 2·N·D·k, a ratio of 1/(2D)). Two per-head layouts
+//!   ([`Layout`], notes §7):
+//!   - `Shifted` (the fused `W + λI_D` reading): head h of Q, K and V receives λ·X[:, hk..hk+k],
+//!     so the shift of the whole projection is `λ·[X X X]`;
+//!   - `SameBlock`: every head receives λ·X[:, 0..k] (the paper's single-head I_k repeated).
+//! * [`Conditioning::ScaleAware`]: the same shift with λ chosen from the weights by
+//!   `kappa_attention::LambdaPolicy::TargetKappa(κ_t)` (λ = σ_max·(κ_t+1)/(κ_t−1), shared by the
+//!   3H per-head matrices of the layer, so every κ(W^h + λE) ≤ κ_t by Weyl), chosen at
+//!   initialization and, if `every > 0`, re-chosen every `every` optimizer steps without gradient.
+//! * [`Conditioning::Svd`]: Theorem 3.5's exact correction C^h = σ₁(W^h)·U^h V^hᵀ per head and
+//!   projection, recomputed every `every` steps without gradient, so κ(W^h + C^h) < 2 right
+//!   after each refresh.
+//!
+//! λ and C live in the var store as **non-trainable** buffers (`lambda`, `correction`): they are
+//! saved in checkpoints, never receive a gradient and never enter the optimizer. The gradient
+//! with respect to W is the ordinary attention gradient evaluated at W + C (notes §6).
+//!
+//! # Score scale
+//!
+//! S = Q Kᵀ / s with s = √k ([`ScoreScaling::InvSqrtK`], the usual transformer) or s = 1
+//! ([`ScoreScaling::One`], the paper's formulas). Folding 1/s into W_Q leaves κ unchanged but
+//! changes the size of λ relative to the weights (notes §9.6).
+
+use serde::{Deserialize, Serialize};
+use tch::nn::Module as _;
+use tch::{nn, Kind, Tensor};
+
+use crate::error::{ModelsError, Result};
+use crate::layers::Linear;
+
+/// Which k input columns head h's λ·I_k shift adds (notes §7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// Head h gets λ·X[:, hk..hk+k]: the fused `W + λ·I_D` on the D×D projection.
+    #[default]
+    Shifted,
+    /// Every head gets λ·X[:, 0..k]: the single-head `W^h + λ·I_k` repeated per head.
+    SameBlock,
+}
+
+/// The spectral correction added to W_Q, W_K and W_V.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Conditioning {
+    /// Plain attention.
+    #[default]
+    None,
+    /// C = λ·E, λ fixed (the paper: 10), one λ shared by Q, K and V.
+    Identity {
+        /// λ ≥ 0.
+        lambda: f64,
+        /// The per-head layout.
+        layout: Layout,
+    },
+    /// C = λ·E with λ = σ_max·(κ_t+1)/(κ_t−1) chosen from the layer's current weights.
+    ScaleAware {
+        /// The κ bound the chosen λ guarantees (> 1).
+        target_kappa: f64,
+        /// The per-head layout.
+        layout: Layout,
+        /// Re-choose λ every this many optimizer steps; 0 chooses it once at initialization.
+        every: u64,
+    },
+    /// Theorem 3.5: C^h = σ₁ U^h V^hᵀ per head, recomputed without gradient.
+    Svd {
+        /// Recompute every this many optimizer steps (≥ 1).
+        every: u64,
+    },
+}
+
+impl Conditioning {
+    /// A short label for tables and plots (`baseline`, `λ=10`, `scale-aware κ≤1.5`, `svd/10`).
+    pub fn label(&self) -> String {
+        match *self {
+            Conditioning::None => "baseline".into(),
+            Conditioning::Identity { lambda, layout } => match layout {
+                Layout::Shifted => format!("λ={lambda}"),
+                Layout::SameBlock => format!("λ={lambda} (same block)"),
+            },
+            Conditioning::ScaleAware {
+                target_kappa,
+                every,
+                ..
+            } => format!("scale-aware κ≤{target_kappa} (every {every})"),
+            Conditioning::Svd { every } => format!("svd (every {every})"),
+        }
+    }
+
+    fn validate(&self, field: &str) -> Result<()> {
+        match *self {
+            Conditioning::None => Ok(()),
+            Conditioning::Identity { lambda, .. } => {
+                if lambda.is_finite() && lambda >= 0.0 {
+                    Ok(())
+                } else {
+                    Err(ModelsError::config(
+                        format!("{field}.lambda"),
+                        format!("must be finite and ≥ 0, found {lambda}"),
+                    ))
+                }
+            }
+            Conditioning::ScaleAware { target_kappa, .. } => {
+                if target_kappa.is_finite() && target_kappa > 1.0 {
+                    Ok(())
+                } else {
+                    Err(ModelsError::config(
+                        format!("{field}.target_kappa"),
+                        format!("must be finite and > 1, found {target_kappa}"),
+                    ))
+                }
+            }
+            Conditioning::Svd { every } => {
+                if every >= 1 {
+                    Ok(())
+                } else {
+                    Err(ModelsError::config(
+                        format!("{field}.every"),
+                        "must be ≥ 1 (the correction is recomputed every `every` steps)",
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// S = Q Kᵀ / s: s = √k or s = 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreScaling {
+    /// s = √k (the usual transformer).
+    #[default]
+    InvSqrtK,
+    /// s = 1 (the paper's formulas).
+    One,
+}
+
+impl ScoreScaling {
+    /// The multiplier 1/s for head dimension k.
+    pub fn factor(self, head_dim: usize) -> f64 {
+        match self {
+            ScoreScaling::InvSqrtK => 1.0 / (head_dim as f64).sqrt(),
+            ScoreScaling::One => 1.0,
+        }
+    }
+
+    /// The same convention in kappa-attention's terms.
+    pub fn to_attention(self) -> kappa_attention::ScoreScale {
+        match self {
+            ScoreScaling::InvSqrtK => kappa_attention::ScoreScale::InvSqrtK,
+            ScoreScaling::One => kappa_attention::ScoreScale::One,
+        }
+    }
+}
+
+/// Everything an attention layer needs.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttentionConfig {
+    /// Model width D.
+    pub n_embd: usize,
+    /// Heads H (k = D/H).
+    pub n_head: usize,
+    /// Biases in the projections.
+    pub bias: bool,
+    /// Causal mask (GPT) or none (ViT).
+    pub causal: bool,
+    /// Score scale 1/s.
+    pub scaling: ScoreScaling,
+    /// The spectral correction.
+    pub conditioning: Conditioning,
+    /// Use libtorch's fused `scaled_dot_product_attention` when no probabilities are requested.
+    pub fused_kernel: bool,
+}
+
+impl AttentionConfig {
+    /// Checks the sizes and the conditioning; `field` prefixes the names in errors.
+    pub fn validate(&self, field: &str) -> Result<()> {
+        if self.n_embd == 0 {
+            return Err(ModelsError::config(
+                format!("{field}.n_embd"),
+                "must be ≥ 1",
+            ));
+        }
+        if self.n_head == 0 || self.n_embd % self.n_head != 0 {
+            return Err(ModelsError::config(
+                format!("{field}.n_head"),
+                format!(
+                    "must be ≥ 1 and divide n_embd = {}, found {}",
+                    self.n_embd, self.n_head
+                ),
+            ));
+        }
+        self.conditioning.validate(&format!("{field}.conditioning"))
+    }
+
+    /// k = D/H.
+    pub fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head.max(1)
+    }
+}
+
+/// What [`ConditionedAttention::forward_trace`] keeps for diagnostics (detached).
+#[derive(Debug)]
+pub struct AttentionTrace {
+    /// The layer input X (after the block's LayerNorm), B×T×D.
+    pub input: Tensor,
+    /// The scores S = Q Kᵀ/s before masking, B×H×T×T.
+    pub scores: Tensor,
+    /// The attention probabilities P, B×H×T×T.
+    pub probs: Tensor,
+}
+
+/// Multi-head self-attention with a spectral correction (an `nn::Module`).
+///
+/// ```
+/// use kappa_models::attention::{AttentionConfig, Conditioning, ConditionedAttention, Layout, ScoreScaling};
+/// use tch::{nn, Device, Kind, Tensor};
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let cfg = AttentionConfig {
+///     n_embd: 16, n_head: 4, bias: false, causal: true, scaling: ScoreScaling::InvSqrtK,
+///     conditioning: Conditioning::Identity { lambda: 1.0, layout: Layout::Shifted },
+///     fused_kernel: true,
+/// };
+/// let attn = ConditionedAttention::new(vs.root() / "attn", cfg, 0.02)?;
+/// let x = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu));
+/// let y = attn.try_forward(&x)?;
+/// assert_eq!(y.size(), vec![2, 5, 16]);
+/// // λ is a buffer: the trainable parameters are those of plain attention.
+/// assert_eq!(vs.trainable_variables().len(), 2);
+/// # Ok::<(), kappa_models::ModelsError>(())
+/// ```
+#[derive(Debug)]
+pub struct ConditionedAttention {
+    cfg: AttentionConfig,
+    c_attn: Linear,
+    c_proj: Linear,
+    /// Scalar λ buffer (Identity, ScaleAware).
+    lambda: Option<Tensor>,
+    /// 3D×D correction buffer (Svd).
+    correction: Option<Tensor>,
+}
+
+impl ConditionedAttention {
+    /// Creates the layer under `p`: `c_attn` (D → 3D) with N(0, 0.02²) weights, `c_proj`
+    /// (D → D) with N(0, proj_std²) weights, zero biases, and the correction buffers, which
+    /// are computed from the initial weights.
+    pub fn new(p: nn::Path<'_>, cfg: AttentionConfig, proj_std: f64) -> Result<Self> {
+        cfg.validate("attention")?;
+        let d = cfg.n_embd as i64;
+        let c_attn = Linear::new(&(&p / "c_attn"), d, 3 * d, cfg.bias, 0.02)?;
+        let c_proj = Linear::new(&(&p / "c_proj"), d, d, cfg.bias, proj_std)?;
+        let lambda = match cfg.conditioning {
+            Conditioning::Identity { .. } | Conditioning::ScaleAware { .. } => {
+                Some(p.f_zeros_no_train("lambda", &[])?)
+            }
+            _ => None,
+        };
+        let correction = match cfg.conditioning {
+            Conditioning::Svd { .. } => Some(p.f_zeros_no_train("correction", &[3 * d, d])?),
+            _ => None,
+        };
+        let layer = Self {
+            cfg,
+            c_attn,
+            c_proj,
+            lambda,
+            correction,
+        };
+        layer.refresh_conditioning(0)?;
+        Ok(layer)
+    }
+
+    /// The layer's config.
+    pub fn config(&self) -> &AttentionConfig {
+        &self.cfg
+    }
+
+    /// The trainable fused weight W (3D×D, out × in).
+    pub fn qkv_weight(&self) -> &Tensor {
+        &self.c_attn.weight
+    }
+
+    /// The fused bias (3D), if any.
+    pub fn qkv_bias(&self) -> Option<&Tensor> {
+        self.c_attn.bias.as_ref()
+    }
+
+    /// The current λ (Identity, ScaleAware), read from the buffer.
+    pub fn lambda(&self) -> Option<f64> {
+        self.lambda.as_ref().map(|l| l.double_value(&[]))
+    }
+
+    /// The current correction buffer C (Svd), 3D×D.
+    pub fn correction(&self) -> Option<&Tensor> {
+        self.correction.as_ref()
+    }
+
+    /// The 3D×D pattern E of the λ shift in libtorch's (out × in) layout: X(W + λE)ᵀ-style
+    /// projection equals `X Wᵀ + λ·shift(X)`. `None` without an identity shift.
+    pub fn shift_pattern(&self) -> Option<Tensor> {
+        let layout = self.layout()?;
+        let d = self.cfg.n_embd as i64;
+        let k = self.cfg.head_dim() as i64;
+        let h = self.cfg.n_head as i64;
+        let opts = (self.c_attn.weight.kind(), self.c_attn.weight.device());
+        Some(match layout {
+            Layout::Shifted => Tensor::eye(d, opts).repeat([3, 1]),
+            Layout::SameBlock => Tensor::eye(k, opts)
+                .constant_pad_nd([0, d - k])
+                .repeat([3 * h, 1]),
+        })
+    }
+
+    fn layout(&self) -> Option<Layout> {
+        match self.cfg.conditioning {
+            Conditioning::Identity { layout, .. } | Conditioning::ScaleAware { layout, .. } => {
+                Some(layout)
+            }
+            _ => None,
+        }
+    }
+
+    /// The effective fused weight W + C (3D×D, detached): what the layer computes with.
+    pub fn effective_qkv_weight(&self) -> Tensor {
+        tch::no_grad(|| {
+            let w = self.c_attn.weight.detach();
+            match (&self.lambda, &self.correction, self.shift_pattern()) {
+                (Some(l), _, Some(e)) => w + e * l,
+                (_, Some(c), _) => w + c,
+                _ => w.copy(),
+            }
+        })
+    }
+
+    /// Recomputes the correction buffers after optimizer step `step` (0 = initialization):
+    /// the SVD correction when `step % every == 0`, the scale-aware λ at initialization and
+    /// when `every > 0 && step % every == 0`. No gradient flows through this.
+    pub fn refresh_conditioning(&self, step: u64) -> Result<()> {
+        match self.cfg.conditioning {
+            Conditioning::None => Ok(()),
+            Conditioning::Identity { lambda, .. } => {
+                if step == 0 {
+                    if let Some(l) = &self.lambda {
+                        let _ = tch::no_grad(|| l.shallow_clone().f_fill_(lambda))?;
+                    }
+                }
+                Ok(())
+            }
+            Conditioning::ScaleAware {
+                target_kappa,
+                every,
+                ..
+            } => {
+                if step == 0 || (every > 0 && step % every == 0) {
+                    let value = self.scale_aware_lambda(target_kappa)?;
+                    if let Some(l) = &self.lambda {
+                        let _ = tch::no_grad(|| l.shallow_clone().f_fill_(value))?;
+                    }
+                }
+                Ok(())
+            }
+            Conditioning::Svd { every } => {
+                if step % every == 0 {
+                    if let Some(c) = &self.correction {
+                        let new = self.svd_correction()?;
+                        tch::no_grad(|| c.shallow_clone().f_copy_(&new))?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The 3H per-head blocks of W (each k×D = W^hᵀ), detached, as a 3H×k×D tensor.
+    pub fn head_blocks(&self, weight: &Tensor) -> Tensor {
+        let (d, k, h) = (
+            self.cfg.n_embd as i64,
+            self.cfg.head_dim() as i64,
+            self.cfg.n_head as i64,
+        );
+        weight.detach().reshape([3 * h, k, d])
+    }
+
+    /// λ from `LambdaPolicy::TargetKappa` over the layer's 3H per-head matrices W^h (D×k).
+    fn scale_aware_lambda(&self, target: f64) -> Result<f64> {
+        let blocks = self.head_blocks(&self.c_attn.weight);
+        let mut ws = Vec::with_capacity(blocks.size()[0] as usize);
+        for i in 0..blocks.size()[0] {
+            ws.push(kappa_linalg::tch_backend::array_from_tensor(
+                &blocks.get(i).tr(),
+            )?);
+        }
+        let views: Vec<_> = ws.iter().map(|w| w.view()).collect();
+        Ok(kappa_attention::LambdaPolicy::TargetKappa(target).choose_shared(&views)?)
+    }
+
+    /// C = σ₁ U Vᵀ of every per-head block, in the fused 3D×D layout. For a block B = W^hᵀ,
+    /// SVD(B) = V Σ Uᵀ, so σ₁ U_B V_Bᵀ = (σ₁ U_W V_Wᵀ)ᵀ: the correction of W^h, transposed like B.
+    fn svd_correction(&self) -> Result<Tensor> {
+        let d = self.cfg.n_embd as i64;
+        let blocks = self.head_blocks(&self.c_attn.weight).to_kind(Kind::Double);
+        let (u, s, v) = blocks.f_svd(true, true)?;
+        let c = u.matmul(&v.transpose(-2, -1)) * s.narrow(1, 0, 1).unsqueeze(-1);
+        Ok(c.reshape([3 * d, d]).to_kind(self.c_attn.weight.kind()))
+    }
+
+    /// `[Q K V]` = X(W + C)ᵀ + b on the cheap path (B×T×3D).
+    fn project(&self, x: &Tensor) -> Tensor {
+        let bias = self.c_attn.bias.as_ref();
+        match (&self.lambda, &self.correction, self.layout()) {
+            (Some(lambda), _, Some(layout)) => {
+                let qkv = x.linear(&self.c_attn.weight, bias);
+                let shift = match layout {
+                    Layout::Shifted => Tensor::cat(&[x, x, x], -1),
+                    Layout::SameBlock => {
+                        let k = self.cfg.head_dim() as i64;
+                        let mut reps = vec![1i64; x.dim() - 1];
+                        reps.push(3 * self.cfg.n_head as i64);
+                        x.narrow(-1, 0, k).repeat(reps.as_slice())
+                    }
+                };
+                qkv + shift * lambda
+            }
+            (_, Some(c), _) => x.linear(&(&self.c_attn.weight + c), bias),
+            _ => x.linear(&self.c_attn.weight, bias),
+        }
+    }
+
+    /// Checks `x` (B×T×D, floating point) and runs [`ConditionedAttention::forward_trace`]
+    /// without a trace.
+    pub fn try_forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.check_input(x)?;
+        Ok(self.forward_trace(x, false).0)
+    }
+
+    fn check_input(&self, x: &Tensor) -> Result<()> {
+        let size = x.size();
+        if size.len() != 3 || size[2] != self.cfg.n_embd as i64 {
+            return Err(ModelsError::Shape {
+                arg: "x",
+                reason: format!("expected B×T×{}, found {size:?}", self.cfg.n_embd),
+            });
+        }
+        if !x.is_floating_point() {
+            return Err(ModelsError::Shape {
+                arg: "x",
+                reason: format!("expected a floating-point tensor, found {:?}", x.kind()),
+            });
+        }
+        Ok(())
+    }
+
+    /// The forward pass on X (B×T×D). With `trace` (or without the fused kernel) the
+    /// probabilities are computed explicitly — softmax(S + mask)·V — and returned; otherwise
+    /// libtorch's `scaled_dot_product_attention` computes the same quantity.
+    pub fn forward_trace(&self, x: &Tensor, trace: bool) -> (Tensor, Option<AttentionTrace>) {
+        let size = x.size();
+        let (b, t, d) = (size[0], size[1], size[2]);
+        let h = self.cfg.n_head as i64;
+        let k = d / h;
+        let scale = self.cfg.scaling.factor(k as usize);
+        let qkv = self.project(x);
+        let heads = |m: &Tensor| m.view([b, t, h, k]).transpose(1, 2);
+        let parts = qkv.split(d, -1);
+        let (q, kk, v) = (heads(&parts[0]), heads(&parts[1]), heads(&parts[2]));
+        let (y, record) = if self.cfg.fused_kernel && !trace {
+            let y = Tensor::scaled_dot_product_attention(
+                &q,
+                &kk,
+                &v,
+                None::<Tensor>,
+                0.0,
+                self.cfg.causal,
+                Some(scale),
+                false,
+            );
+            (y, None)
+        } else {
+            let scores = q.matmul(&kk.transpose(-2, -1)) * scale;
+            let masked = if self.cfg.causal {
+                let mask = Tensor::ones([t, t], (Kind::Bool, x.device())).triu(1);
+                scores.masked_fill(&mask, f64::NEG_INFINITY)
+            } else {
+                scores.shallow_clone()
+            };
+            let p = masked.softmax(-1, x.kind());
+            let y = p.matmul(&v);
+            let record = trace.then(|| AttentionTrace {
+                input: x.detach(),
+                scores: scores.detach(),
+                probs: p.detach(),
+            });
+            (y, record)
+        };
+        let y = y.transpose(1, 2).contiguous().view([b, t, d]);
+        (self.c_proj.forward(&y), record)
+    }
+}
+
+impl nn::Module for ConditionedAttention {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.forward_trace(xs, false).0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    fn cfg(conditioning: Conditioning, causal: bool, bias: bool) -> AttentionConfig {
+        AttentionConfig {
+            n_embd: 12,
+            n_head: 3,
+            bias,
+            causal,
+            scaling: ScoreScaling::InvSqrtK,
+            conditioning,
+            fused_kernel: true,
+        }
+    }
+
+    fn build(c: AttentionConfig, seed: i64) -> (nn::VarStore, ConditionedAttention) {
+        tch::manual_seed(seed);
+        let vs = nn::VarStore::new(Device::Cpu);
+        // A larger weight scale than 0.02 so that the correction matters numerically.
+        let attn = ConditionedAttention::new(vs.root() / "attn", c, 0.3).unwrap();
+        tch::no_grad(|| {
+            let _ = attn.c_attn.weight.shallow_clone().g_mul_scalar_(10.0);
+        });
+        (vs, attn)
+    }
+
+    fn x(seed: i64) -> Tensor {
+        tch::manual_seed(seed);
+        Tensor::randn([2, 5, 12], (Kind::Float, Device::Cpu))
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    /// The reference computation: plain attention with the materialized weight W + C.
+    fn reference(attn: &ConditionedAttention, x: &Tensor, w: &Tensor) -> Tensor {
+        let c = attn.config();
+        let (b, t, d) = (x.size()[0], x.size()[1], x.size()[2]);
+        let h = c.n_head as i64;
+        let k = d / h;
+        let qkv = x.linear(w, attn.c_attn.bias.as_ref());
+        let parts = qkv.split(d, -1);
+        let heads = |m: &Tensor| m.view([b, t, h, k]).transpose(1, 2);
+        let s = heads(&parts[0]).matmul(&heads(&parts[1]).transpose(-2, -1))
+            * c.scaling.factor(k as usize);
+        let s = if c.causal {
+            s.masked_fill(
+                &Tensor::ones([t, t], (Kind::Bool, Device::Cpu)).triu(1),
+                f64::NEG_INFINITY,
+            )
+        } else {
+            s
+        };
+        let y = s.softmax(-1, Kind::Float).matmul(&heads(&parts[2]));
+        attn.c_proj
+            .forward(&y.transpose(1, 2).contiguous().view([b, t, d]))
+    }
+
+    #[test]
+    fn shapes_and_gradients_of_every_variant() {
+        for conditioning in [
+            Conditioning::None,
+            Conditioning::Identity {
+                lambda: 2.0,
+                layout: Layout::Shifted,
+            },
+            Conditioning::Identity {
+                lambda: 2.0,
+                layout: Layout::SameBlock,
+            },
+            Conditioning::ScaleAware {
+                target_kappa: 1.5,
+                layout: Layout::Shifted,
+                every: 1,
+            },
+            Conditioning::Svd { every: 1 },
+        ] {
+            for bias in [false, true] {
+                let (vs, attn) = build(cfg(conditioning, true, bias), 1);
+                let y = attn.try_forward(&x(2)).unwrap();
+                assert_eq!(y.size(), vec![2, 5, 12]);
+                y.square().sum(Kind::Float).backward();
+                let trainable = vs.trainable_variables();
+                assert_eq!(
+                    trainable.len(),
+                    if bias { 4 } else { 2 },
+                    "{conditioning:?}"
+                );
+                for t in &trainable {
+                    let g = t.grad();
+                    assert!(g.defined() && g.size() == t.size());
+                    assert!(g.abs().sum(Kind::Float).double_value(&[]) > 0.0);
+                }
+                // The buffers exist, are not trainable and got no gradient.
+                for (name, t) in vs.variables() {
+                    if name.ends_with("lambda") || name.ends_with("correction") {
+                        assert!(!t.requires_grad(), "{name}");
+                        assert!(!t.grad().defined(), "{name}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_correction_adds_no_trainable_parameter() {
+        let count = |c| {
+            let (vs, _a) = build(cfg(c, false, true), 3);
+            vs.trainable_variables()
+                .iter()
+                .map(Tensor::numel)
+                .sum::<usize>()
+        };
+        let base = count(Conditioning::None);
+        assert_eq!(base, 12 * 36 + 36 + 12 * 12 + 12);
+        for c in [
+            Conditioning::Identity {
+                lambda: 10.0,
+                layout: Layout::Shifted,
+            },
+            Conditioning::ScaleAware {
+                target_kappa: 2.0,
+                layout: Layout::SameBlock,
+                every: 0,
+            },
+            Conditioning::Svd { every: 5 },
+        ] {
+            assert_eq!(count(c), base, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn the_cheap_path_equals_the_materialized_weight() {
+        for conditioning in [
+            Conditioning::Identity {
+                lambda: 3.0,
+                layout: Layout::Shifted,
+            },
+            Conditioning::Identity {
+                lambda: 3.0,
+                layout: Layout::SameBlock,
+            },
+            Conditioning::ScaleAware {
+                target_kappa: 1.5,
+                layout: Layout::Shifted,
+                every: 0,
+            },
+            Conditioning::Svd { every: 1 },
+        ] {
+            for causal in [false, true] {
+                let (_vs, attn) = build(cfg(conditioning, causal, true), 4);
+                let xs = x(5);
+                let w_eff = attn.effective_qkv_weight();
+                let cheap = attn.try_forward(&xs).unwrap();
+                let materialized = reference(&attn, &xs, &w_eff);
+                let base = reference(&attn, &xs, attn.qkv_weight());
+                let diff = max_diff(&cheap, &materialized);
+                assert!(diff < 1e-4, "{conditioning:?}: {diff}");
+                // ... and the correction changes the output.
+                assert!(max_diff(&cheap, &base) > 1e-3, "{conditioning:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_materialized_pattern_is_lambda_times_the_identity_blocks() {
+        let (_vs, attn) = build(
+            cfg(
+                Conditioning::Identity {
+                    lambda: 2.5,
+                    layout: Layout::SameBlock,
+                },
+                false,
+                false,
+            ),
+            6,
+        );
+        let e = attn.shift_pattern().unwrap();
+        // Head 1 of K (rows 12 + 4..8) gets I_k at columns 0..4 (same block).
+        let block = e.narrow(0, 16, 4);
+        let expect = Tensor::eye(4, (Kind::Float, Device::Cpu)).constant_pad_nd([0, 8]);
+        assert!(block.equal(&expect));
+        let diff = attn.effective_qkv_weight() - attn.qkv_weight().detach();
+        assert!(max_diff(&diff, &(e * 2.5)) < 1e-6);
+    }
+
+    #[test]
+    fn gradients_are_plain_gradients_at_the_corrected_weight() {
+        for conditioning in [
+            Conditioning::Identity {
+                lambda: 3.0,
+                layout: Layout::Shifted,
+            },
+            Conditioning::Svd { every: 1 },
+        ] {
+            let (_vs, attn) = build(cfg(conditioning, true, true), 7);
+            let xs = x(8);
+            attn.try_forward(&xs)
+                .unwrap()
+                .square()
+                .sum(Kind::Float)
+                .backward();
+            let g = attn.qkv_weight().grad().copy();
+            // Plain attention at W' = W + C, W' a fresh leaf.
+            let w_eff = attn.effective_qkv_weight().set_requires_grad(true);
+            reference(&attn, &xs, &w_eff)
+                .square()
+                .sum(Kind::Float)
+                .backward();
+            let rel = max_diff(&g, &w_eff.grad()) / g.abs().max().double_value(&[]);
+            assert!(rel < 1e-4, "{conditioning:?}: {rel}");
+        }
+    }
+
+    #[test]
+    fn the_fused_kernel_matches_the_explicit_softmax() {
+        for causal in [false, true] {
+            for scaling in [ScoreScaling::InvSqrtK, ScoreScaling::One] {
+                let mut c = cfg(Conditioning::None, causal, true);
+                c.scaling = scaling;
+                let (_vs, attn) = build(c, 9);
+                let xs = x(10);
+                let fused = attn.forward_trace(&xs, false).0;
+                let (explicit, trace) = attn.forward_trace(&xs, true);
+                let diff = max_diff(&fused, &explicit);
+                assert!(diff < 1e-5, "causal {causal}, {scaling:?}: {diff}");
+                let p = trace.unwrap().probs;
+                assert_eq!(p.size(), vec![2, 3, 5, 5]);
+                let rows = p.sum_dim_intlist(-1, false, Kind::Float);
+                assert!(max_diff(&rows, &rows.ones_like()) < 1e-5);
+                if causal {
+                    assert_eq!(p.get(0).get(0).double_value(&[0, 1]), 0.0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_svd_correction_bounds_kappa_by_two_and_scale_aware_meets_its_target() {
+        let kappas = |attn: &ConditionedAttention| -> Vec<f64> {
+            let blocks = attn.head_blocks(&attn.effective_qkv_weight());
+            (0..blocks.size()[0])
+                .map(|i| {
+                    let a = kappa_linalg::tch_backend::array_from_tensor(&blocks.get(i)).unwrap();
+                    kappa_linalg::condition_number(a.view()).unwrap()
+                })
+                .collect()
+        };
+        let (_vs, svd) = build(cfg(Conditioning::Svd { every: 1 }, false, false), 11);
+        svd.refresh_conditioning(1).unwrap();
+        assert!(kappas(&svd).iter().all(|&k| k < 2.0), "{:?}", kappas(&svd));
+        let (_vs, sa) = build(
+            cfg(
+                Conditioning::ScaleAware {
+                    target_kappa: 1.5,
+                    layout: Layout::Shifted,
+                    every: 1,
+                },
+                false,
+                false,
+            ),
+            12,
+        );
+        sa.refresh_conditioning(1).unwrap();
+        assert!(sa.lambda().unwrap() > 0.0);
+        assert!(
+            kappas(&sa).iter().all(|&k| k <= 1.5 + 1e-4),
+            "{:?}",
+            kappas(&sa)
+        );
+    }
+
+    #[test]
+    fn bad_inputs_and_configs_are_errors() {
+        let (_vs, attn) = build(cfg(Conditioning::None, false, false), 13);
+        let wrong = Tensor::zeros([2, 5, 7], (Kind::Float, Device::Cpu));
+        assert!(matches!(
+            attn.try_forward(&wrong),
+            Err(ModelsError::Shape { .. })
+        ));
+        let ints = Tensor::zeros([2, 5, 12], (Kind::Int64, Device::Cpu));
+        assert!(attn.try_forward(&ints).is_err());
+        let mut c = cfg(
+            Conditioning::Identity {
+                lambda: -1.0,
+                layout: Layout::Shifted,
+            },
+            false,
+            false,
+        );
+        let err = c.validate("model").unwrap_err().to_string();
+        assert!(err.contains("model.conditioning.lambda"), "{err}");
+        c.conditioning = Conditioning::None;
+        c.n_head = 5;
+        assert!(c
+            .validate("m")
+            .unwrap_err()
+            .to_string()
+            .contains("m.n_head"));
+    }
+}

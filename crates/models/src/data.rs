@@ -1,0 +1,656 @@
+//! Data loaders for the sets `cargo xtask setup` installs: Fashion-MNIST (IDX files) and the
+//! State of the Union text (characters or GPT-2 BPE), with deterministic batching.
+//!
+//! # Determinism
+//!
+//! Batches are a pure function of (seed, step): images are drawn epoch by epoch from a
+//! Fisher–Yates permutation seeded by (seed, epoch) (ChaCha8), text windows start at offsets drawn
+//! from a ChaCha8 stream seeded by (seed, step). The data order therefore needs no saved state:
+//! resuming at step s reproduces the batches of an uninterrupted run exactly.
+//!
+//! # Layout on disk (`cargo xtask setup --data NAME` writes it)
+//!
+//! | set | folder | files |
+//! |---|---|---|
+//! | `fashion-mnist` | `<data>/fashion-mnist` | `{train,t10k}-{images-idx3,labels-idx1}-ubyte`, uncompressed IDX |
+//! | `sotu` | `<data>/sotu` | `train.txt` (addresses 1790–1999), `val.txt` (2000–2021) |
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{ModelsError, Result};
+
+/// Fashion-MNIST's per-pixel mean and standard deviation over the training set (pixels in
+/// [0, 1]); images are normalized as (x − mean)/std.
+pub const FASHION_MNIST_MEAN_STD: (f64, f64) = (0.2860, 0.3530);
+
+/// A decoded IDX file: dimensions and unsigned bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Idx {
+    /// Dimensions (count first).
+    pub dims: Vec<usize>,
+    /// Row-major data.
+    pub data: Vec<u8>,
+}
+
+/// Reads an IDX file of unsigned bytes (type code 0x08): magic `0 0 8 n`, n big-endian u32
+/// dimensions, then the data.
+pub fn read_idx(path: &Path) -> Result<Idx> {
+    let bytes = fs::read(path).map_err(|e| ModelsError::io(path, e))?;
+    let bad = |reason: String| ModelsError::BadData {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 || bytes[2] != 0x08 {
+        return Err(bad(format!(
+            "not an unsigned-byte IDX file (magic {:02x?})",
+            &bytes[..bytes.len().min(4)]
+        )));
+    }
+    let n = bytes[3] as usize;
+    let header = 4 + 4 * n;
+    if n == 0 || bytes.len() < header {
+        return Err(bad(format!("truncated header for {n} dimensions")));
+    }
+    let dims: Vec<usize> = (0..n)
+        .map(|i| {
+            let b = &bytes[4 + 4 * i..8 + 4 * i];
+            u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize
+        })
+        .collect();
+    let count: usize = dims.iter().product();
+    if bytes.len() != header + count {
+        return Err(bad(format!(
+            "dimensions {dims:?} need {} bytes of data, found {}",
+            count,
+            bytes.len() - header
+        )));
+    }
+    Ok(Idx {
+        dims,
+        data: bytes[header..].to_vec(),
+    })
+}
+
+/// Writes an unsigned-byte IDX file (the inverse of [`read_idx`]).
+pub fn write_idx(path: &Path, dims: &[usize], data: &[u8]) -> Result<()> {
+    let count: usize = dims.iter().product();
+    if count != data.len() || dims.is_empty() || dims.len() > 255 {
+        return Err(ModelsError::Shape {
+            arg: "data",
+            reason: format!("{} bytes for dimensions {dims:?}", data.len()),
+        });
+    }
+    let mut bytes = vec![0, 0, 0x08, dims.len() as u8];
+    for &d in dims {
+        let d = u32::try_from(d).map_err(|_| ModelsError::Shape {
+            arg: "dims",
+            reason: format!("{d} does not fit in u32"),
+        })?;
+        bytes.extend_from_slice(&d.to_be_bytes());
+    }
+    bytes.extend_from_slice(data);
+    fs::write(path, bytes).map_err(|e| ModelsError::io(path, e))
+}
+
+/// Images (N×1×S×S, normalized f32) and labels (N, Int64).
+#[derive(Debug)]
+pub struct ImageSet {
+    /// N×C×S×S.
+    pub images: Tensor,
+    /// N.
+    pub labels: Tensor,
+}
+
+impl ImageSet {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.labels.size()[0] as usize
+    }
+
+    /// Whether there are no examples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Examples `start..start+len` (clamped).
+    pub fn slice(&self, start: usize, len: usize) -> (Tensor, Tensor) {
+        let start = start.min(self.len());
+        let len = len.min(self.len() - start) as i64;
+        (
+            self.images.narrow(0, start as i64, len),
+            self.labels.narrow(0, start as i64, len),
+        )
+    }
+
+    /// The batch of `step`: examples of epoch ⌊step / (N/B)⌋, in the order of a permutation
+    /// seeded by (seed, epoch); the last partial batch of an epoch is dropped.
+    pub fn batch(&self, seed: u64, step: u64, batch_size: usize) -> Result<(Tensor, Tensor)> {
+        let n = self.len();
+        if batch_size == 0 || batch_size > n {
+            return Err(ModelsError::config(
+                "train.batch_size",
+                format!("must lie in 1..={n} (the training set size), found {batch_size}"),
+            ));
+        }
+        let per_epoch = (n / batch_size) as u64;
+        let (epoch, within) = (step / per_epoch, (step % per_epoch) as usize);
+        let perm = permutation(n, seed, epoch);
+        let idx: Vec<i64> = perm[within * batch_size..(within + 1) * batch_size]
+            .iter()
+            .map(|&i| i as i64)
+            .collect();
+        let idx = Tensor::from_slice(&idx).to_device(self.images.device());
+        Ok((
+            self.images.index_select(0, &idx),
+            self.labels.index_select(0, &idx),
+        ))
+    }
+}
+
+/// The Fisher–Yates permutation of 0..n for (seed, epoch).
+pub fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(epoch);
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.gen_range(0..=i);
+        p.swap(i, j);
+    }
+    p
+}
+
+/// Fashion-MNIST: train (the first 60 000 − `validation` training images), validation (the
+/// last `validation` training images) and test (the 10 000 t10k images).
+#[derive(Debug)]
+pub struct FashionMnist {
+    /// Training split.
+    pub train: ImageSet,
+    /// Validation split (held out from the training file).
+    pub validation: ImageSet,
+    /// The official test set.
+    pub test: ImageSet,
+}
+
+impl FashionMnist {
+    /// The `cargo xtask setup --data` name and the folder under the data root.
+    pub const SET: &'static str = "fashion-mnist";
+
+    /// Loads the four IDX files from `dir` (the `fashion-mnist` folder) onto `device`,
+    /// keeping at most `train_limit` training images (after the validation split).
+    ///
+    /// Errors: [`ModelsError::MissingData`] naming `cargo xtask setup --data fashion-mnist`
+    /// when a file is missing; [`ModelsError::BadData`] for malformed or inconsistent files;
+    /// an invalid `validation` size.
+    pub fn load(
+        dir: &Path,
+        validation: usize,
+        train_limit: Option<usize>,
+        device: Device,
+    ) -> Result<Self> {
+        let file = |stem: &str| -> Result<PathBuf> {
+            let path = dir.join(stem);
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(ModelsError::MissingData {
+                    set: Self::SET.into(),
+                    path,
+                })
+            }
+        };
+        let pair = |images: &str, labels: &str| -> Result<ImageSet> {
+            let (ip, lp) = (file(images)?, file(labels)?);
+            let (img, lab) = (read_idx(&ip)?, read_idx(&lp)?);
+            if img.dims.len() != 3 || img.dims[1] != 28 || img.dims[2] != 28 {
+                return Err(ModelsError::BadData {
+                    path: ip,
+                    reason: format!("expected N×28×28 images, found {:?}", img.dims),
+                });
+            }
+            if lab.dims.len() != 1 || lab.dims[0] != img.dims[0] {
+                return Err(ModelsError::BadData {
+                    path: lp,
+                    reason: format!(
+                        "expected {} labels, found dimensions {:?}",
+                        img.dims[0], lab.dims
+                    ),
+                });
+            }
+            if let Some(&l) = lab.data.iter().find(|&&l| l > 9) {
+                return Err(ModelsError::BadData {
+                    path: lp,
+                    reason: format!("label {l} outside 0..=9"),
+                });
+            }
+            let n = img.dims[0] as i64;
+            let (mean, std) = FASHION_MNIST_MEAN_STD;
+            let pixels = Tensor::from_slice(&img.data)
+                .view([n, 1, 28, 28])
+                .to_kind(Kind::Float);
+            let images = ((pixels / 255.0 - mean) / std).to_device(device);
+            let labels = Tensor::from_slice(&lab.data)
+                .to_kind(Kind::Int64)
+                .to_device(device);
+            Ok(ImageSet { images, labels })
+        };
+        let full = pair("train-images-idx3-ubyte", "train-labels-idx1-ubyte")?;
+        let test = pair("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")?;
+        let n = full.len();
+        if validation == 0 || validation >= n {
+            return Err(ModelsError::config(
+                "data.validation",
+                format!(
+                    "must lie in 1..{n} (the training file has {n} images), found {validation}"
+                ),
+            ));
+        }
+        let keep = (n - validation)
+            .min(train_limit.unwrap_or(usize::MAX))
+            .max(1);
+        let (ti, tl) = full.slice(0, keep);
+        let (vi, vl) = full.slice(n - validation, validation);
+        Ok(Self {
+            train: ImageSet {
+                images: ti,
+                labels: tl,
+            },
+            validation: ImageSet {
+                images: vi,
+                labels: vl,
+            },
+            test,
+        })
+    }
+}
+
+/// How text becomes token ids.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenizerKind {
+    /// One token per Unicode character; the vocabulary is the sorted set of characters of the
+    /// training and validation text.
+    #[default]
+    Char,
+    /// GPT-2's byte-pair encoding (`r50k_base`, 50 257 tokens) through `tiktoken-rs`.
+    Gpt2Bpe,
+}
+
+/// A tokenizer: characters or GPT-2 BPE.
+pub enum Tokenizer {
+    /// Character vocabulary.
+    Char {
+        /// id → character.
+        chars: Vec<char>,
+        /// character → id.
+        index: BTreeMap<char, u32>,
+    },
+    /// GPT-2 BPE.
+    Gpt2Bpe(Box<tiktoken_rs::CoreBPE>),
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tokenizer::Char { chars, .. } => write!(f, "Tokenizer::Char({} chars)", chars.len()),
+            Tokenizer::Gpt2Bpe(_) => write!(f, "Tokenizer::Gpt2Bpe"),
+        }
+    }
+}
+
+impl Tokenizer {
+    /// A character tokenizer over the characters of `texts`.
+    pub fn chars_of(texts: &[&str]) -> Self {
+        let mut set: Vec<char> = texts.iter().flat_map(|t| t.chars()).collect();
+        set.sort_unstable();
+        set.dedup();
+        let index = set
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (c, i as u32))
+            .collect();
+        Tokenizer::Char { chars: set, index }
+    }
+
+    /// GPT-2's BPE (`r50k_base`).
+    pub fn gpt2() -> Result<Self> {
+        Ok(Tokenizer::Gpt2Bpe(Box::new(
+            tiktoken_rs::r50k_base().map_err(|e| ModelsError::Tokenizer(e.to_string()))?,
+        )))
+    }
+
+    /// The vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Tokenizer::Char { chars, .. } => chars.len(),
+            Tokenizer::Gpt2Bpe(_) => 50257,
+        }
+    }
+
+    /// Token ids of `text`; a character outside the vocabulary is an error.
+    pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
+        match self {
+            Tokenizer::Char { index, .. } => text
+                .chars()
+                .map(|c| {
+                    index.get(&c).map(|&i| i64::from(i)).ok_or_else(|| {
+                        ModelsError::Tokenizer(format!("character {c:?} is not in the vocabulary"))
+                    })
+                })
+                .collect(),
+            Tokenizer::Gpt2Bpe(bpe) => Ok(bpe
+                .encode_ordinary(text)
+                .into_iter()
+                .map(i64::from)
+                .collect()),
+        }
+    }
+
+    /// The text of token ids.
+    pub fn decode(&self, ids: &[i64]) -> Result<String> {
+        let bad = |i: i64| ModelsError::Tokenizer(format!("token id {i} is out of range"));
+        match self {
+            Tokenizer::Char { chars, .. } => ids
+                .iter()
+                .map(|&i| {
+                    usize::try_from(i)
+                        .ok()
+                        .and_then(|u| chars.get(u).copied())
+                        .ok_or_else(|| bad(i))
+                })
+                .collect(),
+            Tokenizer::Gpt2Bpe(bpe) => {
+                let ranks = ids
+                    .iter()
+                    .map(|&i| u32::try_from(i).map_err(|_| bad(i)))
+                    .collect::<Result<Vec<_>>>()?;
+                bpe.decode(&ranks)
+                    .map_err(|e| ModelsError::Tokenizer(e.to_string()))
+            }
+        }
+    }
+}
+
+/// A tokenized corpus with a train and a validation split (1-D Int64 tensors).
+#[derive(Debug)]
+pub struct TextCorpus {
+    /// Training tokens.
+    pub train: Tensor,
+    /// Validation tokens.
+    pub validation: Tensor,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+}
+
+/// Which split of a corpus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    /// Training data.
+    Train,
+    /// Validation data.
+    Validation,
+    /// Test data (Fashion-MNIST's t10k).
+    Test,
+}
+
+impl TextCorpus {
+    /// The `cargo xtask setup --data` name and the folder under the data root.
+    pub const SOTU: &'static str = "sotu";
+
+    /// Loads `train.txt` and `val.txt` from `dir` (the `sotu` folder), keeping at most
+    /// `max_chars` characters of each (the first ones), and tokenizes them onto `device`.
+    ///
+    /// Errors: [`ModelsError::MissingData`] naming `cargo xtask setup --data sotu`; empty files.
+    pub fn load_sotu(
+        dir: &Path,
+        tokenizer: TokenizerKind,
+        max_chars: Option<usize>,
+        device: Device,
+    ) -> Result<Self> {
+        let read = |name: &str| -> Result<String> {
+            let path = dir.join(name);
+            if !path.is_file() {
+                return Err(ModelsError::MissingData {
+                    set: Self::SOTU.into(),
+                    path,
+                });
+            }
+            let text = fs::read_to_string(&path).map_err(|e| ModelsError::io(&path, e))?;
+            let text = match max_chars {
+                Some(m) => text.chars().take(m).collect(),
+                None => text,
+            };
+            if text.chars().count() < 2 {
+                return Err(ModelsError::BadData {
+                    path,
+                    reason: "the text is empty".into(),
+                });
+            }
+            Ok(text)
+        };
+        let (train, val) = (read("train.txt")?, read("val.txt")?);
+        let tok = match tokenizer {
+            TokenizerKind::Char => Tokenizer::chars_of(&[&train, &val]),
+            TokenizerKind::Gpt2Bpe => Tokenizer::gpt2()?,
+        };
+        let ids = |t: &str| -> Result<Tensor> {
+            Ok(Tensor::from_slice(&tok.encode(t)?).to_device(device))
+        };
+        Ok(Self {
+            train: ids(&train)?,
+            validation: ids(&val)?,
+            tokenizer: tok,
+        })
+    }
+
+    /// The tokens of a split.
+    pub fn tokens(&self, split: Split) -> &Tensor {
+        match split {
+            Split::Train => &self.train,
+            Split::Validation | Split::Test => &self.validation,
+        }
+    }
+
+    /// A batch (x, y) of `batch_size` windows of `block` tokens, y = x shifted by one; the
+    /// window starts are uniform on 0..=len−block−1, drawn from ChaCha8 seeded by (seed, step).
+    pub fn batch(
+        &self,
+        split: Split,
+        seed: u64,
+        step: u64,
+        batch_size: usize,
+        block: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let data = self.tokens(split);
+        let len = data.size()[0] as usize;
+        if block == 0 || len < block + 1 {
+            return Err(ModelsError::config(
+                "model.block_size",
+                format!(
+                    "the {split:?} split has {len} tokens, fewer than block_size + 1 = {}",
+                    block + 1
+                ),
+            ));
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(step);
+        let b = block as i64;
+        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        for _ in 0..batch_size {
+            let start = rng.gen_range(0..=(len - block - 1)) as i64;
+            xs.push(data.narrow(0, start, b));
+            ys.push(data.narrow(0, start + 1, b));
+        }
+        Ok((Tensor::stack(&xs, 0), Tensor::stack(&ys, 0)))
+    }
+}
+
+/// Tiny fixture data sets in the real on-disk formats, for tests that must not depend on the
+/// installed data.
+pub mod fixtures {
+    use super::*;
+
+    /// Writes the four Fashion-MNIST IDX files into `dir` (created): `train` training and
+    /// `test` test images whose class c is a bright horizontal band at rows 2c..2c+6 plus
+    /// seeded noise, so a small model can learn them.
+    pub fn write_fashion_mnist(dir: &Path, train: usize, test: usize, seed: u64) -> Result<()> {
+        fs::create_dir_all(dir).map_err(|e| ModelsError::io(dir, e))?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut make = |n: usize, images: &str, labels: &str| -> Result<()> {
+            let mut pix = Vec::with_capacity(n * 784);
+            let mut lab = Vec::with_capacity(n);
+            for i in 0..n {
+                let c = (i % 10) as u8;
+                lab.push(c);
+                for r in 0..28usize {
+                    for _ in 0..28 {
+                        let band = r >= 2 * c as usize && r < 2 * c as usize + 6;
+                        let base: u8 = if band { 180 } else { 20 };
+                        pix.push(base.saturating_add(rng.gen_range(0..60)));
+                    }
+                }
+            }
+            write_idx(&dir.join(images), &[n, 28, 28], &pix)?;
+            write_idx(&dir.join(labels), &[n], &lab)
+        };
+        make(train, "train-images-idx3-ubyte", "train-labels-idx1-ubyte")?;
+        make(test, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    }
+
+    /// Writes `train.txt` and `val.txt` (a few KB of English-like text) into `dir` (created).
+    pub fn write_sotu(dir: &Path) -> Result<()> {
+        fs::create_dir_all(dir).map_err(|e| ModelsError::io(dir, e))?;
+        let sentence = "The state of the union is strong, and the people of these United \
+                        States have made it so by their labor and their faith. ";
+        let other = "We shall meet the challenges of a new century together, and we will not \
+                     fail the generations that follow. ";
+        let train: String = (0..40)
+            .map(|i| if i % 3 == 0 { other } else { sentence })
+            .collect();
+        let val: String = (0..8)
+            .map(|i| if i % 2 == 0 { sentence } else { other })
+            .collect();
+        for (name, text) in [("train.txt", train), ("val.txt", val)] {
+            let path = dir.join(name);
+            fs::write(&path, text.trim_end()).map_err(|e| ModelsError::io(&path, e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kappa-models-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn idx_round_trips_and_bad_files_are_errors() {
+        let dir = temp("idx");
+        fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("a");
+        write_idx(&p, &[2, 3], &[1, 2, 3, 4, 5, 6]).unwrap();
+        let idx = read_idx(&p).unwrap();
+        assert_eq!(idx.dims, vec![2, 3]);
+        assert_eq!(idx.data, vec![1, 2, 3, 4, 5, 6]);
+        fs::write(&p, [0u8, 0, 8, 1, 0, 0, 0, 5, 1]).unwrap();
+        assert!(matches!(read_idx(&p), Err(ModelsError::BadData { .. })));
+        fs::write(&p, [1u8, 2, 3, 4]).unwrap();
+        assert!(matches!(read_idx(&p), Err(ModelsError::BadData { .. })));
+        assert!(write_idx(&p, &[2, 2], &[0; 3]).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn fashion_mnist_loads_splits_and_batches_deterministically() {
+        let dir = temp("fmnist");
+        let missing = FashionMnist::load(&dir, 5, None, Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("cargo xtask setup --data fashion-mnist"),
+            "{missing}"
+        );
+        fixtures::write_fashion_mnist(&dir, 40, 12, 0).unwrap();
+        let data = FashionMnist::load(&dir, 10, None, Device::Cpu).unwrap();
+        assert_eq!(
+            (data.train.len(), data.validation.len(), data.test.len()),
+            (30, 10, 12)
+        );
+        assert_eq!(data.train.images.size(), vec![30, 1, 28, 28]);
+        assert_eq!(data.validation.labels.int64_value(&[0]), 0); // image 30 has class 0
+        let limited = FashionMnist::load(&dir, 10, Some(8), Device::Cpu).unwrap();
+        assert_eq!(limited.train.len(), 8);
+        assert!(FashionMnist::load(&dir, 40, None, Device::Cpu).is_err());
+        // Same (seed, step) → same batch; an epoch (3 batches of 10) visits every image once.
+        let (_, y1) = data.train.batch(7, 4, 10).unwrap();
+        let (_, y2) = data.train.batch(7, 4, 10).unwrap();
+        assert!(y1.equal(&y2));
+        let mut seen: Vec<i64> = Vec::new();
+        for step in 3..6 {
+            let (x, _) = data.train.batch(7, step, 10).unwrap();
+            // Identify images by their pixel sum.
+            let sums = x.sum_dim_intlist([1i64, 2, 3].as_slice(), false, Kind::Double);
+            seen.extend(
+                Vec::<f64>::try_from(&sums)
+                    .unwrap()
+                    .iter()
+                    .map(|s| (s * 1e3) as i64),
+            );
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 30);
+        let (_, other) = data.train.batch(8, 4, 10).unwrap();
+        assert!(!other.equal(&y1) || !data.train.batch(8, 5, 10).unwrap().1.equal(&y1));
+        assert!(data.train.batch(0, 0, 31).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn text_corpus_char_and_bpe() {
+        let dir = temp("sotu");
+        let missing = TextCorpus::load_sotu(&dir, TokenizerKind::Char, None, Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("cargo xtask setup --data sotu"),
+            "{missing}"
+        );
+        fixtures::write_sotu(&dir).unwrap();
+        let c = TextCorpus::load_sotu(&dir, TokenizerKind::Char, None, Device::Cpu).unwrap();
+        let v = c.tokenizer.vocab_size();
+        assert!(v > 20 && v < 40, "{v}");
+        let ids = c.tokenizer.encode("the union").unwrap();
+        assert_eq!(c.tokenizer.decode(&ids).unwrap(), "the union");
+        assert!(c.tokenizer.encode("~").is_err());
+        let (x, y) = c.batch(Split::Train, 1, 3, 4, 8).unwrap();
+        assert_eq!(x.size(), vec![4, 8]);
+        assert!(x.narrow(1, 1, 7).equal(&y.narrow(1, 0, 7)));
+        assert!(x.equal(&c.batch(Split::Train, 1, 3, 4, 8).unwrap().0));
+        assert!(!x.equal(&c.batch(Split::Train, 1, 4, 4, 8).unwrap().0));
+        assert!(c.batch(Split::Validation, 1, 0, 2, 100_000).is_err());
+        let limited =
+            TextCorpus::load_sotu(&dir, TokenizerKind::Char, Some(50), Device::Cpu).unwrap();
+        assert_eq!(limited.train.size(), vec![50]);
+
+        let b = TextCorpus::load_sotu(&dir, TokenizerKind::Gpt2Bpe, None, Device::Cpu).unwrap();
+        assert_eq!(b.tokenizer.vocab_size(), 50257);
+        let ids = b.tokenizer.encode("The state of the union").unwrap();
+        assert_eq!(ids[0], 464); // "The" in GPT-2's vocabulary
+        assert_eq!(b.tokenizer.decode(&ids).unwrap(), "The state of the union");
+        assert!(b.train.size()[0] < c.train.size()[0] / 2);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,107 @@
+//! The one error enum of kappa-models: every public function that a caller can get wrong returns
+//! [`ModelsError`].
+
+use std::path::PathBuf;
+
+/// Errors of kappa-models.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelsError {
+    /// The device name is not `cpu`, `cuda` or `cuda:N`.
+    #[error("unknown device `{0}`: use cpu, cuda or cuda:N")]
+    UnknownDevice(String),
+    /// A CUDA device was asked for but libtorch sees fewer devices.
+    #[error("device `{name}` was requested but libtorch sees {available} CUDA device(s)")]
+    CudaUnavailable {
+        /// The requested device name.
+        name: String,
+        /// How many CUDA devices libtorch reports.
+        available: usize,
+    },
+    /// A configuration value is out of range or inconsistent with another.
+    #[error("invalid config: `{field}` {reason}")]
+    InvalidConfig {
+        /// The offending field (dotted path, e.g. `model.n_head`).
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A data set is not installed where the loader looks for it.
+    #[error(
+        "data set `{set}` is missing: {path} does not exist or is incomplete; install it with \
+         `cargo xtask setup --data {set}`"
+    )]
+    MissingData {
+        /// The setup name of the data set (`fashion-mnist`, `sotu`).
+        set: String,
+        /// The file or folder that was not found.
+        path: PathBuf,
+    },
+    /// A data file exists but its contents are not what the loader expects.
+    #[error("bad data in {path}: {reason}")]
+    BadData {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A checkpoint cannot be read, does not match the model, or cannot be written.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A tensor has a shape the operation cannot take.
+    #[error("shape error in `{arg}`: {reason}")]
+    Shape {
+        /// The argument.
+        arg: &'static str,
+        /// Expected against found.
+        reason: String,
+    },
+    /// File-system errors, with the path involved.
+    #[error("I/O error at {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The GPT-2 tokenizer could not be built or could not decode.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A metrics sink (for example an experiment's `metrics.jsonl`) refused a record.
+    #[error("metrics sink: {0}")]
+    Sink(String),
+    /// An error raised by libtorch.
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+    /// An error from kappa-attention (diagnostics, λ policies).
+    #[error(transparent)]
+    Attention(#[from] kappa_attention::AttentionError),
+    /// An error from kappa-linalg (tensor ↔ array conversion).
+    #[error(transparent)]
+    Linalg(#[from] kappa_linalg::LinalgError),
+}
+
+impl ModelsError {
+    /// An [`ModelsError::InvalidConfig`] for `field`.
+    pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidConfig {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// An [`ModelsError::Io`] for `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// `Result` with [`ModelsError`].
+pub type Result<T, E = ModelsError> = std::result::Result<T, E>;

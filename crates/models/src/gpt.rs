@@ -1,0 +1,351 @@
+//! A nanoGPT-style decoder: token and learned position embeddings, pre-LN blocks with causal
+//! (optionally conditioned) attention and a GELU MLP, a final LayerNorm, and an output head
+//! tied to the token embedding.
+//!
+//! logits = LN_f(blocks(wte[idx] + wpe[0..T])) · wteᵀ. Initialization follows nanoGPT: every
+//! weight N(0, 0.02²) except the residual output projections (`attn.c_proj`, `mlp.c_proj`),
+//! N(0, (0.02/√(2L))²); biases 0; LayerNorm gains 1.
+
+use serde::{Deserialize, Serialize};
+use tch::nn::Module as _;
+use tch::{nn, Kind, Tensor};
+
+use crate::attention::{AttentionConfig, AttentionTrace, Conditioning, ScoreScaling};
+use crate::error::{ModelsError, Result};
+use crate::layers::{Block, LayerNorm, Transformer};
+
+/// The size and the attention settings of a [`Gpt`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GptConfig {
+    /// Vocabulary size V.
+    pub vocab_size: usize,
+    /// Context length T (the number of learned positions).
+    pub block_size: usize,
+    /// Blocks L.
+    pub n_layer: usize,
+    /// Heads H.
+    pub n_head: usize,
+    /// Width D.
+    pub n_embd: usize,
+    /// MLP hidden width over D (4 in GPT-2).
+    pub mlp_ratio: usize,
+    /// Biases in linear layers and LayerNorms.
+    pub bias: bool,
+    /// Score scale.
+    pub scaling: ScoreScaling,
+    /// The spectral correction of every attention layer.
+    pub conditioning: Conditioning,
+    /// Use libtorch's fused attention kernel.
+    pub fused_kernel: bool,
+}
+
+impl GptConfig {
+    /// A model for tests: D = 16, 2 layers, 2 heads, T = 16.
+    pub fn tiny(vocab_size: usize) -> Self {
+        Self {
+            vocab_size,
+            block_size: 16,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 16,
+            mlp_ratio: 4,
+            bias: false,
+            scaling: ScoreScaling::InvSqrtK,
+            conditioning: Conditioning::None,
+            fused_kernel: true,
+        }
+    }
+
+    /// A character-level model sized for 2 CPU cores: D = 64, 2 layers, 4 heads (k = 16),
+    /// T = 64 (about 0.11 M parameters at V ≈ 100).
+    pub fn cpu(vocab_size: usize) -> Self {
+        Self {
+            block_size: 64,
+            n_layer: 2,
+            n_head: 4,
+            n_embd: 64,
+            ..Self::tiny(vocab_size)
+        }
+    }
+
+    /// GPT-2 small: V = 50257, T = 1024, 12 layers, 12 heads, D = 768, biases (124 M
+    /// parameters).
+    pub fn gpt2_small() -> Self {
+        Self {
+            vocab_size: 50257,
+            block_size: 1024,
+            n_layer: 12,
+            n_head: 12,
+            n_embd: 768,
+            mlp_ratio: 4,
+            bias: true,
+            scaling: ScoreScaling::InvSqrtK,
+            conditioning: Conditioning::None,
+            fused_kernel: true,
+        }
+    }
+
+    /// The same model with another conditioning.
+    pub fn with_conditioning(self, conditioning: Conditioning) -> Self {
+        Self {
+            conditioning,
+            ..self
+        }
+    }
+
+    /// The attention settings of every layer.
+    pub fn attention(&self) -> AttentionConfig {
+        AttentionConfig {
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            bias: self.bias,
+            causal: true,
+            scaling: self.scaling,
+            conditioning: self.conditioning,
+            fused_kernel: self.fused_kernel,
+        }
+    }
+
+    /// Checks every size; errors name the field (`model.n_head`, ...).
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("block_size", self.block_size),
+            ("n_layer", self.n_layer),
+            ("mlp_ratio", self.mlp_ratio),
+        ] {
+            if v == 0 {
+                return Err(ModelsError::config(format!("model.{name}"), "must be ≥ 1"));
+            }
+        }
+        self.attention().validate("model")
+    }
+
+    /// Trainable parameters (the tied head counted once).
+    pub fn parameter_count(&self) -> usize {
+        let (v, t, l, d, r) = (
+            self.vocab_size,
+            self.block_size,
+            self.n_layer,
+            self.n_embd,
+            self.mlp_ratio,
+        );
+        let b = usize::from(self.bias);
+        let ln = d + b * d;
+        let block = 2 * ln
+            + (3 * d * d + b * 3 * d)
+            + (d * d + b * d)
+            + (r * d * d + b * r * d)
+            + (r * d * d + b * d);
+        v * d + t * d + l * block + ln
+    }
+
+    /// Forward FLOPs per token (multiply–adds × 2) for a context of `t` tokens: the matmuls
+    /// 2·(12·L·D² + V·D) plus the attention products 2·L·2·t·D (half of them masked away
+    /// for causal attention, counted in full as nanoGPT's estimate does).
+    pub fn flops_per_token(&self, t: usize) -> f64 {
+        let (l, d, v, r) = (
+            self.n_layer as f64,
+            self.n_embd as f64,
+            self.vocab_size as f64,
+            self.mlp_ratio as f64,
+        );
+        2.0 * (l * (4.0 + 2.0 * r) * d * d + v * d) + 2.0 * l * 2.0 * t as f64 * d
+    }
+}
+
+/// The decoder.
+#[derive(Debug)]
+pub struct Gpt {
+    cfg: GptConfig,
+    /// Token embedding V×D (also the output head).
+    pub wte: Tensor,
+    /// Position embedding T×D.
+    pub wpe: Tensor,
+    blocks: Vec<Block>,
+    /// The final LayerNorm.
+    pub ln_f: LayerNorm,
+}
+
+impl Gpt {
+    /// Builds the model under `p` (call `tch::manual_seed` first for a reproducible init).
+    ///
+    /// ```
+    /// use kappa_models::gpt::{Gpt, GptConfig};
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let gpt = Gpt::new(&vs.root(), GptConfig::tiny(11))?;
+    /// let idx = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
+    /// assert_eq!(gpt.logits(&idx)?.size(), vec![1, 4, 11]);
+    /// # Ok::<(), kappa_models::ModelsError>(())
+    /// ```
+    pub fn new(p: &nn::Path<'_>, cfg: GptConfig) -> Result<Self> {
+        cfg.validate()?;
+        let d = cfg.n_embd as i64;
+        let init = nn::Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        };
+        let wte = p.f_var("wte", &[cfg.vocab_size as i64, d], init)?;
+        let wpe = p.f_var("wpe", &[cfg.block_size as i64, d], init)?;
+        let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
+        let blocks = (0..cfg.n_layer)
+            .map(|i| Block::new(&(p / "h" / i), cfg.attention(), cfg.mlp_ratio, proj_std))
+            .collect::<Result<Vec<_>>>()?;
+        let ln_f = LayerNorm::new(&(p / "ln_f"), d, cfg.bias)?;
+        Ok(Self {
+            cfg,
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &GptConfig {
+        &self.cfg
+    }
+
+    fn check(&self, idx: &Tensor) -> Result<()> {
+        let size = idx.size();
+        if size.len() != 2 || size[1] < 1 || size[1] > self.cfg.block_size as i64 {
+            return Err(ModelsError::Shape {
+                arg: "idx",
+                reason: format!(
+                    "expected B×T token ids with 1 ≤ T ≤ {}, found {size:?}",
+                    self.cfg.block_size
+                ),
+            });
+        }
+        if idx.kind() != Kind::Int64 {
+            return Err(ModelsError::Shape {
+                arg: "idx",
+                reason: format!("expected Int64 token ids, found {:?}", idx.kind()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Logits B×T×V and, with `trace`, every layer's attention trace. `idx` is not checked.
+    pub fn forward_trace(&self, idx: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
+        let t = idx.size()[1];
+        let pos = Tensor::arange(t, (Kind::Int64, idx.device()));
+        let mut x = Tensor::embedding(&self.wte, idx, -1, false, false)
+            + Tensor::embedding(&self.wpe, &pos, -1, false, false);
+        let mut traces = Vec::new();
+        for block in &self.blocks {
+            let (y, tr) = block.forward_trace(&x, trace);
+            x = y;
+            traces.extend(tr);
+        }
+        let logits = self.ln_f.forward(&x).matmul(&self.wte.tr());
+        (logits, traces)
+    }
+
+    /// Checked logits B×T×V.
+    pub fn logits(&self, idx: &Tensor) -> Result<Tensor> {
+        self.check(idx)?;
+        Ok(self.forward_trace(idx, false).0)
+    }
+
+    /// Mean next-token cross-entropy of `idx` against `targets` (both B×T).
+    pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        self.check(idx)?;
+        if targets.size() != idx.size() {
+            return Err(ModelsError::Shape {
+                arg: "targets",
+                reason: format!("expected {:?}, found {:?}", idx.size(), targets.size()),
+            });
+        }
+        let logits = self.forward_trace(idx, false).0;
+        let v = self.cfg.vocab_size as i64;
+        Ok(logits
+            .view([-1, v])
+            .cross_entropy_for_logits(&targets.view([-1])))
+    }
+}
+
+impl Transformer for Gpt {
+    fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+}
+
+impl nn::Module for Gpt {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.forward_trace(xs, false).0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    #[test]
+    fn parameter_count_matches_the_var_store_and_gpt2_small_has_124m() {
+        for bias in [false, true] {
+            let cfg = GptConfig {
+                bias,
+                ..GptConfig::tiny(13)
+            };
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _m = Gpt::new(&vs.root(), cfg).unwrap();
+            let n: usize = vs.trainable_variables().iter().map(Tensor::numel).sum();
+            assert_eq!(n, cfg.parameter_count());
+        }
+        let p = GptConfig::gpt2_small().parameter_count();
+        assert!((124_000_000..124_500_000).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn causality_future_tokens_do_not_change_past_logits() {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let m = Gpt::new(&vs.root(), GptConfig::tiny(7)).unwrap();
+        let a = Tensor::from_slice(&[1i64, 2, 3, 4, 5]).view([1, 5]);
+        let b = Tensor::from_slice(&[1i64, 2, 3, 6, 0]).view([1, 5]);
+        let (la, lb) = (m.logits(&a).unwrap(), m.logits(&b).unwrap());
+        let d = (la.narrow(1, 0, 3) - lb.narrow(1, 0, 3))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(d < 1e-6, "{d}");
+        assert!(
+            (la.narrow(1, 3, 1) - lb.narrow(1, 3, 1))
+                .abs()
+                .max()
+                .double_value(&[])
+                > 1e-6
+        );
+    }
+
+    #[test]
+    fn loss_starts_near_log_vocab_and_gradients_reach_every_parameter() {
+        tch::manual_seed(1);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let m = Gpt::new(
+            &vs.root(),
+            GptConfig::tiny(20).with_conditioning(Conditioning::Identity {
+                lambda: 1.0,
+                layout: crate::attention::Layout::Shifted,
+            }),
+        )
+        .unwrap();
+        let idx = Tensor::randint(20, [3, 16], (Kind::Int64, Device::Cpu));
+        let loss = m.loss(&idx, &idx.roll([1], [1])).unwrap();
+        assert!((loss.double_value(&[]) - 20f64.ln()).abs() < 0.3);
+        loss.backward();
+        for t in vs.trainable_variables() {
+            assert!(t.grad().defined());
+        }
+        assert!(m
+            .logits(&Tensor::zeros([1, 17], (Kind::Int64, Device::Cpu)))
+            .is_err());
+        assert!(m
+            .logits(&Tensor::zeros([1, 4], (Kind::Float, Device::Cpu)))
+            .is_err());
+    }
+}

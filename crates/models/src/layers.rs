@@ -1,0 +1,160 @@
+//! The building blocks shared by GPT and ViT: `Linear` (N(0, σ²) init, optional bias),
+//! `LayerNorm` (optional bias), the GELU MLP and the pre-LN transformer block.
+//!
+//! Block: x ← x + Attn(LN₁(x)); x ← x + MLP(LN₂(x)), with MLP(x) = W₂ GELU(W₁x + b₁) + b₂ and
+//! exact (erf) GELU, as in nanoGPT and ViT.
+
+use tch::nn::Module as _;
+use tch::{nn, Tensor};
+
+use crate::attention::{AttentionConfig, AttentionTrace, ConditionedAttention};
+use crate::error::Result;
+
+/// y = x Wᵀ + b with W ∈ ℝ^{out×in} initialized N(0, std²) and b = 0.
+#[derive(Debug)]
+pub struct Linear {
+    /// out × in.
+    pub weight: Tensor,
+    /// out, when the layer has a bias.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// Creates `weight` (and `bias`) under `p`.
+    pub fn new(p: &nn::Path<'_>, input: i64, output: i64, bias: bool, std: f64) -> Result<Self> {
+        let weight = p.f_var(
+            "weight",
+            &[output, input],
+            nn::Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
+        )?;
+        let bias = if bias {
+            Some(p.f_zeros("bias", &[output])?)
+        } else {
+            None
+        };
+        Ok(Self { weight, bias })
+    }
+}
+
+impl nn::Module for Linear {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        xs.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+/// LayerNorm over the last dimension (ε = 1e-5) with gain 1 and, optionally, bias 0.
+#[derive(Debug)]
+pub struct LayerNorm {
+    /// The gain γ.
+    pub weight: Tensor,
+    /// The bias β.
+    pub bias: Option<Tensor>,
+    dim: i64,
+}
+
+impl LayerNorm {
+    /// Creates `weight` (and `bias`) under `p`.
+    pub fn new(p: &nn::Path<'_>, dim: i64, bias: bool) -> Result<Self> {
+        let weight = p.f_ones("weight", &[dim])?;
+        let bias = if bias {
+            Some(p.f_zeros("bias", &[dim])?)
+        } else {
+            None
+        };
+        Ok(Self { weight, bias, dim })
+    }
+}
+
+impl nn::Module for LayerNorm {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        xs.layer_norm(
+            [self.dim],
+            Some(&self.weight),
+            self.bias.as_ref(),
+            1e-5,
+            true,
+        )
+    }
+}
+
+/// The two-layer GELU MLP of a transformer block.
+#[derive(Debug)]
+pub struct Mlp {
+    /// D → r·D.
+    pub c_fc: Linear,
+    /// r·D → D.
+    pub c_proj: Linear,
+}
+
+impl nn::Module for Mlp {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.c_proj.forward(&self.c_fc.forward(xs).gelu("none"))
+    }
+}
+
+/// A pre-LN transformer block.
+#[derive(Debug)]
+pub struct Block {
+    /// LayerNorm before attention.
+    pub ln_1: LayerNorm,
+    /// The (conditioned) attention.
+    pub attn: ConditionedAttention,
+    /// LayerNorm before the MLP.
+    pub ln_2: LayerNorm,
+    /// The MLP.
+    pub mlp: Mlp,
+}
+
+impl Block {
+    /// Creates the block under `p`; the output projections get N(0, proj_std²) weights
+    /// (nanoGPT: 0.02/√(2L)).
+    pub fn new(
+        p: &nn::Path<'_>,
+        cfg: AttentionConfig,
+        mlp_ratio: usize,
+        proj_std: f64,
+    ) -> Result<Self> {
+        let d = cfg.n_embd as i64;
+        let hidden = d * mlp_ratio as i64;
+        Ok(Self {
+            ln_1: LayerNorm::new(&(p / "ln_1"), d, cfg.bias)?,
+            attn: ConditionedAttention::new(p / "attn", cfg, proj_std)?,
+            ln_2: LayerNorm::new(&(p / "ln_2"), d, cfg.bias)?,
+            mlp: Mlp {
+                c_fc: Linear::new(&(p / "mlp" / "c_fc"), d, hidden, cfg.bias, 0.02)?,
+                c_proj: Linear::new(&(p / "mlp" / "c_proj"), hidden, d, cfg.bias, proj_std)?,
+            },
+        })
+    }
+
+    /// The block on x (B×T×D), with the attention trace when asked.
+    pub fn forward_trace(&self, x: &Tensor, trace: bool) -> (Tensor, Option<AttentionTrace>) {
+        let (a, t) = self.attn.forward_trace(&self.ln_1.forward(x), trace);
+        let x = x + a;
+        let y = &x + self.mlp.forward(&self.ln_2.forward(&x));
+        (y, t)
+    }
+}
+
+impl nn::Module for Block {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.forward_trace(xs, false).0
+    }
+}
+
+/// A model made of [`Block`]s whose attention can be conditioned and diagnosed.
+pub trait Transformer {
+    /// The blocks, in order.
+    fn blocks(&self) -> &[Block];
+
+    /// Recomputes every layer's correction after optimizer step `step`
+    /// ([`ConditionedAttention::refresh_conditioning`]).
+    fn refresh_conditioning(&self, step: u64) -> Result<()> {
+        self.blocks()
+            .iter()
+            .try_for_each(|b| b.attn.refresh_conditioning(step))
+    }
+}

@@ -1,0 +1,204 @@
+//! The two tasks of the experiments, as [`Task`]s for the [`Trainer`](crate::Trainer):
+//! next-token prediction with a [`Gpt`] on a [`TextCorpus`], and image classification with a
+//! [`Vit`] on [`FashionMnist`].
+//!
+//! Evaluation batches and the diagnostic batch are drawn with fixed seeds that do not depend
+//! on the run's seed, so every run of an experiment is measured on the same data.
+
+use tch::{Kind, Tensor};
+
+use crate::data::{FashionMnist, ImageSet, Split, TextCorpus};
+use crate::diagnostics::{diagnose, DiagnosticsConfig, HeadDiagnostics};
+use crate::error::{ModelsError, Result};
+use crate::gpt::Gpt;
+use crate::layers::Transformer;
+use crate::train::{Eval, Task};
+use crate::vit::Vit;
+
+/// The seed of the validation windows (shared by every run).
+pub const EVAL_SEED: u64 = 0x5eed_e7a1;
+/// The seed of the diagnostic batch (shared by every run).
+pub const DIAGNOSTIC_SEED: u64 = 0xd1a6;
+
+/// Character- or BPE-level language modeling.
+#[derive(Debug)]
+pub struct LanguageModeling {
+    /// The model.
+    pub model: Gpt,
+    /// The data.
+    pub corpus: TextCorpus,
+    /// The data-order seed.
+    pub seed: u64,
+}
+
+impl LanguageModeling {
+    /// Checks that the model's vocabulary covers the tokenizer's and that both splits hold
+    /// more than one context of tokens.
+    pub fn new(model: Gpt, corpus: TextCorpus, seed: u64) -> Result<Self> {
+        let (v, t) = (model.config().vocab_size, model.config().block_size);
+        if corpus.tokenizer.vocab_size() > v {
+            return Err(ModelsError::config(
+                "model.vocab_size",
+                format!(
+                    "is {v}, smaller than the tokenizer's {}",
+                    corpus.tokenizer.vocab_size()
+                ),
+            ));
+        }
+        for split in [Split::Train, Split::Validation] {
+            let n = corpus.tokens(split).size()[0] as usize;
+            if n < t + 1 {
+                return Err(ModelsError::config(
+                    "model.block_size",
+                    format!("{t} needs more than the {n} tokens of the {split:?} split"),
+                ));
+            }
+        }
+        Ok(Self {
+            model,
+            corpus,
+            seed,
+        })
+    }
+}
+
+impl Task for LanguageModeling {
+    fn unit(&self) -> &'static str {
+        "tokens"
+    }
+
+    fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)> {
+        let t = self.model.config().block_size;
+        let (x, y) = self
+            .corpus
+            .batch(Split::Train, self.seed, step, batch_size, t)?;
+        Ok((self.model.loss(&x, &y)?, (batch_size * t) as u64))
+    }
+
+    fn evaluate(&mut self, batches: usize, batch_size: usize) -> Result<Eval> {
+        let t = self.model.config().block_size;
+        let batches = batches.max(1);
+        let mut total = 0.0;
+        for i in 0..batches {
+            let (x, y) =
+                self.corpus
+                    .batch(Split::Validation, EVAL_SEED, i as u64, batch_size, t)?;
+            total += self.model.loss(&x, &y)?.double_value(&[]);
+        }
+        Ok(Eval {
+            loss: total / batches as f64,
+            accuracy: None,
+        })
+    }
+
+    fn diagnostics(&mut self, config: &DiagnosticsConfig) -> Result<Vec<HeadDiagnostics>> {
+        let t = self.model.config().block_size;
+        let (x, _) = self.corpus.batch(
+            Split::Validation,
+            DIAGNOSTIC_SEED,
+            0,
+            config.samples.max(1),
+            t,
+        )?;
+        let (_, traces) = self.model.forward_trace(&x, true);
+        diagnose(&self.model, &traces, config)
+    }
+
+    fn after_step(&mut self, step: u64) -> Result<()> {
+        self.model.refresh_conditioning(step)
+    }
+}
+
+/// Image classification on Fashion-MNIST.
+#[derive(Debug)]
+pub struct ImageClassification {
+    /// The model.
+    pub model: Vit,
+    /// The data.
+    pub data: FashionMnist,
+    /// The data-order seed.
+    pub seed: u64,
+}
+
+impl ImageClassification {
+    /// A task; the model must take 28×28 gray images into 10 classes.
+    pub fn new(model: Vit, data: FashionMnist, seed: u64) -> Result<Self> {
+        let c = model.config();
+        if c.image_size != 28 || c.channels != 1 || c.num_classes != 10 {
+            return Err(ModelsError::config(
+                "model",
+                format!(
+                    "Fashion-MNIST needs image_size 28, channels 1, num_classes 10; found {}, {}, {}",
+                    c.image_size, c.channels, c.num_classes
+                ),
+            ));
+        }
+        Ok(Self { model, data, seed })
+    }
+
+    fn set(&self, split: Split) -> &ImageSet {
+        match split {
+            Split::Train => &self.data.train,
+            Split::Validation => &self.data.validation,
+            Split::Test => &self.data.test,
+        }
+    }
+
+    /// Loss and accuracy on the first `limit` examples of a split (all when `None`), in
+    /// chunks of `batch_size`, without gradient.
+    pub fn evaluate_split(
+        &self,
+        split: Split,
+        limit: Option<usize>,
+        batch_size: usize,
+    ) -> Result<Eval> {
+        let _guard = tch::no_grad_guard();
+        let set = self.set(split);
+        let n = limit.map_or(set.len(), |l| l.min(set.len()));
+        let (mut loss, mut correct) = (0.0, 0i64);
+        let mut start = 0;
+        while start < n {
+            let len = batch_size.max(1).min(n - start);
+            let (x, y) = set.slice(start, len);
+            let logits = self.model.logits(&x)?;
+            loss += logits.cross_entropy_for_logits(&y).double_value(&[]) * len as f64;
+            correct += logits
+                .argmax(-1, false)
+                .eq_tensor(&y)
+                .sum(Kind::Int64)
+                .int64_value(&[]);
+            start += len;
+        }
+        let n = n.max(1) as f64;
+        Ok(Eval {
+            loss: loss / n,
+            accuracy: Some(correct as f64 / n),
+        })
+    }
+}
+
+impl Task for ImageClassification {
+    fn unit(&self) -> &'static str {
+        "images"
+    }
+
+    fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)> {
+        let (x, y) = self.data.train.batch(self.seed, step, batch_size)?;
+        Ok((self.model.loss(&x, &y)?, batch_size as u64))
+    }
+
+    fn evaluate(&mut self, batches: usize, batch_size: usize) -> Result<Eval> {
+        let limit = (batches > 0).then_some(batches * batch_size);
+        self.evaluate_split(Split::Validation, limit, batch_size)
+    }
+
+    fn diagnostics(&mut self, config: &DiagnosticsConfig) -> Result<Vec<HeadDiagnostics>> {
+        let (x, _) = self.data.validation.slice(0, config.samples.max(1));
+        let (_, traces) = self.model.forward_trace(&x, true);
+        diagnose(&self.model, &traces, config)
+    }
+
+    fn after_step(&mut self, step: u64) -> Result<()> {
+        self.model.refresh_conditioning(step)
+    }
+}

@@ -1,0 +1,1012 @@
+//! The training loop every experiment uses: a validated TOML config, deterministic CPU runs,
+//! AdamW with parameter groups (pluggable per group), warmup + cosine learning rate, gradient
+//! clipping, periodic evaluation with attention diagnostics, `metrics.jsonl` records,
+//! safetensors checkpoints with exact resume, divergence detection and a progress bar.
+//!
+//! # The step
+//!
+//! For step index i = 0, 1, … (the (i+1)-th optimizer update):
+//!
+//! 1. lr(i) = lr·(i+1)/(w+1) for i < w (warmup); then
+//!    lr(i) = lr_min + ½(1 + cos(π·(i−w)/(S−w)))·(lr − lr_min) (cosine to lr_min at step S).
+//! 2. loss = task loss on the batch of step i (a pure function of (seed, i)); non-finite, or
+//!    more than `divergence_factor` × the first step's loss, stops the run as diverged.
+//! 3. Backward; ‖g‖ = (Σ‖g_p‖²)^{1/2} over every trainable tensor; if `grad_clip` > 0 and
+//!    ‖g‖ > clip, every gradient is scaled by clip/(‖g‖ + 1e-6) (PyTorch's `clip_grad_norm_`).
+//!    A non-finite ‖g‖ stops the run as diverged.
+//! 4. Each [`ParamGroup`]'s [`GroupOptimizer`] updates its tensors in place under `no_grad`
+//!    (the tch-rs custom-optimizer pattern). [`AdamW`] is PyTorch's `torch.optim.AdamW`
+//!    (single-tensor form): p ← p(1 − lr·wd); m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²;
+//!    p ← p − (lr/(1−β₁ᵗ))·m/(√v/√(1−β₂ᵗ) + ε).
+//! 5. The task refreshes its spectral corrections (SVD, scale-aware λ) for the new weights.
+//!
+//! # Determinism and resume
+//!
+//! Initialization uses libtorch's generator seeded by the caller (`tch::manual_seed`); the data
+//! order is counter-based (see [`crate::data`]); no other randomness is used (no dropout). With
+//! the same seed and thread count on the CPU, two runs give bit-identical losses. A checkpoint
+//! holds every variable of the var store (weights and buffers such as λ and C), each group's
+//! optimizer state, the step, the first loss (the divergence reference) and the data RNG's
+//! complete state (seed and counter), so a resumed run reproduces the uninterrupted run exactly.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use tch::{nn, Kind, Tensor};
+
+use crate::device::parse_device;
+use crate::diagnostics::{summarize, DiagnosticsConfig, HeadDiagnostics};
+use crate::error::{ModelsError, Result};
+
+static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `f` with libtorch's global CPU generator seeded by `seed`, holding a process-wide lock
+/// so that no other caller of `seeded` draws from the generator in between. libtorch's
+/// generator is global: two threads that seed it and build models at the same time otherwise
+/// interleave their draws and lose reproducibility.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// let a = kappa_models::seeded(3, || Tensor::randn([4], (Kind::Float, Device::Cpu)));
+/// let b = kappa_models::seeded(3, || Tensor::randn([4], (Kind::Float, Device::Cpu)));
+/// assert!(a.equal(&b));
+/// ```
+pub fn seeded<T>(seed: u64, f: impl FnOnce() -> T) -> T {
+    let _lock = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    tch::manual_seed(seed as i64);
+    f()
+}
+
+/// Training settings (the `[train]` table of an experiment's TOML config).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Optimizer steps S.
+    pub steps: u64,
+    /// Examples (sequences or images) per step.
+    pub batch_size: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Learning rate at the end of the cosine.
+    pub min_lr: f64,
+    /// Linear warmup steps w (< S).
+    pub warmup_steps: u64,
+    /// Decoupled weight decay of the `decay` group (matrices other than embeddings).
+    pub weight_decay: f64,
+    /// AdamW β₁.
+    pub beta1: f64,
+    /// AdamW β₂.
+    pub beta2: f64,
+    /// AdamW ε.
+    pub eps: f64,
+    /// Gradient-norm clip (0 turns clipping off).
+    pub grad_clip: f64,
+    /// Evaluate (and diagnose) every this many steps, and after the last step.
+    pub eval_every: u64,
+    /// Batches per evaluation (the whole split for classification when 0).
+    pub eval_batches: usize,
+    /// Log a training record every this many steps.
+    pub log_every: u64,
+    /// Write a checkpoint every this many steps (0: only at the end), when a path is given.
+    pub checkpoint_every: u64,
+    /// Stop when the loss exceeds this multiple of the first step's loss (> 1).
+    pub divergence_factor: f64,
+    /// The seed of the data order (and, by convention, of the initialization).
+    pub seed: u64,
+    /// libtorch intra-op threads (0 leaves libtorch's default).
+    pub threads: usize,
+    /// `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+    /// Diagnostics at every evaluation.
+    pub diagnostics: DiagnosticsConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 1000,
+            batch_size: 64,
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_steps: 100,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+            eval_every: 100,
+            eval_batches: 10,
+            log_every: 10,
+            checkpoint_every: 0,
+            divergence_factor: 4.0,
+            seed: 0,
+            threads: 0,
+            device: "cpu".into(),
+            progress: true,
+            diagnostics: DiagnosticsConfig::default(),
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Parses a `TrainConfig` from TOML and validates it.
+    ///
+    /// ```
+    /// let cfg = kappa_models::TrainConfig::from_toml("steps = 10\nbatch_size = 4\nlr = 0.01\n\
+    ///     min_lr = 0.001\nwarmup_steps = 2\nweight_decay = 0.1\nbeta1 = 0.9\nbeta2 = 0.95\n\
+    ///     eps = 1e-8\ngrad_clip = 1.0\neval_every = 5\neval_batches = 2\nlog_every = 1\n\
+    ///     checkpoint_every = 0\ndivergence_factor = 4.0\nseed = 1\nthreads = 1\n\
+    ///     device = \"cpu\"\nprogress = false\n\
+    ///     diagnostics = { enabled = true, samples = 2, jacobian_max_tokens = 16 }\n")?;
+    /// assert_eq!(cfg.steps, 10);
+    /// let err = kappa_models::TrainConfig::from_toml("steps = 0").unwrap_err();
+    /// # Ok::<(), kappa_models::ModelsError>(())
+    /// ```
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let cfg: Self =
+            toml::from_str(text).map_err(|e| ModelsError::config("train", e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks every field; the error names the first bad one (`train.lr`, ...).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |f: &str, r: String| Err(ModelsError::config(format!("train.{f}"), r));
+        if self.steps == 0 {
+            return bad("steps", "must be ≥ 1".into());
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be ≥ 1".into());
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad("lr", format!("must be finite and > 0, found {}", self.lr));
+        }
+        if !(self.min_lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
+            return bad(
+                "min_lr",
+                format!("must lie in [0, lr], found {}", self.min_lr),
+            );
+        }
+        if self.warmup_steps >= self.steps {
+            return bad(
+                "warmup_steps",
+                format!(
+                    "must be < steps = {}, found {}",
+                    self.steps, self.warmup_steps
+                ),
+            );
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad(
+                "weight_decay",
+                format!("must be ≥ 0, found {}", self.weight_decay),
+            );
+        }
+        for (f, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return bad(f, format!("must lie in [0, 1), found {b}"));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return bad("eps", format!("must be > 0, found {}", self.eps));
+        }
+        if !(self.grad_clip.is_finite() && self.grad_clip >= 0.0) {
+            return bad(
+                "grad_clip",
+                format!("must be ≥ 0, found {}", self.grad_clip),
+            );
+        }
+        if self.eval_every == 0 {
+            return bad("eval_every", "must be ≥ 1".into());
+        }
+        if self.log_every == 0 {
+            return bad("log_every", "must be ≥ 1".into());
+        }
+        if !(self.divergence_factor.is_finite() && self.divergence_factor > 1.0) {
+            return bad(
+                "divergence_factor",
+                format!("must be finite and > 1, found {}", self.divergence_factor),
+            );
+        }
+        if self.diagnostics.enabled && self.diagnostics.samples == 0 {
+            return bad("diagnostics.samples", "must be ≥ 1".into());
+        }
+        parse_device(&self.device).map(|_| ())
+    }
+
+    /// The learning rate of step index `i` (0-based): linear warmup, then cosine to `min_lr`.
+    pub fn lr_at(&self, i: u64) -> f64 {
+        let w = self.warmup_steps;
+        if i < w {
+            return self.lr * (i + 1) as f64 / (w + 1) as f64;
+        }
+        if i >= self.steps {
+            return self.min_lr;
+        }
+        let ratio = (i - w) as f64 / (self.steps - w) as f64;
+        let coeff = 0.5 * (1.0 + (std::f64::consts::PI * ratio).cos());
+        self.min_lr + coeff * (self.lr - self.min_lr)
+    }
+}
+
+/// An optimizer for one parameter group: updates the group's tensors in place from their
+/// `.grad()` (the tch-rs custom-optimizer pattern). Implement this to plug another optimizer
+/// (Muon, manifold Muon, …) into [`Trainer`] for some of the parameters.
+pub trait GroupOptimizer: std::fmt::Debug {
+    /// A short name (`adamw`).
+    fn name(&self) -> &str;
+    /// One update of `params` (whose gradients are set) with learning rate `lr`. Called
+    /// inside `no_grad`.
+    fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()>;
+    /// The optimizer state as named tensors (saved in checkpoints).
+    fn state(&self) -> Vec<(String, Tensor)>;
+    /// Restores what [`GroupOptimizer::state`] returned.
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
+}
+
+/// PyTorch's AdamW (decoupled weight decay, bias-corrected moments), state allocated lazily.
+#[derive(Debug)]
+pub struct AdamW {
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+    t: i64,
+    exp_avg: Vec<Tensor>,
+    exp_avg_sq: Vec<Tensor>,
+}
+
+impl AdamW {
+    /// AdamW with the given hyper-parameters.
+    pub fn new(beta1: f64, beta2: f64, eps: f64, weight_decay: f64) -> Self {
+        Self {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            t: 0,
+            exp_avg: Vec::new(),
+            exp_avg_sq: Vec::new(),
+        }
+    }
+}
+
+impl GroupOptimizer for AdamW {
+    fn name(&self) -> &str {
+        "adamw"
+    }
+
+    fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
+        if self.exp_avg.is_empty() {
+            self.exp_avg = params.iter().map(Tensor::zeros_like).collect();
+            self.exp_avg_sq = params.iter().map(Tensor::zeros_like).collect();
+        }
+        self.t += 1;
+        let bc1 = 1.0 - self.beta1.powi(self.t as i32);
+        let bc2 = 1.0 - self.beta2.powi(self.t as i32);
+        let step_size = lr / bc1;
+        let bc2_sqrt = bc2.sqrt();
+        for ((p, m), v) in params
+            .iter()
+            .zip(self.exp_avg.iter_mut())
+            .zip(self.exp_avg_sq.iter_mut())
+        {
+            let g = p.grad();
+            if !g.defined() {
+                continue;
+            }
+            let mut p = p.shallow_clone();
+            if self.weight_decay != 0.0 {
+                let _ = p.f_mul_scalar_(1.0 - lr * self.weight_decay)?;
+            }
+            let _ = m.f_lerp_(&g, 1.0 - self.beta1)?;
+            let _ = v.f_mul_scalar_(self.beta2)?;
+            let _ = v.f_add_(&(g.square() * (1.0 - self.beta2)))?;
+            let denom = v.sqrt() / bc2_sqrt + self.eps;
+            let _ = p.f_sub_(&(&*m / denom * step_size))?;
+        }
+        Ok(())
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut s = vec![("t".to_string(), Tensor::from_slice(&[self.t]))];
+        for (i, (m, v)) in self.exp_avg.iter().zip(&self.exp_avg_sq).enumerate() {
+            s.push((format!("exp_avg.{i}"), m.shallow_clone()));
+            s.push((format!("exp_avg_sq.{i}"), v.shallow_clone()));
+        }
+        s
+    }
+
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        let missing = |k: &str| ModelsError::Checkpoint {
+            path: PathBuf::new(),
+            reason: format!("AdamW state `{k}` is missing"),
+        };
+        self.t = state
+            .get("t")
+            .ok_or_else(|| missing("t"))?
+            .int64_value(&[0]);
+        let n = state.keys().filter(|k| k.starts_with("exp_avg.")).count();
+        self.exp_avg.clear();
+        self.exp_avg_sq.clear();
+        for i in 0..n {
+            let (a, b) = (format!("exp_avg.{i}"), format!("exp_avg_sq.{i}"));
+            self.exp_avg
+                .push(state.get(&a).ok_or_else(|| missing(&a))?.copy());
+            self.exp_avg_sq
+                .push(state.get(&b).ok_or_else(|| missing(&b))?.copy());
+        }
+        Ok(())
+    }
+}
+
+/// Named trainable tensors updated by one optimizer.
+#[derive(Debug)]
+pub struct ParamGroup {
+    /// The group name (a checkpoint prefix).
+    pub name: String,
+    /// The var-store names of the tensors, in order.
+    pub names: Vec<String>,
+    /// The tensors (shallow clones of the var-store variables).
+    pub params: Vec<Tensor>,
+    /// Multiplies the scheduled learning rate for this group.
+    pub lr_scale: f64,
+    /// The optimizer.
+    pub optimizer: Box<dyn GroupOptimizer>,
+}
+
+/// Whether a variable is an embedding (never weight-decayed): its last name component is
+/// `wte`, `wpe`, `pos_embed` or `cls_token`.
+pub fn is_embedding(name: &str) -> bool {
+    matches!(
+        name.rsplit('.').next(),
+        Some("wte" | "wpe" | "pos_embed" | "cls_token")
+    )
+}
+
+/// The trainable variables of `vs`, sorted by name (a deterministic order).
+pub fn named_trainable(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut v: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .filter(|(_, t)| t.requires_grad())
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// The default groups: `decay` (tensors of rank ≥ 2 other than embeddings, AdamW with the
+/// config's weight decay) and `no_decay` (gains, biases, embeddings; AdamW without decay).
+pub fn adamw_groups(vs: &nn::VarStore, cfg: &TrainConfig) -> Vec<ParamGroup> {
+    let (mut decay, mut rest) = (Vec::new(), Vec::new());
+    for (name, t) in named_trainable(vs) {
+        if t.dim() >= 2 && !is_embedding(&name) {
+            decay.push((name, t));
+        } else {
+            rest.push((name, t));
+        }
+    }
+    let group = |name: &str, items: Vec<(String, Tensor)>, wd: f64| {
+        let (names, params) = items.into_iter().unzip();
+        ParamGroup {
+            name: name.into(),
+            names,
+            params,
+            lr_scale: 1.0,
+            optimizer: Box::new(AdamW::new(cfg.beta1, cfg.beta2, cfg.eps, wd)),
+        }
+    };
+    vec![
+        group("decay", decay, cfg.weight_decay),
+        group("no_decay", rest, 0.0),
+    ]
+}
+
+/// Evaluation results.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Eval {
+    /// Mean loss.
+    #[serde(with = "crate::float")]
+    pub loss: f64,
+    /// Accuracy in [0, 1] (classification).
+    pub accuracy: Option<f64>,
+}
+
+/// What a training run optimizes: a model, its data and its loss.
+pub trait Task {
+    /// What the throughput counts (`tokens`, `images`).
+    fn unit(&self) -> &'static str;
+    /// The loss of the training batch of step index `step` (with its graph) and the number
+    /// of units in the batch.
+    fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)>;
+    /// Evaluation on the validation split (no gradient).
+    fn evaluate(&mut self, batches: usize, batch_size: usize) -> Result<Eval>;
+    /// Per-head diagnostics on a fixed batch.
+    fn diagnostics(&mut self, config: &DiagnosticsConfig) -> Result<Vec<HeadDiagnostics>>;
+    /// Called after optimizer step `step` (1-based count of finished steps): refresh the
+    /// spectral corrections.
+    fn after_step(&mut self, _step: u64) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Record {
+    /// A training step.
+    Train {
+        /// Finished steps.
+        step: u64,
+        /// The step's training loss.
+        #[serde(with = "crate::float")]
+        loss: f64,
+        /// The step's learning rate.
+        lr: f64,
+        /// Gradient norm before clipping.
+        #[serde(with = "crate::float")]
+        grad_norm: f64,
+        /// Units (tokens or images) per second since the previous training record.
+        units_per_second: f64,
+        /// Seconds since the run (or the resumed run) started.
+        seconds: f64,
+    },
+    /// An evaluation.
+    Eval {
+        /// Finished steps.
+        step: u64,
+        /// Validation loss and accuracy.
+        #[serde(flatten)]
+        eval: Eval,
+        /// Per-head diagnostics (empty when disabled).
+        heads: Vec<HeadDiagnostics>,
+    },
+    /// The run stopped because it diverged.
+    Diverged {
+        /// The step index at which it was detected.
+        step: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    /// All steps done.
+    Completed,
+    /// Stopped by [`Trainer::stop_after`] before the last step (resume it later).
+    Interrupted {
+        /// Finished steps.
+        step: u64,
+    },
+    /// Stopped by the divergence check.
+    Diverged {
+        /// The step index at which it was detected.
+        step: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Summary of a run (or of the part run by one `run` call).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The last evaluation.
+    pub last_eval: Option<Eval>,
+    /// Wall seconds of this call.
+    pub seconds: f64,
+    /// Mean training throughput (units/s) of this call, evaluation excluded.
+    pub units_per_second: f64,
+    /// Mean seconds per training step (forward, backward, optimizer) of this call.
+    pub seconds_per_step: f64,
+}
+
+/// Drives a [`Task`] with the optimizer groups over the variables of a var store.
+pub struct Trainer<'a> {
+    vs: &'a nn::VarStore,
+    config: TrainConfig,
+    groups: Vec<ParamGroup>,
+    step: u64,
+    first_loss: Option<f64>,
+    stop_after: Option<u64>,
+    label: String,
+}
+
+const CKPT_MODEL: &str = "model/";
+const CKPT_OPTIM: &str = "optim/";
+
+impl<'a> Trainer<'a> {
+    /// A trainer with the default AdamW groups ([`adamw_groups`]); validates the config and
+    /// applies its thread count.
+    pub fn new(vs: &'a nn::VarStore, config: TrainConfig) -> Result<Self> {
+        let groups = adamw_groups(vs, &config);
+        Self::with_groups(vs, config, groups)
+    }
+
+    /// A trainer with custom groups; every trainable variable must be in exactly one group.
+    pub fn with_groups(
+        vs: &'a nn::VarStore,
+        config: TrainConfig,
+        groups: Vec<ParamGroup>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let mut seen = BTreeMap::new();
+        for g in &groups {
+            if g.names.len() != g.params.len() {
+                return Err(ModelsError::config(
+                    format!("groups.{}", g.name),
+                    "names and params differ in length",
+                ));
+            }
+            for n in &g.names {
+                if seen.insert(n.clone(), g.name.clone()).is_some() {
+                    return Err(ModelsError::config(
+                        format!("groups.{}", g.name),
+                        format!("`{n}` is in two groups"),
+                    ));
+                }
+            }
+        }
+        for (n, _) in named_trainable(vs) {
+            if !seen.contains_key(&n) {
+                return Err(ModelsError::config(
+                    "groups",
+                    format!("trainable variable `{n}` is in no group"),
+                ));
+            }
+        }
+        if config.threads > 0 {
+            tch::set_num_threads(config.threads as i32);
+        }
+        Ok(Self {
+            vs,
+            config,
+            groups,
+            step: 0,
+            first_loss: None,
+            stop_after: None,
+            label: String::from("train"),
+        })
+    }
+
+    /// Finished steps.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The config.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// Makes [`Trainer::run`] return [`Outcome::Interrupted`] once `step` steps are done
+    /// (the learning-rate schedule still spans the config's `steps`).
+    pub fn stop_after(&mut self, step: u64) {
+        self.stop_after = Some(step);
+    }
+
+    /// The progress bar's prefix.
+    pub fn set_label(&mut self, label: impl Into<String>) {
+        self.label = label.into();
+    }
+
+    /// Writes a checkpoint (safetensors): `model/<var>` for every var-store variable,
+    /// `optim/<group>/<state>`, `trainer/step`, `trainer/first_loss`, `rng/seed`,
+    /// `rng/counter`.
+    pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
+        let mut named: Vec<(String, Tensor)> = self
+            .vs
+            .variables()
+            .into_iter()
+            .map(|(n, t)| (format!("{CKPT_MODEL}{n}"), t.detach()))
+            .collect();
+        for g in &self.groups {
+            for (k, t) in g.optimizer.state() {
+                named.push((format!("{CKPT_OPTIM}{}/{k}", g.name), t));
+            }
+        }
+        named.push((
+            "trainer/step".into(),
+            Tensor::from_slice(&[self.step as i64]),
+        ));
+        named.push((
+            "trainer/first_loss".into(),
+            Tensor::from_slice(&[self.first_loss.unwrap_or(f64::NAN)]),
+        ));
+        named.push((
+            "rng/seed".into(),
+            Tensor::from_slice(&[self.config.seed as i64]),
+        ));
+        named.push((
+            "rng/counter".into(),
+            Tensor::from_slice(&[self.step as i64]),
+        ));
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(|e| ModelsError::io(dir, e))?;
+            }
+        }
+        let cpu: Vec<(String, Tensor)> = named
+            .into_iter()
+            .map(|(n, t)| (n, t.to_device(tch::Device::Cpu).contiguous()))
+            .collect();
+        // Write to a temporary file and rename, so a crash never leaves a torn checkpoint.
+        let tmp = path.with_extension("safetensors.tmp");
+        Tensor::write_safetensors(&cpu, &tmp).map_err(|e| ModelsError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        std::fs::rename(&tmp, path).map_err(|e| ModelsError::io(path, e))
+    }
+
+    /// Restores a checkpoint written by [`Trainer::save_checkpoint`] into this trainer's var
+    /// store and optimizers. The variables must match in names, shapes and kinds, and the
+    /// checkpoint's seed must equal the config's.
+    pub fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
+        let err = |reason: String| ModelsError::Checkpoint {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if !path.is_file() {
+            return Err(err("no such file".into()));
+        }
+        let tensors: HashMap<String, Tensor> = Tensor::read_safetensors(path)
+            .map_err(|e| err(e.to_string()))?
+            .into_iter()
+            .collect();
+        let get = |k: &str| {
+            tensors
+                .get(k)
+                .ok_or_else(|| err(format!("`{k}` is missing")))
+        };
+        let seed = get("rng/seed")?.int64_value(&[0]) as u64;
+        if seed != self.config.seed {
+            return Err(err(format!(
+                "it was written by a run with seed {seed}, this run has seed {}",
+                self.config.seed
+            )));
+        }
+        let vars = self.vs.variables();
+        let in_file = tensors.keys().filter(|k| k.starts_with(CKPT_MODEL)).count();
+        if in_file != vars.len() {
+            return Err(err(format!(
+                "it holds {in_file} model variables, the model has {}",
+                vars.len()
+            )));
+        }
+        let device = self.vs.device();
+        tch::no_grad(|| -> Result<()> {
+            for (name, var) in &vars {
+                let src = get(&format!("{CKPT_MODEL}{name}"))?;
+                if src.size() != var.size() || src.kind() != var.kind() {
+                    return Err(err(format!(
+                        "`{name}` is {:?} {:?} in the file and {:?} {:?} in the model",
+                        src.size(),
+                        src.kind(),
+                        var.size(),
+                        var.kind()
+                    )));
+                }
+                var.shallow_clone().f_copy_(src)?;
+            }
+            Ok(())
+        })?;
+        for g in &mut self.groups {
+            let prefix = format!("{CKPT_OPTIM}{}/", g.name);
+            let state: HashMap<String, Tensor> = tensors
+                .iter()
+                .filter_map(|(k, t)| {
+                    k.strip_prefix(&prefix)
+                        .map(|s| (s.to_string(), t.to_device(device)))
+                })
+                .collect();
+            g.optimizer
+                .load_state(&state)
+                .map_err(|e| err(format!("group `{}`: {e}", g.name)))?;
+        }
+        self.step = get("trainer/step")?.int64_value(&[0]) as u64;
+        let first = get("trainer/first_loss")?.double_value(&[0]);
+        self.first_loss = first.is_finite().then_some(first);
+        Ok(())
+    }
+
+    fn progress_bar(&self, unit: &str) -> ProgressBar {
+        if !self.config.progress {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::new(self.config.steps);
+        let template = format!(
+            "{{prefix}} [{{bar:30}}] {{pos}}/{{len}} steps {{msg}} ({{elapsed}}, ETA {{eta}}) [{unit}]"
+        );
+        if let Ok(style) = ProgressStyle::with_template(&template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(self.label.clone());
+        bar.set_position(self.step);
+        bar
+    }
+
+    fn eval_record<T: Task>(&self, task: &mut T) -> Result<Record> {
+        let eval =
+            tch::no_grad(|| task.evaluate(self.config.eval_batches, self.config.batch_size))?;
+        let heads = if self.config.diagnostics.enabled {
+            tch::no_grad(|| task.diagnostics(&self.config.diagnostics))?
+        } else {
+            Vec::new()
+        };
+        Ok(Record::Eval {
+            step: self.step,
+            eval,
+            heads,
+        })
+    }
+
+    /// Trains from the current step to the config's `steps` (or to [`Trainer::stop_after`]),
+    /// sending every record to `sink`; writes checkpoints to `checkpoint` when given.
+    pub fn run<T: Task>(
+        &mut self,
+        task: &mut T,
+        sink: &mut dyn FnMut(&Record) -> Result<()>,
+        checkpoint: Option<&Path>,
+    ) -> Result<Summary> {
+        let started = Instant::now();
+        let bar = self.progress_bar(task.unit());
+        let (mut train_seconds, mut units_total, mut steps_done) = (0.0f64, 0u64, 0u64);
+        let (mut window_units, mut window_start) = (0u64, Instant::now());
+        let mut last_eval = None;
+        let end = self
+            .stop_after
+            .map_or(self.config.steps, |s| s.min(self.config.steps));
+        let params: Vec<Tensor> = self
+            .groups
+            .iter()
+            .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
+            .collect();
+        while self.step < end {
+            let i = self.step;
+            let t0 = Instant::now();
+            let lr = self.config.lr_at(i);
+            for p in &params {
+                let mut p = p.shallow_clone();
+                p.zero_grad();
+            }
+            let (loss, units) = task.train_loss(i, self.config.batch_size)?;
+            let loss_value = loss.double_value(&[]);
+            if !loss_value.is_finite() {
+                bar.abandon_with_message(format!("diverged at step {i}: loss {loss_value}"));
+                let o = diverge(sink, i, format!("loss is {loss_value}"))?;
+                return Ok(self.summary(
+                    o,
+                    last_eval,
+                    started,
+                    train_seconds,
+                    units_total,
+                    steps_done,
+                ));
+            }
+            let first = *self.first_loss.get_or_insert(loss_value);
+            if loss_value > self.config.divergence_factor * first {
+                bar.abandon_with_message(format!("diverged at step {i}: loss {loss_value:.4}"));
+                let o = diverge(
+                    sink,
+                    i,
+                    format!(
+                        "loss {loss_value:.4} exceeds {} × the first loss {first:.4}",
+                        self.config.divergence_factor
+                    ),
+                )?;
+                return Ok(self.summary(
+                    o,
+                    last_eval,
+                    started,
+                    train_seconds,
+                    units_total,
+                    steps_done,
+                ));
+            }
+            loss.f_backward()?;
+            let grad_norm = tch::no_grad(|| -> Result<f64> {
+                let mut total = Tensor::zeros([], (Kind::Double, self.vs.device()));
+                for p in &params {
+                    let g = p.grad();
+                    if g.defined() {
+                        total += g.to_kind(Kind::Double).square().sum(Kind::Double);
+                    }
+                }
+                let norm = total.sqrt().double_value(&[]);
+                if self.config.grad_clip > 0.0 && norm.is_finite() && norm > self.config.grad_clip {
+                    let scale = self.config.grad_clip / (norm + 1e-6);
+                    for p in &params {
+                        let mut g = p.grad();
+                        if g.defined() {
+                            let _ = g.f_mul_scalar_(scale)?;
+                        }
+                    }
+                }
+                Ok(norm)
+            })?;
+            if !grad_norm.is_finite() {
+                bar.abandon_with_message(format!(
+                    "diverged at step {i}: gradient norm {grad_norm}"
+                ));
+                let o = diverge(sink, i, format!("gradient norm is {grad_norm}"))?;
+                return Ok(self.summary(
+                    o,
+                    last_eval,
+                    started,
+                    train_seconds,
+                    units_total,
+                    steps_done,
+                ));
+            }
+            tch::no_grad(|| -> Result<()> {
+                for g in &mut self.groups {
+                    g.optimizer.step(&g.params, lr * g.lr_scale)?;
+                }
+                Ok(())
+            })?;
+            self.step += 1;
+            tch::no_grad(|| task.after_step(self.step))?;
+            train_seconds += t0.elapsed().as_secs_f64();
+            units_total += units;
+            steps_done += 1;
+            window_units += units;
+            let step = self.step;
+            if step % self.config.log_every == 0 || step == self.config.steps {
+                let window = window_start.elapsed().as_secs_f64().max(1e-9);
+                let ups = window_units as f64 / window;
+                sink(&Record::Train {
+                    step,
+                    loss: loss_value,
+                    lr,
+                    grad_norm,
+                    units_per_second: ups,
+                    seconds: started.elapsed().as_secs_f64(),
+                })?;
+                bar.set_message(format!(
+                    "loss {loss_value:.4} · {} {}/s",
+                    human(ups),
+                    task.unit()
+                ));
+                window_units = 0;
+                window_start = Instant::now();
+            }
+            if step % self.config.eval_every == 0 || step == self.config.steps {
+                let record = self.eval_record(task)?;
+                if let Record::Eval { eval, heads, .. } = &record {
+                    last_eval = Some(*eval);
+                    let extra = if heads.is_empty() {
+                        String::new()
+                    } else {
+                        let s = summarize(heads);
+                        format!(" κ(W_Q) {:.2} H {:.2}", s.kappa_wq, s.entropy)
+                    };
+                    bar.println(format!(
+                        "{} step {step}: val loss {:.4}{}{extra}",
+                        self.label,
+                        eval.loss,
+                        eval.accuracy
+                            .map_or(String::new(), |a| format!(" acc {:.2}%", 100.0 * a))
+                    ));
+                }
+                sink(&record)?;
+                window_start = Instant::now();
+            }
+            if let Some(path) = checkpoint {
+                let every = self.config.checkpoint_every;
+                if (every > 0 && step % every == 0) || step == self.config.steps {
+                    self.save_checkpoint(path)?;
+                }
+            }
+            bar.set_position(step);
+        }
+        bar.finish_and_clear();
+        let outcome = if self.step >= self.config.steps {
+            Outcome::Completed
+        } else {
+            if let Some(path) = checkpoint {
+                self.save_checkpoint(path)?;
+            }
+            Outcome::Interrupted { step: self.step }
+        };
+        Ok(self.summary(
+            outcome,
+            last_eval,
+            started,
+            train_seconds,
+            units_total,
+            steps_done,
+        ))
+    }
+
+    fn summary(
+        &self,
+        outcome: Outcome,
+        last_eval: Option<Eval>,
+        started: Instant,
+        train_seconds: f64,
+        units: u64,
+        steps: u64,
+    ) -> Summary {
+        Summary {
+            outcome,
+            last_eval,
+            seconds: started.elapsed().as_secs_f64(),
+            units_per_second: if train_seconds > 0.0 {
+                units as f64 / train_seconds
+            } else {
+                0.0
+            },
+            seconds_per_step: if steps > 0 {
+                train_seconds / steps as f64
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+fn diverge(
+    sink: &mut dyn FnMut(&Record) -> Result<()>,
+    step: u64,
+    reason: String,
+) -> Result<Outcome> {
+    sink(&Record::Diverged {
+        step,
+        reason: reason.clone(),
+    })?;
+    Ok(Outcome::Diverged { step, reason })
+}
+
+fn human(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// Appends records to a `metrics.jsonl` file (for library users outside the experiment
+/// framework).
+pub struct JsonlSink {
+    path: PathBuf,
+    out: std::io::BufWriter<std::fs::File>,
+}
+
+impl JsonlSink {
+    /// Opens `path` for appending (created if missing).
+    pub fn append(path: &Path) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| ModelsError::io(path, e))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            out: std::io::BufWriter::new(file),
+        })
+    }
+
+    /// Writes one record as a JSON line.
+    pub fn write(&mut self, record: &Record) -> Result<()> {
+        use std::io::Write;
+        serde_json::to_writer(&mut self.out, record)
+            .map_err(|e| ModelsError::Sink(e.to_string()))?;
+        self.out
+            .write_all(b"\n")
+            .and_then(|_| self.out.flush())
+            .map_err(|e| ModelsError::io(&self.path, e))
+    }
+}

@@ -1,0 +1,391 @@
+//! A Vision Transformer: non-overlapping patch embedding (a P×P convolution with stride P), a
+//! class token, learned positions, pre-LN blocks with bidirectional (optionally conditioned)
+//! attention, a final LayerNorm and a linear head on the class token.
+//!
+//! With an image of side S, N = (S/P)² patches and N + 1 tokens. Initialization: patch
+//! embedding, positions, class token and head N(0, 0.02²); blocks as in [`crate::layers::Block`]
+//! with output projections N(0, (0.02/√(2L))²).
+
+use serde::{Deserialize, Serialize};
+use tch::nn::Module as _;
+use tch::{nn, Kind, Tensor};
+
+use crate::attention::{AttentionConfig, AttentionTrace, Conditioning, ScoreScaling};
+use crate::error::{ModelsError, Result};
+use crate::layers::{Block, LayerNorm, Linear, Transformer};
+
+/// The size and the attention settings of a [`Vit`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VitConfig {
+    /// Image side S (square images).
+    pub image_size: usize,
+    /// Input channels.
+    pub channels: usize,
+    /// Patch side P (divides S).
+    pub patch_size: usize,
+    /// Classes.
+    pub num_classes: usize,
+    /// Blocks L.
+    pub n_layer: usize,
+    /// Heads H.
+    pub n_head: usize,
+    /// Width D.
+    pub n_embd: usize,
+    /// MLP hidden width over D.
+    pub mlp_ratio: usize,
+    /// Biases in linear layers and LayerNorms.
+    pub bias: bool,
+    /// Score scale.
+    pub scaling: ScoreScaling,
+    /// The spectral correction of every attention layer.
+    pub conditioning: Conditioning,
+    /// Use libtorch's fused attention kernel.
+    pub fused_kernel: bool,
+}
+
+impl VitConfig {
+    /// A model for tests on 28×28 gray images: P = 7 (17 tokens), D = 16, 2 layers, 2 heads.
+    pub fn tiny() -> Self {
+        Self {
+            image_size: 28,
+            channels: 1,
+            patch_size: 7,
+            num_classes: 10,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 16,
+            mlp_ratio: 4,
+            bias: false,
+            scaling: ScoreScaling::InvSqrtK,
+            conditioning: Conditioning::None,
+            fused_kernel: true,
+        }
+    }
+
+    /// Fashion-MNIST on 2 CPU cores: P = 7 (16 patches + class token), D = 64, 2 layers,
+    /// 4 heads (k = 16), MLP ×2 (68 k parameters).
+    pub fn cpu() -> Self {
+        Self {
+            n_layer: 2,
+            n_head: 4,
+            n_embd: 64,
+            mlp_ratio: 2,
+            ..Self::tiny()
+        }
+    }
+
+    /// The ViT-B/16 layout: 224×224×3, P = 16 (197 tokens), D = 768, 12 layers, 12 heads,
+    /// MLP ×4, biases, 1000 classes (86 M parameters).
+    pub fn vit_b16() -> Self {
+        Self {
+            image_size: 224,
+            channels: 3,
+            patch_size: 16,
+            num_classes: 1000,
+            n_layer: 12,
+            n_head: 12,
+            n_embd: 768,
+            mlp_ratio: 4,
+            bias: true,
+            scaling: ScoreScaling::InvSqrtK,
+            conditioning: Conditioning::None,
+            fused_kernel: true,
+        }
+    }
+
+    /// The same model with another conditioning.
+    pub fn with_conditioning(self, conditioning: Conditioning) -> Self {
+        Self {
+            conditioning,
+            ..self
+        }
+    }
+
+    /// Tokens per image: (S/P)² + 1.
+    pub fn tokens(&self) -> usize {
+        let side = self.image_size / self.patch_size.max(1);
+        side * side + 1
+    }
+
+    /// The attention settings of every layer (not causal).
+    pub fn attention(&self) -> AttentionConfig {
+        AttentionConfig {
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            bias: self.bias,
+            causal: false,
+            scaling: self.scaling,
+            conditioning: self.conditioning,
+            fused_kernel: self.fused_kernel,
+        }
+    }
+
+    /// Checks every size; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("image_size", self.image_size),
+            ("channels", self.channels),
+            ("patch_size", self.patch_size),
+            ("num_classes", self.num_classes),
+            ("n_layer", self.n_layer),
+            ("mlp_ratio", self.mlp_ratio),
+        ] {
+            if v == 0 {
+                return Err(ModelsError::config(format!("model.{name}"), "must be ≥ 1"));
+            }
+        }
+        if self.image_size % self.patch_size != 0 {
+            return Err(ModelsError::config(
+                "model.patch_size",
+                format!(
+                    "must divide image_size = {}, found {}",
+                    self.image_size, self.patch_size
+                ),
+            ));
+        }
+        self.attention().validate("model")
+    }
+
+    /// Trainable parameters.
+    pub fn parameter_count(&self) -> usize {
+        let (d, r, b) = (self.n_embd, self.mlp_ratio, usize::from(self.bias));
+        let p2c = self.patch_size * self.patch_size * self.channels;
+        let ln = d + b * d;
+        let block = 2 * ln
+            + (3 * d * d + b * 3 * d)
+            + (d * d + b * d)
+            + (r * d * d + b * r * d)
+            + (r * d * d + b * d);
+        // The patch embedding always has a bias (it is a convolution, as in ViT).
+        (p2c * d + d)
+            + d
+            + self.tokens() * d
+            + self.n_layer * block
+            + ln
+            + (d * self.num_classes + b * self.num_classes)
+    }
+
+    /// Forward FLOPs per image (2 × multiply–adds): patch embedding, blocks (projections, MLP,
+    /// attention products) and head.
+    pub fn flops_per_image(&self) -> f64 {
+        let (d, r, n, l) = (
+            self.n_embd as f64,
+            self.mlp_ratio as f64,
+            self.tokens() as f64,
+            self.n_layer as f64,
+        );
+        let p2c = (self.patch_size * self.patch_size * self.channels) as f64;
+        2.0 * ((n - 1.0) * p2c * d
+            + l * (n * (4.0 + 2.0 * r) * d * d + 2.0 * n * n * d)
+            + d * self.num_classes as f64)
+    }
+}
+
+/// The Vision Transformer.
+#[derive(Debug)]
+pub struct Vit {
+    cfg: VitConfig,
+    /// D×C×P×P.
+    pub patch_weight: Tensor,
+    /// D.
+    pub patch_bias: Tensor,
+    /// 1×1×D.
+    pub cls_token: Tensor,
+    /// 1×(N+1)×D.
+    pub pos_embed: Tensor,
+    blocks: Vec<Block>,
+    /// The final LayerNorm.
+    pub ln_f: LayerNorm,
+    /// D → classes.
+    pub head: Linear,
+}
+
+impl Vit {
+    /// Builds the model under `p` (call `tch::manual_seed` first for a reproducible init).
+    ///
+    /// ```
+    /// use kappa_models::vit::{Vit, VitConfig};
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let vit = Vit::new(&vs.root(), VitConfig::tiny())?;
+    /// let images = Tensor::zeros([3, 1, 28, 28], (Kind::Float, Device::Cpu));
+    /// assert_eq!(vit.logits(&images)?.size(), vec![3, 10]);
+    /// # Ok::<(), kappa_models::ModelsError>(())
+    /// ```
+    pub fn new(p: &nn::Path<'_>, cfg: VitConfig) -> Result<Self> {
+        cfg.validate()?;
+        let (d, c, ps) = (
+            cfg.n_embd as i64,
+            cfg.channels as i64,
+            cfg.patch_size as i64,
+        );
+        let init = nn::Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        };
+        let patch_weight = p.f_var("patch_embed", &[d, c, ps, ps], init)?;
+        let patch_bias = p.f_zeros("patch_bias", &[d])?;
+        let cls_token = p.f_var("cls_token", &[1, 1, d], init)?;
+        let pos_embed = p.f_var("pos_embed", &[1, cfg.tokens() as i64, d], init)?;
+        let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
+        let blocks = (0..cfg.n_layer)
+            .map(|i| Block::new(&(p / "h" / i), cfg.attention(), cfg.mlp_ratio, proj_std))
+            .collect::<Result<Vec<_>>>()?;
+        let ln_f = LayerNorm::new(&(p / "ln_f"), d, cfg.bias)?;
+        let head = Linear::new(&(p / "head"), d, cfg.num_classes as i64, cfg.bias, 0.02)?;
+        Ok(Self {
+            cfg,
+            patch_weight,
+            patch_bias,
+            cls_token,
+            pos_embed,
+            blocks,
+            ln_f,
+            head,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &VitConfig {
+        &self.cfg
+    }
+
+    fn check(&self, images: &Tensor) -> Result<()> {
+        let s = self.cfg.image_size as i64;
+        let size = images.size();
+        if size.len() != 4 || size[1] != self.cfg.channels as i64 || size[2] != s || size[3] != s {
+            return Err(ModelsError::Shape {
+                arg: "images",
+                reason: format!("expected B×{}×{s}×{s}, found {size:?}", self.cfg.channels),
+            });
+        }
+        if !images.is_floating_point() {
+            return Err(ModelsError::Shape {
+                arg: "images",
+                reason: format!("expected floating-point pixels, found {:?}", images.kind()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Logits B×classes and, with `trace`, every layer's attention trace. Not checked.
+    pub fn forward_trace(&self, images: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
+        let b = images.size()[0];
+        let ps = self.cfg.patch_size as i64;
+        let patches = images
+            .conv2d(
+                &self.patch_weight,
+                Some(&self.patch_bias),
+                [ps, ps],
+                [0, 0],
+                [1, 1],
+                1,
+            )
+            .flatten(2, 3)
+            .transpose(1, 2);
+        let cls = self.cls_token.expand([b, 1, self.cfg.n_embd as i64], false);
+        let mut x = Tensor::cat(&[cls, patches], 1) + &self.pos_embed;
+        let mut traces = Vec::new();
+        for block in &self.blocks {
+            let (y, tr) = block.forward_trace(&x, trace);
+            x = y;
+            traces.extend(tr);
+        }
+        let cls_out = self.ln_f.forward(&x).select(1, 0);
+        (self.head.forward(&cls_out), traces)
+    }
+
+    /// Checked logits B×classes.
+    pub fn logits(&self, images: &Tensor) -> Result<Tensor> {
+        self.check(images)?;
+        Ok(self.forward_trace(images, false).0)
+    }
+
+    /// Mean cross-entropy against integer `labels` (B).
+    pub fn loss(&self, images: &Tensor, labels: &Tensor) -> Result<Tensor> {
+        let logits = self.logits(images)?;
+        if labels.size() != [images.size()[0]] || labels.kind() != Kind::Int64 {
+            return Err(ModelsError::Shape {
+                arg: "labels",
+                reason: format!(
+                    "expected {} Int64 labels, found {:?} {:?}",
+                    images.size()[0],
+                    labels.size(),
+                    labels.kind()
+                ),
+            });
+        }
+        Ok(logits.cross_entropy_for_logits(labels))
+    }
+}
+
+impl Transformer for Vit {
+    fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+}
+
+impl nn::Module for Vit {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.forward_trace(xs, false).0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    #[test]
+    fn parameter_count_matches_and_vit_b16_has_86m() {
+        for bias in [false, true] {
+            let cfg = VitConfig {
+                bias,
+                ..VitConfig::tiny()
+            };
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _m = Vit::new(&vs.root(), cfg).unwrap();
+            let n: usize = vs.trainable_variables().iter().map(Tensor::numel).sum();
+            assert_eq!(n, cfg.parameter_count());
+        }
+        let p = VitConfig::vit_b16().parameter_count();
+        assert!((86_000_000..86_700_000).contains(&p), "{p}");
+        assert_eq!(VitConfig::vit_b16().tokens(), 197);
+    }
+
+    #[test]
+    fn shapes_gradients_and_traces() {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let m = Vit::new(
+            &vs.root(),
+            VitConfig::tiny().with_conditioning(Conditioning::Svd { every: 1 }),
+        )
+        .unwrap();
+        let x = Tensor::randn([4, 1, 28, 28], (Kind::Float, Device::Cpu));
+        let y = Tensor::from_slice(&[0i64, 3, 9, 1]);
+        let loss = m.loss(&x, &y).unwrap();
+        assert!((loss.double_value(&[]) - 10f64.ln()).abs() < 0.3);
+        loss.backward();
+        for t in vs.trainable_variables() {
+            assert!(t.grad().defined());
+        }
+        let (_l, traces) = m.forward_trace(&x, true);
+        assert_eq!(traces.len(), 2);
+        assert_eq!(traces[0].probs.size(), vec![4, 2, 17, 17]);
+        assert!(m
+            .logits(&Tensor::zeros([1, 1, 27, 27], (Kind::Float, Device::Cpu)))
+            .is_err());
+        assert!(m.loss(&x, &Tensor::from_slice(&[0i64, 1])).is_err());
+        let bad = VitConfig {
+            patch_size: 5,
+            ..VitConfig::tiny()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("patch_size"));
+    }
+}
