@@ -1,4 +1,5 @@
-//! Benchmarks of kappa-optim on the tch backend (f32, CPU): one Muon step against its bare
+//! Benchmarks of kappa-optim on the tch backend (f32, CPU; Muon also with `Precision::Auto`,
+//! bf16 on CPUs with native bf16 products): one Muon step against its bare
 //! Newton–Schulz matmuls, one Stiefel and one DGram manifold-Muon step (paper preset, K = 20)
 //! against one AdamW step (tch's), the dual-ascent cost in msign units, and kappa's Muon against
 //! `torch.optim.Muon` (run as a subprocess, `benches/reference/muon_torch.py`) at the same shapes
@@ -19,7 +20,7 @@ use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_linalg::Matrix;
 use kappa_optim::{
     msign, Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState, Msign, Muon, MuonConfig,
-    MuonState, Precision,
+    MuonState, Precision, WorkingPrecision,
 };
 use ndarray::Array2;
 use tch::nn::OptimizerConfig;
@@ -71,12 +72,23 @@ fn bench(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("ns5_bare", &id), |b| {
             b.iter(|| black_box(ns_bare(&wide)))
         });
-        let muon = Muon::new(MuonConfig::keller()).expect("muon");
-        let mut w = t32(&w0);
-        let mut st = MuonState::new();
-        g.bench_function(BenchmarkId::new("muon_step", &id), |b| {
-            b.iter(|| muon.step(&mut w, &grad, &mut st).expect("step"))
-        });
+        // kappa's Muon in f32 (the issue's comparison) and with Precision::Auto (bf16 on CPUs
+        // with native bf16 products, see `kappa_optim::cpu_has_native_bf16`).
+        for (name, precision) in [
+            ("muon_step", Precision::F32),
+            ("muon_step_auto", Precision::Auto),
+        ] {
+            let muon = Muon::new(MuonConfig {
+                precision,
+                ..MuonConfig::keller()
+            })
+            .expect("muon");
+            let mut w = t32(&w0);
+            let mut st = MuonState::new();
+            g.bench_function(BenchmarkId::new(name, &id), |b| {
+                b.iter(|| muon.step(&mut w, &grad, &mut st).expect("step"))
+            });
+        }
         let pe = Msign::polar_express();
         g.bench_function(BenchmarkId::new("msign_pe10", &id), |b| {
             b.iter(|| msign(&grad, pe, Precision::Auto).expect("msign"))
@@ -146,11 +158,12 @@ fn manifold_times(m: usize, n: usize, reps: usize) -> ManifoldTimes {
     out
 }
 
-/// kappa Muon's update band at this shape (σ of msign(U) for the first step from zero momentum).
-fn kappa_band(m: usize, n: usize) -> (f64, f64) {
+/// kappa Muon's update band at this shape (σ of msign(U) for the first step from zero momentum)
+/// in `precision`.
+fn kappa_band(m: usize, n: usize, precision: Precision) -> (f64, f64) {
     let g = t32(&gaussian(m, n, 2));
-    let o = msign(&g, Msign::MuonQuintic, Precision::Auto).expect("msign");
-    let s = o.singular_values().expect("svd");
+    let o = msign(&g, Msign::MuonQuintic, precision).expect("msign");
+    let s = o.to_kind(Kind::Double).singular_values().expect("svd");
     (s[s.len() - 1], s[0])
 }
 
@@ -197,7 +210,14 @@ fn main() {
         .max(1);
     let shapes = shapes();
     let torch = torch_reference(threads, &shapes);
-    println!("\nkappa-optim, f32 on CPU, {threads} thread(s) (medians; manifold steps: median of {reps})");
+    let auto = Tensor::zeros([1, 1], (Kind::Float, Device::Cpu))
+        .working_name(Precision::Auto)
+        .unwrap_or("?");
+    println!(
+        "\nkappa-optim on CPU, {threads} thread(s) (medians; manifold steps: median of {reps}); \
+         Precision::Auto resolves to {auto} here (native bf16 products: {})",
+        kappa_optim::cpu_has_native_bf16()
+    );
     println!(
         "{:<10} {:>9} {:>9} {:>7} {:>9} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8} {:>17} {:>17}",
         "shape",
@@ -225,7 +245,9 @@ fn main() {
             get("msign_pe10"),
         );
         let mt = manifold_times(m, n, reps);
-        let (klo, khi) = kappa_band(m, n);
+        let (klo, khi) = kappa_band(m, n, Precision::F32);
+        let (alo, ahi) = kappa_band(m, n, Precision::Auto);
+        let muon_auto = get("muon_step_auto");
         let tr = torch.as_ref().map(|t| &t[&id]);
         let tsec = tr.and_then(|t| t["seconds"].as_f64());
         let tband = tr.map_or("n/a".into(), |t| {
@@ -255,11 +277,17 @@ fn main() {
             tband,
         );
         let _ = mt.msign_calls;
+        println!(
+            "{:<10} Auto ({auto}): muon {} ms, torch/kappa-auto {}, σ band {alo:.3}-{ahi:.3}",
+            id,
+            fmt_ms(muon_auto),
+            fmt_ratio(ratio(tsec, muon_auto)),
+        );
     }
     println!(
         "m/ns5: Muon step / its 5 bare quintic steps (goal ≤ 1.1). st/adamw, dg/adamw: manifold step / \
          tch AdamW step. dual/msg: Stiefel step / one Polar Express msign (K = 20 → ≈ 20–22 expected \
          with the retraction and the ‖G‖_* diagnostic). torch/kappa: torch.optim.Muon step (bf16) / \
-         kappa Muon step (f32), goal ≥ 10."
+         kappa Muon step (f32), goal ≥ 10; the Auto line repeats it with kappa's per-device precision."
     );
 }

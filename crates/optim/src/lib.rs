@@ -17,7 +17,7 @@
 //! | [`manifold`] | [`ManifoldMuon`], [`ManifoldMuonConfig`] (preset `paper`), [`ManifoldState`], [`Manifold`], [`DGramRetraction`], [`DualAscent`], [`DualReport`] |
 //! | [`msign`](mod@msign) | [`msign()`], [`Msign`] (exact, Muon quintic, Polar Express) |
 //! | [`momentum`] | [`Momentum`], [`MomentumKind`] (EMA and SGD forms, Nesterov) |
-//! | [`precision`] | [`Precision`], [`WorkingPrecision`] (msign's precision per device) |
+//! | [`precision`] | [`Precision`], [`WorkingPrecision`], [`cpu_has_native_bf16`] (msign's precision per device) |
 //! | [`convergence`] | [`DataModel`](convergence::DataModel), [`Sample`](convergence::Sample), [`EmpiricalProblem`](convergence::EmpiricalProblem), [`PopulationProblem`](convergence::PopulationProblem), [`Moments`](convergence::Moments), [`spectral_init`](convergence::spectral_init), [`Trainer`](convergence::Trainer), [`Settings`](convergence::Settings) |
 //!
 //! The convergence code is `f64` on `ndarray`, on top of `kappa-linalg` (PSD square roots, SVD, κ).
@@ -38,4 +38,4 @@ pub use manifold::{
 pub use momentum::{Momentum, MomentumKind};
 pub use msign::{msign, Msign};
 pub use muon::{Layout, Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
-pub use precision::{Precision, WorkingPrecision};
+pub use precision::{cpu_has_native_bf16, Precision, WorkingPrecision};

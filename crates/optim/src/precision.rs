@@ -1,30 +1,82 @@
 //! The working precision of the orthogonalization (msign), chosen per backend and device.
 //!
 //! Muon's reference (and `torch.optim.Muon`) casts every update to bf16 before Newton–Schulz. That
-//! is right on GPUs with bf16 matrix units and very slow on CPUs without them, where libtorch
-//! emulates bf16 products (measured on this project's CPU: ≈ 0.74 s for one `torch.optim.Muon`
-//! step at 384×384 against ≈ 0.04 s for an f32 quintic iteration). kappa therefore picks the
-//! precision per device ([`Precision::Auto`]): bf16 on CUDA, the parameter's own type otherwise
-//! (f32 for f32 and bf16 parameters on CPU, f64 stays f64).
+//! is right on hardware that multiplies bf16 natively (GPUs; x86 CPUs with AVX512-BF16 or AMX-BF16;
+//! Arm CPUs with the BF16 extension) and slow where libtorch has to emulate bf16 products (issue 5
+//! measured ≈ 0.74 s for one `torch.optim.Muon` step at 384×384 on such a CPU against ≈ 0.04 s
+//! for an f32 quintic iteration). kappa therefore picks the precision per device
+//! ([`Precision::Auto`]):
 //!
-//! Accuracy cost (measured by the tests): an f32 msign agrees with the f64 one to ≈ 1e-5
-//! entrywise; a bf16 msign carries 8 mantissa bits, so the singular values of a bf16 Polar
-//! Express output lie in ≈ [0.995, 1.002] (paper notes §3.3) and a Stiefel retraction holds
-//! WᵀW = I only to ≈ 1e-2 — which is what the paper's runs had. Only the msign calls change
-//! precision: momentum, the dual variable, products with W and the update itself stay in the
-//! parameter's type.
+//! | tensor | Auto computes msign in |
+//! |---|---|
+//! | f64 (any device) | f64 |
+//! | f32 / bf16 on CUDA | bf16 |
+//! | f32 / bf16 on a CPU with native bf16 products ([`cpu_has_native_bf16`]) | bf16 |
+//! | f32 / bf16 on any other CPU | f32 |
+//! | `ndarray` matrices | their own type |
+//!
+//! [`cpu_has_native_bf16`] asks the CPU at run time (`is_x86_feature_detected!("avx512bf16")`,
+//! which AMX-BF16 CPUs also report; `is_aarch64_feature_detected!("bf16")`), the instruction sets oneDNN (libtorch's
+//! CPU matmul for bf16) uses for native bf16 GEMM; the environment variable `KAPPA_CPU_BF16=0|1`
+//! overrides the answer (for tests, and for CPUs where the rule is wrong).
+//!
+//! Accuracy cost (measured by the tests and in `docs/optim.md`): an f32 msign agrees with the f64
+//! one to ≈ 1e-5 entrywise; a bf16 msign carries 8 mantissa bits, so the singular values of a bf16
+//! Polar Express output lie in ≈ [0.99, 1.01] (paper notes §3.3: [0.995, 1.002] emulated) and a
+//! Stiefel retraction holds WᵀW = I only to ≈ 1e-2 — which is what the paper's runs had. Only the
+//! msign calls change precision: momentum, the dual variable, products with W and the update
+//! itself stay in the parameter's type.
+
+use std::sync::OnceLock;
 
 use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{OptimError, Result};
 
+/// The environment variable that overrides [`cpu_has_native_bf16`] (`0` or `1`).
+pub const CPU_BF16_ENV: &str = "KAPPA_CPU_BF16";
+
+/// Whether this CPU has native bf16 matrix products, i.e. bf16 dot-product instructions that
+/// libtorch's oneDNN GEMM uses: x86 AVX512-BF16 (which every AMX-BF16 CPU also has), Arm's BF16 extension. Asked once
+/// per process (cached); `KAPPA_CPU_BF16=0|1` in the environment at the first call overrides the
+/// detection. Decides what [`Precision::Auto`] does on CPU tensors.
+pub fn cpu_has_native_bf16() -> bool {
+    static ANSWER: OnceLock<bool> = OnceLock::new();
+    *ANSWER.get_or_init(
+        || match std::env::var(CPU_BF16_ENV).ok().as_deref().map(str::trim) {
+            Some("1") | Some("true") => true,
+            Some("0") | Some("false") => false,
+            _ => detect_native_bf16(),
+        },
+    )
+}
+
+/// The hardware answer of [`cpu_has_native_bf16`], without the environment override.
+pub fn detect_native_bf16() -> bool {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    {
+        // Every CPU with AMX-BF16 (Sapphire Rapids and later) also has AVX512-BF16; the AMX
+        // feature test itself is not stable in Rust yet.
+        std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("bf16")
+    }
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        false
+    }
+}
+
 /// Where msign (Newton–Schulz, Polar Express or the SVD) computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
-    /// bf16 on CUDA tensors (native bf16 matrix units); otherwise the parameter's own type,
-    /// except that bf16 on CPU computes in f32 (bf16 is emulated there, and slower than f32).
+    /// bf16 where the device multiplies bf16 natively (CUDA tensors; CPU tensors when
+    /// [`cpu_has_native_bf16`]), f32 on other CPUs (bf16 is emulated there, and slower than f32);
+    /// f64 stays f64, and `ndarray` matrices compute in their own type.
     #[default]
     Auto,
     /// Always the parameter's own type.
@@ -99,6 +151,7 @@ mod tch_impl {
             Precision::Auto => match (kind, t.device().is_cuda()) {
                 (Kind::Double, _) => Kind::Double,
                 (_, true) => Kind::BFloat16,
+                (_, false) if cpu_has_native_bf16() => Kind::BFloat16,
                 (_, false) => Kind::Float,
             },
         }

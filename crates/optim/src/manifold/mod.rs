@@ -20,7 +20,9 @@
 //! # Traps (paper notes §8)
 //!
 //! * The dual ascent is not scale-invariant ([`DualAscent::normalize`], §8.4) and, with the
-//!   SGD-form momentum, runs on a U about 20× larger than Muon's EMA input. Its divergence is
+//!   SGD-form momentum, runs on a U about 20× larger than Muon's EMA input. On ill-conditioned
+//!   gradients it does not converge in K = 20 steps at all ([`dual`], "Feasible directions";
+//!   [`DualAscent::feasible`] makes the step tangent and certifies its descent). Its divergence is
 //!   detected and reported ([`OnDivergence`]), not applied silently.
 //! * The paper's DGram retraction swaps column scales when column norms are unsorted (§8.3,
 //!   [`DGramRetraction`]).
@@ -30,7 +32,8 @@
 //! * Init: call [`ManifoldMuon::retract_onto`] once before training (the paper retracts the
 //!   nanoGPT init). A first step on a matrix that is off its manifold by more than
 //!   `manifold_tol` is [`OptimError::NotOnManifold`].
-//! * Precision: with bf16 msign (the paper; `Precision::Auto` on CUDA) the Stiefel constraint holds
+//! * Precision: with bf16 msign (the paper; `Precision::Auto` on CUDA and on CPUs with native bf16
+//!   products) the Stiefel constraint holds
 //!   only to ≈ 1e-2 (max |σ − 1| ≈ 3.5e-3); f64 with `Msign::Exact` holds it to 1e-10.
 //! * Cost: K msign calls per step (tol 1e-6 rarely triggers for tall matrices, §8.9), plus one
 //!   msign (Stiefel, DGram column-norm) or two SVDs (DGram paper) for the retraction, plus one msign
@@ -244,6 +247,7 @@ impl ManifoldMuon {
                 msign_calls: 1,
                 initial_violation: v,
                 violation: v,
+                ascent_violation: v,
                 converged: v < c.dual.tol,
                 gradient_scale: 1.0,
                 ..DualReport::default()
@@ -310,7 +314,7 @@ impl ManifoldMuon {
             return Err(OptimError::DualAscentDiverged {
                 steps: report.dual_steps,
                 initial_violation: report.initial_violation,
-                violation: report.violation,
+                violation: report.ascent_violation,
                 gradient_norm: u_tall.frobenius_norm()?,
             });
         }
