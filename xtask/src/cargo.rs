@@ -186,6 +186,9 @@ pub struct BenchArgs {
     /// Threads for BLAS and libtorch inside the benchmarks.
     #[arg(long, default_value_t = 1)]
     threads: u32,
+    /// Run only this benchmark target (linalg, attention, optim, models).
+    #[arg(long)]
+    bench: Option<String>,
     /// Arguments passed to criterion (a filter, `--quick`, …).
     #[arg(last = true)]
     criterion: Vec<String>,
@@ -199,8 +202,13 @@ pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         args.threads
     );
     let threads = args.threads.to_string();
-    run(cargo(ws, &tc)
-        .args(["bench", "--locked", "-p", "kappa-benches", "--"])
+    let mut cmd = cargo(ws, &tc);
+    cmd.args(["bench", "--locked", "-p", "kappa-benches"]);
+    if let Some(bench) = &args.bench {
+        cmd.args(["--bench", bench]);
+    }
+    run(cmd
+        .arg("--")
         .args(&args.criterion)
         .env("KAPPA_BENCH_THREADS", &threads)
         .env("OPENBLAS_NUM_THREADS", &threads)
