@@ -14,10 +14,17 @@ use crate::setup::{self, Toolchain};
 use crate::workspace::{run, Workspace};
 
 /// A `cargo` command in the workspace root that finds libtorch at build and at run time.
+///
+/// It also sets `OMP_WAIT_POLICY=PASSIVE` unless the caller chose a policy: kappa's processes
+/// hold libtorch's OpenMP pool beside OpenBLAS, and on 2 cores OpenMP's spin-waiting threads made
+/// a 2-thread training step 2–3× slower than a 1-thread one (measured; see docs/models.md).
 fn cargo(ws: &Workspace, tc: &Toolchain) -> Command {
     let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let mut cmd = Command::new(program);
     cmd.current_dir(ws.root());
+    if env::var_os("OMP_WAIT_POLICY").is_none() {
+        cmd.env("OMP_WAIT_POLICY", "PASSIVE");
+    }
     cmd.env("LIBTORCH", &tc.libtorch.dir);
     let mut paths = vec![tc.libtorch.lib_dir()];
     if let Some(existing) = env::var_os("LD_LIBRARY_PATH") {
