@@ -9,7 +9,7 @@
 //! J = [J_Q J_K J_V] ∈ ℝ^{Nk × 3Dk}, columns ordered [vec W_Q; vec W_K; vec W_V]. A row-major
 //! convention permutes rows and columns only, so singular values and every κ are unchanged (T3).
 //!
-//! # Math (Theorem 3.3, with score scale s; see [`crate::attention`])
+//! # Math (Theorem 3.3, with score scale s; see [`crate::attention`](mod@crate::attention))
 //!
 //! With Q = X W_Q, K = X W_K, V = X W_V, S = Q Kᵀ/s, P = softmax_row(S), Λ the softmax derivative
 //! ([`crate::softmax`]) and K_{D,k} the commutation matrix (K_{D,k} vec M = vec Mᵀ):
@@ -34,7 +34,7 @@
 //! J_V[i + cN, d + eD] = δ_ce · (P X)[i, d]
 //! ```
 //!
-//! where G_i[c, e] = (Σ_j P[i,j] V[j,c] K[j,e] − A[i,c] (PK)[i,e]) / s is computed for all i at
+//! where G_i\[c, e\] = (Σ_j P\[i,j\] V\[j,c\] K\[j,e\] − A\[i,c\] (PK)\[i,e\]) / s is computed for all i at
 //! once by k products (P diag(V[:, c])) K (and likewise H with X): O(N²k(k + D)) flops plus the
 //! N·k·3D·k entries of the result.
 //!

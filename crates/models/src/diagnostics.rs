@@ -7,7 +7,7 @@
 //!   `kappa_attention::projection_stats` (κ = σ_max/σ_min, +∞ if numerically rank-deficient).
 //! * Attention: `kappa_attention::attention_diagnostics` on P and S of the first `samples`
 //!   sequences, averaged: mean row entropy (uniform: ln T for bidirectional attention), fraction
-//!   of rows with more than 0.99 of their mass on one token, mean diagonal P[i,i], largest logit.
+//!   of rows with more than 0.99 of their mass on one token, mean diagonal P\[i,i\], largest logit.
 //! * Jacobian: J = ∂vec A/∂(vec W_Q, vec W_K, vec W_V) of one head on the layer's input X (after
 //!   LN₁) of the first sequence, Nk × 3Dk, column-major vec (kappa-attention's convention), and
 //!   its κ and κ⁺ (over the singular values above numpy's threshold). With biases, X is

@@ -2,7 +2,7 @@
 //! (optionally conditioned) attention and a GELU MLP, a final LayerNorm, and an output head
 //! tied to the token embedding.
 //!
-//! logits = LN_f(blocks(wte[idx] + wpe[0..T])) · wteᵀ. Initialization follows nanoGPT: every
+//! logits = LN_f(blocks(wte\[idx\] + wpe\[0..T\])) · wteᵀ. Initialization follows nanoGPT: every
 //! weight N(0, 0.02²) except the residual output projections (`attn.c_proj`, `mlp.c_proj`),
 //! N(0, (0.02/√(2L))²); biases 0; LayerNorm gains 1.
 
