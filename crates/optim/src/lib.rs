@@ -35,7 +35,7 @@ pub use manifold::{
     DGramRetraction, DualAscent, DualReport, Manifold, ManifoldMuon, ManifoldMuonConfig,
     ManifoldState, ManifoldStep, OnDivergence,
 };
-pub use momentum::{Momentum, MomentumKind};
+pub use momentum::{Momentum, MomentumKind, MomentumState};
 pub use msign::{msign, Msign};
 pub use muon::{Layout, Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
 pub use precision::{cpu_has_native_bf16, Precision, WorkingPrecision};

@@ -94,3 +94,44 @@ impl Momentum {
         Ok((buf, u))
     }
 }
+
+/// Per-parameter state of Muon and manifold Muon: the momentum buffer (created at the first
+/// step) and the number of steps applied. [`MuonState`](crate::MuonState) and
+/// [`ManifoldState`](crate::ManifoldState) are this type; keep one per parameter and optimizer.
+#[derive(Debug)]
+pub struct MomentumState<M> {
+    pub(crate) buffer: Option<M>,
+    pub(crate) steps: u64,
+}
+
+impl<M> Default for MomentumState<M> {
+    fn default() -> Self {
+        Self {
+            buffer: None,
+            steps: 0,
+        }
+    }
+}
+
+impl<M> MomentumState<M> {
+    /// A fresh state (zero momentum, no steps).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Steps applied so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The momentum buffer, once a step has been taken.
+    pub fn buffer(&self) -> Option<&M> {
+        self.buffer.as_ref()
+    }
+
+    /// Stores the advanced buffer after a step was applied.
+    pub(crate) fn record_step(&mut self, buffer: M) {
+        self.buffer = Some(buffer);
+        self.steps += 1;
+    }
+}

@@ -31,7 +31,7 @@ use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{check_range, from_linalg, OptimError, Result};
-use crate::momentum::Momentum;
+use crate::momentum::{Momentum, MomentumState};
 use crate::msign::{msign, Msign};
 use crate::precision::{Precision, WorkingPrecision};
 
@@ -139,38 +139,8 @@ impl MuonConfig {
     }
 }
 
-/// Per-parameter state: the momentum buffer (created at the first step) and the step count.
-#[derive(Debug)]
-pub struct MuonState<M> {
-    buffer: Option<M>,
-    steps: u64,
-}
-
-impl<M> Default for MuonState<M> {
-    fn default() -> Self {
-        Self {
-            buffer: None,
-            steps: 0,
-        }
-    }
-}
-
-impl<M> MuonState<M> {
-    /// A fresh state (zero momentum).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Steps applied so far.
-    pub fn steps(&self) -> u64 {
-        self.steps
-    }
-
-    /// The momentum buffer, once a step has been taken.
-    pub fn buffer(&self) -> Option<&M> {
-        self.buffer.as_ref()
-    }
-}
+/// Per-parameter state of [`Muon`]: the momentum buffer and the step count.
+pub type MuonState<M> = MomentumState<M>;
 
 /// What one Muon step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -272,8 +242,7 @@ impl Muon {
             w.scale(1.0 - c.lr * c.weight_decay)?;
         }
         w.axpy(-c.lr * scale, &o)?;
-        state.buffer = Some(buffer);
-        state.steps += 1;
+        state.record_step(buffer);
         Ok(MuonStep { scale, precision })
     }
 }

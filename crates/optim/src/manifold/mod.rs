@@ -52,7 +52,7 @@ use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{check_range, OptimError, Result};
-use crate::momentum::Momentum;
+use crate::momentum::{Momentum, MomentumState};
 use crate::msign::Msign;
 use crate::muon::{check_step_inputs, Layout};
 use crate::precision::{Precision, WorkingPrecision};
@@ -115,38 +115,8 @@ impl ManifoldMuonConfig {
     }
 }
 
-/// Per-parameter state: momentum buffer and step count.
-#[derive(Debug)]
-pub struct ManifoldState<M> {
-    buffer: Option<M>,
-    steps: u64,
-}
-
-impl<M> Default for ManifoldState<M> {
-    fn default() -> Self {
-        Self {
-            buffer: None,
-            steps: 0,
-        }
-    }
-}
-
-impl<M> ManifoldState<M> {
-    /// A fresh state.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Steps applied so far.
-    pub fn steps(&self) -> u64 {
-        self.steps
-    }
-
-    /// The momentum buffer, once a step has been taken.
-    pub fn buffer(&self) -> Option<&M> {
-        self.buffer.as_ref()
-    }
-}
+/// Per-parameter state of [`ManifoldMuon`]: the momentum buffer and the step count.
+pub type ManifoldState<M> = MomentumState<M>;
 
 /// What one manifold-Muon step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -324,8 +294,7 @@ impl ManifoldMuon {
         let new_t = new.duplicate()?.into_transpose();
         let manifold_violation = violation_tall(&new, &new_t, c.manifold)?;
         w.copy_from(&if flip { new.into_transpose() } else { new })?;
-        state.buffer = Some(buffer);
-        state.steps += 1;
+        state.record_step(buffer);
         Ok(ManifoldStep {
             dual: report,
             manifold_violation,
