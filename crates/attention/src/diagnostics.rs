@@ -1,6 +1,11 @@
 //! Attention diagnostics that training logs: entropy per row, the largest logit, saturation, the
 //! attention on the diagonal, and σ_max / σ_min / κ of each projection.
 //!
+//! The softmax Jacobian of a row p is J = diag(p) − ppᵀ (symmetric PSD, rows summing to 0), with
+//! ‖J‖_F² = Σ_i p_i² − 2 Σ_i p_i³ + (Σ_i p_i²)². It tends to 0 as p becomes one-hot: the
+//! "gradient degradation" that *Different Layers, Different Manifolds* blames for DGram
+//! attention's divergence (manifold notes §6); `mean_softmax_jacobian_frobenius` measures it.
+//!
 //! The spectral-conditioning notes (§9.3) predict that λ·I_k with λ = 10 and LayerNorm-scaled
 //! tokens collapses attention to the identity at initialization: mean diagonal probability → 1,
 //! entropy → 0. These numbers detect it.
@@ -28,6 +33,25 @@ pub struct AttentionDiagnostics {
     pub saturation_threshold: f64,
     /// The mean of P[i, i] over rows (1 for identity attention).
     pub mean_diagonal: f64,
+    /// The mean over rows of ‖diag(p) − ppᵀ‖_F over the unmasked entries
+    /// ([`softmax_jacobian_frobenius`]): 0 for one-hot rows, sqrt(n − 1)/n for uniform rows.
+    pub mean_softmax_jacobian_frobenius: f64,
+}
+
+/// ‖diag(p) − ppᵀ‖_F of one probability row, in O(n) without forming the matrix:
+/// ‖J‖_F² = Σ p_i² − 2 Σ p_i³ + (Σ p_i²)² (expand Σ_ij (δ_ij p_i − p_i p_j)²).
+/// For uniform p over n entries it is sqrt(n − 1)/n; for one-hot p it is 0.
+///
+/// ```
+/// let u = kappa_attention::softmax_jacobian_frobenius(&[0.25; 4]);
+/// assert!((u - 3f64.sqrt() / 4.0).abs() < 1e-15);
+/// assert_eq!(kappa_attention::softmax_jacobian_frobenius(&[1.0, 0.0]), 0.0);
+/// ```
+pub fn softmax_jacobian_frobenius(p: &[f64]) -> f64 {
+    let (s2, s3) = p
+        .iter()
+        .fold((0.0, 0.0), |(a, b), &x| (a + x * x, b + x * x * x));
+    (s2 - 2.0 * s3 + s2 * s2).max(0.0).sqrt()
 }
 
 /// The default saturation threshold: a row is saturated when > 99% of its mass is on one token.
@@ -67,15 +91,18 @@ pub fn attention_diagnostics<A: Real>(
     let n = p.nrows();
     let m = p.ncols();
     let mut entropy = Vec::with_capacity(n);
-    let (mut max_logit, mut saturated, mut diag, mut uniform) =
-        (f64::NEG_INFINITY, 0usize, 0.0, 0.0);
+    let (mut max_logit, mut saturated, mut diag, mut uniform, mut jac) =
+        (f64::NEG_INFINITY, 0usize, 0.0, 0.0, 0.0);
+    let mut probs = Vec::with_capacity(m);
     for i in 0..n {
         let len = if causal { (i + 1).min(m) } else { m };
         let row = p.row(i);
         let mut h = 0.0;
         let mut pmax = 0.0f64;
+        probs.clear();
         for j in 0..len {
             let x = row[j].to_f64_lossy();
+            probs.push(x);
             if x > 0.0 {
                 h -= x * x.ln();
             }
@@ -83,6 +110,7 @@ pub fn attention_diagnostics<A: Real>(
             max_logit = max_logit.max(scores[[i, j]].to_f64_lossy());
         }
         entropy.push(h.max(0.0));
+        jac += softmax_jacobian_frobenius(&probs);
         saturated += usize::from(pmax > threshold);
         if i < m {
             diag += row[i].to_f64_lossy();
@@ -98,6 +126,7 @@ pub fn attention_diagnostics<A: Real>(
         saturated_fraction: saturated as f64 / nf,
         saturation_threshold: threshold,
         mean_diagonal: diag / nf,
+        mean_softmax_jacobian_frobenius: jac / nf,
     })
 }
 
@@ -119,6 +148,7 @@ impl<A: Real> Forward<A> {
             saturated_fraction: f64::NAN,
             saturation_threshold: SATURATION_THRESHOLD,
             mean_diagonal: f64::NAN,
+            mean_softmax_jacobian_frobenius: f64::NAN,
         })
     }
 }

@@ -70,8 +70,8 @@ pub use correction::{
     ShiftFlops, SvdCorrection,
 };
 pub use diagnostics::{
-    attention_diagnostics, projection_stats, AttentionDiagnostics, ProjectionStats,
-    SATURATION_THRESHOLD,
+    attention_diagnostics, projection_stats, softmax_jacobian_frobenius, AttentionDiagnostics,
+    ProjectionStats, SATURATION_THRESHOLD,
 };
 pub use error::{AttentionError, Result};
 pub use jacobian::{WeightJacobian, WeightSet};

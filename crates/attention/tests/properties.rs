@@ -6,7 +6,7 @@
 
 use kappa_attention::{
     attention_diagnostics, block_identity, full_rank_bound, identity_shift_flops, k_rank_bound,
-    rect_identity, softmax_jacobian_apply, softmax_jacobian_dense,
+    rect_identity, softmax_jacobian_apply, softmax_jacobian_dense, softmax_jacobian_frobenius,
     softmax_jacobian_singular_values, softmax_rows, theorem_3_4, AttentionError, AttentionOptions,
     Forward, HeadLayout, IdentityShift, LambdaPolicy, MultiHeadAttention, ScoreScale,
     SelfAttention, SvdCorrection,
@@ -643,6 +643,13 @@ fn large_lambda_collapses_attention_to_the_identity() {
             && collapsed.mean_entropy < 0.05,
         "{collapsed:?}"
     );
+    // Saturated rows pass (almost) no gradient through the softmax.
+    assert!(
+        collapsed.mean_softmax_jacobian_frobenius < 0.05 * plain.mean_softmax_jacobian_frobenius,
+        "{} vs {}",
+        collapsed.mean_softmax_jacobian_frobenius,
+        plain.mean_softmax_jacobian_frobenius
+    );
     // The diagnostics themselves: one-hot rows have entropy 0.
     let p = Array2::<f64>::eye(3);
     let d = attention_diagnostics(p.view(), p.view(), false, 0.99).unwrap();
@@ -891,4 +898,24 @@ fn t6_theorem_3_4_pass_rates() {
         b.structural_infinite, b.structural,
         "every N > 3D − k instance has κ(J) = ∞"
     );
+}
+
+proptest! {
+    #![proptest_config(cfg(64))]
+
+    /// The O(n) softmax-Jacobian Frobenius norm equals the dense one: Λ is block diagonal with
+    /// blocks J_i = diag(p_i) − p_i p_iᵀ, so Σ_i ‖J_i‖_F² = ‖Λ‖_F².
+    #[test]
+    fn softmax_jacobian_frobenius_matches_dense(n in 1usize..12, seed in any::<u64>(), scale in 0.1f64..30.0) {
+        let s = gaussian(&mut ChaCha8Rng::seed_from_u64(seed), n, n, scale);
+        let p = softmax_rows(s.view(), false).unwrap();
+        let dense = softmax_jacobian_dense(p.view()).unwrap();
+        let want: f64 = dense.iter().map(|x| x * x).sum();
+        let got: f64 = p
+            .rows()
+            .into_iter()
+            .map(|r| softmax_jacobian_frobenius(&r.to_vec()).powi(2))
+            .sum();
+        prop_assert!((got - want).abs() <= 1e-12 * want.max(1e-300) + 1e-15, "{got} vs {want}");
+    }
 }

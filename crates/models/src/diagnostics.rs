@@ -21,6 +21,7 @@ use kappa_attention::{
     SATURATION_THRESHOLD,
 };
 use kappa_linalg::tch_backend::array_from_tensor;
+use kappa_linalg::{singular_values, SvdDriver};
 use ndarray::{concatenate, Array2, Axis};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
@@ -111,6 +112,9 @@ pub struct HeadDiagnostics {
     /// Largest score.
     #[serde(with = "crate::float")]
     pub max_logit: f64,
+    /// Mean over rows of ‖diag(p) − ppᵀ‖_F, the softmax Jacobian (0 when rows are one-hot).
+    #[serde(with = "crate::float", default = "nan")]
+    pub softmax_jacobian_frobenius: f64,
     /// The layer's λ (identity and scale-aware conditioning).
     pub lambda: Option<f64>,
     /// Exact Jacobian κ (when computed).
@@ -185,8 +189,8 @@ pub fn diagnose<M: Transformer + ?Sized>(
             let (wq, sq) = spectrum(&heads.get(head as i64))?;
             let (wk, sk) = spectrum(&heads.get((h + head) as i64))?;
             let (wv, sv) = spectrum(&heads.get((2 * h + head) as i64))?;
-            let (mut ent, mut sat, mut diag, mut uni, mut maxl) =
-                (0.0, 0.0, 0.0, 0.0, f64::NEG_INFINITY);
+            let (mut ent, mut sat, mut diag, mut uni, mut jac, mut maxl) =
+                (0.0, 0.0, 0.0, 0.0, 0.0, f64::NEG_INFINITY);
             for s in 0..samples {
                 let p = array_from_tensor(&trace.probs.get(s as i64).get(head as i64))?;
                 let sc = array_from_tensor(&trace.scores.get(s as i64).get(head as i64))?;
@@ -196,6 +200,7 @@ pub fn diagnose<M: Transformer + ?Sized>(
                 sat += a.saturated_fraction;
                 diag += a.mean_diagonal;
                 uni += a.uniform_entropy;
+                jac += a.mean_softmax_jacobian_frobenius;
                 maxl = maxl.max(a.max_logit);
             }
             let m = samples as f64;
@@ -250,12 +255,115 @@ pub fn diagnose<M: Transformer + ?Sized>(
                 saturated_fraction: sat / m,
                 mean_diagonal: diag / m,
                 max_logit: maxl,
+                softmax_jacobian_frobenius: jac / m,
                 lambda: attn.lambda(),
                 jacobian,
             });
         }
     }
     Ok(out)
+}
+
+fn nan() -> f64 {
+    f64::NAN
+}
+
+/// The spectral state of one weight matrix, in its tall orientation (transposed when it has
+/// more columns than rows, so the Gram WᵀW is over the smaller side — the orientation manifold
+/// Muon constrains). Logged at every evaluation for the matrices the optimizers constrain.
+///
+/// For W on DGram (Off(WᵀW) = 0) the singular values are the column norms; on Stiefel all are 1.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MatrixDiagnostics {
+    /// The var-store name.
+    pub name: String,
+    /// Stored shape (rows, cols).
+    pub shape: (usize, usize),
+    /// All singular values, descending (empty when min(m, n) exceeds the limit given to
+    /// [`matrix_diagnostics`]).
+    pub singular_values: Vec<f64>,
+    /// σ_max.
+    #[serde(with = "crate::float")]
+    pub sigma_max: f64,
+    /// σ_min (the min(m, n)-th singular value).
+    #[serde(with = "crate::float")]
+    pub sigma_min: f64,
+    /// σ_max/σ_min (∞ when σ_min = 0).
+    #[serde(with = "crate::float")]
+    pub kappa: f64,
+    /// ‖Off(WᵀW)‖_F: 0 on DGram and Stiefel.
+    #[serde(with = "crate::float")]
+    pub off_gram: f64,
+    /// ‖WᵀW − I‖_F/√n: 0 on Stiefel.
+    #[serde(with = "crate::float")]
+    pub stiefel_violation: f64,
+    /// The smallest column norm (tall orientation).
+    #[serde(with = "crate::float")]
+    pub column_norm_min: f64,
+    /// The largest column norm (tall orientation).
+    #[serde(with = "crate::float")]
+    pub column_norm_max: f64,
+}
+
+/// [`MatrixDiagnostics`] of `w` (any float kind, any device), keeping every singular value when
+/// min(m, n) ≤ `keep_singular_values`. Cost: one f64 SVD of singular values only and one
+/// Gram product.
+///
+/// Errors: `w` not 2-D, empty or non-finite.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// let w = Tensor::eye(4, (Kind::Float, Device::Cpu)).narrow(1, 0, 3) * 2.0;
+/// let d = kappa_models::matrix_diagnostics("w", &w, 64)?;
+/// assert_eq!(d.singular_values, vec![2.0, 2.0, 2.0]);
+/// assert_eq!((d.off_gram, d.column_norm_max), (0.0, 2.0));
+/// # Ok::<(), kappa_models::ModelsError>(())
+/// ```
+pub fn matrix_diagnostics(
+    name: &str,
+    w: &Tensor,
+    keep_singular_values: usize,
+) -> Result<MatrixDiagnostics> {
+    let a = array_from_tensor(w)?;
+    let shape = a.dim();
+    let tall = if shape.0 >= shape.1 {
+        a
+    } else {
+        a.reversed_axes()
+    };
+    let s = singular_values(tall.view(), SvdDriver::default())?.to_vec();
+    let gram = tall.t().dot(&tall);
+    let n = gram.nrows();
+    let (mut off, mut eye) = (0.0, 0.0);
+    for ((i, j), &g) in gram.indexed_iter() {
+        let target = if i == j { 1.0 } else { 0.0 };
+        eye += (g - target) * (g - target);
+        if i != j {
+            off += g * g;
+        }
+    }
+    let norms: Vec<f64> = gram.diag().iter().map(|g| g.max(0.0).sqrt()).collect();
+    let (smax, smin) = (s[0], s[s.len() - 1]);
+    Ok(MatrixDiagnostics {
+        name: name.to_string(),
+        shape,
+        singular_values: if n <= keep_singular_values {
+            s
+        } else {
+            Vec::new()
+        },
+        sigma_max: smax,
+        sigma_min: smin,
+        kappa: if smin > 0.0 {
+            smax / smin
+        } else {
+            f64::INFINITY
+        },
+        off_gram: off.sqrt(),
+        stiefel_violation: (eye / n as f64).sqrt(),
+        column_norm_min: norms.iter().copied().fold(f64::INFINITY, f64::min),
+        column_norm_max: norms.iter().copied().fold(0.0, f64::max),
+    })
 }
 
 /// Means over heads and layers of the headline diagnostics (for progress lines and plots).

@@ -74,6 +74,10 @@ pub enum ModelsError {
     /// A metrics sink (for example an experiment's `metrics.jsonl`) refused a record.
     #[error("metrics sink: {0}")]
     Sink(String),
+    /// An optimizer (Muon, manifold Muon) refused a step: non-finite gradient, a weight off its
+    /// manifold, a diverging dual ascent.
+    #[error("optimizer: {0}")]
+    Optimizer(String),
     /// An error raised by libtorch.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),

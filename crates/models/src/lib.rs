@@ -7,8 +7,9 @@
 //! | [`gpt`] | [`Gpt`], [`GptConfig`] (`tiny`, `cpu`, `gpt2_small`) |
 //! | [`vit`] | [`Vit`], [`VitConfig`] (`tiny`, `cpu`, `vit_b16`) |
 //! | [`data`] | [`FashionMnist`] (IDX), [`TextCorpus`] (SOTU; characters or GPT-2 BPE), deterministic batches, `fixtures` |
-//! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy and saturation, exact κ(J) |
+//! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy, saturation and softmax-Jacobian norm, exact κ(J); [`matrix_diagnostics`] (spectrum, Gram off-diagonal, column norms) |
 //! | [`train`] | [`TrainConfig`], [`Trainer`] (AdamW groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`] |
+//! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
 //! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
 //! | [`device`], [`error`] | [`parse_device`], [`ModelsError`] |
 //!
@@ -35,6 +36,7 @@ pub mod error;
 pub mod float;
 pub mod gpt;
 pub mod layers;
+pub mod modulewise;
 pub mod tasks;
 pub mod train;
 pub mod vit;
@@ -44,13 +46,19 @@ pub use attention::{
 };
 pub use data::{FashionMnist, Split, TextCorpus, Tokenizer, TokenizerKind};
 pub use device::parse_device;
-pub use diagnostics::{diagnose, summarize, DiagnosticsConfig, HeadDiagnostics};
+pub use diagnostics::{
+    diagnose, matrix_diagnostics, summarize, DiagnosticsConfig, HeadDiagnostics, MatrixDiagnostics,
+};
 pub use error::{ModelsError, Result};
 pub use gpt::{Gpt, GptConfig};
 pub use layers::{Block, Transformer};
+pub use modulewise::{
+    modulewise_groups, Assignment, Geometry, ManifoldGroup, ModuleLabel, ModulewiseConfig,
+    MuonGroup, Preset,
+};
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use train::{
-    adamw_groups, seeded, AdamW, Eval, GroupOptimizer, JsonlSink, Outcome, ParamGroup, Record,
-    Summary, Task, TrainConfig, Trainer,
+    adamw_groups, seeded, AdamW, DivergenceReference, Eval, GroupOptimizer, JsonlSink,
+    OptimizerStats, Outcome, ParamGroup, Record, Summary, Task, TrainConfig, Trainer,
 };
 pub use vit::{Vit, VitConfig};

@@ -9,8 +9,9 @@
 //!
 //! 1. lr(i) = lr·(i+1)/(w+1) for i < w (warmup); then
 //!    lr(i) = lr_min + ½(1 + cos(π·(i−w)/(S−w)))·(lr − lr_min) (cosine to lr_min at step S).
-//! 2. loss = task loss on the batch of step i (a pure function of (seed, i)); non-finite, or
-//!    more than `divergence_factor` × the first step's loss, stops the run as diverged.
+//! 2. loss = task loss on the batch of step i (a pure function of (seed, i)); a non-finite loss
+//!    stops the run as diverged, and so does a loss above `divergence_factor` × its reference
+//!    ([`DivergenceReference`]: the first step's loss, or the best smoothed loss so far).
 //! 3. Backward; ‖g‖ = (Σ‖g_p‖²)^{1/2} over every trainable tensor; if `grad_clip` > 0 and
 //!    ‖g‖ > clip, every gradient is scaled by clip/(‖g‖ + 1e-6) (PyTorch's `clip_grad_norm_`).
 //!    A non-finite ‖g‖ stops the run as diverged.
@@ -19,6 +20,10 @@
 //!    (single-tensor form): p ← p(1 − lr·wd); m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²;
 //!    p ← p − (lr/(1−β₁ᵗ))·m/(√v/√(1−β₂ᵗ) + ε).
 //! 5. The task refreshes its spectral corrections (SVD, scale-aware λ) for the new weights.
+//!
+//! Training records carry each group's [`OptimizerStats`] (dual-ascent iterations and
+//! violations for manifold Muon); evaluation records carry per-head attention diagnostics and,
+//! with `matrix_diagnostics`, the spectrum of every hidden matrix ([`MatrixDiagnostics`]).
 //!
 //! # Determinism and resume
 //!
@@ -38,7 +43,9 @@ use serde::{Deserialize, Serialize};
 use tch::{nn, Kind, Tensor};
 
 use crate::device::parse_device;
-use crate::diagnostics::{summarize, DiagnosticsConfig, HeadDiagnostics};
+use crate::diagnostics::{
+    matrix_diagnostics, summarize, DiagnosticsConfig, HeadDiagnostics, MatrixDiagnostics,
+};
 use crate::error::{ModelsError, Result};
 
 static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -92,8 +99,18 @@ pub struct TrainConfig {
     pub log_every: u64,
     /// Write a checkpoint every this many steps (0: only at the end), when a path is given.
     pub checkpoint_every: u64,
-    /// Stop when the loss exceeds this multiple of the first step's loss (> 1).
+    /// Stop when the loss exceeds this multiple of its reference (> 1).
     pub divergence_factor: f64,
+    /// What `divergence_factor` multiplies.
+    #[serde(default)]
+    pub divergence_reference: DivergenceReference,
+    /// Evaluate (and diagnose) once before the first step too.
+    #[serde(default)]
+    pub eval_at_start: bool,
+    /// At every evaluation, log [`MatrixDiagnostics`] of every hidden matrix (rank-2
+    /// non-embedding parameter): singular values, Gram off-diagonal, column norms.
+    #[serde(default)]
+    pub matrix_diagnostics: bool,
     /// The seed of the data order (and, by convention, of the initialization).
     pub seed: u64,
     /// libtorch intra-op threads (0 leaves libtorch's default).
@@ -124,6 +141,9 @@ impl Default for TrainConfig {
             log_every: 10,
             checkpoint_every: 0,
             divergence_factor: 4.0,
+            divergence_reference: DivergenceReference::First,
+            eval_at_start: false,
+            matrix_diagnostics: false,
             seed: 0,
             threads: 0,
             device: "cpu".into(),
@@ -132,6 +152,22 @@ impl Default for TrainConfig {
         }
     }
 }
+
+/// The loss that `divergence_factor` multiplies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DivergenceReference {
+    /// The first step's loss: only a blow-up past the untrained loss counts.
+    #[default]
+    First,
+    /// The lowest value so far of the loss's exponential moving average (weight 0.1 on the new
+    /// loss), compared with the current average: a run that climbs back up from its best counts
+    /// ("a configurable multiple of its best"), while one lucky low batch does not.
+    Best,
+}
+
+/// The smoothing of [`DivergenceReference::Best`]: ema ← (1 − w)·ema + w·loss.
+pub const LOSS_EMA_WEIGHT: f64 = 0.1;
 
 impl TrainConfig {
     /// Parses a `TrainConfig` from TOML and validates it.
@@ -247,6 +283,43 @@ pub trait GroupOptimizer: std::fmt::Debug {
     fn state(&self) -> Vec<(String, Tensor)>;
     /// Restores what [`GroupOptimizer::state`] returned.
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
+    /// What the optimizer did since the last call (logged with each training record);
+    /// `None` when it keeps no statistics.
+    fn take_stats(&mut self) -> Option<OptimizerStats> {
+        None
+    }
+}
+
+/// What a group's optimizer did between two training records. The dual-ascent fields are
+/// means over the matrix updates of manifold Muon (`None` for other optimizers).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerStats {
+    /// Matrix (or block) updates.
+    pub updates: u64,
+    /// Seconds spent in the optimizer's step.
+    pub seconds: f64,
+    /// Mean dual-ascent iterations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dual_steps: Option<f64>,
+    /// Mean msign calls per update (dual ascent, closed form and diagnostics; the retraction
+    /// not included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msign_calls: Option<f64>,
+    /// Mean final tangent violation ‖P(WᵀA + AᵀW)‖_F/n.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub violation: Option<f64>,
+    /// Largest final tangent violation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub violation_max: Option<f64>,
+    /// Mean ⟨G, A⟩/‖G‖_*: the share of the unconstrained (Muon) descent kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub descent_ratio: Option<f64>,
+    /// Updates whose dual ascent diverged (applied anyway under `OnDivergence::Apply`).
+    #[serde(default)]
+    pub diverged: u64,
+    /// Largest manifold violation after the retraction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifold_violation_max: Option<f64>,
 }
 
 /// PyTorch's AdamW (decoupled weight decay, bias-corrected moments), state allocated lazily.
@@ -455,6 +528,9 @@ pub enum Record {
         units_per_second: f64,
         /// Seconds since the run (or the resumed run) started.
         seconds: f64,
+        /// Per-group optimizer statistics since the previous training record.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        optimizers: BTreeMap<String, OptimizerStats>,
     },
     /// An evaluation.
     Eval {
@@ -465,6 +541,9 @@ pub enum Record {
         eval: Eval,
         /// Per-head diagnostics (empty when disabled).
         heads: Vec<HeadDiagnostics>,
+        /// Hidden-matrix spectra (empty unless `matrix_diagnostics`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        matrices: Vec<MatrixDiagnostics>,
     },
     /// The run stopped because it diverged.
     Diverged {
@@ -517,12 +596,44 @@ pub struct Trainer<'a> {
     groups: Vec<ParamGroup>,
     step: u64,
     first_loss: Option<f64>,
+    loss_ema: Option<f64>,
+    best_ema: Option<f64>,
     stop_after: Option<u64>,
     label: String,
 }
 
 const CKPT_MODEL: &str = "model/";
 const CKPT_OPTIM: &str = "optim/";
+/// Matrices with at most this many singular values log all of them.
+const MATRIX_SINGULAR_VALUES: usize = 1024;
+
+/// Wall-clock accounting of one [`Trainer::run`] call.
+struct Clock {
+    started: Instant,
+    train_seconds: f64,
+    units: u64,
+    steps: u64,
+}
+
+impl Clock {
+    fn summary(&self, outcome: Outcome, last_eval: Option<Eval>) -> Summary {
+        Summary {
+            outcome,
+            last_eval,
+            seconds: self.started.elapsed().as_secs_f64(),
+            units_per_second: if self.train_seconds > 0.0 {
+                self.units as f64 / self.train_seconds
+            } else {
+                0.0
+            },
+            seconds_per_step: if self.steps > 0 {
+                self.train_seconds / self.steps as f64
+            } else {
+                0.0
+            },
+        }
+    }
+}
 
 impl<'a> Trainer<'a> {
     /// A trainer with the default AdamW groups ([`adamw_groups`]); validates the config and
@@ -573,6 +684,8 @@ impl<'a> Trainer<'a> {
             groups,
             step: 0,
             first_loss: None,
+            loss_ema: None,
+            best_ema: None,
             stop_after: None,
             label: String::from("train"),
         })
@@ -600,8 +713,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// Writes a checkpoint (safetensors): `model/<var>` for every var-store variable,
-    /// `optim/<group>/<state>`, `trainer/step`, `trainer/first_loss`, `rng/seed`,
-    /// `rng/counter`.
+    /// `optim/<group>/<state>`, `trainer/step`, `trainer/first_loss`, `trainer/loss_ema`,
+    /// `trainer/best_ema`, `rng/seed`, `rng/counter`.
     pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
         let mut named: Vec<(String, Tensor)> = self
             .vs
@@ -622,6 +735,12 @@ impl<'a> Trainer<'a> {
             "trainer/first_loss".into(),
             Tensor::from_slice(&[self.first_loss.unwrap_or(f64::NAN)]),
         ));
+        for (key, value) in [
+            ("trainer/loss_ema", self.loss_ema),
+            ("trainer/best_ema", self.best_ema),
+        ] {
+            named.push((key.into(), Tensor::from_slice(&[value.unwrap_or(f64::NAN)])));
+        }
         named.push((
             "rng/seed".into(),
             Tensor::from_slice(&[self.config.seed as i64]),
@@ -717,6 +836,15 @@ impl<'a> Trainer<'a> {
         self.step = get("trainer/step")?.int64_value(&[0]) as u64;
         let first = get("trainer/first_loss")?.double_value(&[0]);
         self.first_loss = first.is_finite().then_some(first);
+        // Absent in checkpoints written before the `best` reference existed.
+        let optional = |k: &str| {
+            tensors
+                .get(k)
+                .map(|t| t.double_value(&[0]))
+                .filter(|x| x.is_finite())
+        };
+        self.loss_ema = optional("trainer/loss_ema");
+        self.best_ema = optional("trainer/best_ema");
         Ok(())
     }
 
@@ -744,11 +872,64 @@ impl<'a> Trainer<'a> {
         } else {
             Vec::new()
         };
+        let matrices = if self.config.matrix_diagnostics {
+            self.matrix_diagnostics()?
+        } else {
+            Vec::new()
+        };
         Ok(Record::Eval {
             step: self.step,
             eval,
             heads,
+            matrices,
         })
+    }
+
+    /// [`MatrixDiagnostics`] of every rank-2 non-embedding parameter, in group order.
+    fn matrix_diagnostics(&self) -> Result<Vec<MatrixDiagnostics>> {
+        let _guard = tch::no_grad_guard();
+        let mut out = Vec::new();
+        for g in &self.groups {
+            for (name, p) in g.names.iter().zip(&g.params) {
+                if p.dim() == 2 && !is_embedding(name) {
+                    out.push(matrix_diagnostics(name, p, MATRIX_SINGULAR_VALUES)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Updates the divergence reference with this step's loss; the reason when it diverged.
+    fn check_loss(&mut self, loss: f64) -> Option<String> {
+        if !loss.is_finite() {
+            return Some(format!("loss is {loss}"));
+        }
+        let first = *self.first_loss.get_or_insert(loss);
+        let ema = match self.loss_ema {
+            Some(e) => (1.0 - LOSS_EMA_WEIGHT) * e + LOSS_EMA_WEIGHT * loss,
+            None => loss,
+        };
+        self.loss_ema = Some(ema);
+        let best = self.best_ema.map_or(ema, |b| b.min(ema));
+        self.best_ema = Some(best);
+        let factor = self.config.divergence_factor;
+        match self.config.divergence_reference {
+            DivergenceReference::First if loss > factor * first => Some(format!(
+                "loss {loss:.4} exceeds {factor} × the first loss {first:.4}"
+            )),
+            DivergenceReference::Best if ema > factor * best => Some(format!(
+                "smoothed loss {ema:.4} exceeds {factor} × its best {best:.4}"
+            )),
+            _ => None,
+        }
+    }
+
+    /// Each group's optimizer statistics since the last call.
+    fn optimizer_stats(&mut self) -> BTreeMap<String, OptimizerStats> {
+        self.groups
+            .iter_mut()
+            .filter_map(|g| g.optimizer.take_stats().map(|s| (g.name.clone(), s)))
+            .collect()
     }
 
     /// Trains from the current step to the config's `steps` (or to [`Trainer::stop_after`]),
@@ -759,9 +940,13 @@ impl<'a> Trainer<'a> {
         sink: &mut dyn FnMut(&Record) -> Result<()>,
         checkpoint: Option<&Path>,
     ) -> Result<Summary> {
-        let started = Instant::now();
+        let mut clock = Clock {
+            started: Instant::now(),
+            train_seconds: 0.0,
+            units: 0,
+            steps: 0,
+        };
         let bar = self.progress_bar(task.unit());
-        let (mut train_seconds, mut units_total, mut steps_done) = (0.0f64, 0u64, 0u64);
         let (mut window_units, mut window_start) = (0u64, Instant::now());
         let mut last_eval = None;
         let end = self
@@ -772,6 +957,9 @@ impl<'a> Trainer<'a> {
             .iter()
             .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
             .collect();
+        if self.config.eval_at_start && self.step == 0 && end > 0 {
+            last_eval = Some(self.evaluate(task, &bar, sink)?);
+        }
         while self.step < end {
             let i = self.step;
             let t0 = Instant::now();
@@ -782,37 +970,8 @@ impl<'a> Trainer<'a> {
             }
             let (loss, units) = task.train_loss(i, self.config.batch_size)?;
             let loss_value = loss.double_value(&[]);
-            if !loss_value.is_finite() {
-                bar.abandon_with_message(format!("diverged at step {i}: loss {loss_value}"));
-                let o = diverge(sink, i, format!("loss is {loss_value}"))?;
-                return Ok(self.summary(
-                    o,
-                    last_eval,
-                    started,
-                    train_seconds,
-                    units_total,
-                    steps_done,
-                ));
-            }
-            let first = *self.first_loss.get_or_insert(loss_value);
-            if loss_value > self.config.divergence_factor * first {
-                bar.abandon_with_message(format!("diverged at step {i}: loss {loss_value:.4}"));
-                let o = diverge(
-                    sink,
-                    i,
-                    format!(
-                        "loss {loss_value:.4} exceeds {} × the first loss {first:.4}",
-                        self.config.divergence_factor
-                    ),
-                )?;
-                return Ok(self.summary(
-                    o,
-                    last_eval,
-                    started,
-                    train_seconds,
-                    units_total,
-                    steps_done,
-                ));
+            if let Some(reason) = self.check_loss(loss_value) {
+                return diverge(&bar, sink, i, reason, &clock, last_eval);
             }
             loss.f_backward()?;
             let grad_norm = tch::no_grad(|| -> Result<f64> {
@@ -836,18 +995,8 @@ impl<'a> Trainer<'a> {
                 Ok(norm)
             })?;
             if !grad_norm.is_finite() {
-                bar.abandon_with_message(format!(
-                    "diverged at step {i}: gradient norm {grad_norm}"
-                ));
-                let o = diverge(sink, i, format!("gradient norm is {grad_norm}"))?;
-                return Ok(self.summary(
-                    o,
-                    last_eval,
-                    started,
-                    train_seconds,
-                    units_total,
-                    steps_done,
-                ));
+                let reason = format!("gradient norm is {grad_norm}");
+                return diverge(&bar, sink, i, reason, &clock, last_eval);
             }
             tch::no_grad(|| -> Result<()> {
                 for g in &mut self.groups {
@@ -857,21 +1006,23 @@ impl<'a> Trainer<'a> {
             })?;
             self.step += 1;
             tch::no_grad(|| task.after_step(self.step))?;
-            train_seconds += t0.elapsed().as_secs_f64();
-            units_total += units;
-            steps_done += 1;
+            clock.train_seconds += t0.elapsed().as_secs_f64();
+            clock.units += units;
+            clock.steps += 1;
             window_units += units;
             let step = self.step;
             if step % self.config.log_every == 0 || step == self.config.steps {
                 let window = window_start.elapsed().as_secs_f64().max(1e-9);
                 let ups = window_units as f64 / window;
+                let optimizers = self.optimizer_stats();
                 sink(&Record::Train {
                     step,
                     loss: loss_value,
                     lr,
                     grad_norm,
                     units_per_second: ups,
-                    seconds: started.elapsed().as_secs_f64(),
+                    seconds: clock.started.elapsed().as_secs_f64(),
+                    optimizers,
                 })?;
                 bar.set_message(format!(
                     "loss {loss_value:.4} · {} {}/s",
@@ -882,24 +1033,7 @@ impl<'a> Trainer<'a> {
                 window_start = Instant::now();
             }
             if step % self.config.eval_every == 0 || step == self.config.steps {
-                let record = self.eval_record(task)?;
-                if let Record::Eval { eval, heads, .. } = &record {
-                    last_eval = Some(*eval);
-                    let extra = if heads.is_empty() {
-                        String::new()
-                    } else {
-                        let s = summarize(heads);
-                        format!(" κ(W_Q) {:.2} H {:.2}", s.kappa_wq, s.entropy)
-                    };
-                    bar.println(format!(
-                        "{} step {step}: val loss {:.4}{}{extra}",
-                        self.label,
-                        eval.loss,
-                        eval.accuracy
-                            .map_or(String::new(), |a| format!(" acc {:.2}%", 100.0 * a))
-                    ));
-                }
-                sink(&record)?;
+                last_eval = Some(self.evaluate(task, &bar, sink)?);
                 window_start = Instant::now();
             }
             if let Some(path) = checkpoint {
@@ -919,53 +1053,55 @@ impl<'a> Trainer<'a> {
             }
             Outcome::Interrupted { step: self.step }
         };
-        Ok(self.summary(
-            outcome,
-            last_eval,
-            started,
-            train_seconds,
-            units_total,
-            steps_done,
-        ))
+        Ok(clock.summary(outcome, last_eval))
     }
 
-    fn summary(
+    /// One evaluation: the record goes to `sink`, a line to the progress bar.
+    fn evaluate<T: Task>(
         &self,
-        outcome: Outcome,
-        last_eval: Option<Eval>,
-        started: Instant,
-        train_seconds: f64,
-        units: u64,
-        steps: u64,
-    ) -> Summary {
-        Summary {
-            outcome,
-            last_eval,
-            seconds: started.elapsed().as_secs_f64(),
-            units_per_second: if train_seconds > 0.0 {
-                units as f64 / train_seconds
-            } else {
-                0.0
-            },
-            seconds_per_step: if steps > 0 {
-                train_seconds / steps as f64
-            } else {
-                0.0
-            },
-        }
+        task: &mut T,
+        bar: &ProgressBar,
+        sink: &mut dyn FnMut(&Record) -> Result<()>,
+    ) -> Result<Eval> {
+        let record = self.eval_record(task)?;
+        let Record::Eval { eval, heads, .. } = &record else {
+            unreachable!("eval_record returns Record::Eval")
+        };
+        let eval = *eval;
+        let extra = if heads.is_empty() {
+            String::new()
+        } else {
+            let s = summarize(heads);
+            format!(" κ(W_Q) {:.2} H {:.2}", s.kappa_wq, s.entropy)
+        };
+        bar.println(format!(
+            "{} step {}: val loss {:.4}{}{extra}",
+            self.label,
+            self.step,
+            eval.loss,
+            eval.accuracy
+                .map_or(String::new(), |a| format!(" acc {:.2}%", 100.0 * a))
+        ));
+        sink(&record)?;
+        Ok(eval)
     }
 }
 
+/// Stops a run as diverged: the record goes to `sink`, the progress bar keeps the reason.
 fn diverge(
+    bar: &ProgressBar,
     sink: &mut dyn FnMut(&Record) -> Result<()>,
     step: u64,
     reason: String,
-) -> Result<Outcome> {
+    clock: &Clock,
+    last_eval: Option<Eval>,
+) -> Result<Summary> {
+    bar.abandon_with_message(format!("diverged at step {step}: {reason}"));
     sink(&Record::Diverged {
         step,
         reason: reason.clone(),
     })?;
-    Ok(Outcome::Diverged { step, reason })
+    Ok(clock.summary(Outcome::Diverged { step, reason }, last_eval))
 }
 
 fn human(x: f64) -> String {

@@ -129,6 +129,12 @@ impl<M> MomentumState<M> {
         self.buffer.as_ref()
     }
 
+    /// A state restored from a checkpoint: the momentum buffer (None before the first step) and
+    /// the number of steps applied.
+    pub fn from_parts(buffer: Option<M>, steps: u64) -> Self {
+        Self { buffer, steps }
+    }
+
     /// Stores the advanced buffer after a step was applied.
     pub(crate) fn record_step(&mut self, buffer: M) {
         self.buffer = Some(buffer);

@@ -1,0 +1,657 @@
+//! Module-wise optimizer assignment, after *Different Layers, Different Manifolds*: every GPT
+//! weight gets a [`ModuleLabel`], an [`Assignment`] maps the hidden-matrix labels to a
+//! [`Geometry`] (AdamW, Muon, manifold Muon on Stiefel or on DGram), and
+//! [`modulewise_groups`] turns that into the [`ParamGroup`]s the [`Trainer`](crate::Trainer)
+//! runs. The five assignments of the paper are [`Preset`]s.
+//!
+//! # What the paper ran (manifold notes §4)
+//!
+//! * Hidden matrices — `attn.c_attn` (fused QKV, 3d×d), `attn.c_proj`, `mlp.c_fc`,
+//!   `mlp.c_proj` — go to Muon or manifold Muon; embeddings (AdamW with weight decay) and
+//!   LayerNorm gains (AdamW without) never do. Biases (the paper has none) join the gains.
+//! * The Muon learning rate follows the AdamW schedule: lr_Muon(t) = `muon_lr` · lr(t)/lr, so it
+//!   peaks at 0.02 when the AdamW peak is 6e-4 and ends at a tenth of that (the group's
+//!   `lr_scale` is `muon_lr`/lr).
+//! * The fused QKV block is constrained as one matrix, so under Stiefel only
+//!   W_qᵀW_q + W_kᵀW_k + W_vᵀW_v = I holds; [`Assignment::split_qkv`] constrains each d×d slice
+//!   instead.
+//! * Constrained matrices start on their manifold: the groups retract the usual init once
+//!   (for DGram with the paper's retraction this keeps the init's singular values, sorted).
+//! * Unconstrained Muon is the paper's (Polar Express, SGD-Nesterov momentum, no shape factor,
+//!   decoupled weight decay 0.1); manifold matrices get no weight decay.
+//! * A dual ascent that diverges is applied and counted, as the paper's code did
+//!   ([`OnDivergence::Apply`]); the counts reach `metrics.jsonl` through
+//!   [`OptimizerStats`].
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use kappa_optim::{
+    DGramRetraction, DualAscent, Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState, Muon,
+    MuonConfig, MuonState, OnDivergence,
+};
+use serde::{Deserialize, Serialize};
+use tch::{nn, Tensor};
+
+use crate::error::{ModelsError, Result};
+use crate::train::{
+    named_trainable, AdamW, GroupOptimizer, OptimizerStats, ParamGroup, TrainConfig,
+};
+
+/// What a GPT variable is, from its var-store name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModuleLabel {
+    /// `attn.c_attn.weight`: the fused (3d, d) QKV projection.
+    AttentionQkv,
+    /// `attn.c_proj.weight`: the (d, d) output projection.
+    AttentionOut,
+    /// `mlp.c_fc.weight`: the (r·d, d) expansion.
+    MlpIn,
+    /// `mlp.c_proj.weight`: the (d, r·d) contraction.
+    MlpOut,
+    /// `wte`, `wpe` (the token embedding is tied to the output head).
+    Embedding,
+    /// LayerNorm gains.
+    NormGain,
+    /// Biases of linear layers and LayerNorms.
+    Bias,
+}
+
+impl ModuleLabel {
+    /// The label of the variable `name`, or `None` for a name this GPT does not have.
+    ///
+    /// ```
+    /// use kappa_models::ModuleLabel;
+    /// assert_eq!(ModuleLabel::of("h.3.attn.c_attn.weight"), Some(ModuleLabel::AttentionQkv));
+    /// assert_eq!(ModuleLabel::of("h.0.mlp.c_proj.weight"), Some(ModuleLabel::MlpOut));
+    /// assert_eq!(ModuleLabel::of("ln_f.weight"), Some(ModuleLabel::NormGain));
+    /// assert_eq!(ModuleLabel::of("h.0.attn.c_attn.bias"), Some(ModuleLabel::Bias));
+    /// ```
+    pub fn of(name: &str) -> Option<Self> {
+        let parts: Vec<&str> = name.split('.').collect();
+        let last = *parts.last()?;
+        if last == "wte" || last == "wpe" {
+            return Some(Self::Embedding);
+        }
+        if last == "bias" {
+            return Some(Self::Bias);
+        }
+        if last != "weight" || parts.len() < 2 {
+            return None;
+        }
+        let module = parts[parts.len() - 2];
+        let parent = parts
+            .get(parts.len().wrapping_sub(3))
+            .copied()
+            .unwrap_or("");
+        match (parent, module) {
+            (_, m) if m.starts_with("ln") => Some(Self::NormGain),
+            ("attn", "c_attn") => Some(Self::AttentionQkv),
+            ("attn", "c_proj") => Some(Self::AttentionOut),
+            ("mlp", "c_fc") => Some(Self::MlpIn),
+            ("mlp", "c_proj") => Some(Self::MlpOut),
+            _ => None,
+        }
+    }
+
+    /// A short name (`attn_qkv`, `attn_out`, `mlp_in`, `mlp_out`, `embedding`, `norm_gain`,
+    /// `bias`), also the group name of hidden matrices.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::AttentionQkv => "attn_qkv",
+            Self::AttentionOut => "attn_out",
+            Self::MlpIn => "mlp_in",
+            Self::MlpOut => "mlp_out",
+            Self::Embedding => "embedding",
+            Self::NormGain => "norm_gain",
+            Self::Bias => "bias",
+        }
+    }
+
+    /// Whether the label belongs to attention (QKV or output projection).
+    pub fn is_attention(&self) -> bool {
+        matches!(self, Self::AttentionQkv | Self::AttentionOut)
+    }
+}
+
+/// The optimizer (and constraint) of a hidden matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Geometry {
+    /// AdamW with the train config's weight decay.
+    #[serde(rename = "adamw")]
+    AdamW,
+    /// Unconstrained Muon ([`ModulewiseConfig::muon`]).
+    Muon,
+    /// Manifold Muon on the Stiefel manifold (WᵀW = I).
+    Stiefel,
+    /// Manifold Muon on DGram (Off(WᵀW) = 0).
+    #[serde(rename = "dgram")]
+    DGram,
+}
+
+impl Geometry {
+    /// The manifold of a constrained geometry.
+    pub fn manifold(&self, retraction: DGramRetraction) -> Option<Manifold> {
+        match self {
+            Self::Stiefel => Some(Manifold::Stiefel),
+            Self::DGram => Some(Manifold::DGram(retraction)),
+            Self::AdamW | Self::Muon => None,
+        }
+    }
+}
+
+/// Which geometry each hidden-matrix label gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Assignment {
+    /// `attn.c_attn`.
+    pub attention_qkv: Geometry,
+    /// `attn.c_proj`.
+    pub attention_out: Geometry,
+    /// `mlp.c_fc`.
+    pub mlp_in: Geometry,
+    /// `mlp.c_proj`.
+    pub mlp_out: Geometry,
+    /// Treat `c_attn` as three d×d matrices W_Q, W_K, W_V (each constrained and with its own
+    /// momentum) instead of one fused 3d×d block (the paper).
+    pub split_qkv: bool,
+}
+
+impl Assignment {
+    /// `attention` for both attention matrices, `mlp` for both MLP matrices, QKV fused.
+    pub const fn attention_mlp(attention: Geometry, mlp: Geometry) -> Self {
+        Self {
+            attention_qkv: attention,
+            attention_out: attention,
+            mlp_in: mlp,
+            mlp_out: mlp,
+            split_qkv: false,
+        }
+    }
+
+    /// The geometry of a hidden-matrix label (`None` for embeddings, gains and biases, which
+    /// always get AdamW).
+    pub fn geometry(&self, label: ModuleLabel) -> Option<Geometry> {
+        match label {
+            ModuleLabel::AttentionQkv => Some(self.attention_qkv),
+            ModuleLabel::AttentionOut => Some(self.attention_out),
+            ModuleLabel::MlpIn => Some(self.mlp_in),
+            ModuleLabel::MlpOut => Some(self.mlp_out),
+            ModuleLabel::Embedding | ModuleLabel::NormGain | ModuleLabel::Bias => None,
+        }
+    }
+}
+
+/// The paper's five assignments (its Table 1; validation loss of GPT-2 small on OpenWebText
+/// after 50k steps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING-KEBAB-CASE")]
+pub enum Preset {
+    /// Muon everywhere (the paper's `none`).
+    Unconstrained,
+    /// Stiefel attention and MLP.
+    AllStiefel,
+    /// DGram attention and MLP.
+    #[serde(rename = "ALL-DGRAM")]
+    AllDGram,
+    /// Stiefel attention, DGram MLP (the paper's best).
+    Hetero,
+    /// DGram attention, Stiefel MLP.
+    HeteroInv,
+}
+
+impl Preset {
+    /// All five, in the paper's table order.
+    pub const ALL: [Preset; 5] = [
+        Preset::Unconstrained,
+        Preset::AllStiefel,
+        Preset::AllDGram,
+        Preset::Hetero,
+        Preset::HeteroInv,
+    ];
+
+    /// The assignment.
+    pub const fn assignment(&self) -> Assignment {
+        use Geometry::{DGram, Muon, Stiefel};
+        match self {
+            Preset::Unconstrained => Assignment::attention_mlp(Muon, Muon),
+            Preset::AllStiefel => Assignment::attention_mlp(Stiefel, Stiefel),
+            Preset::AllDGram => Assignment::attention_mlp(DGram, DGram),
+            Preset::Hetero => Assignment::attention_mlp(Stiefel, DGram),
+            Preset::HeteroInv => Assignment::attention_mlp(DGram, Stiefel),
+        }
+    }
+
+    /// The paper's name (`UNCONSTRAINED`, `ALL-STIEFEL`, `ALL-DGRAM`, `HETERO`, `HETERO-INV`).
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Preset::Unconstrained => "UNCONSTRAINED",
+            Preset::AllStiefel => "ALL-STIEFEL",
+            Preset::AllDGram => "ALL-DGRAM",
+            Preset::Hetero => "HETERO",
+            Preset::HeteroInv => "HETERO-INV",
+        }
+    }
+
+    /// The paper's final validation loss (`None`: "Unstable").
+    pub const fn paper_val_loss(&self) -> Option<f64> {
+        match self {
+            Preset::Unconstrained => Some(3.3855),
+            Preset::AllStiefel => Some(3.3679),
+            Preset::Hetero => Some(3.3544),
+            Preset::AllDGram | Preset::HeteroInv => None,
+        }
+    }
+}
+
+/// How the hidden matrices are optimized.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModulewiseConfig {
+    /// Labels → geometries.
+    pub assignment: Assignment,
+    /// The peak Muon / manifold-Muon learning rate (the spectral norm of a step). It follows
+    /// the AdamW schedule: lr_Muon(t) = `muon_lr`·lr(t)/lr.
+    pub muon_lr: f64,
+    /// Settings of [`Geometry::Muon`] (its `lr` is replaced by the schedule).
+    pub muon: MuonConfig,
+    /// Settings of [`Geometry::Stiefel`] and [`Geometry::DGram`] (`lr` is replaced by the
+    /// schedule, `manifold` by the label's geometry).
+    pub manifold: ManifoldMuonConfig,
+    /// The DGram retraction.
+    pub dgram_retraction: DGramRetraction,
+    /// AdamW weight decay of the embeddings (the paper: 0.1, like nanoGPT).
+    pub embedding_weight_decay: f64,
+}
+
+impl ModulewiseConfig {
+    /// The paper's settings for `preset`: Muon lr 0.02, [`MuonConfig::paper`],
+    /// [`ManifoldMuonConfig::paper`] with divergent dual ascents applied and counted, the
+    /// paper's DGram retraction, embedding weight decay 0.1.
+    pub fn paper(preset: Preset) -> Self {
+        let mut manifold = ManifoldMuonConfig::paper(Manifold::Stiefel);
+        manifold.dual = DualAscent {
+            on_divergence: OnDivergence::Apply,
+            ..DualAscent::paper()
+        };
+        Self {
+            assignment: preset.assignment(),
+            muon_lr: 0.02,
+            muon: MuonConfig::paper(),
+            manifold,
+            dgram_retraction: DGramRetraction::Paper,
+            embedding_weight_decay: 0.1,
+        }
+    }
+
+    /// Checks every field.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.muon_lr.is_finite() && self.muon_lr > 0.0) {
+            return Err(ModelsError::config(
+                "modulewise.muon_lr",
+                format!("must be finite and > 0, found {}", self.muon_lr),
+            ));
+        }
+        if !(self.embedding_weight_decay.is_finite() && self.embedding_weight_decay >= 0.0) {
+            return Err(ModelsError::config(
+                "modulewise.embedding_weight_decay",
+                format!(
+                    "must be finite and ≥ 0, found {}",
+                    self.embedding_weight_decay
+                ),
+            ));
+        }
+        let optim = |field: &str, e: kappa_optim::OptimError| {
+            ModelsError::config(format!("modulewise.{field}"), e.to_string())
+        };
+        self.muon.validate().map_err(|e| optim("muon", e))?;
+        self.manifold.validate().map_err(|e| optim("manifold", e))
+    }
+}
+
+/// The parameter groups of a GPT under `config`: one group per hidden-matrix label (named by
+/// [`ModuleLabel::name`], optimizer by the label's [`Geometry`]), `embedding` (AdamW, weight
+/// decay `embedding_weight_decay`) and `gain_bias` (AdamW, no decay). Constrained matrices are
+/// retracted onto their manifold here, in place.
+///
+/// Errors: an invalid config; a trainable variable without a label (not a GPT of this crate);
+/// a hidden matrix that is not 2-D, or a QKV matrix whose rows do not split into 3 when
+/// `split_qkv` is on.
+pub fn modulewise_groups(
+    vs: &nn::VarStore,
+    config: &ModulewiseConfig,
+    train: &TrainConfig,
+) -> Result<Vec<ParamGroup>> {
+    config.validate()?;
+    let mut by_label: Vec<(ModuleLabel, Vec<(String, Tensor)>)> = Vec::new();
+    for (name, t) in named_trainable(vs) {
+        let label = ModuleLabel::of(&name).ok_or_else(|| {
+            ModelsError::config(
+                "modulewise",
+                format!("variable `{name}` has no module label (is this a kappa GPT?)"),
+            )
+        })?;
+        match by_label.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, v)) => v.push((name, t)),
+            None => by_label.push((label, vec![(name, t)])),
+        }
+    }
+    by_label.sort_by_key(|(l, _)| *l);
+    let adamw = |wd: f64| Box::new(AdamW::new(train.beta1, train.beta2, train.eps, wd));
+    let muon_scale = config.muon_lr / train.lr;
+    let mut groups = Vec::new();
+    let mut gain_bias = (Vec::new(), Vec::new());
+    for (label, items) in by_label {
+        let (names, params): (Vec<String>, Vec<Tensor>) = items.into_iter().unzip();
+        let geometry = match config.assignment.geometry(label) {
+            Some(g) => g,
+            None if label == ModuleLabel::Embedding => {
+                groups.push(ParamGroup {
+                    name: label.name().into(),
+                    names,
+                    params,
+                    lr_scale: 1.0,
+                    optimizer: adamw(config.embedding_weight_decay),
+                });
+                continue;
+            }
+            None => {
+                gain_bias.0.extend(names);
+                gain_bias.1.extend(params);
+                continue;
+            }
+        };
+        let parts = if label == ModuleLabel::AttentionQkv && config.assignment.split_qkv {
+            3
+        } else {
+            1
+        };
+        let blocks = blocks_of(&names, &params, parts)?;
+        let (optimizer, lr_scale): (Box<dyn GroupOptimizer>, f64) = match geometry {
+            Geometry::AdamW => (adamw(train.weight_decay), 1.0),
+            Geometry::Muon => (Box::new(MuonGroup::new(config.muon, blocks)?), muon_scale),
+            Geometry::Stiefel | Geometry::DGram => {
+                let manifold = geometry
+                    .manifold(config.dgram_retraction)
+                    .ok_or_else(|| ModelsError::config("modulewise", "unreachable geometry"))?;
+                let cfg = ManifoldMuonConfig {
+                    manifold,
+                    ..config.manifold
+                };
+                (
+                    Box::new(ManifoldGroup::new(cfg, blocks, &params)?),
+                    muon_scale,
+                )
+            }
+        };
+        groups.push(ParamGroup {
+            name: label.name().into(),
+            names,
+            params,
+            lr_scale,
+            optimizer,
+        });
+    }
+    groups.push(ParamGroup {
+        name: "gain_bias".into(),
+        names: gain_bias.0,
+        params: gain_bias.1,
+        lr_scale: 1.0,
+        optimizer: adamw(0.0),
+    });
+    Ok(groups)
+}
+
+/// Row blocks of each parameter: `parts` equal slices along dim 0.
+fn blocks_of(names: &[String], params: &[Tensor], parts: usize) -> Result<Vec<usize>> {
+    for (n, p) in names.iter().zip(params) {
+        let size = p.size();
+        if size.len() != 2 {
+            return Err(ModelsError::Shape {
+                arg: "param",
+                reason: format!("`{n}` is {size:?}; Muon needs a matrix"),
+            });
+        }
+        if size[0] % parts as i64 != 0 {
+            return Err(ModelsError::Shape {
+                arg: "param",
+                reason: format!(
+                    "`{n}` has {} rows, not divisible into {parts} blocks",
+                    size[0]
+                ),
+            });
+        }
+    }
+    Ok(vec![parts; params.len()])
+}
+
+/// The row-block views of `p` (and of its gradient).
+fn views(p: &Tensor, parts: usize) -> Vec<Tensor> {
+    let rows = p.size()[0] / parts as i64;
+    (0..parts as i64)
+        .map(|i| p.narrow(0, i * rows, rows))
+        .collect()
+}
+
+fn optim_err(e: kappa_optim::OptimError) -> ModelsError {
+    ModelsError::Optimizer(e.to_string())
+}
+
+/// Saves one momentum state per block: `buffer.<i>` (when a step was taken) and `steps`.
+fn momentum_state(states: &[MuonState<Tensor>]) -> Vec<(String, Tensor)> {
+    let steps: Vec<i64> = states.iter().map(|s| s.steps() as i64).collect();
+    let mut out = vec![("steps".to_string(), Tensor::from_slice(&steps))];
+    for (i, s) in states.iter().enumerate() {
+        if let Some(b) = s.buffer() {
+            out.push((format!("buffer.{i}"), b.shallow_clone()));
+        }
+    }
+    out
+}
+
+fn load_momentum_state(
+    states: &mut [MuonState<Tensor>],
+    saved: &HashMap<String, Tensor>,
+) -> Result<()> {
+    let bad = |reason: String| ModelsError::Checkpoint {
+        path: std::path::PathBuf::new(),
+        reason,
+    };
+    let steps = saved
+        .get("steps")
+        .ok_or_else(|| bad("momentum state `steps` is missing".into()))?;
+    if steps.size() != [states.len() as i64] {
+        return Err(bad(format!(
+            "momentum state for {:?} blocks, the group has {}",
+            steps.size(),
+            states.len()
+        )));
+    }
+    for (i, s) in states.iter_mut().enumerate() {
+        let n = steps.int64_value(&[i as i64]) as u64;
+        let buffer = saved.get(&format!("buffer.{i}")).map(Tensor::copy);
+        if n > 0 && buffer.is_none() {
+            return Err(bad(format!("momentum buffer {i} is missing")));
+        }
+        *s = MuonState::from_parts(buffer, n);
+    }
+    Ok(())
+}
+
+/// [`Muon`] over a group of (out, in) matrices (each split into row blocks), on tch tensors.
+#[derive(Debug)]
+pub struct MuonGroup {
+    muon: Muon,
+    parts: Vec<usize>,
+    states: Vec<MuonState<Tensor>>,
+    stats: Accumulator,
+}
+
+impl MuonGroup {
+    /// Muon with `config` for parameters split into `parts[i]` row blocks each.
+    pub fn new(config: MuonConfig, parts: Vec<usize>) -> Result<Self> {
+        let n = parts.iter().sum();
+        Ok(Self {
+            muon: Muon::new(config).map_err(optim_err)?,
+            parts,
+            states: (0..n).map(|_| MuonState::new()).collect(),
+            stats: Accumulator::default(),
+        })
+    }
+}
+
+impl GroupOptimizer for MuonGroup {
+    fn name(&self) -> &str {
+        "muon"
+    }
+
+    fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
+        let started = Instant::now();
+        self.muon.set_lr(lr).map_err(optim_err)?;
+        let mut state = self.states.iter_mut();
+        for (p, &parts) in params.iter().zip(&self.parts) {
+            let grad = p.grad();
+            for (mut w, g) in views(p, parts).into_iter().zip(views(&grad, parts)) {
+                let s = state
+                    .next()
+                    .ok_or_else(|| ModelsError::config("muon", "state count"))?;
+                self.muon.step(&mut w, &g, s).map_err(optim_err)?;
+                self.stats.updates += 1;
+            }
+        }
+        self.stats.seconds += started.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        momentum_state(&self.states)
+    }
+
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        load_momentum_state(&mut self.states, state)
+    }
+
+    fn take_stats(&mut self) -> Option<OptimizerStats> {
+        Some(std::mem::take(&mut self.stats).finish())
+    }
+}
+
+/// [`ManifoldMuon`] over a group of (out, in) matrices (each split into row blocks), on tch
+/// tensors. [`ManifoldGroup::new`] retracts every block onto the manifold.
+#[derive(Debug)]
+pub struct ManifoldGroup {
+    opt: ManifoldMuon,
+    parts: Vec<usize>,
+    states: Vec<ManifoldState<Tensor>>,
+    stats: Accumulator,
+}
+
+impl ManifoldGroup {
+    /// Manifold Muon with `config` for `params` split into `parts[i]` row blocks each; puts
+    /// every block on the manifold (in place, without gradient).
+    pub fn new(config: ManifoldMuonConfig, parts: Vec<usize>, params: &[Tensor]) -> Result<Self> {
+        let opt = ManifoldMuon::new(config).map_err(optim_err)?;
+        tch::no_grad(|| -> Result<()> {
+            for (p, &n) in params.iter().zip(&parts) {
+                for mut w in views(p, n) {
+                    opt.retract_onto(&mut w).map_err(optim_err)?;
+                }
+            }
+            Ok(())
+        })?;
+        let n = parts.iter().sum();
+        Ok(Self {
+            opt,
+            parts,
+            states: (0..n).map(|_| ManifoldState::new()).collect(),
+            stats: Accumulator::default(),
+        })
+    }
+}
+
+impl GroupOptimizer for ManifoldGroup {
+    fn name(&self) -> &str {
+        self.opt.config().manifold.name()
+    }
+
+    fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
+        let started = Instant::now();
+        self.opt.set_lr(lr).map_err(optim_err)?;
+        let mut state = self.states.iter_mut();
+        for (p, &parts) in params.iter().zip(&self.parts) {
+            let grad = p.grad();
+            for (mut w, g) in views(p, parts).into_iter().zip(views(&grad, parts)) {
+                let s = state
+                    .next()
+                    .ok_or_else(|| ModelsError::config("manifold", "state count"))?;
+                let step = self.opt.step(&mut w, &g, s).map_err(optim_err)?;
+                self.stats.add_manifold(&step);
+            }
+        }
+        self.stats.seconds += started.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        momentum_state(&self.states)
+    }
+
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        load_momentum_state(&mut self.states, state)
+    }
+
+    fn take_stats(&mut self) -> Option<OptimizerStats> {
+        Some(std::mem::take(&mut self.stats).finish())
+    }
+}
+
+/// Sums over matrix updates since the last report.
+#[derive(Debug, Default)]
+struct Accumulator {
+    updates: u64,
+    seconds: f64,
+    dual: u64,
+    dual_steps: f64,
+    msign_calls: f64,
+    violation: f64,
+    violation_max: f64,
+    descent_ratio: f64,
+    descent_ratios: u64,
+    diverged: u64,
+    manifold_violation_max: f64,
+}
+
+impl Accumulator {
+    fn add_manifold(&mut self, step: &kappa_optim::ManifoldStep) {
+        let d = &step.dual;
+        self.updates += 1;
+        self.dual += 1;
+        self.dual_steps += d.dual_steps as f64;
+        self.msign_calls += d.msign_calls as f64;
+        self.violation += d.violation;
+        self.violation_max = self.violation_max.max(d.violation);
+        if let Some(r) = d.descent_ratio {
+            self.descent_ratio += r;
+            self.descent_ratios += 1;
+        }
+        self.diverged += u64::from(d.diverged);
+        self.manifold_violation_max = self.manifold_violation_max.max(step.manifold_violation);
+    }
+
+    fn finish(self) -> OptimizerStats {
+        let per = |x: f64, n: u64| (n > 0).then(|| x / n as f64);
+        OptimizerStats {
+            updates: self.updates,
+            seconds: self.seconds,
+            dual_steps: per(self.dual_steps, self.dual),
+            msign_calls: per(self.msign_calls, self.dual),
+            violation: per(self.violation, self.dual),
+            violation_max: (self.dual > 0).then_some(self.violation_max),
+            descent_ratio: per(self.descent_ratio, self.descent_ratios),
+            diverged: self.diverged,
+            manifold_violation_max: (self.dual > 0).then_some(self.manifold_violation_max),
+        }
+    }
+}
