@@ -97,5 +97,6 @@ pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
         Box::new(experiments::optim_geometry::OptimGeometry),
         Box::new(experiments::vit_fmnist::VitFmnist),
         Box::new(experiments::gpt_sotu::GptSotu),
+        Box::new(experiments::manifolds::Manifolds),
     ]
 }

@@ -264,6 +264,16 @@ pub struct ModulewiseConfig {
     pub dgram_retraction: DGramRetraction,
     /// AdamW weight decay of the embeddings (the paper: 0.1, like nanoGPT).
     pub embedding_weight_decay: f64,
+    /// Worker threads that step the matrices of one manifold group concurrently (each matrix's
+    /// step is independent, so the result does not depend on this). Small matrices on the CPU
+    /// are bound by per-operation overhead, not FLOPs, and one process thread per core is the
+    /// only way to use the cores there; keep 1 on CUDA.
+    #[serde(default = "one")]
+    pub optimizer_threads: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl ModulewiseConfig {
@@ -283,6 +293,7 @@ impl ModulewiseConfig {
             manifold,
             dgram_retraction: DGramRetraction::Paper,
             embedding_weight_decay: 0.1,
+            optimizer_threads: 1,
         }
     }
 
@@ -301,6 +312,12 @@ impl ModulewiseConfig {
                     "must be finite and ≥ 0, found {}",
                     self.embedding_weight_decay
                 ),
+            ));
+        }
+        if self.optimizer_threads == 0 {
+            return Err(ModelsError::config(
+                "modulewise.optimizer_threads",
+                "must be ≥ 1",
             ));
         }
         let optim = |field: &str, e: kappa_optim::OptimError| {
@@ -380,10 +397,9 @@ pub fn modulewise_groups(
                     manifold,
                     ..config.manifold
                 };
-                (
-                    Box::new(ManifoldGroup::new(cfg, blocks, &params)?),
-                    muon_scale,
-                )
+                let group = ManifoldGroup::new(cfg, blocks, &params)?
+                    .with_threads(config.optimizer_threads);
+                (Box::new(group), muon_scale)
             }
         };
         groups.push(ParamGroup {
@@ -546,6 +562,7 @@ pub struct ManifoldGroup {
     parts: Vec<usize>,
     states: Vec<ManifoldState<Tensor>>,
     stats: Accumulator,
+    threads: usize,
 }
 
 impl ManifoldGroup {
@@ -567,8 +584,28 @@ impl ManifoldGroup {
             parts,
             states: (0..n).map(|_| ManifoldState::new()).collect(),
             stats: Accumulator::default(),
+            threads: 1,
         })
     }
+
+    /// Steps the blocks on `threads` worker threads (see
+    /// [`ModulewiseConfig::optimizer_threads`]).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
+    }
+}
+
+/// One block's manifold step on the calling thread (gradient mode off: the block is a view of
+/// a leaf that requires grad, and grad mode is per thread).
+fn manifold_block_step(
+    opt: &ManifoldMuon,
+    mut w: Tensor,
+    g: Tensor,
+    state: &mut ManifoldState<Tensor>,
+) -> Result<kappa_optim::ManifoldStep> {
+    let _guard = tch::no_grad_guard();
+    opt.step(&mut w, &g, state).map_err(optim_err)
 }
 
 impl GroupOptimizer for ManifoldGroup {
@@ -579,16 +616,58 @@ impl GroupOptimizer for ManifoldGroup {
     fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
         let started = Instant::now();
         self.opt.set_lr(lr).map_err(optim_err)?;
-        let mut state = self.states.iter_mut();
+        let mut jobs = Vec::with_capacity(self.states.len());
+        let mut states = self.states.iter_mut();
         for (p, &parts) in params.iter().zip(&self.parts) {
             let grad = p.grad();
-            for (mut w, g) in views(p, parts).into_iter().zip(views(&grad, parts)) {
-                let s = state
+            for (w, g) in views(p, parts).into_iter().zip(views(&grad, parts)) {
+                let s = states
                     .next()
                     .ok_or_else(|| ModelsError::config("manifold", "state count"))?;
-                let step = self.opt.step(&mut w, &g, s).map_err(optim_err)?;
-                self.stats.add_manifold(&step);
+                jobs.push((w, g, s));
             }
+        }
+        let opt = &self.opt;
+        let steps: Vec<Result<kappa_optim::ManifoldStep>> = if self.threads <= 1 || jobs.len() < 2 {
+            jobs.into_iter()
+                .map(|(w, g, s)| manifold_block_step(opt, w, g, s))
+                .collect()
+        } else {
+            // Round-robin the blocks over the workers; results come back in block order.
+            let workers = self.threads.min(jobs.len());
+            let mut lanes: Vec<Vec<(usize, _)>> = (0..workers).map(|_| Vec::new()).collect();
+            for (i, job) in jobs.into_iter().enumerate() {
+                lanes[i % workers].push((i, job));
+            }
+            let mut out: Vec<(usize, Result<kappa_optim::ManifoldStep>)> =
+                std::thread::scope(|scope| {
+                    let handles: Vec<_> = lanes
+                        .into_iter()
+                        .map(|lane| {
+                            scope.spawn(move || {
+                                lane.into_iter()
+                                    .map(|(i, (w, g, s))| (i, manifold_block_step(opt, w, g, s)))
+                                    .collect::<Vec<_>>()
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .flat_map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                vec![(
+                                    0,
+                                    Err(ModelsError::Optimizer("a worker thread panicked".into())),
+                                )]
+                            })
+                        })
+                        .collect()
+                });
+            out.sort_by_key(|(i, _)| *i);
+            out.into_iter().map(|(_, r)| r).collect()
+        };
+        for step in steps {
+            self.stats.add_manifold(&step?);
         }
         self.stats.seconds += started.elapsed().as_secs_f64();
         Ok(())

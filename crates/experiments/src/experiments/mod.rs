@@ -2,6 +2,7 @@
 
 pub mod convergence;
 pub mod gpt_sotu;
+pub mod manifolds;
 pub mod optim_geometry;
 pub mod random_spectra;
 pub mod theory;

@@ -1,0 +1,795 @@
+//! "manifolds": *Different Layers, Different Manifolds* on a GPT — the paper's five module-wise
+//! assignments (UNCONSTRAINED, ALL-STIEFEL, ALL-DGRAM, HETERO, HETERO-INV) trained with the
+//! paper's optimizers and schedule, with the instability mechanism the paper argued measured
+//! while training: σ_max of the constrained matrices, σ_max(W_Q)·σ_max(W_K) per head, the largest
+//! attention logit, attention entropy and the softmax-Jacobian norm, and the dual ascent's own
+//! statistics. Three ablations of DGram attention (normalized dual, lower lr, column-norm
+//! retraction) run on the first seed.
+//!
+//! A diverged variant is a result: its `metrics.jsonl` ends with the divergence record and its
+//! summary, and the report prints "diverged at step N" where the paper's table says "Unstable".
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use kappa_models::{
+    modulewise_groups, seeded, DiagnosticsConfig, DivergenceReference, Gpt, GptConfig,
+    LanguageModeling, ModuleLabel, ModulewiseConfig, Outcome, Preset, Record, Task, TextCorpus,
+    TokenizerKind, TrainConfig, Trainer,
+};
+use kappa_optim::{DGramRetraction, DualAscent};
+use serde::{Deserialize, Serialize};
+use tch::nn;
+
+use super::vit_fmnist::{train_config, Final, Line};
+use crate::plot::{LinePlot, Mark};
+use crate::report::{runs_table, Section};
+use crate::run::{Run, RunRecord, RunStatus};
+use crate::scale::Scale;
+use crate::stats::mean_std;
+use crate::Experiment;
+
+/// The experiment (registered as `manifolds`).
+pub struct Manifolds;
+
+/// One trained configuration: a preset's assignment, possibly modified (an ablation).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Variant {
+    /// Table label.
+    pub name: String,
+    /// The paper's assignment it starts from.
+    pub preset: Preset,
+    /// The optimizers of the hidden matrices.
+    pub modulewise: ModulewiseConfig,
+    /// Ablations run on the first seed only.
+    pub ablation: bool,
+}
+
+/// What `manifolds` runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Config {
+    /// The model; `vocab_size` 0 takes the tokenizer's.
+    pub model: GptConfig,
+    /// Characters or GPT-2 BPE of the SOTU text.
+    pub tokenizer: TokenizerKind,
+    /// Keep at most this many characters of each split.
+    pub max_chars: Option<usize>,
+    /// Training settings; `lr` is the AdamW peak (embeddings, gains), the Muon peak is each
+    /// variant's `muon_lr`.
+    pub train: TrainConfig,
+    /// The variants, UNCONSTRAINED first.
+    pub variants: Vec<Variant>,
+    /// Validation batches for the final validation loss.
+    pub final_eval_batches: usize,
+}
+
+/// The five presets and the three DGram-attention ablations (HETERO-INV with the dual
+/// normalized, with a quarter of the Muon lr, with the column-norm retraction).
+fn variants(base: impl Fn(Preset) -> ModulewiseConfig) -> Vec<Variant> {
+    let mut out: Vec<Variant> = Preset::ALL
+        .iter()
+        .map(|&p| Variant {
+            name: p.name().into(),
+            preset: p,
+            modulewise: base(p),
+            ablation: false,
+        })
+        .collect();
+    let inv = base(Preset::HeteroInv);
+    let ablation = |name: &str, modulewise| Variant {
+        name: name.into(),
+        preset: Preset::HeteroInv,
+        modulewise,
+        ablation: true,
+    };
+    let mut normalized = inv;
+    normalized.manifold.dual = DualAscent {
+        on_divergence: inv.manifold.dual.on_divergence,
+        ..DualAscent::paper().normalized()
+    };
+    let low_lr = ModulewiseConfig {
+        muon_lr: inv.muon_lr / 4.0,
+        ..inv
+    };
+    let colnorm = ModulewiseConfig {
+        dgram_retraction: DGramRetraction::ColumnNorms,
+        ..inv
+    };
+    out.push(ablation("HETERO-INV, dual normalized", normalized));
+    out.push(ablation("HETERO-INV, lr/4", low_lr));
+    out.push(ablation("HETERO-INV, column-norm retraction", colnorm));
+    out
+}
+
+impl Experiment for Manifolds {
+    type Config = Config;
+
+    fn name(&self) -> &'static str {
+        "manifolds"
+    }
+
+    fn claim(&self) -> &'static str {
+        "Module-wise geometry matters: Stiefel attention with DGram MLPs (HETERO) trains a GPT \
+         best (paper, GPT-2 small: 3.3544 against 3.3679 ALL-STIEFEL and 3.3855 UNCONSTRAINED), \
+         while DGram on attention (ALL-DGRAM, HETERO-INV) is unstable through singular-value \
+         growth and softmax saturation."
+    }
+
+    fn data_needs(&self) -> &'static [&'static str] {
+        &["sotu"]
+    }
+
+    fn config(&self, scale: Scale) -> Config {
+        let diagnostics = DiagnosticsConfig {
+            enabled: true,
+            samples: 2,
+            jacobian_max_tokens: 0,
+        };
+        let base_train = TrainConfig {
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.95,
+            grad_clip: 1.0,
+            divergence_factor: 1.5,
+            divergence_reference: DivergenceReference::Best,
+            eval_at_start: true,
+            matrix_diagnostics: true,
+            diagnostics,
+            ..TrainConfig::default()
+        };
+        match scale {
+            Scale::Smoke => Config {
+                model: GptConfig::tiny(0),
+                tokenizer: TokenizerKind::Char,
+                max_chars: None,
+                train: TrainConfig {
+                    steps: 4,
+                    batch_size: 4,
+                    lr: 2e-3,
+                    min_lr: 2e-4,
+                    warmup_steps: 1,
+                    eval_every: 2,
+                    eval_batches: 1,
+                    log_every: 1,
+                    progress: false,
+                    ..base_train
+                },
+                variants: variants(ModulewiseConfig::paper),
+                final_eval_batches: 1,
+            },
+            Scale::Cpu => Config {
+                model: GptConfig {
+                    block_size: 128,
+                    n_layer: 4,
+                    n_head: 2,
+                    n_embd: 64,
+                    ..GptConfig::tiny(0)
+                },
+                tokenizer: TokenizerKind::Char,
+                max_chars: None,
+                train: TrainConfig {
+                    steps: 300,
+                    batch_size: 16,
+                    lr: 2e-3,
+                    min_lr: 2e-4,
+                    warmup_steps: 30,
+                    eval_every: 50,
+                    eval_batches: 8,
+                    log_every: 10,
+                    ..base_train
+                },
+                variants: variants(|p| ModulewiseConfig {
+                    optimizer_threads: 2,
+                    ..ModulewiseConfig::paper(p)
+                }),
+                final_eval_batches: 40,
+            },
+            Scale::Paper => Config {
+                model: GptConfig {
+                    vocab_size: 50304,
+                    bias: false,
+                    ..GptConfig::gpt2_small()
+                },
+                tokenizer: TokenizerKind::Gpt2Bpe,
+                max_chars: None,
+                train: TrainConfig {
+                    steps: 50_000,
+                    batch_size: 64,
+                    lr: 6e-4,
+                    min_lr: 6e-5,
+                    warmup_steps: 1000,
+                    eval_every: 1000,
+                    eval_batches: 200,
+                    log_every: 50,
+                    checkpoint_every: 1000,
+                    diagnostics: DiagnosticsConfig {
+                        samples: 1,
+                        ..diagnostics
+                    },
+                    ..base_train
+                },
+                variants: variants(ModulewiseConfig::paper),
+                final_eval_batches: 200,
+            },
+        }
+    }
+
+    fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {
+        let train = TrainConfig {
+            // The embeddings' decay is the assignment's; gains never decay.
+            weight_decay: 0.0,
+            ..train_config(&config.train, run)
+        };
+        let device = kappa_models::parse_device(&train.device)?;
+        let dir = run.context().data_dir.join(TextCorpus::SOTU);
+        let first_seed = run.context().seed == 0;
+        for (i, variant) in config.variants.iter().enumerate() {
+            if variant.ablation && !first_seed {
+                continue;
+            }
+            let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
+            let model = GptConfig {
+                vocab_size: if config.model.vocab_size == 0 {
+                    corpus.tokenizer.vocab_size()
+                } else {
+                    config.model.vocab_size
+                },
+                ..config.model
+            };
+            train_variant(
+                run,
+                i,
+                variant,
+                &train,
+                model,
+                corpus,
+                config.final_eval_batches,
+            )
+            .with_context(|| format!("variant {}", variant.name))?;
+        }
+        Ok(RunStatus::Completed)
+    }
+
+    fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
+        report(self, runs, out_dir, report_dir)
+    }
+}
+
+/// Trains one variant, logging every record and the summary (final validation loss).
+fn train_variant(
+    run: &mut Run,
+    index: usize,
+    variant: &Variant,
+    train: &TrainConfig,
+    model: GptConfig,
+    corpus: TextCorpus,
+    final_eval_batches: usize,
+) -> Result<Outcome> {
+    let device = kappa_models::parse_device(&train.device)?;
+    let vs = nn::VarStore::new(device);
+    let mut task = seeded(train.seed, || -> Result<LanguageModeling> {
+        Ok(LanguageModeling::new(
+            Gpt::new(&vs.root(), model)?,
+            corpus,
+            train.seed,
+        )?)
+    })?;
+    let groups = modulewise_groups(&vs, &variant.modulewise, train)?;
+    let mut trainer = Trainer::with_groups(&vs, train.clone(), groups)?;
+    trainer.set_label(format!("manifolds seed {} {}", train.seed, variant.name));
+    let ckpt = run
+        .dir()
+        .join(format!("variant-{index}"))
+        .join("checkpoint.safetensors");
+    let name = variant.name.clone();
+    let summary = {
+        let mut sink = |r: &Record| -> kappa_models::Result<()> {
+            run.log(&Line {
+                variant: name.clone(),
+                record: Some(r.clone()),
+                summary: None,
+            })
+            .map_err(|e| kappa_models::ModelsError::Sink(format!("{e:#}")))
+        };
+        trainer.run(&mut task, &mut sink, Some(&ckpt))?
+    };
+    let metric = match summary.outcome {
+        Outcome::Completed => {
+            tch::no_grad(|| task.evaluate(final_eval_batches, train.batch_size))?.loss
+        }
+        _ => f64::NAN,
+    };
+    run.log(&Line {
+        variant: variant.name.clone(),
+        record: None,
+        summary: Some(Final {
+            outcome: summary.outcome.clone(),
+            metric,
+            seconds_per_step: summary.seconds_per_step,
+            units_per_second: summary.units_per_second,
+        }),
+    })?;
+    Ok(summary.outcome)
+}
+
+/// One evaluation's headline numbers.
+#[derive(Clone, Copy, Debug, Default)]
+struct Point {
+    step: u64,
+    val_loss: f64,
+    /// max over layers of σ_max(c_attn).
+    qkv_sigma_max: f64,
+    /// max over layers and heads of σ_max(W_Q^h)·σ_max(W_K^h).
+    qk_product: f64,
+    /// max over heads of the largest logit.
+    max_logit: f64,
+    /// mean attention entropy over heads.
+    entropy: f64,
+    /// mean softmax-Jacobian Frobenius norm over heads.
+    jacobian: f64,
+    /// max over MLP matrices of σ_max.
+    mlp_sigma_max: f64,
+}
+
+/// Everything one variant logged in one run.
+#[derive(Clone, Debug, Default)]
+struct Trace {
+    points: Vec<Point>,
+    outcome: Option<Outcome>,
+    metric: f64,
+    seconds_per_step: f64,
+    /// Per group: (updates, seconds, Σ dual steps·updates, Σ violation·updates, diverged).
+    optim: BTreeMap<String, [f64; 5]>,
+}
+
+fn point(step: u64, eval_loss: f64, record: &Record) -> Option<Point> {
+    let Record::Eval {
+        heads, matrices, ..
+    } = record
+    else {
+        return None;
+    };
+    let mut p = Point {
+        step,
+        val_loss: eval_loss,
+        ..Point::default()
+    };
+    let n = heads.len().max(1) as f64;
+    for h in heads {
+        p.qk_product = p.qk_product.max(h.wq.sigma_max * h.wk.sigma_max);
+        p.max_logit = p.max_logit.max(h.max_logit);
+        p.entropy += h.entropy / n;
+        p.jacobian += h.softmax_jacobian_frobenius / n;
+    }
+    for m in matrices {
+        match ModuleLabel::of(&m.name) {
+            Some(ModuleLabel::AttentionQkv) => p.qkv_sigma_max = p.qkv_sigma_max.max(m.sigma_max),
+            Some(ModuleLabel::MlpIn | ModuleLabel::MlpOut) => {
+                p.mlp_sigma_max = p.mlp_sigma_max.max(m.sigma_max)
+            }
+            _ => {}
+        }
+    }
+    Some(p)
+}
+
+/// Variant name → one trace per seed, in run order.
+type Traces = BTreeMap<String, Vec<Trace>>;
+
+/// The variant order and every variant's traces.
+fn read_traces(runs: &[RunRecord]) -> Result<(Vec<String>, Traces)> {
+    let mut order = Vec::new();
+    let mut traces = Traces::new();
+    for run in runs {
+        if matches!(run.info.status, RunStatus::Failed { .. }) {
+            continue;
+        }
+        let mut this: BTreeMap<String, Trace> = BTreeMap::new();
+        for line in run.metrics::<Line>()? {
+            if !order.contains(&line.variant) {
+                order.push(line.variant.clone());
+            }
+            let t = this.entry(line.variant.clone()).or_default();
+            match (&line.record, &line.summary) {
+                (Some(r @ Record::Eval { step, eval, .. }), _) => {
+                    t.points.extend(point(*step, eval.loss, r));
+                }
+                (Some(Record::Train { optimizers, .. }), _) => {
+                    for (g, s) in optimizers {
+                        let e = t.optim.entry(g.clone()).or_default();
+                        let u = s.updates as f64;
+                        e[0] += u;
+                        e[1] += s.seconds;
+                        e[2] += s.dual_steps.unwrap_or(f64::NAN) * u;
+                        e[3] += s.violation.unwrap_or(f64::NAN) * u;
+                        e[4] += s.diverged as f64;
+                    }
+                }
+                (_, Some(f)) => {
+                    t.outcome = Some(f.outcome.clone());
+                    t.metric = f.metric;
+                    t.seconds_per_step = f.seconds_per_step;
+                }
+                _ => {}
+            }
+        }
+        for (v, t) in this {
+            traces.entry(v).or_default().push(t);
+        }
+    }
+    Ok((order, traces))
+}
+
+fn fmt_ms((m, s): (f64, f64), n: usize) -> String {
+    if m.is_nan() {
+        "—".into()
+    } else if n > 1 {
+        format!("{m:.4} ± {s:.4}")
+    } else {
+        format!("{m:.4}")
+    }
+}
+
+fn outcome_text(traces: &[Trace]) -> String {
+    let diverged: Vec<String> = traces
+        .iter()
+        .filter_map(|t| match &t.outcome {
+            Some(Outcome::Diverged { step, .. }) => Some(step.to_string()),
+            _ => None,
+        })
+        .collect();
+    if diverged.is_empty() {
+        "stable".into()
+    } else {
+        format!(
+            "diverged at step {} ({}/{} seeds)",
+            diverged.join(", "),
+            diverged.len(),
+            traces.len()
+        )
+    }
+}
+
+fn final_losses(traces: &[Trace]) -> Vec<f64> {
+    traces
+        .iter()
+        .filter(|t| t.outcome == Some(Outcome::Completed))
+        .map(|t| t.metric)
+        .collect()
+}
+
+/// Mean over seeds of `f` at each evaluation step present in any seed.
+fn curve(traces: &[Trace], f: impl Fn(&Point) -> f64) -> Vec<(f64, f64)> {
+    let mut at: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for t in traces {
+        for p in &t.points {
+            at.entry(p.step).or_default().push(f(p));
+        }
+    }
+    at.into_iter()
+        .map(|(s, v)| (s as f64, v.iter().sum::<f64>() / v.len() as f64))
+        .collect()
+}
+
+fn report(e: &Manifolds, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
+    let mut section = Section::new(
+        "manifolds: module-wise manifold Muon on a GPT (Different Layers, Different Manifolds)",
+    );
+    section.paragraph(e.claim());
+    runs_table(&mut section, runs);
+    let (order, traces) = read_traces(runs)?;
+    if order.is_empty() {
+        section.paragraph("No completed runs to report.");
+        return Ok(section);
+    }
+    if let Some(run) = runs.first() {
+        let c: Config = run.config()?;
+        section.paragraph(&format!(
+            "Setup: GPT with {} layers, d = {}, {} heads, context {}, {:?} tokens of the SOTU \
+             text; {} steps of {} sequences ({} tokens per step); AdamW peak lr {} on \
+             embeddings and gains, Muon / manifold-Muon peak lr {} (spectral norm of a step), \
+             warmup {} then cosine to a tenth; global clip {}; dual ascent α = {}, K = {}; \
+             msign Polar Express. Divergence: the smoothed training loss above {} × its best. \
+             The paper ran GPT-2 small (12 × 768, context 1024) on OpenWebText for 50k steps of \
+             65,536 tokens: this is a far smaller model trained far shorter.",
+            c.model.n_layer,
+            c.model.n_embd,
+            c.model.n_head,
+            c.model.block_size,
+            c.tokenizer,
+            c.train.steps,
+            c.train.batch_size,
+            c.train.batch_size * c.model.block_size,
+            c.train.lr,
+            c.variants
+                .first()
+                .map_or(f64::NAN, |v| v.modulewise.muon_lr),
+            c.train.warmup_steps,
+            c.train.grad_clip,
+            c.variants
+                .first()
+                .map_or(f64::NAN, |v| v.modulewise.manifold.dual.alpha),
+            c.variants
+                .first()
+                .map_or(0, |v| v.modulewise.manifold.dual.steps),
+            c.train.divergence_factor,
+        ));
+    }
+
+    // The paper's table beside ours.
+    let base_step = traces
+        .get(Preset::Unconstrained.name())
+        .map(|t| t.iter().map(|x| x.seconds_per_step).sum::<f64>() / t.len().max(1) as f64)
+        .unwrap_or(f64::NAN);
+    let mut rows = Vec::new();
+    for name in &order {
+        let t = &traces[name];
+        let losses = final_losses(t);
+        let preset = Preset::ALL.iter().find(|p| p.name() == name);
+        let paper = match preset {
+            Some(p) => p
+                .paper_val_loss()
+                .map_or("Unstable".to_string(), |l| format!("{l:.4}")),
+            None => "—".into(),
+        };
+        let step = t.iter().map(|x| x.seconds_per_step).sum::<f64>() / t.len().max(1) as f64;
+        let (opt_s, train_s) = t.iter().fold((0.0, 0.0), |(a, b), x| {
+            let steps = x.points.last().map_or(0, |p| p.step) as f64;
+            (
+                a + x.optim.values().map(|v| v[1]).sum::<f64>(),
+                b + x.seconds_per_step * steps,
+            )
+        });
+        rows.push(vec![
+            name.clone(),
+            paper,
+            fmt_ms(mean_std(&losses), losses.len()),
+            format!("{}/{}", losses.len(), t.len()),
+            outcome_text(t),
+            format!("{step:.3}"),
+            format!("{:.2}", step / base_step),
+            if train_s > 0.0 {
+                format!("{:.0}%", 100.0 * opt_s / train_s)
+            } else {
+                "—".into()
+            },
+        ]);
+    }
+    section.table(
+        &[
+            "assignment",
+            "paper val loss",
+            "val loss (mean ± std)",
+            "completed",
+            "stability",
+            "s/step",
+            "× UNCONSTRAINED",
+            "optimizer share",
+        ],
+        &rows,
+    );
+    section.paragraph(
+        "Validation loss is in nats per token of this corpus and tokenizer; the paper's column \
+         is GPT-2 BPE on OpenWebText, a different scale: compare orderings, not values. \
+         \"optimizer share\" is the part of the training step spent in the Muon and manifold-Muon \
+         updates (dual ascent and retraction).",
+    );
+
+    verdicts(&mut section, &order, &traces);
+    dual_table(&mut section, &order, &traces);
+    plots(&mut section, &order, &traces, out_dir, report_dir)?;
+    Ok(section)
+}
+
+fn mean_of(traces: &Traces, p: Preset) -> (f64, f64, usize) {
+    let l = traces
+        .get(p.name())
+        .map(|t| final_losses(t))
+        .unwrap_or_default();
+    let (m, s) = mean_std(&l);
+    (m, s, l.len())
+}
+
+fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
+    let (h, hs, _) = mean_of(traces, Preset::Hetero);
+    let (st, sts, _) = mean_of(traces, Preset::AllStiefel);
+    let (u, us, _) = mean_of(traces, Preset::Unconstrained);
+    let ordering = if [h, st, u].iter().any(|x| x.is_nan()) {
+        "cannot be judged (a preset has no completed run)".to_string()
+    } else if h < st && st < u {
+        let separated = st - h > hs.max(sts) && u - st > sts.max(us);
+        format!(
+            "holds here ({h:.4} < {st:.4} < {u:.4}){}",
+            if separated {
+                ", with gaps larger than the seed spread"
+            } else {
+                ", but the gaps are within the seed spread"
+            }
+        )
+    } else {
+        format!("does not hold here: HETERO {h:.4}, ALL-STIEFEL {st:.4}, UNCONSTRAINED {u:.4}")
+    };
+    let mut lines = vec![format!(
+        "- **Ordering HETERO < ALL-STIEFEL < UNCONSTRAINED** (paper 3.3544 < 3.3679 < 3.3855): \
+         {ordering}."
+    )];
+    for p in [Preset::AllDGram, Preset::HeteroInv] {
+        let Some(t) = traces.get(p.name()) else {
+            continue;
+        };
+        let diverged = t
+            .iter()
+            .filter(|x| matches!(x.outcome, Some(Outcome::Diverged { .. })))
+            .count();
+        let growth: Vec<String> = t
+            .iter()
+            .filter_map(|x| Some((x.points.first()?, x.points.last()?)))
+            .map(|(a, b)| format!("{:.2} → {:.2}", a.qkv_sigma_max, b.qkv_sigma_max))
+            .collect();
+        let logits: Vec<String> = t
+            .iter()
+            .filter_map(|x| Some((x.points.first()?, x.points.last()?)))
+            .map(|(a, b)| format!("{:.3} → {:.3}", a.max_logit, b.max_logit))
+            .collect();
+        lines.push(format!(
+            "- **{} diverges** (paper: Unstable): {} of {} seeds diverged here. σ_max of the \
+             fused QKV matrix (first → last evaluation, per seed): {}; largest attention logit: \
+             {}.",
+            p.name(),
+            diverged,
+            t.len(),
+            growth.join("; "),
+            logits.join("; ")
+        ));
+    }
+    let stiefel_logits: Vec<String> = [Preset::AllStiefel, Preset::Hetero]
+        .iter()
+        .filter_map(|p| {
+            let t = traces.get(p.name())?;
+            let last = t
+                .iter()
+                .filter_map(|x| x.points.last())
+                .map(|q| q.max_logit);
+            Some(format!(
+                "{} {:.1}",
+                p.name(),
+                last.fold(f64::NEG_INFINITY, f64::max)
+            ))
+        })
+        .collect();
+    lines.push(format!(
+        "- **Stiefel attention bounds the logits** (σ_max(W_Q)·σ_max(W_K) ≤ 1): largest logit \
+         at the last evaluation {}.",
+        stiefel_logits.join(", ")
+    ));
+    let ablations: Vec<String> = order
+        .iter()
+        .filter(|n| n.starts_with("HETERO-INV, "))
+        .filter_map(|n| {
+            let t = traces.get(n)?;
+            let l = final_losses(t);
+            Some(format!(
+                "{n}: {} ({})",
+                fmt_ms(mean_std(&l), l.len()),
+                outcome_text(t)
+            ))
+        })
+        .collect();
+    if !ablations.is_empty() {
+        lines.push(format!(
+            "- **Ablations of DGram attention** (first seed): {}.",
+            ablations.join("; ")
+        ));
+    }
+    section.paragraph(&lines.join("\n"));
+}
+
+fn dual_table(section: &mut Section, order: &[String], traces: &Traces) {
+    let mut rows = Vec::new();
+    for name in order {
+        let mut groups: BTreeMap<String, [f64; 5]> = BTreeMap::new();
+        for t in &traces[name] {
+            for (g, v) in &t.optim {
+                let e = groups.entry(g.clone()).or_default();
+                for (a, b) in e.iter_mut().zip(v) {
+                    *a += b;
+                }
+            }
+        }
+        for (g, v) in groups {
+            if v[2].is_nan() || v[0] == 0.0 {
+                continue;
+            }
+            rows.push(vec![
+                name.clone(),
+                g,
+                format!("{:.1}", v[2] / v[0]),
+                format!("{:.2e}", v[3] / v[0]),
+                format!("{}", v[4]),
+                format!("{:.2}", 1e3 * v[1] / v[0]),
+            ]);
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    section.paragraph(
+        "Dual ascent per constrained group, over all updates of all seeds: mean iterations, \
+         mean final tangent violation ‖P(WᵀA + AᵀW)‖_F/n, updates whose ascent diverged (applied, \
+         as the paper's code did), and milliseconds per matrix update.",
+    );
+    section.table(
+        &[
+            "assignment",
+            "group",
+            "dual steps",
+            "violation",
+            "diverged updates",
+            "ms/update",
+        ],
+        &rows,
+    );
+}
+
+fn plots(
+    section: &mut Section,
+    order: &[String],
+    traces: &Traces,
+    out_dir: &Path,
+    report_dir: &Path,
+) -> Result<()> {
+    type Metric = (&'static str, &'static str, fn(&Point) -> f64, bool);
+    let metrics: [Metric; 6] = [
+        ("val-loss", "validation loss", |p| p.val_loss, false),
+        (
+            "qkv-sigma-max",
+            "max over layers of σ_max(c_attn)",
+            |p| p.qkv_sigma_max,
+            true,
+        ),
+        (
+            "qk-product",
+            "max over heads of σ_max(W_Q)·σ_max(W_K)",
+            |p| p.qk_product,
+            true,
+        ),
+        (
+            "max-logit",
+            "largest attention logit",
+            |p| p.max_logit,
+            false,
+        ),
+        (
+            "entropy",
+            "mean attention entropy (nats)",
+            |p| p.entropy,
+            false,
+        ),
+        (
+            "softmax-jacobian",
+            "mean ‖diag(p) − ppᵀ‖_F",
+            |p| p.jacobian,
+            false,
+        ),
+    ];
+    for (file, label, f, log) in metrics {
+        let mut plot = LinePlot::new(&format!("manifolds: {label}"), "step", label);
+        if log {
+            plot = plot.log_y();
+        }
+        for name in order {
+            let mark = if name.contains(", ") {
+                Mark::Reference
+            } else {
+                Mark::Line
+            };
+            plot = plot.series(name, curve(&traces[name], f), mark);
+        }
+        let path = out_dir.join(format!("manifolds-{file}.png"));
+        if plot.save(&path).is_ok() {
+            section.image_file(&format!("manifolds {label}"), &path, report_dir);
+        }
+    }
+    Ok(())
+}
