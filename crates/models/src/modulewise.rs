@@ -186,7 +186,7 @@ impl Assignment {
 
 /// The paper's five assignments (its Table 1; validation loss of GPT-2 small on OpenWebText
 /// after 50k steps).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING-KEBAB-CASE")]
 pub enum Preset {
     /// Muon everywhere (the paper's `none`).

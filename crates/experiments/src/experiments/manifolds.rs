@@ -173,7 +173,7 @@ impl Experiment for Manifolds {
                     batch_size: 16,
                     lr: 2e-3,
                     min_lr: 2e-4,
-                    warmup_steps: 30,
+                    warmup_steps: 20,
                     eval_every: 50,
                     eval_batches: 8,
                     log_every: 10,

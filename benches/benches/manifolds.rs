@@ -1,0 +1,213 @@
+//! Criterion benchmarks of the module-wise assignments of *Different Layers, Different
+//! Manifolds*: one training step (forward, backward, clipping, every group's optimizer) of the
+//! `manifolds` experiment's CPU GPT under each of the five presets, and one Polar Express msign
+//! at each hidden-matrix shape.
+//!
+//! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench manifolds` (or
+//! `cargo xtask bench --threads 1 --bench manifolds`). Settings (environment):
+//! `KAPPA_BENCH_THREADS` (1 or 2), `KAPPA_BENCH_SECONDS` (criterion measurement time, default 5),
+//! `KAPPA_BENCH_D` (model width, default 64).
+//!
+//! After the criterion output a summary prints, per preset: the step time and its ratio to
+//! UNCONSTRAINED, the time inside the Muon / manifold-Muon updates and its share of the step,
+//! the msign calls those updates made, and the time those calls predict (calls × one msign of
+//! the matrix's shape, timed here) — the goal is measured / predicted ≤ 1, i.e. no overhead
+//! beyond the msign count (20 dual steps + 1 retraction per tall matrix).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, Criterion};
+use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds};
+use kappa_models::{
+    modulewise_groups, seeded, Gpt, GptConfig, ModulewiseConfig, ParamGroup, Preset, TrainConfig,
+};
+use kappa_optim::{msign, Msign, Precision};
+use tch::{nn, Device, Kind, Tensor};
+
+const GROUP: &str = "manifolds_train_step";
+const BATCH: i64 = 16;
+const VOCAB: usize = 98;
+const LR: f64 = 6e-4;
+
+fn model(d: usize) -> GptConfig {
+    GptConfig {
+        vocab_size: VOCAB,
+        block_size: 128,
+        n_layer: 4,
+        n_head: (d / 32).max(1),
+        n_embd: d,
+        ..GptConfig::tiny(VOCAB)
+    }
+}
+
+/// One training step as the `Trainer` takes it, with the preset's groups.
+struct Stepper {
+    groups: Vec<ParamGroup>,
+    params: Vec<Tensor>,
+}
+
+impl Stepper {
+    fn new(vs: &nn::VarStore, preset: Preset) -> Self {
+        let train = TrainConfig {
+            lr: LR,
+            ..TrainConfig::default()
+        };
+        let groups =
+            modulewise_groups(vs, &ModulewiseConfig::paper(preset), &train).expect("groups");
+        let params = groups
+            .iter()
+            .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
+            .collect();
+        Self { groups, params }
+    }
+
+    fn step(&mut self, loss: impl FnOnce() -> Tensor) {
+        for p in &self.params {
+            p.shallow_clone().zero_grad();
+        }
+        loss().backward();
+        tch::no_grad(|| {
+            let mut total = Tensor::zeros([], (Kind::Double, Device::Cpu));
+            for p in &self.params {
+                total += p.grad().to_kind(Kind::Double).square().sum(Kind::Double);
+            }
+            let norm = total.sqrt().double_value(&[]);
+            if norm > 1.0 {
+                for p in &self.params {
+                    let _ = p.grad().g_mul_scalar_(1.0 / (norm + 1e-6));
+                }
+            }
+            for g in &mut self.groups {
+                g.optimizer
+                    .step(&g.params, LR * g.lr_scale)
+                    .expect("optimizer step");
+            }
+        });
+    }
+
+    /// Drops the statistics gathered so far.
+    fn reset_stats(&mut self) {
+        for g in &mut self.groups {
+            let _ = g.optimizer.take_stats();
+        }
+    }
+
+    /// Per group: (stored shape of its matrices, updates, seconds, msign calls in total).
+    fn stats(&mut self) -> BTreeMap<String, ((i64, i64), u64, f64, f64)> {
+        let mut out = BTreeMap::new();
+        for g in &mut self.groups {
+            if let Some(s) = g.optimizer.take_stats() {
+                let size = g.params[0].size();
+                let calls = s.msign_calls.map_or(s.updates as f64, |c| {
+                    // dual ascent + diagnostics, plus one retraction per update
+                    (c + 1.0) * s.updates as f64
+                });
+                out.insert(
+                    g.name.clone(),
+                    ((size[0], size[1]), s.updates, s.seconds, calls),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// Median seconds of one Polar Express msign of a `shape` matrix (the precision `Auto` picks).
+fn msign_seconds(shape: (i64, i64)) -> f64 {
+    let x = seeded(7, || {
+        Tensor::randn([shape.0, shape.1], (Kind::Float, Device::Cpu))
+    });
+    let mut times = Vec::new();
+    for i in 0..25 {
+        let t = Instant::now();
+        let o = msign(&x, Msign::polar_express(), Precision::Auto).expect("msign");
+        black_box(o.double_value(&[0, 0]));
+        if i >= 5 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn main() {
+    let threads = configure_threads();
+    let seconds: u64 = std::env::var("KAPPA_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let d: usize = std::env::var("KAPPA_BENCH_D")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
+    let cfg = model(d);
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .measurement_time(Duration::from_secs(seconds))
+        .warm_up_time(Duration::from_secs(1))
+        .sample_size(10);
+    let idx = seeded(1, || {
+        Tensor::randint(
+            VOCAB as i64,
+            [BATCH, cfg.block_size as i64],
+            (Kind::Int64, Device::Cpu),
+        )
+    });
+    let mut optimizer = BTreeMap::new();
+    for preset in Preset::ALL {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
+        let mut stepper = Stepper::new(&vs, preset);
+        c.benchmark_group(GROUP).bench_function(preset.name(), |b| {
+            b.iter(|| stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss"))))
+        });
+        // Ten more steps for the optimizer's own accounting.
+        stepper.reset_stats();
+        for _ in 0..10 {
+            stepper.step(|| gpt.loss(&idx, &idx).expect("loss"));
+        }
+        optimizer.insert(preset, stepper.stats());
+    }
+    c.final_summary();
+
+    let mut shapes: BTreeMap<(i64, i64), f64> = BTreeMap::new();
+    for groups in optimizer.values() {
+        for (shape, ..) in groups.values() {
+            shapes
+                .entry(*shape)
+                .or_insert_with(|| msign_seconds(*shape));
+        }
+    }
+    println!(
+        "\nmodule-wise assignments, GPT d={d} L={} T={} batch {BATCH}, {threads} thread(s)",
+        cfg.n_layer, cfg.block_size
+    );
+    println!("one Polar Express msign (10 steps, precision Auto):");
+    for (s, t) in &shapes {
+        println!("  {}×{}: {}", s.0, s.1, fmt_ms(Some(*t)));
+    }
+    println!("| preset | step ms | × UNCONSTRAINED | optimizer ms/step | optimizer share | msign calls/step | predicted ms/step | measured / predicted |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let base = median_seconds(GROUP, Preset::Unconstrained.name(), "");
+    for preset in Preset::ALL {
+        let step = median_seconds(GROUP, preset.name(), "");
+        let groups = &optimizer[&preset];
+        let (mut seconds, mut calls, mut predicted) = (0.0, 0.0, 0.0);
+        for (shape, _updates, s, n) in groups.values() {
+            seconds += s / 10.0;
+            calls += n / 10.0;
+            predicted += n / 10.0 * shapes[shape];
+        }
+        println!(
+            "| {} | {} | {} | {} | {} | {calls:.0} | {} | {} |",
+            preset.name(),
+            fmt_ms(step),
+            fmt_ratio(step.zip(base).map(|(a, b)| a / b)),
+            fmt_ms(Some(seconds)),
+            step.map_or("n/a".into(), |s| format!("{:.0}%", 100.0 * seconds / s)),
+            fmt_ms(Some(predicted)),
+            fmt_ratio(Some(seconds / predicted)),
+        );
+    }
+}
