@@ -10,11 +10,18 @@
 //! * `KAPPA_BENCH_SECONDS` — criterion measurement time per function (default 5).
 //! * `KAPPA_VENV` — the virtual environment holding torch (default `<workspace>/.venv`).
 //! * `KAPPA_BENCH_REFERENCE_STEPS` — timed steps of the PyTorch script (default 30).
+//! * `KAPPA_BENCH_PAIRS` — pairs of the paired overhead measurement (default 60; 0 skips it).
 //!
 //! After the criterion output a summary prints, per model: kappa's step time, PyTorch's, the
 //! ratio kappa / PyTorch (goal ≤ 0.95), the conditioned step over the baseline step (the paper
 //! reports +0.2%; goal ≤ 1%), images or tokens per second, and the model FLOP/s as a fraction
 //! of this machine's sgemm throughput (a 1024² f32 matmul through the same libtorch).
+//!
+//! Criterion times the baseline and the conditioned model seconds apart, so on a shared machine
+//! their ratio carries the drift of the load in between. A second, paired measurement then
+//! alternates single steps of the two models (baseline first in even pairs, conditioned first
+//! in odd ones) and prints the median and the interquartile range of the per-pair ratios:
+//! drift slower than a step cancels within a pair.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -92,7 +99,8 @@ fn vit_config() -> VitConfig {
     VitConfig::cpu()
 }
 
-fn bench_gpt(c: &mut Criterion, lambda: f64, id: &str) {
+/// A training step of the cpu GPT (B = 32, T = 64) with the given λ, owning its model.
+fn gpt_step(lambda: f64) -> impl FnMut() {
     let vs = nn::VarStore::new(Device::Cpu);
     let cfg = gpt_config().with_conditioning(conditioning(lambda));
     let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
@@ -104,12 +112,14 @@ fn bench_gpt(c: &mut Criterion, lambda: f64, id: &str) {
         )
     });
     let mut stepper = Stepper::new(&vs);
-    c.benchmark_group(GROUP).bench_function(id, |b| {
-        b.iter(|| stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss"))))
-    });
+    move || {
+        let _keep = &vs;
+        stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss")))
+    }
 }
 
-fn bench_vit(c: &mut Criterion, lambda: f64, id: &str) {
+/// A training step of the cpu ViT (B = 64) with the given λ, owning its model.
+fn vit_step(lambda: f64) -> impl FnMut() {
     let vs = nn::VarStore::new(Device::Cpu);
     let cfg = vit_config().with_conditioning(conditioning(lambda));
     let vit = seeded(0, || Vit::new(&vs.root(), cfg)).expect("vit");
@@ -120,9 +130,48 @@ fn bench_vit(c: &mut Criterion, lambda: f64, id: &str) {
         )
     });
     let mut stepper = Stepper::new(&vs);
-    c.benchmark_group(GROUP).bench_function(id, |b| {
-        b.iter(|| stepper.step(|| black_box(vit.loss(&x, &y).expect("loss"))))
-    });
+    move || {
+        let _keep = &vs;
+        stepper.step(|| black_box(vit.loss(&x, &y).expect("loss")))
+    }
+}
+
+fn bench_step(c: &mut Criterion, id: &str, mut step: impl FnMut()) {
+    c.benchmark_group(GROUP)
+        .bench_function(id, |b| b.iter(&mut step));
+}
+
+/// The conditioned step over the baseline step, from `pairs` pairs of single steps taken back
+/// to back (order alternating): (median, first quartile, third quartile) of the per-pair ratios.
+fn paired_ratio(
+    mut baseline: impl FnMut(),
+    mut conditioned: impl FnMut(),
+    pairs: usize,
+) -> (f64, f64, f64) {
+    let time = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64()
+    };
+    for _ in 0..3 {
+        baseline();
+        conditioned();
+    }
+    let mut ratios: Vec<f64> = (0..pairs)
+        .map(|i| {
+            let (b, c) = if i % 2 == 0 {
+                let b = time(&mut baseline);
+                (b, time(&mut conditioned))
+            } else {
+                let c = time(&mut conditioned);
+                (time(&mut baseline), c)
+            };
+            c / b
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.25), at(0.75))
 }
 
 /// sgemm FLOP/s of a 1024² f32 matmul through libtorch (best of 10 after a warmup).
@@ -195,11 +244,33 @@ fn main() {
         .measurement_time(Duration::from_secs(seconds))
         .warm_up_time(Duration::from_secs(1))
         .sample_size(10);
-    bench_gpt(&mut c, 0.0, "gpt_cpu_baseline");
-    bench_gpt(&mut c, LAMBDA, "gpt_cpu_lambda10");
-    bench_vit(&mut c, 0.0, "vit_cpu_baseline");
-    bench_vit(&mut c, LAMBDA, "vit_cpu_lambda10");
+    bench_step(&mut c, "gpt_cpu_baseline", gpt_step(0.0));
+    bench_step(&mut c, "gpt_cpu_lambda10", gpt_step(LAMBDA));
+    bench_step(&mut c, "vit_cpu_baseline", vit_step(0.0));
+    bench_step(&mut c, "vit_cpu_lambda10", vit_step(LAMBDA));
     c.final_summary();
+    let pairs: usize = std::env::var("KAPPA_BENCH_PAIRS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    if pairs > 0 {
+        println!(
+            "\nconditioned step / baseline step, {pairs} alternating pairs, {threads} thread(s)"
+        );
+        println!(
+            "(control: a second baseline model; λ=0.001 conditions without collapsing attention):"
+        );
+        println!("| model | conditioned | median ratio | interquartile range |");
+        println!("|---|---|---|---|");
+        for (label, lambda) in [("control", 0.0), ("λ=0.001", 1e-3), ("λ=10", LAMBDA)] {
+            for (name, (median, q1, q3)) in [
+                ("gpt", paired_ratio(gpt_step(0.0), gpt_step(lambda), pairs)),
+                ("vit", paired_ratio(vit_step(0.0), vit_step(lambda), pairs)),
+            ] {
+                println!("| {name} | {label} | {median:.3} | {q1:.3}–{q3:.3} |");
+            }
+        }
+    }
 
     let peak = sgemm_flops();
     let gpt = gpt_config();
