@@ -330,6 +330,8 @@ impl Experiment for VitFmnist {
                     min_lr: 2e-4,
                     warmup_steps: 1,
                     eval_every: 2,
+                    // What `--resume` loses when a process is killed: at most this many steps.
+                    checkpoint_every: 2,
                     eval_batches: 2,
                     log_every: 1,
                     progress: false,
@@ -352,6 +354,8 @@ impl Experiment for VitFmnist {
                     warmup_steps: 100,
                     weight_decay: 0.05,
                     eval_every: 500,
+                    // What `--resume` loses when a process is killed: at most this many steps.
+                    checkpoint_every: 500,
                     eval_batches: 32,
                     log_every: 10,
                     diagnostics,
@@ -379,6 +383,8 @@ impl Experiment for VitFmnist {
                     warmup_steps: 1000,
                     weight_decay: 0.05,
                     eval_every: 1000,
+                    // What `--resume` loses when a process is killed: at most this many steps.
+                    checkpoint_every: 1000,
                     eval_batches: 20,
                     log_every: 50,
                     diagnostics: DiagnosticsConfig {
