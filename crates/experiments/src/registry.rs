@@ -35,6 +35,15 @@ pub trait Experiment: Sync {
     /// The config for a scale.
     fn config(&self, scale: Scale) -> Self::Config;
 
+    /// Whether [`Experiment::run`] can continue a run folder left by an interrupted or failed
+    /// attempt (`reproduce --resume`): it skips what that attempt finished and continues from
+    /// its checkpoints, as [`crate::experiments::vit_fmnist::train_variant`] does when
+    /// [`Run::is_resumed`]. When false (the default), `--resume` reruns such a folder from the
+    /// start; finished runs are kept either way.
+    fn continues_interrupted_runs(&self) -> bool {
+        false
+    }
+
     /// Runs once with `config`, logging to `run`; returns how the run ended.
     fn run(&self, config: &Self::Config, run: &mut Run) -> Result<RunStatus>;
 
@@ -82,9 +91,16 @@ impl<E: Experiment> RegisteredExperiment for E {
     }
     fn resume(&self, dir: &Path, context: RunContext) -> Result<Resumption> {
         let config = self.config(context.scale);
-        Ok(match Run::resume(dir, context, &config)? {
+        Ok(match Run::resume(dir, context.clone(), &config)? {
             Resumed::Started(run) => Resumption::Started(run_to_the_end(self, &config, run)?),
-            Resumed::Continued(run) => Resumption::Continued(run_to_the_end(self, &config, run)?),
+            Resumed::Continued(run) if self.continues_interrupted_runs() => {
+                Resumption::Continued(run_to_the_end(self, &config, run)?)
+            }
+            Resumed::Continued(run) => {
+                drop(run);
+                let run = Run::create(dir, context, &config)?;
+                Resumption::Restarted(run_to_the_end(self, &config, run)?)
+            }
             Resumed::Finished(info) => Resumption::Skipped(info),
         })
     }
@@ -115,6 +131,9 @@ pub enum Resumption {
     Started(RunInfo),
     /// An interrupted or failed run continued where it stopped.
     Continued(RunInfo),
+    /// An interrupted or failed run of an experiment that cannot continue one
+    /// ([`Experiment::continues_interrupted_runs`]) ran again from the start.
+    Restarted(RunInfo),
     /// The run had completed or diverged already and was not run again.
     Skipped(RunInfo),
 }
@@ -123,7 +142,10 @@ impl Resumption {
     /// The `run.json` of the run, however it came about.
     pub fn info(&self) -> &RunInfo {
         match self {
-            Resumption::Started(i) | Resumption::Continued(i) | Resumption::Skipped(i) => i,
+            Resumption::Started(i)
+            | Resumption::Continued(i)
+            | Resumption::Restarted(i)
+            | Resumption::Skipped(i) => i,
         }
     }
 }

@@ -8,7 +8,9 @@
 //! run again; a folder without `run.json` (the process was killed) or whose run failed is
 //! [`Resumed::Continued`]: `metrics.jsonl` is kept (minus a torn last line) and appended to, and
 //! the experiment decides what to skip and where to continue (see
-//! [`crate::experiments::vit_fmnist::train_variant`] and [`Run::retain_metrics`]). Either way the
+//! [`crate::experiments::vit_fmnist::train_variant`] and [`Run::retain_metrics`]); the registry
+//! reruns the folder from the start instead for an experiment that cannot continue a run
+//! ([`crate::Experiment::continues_interrupted_runs`]). Either way the
 //! folder's `config.toml` must equal the config this build would write, or the resume stops with
 //! [`ResumeError::ConfigChanged`], naming the keys that differ: a run folder never mixes configs.
 

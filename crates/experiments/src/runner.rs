@@ -96,6 +96,7 @@ pub fn reproduce(
                 match e.resume(&dir, context)? {
                     Resumption::Skipped(info) => (info, "kept from an earlier run"),
                     Resumption::Continued(info) => (info, "resumed"),
+                    Resumption::Restarted(info) => (info, "rerun from the start"),
                     Resumption::Started(info) => (info, "started"),
                 }
             } else {

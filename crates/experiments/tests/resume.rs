@@ -6,6 +6,7 @@ use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use kappa_experiments::experiments::random_spectra::RandomSpectra;
 use kappa_experiments::experiments::vit_fmnist::{Line, VitFmnist};
 use kappa_experiments::registry::Resumption;
 use kappa_experiments::run::{ResumeError, Resumed, Run, RunContext, RunRecord, RunStatus};
@@ -176,5 +177,26 @@ fn a_changed_config_is_an_error_that_names_the_change() {
         Run::resume(&dir, context(&root), &config).unwrap(),
         Resumed::Continued(_)
     ));
+    fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn an_experiment_that_cannot_continue_a_run_reruns_it_from_the_start() {
+    let root = scratch("restart");
+    let dir = root.join("seed-0");
+    let context = RunContext {
+        experiment: "random-spectra".into(),
+        ..context(&root)
+    };
+    RandomSpectra.execute(&dir, context.clone()).unwrap();
+    let lines = |dir: &Path| fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let complete = lines(&dir);
+    assert!(!complete.is_empty());
+    // Killed after it had logged everything: no run.json.
+    fs::remove_file(dir.join("run.json")).unwrap();
+    let resumed = RandomSpectra.resume(&dir, context).unwrap();
+    assert!(matches!(resumed, Resumption::Restarted(_)), "{resumed:?}");
+    assert_eq!(resumed.info().status, RunStatus::Completed);
+    assert_eq!(lines(&dir).lines().count(), complete.lines().count());
     fs::remove_dir_all(&root).unwrap();
 }

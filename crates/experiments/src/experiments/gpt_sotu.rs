@@ -73,6 +73,10 @@ impl Experiment for GptSotu {
          its attention projections and Jacobian better conditioned during training."
     }
 
+    fn continues_interrupted_runs(&self) -> bool {
+        true
+    }
+
     fn data_needs(&self) -> &'static [&'static str] {
         &["sotu"]
     }

@@ -309,6 +309,10 @@ impl Experiment for VitFmnist {
          improves ViT accuracy (ViT-B on ImageNet: 80.7 → 81.7)."
     }
 
+    fn continues_interrupted_runs(&self) -> bool {
+        true
+    }
+
     fn data_needs(&self) -> &'static [&'static str] {
         &["fashion-mnist"]
     }
