@@ -20,8 +20,10 @@
 //! Criterion times the baseline and the conditioned model seconds apart, so on a shared machine
 //! their ratio carries the drift of the load in between. A second, paired measurement then
 //! alternates single steps of the two models (baseline first in even pairs, conditioned first
-//! in odd ones) and prints the median and the interquartile range of the per-pair ratios:
-//! drift slower than a step cancels within a pair.
+//! in odd ones) and prints the median and the interquartile range of the per-pair ratios of
+//! wall time and of CPU time (summed over the process's threads): drift slower than a step
+//! cancels within a pair, and time spent waiting for a core held by another process is not CPU
+//! time.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -141,37 +143,79 @@ fn bench_step(c: &mut Criterion, id: &str, mut step: impl FnMut()) {
         .bench_function(id, |b| b.iter(&mut step));
 }
 
-/// The conditioned step over the baseline step, from `pairs` pairs of single steps taken back
-/// to back (order alternating): (median, first quartile, third quartile) of the per-pair ratios.
+/// Median and quartiles of a sample.
+#[derive(Clone, Copy)]
+struct Quartiles {
+    median: f64,
+    q1: f64,
+    q3: f64,
+}
+
+impl Quartiles {
+    fn of(mut xs: Vec<f64>) -> Self {
+        xs.sort_by(f64::total_cmp);
+        let at = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
+        Self {
+            median: at(0.5),
+            q1: at(0.25),
+            q3: at(0.75),
+        }
+    }
+}
+
+impl std::fmt::Display for Quartiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.3} ({:.3}–{:.3})", self.median, self.q1, self.q3)
+    }
+}
+
+/// CPU time of this process so far, in nanoseconds, summed over its threads
+/// (`CLOCK_PROCESS_CPUTIME_ID`). Time spent waiting for a core that another process holds is
+/// not in it, which makes it steadier than wall time on a shared machine.
+#[allow(unsafe_code)]
+fn process_cpu_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid, exclusive pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// The conditioned step over the baseline step from `pairs` pairs of single steps taken back to
+/// back (order alternating): quartiles of the per-pair ratios of wall time and of CPU time.
 fn paired_ratio(
     mut baseline: impl FnMut(),
     mut conditioned: impl FnMut(),
     pairs: usize,
-) -> (f64, f64, f64) {
+) -> (Quartiles, Option<Quartiles>) {
     let time = |f: &mut dyn FnMut()| {
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), process_cpu_ns());
         f();
-        t.elapsed().as_secs_f64()
+        let cpu = cpu.zip(process_cpu_ns()).map(|(a, b)| (b - a) as f64);
+        (t.elapsed().as_secs_f64(), cpu)
     };
     for _ in 0..3 {
         baseline();
         conditioned();
     }
-    let mut ratios: Vec<f64> = (0..pairs)
-        .map(|i| {
-            let (b, c) = if i % 2 == 0 {
-                let b = time(&mut baseline);
-                (b, time(&mut conditioned))
-            } else {
-                let c = time(&mut conditioned);
-                (time(&mut baseline), c)
-            };
-            c / b
-        })
-        .collect();
-    ratios.sort_by(f64::total_cmp);
-    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
-    (at(0.5), at(0.25), at(0.75))
+    let (mut wall, mut cpu) = (Vec::with_capacity(pairs), Vec::with_capacity(pairs));
+    for i in 0..pairs {
+        let (b, c) = if i % 2 == 0 {
+            let b = time(&mut baseline);
+            (b, time(&mut conditioned))
+        } else {
+            let c = time(&mut conditioned);
+            (time(&mut baseline), c)
+        };
+        wall.push(c.0 / b.0);
+        if let (Some(cb), Some(cc)) = (b.1, c.1) {
+            cpu.push(cc / cb);
+        }
+    }
+    let cpu = (cpu.len() == pairs).then(|| Quartiles::of(cpu));
+    (Quartiles::of(wall), cpu)
 }
 
 /// Sets flush-to-zero and denormals-are-zero for this thread (what PyTorch's
@@ -282,7 +326,7 @@ fn main() {
         println!(
             "(control: a second baseline model; λ=0.001 conditions without collapsing attention):"
         );
-        println!("| model | conditioned | median ratio | interquartile range |");
+        println!("| model | conditioned | wall-time ratio, median (IQR) | CPU-time ratio, median (IQR) |");
         println!("|---|---|---|---|");
         let mut rows = vec![("control", 0.0), ("λ=0.001", 1e-3), ("λ=10", LAMBDA)];
         // λ = 10 saturates the softmax; the flushed row tests whether the remaining cost is
@@ -291,11 +335,12 @@ fn main() {
             rows.push(("λ=10, subnormals flushed (both)", LAMBDA));
         }
         for (label, lambda) in rows {
-            for (name, (median, q1, q3)) in [
+            for (name, (wall, cpu)) in [
                 ("gpt", paired_ratio(gpt_step(0.0), gpt_step(lambda), pairs)),
                 ("vit", paired_ratio(vit_step(0.0), vit_step(lambda), pairs)),
             ] {
-                println!("| {name} | {label} | {median:.3} | {q1:.3}–{q3:.3} |");
+                let cpu = cpu.map_or("n/a".to_string(), |q| q.to_string());
+                println!("| {name} | {label} | {wall} | {cpu} |");
             }
         }
     }
