@@ -148,6 +148,28 @@ impl Run {
     /// [`Resumed::Continued`] (its `run.json` is removed until the run finishes again, and a
     /// torn last line of `metrics.jsonl` is dropped). A folder without `config.toml` is created
     /// afresh. A different config is a [`ResumeError::ConfigChanged`].
+    ///
+    /// ```
+    /// use std::collections::BTreeMap;
+    /// use kappa_experiments::run::{ResumeError, Resumed, Run, RunContext, RunStatus};
+    /// use kappa_experiments::Scale;
+    ///
+    /// let dir = std::env::temp_dir().join(format!("kappa-doc-resume-{}", std::process::id()));
+    /// let context = RunContext {
+    ///     experiment: "demo".into(), scale: Scale::Smoke, seed: 0, threads: 1,
+    ///     device: "cpu".into(), data_dir: "data".into(),
+    /// };
+    /// let config = BTreeMap::from([("steps", 4)]);
+    /// Run::create(&dir, context.clone(), &config)?.finish(RunStatus::Completed)?;
+    /// // The same config: the finished run is kept.
+    /// assert!(matches!(Run::resume(&dir, context.clone(), &config)?, Resumed::Finished(_)));
+    /// // Another config: an error naming the change, and the folder is left alone.
+    /// let err = Run::resume(&dir, context, &BTreeMap::from([("steps", 5)])).err().unwrap();
+    /// assert!(matches!(err.downcast_ref(), Some(ResumeError::ConfigChanged { .. })));
+    /// assert!(err.to_string().contains("config.steps: 4 → 5"));
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), anyhow::Error>(())
+    /// ```
     pub fn resume<C: Serialize>(dir: &Path, context: RunContext, config: &C) -> Result<Resumed> {
         let config_path = dir.join("config.toml");
         if !config_path.is_file() {
