@@ -10,11 +10,20 @@
 //! * `KAPPA_BENCH_SECONDS` — criterion measurement time per function (default 5).
 //! * `KAPPA_VENV` — the virtual environment holding torch (default `<workspace>/.venv`).
 //! * `KAPPA_BENCH_REFERENCE_STEPS` — timed steps of the PyTorch script (default 30).
+//! * `KAPPA_BENCH_PAIRS` — pairs of the paired overhead measurement (default 60; 0 skips it).
 //!
 //! After the criterion output a summary prints, per model: kappa's step time, PyTorch's, the
 //! ratio kappa / PyTorch (goal ≤ 0.95), the conditioned step over the baseline step (the paper
 //! reports +0.2%; goal ≤ 1%), images or tokens per second, and the model FLOP/s as a fraction
 //! of this machine's sgemm throughput (a 1024² f32 matmul through the same libtorch).
+//!
+//! Criterion times the baseline and the conditioned model seconds apart, so on a shared machine
+//! their ratio carries the drift of the load in between. A second, paired measurement then
+//! alternates single steps of the two models (baseline first in even pairs, conditioned first
+//! in odd ones) and prints the median and the interquartile range of the per-pair ratios of
+//! wall time and of CPU time (summed over the process's threads): drift slower than a step
+//! cancels within a pair, and time spent waiting for a core held by another process is not CPU
+//! time.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -92,7 +101,8 @@ fn vit_config() -> VitConfig {
     VitConfig::cpu()
 }
 
-fn bench_gpt(c: &mut Criterion, lambda: f64, id: &str) {
+/// A training step of the cpu GPT (B = 32, T = 64) with the given λ, owning its model.
+fn gpt_step(lambda: f64) -> impl FnMut() {
     let vs = nn::VarStore::new(Device::Cpu);
     let cfg = gpt_config().with_conditioning(conditioning(lambda));
     let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
@@ -104,12 +114,14 @@ fn bench_gpt(c: &mut Criterion, lambda: f64, id: &str) {
         )
     });
     let mut stepper = Stepper::new(&vs);
-    c.benchmark_group(GROUP).bench_function(id, |b| {
-        b.iter(|| stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss"))))
-    });
+    move || {
+        let _keep = &vs;
+        stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss")))
+    }
 }
 
-fn bench_vit(c: &mut Criterion, lambda: f64, id: &str) {
+/// A training step of the cpu ViT (B = 64) with the given λ, owning its model.
+fn vit_step(lambda: f64) -> impl FnMut() {
     let vs = nn::VarStore::new(Device::Cpu);
     let cfg = vit_config().with_conditioning(conditioning(lambda));
     let vit = seeded(0, || Vit::new(&vs.root(), cfg)).expect("vit");
@@ -120,9 +132,112 @@ fn bench_vit(c: &mut Criterion, lambda: f64, id: &str) {
         )
     });
     let mut stepper = Stepper::new(&vs);
-    c.benchmark_group(GROUP).bench_function(id, |b| {
-        b.iter(|| stepper.step(|| black_box(vit.loss(&x, &y).expect("loss"))))
-    });
+    move || {
+        let _keep = &vs;
+        stepper.step(|| black_box(vit.loss(&x, &y).expect("loss")))
+    }
+}
+
+fn bench_step(c: &mut Criterion, id: &str, mut step: impl FnMut()) {
+    c.benchmark_group(GROUP)
+        .bench_function(id, |b| b.iter(&mut step));
+}
+
+/// Median and quartiles of a sample.
+#[derive(Clone, Copy)]
+struct Quartiles {
+    median: f64,
+    q1: f64,
+    q3: f64,
+}
+
+impl Quartiles {
+    fn of(mut xs: Vec<f64>) -> Self {
+        xs.sort_by(f64::total_cmp);
+        let at = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
+        Self {
+            median: at(0.5),
+            q1: at(0.25),
+            q3: at(0.75),
+        }
+    }
+}
+
+impl std::fmt::Display for Quartiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.3} ({:.3}–{:.3})", self.median, self.q1, self.q3)
+    }
+}
+
+/// CPU time of this process so far, in nanoseconds, summed over its threads
+/// (`CLOCK_PROCESS_CPUTIME_ID`). Time spent waiting for a core that another process holds is
+/// not in it, which makes it steadier than wall time on a shared machine.
+#[allow(unsafe_code)]
+fn process_cpu_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid, exclusive pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// The conditioned step over the baseline step from `pairs` pairs of single steps taken back to
+/// back (order alternating): quartiles of the per-pair ratios of wall time and of CPU time.
+fn paired_ratio(
+    mut baseline: impl FnMut(),
+    mut conditioned: impl FnMut(),
+    pairs: usize,
+) -> (Quartiles, Option<Quartiles>) {
+    let time = |f: &mut dyn FnMut()| {
+        let (t, cpu) = (Instant::now(), process_cpu_ns());
+        f();
+        let cpu = cpu.zip(process_cpu_ns()).map(|(a, b)| (b - a) as f64);
+        (t.elapsed().as_secs_f64(), cpu)
+    };
+    for _ in 0..3 {
+        baseline();
+        conditioned();
+    }
+    let (mut wall, mut cpu) = (Vec::with_capacity(pairs), Vec::with_capacity(pairs));
+    for i in 0..pairs {
+        let (b, c) = if i % 2 == 0 {
+            let b = time(&mut baseline);
+            (b, time(&mut conditioned))
+        } else {
+            let c = time(&mut conditioned);
+            (time(&mut baseline), c)
+        };
+        wall.push(c.0 / b.0);
+        if let (Some(cb), Some(cc)) = (b.1, c.1) {
+            cpu.push(cc / cb);
+        }
+    }
+    let cpu = (cpu.len() == pairs).then(|| Quartiles::of(cpu));
+    (Quartiles::of(wall), cpu)
+}
+
+/// Sets flush-to-zero and denormals-are-zero for this thread (what PyTorch's
+/// `set_flush_denormal(True)` does); returns whether it could.
+#[allow(unsafe_code)]
+fn flush_subnormals() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut csr: u32 = 0;
+        // SAFETY: stmxcsr/ldmxcsr read and write this thread's SSE control register through a
+        // valid pointer; FTZ (bit 15) and DAZ (bit 6) only change how subnormals are rounded.
+        unsafe {
+            std::arch::asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack));
+            csr |= (1 << 15) | (1 << 6);
+            std::arch::asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack));
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// sgemm FLOP/s of a 1024² f32 matmul through libtorch (best of 10 after a warmup).
@@ -195,11 +310,40 @@ fn main() {
         .measurement_time(Duration::from_secs(seconds))
         .warm_up_time(Duration::from_secs(1))
         .sample_size(10);
-    bench_gpt(&mut c, 0.0, "gpt_cpu_baseline");
-    bench_gpt(&mut c, LAMBDA, "gpt_cpu_lambda10");
-    bench_vit(&mut c, 0.0, "vit_cpu_baseline");
-    bench_vit(&mut c, LAMBDA, "vit_cpu_lambda10");
+    bench_step(&mut c, "gpt_cpu_baseline", gpt_step(0.0));
+    bench_step(&mut c, "gpt_cpu_lambda10", gpt_step(LAMBDA));
+    bench_step(&mut c, "vit_cpu_baseline", vit_step(0.0));
+    bench_step(&mut c, "vit_cpu_lambda10", vit_step(LAMBDA));
     c.final_summary();
+    let pairs: usize = std::env::var("KAPPA_BENCH_PAIRS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    if pairs > 0 {
+        println!(
+            "\nconditioned step / baseline step, {pairs} alternating pairs, {threads} thread(s)"
+        );
+        println!(
+            "(control: a second baseline model; λ=0.001 conditions without collapsing attention):"
+        );
+        println!("| model | conditioned | wall-time ratio, median (IQR) | CPU-time ratio, median (IQR) |");
+        println!("|---|---|---|---|");
+        let mut rows = vec![("control", 0.0), ("λ=0.001", 1e-3), ("λ=10", LAMBDA)];
+        // λ = 10 saturates the softmax; the flushed row tests whether the remaining cost is
+        // subnormal arithmetic. MXCSR is per thread, so only a one-thread run is covered.
+        if threads == 1 && flush_subnormals() {
+            rows.push(("λ=10, subnormals flushed (both)", LAMBDA));
+        }
+        for (label, lambda) in rows {
+            for (name, (wall, cpu)) in [
+                ("gpt", paired_ratio(gpt_step(0.0), gpt_step(lambda), pairs)),
+                ("vit", paired_ratio(vit_step(0.0), vit_step(lambda), pairs)),
+            ] {
+                let cpu = cpu.map_or("n/a".to_string(), |q| q.to_string());
+                println!("| {name} | {label} | {wall} | {cpu} |");
+            }
+        }
+    }
 
     let peak = sgemm_flops();
     let gpt = gpt_config();

@@ -1,7 +1,8 @@
 """PyTorch eager reference for the kappa-models training-step benchmark.
 
 The same GPT and ViT as kappa-models (crates/models): fused QKV projection, optional
-lambda*I shift added as lambda*[x x x] to the projection output (the "shifted" layout), pre-LN
+lambda*I shift folded into the weight as W + lambda*E (E = [I; I; I], the "shifted" layout; one
+addcmul per forward, as kappa does), pre-LN
 blocks, exact GELU MLP, learned positions, tied GPT head, ViT patch convolution and class token,
 and one training step = zero_grad, forward, backward, clip_grad_norm_(1.0), AdamW (decay and
 no-decay parameter groups) -- timed with time.perf_counter, median over steps.
@@ -44,12 +45,16 @@ class Attention(nn.Module):
         self.h, self.causal = h, causal
         # lambda is a buffer: never trained, never in the optimizer.
         self.register_buffer("lam", torch.tensor(float(lam)) if lam > 0 else None)
+        self.register_buffer("pattern", torch.eye(d).repeat(3, 1) if lam > 0 else None,
+                             persistent=False)
 
     def forward(self, x):
         b, t, d = x.shape
-        qkv = self.c_attn(x)
         if self.lam is not None:
-            qkv = qkv + torch.cat([x, x, x], dim=-1) * self.lam
+            w = torch.addcmul(self.c_attn.weight, self.pattern, self.lam)
+            qkv = F.linear(x, w, self.c_attn.bias)
+        else:
+            qkv = self.c_attn(x)
         q, k, v = qkv.split(d, dim=-1)
         k_ = d // self.h
         q, k, v = (m.view(b, t, self.h, k_).transpose(1, 2) for m in (q, k, v))

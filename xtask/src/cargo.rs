@@ -84,6 +84,10 @@ pub struct ReproduceArgs {
     /// repository shows the figures of the last run.
     #[arg(long)]
     publish: bool,
+    /// Keep earlier run folders of this scale: skip runs that completed or diverged, continue
+    /// interrupted or failed runs from their checkpoints (a changed config is an error).
+    #[arg(long)]
+    resume: bool,
 }
 
 /// `cargo xtask reproduce`: setup, build the experiment runner, install the data it needs, run.
@@ -150,6 +154,9 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
         .arg(ws.data_dir());
     if let Some(seeds) = args.seeds {
         cmd.arg("--seeds").arg(seeds.to_string());
+    }
+    if args.resume {
+        cmd.arg("--resume");
     }
     run(&mut cmd)?;
     if args.publish {

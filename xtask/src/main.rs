@@ -4,8 +4,8 @@
 //!   (OpenBLAS, libtorch through PyPI's torch, the data sets), idempotently.
 //! - `cargo xtask test` runs setup, then `fmt --check`, `clippy -D warnings` and the whole test
 //!   suite. This is the README's test command and what CI runs.
-//! - `cargo xtask reproduce [--scale S] [--only NAME]…` runs the experiments and writes
-//!   `results/report.md`.
+//! - `cargo xtask reproduce [--scale S] [--only NAME]… [--resume]` runs the experiments and
+//!   writes `results/report.md`; `--resume` keeps finished runs and continues interrupted ones.
 //! - `cargo xtask bench [--threads N]` runs the criterion benchmarks.
 //!
 //! Every cargo call made from here gets `LIBTORCH` and the runtime library path, so nobody has

@@ -2,8 +2,9 @@
 //!
 //! - `kappa-experiments list [--only NAME]…` names the experiments and the claims they test.
 //! - `kappa-experiments data-needs [--only NAME]…` prints the data sets they read.
-//! - `kappa-experiments reproduce --scale S --results DIR --data DIR [--only NAME]… [--seeds N]`
-//!   runs them and writes `DIR/report.md`.
+//! - `kappa-experiments reproduce --scale S --results DIR --data DIR [--only NAME]… [--seeds N]
+//!   [--resume]` runs them and writes `DIR/report.md`; `--resume` keeps finished runs and
+//!   continues interrupted ones instead of starting over.
 //! - `kappa-experiments report --scale S --results DIR` rebuilds the report from run folders.
 
 use std::collections::BTreeSet;
@@ -59,6 +60,10 @@ enum Command {
         /// The data folder that `cargo xtask setup` fills.
         #[arg(long, default_value = "data")]
         data: PathBuf,
+        /// Keep the run folders already there: skip runs that completed or diverged, continue
+        /// interrupted or failed ones from their checkpoints; a changed config is an error.
+        #[arg(long)]
+        resume: bool,
     },
     /// Rebuild the report from existing run folders.
     Report {
@@ -95,6 +100,7 @@ fn main() -> Result<()> {
             device,
             results,
             data,
+            resume,
         } => {
             let experiments = select(&selection.only)?;
             let settings = Settings {
@@ -104,6 +110,7 @@ fn main() -> Result<()> {
                 device: &device,
                 results: &results,
                 data: &data,
+                resume,
             };
             reproduce(&experiments, &settings)?;
             report(scale, &results)?;

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::experiments;
 use crate::report::Section;
-use crate::run::{Run, RunRecord, RunStatus};
+use crate::run::{Resumed, Run, RunContext, RunInfo, RunRecord, RunStatus};
 use crate::scale::Scale;
 
 /// An experiment: a config per scale, a run per seed, and a report section made from run folders.
@@ -35,6 +35,15 @@ pub trait Experiment: Sync {
     /// The config for a scale.
     fn config(&self, scale: Scale) -> Self::Config;
 
+    /// Whether [`Experiment::run`] can continue a run folder left by an interrupted or failed
+    /// attempt (`reproduce --resume`): it skips what that attempt finished and continues from
+    /// its checkpoints, as [`crate::experiments::vit_fmnist::train_variant`] does when
+    /// [`Run::is_resumed`]. When false (the default), `--resume` reruns such a folder from the
+    /// start; finished runs are kept either way.
+    fn continues_interrupted_runs(&self) -> bool {
+        false
+    }
+
     /// Runs once with `config`, logging to `run`; returns how the run ended.
     fn run(&self, config: &Self::Config, run: &mut Run) -> Result<RunStatus>;
 
@@ -54,7 +63,10 @@ pub trait RegisteredExperiment: Sync {
     /// See [`Experiment::default_seeds`].
     fn default_seeds(&self, scale: Scale) -> u32;
     /// Writes `config.toml` into a fresh run folder, runs, and writes `run.json`.
-    fn execute(&self, dir: &Path, context: crate::run::RunContext) -> Result<crate::run::RunInfo>;
+    fn execute(&self, dir: &Path, context: RunContext) -> Result<RunInfo>;
+    /// Like [`RegisteredExperiment::execute`], but reuses the folder ([`Run::resume`]): a
+    /// finished run is returned as it is, an unfinished one continues.
+    fn resume(&self, dir: &Path, context: RunContext) -> Result<Resumption>;
     /// See [`Experiment::report`].
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section>;
 }
@@ -72,19 +84,69 @@ impl<E: Experiment> RegisteredExperiment for E {
     fn default_seeds(&self, scale: Scale) -> u32 {
         Experiment::default_seeds(self, scale)
     }
-    fn execute(&self, dir: &Path, context: crate::run::RunContext) -> Result<crate::run::RunInfo> {
+    fn execute(&self, dir: &Path, context: RunContext) -> Result<RunInfo> {
         let config = self.config(context.scale);
-        let mut run = Run::create(dir, context, &config)?;
-        let status = match Experiment::run(self, &config, &mut run) {
-            Ok(status) => status,
-            Err(e) => RunStatus::Failed {
-                error: format!("{e:#}"),
-            },
-        };
-        run.finish(status)
+        let run = Run::create(dir, context, &config)?;
+        run_to_the_end(self, &config, run)
+    }
+    fn resume(&self, dir: &Path, context: RunContext) -> Result<Resumption> {
+        let config = self.config(context.scale);
+        Ok(match Run::resume(dir, context.clone(), &config)? {
+            Resumed::Started(run) => Resumption::Started(run_to_the_end(self, &config, run)?),
+            Resumed::Continued(run) if self.continues_interrupted_runs() => {
+                Resumption::Continued(run_to_the_end(self, &config, run)?)
+            }
+            Resumed::Continued(run) => {
+                drop(run);
+                let run = Run::create(dir, context, &config)?;
+                Resumption::Restarted(run_to_the_end(self, &config, run)?)
+            }
+            Resumed::Finished(info) => Resumption::Skipped(info),
+        })
     }
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
         Experiment::report(self, runs, out_dir, report_dir)
+    }
+}
+
+/// Runs `experiment` into `run` and writes `run.json`; an error is recorded as a failed run.
+fn run_to_the_end<E: Experiment>(
+    experiment: &E,
+    config: &E::Config,
+    mut run: Run,
+) -> Result<RunInfo> {
+    let status = match Experiment::run(experiment, config, &mut run) {
+        Ok(status) => status,
+        Err(e) => RunStatus::Failed {
+            error: format!("{e:#}"),
+        },
+    };
+    run.finish(status)
+}
+
+/// What [`RegisteredExperiment::resume`] did with a run folder.
+#[derive(Clone, Debug)]
+pub enum Resumption {
+    /// There was no run: it ran from the start.
+    Started(RunInfo),
+    /// An interrupted or failed run continued where it stopped.
+    Continued(RunInfo),
+    /// An interrupted or failed run of an experiment that cannot continue one
+    /// ([`Experiment::continues_interrupted_runs`]) ran again from the start.
+    Restarted(RunInfo),
+    /// The run had completed or diverged already and was not run again.
+    Skipped(RunInfo),
+}
+
+impl Resumption {
+    /// The `run.json` of the run, however it came about.
+    pub fn info(&self) -> &RunInfo {
+        match self {
+            Resumption::Started(i)
+            | Resumption::Continued(i)
+            | Resumption::Restarted(i)
+            | Resumption::Skipped(i) => i,
+        }
     }
 }
 

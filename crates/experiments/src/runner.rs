@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use crate::registry::Resumption;
 use crate::report::write_report;
 use crate::run::{RunContext, RunRecord, RunStatus};
 use crate::{registry, RegisteredExperiment, Scale};
@@ -43,10 +44,15 @@ pub struct Settings<'a> {
     pub results: &'a Path,
     /// The data folder.
     pub data: &'a Path,
+    /// Reuse existing run folders instead of replacing them: finished runs are skipped,
+    /// interrupted or failed ones continue ([`crate::run::Run::resume`]).
+    pub resume: bool,
 }
 
 /// Runs every selected experiment once per seed into `results/<name>/<scale>/seed-<n>/`,
-/// replacing earlier runs of that experiment at that scale.
+/// replacing earlier runs of that experiment at that scale, or, with `resume`, reusing them:
+/// completed and diverged runs are skipped, interrupted and failed runs continue, and a run
+/// folder written with a different config stops the command with an error.
 pub fn reproduce(
     experiments: &[Box<dyn RegisteredExperiment>],
     settings: &Settings<'_>,
@@ -58,6 +64,7 @@ pub fn reproduce(
         device,
         results,
         data,
+        resume,
     } = *settings;
     let total: u32 = experiments
         .iter()
@@ -68,8 +75,8 @@ pub fn reproduce(
     for e in experiments {
         let scale_dir = results.join(e.name()).join(scale.name());
         // A rerun replaces the experiment's previous runs at this scale, so the report never
-        // mixes configs.
-        if scale_dir.exists() {
+        // mixes configs; a resumed one checks each folder's config instead.
+        if !resume && scale_dir.exists() {
             fs::remove_dir_all(&scale_dir)
                 .with_context(|| format!("emptying {}", scale_dir.display()))?;
         }
@@ -84,13 +91,22 @@ pub fn reproduce(
                 device: device.to_string(),
                 data_dir: data.to_path_buf(),
             };
-            let info = e.execute(&scale_dir.join(format!("seed-{seed}")), context)?;
-            let status = match &info.status {
-                RunStatus::Completed => "completed".to_string(),
-                RunStatus::Diverged { step, .. } => format!("diverged at step {step}"),
-                RunStatus::Failed { error } => format!("FAILED: {error}"),
+            let dir = scale_dir.join(format!("seed-{seed}"));
+            let (info, how) = if resume {
+                match e.resume(&dir, context)? {
+                    Resumption::Skipped(info) => (info, "kept from an earlier run"),
+                    Resumption::Continued(info) => (info, "resumed"),
+                    Resumption::Restarted(info) => (info, "rerun from the start"),
+                    Resumption::Started(info) => (info, "started"),
+                }
+            } else {
+                (e.execute(&dir, context)?, "started")
             };
-            eprintln!("      {status} in {:.1} s", info.wall_seconds);
+            eprintln!(
+                "      {} ({how}) in {:.1} s",
+                describe(&info.status),
+                info.wall_seconds
+            );
         }
     }
     eprintln!(
@@ -98,6 +114,15 @@ pub fn reproduce(
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// How a run ended, in a few words.
+fn describe(status: &RunStatus) -> String {
+    match status {
+        RunStatus::Completed => "completed".to_string(),
+        RunStatus::Diverged { step, .. } => format!("diverged at step {step}"),
+        RunStatus::Failed { error } => format!("FAILED: {error}"),
+    }
 }
 
 /// Writes `results/report.md` for one scale from every experiment's run folders; fails (after

@@ -22,8 +22,20 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
         device: "cpu",
         results: &results,
         data: &data,
+        resume: false,
     };
     reproduce(&experiments, &settings).unwrap();
+    report(Scale::Smoke, &results).unwrap();
+
+    // `--resume` over finished runs keeps every run folder as it is.
+    let metrics = results.join("vit-fmnist/smoke/seed-1/metrics.jsonl");
+    let before = fs::read(&metrics).unwrap();
+    let resumed = Settings {
+        resume: true,
+        ..settings
+    };
+    reproduce(&experiments, &resumed).unwrap();
+    assert_eq!(fs::read(&metrics).unwrap(), before);
     report(Scale::Smoke, &results).unwrap();
 
     let text = fs::read_to_string(results.join("report.md")).unwrap();

@@ -11,10 +11,13 @@
 //!
 //! # Conditioning (the C's of `SpecA(X) = softmax(X(W_Q+C_Q)(W_K+C_K)ᵀXᵀ/s) X(W_V+C_V)`)
 //!
-//! * [`Conditioning::Identity`]: C = λ·E with λ fixed. The cheap path never materializes W + λE:
-//!   `X(W + λE) = XW + λ·X[:, block]`, a scaled copy of k input columns added to the projection
-//!   output (N·k extra multiplies against 2·N·D·k, a ratio of 1/(2D)). Two per-head layouts
-//!   ([`Layout`], notes §7):
+//! * [`Conditioning::Identity`]: C = λ·E with λ fixed. The projection folds λ into the weight:
+//!   `X(W + λE)ᵀ` with `W + λE` formed by one fused 3D×D pass (`addcmul`) from W, the fixed
+//!   pattern E (built once, not a variable) and the λ buffer. That costs 3D² element operations
+//!   per forward, against B·T·3D for adding `λ·X[:, block]` to the projection output (the
+//!   algebraically equal `XWᵀ + λ·shift(X)`), and the backward pass is plain linear's: since
+//!   ∂(W + λE)/∂W = I, W's gradient is the gradient at W + λE and λ gets none. Two per-head
+//!   layouts ([`Layout`], notes §7):
 //!   - `Shifted` (the fused `W + λI_D` reading): head h of Q, K and V receives λ·X[:, hk..hk+k],
 //!     so the shift of the whole projection is `λ·[X X X]`;
 //!   - `SameBlock`: every head receives λ·X[:, 0..k] (the paper's single-head I_k repeated).
@@ -253,6 +256,9 @@ pub struct ConditionedAttention {
     lambda: Option<Tensor>,
     /// 3D×D correction buffer (Svd).
     correction: Option<Tensor>,
+    /// The fixed 3D×D pattern E of the λ shift (Identity, ScaleAware); not a variable, so
+    /// checkpoints and the var store are those of the unconditioned layout plus λ.
+    pattern: Option<Tensor>,
 }
 
 impl ConditionedAttention {
@@ -274,13 +280,15 @@ impl ConditionedAttention {
             Conditioning::Svd { .. } => Some(p.f_zeros_no_train("correction", &[3 * d, d])?),
             _ => None,
         };
-        let layer = Self {
+        let mut layer = Self {
             cfg,
             c_attn,
             c_proj,
             lambda,
             correction,
+            pattern: None,
         };
+        layer.pattern = layer.shift_pattern();
         layer.refresh_conditioning(0)?;
         Ok(layer)
     }
@@ -419,26 +427,30 @@ impl ConditionedAttention {
         Ok(c.reshape([3 * d, d]).to_kind(self.c_attn.weight.kind()))
     }
 
-    /// `[Q K V]` = X(W + C)ᵀ + b on the cheap path (B×T×3D).
-    fn project(&self, x: &Tensor) -> Tensor {
-        let bias = self.c_attn.bias.as_ref();
-        match (&self.lambda, &self.correction, self.layout()) {
-            (Some(lambda), _, Some(layout)) => {
-                let qkv = x.linear(&self.c_attn.weight, bias);
-                let shift = match layout {
-                    Layout::Shifted => Tensor::cat(&[x, x, x], -1),
-                    Layout::SameBlock => {
-                        let k = self.cfg.head_dim() as i64;
-                        let mut reps = vec![1i64; x.dim() - 1];
-                        reps.push(3 * self.cfg.n_head as i64);
-                        x.narrow(-1, 0, k).repeat(reps.as_slice())
-                    }
-                };
-                qkv + shift * lambda
-            }
-            (_, Some(c), _) => x.linear(&(&self.c_attn.weight + c), bias),
-            _ => x.linear(&self.c_attn.weight, bias),
+    /// The weight the projection multiplies by, with its graph back to W: W + λE (one fused
+    /// 3D×D pass), W + C, or W itself.
+    fn projection_weight(&self) -> Tensor {
+        let w = &self.c_attn.weight;
+        match (&self.lambda, &self.correction, &self.pattern) {
+            (Some(lambda), _, Some(e)) => w.addcmul(&Self::matching(e, w), lambda),
+            (_, Some(c), _) => w + c,
+            _ => w.shallow_clone(),
         }
+    }
+
+    /// `t` in `like`'s kind and device (a no-op unless the var store was converted after
+    /// construction, e.g. to bf16).
+    fn matching(t: &Tensor, like: &Tensor) -> Tensor {
+        if t.kind() == like.kind() && t.device() == like.device() {
+            t.shallow_clone()
+        } else {
+            t.to_device(like.device()).to_kind(like.kind())
+        }
+    }
+
+    /// `[Q K V]` = X(W + C)ᵀ + b (B×T×3D), with the correction folded into the weight.
+    fn project(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.projection_weight(), self.c_attn.bias.as_ref())
     }
 
     /// Checks `x` (B×T×D, floating point) and runs [`ConditionedAttention::forward_trace`]

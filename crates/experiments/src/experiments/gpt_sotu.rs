@@ -73,6 +73,10 @@ impl Experiment for GptSotu {
          its attention projections and Jacobian better conditioned during training."
     }
 
+    fn continues_interrupted_runs(&self) -> bool {
+        true
+    }
+
     fn data_needs(&self) -> &'static [&'static str] {
         &["sotu"]
     }
@@ -94,6 +98,8 @@ impl Experiment for GptSotu {
                     min_lr: 3e-4,
                     warmup_steps: 1,
                     eval_every: 2,
+                    // What `--resume` loses when a process is killed: at most this many steps.
+                    checkpoint_every: 2,
                     eval_batches: 2,
                     log_every: 1,
                     progress: false,
@@ -118,6 +124,8 @@ impl Experiment for GptSotu {
                     warmup_steps: 100,
                     weight_decay: 0.1,
                     eval_every: 625,
+                    // What `--resume` loses when a process is killed: at most this many steps.
+                    checkpoint_every: 625,
                     eval_batches: 8,
                     log_every: 10,
                     diagnostics,
@@ -138,6 +146,8 @@ impl Experiment for GptSotu {
                     warmup_steps: 1000,
                     weight_decay: 0.1,
                     eval_every: 1000,
+                    // What `--resume` loses when a process is killed: at most this many steps.
+                    checkpoint_every: 1000,
                     eval_batches: 20,
                     log_every: 50,
                     diagnostics: DiagnosticsConfig {

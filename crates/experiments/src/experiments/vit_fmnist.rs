@@ -5,14 +5,25 @@
 //! This module also holds what `gpt-sotu` shares with it: the per-variant training driver, the
 //! `metrics.jsonl` line format, and the report (tables over seeds, plots of κ(W_Q), σ_min(W_Q),
 //! attention entropy and κ(J) over training, and a verdict per claim computed from the data).
+//!
+//! # Resume
+//!
+//! [`train_variant`] resumes by itself when its [`Run`] continues an unfinished run folder
+//! ([`Run::resume`], `reproduce --resume`): a variant with a summary line in `metrics.jsonl` is
+//! not retrained ([`finished_variant`]); the variant that was interrupted continues from
+//! `variant-<i>/checkpoint.safetensors` through `Trainer::load_checkpoint`, after its records
+//! past the checkpoint's step are dropped ([`resume_variant`]); later variants start afresh.
+//! Experiments with their own training driver call the same helpers: [`variant_checkpoint`],
+//! [`finished_variant`], [`resume_variant`], [`stop_if_interrupted`] and
+//! [`log_variant_summary`].
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use kappa_models::{
     seeded, summarize, Conditioning, DiagnosticsConfig, FashionMnist, ImageClassification, Layout,
-    Outcome, Record, Split, Task, TrainConfig, Trainer, Vit, VitConfig,
+    Outcome, Record, Split, Summary, Task, TrainConfig, Trainer, Vit, VitConfig,
 };
 use serde::{Deserialize, Serialize};
 use tch::nn;
@@ -52,7 +63,7 @@ pub struct Config {
 }
 
 /// One line of `metrics.jsonl`: a training-loop record or a variant's final summary.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Line {
     /// The variant's name.
     pub variant: String,
@@ -65,7 +76,7 @@ pub struct Line {
 }
 
 /// The end of one variant's training.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Final {
     /// How training ended.
     pub outcome: Outcome,
@@ -76,6 +87,10 @@ pub struct Final {
     pub seconds_per_step: f64,
     /// Units (images or tokens) per second.
     pub units_per_second: f64,
+    /// The step training continued from after an interruption (`reproduce --resume`); the
+    /// timings then cover only the steps after it (both are 0 when none were left).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<u64>,
 }
 
 /// The standard variants: baseline, λ = 1, λ = 10 (the paper's default), scale-aware λ
@@ -125,8 +140,10 @@ pub fn train_config(base: &TrainConfig, run: &Run) -> TrainConfig {
 }
 
 /// Trains one variant: builds the task with `build`, runs the trainer (checkpoint in
-/// `<run>/<variant index>/checkpoint.safetensors`), logs every record, then logs the summary
-/// with the headline metric from `metric`.
+/// `<run>/variant-<index>/checkpoint.safetensors`), logs every record, then logs the summary
+/// with the headline metric from `metric`. In a resumed run ([`Run::resume`]) a variant that
+/// finished before is not retrained (its logged outcome is returned), and an interrupted one
+/// continues from its checkpoint (see the module docs).
 pub fn train_variant<T: Task>(
     run: &mut Run,
     index: usize,
@@ -135,6 +152,9 @@ pub fn train_variant<T: Task>(
     build: impl FnOnce(&nn::VarStore) -> Result<T>,
     metric: impl FnOnce(&mut T) -> Result<f64>,
 ) -> Result<Outcome> {
+    if let Some(done) = finished_variant(run, &variant.name)? {
+        return Ok(done.outcome);
+    }
     let device = kappa_models::parse_device(&train.device)?;
     let vs = nn::VarStore::new(device);
     let mut task = seeded(train.seed, || build(&vs))?;
@@ -145,10 +165,11 @@ pub fn train_variant<T: Task>(
         train.seed,
         variant.name
     ));
-    let ckpt = run
-        .dir()
-        .join(format!("variant-{index}"))
-        .join("checkpoint.safetensors");
+    let ckpt = variant_checkpoint(run, index);
+    let resumed_at = resume_variant(run, &mut trainer, &variant.name, &ckpt)?;
+    if let Some(step) = run.interruption_of(index) {
+        trainer.stop_after(step);
+    }
     let name = variant.name.clone();
     let summary = {
         let mut sink = |r: &Record| -> kappa_models::Result<()> {
@@ -161,21 +182,118 @@ pub fn train_variant<T: Task>(
         };
         trainer.run(&mut task, &mut sink, Some(&ckpt))?
     };
+    stop_if_interrupted(&summary.outcome, &ckpt)?;
     let value = match summary.outcome {
         Outcome::Completed => metric(&mut task)?,
         _ => f64::NAN,
     };
+    log_variant_summary(run, &variant.name, &summary, value, resumed_at)?;
+    Ok(summary.outcome)
+}
+
+/// Where variant `index` of a run keeps its checkpoint: `<run>/variant-<index>/checkpoint.safetensors`.
+pub fn variant_checkpoint(run: &Run, index: usize) -> PathBuf {
+    run.dir()
+        .join(format!("variant-{index}"))
+        .join("checkpoint.safetensors")
+}
+
+/// The summary line of variant `name` if an earlier attempt of this run finished it (only a
+/// resumed run has earlier attempts); such a variant is not trained again.
+pub fn finished_variant(run: &mut Run, name: &str) -> Result<Option<Final>> {
+    if !run.is_resumed() {
+        return Ok(None);
+    }
+    Ok(run
+        .metrics::<Line>()?
+        .into_iter()
+        .filter(|l| l.variant == name)
+        .find_map(|l| l.summary))
+}
+
+/// Prepares an unfinished variant of a resumed run: restores `checkpoint` into `trainer` when
+/// it exists and drops the variant's records logged after the checkpoint's step (they will be
+/// logged again, identically); without a checkpoint, drops all of its records. Returns the
+/// step training continues from (`None`: from the start). Does nothing in a fresh run.
+pub fn resume_variant(
+    run: &mut Run,
+    trainer: &mut Trainer<'_>,
+    name: &str,
+    checkpoint: &Path,
+) -> Result<Option<u64>> {
+    if !run.is_resumed() {
+        return Ok(None);
+    }
+    let step = if checkpoint.is_file() {
+        trainer
+            .load_checkpoint(checkpoint)
+            .with_context(|| format!("resuming variant {name}"))?;
+        Some(trainer.step())
+    } else {
+        None
+    };
+    run.retain_metrics(|l: &Line| {
+        l.variant != name
+            || l.record
+                .as_ref()
+                .is_some_and(|r| step.is_some_and(|s| logged_by_step(r, s)))
+    })?;
+    Ok(step)
+}
+
+/// Whether `record` belongs to the first `step` finished steps: what a checkpoint at `step`
+/// has seen. Train and eval records carry the count of finished steps; a divergence record
+/// carries the index of the step that diverged.
+pub fn logged_by_step(record: &Record, step: u64) -> bool {
+    match record {
+        Record::Train { step: s, .. } | Record::Eval { step: s, .. } => *s <= step,
+        Record::Diverged { step: i, .. } => *i < step,
+    }
+}
+
+/// Turns [`Outcome::Interrupted`] (only [`Run::interrupt_variant_at`] stops a trainer early)
+/// into an error, so the run is recorded as failed and `--resume` continues it.
+pub fn stop_if_interrupted(outcome: &Outcome, checkpoint: &Path) -> Result<()> {
+    if let Outcome::Interrupted { step } = outcome {
+        bail!(
+            "interrupted after step {step} (checkpoint {}); `reproduce --resume` continues it",
+            checkpoint.display()
+        );
+    }
+    Ok(())
+}
+
+/// Logs the summary line of variant `name`: how training ended, the headline metric, the
+/// timings of this attempt, and where it resumed.
+pub fn log_variant_summary(
+    run: &mut Run,
+    name: &str,
+    summary: &Summary,
+    metric: f64,
+    resumed_at: Option<u64>,
+) -> Result<()> {
     run.log(&Line {
-        variant: variant.name.clone(),
+        variant: name.to_string(),
         record: None,
         summary: Some(Final {
             outcome: summary.outcome.clone(),
-            metric: value,
+            metric,
             seconds_per_step: summary.seconds_per_step,
             units_per_second: summary.units_per_second,
+            resumed_at,
         }),
-    })?;
-    Ok(summary.outcome)
+    })
+}
+
+/// Mean seconds per step over the summaries that timed any step (a variant resumed at its last
+/// step timed none).
+fn mean_step_seconds(finals: &[Final]) -> f64 {
+    let timed: Vec<f64> = finals
+        .iter()
+        .map(|f| f.seconds_per_step)
+        .filter(|&s| s > 0.0)
+        .collect();
+    timed.iter().sum::<f64>() / timed.len().max(1) as f64
 }
 
 impl Experiment for VitFmnist {
@@ -189,6 +307,10 @@ impl Experiment for VitFmnist {
         "Spectrally conditioned attention (W + λI_k, or the exact SVD correction) keeps a higher \
          σ_min and a lower κ of W_Q/W_K/W_V and of the attention Jacobian during training, and \
          improves ViT accuracy (ViT-B on ImageNet: 80.7 → 81.7)."
+    }
+
+    fn continues_interrupted_runs(&self) -> bool {
+        true
     }
 
     fn data_needs(&self) -> &'static [&'static str] {
@@ -212,6 +334,8 @@ impl Experiment for VitFmnist {
                     min_lr: 2e-4,
                     warmup_steps: 1,
                     eval_every: 2,
+                    // What `--resume` loses when a process is killed: at most this many steps.
+                    checkpoint_every: 2,
                     eval_batches: 2,
                     log_every: 1,
                     progress: false,
@@ -234,6 +358,8 @@ impl Experiment for VitFmnist {
                     warmup_steps: 100,
                     weight_decay: 0.05,
                     eval_every: 500,
+                    // What `--resume` loses when a process is killed: at most this many steps.
+                    checkpoint_every: 500,
                     eval_batches: 32,
                     log_every: 10,
                     diagnostics,
@@ -261,6 +387,8 @@ impl Experiment for VitFmnist {
                     warmup_steps: 1000,
                     weight_decay: 0.05,
                     eval_every: 1000,
+                    // What `--resume` loses when a process is killed: at most this many steps.
+                    checkpoint_every: 1000,
                     eval_batches: 20,
                     log_every: 50,
                     diagnostics: DiagnosticsConfig {
@@ -435,12 +563,7 @@ pub fn conditioning_report(
         return Ok(());
     }
     let base_name = order[0].clone();
-    let base_step = data[&base_name]
-        .finals
-        .iter()
-        .map(|f| f.seconds_per_step)
-        .sum::<f64>()
-        / data[&base_name].finals.len().max(1) as f64;
+    let base_step = mean_step_seconds(&data[&base_name].finals);
 
     // The main table.
     let mut rows = Vec::new();
@@ -458,8 +581,7 @@ pub fn conditioning_report(
             .filter(|f| matches!(f.outcome, Outcome::Diverged { .. }))
             .count();
         let col = |i: usize| mean_std(&d.last.iter().map(|l| l[i]).collect::<Vec<_>>());
-        let step =
-            d.finals.iter().map(|f| f.seconds_per_step).sum::<f64>() / d.finals.len().max(1) as f64;
+        let step = mean_step_seconds(&d.finals);
         rows.push(vec![
             name.clone(),
             format!("{}/{}", completed.len(), d.finals.len()),
