@@ -70,6 +70,7 @@ fn append_orphan_and_torn_lines(metrics: &Path, variant: &str, step: u64) {
             grad_norm: 0.0,
             units_per_second: 0.0,
             seconds: 0.0,
+            optimizers: Default::default(),
         }),
         summary: None,
     };

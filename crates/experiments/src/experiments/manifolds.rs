@@ -14,15 +14,14 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use kappa_models::{
-    modulewise_groups, seeded, DiagnosticsConfig, DivergenceReference, Gpt, GptConfig,
-    LanguageModeling, ModuleLabel, ModulewiseConfig, Outcome, Preset, Record, Task, TextCorpus,
-    TokenizerKind, TrainConfig, Trainer,
+    modulewise_groups, DiagnosticsConfig, DivergenceReference, Gpt, GptConfig, LanguageModeling,
+    ModuleLabel, ModulewiseConfig, Outcome, Preset, Record, Task, TextCorpus, TokenizerKind,
+    TrainConfig,
 };
 use kappa_optim::{DGramRetraction, DualAscent};
 use serde::{Deserialize, Serialize};
-use tch::nn;
 
-use super::vit_fmnist::{train_config, Final, Line};
+use super::vit_fmnist::{train_config, train_variant_with, Line};
 use crate::plot::{LinePlot, Mark};
 use crate::report::{runs_table, Section};
 use crate::run::{Run, RunRecord, RunStatus};
@@ -62,6 +61,13 @@ pub struct Config {
     pub variants: Vec<Variant>,
     /// Validation batches for the final validation loss.
     pub final_eval_batches: usize,
+    /// libtorch intra-op threads (0: the run's `--threads`). The CPU config uses 1 and steps the
+    /// hidden matrices on 2 worker threads instead (`optimizer_threads`): these matrices are
+    /// small, and libtorch's SVD (the paper's DGram retraction) on 2 OpenMP threads was
+    /// measured 35× slower than on 1 on a loaded 2-core machine (1.7 s against 47 ms per step
+    /// of a 256×64 matrix), while one OpenMP thread per worker keeps both cores busy.
+    #[serde(default)]
+    pub libtorch_threads: usize,
 }
 
 /// The five presets and the three DGram-attention ablations (HETERO-INV with the dual
@@ -120,6 +126,10 @@ impl Experiment for Manifolds {
         &["sotu"]
     }
 
+    fn continues_interrupted_runs(&self) -> bool {
+        true
+    }
+
     fn config(&self, scale: Scale) -> Config {
         let diagnostics = DiagnosticsConfig {
             enabled: true,
@@ -157,6 +167,7 @@ impl Experiment for Manifolds {
                 },
                 variants: variants(ModulewiseConfig::paper),
                 final_eval_batches: 1,
+                libtorch_threads: 0,
             },
             Scale::Cpu => Config {
                 model: GptConfig {
@@ -177,6 +188,7 @@ impl Experiment for Manifolds {
                     eval_every: 50,
                     eval_batches: 8,
                     log_every: 10,
+                    checkpoint_every: 50,
                     ..base_train
                 },
                 variants: variants(|p| ModulewiseConfig {
@@ -184,6 +196,7 @@ impl Experiment for Manifolds {
                     ..ModulewiseConfig::paper(p)
                 }),
                 final_eval_batches: 40,
+                libtorch_threads: 1,
             },
             Scale::Paper => Config {
                 model: GptConfig {
@@ -211,16 +224,20 @@ impl Experiment for Manifolds {
                 },
                 variants: variants(ModulewiseConfig::paper),
                 final_eval_batches: 200,
+                libtorch_threads: 0,
             },
         }
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {
-        let train = TrainConfig {
+        let mut train = TrainConfig {
             // The embeddings' decay is the assignment's; gains never decay.
             weight_decay: 0.0,
             ..train_config(&config.train, run)
         };
+        if config.libtorch_threads > 0 {
+            train.threads = config.libtorch_threads;
+        }
         let device = kappa_models::parse_device(&train.device)?;
         let dir = run.context().data_dir.join(TextCorpus::SOTU);
         let first_seed = run.context().seed == 0;
@@ -237,14 +254,21 @@ impl Experiment for Manifolds {
                 },
                 ..config.model
             };
-            train_variant(
+            let (batches, batch_size) = (config.final_eval_batches, train.batch_size);
+            train_variant_with(
                 run,
                 i,
-                variant,
+                &variant.name,
                 &train,
-                model,
-                corpus,
-                config.final_eval_batches,
+                |vs| {
+                    Ok(LanguageModeling::new(
+                        Gpt::new(&vs.root(), model)?,
+                        corpus,
+                        train.seed,
+                    )?)
+                },
+                |vs| Ok(modulewise_groups(vs, &variant.modulewise, &train)?),
+                |task| Ok(tch::no_grad(|| task.evaluate(batches, batch_size))?.loss),
             )
             .with_context(|| format!("variant {}", variant.name))?;
         }
@@ -254,63 +278,6 @@ impl Experiment for Manifolds {
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
         report(self, runs, out_dir, report_dir)
     }
-}
-
-/// Trains one variant, logging every record and the summary (final validation loss).
-fn train_variant(
-    run: &mut Run,
-    index: usize,
-    variant: &Variant,
-    train: &TrainConfig,
-    model: GptConfig,
-    corpus: TextCorpus,
-    final_eval_batches: usize,
-) -> Result<Outcome> {
-    let device = kappa_models::parse_device(&train.device)?;
-    let vs = nn::VarStore::new(device);
-    let mut task = seeded(train.seed, || -> Result<LanguageModeling> {
-        Ok(LanguageModeling::new(
-            Gpt::new(&vs.root(), model)?,
-            corpus,
-            train.seed,
-        )?)
-    })?;
-    let groups = modulewise_groups(&vs, &variant.modulewise, train)?;
-    let mut trainer = Trainer::with_groups(&vs, train.clone(), groups)?;
-    trainer.set_label(format!("manifolds seed {} {}", train.seed, variant.name));
-    let ckpt = run
-        .dir()
-        .join(format!("variant-{index}"))
-        .join("checkpoint.safetensors");
-    let name = variant.name.clone();
-    let summary = {
-        let mut sink = |r: &Record| -> kappa_models::Result<()> {
-            run.log(&Line {
-                variant: name.clone(),
-                record: Some(r.clone()),
-                summary: None,
-            })
-            .map_err(|e| kappa_models::ModelsError::Sink(format!("{e:#}")))
-        };
-        trainer.run(&mut task, &mut sink, Some(&ckpt))?
-    };
-    let metric = match summary.outcome {
-        Outcome::Completed => {
-            tch::no_grad(|| task.evaluate(final_eval_batches, train.batch_size))?.loss
-        }
-        _ => f64::NAN,
-    };
-    run.log(&Line {
-        variant: variant.name.clone(),
-        record: None,
-        summary: Some(Final {
-            outcome: summary.outcome.clone(),
-            metric,
-            seconds_per_step: summary.seconds_per_step,
-            units_per_second: summary.units_per_second,
-        }),
-    })?;
-    Ok(summary.outcome)
 }
 
 /// One evaluation's headline numbers.

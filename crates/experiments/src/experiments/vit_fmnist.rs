@@ -22,8 +22,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use kappa_models::{
-    seeded, summarize, Conditioning, DiagnosticsConfig, FashionMnist, ImageClassification, Layout,
-    Outcome, Record, Split, Summary, Task, TrainConfig, Trainer, Vit, VitConfig,
+    adamw_groups, seeded, summarize, Conditioning, DiagnosticsConfig, FashionMnist,
+    ImageClassification, Layout, Outcome, ParamGroup, Record, Split, Summary, Task, TrainConfig,
+    Trainer, Vit, VitConfig,
 };
 use serde::{Deserialize, Serialize};
 use tch::nn;
@@ -152,29 +153,43 @@ pub fn train_variant<T: Task>(
     build: impl FnOnce(&nn::VarStore) -> Result<T>,
     metric: impl FnOnce(&mut T) -> Result<f64>,
 ) -> Result<Outcome> {
-    if let Some(done) = finished_variant(run, &variant.name)? {
+    let groups = |vs: &nn::VarStore| Ok(adamw_groups(vs, train));
+    train_variant_with(run, index, &variant.name, train, build, groups, metric)
+}
+
+/// [`train_variant`] with the optimizer groups built by `groups` (after the model, so its
+/// variables exist): for experiments that assign other optimizers to some parameters.
+pub fn train_variant_with<T: Task>(
+    run: &mut Run,
+    index: usize,
+    name: &str,
+    train: &TrainConfig,
+    build: impl FnOnce(&nn::VarStore) -> Result<T>,
+    groups: impl FnOnce(&nn::VarStore) -> Result<Vec<ParamGroup>>,
+    metric: impl FnOnce(&mut T) -> Result<f64>,
+) -> Result<Outcome> {
+    if let Some(done) = finished_variant(run, name)? {
         return Ok(done.outcome);
     }
     let device = kappa_models::parse_device(&train.device)?;
     let vs = nn::VarStore::new(device);
     let mut task = seeded(train.seed, || build(&vs))?;
-    let mut trainer = Trainer::new(&vs, train.clone())?;
+    let mut trainer = Trainer::with_groups(&vs, train.clone(), groups(&vs)?)?;
     trainer.set_label(format!(
         "{} seed {} {}",
         run.context().experiment,
         train.seed,
-        variant.name
+        name
     ));
     let ckpt = variant_checkpoint(run, index);
-    let resumed_at = resume_variant(run, &mut trainer, &variant.name, &ckpt)?;
+    let resumed_at = resume_variant(run, &mut trainer, name, &ckpt)?;
     if let Some(step) = run.interruption_of(index) {
         trainer.stop_after(step);
     }
-    let name = variant.name.clone();
     let summary = {
         let mut sink = |r: &Record| -> kappa_models::Result<()> {
             run.log(&Line {
-                variant: name.clone(),
+                variant: name.to_string(),
                 record: Some(r.clone()),
                 summary: None,
             })
@@ -187,7 +202,7 @@ pub fn train_variant<T: Task>(
         Outcome::Completed => metric(&mut task)?,
         _ => f64::NAN,
     };
-    log_variant_summary(run, &variant.name, &summary, value, resumed_at)?;
+    log_variant_summary(run, name, &summary, value, resumed_at)?;
     Ok(summary.outcome)
 }
 
