@@ -14,7 +14,7 @@
 use ndarray::{linalg::general_mat_mul, Array2, ShapeBuilder};
 
 use crate::error::{check_finite, shape_str, LinalgError, Result};
-use crate::scalar::{scaled_norm, Real};
+use crate::scalar::{array_norm, Real};
 use crate::svd::{polar_factor, singular_values, SvdDriver};
 
 /// A dense real matrix, as the algorithms of this crate see it.
@@ -194,7 +194,7 @@ impl<A: Real> Matrix for Array2<A> {
     }
 
     fn frobenius_norm(&self) -> Result<f64> {
-        Ok(scaled_norm(self.iter()))
+        Ok(array_norm(self))
     }
 
     fn duplicate(&self) -> Result<Self> {
