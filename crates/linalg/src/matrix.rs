@@ -82,6 +82,11 @@ pub trait Matrix: Sized {
     /// Scales column j by `s[j]` in place (A ← A·diag(s)); `s` must have length `cols`.
     fn scale_columns(&mut self, s: &[f64]) -> Result<()>;
 
+    /// Multiplies entry (i, j) by `s[i·cols + j]` in place (Hadamard product with S given
+    /// row-major); `s` must have length rows·cols. Manifold Muon's preconditioned DGram ascent
+    /// divides its multiplier entrywise by (d_i² + d_j²)/2 with this.
+    fn scale_entries(&mut self, s: &[f64]) -> Result<()>;
+
     /// Copies `src` into `self`'s storage in place (shapes must match). On `tch` this writes into
     /// the existing tensor (`copy_`), so parameters shared with a var store are updated.
     fn copy_from(&mut self, src: &Self) -> Result<()>;
@@ -251,6 +256,20 @@ impl<A: Real> Matrix for Array2<A> {
         for (mut col, &v) in self.columns_mut().into_iter().zip(s) {
             let v = A::from_f64_lossy(v);
             col.mapv_inplace(|x| x * v);
+        }
+        Ok(())
+    }
+
+    fn scale_entries(&mut self, s: &[f64]) -> Result<()> {
+        let (rows, cols) = self.dim();
+        check_len(
+            "s",
+            s.len(),
+            rows * cols,
+            "one factor per entry (row-major)",
+        )?;
+        for ((i, j), x) in self.indexed_iter_mut() {
+            *x *= A::from_f64_lossy(s[i * cols + j]);
         }
         Ok(())
     }

@@ -348,6 +348,19 @@ impl Matrix for Tensor {
         Ok(())
     }
 
+    fn scale_entries(&mut self, s: &[f64]) -> Result<()> {
+        let (m, n) = check_2d("self", self)?;
+        crate::matrix::check_len("s", s.len(), m * n, "one factor per entry (row-major)")?;
+        let _g = tch::no_grad_guard();
+        let factors = Tensor::from_slice(s)
+            .f_to_kind(self.kind())
+            .and_then(|x| x.f_to_device(self.device()))
+            .and_then(|x| x.f_view([m as i64, n as i64]))
+            .map_err(backend("s"))?;
+        let _ = self.f_mul_(&factors).map_err(backend("s"))?;
+        Ok(())
+    }
+
     fn copy_from(&mut self, src: &Self) -> Result<()> {
         let s = check_2d("self", self)?;
         let ss = check_2d("src", src)?;

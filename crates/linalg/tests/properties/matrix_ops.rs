@@ -36,6 +36,14 @@ proptest! {
                 prop_assert_eq!(c[[i, j]], a[[i, j]] * s[j]);
             }
         }
+        let e: Vec<f64> = (0..m * n).map(|t| 0.5 + t as f64).collect();
+        let mut h = a.clone();
+        h.scale_entries(&e).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                prop_assert_eq!(h[[i, j]], a[[i, j]] * e[i * n + j]);
+            }
+        }
         let b2: Array2<f64> = gaussian(m, n, seed ^ 9);
         let want: f64 = a.iter().zip(b2.iter()).map(|(x, y)| x * y).sum();
         prop_assert!((a.inner(&b2).unwrap() - want).abs() <= 1e-12 * (1.0 + want.abs()));
@@ -56,6 +64,10 @@ fn the_new_operations_check_lengths_and_shapes() {
         a.scale_columns(&[1.0; 3]),
         Err(LinalgError::ShapeMismatch { arg: "s", .. })
     ));
+    assert!(matches!(
+        a.scale_entries(&[1.0; 11]),
+        Err(LinalgError::ShapeMismatch { arg: "s", .. })
+    ));
     let b: Array2<f64> = gaussian(4, 3, 1);
     assert!(matches!(
         a.copy_from(&b),
@@ -72,6 +84,14 @@ fn transposed_arrays_keep_their_semantics() {
     for i in 0..3 {
         for j in 0..5 {
             assert_eq!(t[[i, j]], a[[j, i]] * (2.0 + j as f64));
+        }
+    }
+    let mut t = a.clone().reversed_axes();
+    let e: Vec<f64> = (0..15).map(|x| x as f64).collect();
+    t.scale_entries(&e).unwrap();
+    for i in 0..3 {
+        for j in 0..5 {
+            assert_eq!(t[[i, j]], a[[j, i]] * e[i * 5 + j]);
         }
     }
 }
@@ -105,9 +125,12 @@ mod tch_agreement {
                 alias.set_diagonal(&vec![0.0; k]).unwrap();
                 let s: Vec<f64> = (0..n).map(|j| 0.5 + j as f64).collect();
                 alias.scale_columns(&s).unwrap();
+                let e: Vec<f64> = (0..m * n).map(|x| 1.0 - 0.1 * x as f64).collect();
+                alias.scale_entries(&e).unwrap();
                 let mut want = a.clone();
                 want.set_diagonal(&vec![0.0; k]).unwrap();
                 want.scale_columns(&s).unwrap();
+                want.scale_entries(&e).unwrap();
                 let got = array_from_tensor(&t).unwrap();
                 assert!(
                     max_abs_diff(&got, &want) <= 1e-5,
@@ -128,6 +151,7 @@ mod tch_agreement {
         let mut t = tensor_from_array(a.view(), Kind::Float, Device::Cpu).unwrap();
         assert!(t.set_diagonal(&[1.0]).is_err());
         assert!(t.scale_columns(&[1.0; 3]).is_err());
+        assert!(t.scale_entries(&[1.0; 3]).is_err());
         let u = tensor_from_array(a.t().view(), Kind::Float, Device::Cpu).unwrap();
         assert!(t.copy_from(&u).is_err());
     }
