@@ -68,6 +68,14 @@ pub trait Matrix: Sized {
     /// The exact polar factor U·Vᵀ of the thin SVD A = U Σ Vᵀ (see [`polar_factor`]).
     fn polar_factor(&self) -> Result<Self>;
 
+    /// The polar factor U·Vᵀ and the singular values (descending) from **one** thin SVD — what
+    /// manifold Muon's DGram retraction (U·Vᵀ)·diag(S) needs. The default calls
+    /// [`Matrix::polar_factor`] and [`Matrix::singular_values`] (two SVDs); both backends
+    /// override it with one.
+    fn polar_factor_and_singular_values(&self) -> Result<(Self, Vec<f64>)> {
+        Ok((self.polar_factor()?, self.singular_values()?))
+    }
+
     /// The Frobenius inner product ⟨self, other⟩ = Σ a_ij·b_ij = tr(selfᵀ·other), accumulated in
     /// `f64` (shapes must match).
     fn inner(&self, other: &Self) -> Result<f64>;
@@ -221,6 +229,14 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn polar_factor(&self) -> Result<Self> {
         polar_factor(self.view(), SvdDriver::default())
+    }
+
+    fn polar_factor_and_singular_values(&self) -> Result<(Self, Vec<f64>)> {
+        let f = crate::svd::svd_thin(self.view(), SvdDriver::default())?;
+        Ok((
+            f.u.dot(&f.vt),
+            f.s.iter().map(|x| x.to_f64_lossy()).collect(),
+        ))
     }
 
     fn inner(&self, other: &Self) -> Result<f64> {

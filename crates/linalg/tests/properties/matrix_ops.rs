@@ -54,6 +54,17 @@ proptest! {
 }
 
 #[test]
+fn polar_factor_and_singular_values_come_from_one_svd() {
+    for (m, n) in [(7, 4), (4, 7), (5, 5)] {
+        let a: Array2<f64> = gaussian(m, n, 21);
+        let (q, s) = a.polar_factor_and_singular_values().unwrap();
+        assert!(max_abs_diff(&q, &a.polar_factor().unwrap()) <= 1e-12);
+        let want = Matrix::singular_values(&a).unwrap();
+        assert!(s.iter().zip(&want).all(|(x, y)| (x - y).abs() <= 1e-12));
+    }
+}
+
+#[test]
 fn the_new_operations_check_lengths_and_shapes() {
     let mut a: Array2<f64> = gaussian(3, 4, 1);
     assert!(matches!(
@@ -142,6 +153,24 @@ mod tch_agreement {
                 alias.copy_from(&src).unwrap();
                 assert!(max_abs_diff(&array_from_tensor(&t).unwrap(), &a) <= 1e-6);
             }
+        }
+    }
+
+    #[test]
+    fn tensor_polar_factor_and_singular_values_agree() {
+        let a: Array2<f64> = gaussian(9, 5, 3);
+        for kind in [Kind::Float, Kind::Double, Kind::BFloat16] {
+            let t = tensor_from_array(a.view(), kind, Device::Cpu).unwrap();
+            let (q, s) = t.polar_factor_and_singular_values().unwrap();
+            assert_eq!(q.kind(), kind);
+            let (qa, sa) = a.polar_factor_and_singular_values().unwrap();
+            let tol = if kind == Kind::BFloat16 { 5e-2 } else { 1e-4 };
+            let q64 = array_from_tensor(&q.to_kind(Kind::Double)).unwrap();
+            assert!(max_abs_diff(&q64, &qa) <= tol, "{kind:?}");
+            assert!(
+                s.iter().zip(&sa).all(|(x, y)| (x - y).abs() <= tol * sa[0]),
+                "{kind:?}"
+            );
         }
     }
 
