@@ -558,7 +558,10 @@ pub fn condition_number_estimate<A: Real>(
         reorthogonalize(&vb, j + 1, &mut q);
         let beta = norm(&q);
         betas.push(beta);
-        let ritz = extreme_ritz(&alphas, &betas, beta.to_f64_lossy());
+        // The neighbouring Ritz values (two more bisections) only feed the error estimate: every
+        // step under `ErrorEstimate`, once at the end under `Residual`.
+        let with_gaps = opts.stop == StopRule::ErrorEstimate;
+        let ritz = extreme_ritz(&alphas, &betas, beta.to_f64_lossy(), with_gaps);
         norm_estimate = norm_estimate.max(ritz.max.theta);
         let theta_max = A::from_f64_lossy(ritz.max.theta);
         let theta_min = A::from_f64_lossy(ritz.min.theta);
@@ -568,7 +571,8 @@ pub fn condition_number_estimate<A: Real>(
             _ => f64::INFINITY,
         };
         previous_kappa = Some(kappa_now);
-        let error_estimate = ritz.error_estimate().max(2.0 * change);
+        let estimate_of = |r: &ExtremeRitz| r.error_estimate().max(2.0 * change);
+        let error_estimate = estimate_of(&ritz);
         let small_residuals = ritz
             .max
             .relative_residual()
@@ -602,7 +606,13 @@ pub fn condition_number_estimate<A: Real>(
                     .max
                     .relative_residual()
                     .max(ritz.min.relative_residual()),
-                error_estimate: if exact { 0.0 } else { error_estimate },
+                error_estimate: if exact {
+                    0.0
+                } else if with_gaps {
+                    error_estimate
+                } else {
+                    estimate_of(&extreme_ritz(&alphas, &betas, beta.to_f64_lossy(), true))
+                },
             });
             break;
         }
@@ -705,8 +715,9 @@ impl ExtremeRitz {
 
 /// The extreme Ritz values of the upper bidiagonal B_j (diagonal `alphas`, superdiagonal
 /// `betas[..j−1]`) with residuals from β_j = `beta`, through its Golub–Kahan tridiagonal (O(j)
-/// work each, see [`gk_ritz`]).
-fn extreme_ritz<A: Real>(alphas: &[A], betas: &[A], beta: f64) -> ExtremeRitz {
+/// work each, see [`gk_ritz`]); with `with_gaps`, also their inner neighbours (else `None`,
+/// and the error estimates fall back to the residuals).
+fn extreme_ritz<A: Real>(alphas: &[A], betas: &[A], beta: f64, with_gaps: bool) -> ExtremeRitz {
     let j = alphas.len();
     let off: Vec<f64> = (0..j)
         .flat_map(|i| {
@@ -718,7 +729,8 @@ fn extreme_ritz<A: Real>(alphas: &[A], betas: &[A], beta: f64) -> ExtremeRitz {
     // The tridiagonal has order 2j and eigenvalues ±θ_i: θ_min has index j, θ_max 2j − 1.
     let (t_max, p_max) = gk_ritz(&off, 2 * j - 1);
     let (t_min, p_min) = gk_ritz(&off, j);
-    let neighbours = (j > 1).then(|| (gk_eigenvalue(&off, 2 * j - 2), gk_eigenvalue(&off, j + 1)));
+    let neighbours =
+        (with_gaps && j > 1).then(|| (gk_eigenvalue(&off, 2 * j - 2), gk_eigenvalue(&off, j + 1)));
     ExtremeRitz {
         max: RitzValue {
             theta: t_max,
