@@ -122,40 +122,61 @@ fn time_by_hand(reps: usize, mut f: impl FnMut()) -> f64 {
 struct ManifoldTimes {
     stiefel: f64,
     dgram: f64,
-    msign_calls: usize,
+    /// DGram with `DualAscent::preconditioned_feasible()` (paper settings otherwise).
+    dgram_pre: f64,
+    /// The paper's DGram retraction alone (one SVD).
+    dgram_retraction: f64,
+    stiefel_calls: usize,
+    dgram_calls: usize,
+}
+
+fn manifold_step_time(m: usize, n: usize, reps: usize, cfg: ManifoldMuonConfig) -> (f64, usize) {
+    let grad = t32(&gaussian(m, n, 2)) * 0.01;
+    let mut cfg = cfg;
+    cfg.dual.on_divergence = kappa_optim::OnDivergence::Apply;
+    let opt = ManifoldMuon::new(cfg).expect("manifold");
+    let mut w = t32(&gaussian(m, n, 1)) * 0.02;
+    opt.retract_onto(&mut w).expect("retract");
+    let mut st = ManifoldState::new();
+    let mut calls = 0;
+    let t = time_by_hand(reps, || {
+        calls = opt
+            .step(&mut w, &grad, &mut st)
+            .expect("step")
+            .dual
+            .msign_calls;
+    });
+    (t, calls)
 }
 
 fn manifold_times(m: usize, n: usize, reps: usize) -> ManifoldTimes {
-    let grad = t32(&gaussian(m, n, 2)) * 0.01;
-    let mut out = ManifoldTimes {
-        stiefel: f64::NAN,
-        dgram: f64::NAN,
-        msign_calls: 0,
-    };
-    for manifold in [Manifold::Stiefel, Manifold::dgram()] {
-        let mut cfg = ManifoldMuonConfig::paper(manifold);
-        cfg.dual.on_divergence = kappa_optim::OnDivergence::Apply;
-        let opt = ManifoldMuon::new(cfg).expect("manifold");
-        let mut w = t32(&gaussian(m, n, 1)) * 0.02;
-        opt.retract_onto(&mut w).expect("retract");
-        let mut st = ManifoldState::new();
-        let mut calls = 0;
-        let t = time_by_hand(reps, || {
-            calls = opt
-                .step(&mut w, &grad, &mut st)
-                .expect("step")
-                .dual
-                .msign_calls;
-        });
-        match manifold {
-            Manifold::Stiefel => {
-                out.stiefel = t;
-                out.msign_calls = calls;
-            }
-            _ => out.dgram = t,
-        }
+    let (stiefel, stiefel_calls) =
+        manifold_step_time(m, n, reps, ManifoldMuonConfig::paper(Manifold::Stiefel));
+    let (dgram, dgram_calls) =
+        manifold_step_time(m, n, reps, ManifoldMuonConfig::paper(Manifold::dgram()));
+    let (dgram_pre, _) = manifold_step_time(
+        m,
+        n,
+        reps,
+        ManifoldMuonConfig {
+            dual: kappa_optim::DualAscent::preconditioned_feasible(),
+            ..ManifoldMuonConfig::paper(Manifold::dgram())
+        },
+    );
+    let opt = ManifoldMuon::new(ManifoldMuonConfig::paper(Manifold::dgram())).expect("manifold");
+    let w = t32(&gaussian(m, n, 1));
+    let dgram_retraction = time_by_hand(reps, || {
+        let mut x = w.copy();
+        opt.retract_onto(&mut x).expect("retract");
+    });
+    ManifoldTimes {
+        stiefel,
+        dgram,
+        dgram_pre,
+        dgram_retraction,
+        stiefel_calls,
+        dgram_calls,
     }
-    out
 }
 
 /// kappa Muon's update band at this shape (σ of msign(U) for the first step from zero momentum)
@@ -276,12 +297,22 @@ fn main() {
             khi,
             tband,
         );
-        let _ = mt.msign_calls;
         println!(
             "{:<10} Auto ({auto}): muon {} ms, torch/kappa-auto {}, σ band {alo:.3}-{ahi:.3}",
             id,
             fmt_ms(muon_auto),
             fmt_ratio(ratio(tsec, muon_auto)),
+        );
+        println!(
+            "{:<10} DGram: step / msign {} ({} ascent msigns + 1 diagnostic + retraction of {} msign = 1 SVD); \
+             preconditioned-feasible step {:.1} ms = {} msign; Stiefel ascent msigns {}",
+            id,
+            fmt_ratio(ratio(Some(mt.dgram), ms)),
+            mt.dgram_calls,
+            fmt_ratio(ratio(Some(mt.dgram_retraction), ms)),
+            mt.dgram_pre * 1e3,
+            fmt_ratio(ratio(Some(mt.dgram_pre), ms)),
+            mt.stiefel_calls,
         );
     }
     println!(

@@ -58,7 +58,7 @@ pub use cond::{
 pub use error::{LinalgError, Result};
 pub use iterative::{
     condition_number_estimate, sigma_max_power, sigma_min_inverse, IterativeOptions, KappaEstimate,
-    SigmaEstimate,
+    SigmaEstimate, StopRule,
 };
 pub use kron::{commutation_matrix, kron, kron_matvec, unvec, vec, Commutation, MAX_DENSE_ENTRIES};
 pub use matrix::Matrix;

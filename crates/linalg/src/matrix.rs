@@ -14,7 +14,7 @@
 use ndarray::{linalg::general_mat_mul, Array2, ShapeBuilder};
 
 use crate::error::{check_finite, shape_str, LinalgError, Result};
-use crate::scalar::{scaled_norm, Real};
+use crate::scalar::{array_norm, Real};
 use crate::svd::{polar_factor, singular_values, SvdDriver};
 
 /// A dense real matrix, as the algorithms of this crate see it.
@@ -68,6 +68,14 @@ pub trait Matrix: Sized {
     /// The exact polar factor U·Vᵀ of the thin SVD A = U Σ Vᵀ (see [`polar_factor`]).
     fn polar_factor(&self) -> Result<Self>;
 
+    /// The polar factor U·Vᵀ and the singular values (descending) from **one** thin SVD — what
+    /// manifold Muon's DGram retraction (U·Vᵀ)·diag(S) needs. The default calls
+    /// [`Matrix::polar_factor`] and [`Matrix::singular_values`] (two SVDs); both backends
+    /// override it with one.
+    fn polar_factor_and_singular_values(&self) -> Result<(Self, Vec<f64>)> {
+        Ok((self.polar_factor()?, self.singular_values()?))
+    }
+
     /// The Frobenius inner product ⟨self, other⟩ = Σ a_ij·b_ij = tr(selfᵀ·other), accumulated in
     /// `f64` (shapes must match).
     fn inner(&self, other: &Self) -> Result<f64>;
@@ -81,6 +89,11 @@ pub trait Matrix: Sized {
 
     /// Scales column j by `s[j]` in place (A ← A·diag(s)); `s` must have length `cols`.
     fn scale_columns(&mut self, s: &[f64]) -> Result<()>;
+
+    /// Multiplies entry (i, j) by `s[i·cols + j]` in place (Hadamard product with S given
+    /// row-major); `s` must have length rows·cols. Manifold Muon's preconditioned DGram ascent
+    /// divides its multiplier entrywise by (d_i² + d_j²)/2 with this.
+    fn scale_entries(&mut self, s: &[f64]) -> Result<()>;
 
     /// Copies `src` into `self`'s storage in place (shapes must match). On `tch` this writes into
     /// the existing tensor (`copy_`), so parameters shared with a var store are updated.
@@ -194,7 +207,7 @@ impl<A: Real> Matrix for Array2<A> {
     }
 
     fn frobenius_norm(&self) -> Result<f64> {
-        Ok(scaled_norm(self.iter()))
+        Ok(array_norm(self))
     }
 
     fn duplicate(&self) -> Result<Self> {
@@ -216,6 +229,14 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn polar_factor(&self) -> Result<Self> {
         polar_factor(self.view(), SvdDriver::default())
+    }
+
+    fn polar_factor_and_singular_values(&self) -> Result<(Self, Vec<f64>)> {
+        let f = crate::svd::svd_thin(self.view(), SvdDriver::default())?;
+        Ok((
+            f.u.dot(&f.vt),
+            f.s.iter().map(|x| x.to_f64_lossy()).collect(),
+        ))
     }
 
     fn inner(&self, other: &Self) -> Result<f64> {
@@ -251,6 +272,20 @@ impl<A: Real> Matrix for Array2<A> {
         for (mut col, &v) in self.columns_mut().into_iter().zip(s) {
             let v = A::from_f64_lossy(v);
             col.mapv_inplace(|x| x * v);
+        }
+        Ok(())
+    }
+
+    fn scale_entries(&mut self, s: &[f64]) -> Result<()> {
+        let (rows, cols) = self.dim();
+        check_len(
+            "s",
+            s.len(),
+            rows * cols,
+            "one factor per entry (row-major)",
+        )?;
+        for ((i, j), x) in self.indexed_iter_mut() {
+            *x *= A::from_f64_lossy(s[i * cols + j]);
         }
         Ok(())
     }

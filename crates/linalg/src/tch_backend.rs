@@ -295,6 +295,27 @@ impl Matrix for Tensor {
             .map_err(backend("self"))
     }
 
+    fn polar_factor_and_singular_values(&self) -> Result<(Self, Vec<f64>)> {
+        self.validate("self")?;
+        let _g = tch::no_grad_guard();
+        let kind = self.kind();
+        let work = if kind == Kind::BFloat16 {
+            self.f_to_kind(Kind::Float).map_err(backend("self"))?
+        } else {
+            self.shallow_clone()
+        };
+        let (u, s, v) = work.f_svd(true, true).map_err(backend("self"))?;
+        let q = u
+            .f_matmul(&v.tr())
+            .and_then(|q| q.f_to_kind(kind))
+            .map_err(backend("self"))?;
+        let s = s
+            .f_to_device(Device::Cpu)
+            .and_then(|x| x.f_to_kind(Kind::Double))
+            .map_err(backend("self"))?;
+        Ok((q, Vec::<f64>::try_from(&s).map_err(backend("self"))?))
+    }
+
     fn inner(&self, other: &Self) -> Result<f64> {
         let s = check_2d("self", self)?;
         let so = check_2d("other", other)?;
@@ -343,6 +364,19 @@ impl Matrix for Tensor {
             .f_to_kind(self.kind())
             .and_then(|x| x.f_to_device(self.device()))
             .and_then(|x| x.f_view([1, n as i64]))
+            .map_err(backend("s"))?;
+        let _ = self.f_mul_(&factors).map_err(backend("s"))?;
+        Ok(())
+    }
+
+    fn scale_entries(&mut self, s: &[f64]) -> Result<()> {
+        let (m, n) = check_2d("self", self)?;
+        crate::matrix::check_len("s", s.len(), m * n, "one factor per entry (row-major)")?;
+        let _g = tch::no_grad_guard();
+        let factors = Tensor::from_slice(s)
+            .f_to_kind(self.kind())
+            .and_then(|x| x.f_to_device(self.device()))
+            .and_then(|x| x.f_view([m as i64, n as i64]))
             .map_err(backend("s"))?;
         let _ = self.f_mul_(&factors).map_err(backend("s"))?;
         Ok(())

@@ -36,12 +36,31 @@ proptest! {
                 prop_assert_eq!(c[[i, j]], a[[i, j]] * s[j]);
             }
         }
+        let e: Vec<f64> = (0..m * n).map(|t| 0.5 + t as f64).collect();
+        let mut h = a.clone();
+        h.scale_entries(&e).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                prop_assert_eq!(h[[i, j]], a[[i, j]] * e[i * n + j]);
+            }
+        }
         let b2: Array2<f64> = gaussian(m, n, seed ^ 9);
         let want: f64 = a.iter().zip(b2.iter()).map(|(x, y)| x * y).sum();
         prop_assert!((a.inner(&b2).unwrap() - want).abs() <= 1e-12 * (1.0 + want.abs()));
         let mut z = Array2::<f64>::zeros((m, n));
         z.copy_from(&a).unwrap();
         prop_assert_eq!(z, a);
+    }
+}
+
+#[test]
+fn polar_factor_and_singular_values_come_from_one_svd() {
+    for (m, n) in [(7, 4), (4, 7), (5, 5)] {
+        let a: Array2<f64> = gaussian(m, n, 21);
+        let (q, s) = a.polar_factor_and_singular_values().unwrap();
+        assert!(max_abs_diff(&q, &a.polar_factor().unwrap()) <= 1e-12);
+        let want = Matrix::singular_values(&a).unwrap();
+        assert!(s.iter().zip(&want).all(|(x, y)| (x - y).abs() <= 1e-12));
     }
 }
 
@@ -54,6 +73,10 @@ fn the_new_operations_check_lengths_and_shapes() {
     ));
     assert!(matches!(
         a.scale_columns(&[1.0; 3]),
+        Err(LinalgError::ShapeMismatch { arg: "s", .. })
+    ));
+    assert!(matches!(
+        a.scale_entries(&[1.0; 11]),
         Err(LinalgError::ShapeMismatch { arg: "s", .. })
     ));
     let b: Array2<f64> = gaussian(4, 3, 1);
@@ -72,6 +95,14 @@ fn transposed_arrays_keep_their_semantics() {
     for i in 0..3 {
         for j in 0..5 {
             assert_eq!(t[[i, j]], a[[j, i]] * (2.0 + j as f64));
+        }
+    }
+    let mut t = a.clone().reversed_axes();
+    let e: Vec<f64> = (0..15).map(|x| x as f64).collect();
+    t.scale_entries(&e).unwrap();
+    for i in 0..3 {
+        for j in 0..5 {
+            assert_eq!(t[[i, j]], a[[j, i]] * e[i * 5 + j]);
         }
     }
 }
@@ -105,9 +136,12 @@ mod tch_agreement {
                 alias.set_diagonal(&vec![0.0; k]).unwrap();
                 let s: Vec<f64> = (0..n).map(|j| 0.5 + j as f64).collect();
                 alias.scale_columns(&s).unwrap();
+                let e: Vec<f64> = (0..m * n).map(|x| 1.0 - 0.1 * x as f64).collect();
+                alias.scale_entries(&e).unwrap();
                 let mut want = a.clone();
                 want.set_diagonal(&vec![0.0; k]).unwrap();
                 want.scale_columns(&s).unwrap();
+                want.scale_entries(&e).unwrap();
                 let got = array_from_tensor(&t).unwrap();
                 assert!(
                     max_abs_diff(&got, &want) <= 1e-5,
@@ -123,11 +157,30 @@ mod tch_agreement {
     }
 
     #[test]
+    fn tensor_polar_factor_and_singular_values_agree() {
+        let a: Array2<f64> = gaussian(9, 5, 3);
+        for kind in [Kind::Float, Kind::Double, Kind::BFloat16] {
+            let t = tensor_from_array(a.view(), kind, Device::Cpu).unwrap();
+            let (q, s) = t.polar_factor_and_singular_values().unwrap();
+            assert_eq!(q.kind(), kind);
+            let (qa, sa) = a.polar_factor_and_singular_values().unwrap();
+            let tol = if kind == Kind::BFloat16 { 5e-2 } else { 1e-4 };
+            let q64 = array_from_tensor(&q.to_kind(Kind::Double)).unwrap();
+            assert!(max_abs_diff(&q64, &qa) <= tol, "{kind:?}");
+            assert!(
+                s.iter().zip(&sa).all(|(x, y)| (x - y).abs() <= tol * sa[0]),
+                "{kind:?}"
+            );
+        }
+    }
+
+    #[test]
     fn tensor_ops_check_lengths() {
         let a: Array2<f64> = gaussian(3, 4, 1);
         let mut t = tensor_from_array(a.view(), Kind::Float, Device::Cpu).unwrap();
         assert!(t.set_diagonal(&[1.0]).is_err());
         assert!(t.scale_columns(&[1.0; 3]).is_err());
+        assert!(t.scale_entries(&[1.0; 3]).is_err());
         let u = tensor_from_array(a.t().view(), Kind::Float, Device::Cpu).unwrap();
         assert!(t.copy_from(&u).is_err());
     }

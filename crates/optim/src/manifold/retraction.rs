@@ -81,8 +81,8 @@ pub(crate) fn retract<M: WorkingPrecision>(
     match manifold {
         Manifold::Stiefel => msign(w, method, precision),
         Manifold::DGram(DGramRetraction::Paper) => {
-            let s = w.singular_values()?;
-            let mut q = w.polar_factor()?;
+            // One SVD for both factors (two separate calls cost two SVDs).
+            let (mut q, s) = w.polar_factor_and_singular_values()?;
             q.scale_columns(&s)?;
             Ok(q)
         }

@@ -331,3 +331,90 @@ fn feasible_steps_stay_on_the_manifold_with_step_norm_lr() {
         assert!((0.99..=1.01).contains(&r), "{manifold:?}: ‖ΔW‖₂/η = {r}");
     }
 }
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    #[test]
+    fn preconditioned_dgram_steps_are_tangent_on_ill_conditioned_gradients(
+        (m, n, seed) in tall_shapes(), log_normal in -1.0f64..2.0, log_scale in -4.0f64..1.0,
+    ) {
+        // The case `feasible()` could only make tangent (certified gap up to 0.99): DGram with
+        // column norms in [0.5, 2] and gradients with σ spread over 1e3 plus a normal part.
+        let w = dgram_point(m, n, seed);
+        let g = floor_gradient(&w, Manifold::dgram(), 10f64.powf(log_normal), seed) * 10f64.powf(log_scale);
+        let cfg = ManifoldMuonConfig { dual: DualAscent::preconditioned_feasible(), ..exact_cfg(Manifold::dgram(), 0.02) };
+        let (a, r) = ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap();
+        prop_assert!(r.violation <= 1e-8, "violation {}", r.violation);
+        let s = spectral(&a);
+        prop_assert!((0.99..=1.0 + 1e-12).contains(&s), "‖A‖₂ = {s}");
+        prop_assert!(r.descent > 0.0 && !r.diverged, "{r:?}");
+        // Certified within 35 % of the optimal descent, the bound the Stiefel case meets.
+        let gap = r.gap.unwrap();
+        prop_assert!((-1e-9..0.35).contains(&gap), "gap {gap}");
+        prop_assert!(r.descent_ratio.unwrap() <= 1.0 + 1e-12);
+    }
+
+    #[test]
+    fn preconditioning_converges_dgram_ascents_on_gaussian_gradients(seed in any::<u64>(), log_scale in -4.0f64..1.0) {
+        let (m, n) = (96, 32);
+        let w = dgram_point(m, n, seed);
+        let g = gaussian(m, n, seed ^ 9) * 10f64.powf(log_scale);
+        let run = |dual: DualAscent| {
+            let cfg = ManifoldMuonConfig { dual, ..exact_cfg(Manifold::dgram(), 0.02) };
+            ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap().1
+        };
+        let plain = run(DualAscent::paper().normalized());
+        let pre = run(DualAscent::paper().normalized().preconditioned());
+        // The ascent itself converges (no projection involved) and the gap closes.
+        prop_assert!(pre.ascent_violation <= 2e-3, "{pre:?}");
+        prop_assert!(pre.ascent_violation < plain.ascent_violation, "{} vs {}", pre.ascent_violation, plain.ascent_violation);
+        let full = run(DualAscent::preconditioned_feasible());
+        prop_assert!(full.gap.unwrap() <= 1e-2, "gap {}", full.gap.unwrap());
+    }
+
+    #[test]
+    fn preconditioning_is_a_no_op_on_stiefel((m, n, seed) in tall_shapes()) {
+        let w = stiefel_point(m, n, seed);
+        let g = gaussian(m, n, seed ^ 5);
+        let dir = |dual: DualAscent| {
+            let cfg = ManifoldMuonConfig { dual, ..exact_cfg(Manifold::Stiefel, 0.02) };
+            ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap().0
+        };
+        let d = max_abs_diff(&dir(DualAscent::paper().normalized()), &dir(DualAscent::paper().normalized().preconditioned()));
+        prop_assert!(d <= 1e-10, "{d}");
+    }
+}
+
+#[test]
+fn preconditioned_dgram_steps_stay_on_the_manifold_with_step_norm_lr() {
+    let w0 = dgram_point(96, 32, 3);
+    let g = floor_gradient(&w0, Manifold::dgram(), 30.0, 3);
+    for retraction in [DGramRetraction::Paper, DGramRetraction::ColumnNorms] {
+        let manifold = Manifold::DGram(retraction);
+        let mut cfg = exact_cfg(manifold, 0.02);
+        cfg.dual = DualAscent::preconditioned_feasible();
+        let mut w = w0.clone();
+        let step = ManifoldMuon::new(cfg)
+            .unwrap()
+            .step(&mut w, &g, &mut ManifoldState::new())
+            .unwrap();
+        assert!(step.dual.violation <= 1e-10, "{:?}", step.dual);
+        assert!(off_diag(&w) <= 1e-10, "{}", off_diag(&w));
+        let r = spectral(&(&w - &w0)) / 0.02;
+        assert!((0.99..=1.01).contains(&r), "{retraction:?}: ‖ΔW‖₂/η = {r}");
+    }
+}
+
+#[test]
+fn the_paper_preset_stays_unpreconditioned_and_old_configs_deserialize() {
+    for m in [Manifold::Stiefel, Manifold::dgram()] {
+        let c = ManifoldMuonConfig::paper(m);
+        assert_eq!(c.dual, DualAscent::paper());
+        assert!(!c.dual.precondition && !c.dual.project && c.dual.normalize.is_none());
+    }
+    // A config written before `precondition` existed still reads (serde default: off).
+    let old = r#"{"alpha":0.1,"steps":20,"tol":1e-6,"normalize":null,"divergence_factor":2.0,"on_divergence":"error"}"#;
+    let d: DualAscent = serde_json::from_str(old).unwrap();
+    assert_eq!(d, DualAscent::paper());
+}

@@ -56,35 +56,40 @@ fn manifold_steps_agree_across_backends() {
             Manifold::dgram(),
             Manifold::DGram(DGramRetraction::ColumnNorms),
         ] {
-            let cfg = ManifoldMuonConfig {
-                dual: DualAscent::paper().normalized(),
-                ..ManifoldMuonConfig::paper(manifold)
-            };
-            let opt = ManifoldMuon::new(cfg).unwrap();
-            let opt_t = ManifoldMuon::new(ManifoldMuonConfig {
-                precision: Precision::F32,
-                ..cfg
-            })
-            .unwrap();
-            let mut w = gaussian(m, n, 2) * 0.05;
-            opt.retract_onto(&mut w).unwrap();
-            let param = t32(&w);
-            let mut alias = param.shallow_clone();
-            let (mut st, mut st_t) = (ManifoldState::new(), ManifoldState::new());
-            for i in 0..2 {
-                let g = gaussian(m, n, 20 + i);
-                let a = opt.step(&mut w, &g, &mut st).unwrap();
-                let b = opt_t.step(&mut alias, &t32(&g), &mut st_t).unwrap();
-                assert_eq!(a.dual.msign_calls, b.dual.msign_calls);
+            for dual in [
+                DualAscent::paper().normalized(),
+                DualAscent::preconditioned_feasible(),
+            ] {
+                let cfg = ManifoldMuonConfig {
+                    dual,
+                    ..ManifoldMuonConfig::paper(manifold)
+                };
+                let opt = ManifoldMuon::new(cfg).unwrap();
+                let opt_t = ManifoldMuon::new(ManifoldMuonConfig {
+                    precision: Precision::F32,
+                    ..cfg
+                })
+                .unwrap();
+                let mut w = gaussian(m, n, 2) * 0.05;
+                opt.retract_onto(&mut w).unwrap();
+                let param = t32(&w);
+                let mut alias = param.shallow_clone();
+                let (mut st, mut st_t) = (ManifoldState::new(), ManifoldState::new());
+                for i in 0..2 {
+                    let g = gaussian(m, n, 20 + i);
+                    let a = opt.step(&mut w, &g, &mut st).unwrap();
+                    let b = opt_t.step(&mut alias, &t32(&g), &mut st_t).unwrap();
+                    assert_eq!(a.dual.msign_calls, b.dual.msign_calls);
+                }
+                let e = max_abs_diff(&array_from_tensor(&param).unwrap(), &w);
+                // Square DGram's ascent does not converge (§10), which amplifies f32 rounding.
+                let tol = if m == n && manifold != Manifold::Stiefel {
+                    1e-3
+                } else {
+                    2e-4
+                };
+                assert!(e <= tol, "{m}×{n} {manifold:?} {dual:?}: {e}");
             }
-            let e = max_abs_diff(&array_from_tensor(&param).unwrap(), &w);
-            // Square DGram's ascent does not converge (§10), which amplifies f32 rounding.
-            let tol = if m == n && manifold != Manifold::Stiefel {
-                1e-3
-            } else {
-                2e-4
-            };
-            assert!(e <= tol, "{m}×{n} {manifold:?}: {e}");
         }
     }
 }
