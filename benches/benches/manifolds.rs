@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
-use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds};
+use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step};
 use kappa_models::{
     modulewise_groups, seeded, Gpt, GptConfig, ModulewiseConfig, ParamGroup, Preset, TrainConfig,
 };
@@ -63,27 +63,7 @@ impl Stepper {
     }
 
     fn step(&mut self, loss: impl FnOnce() -> Tensor) {
-        for p in &self.params {
-            p.shallow_clone().zero_grad();
-        }
-        loss().backward();
-        tch::no_grad(|| {
-            let mut total = Tensor::zeros([], (Kind::Double, Device::Cpu));
-            for p in &self.params {
-                total += p.grad().to_kind(Kind::Double).square().sum(Kind::Double);
-            }
-            let norm = total.sqrt().double_value(&[]);
-            if norm > 1.0 {
-                for p in &self.params {
-                    let _ = p.grad().g_mul_scalar_(1.0 / (norm + 1e-6));
-                }
-            }
-            for g in &mut self.groups {
-                g.optimizer
-                    .step(&g.params, LR * g.lr_scale)
-                    .expect("optimizer step");
-            }
-        });
+        train_step(&mut self.groups, &self.params, LR, loss);
     }
 
     /// Drops the statistics gathered so far.

@@ -101,3 +101,36 @@ pub fn fmt_ratio(x: Option<f64>) -> String {
 pub fn fmt_ms(x: Option<f64>) -> String {
     x.map_or_else(|| "n/a".to_string(), |x| format!("{:.3}", x * 1e3))
 }
+
+/// One optimizer step as `kappa_models::Trainer` takes it, after `loss` (with its graph):
+/// zero gradients first (`params` are every group's tensors), backward, the global gradient norm
+/// clipped at 1, then every group's optimizer at `lr × lr_scale`.
+pub fn train_step(
+    groups: &mut [kappa_models::ParamGroup],
+    params: &[tch::Tensor],
+    lr: f64,
+    loss: impl FnOnce() -> tch::Tensor,
+) {
+    use tch::{Device, Kind, Tensor};
+    for p in params {
+        p.shallow_clone().zero_grad();
+    }
+    loss().backward();
+    tch::no_grad(|| {
+        let mut total = Tensor::zeros([], (Kind::Double, Device::Cpu));
+        for p in params {
+            total += p.grad().to_kind(Kind::Double).square().sum(Kind::Double);
+        }
+        let norm = total.sqrt().double_value(&[]);
+        if norm > 1.0 {
+            for p in params {
+                let _ = p.grad().g_mul_scalar_(1.0 / (norm + 1e-6));
+            }
+        }
+        for g in groups {
+            g.optimizer
+                .step(&g.params, lr * g.lr_scale)
+                .expect("optimizer step");
+        }
+    });
+}

@@ -120,6 +120,7 @@ fn the_paper_scale_config_starts_logs_checkpoints_and_resumes() {
         batch_size: if cpu { 1 } else { config.train.batch_size },
         eval_batches: 1,
         eval_every: 1,
+        log_every: 1,
         eval_at_start: false,
         progress: false,
         device: device_name.clone(),

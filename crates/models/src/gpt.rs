@@ -86,6 +86,24 @@ impl GptConfig {
         }
     }
 
+    /// The same model with `vocab_size` set to `vocab` when it is 0 (configs leave it 0 to take
+    /// the tokenizer's).
+    ///
+    /// ```
+    /// let c = kappa_models::GptConfig::tiny(0).or_vocab(98);
+    /// assert_eq!((c.vocab_size, c.or_vocab(5).vocab_size), (98, 98));
+    /// ```
+    pub fn or_vocab(self, vocab: usize) -> Self {
+        Self {
+            vocab_size: if self.vocab_size == 0 {
+                vocab
+            } else {
+                self.vocab_size
+            },
+            ..self
+        }
+    }
+
     /// The same model with another conditioning.
     pub fn with_conditioning(self, conditioning: Conditioning) -> Self {
         Self {

@@ -451,6 +451,45 @@ fn views(p: &Tensor, parts: usize) -> Vec<Tensor> {
         .collect()
 }
 
+/// Every row block of `params` (a view of the parameter and of its gradient) with its state,
+/// in order. Errors when the states do not match the blocks (a group built for other params).
+fn block_jobs<'s, S>(
+    params: &[Tensor],
+    parts: &[usize],
+    states: &'s mut [S],
+) -> Result<Vec<(Tensor, Tensor, &'s mut S)>> {
+    let blocks: usize = parts.iter().sum();
+    if params.len() != parts.len() || states.len() != blocks {
+        return Err(ModelsError::Shape {
+            arg: "params",
+            reason: format!(
+                "{} tensors in {blocks} blocks for an optimizer built for {} tensors and {} states",
+                params.len(),
+                parts.len(),
+                states.len()
+            ),
+        });
+    }
+    let mut states = states.iter_mut();
+    let mut jobs = Vec::with_capacity(blocks);
+    for (p, &n) in params.iter().zip(parts) {
+        let grad = p.grad();
+        if !grad.defined() {
+            // No gradient reached this parameter: skip its blocks (and their states).
+            states.by_ref().take(n).for_each(drop);
+            continue;
+        }
+        for ((w, g), s) in views(p, n)
+            .into_iter()
+            .zip(views(&grad, n))
+            .zip(&mut states)
+        {
+            jobs.push((w, g, s));
+        }
+    }
+    Ok(jobs)
+}
+
 fn optim_err(e: kappa_optim::OptimError) -> ModelsError {
     ModelsError::Optimizer(e.to_string())
 }
@@ -526,16 +565,9 @@ impl GroupOptimizer for MuonGroup {
     fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
         let started = Instant::now();
         self.muon.set_lr(lr).map_err(optim_err)?;
-        let mut state = self.states.iter_mut();
-        for (p, &parts) in params.iter().zip(&self.parts) {
-            let grad = p.grad();
-            for (mut w, g) in views(p, parts).into_iter().zip(views(&grad, parts)) {
-                let s = state
-                    .next()
-                    .ok_or_else(|| ModelsError::config("muon", "state count"))?;
-                self.muon.step(&mut w, &g, s).map_err(optim_err)?;
-                self.stats.updates += 1;
-            }
+        for (mut w, g, s) in block_jobs(params, &self.parts, &mut self.states)? {
+            self.muon.step(&mut w, &g, s).map_err(optim_err)?;
+            self.stats.updates += 1;
         }
         self.stats.seconds += started.elapsed().as_secs_f64();
         Ok(())
@@ -616,17 +648,7 @@ impl GroupOptimizer for ManifoldGroup {
     fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
         let started = Instant::now();
         self.opt.set_lr(lr).map_err(optim_err)?;
-        let mut jobs = Vec::with_capacity(self.states.len());
-        let mut states = self.states.iter_mut();
-        for (p, &parts) in params.iter().zip(&self.parts) {
-            let grad = p.grad();
-            for (w, g) in views(p, parts).into_iter().zip(views(&grad, parts)) {
-                let s = states
-                    .next()
-                    .ok_or_else(|| ModelsError::config("manifold", "state count"))?;
-                jobs.push((w, g, s));
-            }
-        }
+        let jobs = block_jobs(params, &self.parts, &mut self.states)?;
         let opt = &self.opt;
         let steps: Vec<Result<kappa_optim::ManifoldStep>> = if self.threads <= 1 || jobs.len() < 2 {
             jobs.into_iter()

@@ -169,15 +169,10 @@ impl Experiment for GptSotu {
         let dir = run.context().data_dir.join(TextCorpus::SOTU);
         for (i, variant) in config.variants.iter().enumerate() {
             let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
-            let model = GptConfig {
-                vocab_size: if config.model.vocab_size == 0 {
-                    corpus.tokenizer.vocab_size()
-                } else {
-                    config.model.vocab_size
-                },
-                ..config.model
-            }
-            .with_conditioning(variant.conditioning);
+            let model = config
+                .model
+                .or_vocab(corpus.tokenizer.vocab_size())
+                .with_conditioning(variant.conditioning);
             let batches = config.final_eval_batches;
             let batch_size = train.batch_size;
             let outcome = train_variant(

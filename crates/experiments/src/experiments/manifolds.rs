@@ -246,14 +246,7 @@ impl Experiment for Manifolds {
                 continue;
             }
             let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
-            let model = GptConfig {
-                vocab_size: if config.model.vocab_size == 0 {
-                    corpus.tokenizer.vocab_size()
-                } else {
-                    config.model.vocab_size
-                },
-                ..config.model
-            };
+            let model = config.model.or_vocab(corpus.tokenizer.vocab_size());
             let (batches, batch_size) = (config.final_eval_batches, train.batch_size);
             train_variant_with(
                 run,
