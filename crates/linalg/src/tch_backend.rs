@@ -281,18 +281,8 @@ impl Matrix for Tensor {
     }
 
     fn polar_factor(&self) -> Result<Self> {
-        self.validate("self")?;
-        let _g = tch::no_grad_guard();
-        let kind = self.kind();
-        let work = if kind == Kind::BFloat16 {
-            self.f_to_kind(Kind::Float).map_err(backend("self"))?
-        } else {
-            self.shallow_clone()
-        };
-        let (u, _, v) = work.f_svd(true, true).map_err(backend("self"))?;
-        u.f_matmul(&v.tr())
-            .and_then(|q| q.f_to_kind(kind))
-            .map_err(backend("self"))
+        // The same SVD; the singular values (min(m, n) of them) cost nothing extra to keep.
+        Ok(self.polar_factor_and_singular_values()?.0)
     }
 
     fn polar_factor_and_singular_values(&self) -> Result<(Self, Vec<f64>)> {
