@@ -40,7 +40,9 @@ pub struct AttentionDiagnostics {
 
 /// ‖diag(p) − ppᵀ‖_F of one probability row, in O(n) without forming the matrix:
 /// ‖J‖_F² = Σ p_i² − 2 Σ p_i³ + (Σ p_i²)² (expand Σ_ij (δ_ij p_i − p_i p_j)²).
-/// For uniform p over n entries it is sqrt(n − 1)/n; for one-hot p it is 0.
+/// For uniform p over n entries it is sqrt(n − 1)/n; for one-hot p it is 0. A plain scalar
+/// helper: it does not validate p (an empty slice gives 0, a NaN entry gives NaN);
+/// [`attention_diagnostics`] validates its matrix before calling it.
 ///
 /// ```
 /// let u = kappa_attention::softmax_jacobian_frobenius(&[0.25; 4]);

@@ -82,7 +82,9 @@ impl ModuleLabel {
         }
         let module = parts[parts.len() - 2];
         let parent = parts
-            .get(parts.len().wrapping_sub(3))
+            .len()
+            .checked_sub(3)
+            .and_then(|i| parts.get(i))
             .copied()
             .unwrap_or("");
         match (parent, module) {
@@ -333,7 +335,8 @@ impl ModulewiseConfig {
 /// decay `embedding_weight_decay`) and `gain_bias` (AdamW, no decay). Constrained matrices are
 /// retracted onto their manifold here, in place.
 ///
-/// Errors: an invalid config; a trainable variable without a label (not a GPT of this crate);
+/// Errors: an invalid config or train config (the Muon `lr_scale` divides by its lr); a
+/// trainable variable without a label (not a GPT of this crate);
 /// a hidden matrix that is not 2-D, or a QKV matrix whose rows do not split into 3 when
 /// `split_qkv` is on.
 pub fn modulewise_groups(
@@ -342,6 +345,7 @@ pub fn modulewise_groups(
     train: &TrainConfig,
 ) -> Result<Vec<ParamGroup>> {
     config.validate()?;
+    train.validate()?;
     let mut by_label: Vec<(ModuleLabel, Vec<(String, Tensor)>)> = Vec::new();
     for (name, t) in named_trainable(vs) {
         let label = ModuleLabel::of(&name).ok_or_else(|| {

@@ -101,6 +101,26 @@ fn every_gpt_variable_has_a_label() {
 }
 
 #[test]
+fn invalid_configs_name_the_field() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _gpt = Gpt::new(&vs.root(), GptConfig::tiny(11)).unwrap();
+    let mut cfg = modulewise(Preset::Hetero);
+    cfg.muon_lr = f64::NAN;
+    let err = modulewise_groups(&vs, &cfg, &train_config(4)).unwrap_err();
+    assert!(err.to_string().contains("modulewise.muon_lr"), "{err}");
+    let bad_train = TrainConfig {
+        lr: 0.0,
+        ..train_config(4)
+    };
+    let err = modulewise_groups(&vs, &modulewise(Preset::Hetero), &bad_train).unwrap_err();
+    assert!(err.to_string().contains("train.lr"), "{err}");
+    cfg = modulewise(Preset::Hetero);
+    cfg.optimizer_threads = 0;
+    let err = modulewise_groups(&vs, &cfg, &train_config(4)).unwrap_err();
+    assert!(err.to_string().contains("optimizer_threads"), "{err}");
+}
+
+#[test]
 fn groups_put_constrained_matrices_on_their_manifolds() {
     for preset in Preset::ALL {
         let vs = nn::VarStore::new(Device::Cpu);

@@ -15,8 +15,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use kappa_models::{
     modulewise_groups, DiagnosticsConfig, DivergenceReference, Gpt, GptConfig, LanguageModeling,
-    ModuleLabel, ModulewiseConfig, Outcome, Preset, Record, Task, TextCorpus, TokenizerKind,
-    TrainConfig,
+    ModuleLabel, ModulewiseConfig, OptimizerStats, Outcome, Preset, Record, Task, TextCorpus,
+    TokenizerKind, TrainConfig,
 };
 use kappa_optim::{DGramRetraction, DualAscent};
 use serde::{Deserialize, Serialize};
@@ -314,8 +314,48 @@ struct Trace {
     outcome: Option<Outcome>,
     metric: f64,
     seconds_per_step: f64,
-    /// Per group: (updates, seconds, Σ dual steps·updates, Σ violation·updates, diverged).
-    optim: BTreeMap<String, [f64; 5]>,
+    /// Per optimizer group, summed over the run's training records.
+    optim: BTreeMap<String, GroupTotals>,
+}
+
+/// One optimizer group's statistics summed over training records (dual-ascent fields weighted
+/// by updates, so dividing by `updates` gives the mean per matrix update).
+#[derive(Clone, Copy, Debug, Default)]
+struct GroupTotals {
+    updates: f64,
+    seconds: f64,
+    dual_steps: f64,
+    violation: f64,
+    diverged: f64,
+}
+
+impl GroupTotals {
+    fn add(&mut self, s: &OptimizerStats) {
+        let u = s.updates as f64;
+        self.updates += u;
+        self.seconds += s.seconds;
+        self.dual_steps += s.dual_steps.unwrap_or(f64::NAN) * u;
+        self.violation += s.violation.unwrap_or(f64::NAN) * u;
+        self.diverged += s.diverged as f64;
+    }
+
+    fn merge(&mut self, o: &GroupTotals) {
+        self.updates += o.updates;
+        self.seconds += o.seconds;
+        self.dual_steps += o.dual_steps;
+        self.violation += o.violation;
+        self.diverged += o.diverged;
+    }
+
+    /// A manifold-Muon group (Muon groups report no dual statistics: NaN here).
+    fn is_manifold(&self) -> bool {
+        self.updates > 0.0 && !self.dual_steps.is_nan()
+    }
+
+    /// A manifold-Muon group that ran the ascent (not square Stiefel's closed form).
+    fn runs_dual_ascent(&self) -> bool {
+        self.is_manifold() && self.dual_steps > 0.0
+    }
 }
 
 fn point(step: u64, eval_loss: f64, record: &Record) -> Option<Point> {
@@ -372,13 +412,7 @@ fn read_traces(runs: &[RunRecord]) -> Result<(Vec<String>, Traces)> {
                 }
                 (Some(Record::Train { optimizers, .. }), _) => {
                     for (g, s) in optimizers {
-                        let e = t.optim.entry(g.clone()).or_default();
-                        let u = s.updates as f64;
-                        e[0] += u;
-                        e[1] += s.seconds;
-                        e[2] += s.dual_steps.unwrap_or(f64::NAN) * u;
-                        e[3] += s.violation.unwrap_or(f64::NAN) * u;
-                        e[4] += s.diverged as f64;
+                        t.optim.entry(g.clone()).or_default().add(s);
                     }
                 }
                 (_, Some(f)) => {
@@ -521,7 +555,7 @@ fn report(e: &Manifolds, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) 
         let (opt_s, train_s) = t.iter().fold((0.0, 0.0), |(a, b), x| {
             let steps = x.points.last().map_or(0, |p| p.step) as f64;
             (
-                a + x.optim.values().map(|v| v[1]).sum::<f64>(),
+                a + x.optim.values().map(|v| v.seconds).sum::<f64>(),
                 b + x.seconds_per_step * steps,
             )
         });
@@ -575,6 +609,16 @@ fn mean_of(traces: &Traces, p: Preset) -> (f64, f64, usize) {
     (m, s, l.len())
 }
 
+/// "first → last" of a per-evaluation value, one entry per seed, joined by "; ".
+fn first_to_last(traces: &[Trace], value: impl Fn(&Point) -> String) -> String {
+    traces
+        .iter()
+        .filter_map(|t| Some((t.points.first()?, t.points.last()?)))
+        .map(|(a, b)| format!("{} → {}", value(a), value(b)))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
     let (h, hs, _) = mean_of(traces, Preset::Hetero);
     let (st, sts, _) = mean_of(traces, Preset::AllStiefel);
@@ -606,16 +650,8 @@ fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
             .iter()
             .filter(|x| matches!(x.outcome, Some(Outcome::Diverged { .. })))
             .count();
-        let growth: Vec<String> = t
-            .iter()
-            .filter_map(|x| Some((x.points.first()?, x.points.last()?)))
-            .map(|(a, b)| format!("{:.2} → {:.2}", a.qkv_sigma_max, b.qkv_sigma_max))
-            .collect();
-        let logits: Vec<String> = t
-            .iter()
-            .filter_map(|x| Some((x.points.first()?, x.points.last()?)))
-            .map(|(a, b)| format!("{:.3} → {:.3}", a.max_logit, b.max_logit))
-            .collect();
+        let growth = first_to_last(t, |p| format!("{:.2}", p.qkv_sigma_max));
+        let logits = first_to_last(t, |p| format!("{:.3}", p.max_logit));
         lines.push(format!(
             "- **{} diverges** (paper: Unstable): {} of {} seeds diverged here. σ_max of the \
              fused QKV matrix (first → last evaluation, per seed): {}; largest attention logit: \
@@ -623,30 +659,26 @@ fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
             p.name(),
             diverged,
             t.len(),
-            growth.join("; "),
-            logits.join("; ")
+            growth,
+            logits
         ));
     }
     if let Some(t) = traces.get(Preset::Unconstrained.name()) {
-        let growth: Vec<String> = t
-            .iter()
-            .filter_map(|x| Some((x.points.first()?, x.points.last()?)))
-            .map(|(a, b)| format!("{:.2} → {:.2}", a.qkv_sigma_max, b.qkv_sigma_max))
-            .collect();
+        let growth = first_to_last(t, |p| format!("{:.2}", p.qkv_sigma_max));
         lines.push(format!(
             "- For reference, unconstrained Muon (weight decay 0.1) moves σ_max of the fused QKV \
              matrix {} over the same steps.",
-            growth.join("; ")
+            growth
         ));
     }
     let mut dual = Vec::new();
     for name in order.iter().filter(|n| !n.contains(", ")) {
         let (mut updates, mut violation, mut diverged) = (0.0, 0.0, 0.0);
         for t in &traces[name] {
-            for v in t.optim.values().filter(|v| !v[2].is_nan() && v[2] > 0.0) {
-                updates += v[0];
-                violation += v[3];
-                diverged += v[4];
+            for v in t.optim.values().filter(|v| v.runs_dual_ascent()) {
+                updates += v.updates;
+                violation += v.violation;
+                diverged += v.diverged;
             }
         }
         if updates > 0.0 {
@@ -711,26 +743,23 @@ fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
 fn dual_table(section: &mut Section, order: &[String], traces: &Traces) {
     let mut rows = Vec::new();
     for name in order {
-        let mut groups: BTreeMap<String, [f64; 5]> = BTreeMap::new();
+        let mut groups: BTreeMap<String, GroupTotals> = BTreeMap::new();
         for t in &traces[name] {
             for (g, v) in &t.optim {
-                let e = groups.entry(g.clone()).or_default();
-                for (a, b) in e.iter_mut().zip(v) {
-                    *a += b;
-                }
+                groups.entry(g.clone()).or_default().merge(v);
             }
         }
         for (g, v) in groups {
-            if v[2].is_nan() || v[0] == 0.0 {
+            if !v.is_manifold() {
                 continue;
             }
             rows.push(vec![
                 name.clone(),
                 g,
-                format!("{:.1}", v[2] / v[0]),
-                format!("{:.2e}", v[3] / v[0]),
-                format!("{}", v[4]),
-                format!("{:.2}", 1e3 * v[1] / v[0]),
+                format!("{:.1}", v.dual_steps / v.updates),
+                format!("{:.2e}", v.violation / v.updates),
+                format!("{}", v.diverged),
+                format!("{:.2}", 1e3 * v.seconds / v.updates),
             ]);
         }
     }
