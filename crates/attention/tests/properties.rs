@@ -125,15 +125,7 @@ fn kappa(a: &Array2<f64>) -> f64 {
     condition_number(a.view()).unwrap()
 }
 
-fn cfg(cases: u32) -> ProptestConfig {
-    // A fixed seed keeps CI deterministic; the drawn matrices still vary across cases.
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        rng_seed: proptest::test_runner::RngSeed::Fixed(0x006b_6170_7061),
-        ..ProptestConfig::default()
-    }
-}
+use kappa_testkit::config as cfg;
 
 fn dims() -> impl Strategy<Value = (usize, usize, usize)> {
     (1usize..=7, 1usize..=7).prop_flat_map(|(n, d)| (Just(n), Just(d), 1usize..=d.min(3)))

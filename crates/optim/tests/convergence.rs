@@ -45,7 +45,7 @@ fn loglog_slope(points: &[(f64, f64)]) -> f64 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 6, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(kappa_testkit::config(6))]
 
     /// T1: X softmax(XᵀBᵀq) → ΣBᵀq with mean squared error ≈ e^{vᵀΣv}(tr Σ + ‖Σv‖²)/n
     /// (v = Bᵀq; the delta-method variance of a self-normalised importance-sampling average).
@@ -317,7 +317,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 3, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(kappa_testkit::config(3))]
 
     /// T8: with the Σ̂-preconditioner the rate is (nearly) independent of κ(Σ); plain GD in
     /// (A, B) slows down as κ(Σ) grows.

@@ -11,11 +11,7 @@ use rand_distr::{Distribution, StandardNormal, Uniform};
 pub const CASES: u32 = 96;
 
 pub fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: CASES,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    kappa_testkit::config(CASES)
 }
 
 pub fn gaussian<A: Real>(rows: usize, cols: usize, seed: u64) -> Array2<A> {

@@ -47,7 +47,7 @@ fn kappa_error(a: &Array2<f64>, opts: IterativeOptions) -> (f64, kappa_linalg::K
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..config() })]
+    #![proptest_config(kappa_testkit::config(24))]
 
     #[test]
     fn lanczos_kappa_matches_svd_from_below((m, n, seed) in (1usize..60, 1usize..20, any::<u64>()), lk in 0.0f64..4.0) {

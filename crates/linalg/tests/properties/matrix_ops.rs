@@ -8,7 +8,7 @@ use ndarray::Array2;
 use proptest::prelude::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..config() })]
+    #![proptest_config(kappa_testkit::config(24))]
 
     #[test]
     fn diagonal_ops_match_their_definition((m, n, seed) in (1usize..12, 1usize..12, any::<u64>())) {

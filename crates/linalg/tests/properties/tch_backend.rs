@@ -18,7 +18,7 @@ fn t32(a: &Array2<f64>) -> Tensor {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..config() })]
+    #![proptest_config(kappa_testkit::config(24))]
 
     #[test]
     fn newton_schulz_agrees_across_backends((m, n, seed) in dims(24)) {
