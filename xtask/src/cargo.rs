@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::data::DataSelection;
+use crate::names::{DeviceName, ExperimentName, ScaleName};
 use crate::setup::{self, Toolchain};
 use crate::workspace::{run, Workspace};
 
@@ -37,25 +38,141 @@ fn cargo(ws: &Workspace, tc: &Toolchain) -> Command {
     cmd
 }
 
-/// `cargo xtask test`: setup, then formatting, lints and every test, in the release profile
-/// (shared with reproduce and bench so libtorch's C++ wrapper is compiled once).
-pub fn test(ws: &Workspace) -> Result<()> {
+/// Arguments of `cargo xtask test`.
+#[derive(Args)]
+pub struct TestArgs {
+    /// Hunt for counterexamples instead: fresh random seeds and 16× the cases in every property
+    /// test (`KAPPA_EXPLORE_FACTOR` changes the factor), tests only. Failures are written next to
+    /// the test source as `*.proptest-regressions`; commit them and CI replays them.
+    #[arg(long)]
+    explore: bool,
+}
+
+/// The libraries users depend on alone: they must build, test and document without libtorch.
+const STANDALONE: &[&str] = &["kappa-linalg", "kappa-attention", "kappa-optim"];
+
+/// The libraries published to crates.io.
+const PUBLISHED: &[&str] = &[
+    "kappa-linalg",
+    "kappa-attention",
+    "kappa-optim",
+    "kappa-models",
+];
+
+/// `cargo xtask test`: setup, then formatting, lints, every test, the standalone libraries,
+/// the docs and the packages (see [`checks`]), in the release profile (shared with reproduce and
+/// bench so libtorch's C++ wrapper is compiled once).
+pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
     let tc = setup::setup(ws, &DataSelection::default())?;
-    run(cargo(ws, &tc).args(["fmt", "--all", "--check"]))
-        .context("formatting differs; run `cargo fmt --all`")?;
-    run(cargo(ws, &tc).args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--release",
-        "--locked",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    run(cargo(ws, &tc).args(["test", "--workspace", "--release", "--locked"]))?;
-    eprintln!("xtask test: formatting, lints and tests all passed");
+    if args.explore {
+        run(cargo(ws, &tc)
+            .args(["test", "--workspace", "--release", "--locked"])
+            .env("KAPPA_EXPLORE", "1"))?;
+        eprintln!("xtask test --explore: no counterexample found this time");
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    for (what, mut cmd) in checks(ws, &tc) {
+        eprintln!("xtask test: {what}");
+        run(&mut cmd)?;
+    }
+    eprintln!(
+        "xtask test: formatting, lints, tests, standalone builds, docs and packages all passed ({:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
+}
+
+/// The steps of `cargo xtask test`, in order, each with what it checks.
+fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
+    let standalone_dir = target_dir(ws).join("standalone");
+    let mut steps = Vec::new();
+    let mut step = |what, args: &[&str]| {
+        let mut cmd = cargo(ws, tc);
+        cmd.args(args);
+        steps.push((what, cmd));
+    };
+    step("formatting", &["fmt", "--all", "--check"]);
+    step(
+        "lints",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--release",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    );
+    step("tests", &["test", "--workspace", "--release", "--locked"]);
+    step(
+        "docs (warnings are errors)",
+        &["doc", "--workspace", "--no-deps", "--release", "--locked"],
+    );
+    let mut packages = vec!["package", "--locked", "--allow-dirty", "--no-verify"];
+    packages.extend(PUBLISHED.iter().flat_map(|p| ["-p", p]));
+    step(
+        "packages (cargo package of the published libraries)",
+        &packages,
+    );
+    for (_, cmd) in steps.iter_mut().filter(|(w, _)| w.starts_with("docs")) {
+        cmd.env("RUSTDOCFLAGS", "-D warnings");
+    }
+    steps.extend(standalone(ws, &standalone_dir));
+    steps
+}
+
+/// The libraries alone, outside the workspace's feature unification and without libtorch in
+/// the environment: `cargo test` of each (own target dir), a build without the default LAPACK
+/// backend, and kappa-models' docs in tch's doc-only mode (what docs.rs builds).
+fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Command)> {
+    let bare = |args: &[&str]| {
+        let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+        let mut cmd = Command::new(program);
+        cmd.current_dir(ws.root())
+            .env_remove("LIBTORCH")
+            .env_remove("LIBTORCH_USE_PYTORCH")
+            .env("CARGO_TARGET_DIR", dir)
+            .args(args);
+        cmd
+    };
+    let with = |verb: &'static str, extra: &[&'static str]| {
+        let mut args = vec![verb];
+        args.extend(STANDALONE.iter().flat_map(|p| ["-p", p]));
+        args.extend(extra);
+        bare(&args)
+    };
+    let mut docs_rs = bare(&[
+        "doc",
+        "--no-deps",
+        "--locked",
+        "-p",
+        "kappa-models",
+        "--features",
+        "doc-only",
+    ]);
+    docs_rs.env("RUSTDOCFLAGS", "-D warnings");
+    vec![
+        (
+            "standalone libraries: tests without libtorch",
+            with("test", &["--release", "--locked"]),
+        ),
+        (
+            "standalone libraries: build without the default OpenBLAS backend",
+            with("check", &["--locked", "--no-default-features"]),
+        ),
+        ("kappa-models docs without libtorch (docs.rs mode)", docs_rs),
+    ]
+}
+
+/// The cargo target directory: `CARGO_TARGET_DIR`, or `target/` in the workspace.
+fn target_dir(ws: &Workspace) -> std::path::PathBuf {
+    env::var_os("CARGO_TARGET_DIR")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| ws.root().join("target"))
 }
 
 /// Arguments of `cargo xtask reproduce`.
@@ -64,19 +181,19 @@ pub struct ReproduceArgs {
     /// smoke (seconds, used by tests), cpu (the default: the suite in about an hour on 2 cores),
     /// or paper (the papers' sizes, for a GPU machine).
     #[arg(long, default_value = "cpu")]
-    scale: String,
+    scale: ScaleName,
     /// Run only these experiments (repeatable); `--list` shows the names.
     #[arg(long)]
-    only: Vec<String>,
+    only: Vec<ExperimentName>,
     /// Number of seeds per experiment (default: the experiment's own, usually 3).
     #[arg(long)]
     seeds: Option<u32>,
     /// Threads for BLAS and libtorch.
     #[arg(long, default_value_t = 2)]
     threads: u32,
-    /// cpu or cuda (experiments that train models).
+    /// cpu, cuda or cuda:N (experiments that train models).
     #[arg(long, default_value = "cpu")]
-    device: String,
+    device: DeviceName,
     /// List the experiments and the paper claims they test, then stop.
     #[arg(long)]
     list: bool,
@@ -112,7 +229,7 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
     };
     let mut selection: Vec<String> = Vec::new();
     for name in &args.only {
-        selection.extend(["--only".to_string(), name.clone()]);
+        selection.extend(["--only".to_string(), name.0.clone()]);
     }
     let selection: Vec<&str> = selection.iter().map(String::as_str).collect();
 
@@ -143,11 +260,11 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
     let mut cmd = runner(&["reproduce"]);
     cmd.args(&selection)
         .arg("--scale")
-        .arg(&args.scale)
+        .arg(&args.scale.0)
         .arg("--threads")
         .arg(args.threads.to_string())
         .arg("--device")
-        .arg(&args.device)
+        .arg(&args.device.0)
         .arg("--results")
         .arg(ws.results_dir())
         .arg("--data")

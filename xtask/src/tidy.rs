@@ -25,7 +25,8 @@ mod tests {
         }
     }
 
-    /// Every Rust file in the workspace starts with a `//!` line saying what it is for.
+    /// Every Rust file in the workspace starts with a `//!` line saying what it is for (or, for a
+    /// crate root, with its README included as the crate docs).
     #[test]
     fn every_module_has_a_module_doc() {
         let ws = Workspace::locate().unwrap();
@@ -39,7 +40,8 @@ mod tests {
             .filter(|f| {
                 let text = fs::read_to_string(f).unwrap_or_default();
                 let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-                !first.starts_with("//!")
+                // A crate root may open with its README as the crate docs.
+                !(first.starts_with("//!") || first.starts_with("#![doc = include_str!("))
             })
             .map(|f| f.strip_prefix(ws.root()).unwrap_or(f).display().to_string())
             .collect();
@@ -47,6 +49,57 @@ mod tests {
             missing.is_empty(),
             "these files do not start with a `//!` module doc:\n{}",
             missing.join("\n")
+        );
+    }
+
+    fn text_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            if name == "target" || name.to_string_lossy().starts_with('.') {
+                continue;
+            }
+            if path.is_dir() {
+                text_files(&path, out);
+            } else if path
+                .extension()
+                .is_some_and(|e| ["rs", "md", "toml", "py"].iter().any(|x| e == *x))
+            {
+                out.push(path);
+            }
+        }
+    }
+
+    /// The repository stands alone: no code or doc points to notes kept outside it (the theory
+    /// each piece of code relies on is written in `docs/`).
+    #[test]
+    fn no_reference_leaves_the_repository() {
+        let ws = Workspace::locate().unwrap();
+        let mut files = vec![ws.root().join("README.md"), ws.root().join("CHANGELOG.md")];
+        for dir in ["crates", "docs", "xtask", "benches"] {
+            text_files(&ws.root().join(dir), &mut files);
+        }
+        // Built at run time so that this file does not match itself.
+        let patterns = [["notes ", "§"].concat(), ["shared", "/"].concat()];
+        let hits: Vec<String> = files
+            .iter()
+            .flat_map(|f| {
+                let text = fs::read_to_string(f).unwrap_or_default();
+                let rel = f.strip_prefix(ws.root()).unwrap_or(f).display().to_string();
+                text.lines()
+                    .enumerate()
+                    .filter(|(_, l)| patterns.iter().any(|p| l.contains(p.as_str())))
+                    .map(|(i, l)| format!("{rel}:{}: {}", i + 1, l.trim()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(
+            hits.is_empty(),
+            "references to notes outside the repository:\n{}",
+            hits.join("\n")
         );
     }
 }

@@ -1,11 +1,4 @@
-//! kappa-attention: softmax attention and the theory of *Spectral Conditioning of Attention*.
-//!
-//! Single- and multi-head softmax attention on `ndarray` (f32 and f64), the exact Jacobians of
-//! `vec A` with respect to W_Q, W_K, W_V and X (Theorem 3.3; dense and matrix-free), the
-//! condition numbers of the Jacobian and its blocks with their structural rank bounds, the
-//! Theorem 3.4 bound evaluated from its parts, the SVD correction of Theorem 3.5, the λ·I_k
-//! correction of Theorem 3.8 (with a scale-aware choice of λ), and the attention diagnostics
-//! (entropy, saturation, largest logit, κ of projections) that training logs.
+#![doc = include_str!("../README.md")]
 //!
 //! # Principal items
 //!
@@ -30,26 +23,6 @@
 //!   pseudo condition number over the singular values above numpy's threshold.
 //! * Every function validates its input and returns [`AttentionError`]; none panics on user
 //!   input.
-//!
-//! ```
-//! use kappa_attention::{theorem_3_4, AttentionOptions, IdentityShift, SelfAttention};
-//! use ndarray::Array2;
-//! let (n, d, k) = (4, 8, 2);
-//! let x = Array2::from_shape_fn((n, d), |(i, j)| ((3 * i + 5 * j) as f64).sin());
-//! let w = |o: usize| Array2::from_shape_fn((d, k), |(i, j)| ((7 * i + j + o) as f64).cos() * 0.3);
-//! let head = SelfAttention::new(w(0), w(1), w(2), AttentionOptions::default())?;
-//! let fwd = head.forward(x.view())?;
-//! // Exact Jacobian with respect to (W_Q, W_K, W_V): N·k × 3·D·k.
-//! let j = fwd.jacobian_weights()?.full()?;
-//! assert_eq!(j.dim(), (8, 48));
-//! // Theorem 3.4's bound against the exact κ(J).
-//! let t = theorem_3_4(&fwd)?;
-//! println!("κ(J) = {:.3e}, bound = {:.3e}, holds: {}", t.jacobian.full.kappa, t.rhs, t.holds());
-//! // The λ·I_k correction, applied as X W + λ X[:, 0..k].
-//! let shifted = head.with_identity_shift(IdentityShift::new(1.0)?)?;
-//! let _ = shifted.forward(x.view())?;
-//! # Ok::<(), kappa_attention::AttentionError>(())
-//! ```
 
 pub mod attention;
 pub mod conditioning;

@@ -22,3 +22,9 @@ pub use registry::{registry, Experiment, RegisteredExperiment};
 pub use report::Section;
 pub use run::{Run, RunRecord, RunStatus};
 pub use scale::Scale;
+
+/// The code examples of the repository's README, compiled and run as doctests (this crate
+/// depends on every library the README shows).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

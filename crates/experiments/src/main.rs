@@ -76,8 +76,23 @@ enum Command {
     },
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().command {
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The error and its causes; a backtrace only on request (`RUST_BACKTRACE` is often
+            // set globally, and a backtrace for a typo helps nobody).
+            eprintln!("error: {e:#}");
+            if std::env::var_os("KAPPA_BACKTRACE").is_some_and(|v| v == "1") {
+                eprintln!("\n{}", e.backtrace());
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
         Command::List(selection) => {
             for e in select(&selection.only)? {
                 println!("{:<16} {}", e.name(), e.claim());

@@ -162,3 +162,28 @@ pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
         Box::new(experiments::manifolds::Manifolds),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cargo xtask reproduce` checks `--only` against its own list before it builds this crate;
+    /// that list must name exactly the registry's experiments, in order.
+    #[test]
+    fn xtask_knows_every_experiment() {
+        let names_rs = concat!(env!("CARGO_MANIFEST_DIR"), "/../../xtask/src/names.rs");
+        let text = std::fs::read_to_string(names_rs).expect("xtask/src/names.rs");
+        let list = text
+            .split("pub const EXPERIMENTS: &[&str] = &[")
+            .nth(1)
+            .and_then(|rest| rest.split("];").next())
+            .expect("the EXPERIMENTS list in xtask/src/names.rs");
+        let xtask: Vec<&str> = list
+            .split(',')
+            .map(|s| s.trim().trim_matches('"'))
+            .filter(|s| !s.is_empty())
+            .collect();
+        let ours: Vec<&str> = registry().iter().map(|e| e.name()).collect();
+        assert_eq!(xtask, ours, "update EXPERIMENTS in xtask/src/names.rs");
+    }
+}

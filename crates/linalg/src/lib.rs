@@ -1,10 +1,4 @@
-//! kappa-linalg: the numerical kernel of kappa.
-//!
-//! SVD (both LAPACK drivers), condition numbers under one documented rule, power and inverse
-//! iteration for σ_max and σ_min, Newton–Schulz orthogonalization (Muon's quintic, the classical
-//! cubic, per-step coefficient tables), the exact polar factor, PSD square roots, and column-major
-//! `vec`/Kronecker/commutation algebra. The algorithms are written once against a small matrix
-//! trait with an `ndarray` backend and, behind the `tch` feature, a `tch::Tensor` backend.
+#![doc = include_str!("../README.md")]
 //!
 //! # Principal items
 //!
@@ -27,16 +21,9 @@
 //!   not an error) otherwise; see [`cond`].
 //! * Vectorization is column-major: vec(A M B) = (Bᵀ ⊗ A) vec(M); see [`kron`](mod@kron).
 //! * Matrix products go through BLAS (the system OpenBLAS; `ndarray`'s `blas` feature).
-//!
-//! ```
-//! use kappa_linalg::{condition_number, singular_values, SvdDriver};
-//! let a = ndarray::array![[3.0, 0.0], [0.0, 1.5], [0.0, 0.0]];
-//! assert_eq!(singular_values(a.view(), SvdDriver::default())?.to_vec(), vec![3.0, 1.5]);
-//! assert_eq!(condition_number(a.view())?, 2.0);
-//! # Ok::<(), kappa_linalg::LinalgError>(())
-//! ```
 
 // Links the system OpenBLAS, which provides the cblas symbols behind ndarray's `blas` feature.
+#[cfg(feature = "openblas-system")]
 use openblas_src as _;
 
 pub mod cond;

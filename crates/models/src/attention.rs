@@ -17,7 +17,7 @@
 //!   per forward, against B·T·3D for adding `λ·X[:, block]` to the projection output (the
 //!   algebraically equal `XWᵀ + λ·shift(X)`), and the backward pass is plain linear's: since
 //!   ∂(W + λE)/∂W = I, W's gradient is the gradient at W + λE and λ gets none. Two per-head
-//!   layouts ([`Layout`], notes §7):
+//!   layouts ([`Layout`]; docs/models.md, "Two per-head layouts"):
 //!   - `Shifted` (the fused `W + λI_D` reading): head h of Q, K and V receives λ·X[:, hk..hk+k],
 //!     so the shift of the whole projection is `λ·[X X X]`;
 //!   - `SameBlock`: every head receives λ·X[:, 0..k] (the paper's single-head I_k repeated).
@@ -31,13 +31,14 @@
 //!
 //! λ and C live in the var store as **non-trainable** buffers (`lambda`, `correction`): they are
 //! saved in checkpoints, never receive a gradient and never enter the optimizer. The gradient
-//! with respect to W is the ordinary attention gradient evaluated at W + C (notes §6).
+//! with respect to W is the ordinary attention gradient evaluated at W + C (docs/models.md, "The
+//! method and its readings").
 //!
 //! # Score scale
 //!
 //! S = Q Kᵀ / s with s = √k ([`ScoreScaling::InvSqrtK`], the usual transformer) or s = 1
 //! ([`ScoreScaling::One`], the paper's formulas). Folding 1/s into W_Q leaves κ unchanged but
-//! changes the size of λ relative to the weights (notes §9.6).
+//! changes the size of λ relative to the weights (docs/models.md, "λ and the weight scale").
 
 use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
@@ -46,7 +47,7 @@ use tch::{nn, Kind, Tensor};
 use crate::error::{ModelsError, Result};
 use crate::layers::Linear;
 
-/// Which k input columns head h's λ·I_k shift adds (notes §7).
+/// Which k input columns head h's λ·I_k shift adds (docs/models.md, "Two per-head layouts").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Layout {
@@ -199,7 +200,7 @@ impl AttentionConfig {
                 "must be ≥ 1",
             ));
         }
-        if self.n_head == 0 || self.n_embd % self.n_head != 0 {
+        if self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head) {
             return Err(ModelsError::config(
                 format!("{field}.n_head"),
                 format!(
@@ -374,7 +375,7 @@ impl ConditionedAttention {
                 every,
                 ..
             } => {
-                if step == 0 || (every > 0 && step % every == 0) {
+                if step == 0 || (every > 0 && step.is_multiple_of(every)) {
                     let value = self.scale_aware_lambda(target_kappa)?;
                     if let Some(l) = &self.lambda {
                         let _ = tch::no_grad(|| l.shallow_clone().f_fill_(value))?;
@@ -383,7 +384,7 @@ impl ConditionedAttention {
                 Ok(())
             }
             Conditioning::Svd { every } => {
-                if step % every == 0 {
+                if step.is_multiple_of(every) {
                     if let Some(c) = &self.correction {
                         let new = self.svd_correction()?;
                         tch::no_grad(|| c.shallow_clone().f_copy_(&new))?;

@@ -1,4 +1,6 @@
-//! kappa-models: transformers on libtorch through `tch`, with spectrally conditioned attention.
+#![doc = include_str!("../README.md")]
+//!
+//! # Principal items
 //!
 //! | module | principal items |
 //! |---|---|
@@ -14,19 +16,6 @@
 //! | [`device`], [`error`] | [`parse_device`], [`ModelsError`] |
 //!
 //! See `docs/models.md` for the conventions, the math next to the code and measured figures.
-//!
-//! ```
-//! use kappa_models::{Conditioning, Gpt, GptConfig, Layout};
-//! use tch::{nn, Device, Kind, Tensor};
-//! tch::manual_seed(0);
-//! let vs = nn::VarStore::new(Device::Cpu);
-//! let cfg = GptConfig::tiny(32).with_conditioning(Conditioning::Identity { lambda: 1.0, layout: Layout::Shifted });
-//! let gpt = Gpt::new(&vs.root(), cfg)?;
-//! let idx = Tensor::randint(32, [2, 16], (Kind::Int64, Device::Cpu));
-//! let loss = gpt.loss(&idx, &idx)?;
-//! loss.backward();
-//! # Ok::<(), kappa_models::ModelsError>(())
-//! ```
 
 pub mod attention;
 pub mod data;

@@ -4,7 +4,7 @@
 //! [`modulewise_groups`] turns that into the [`ParamGroup`]s the [`Trainer`](crate::Trainer)
 //! runs. The five assignments of the paper are [`Preset`]s.
 //!
-//! # What the paper ran (manifold notes §4)
+//! # What the paper ran (docs/manifolds.md, "What the code does, and why")
 //!
 //! * Hidden matrices — `attn.c_attn` (fused QKV, 3d×d), `attn.c_proj`, `mlp.c_fc`,
 //!   `mlp.c_proj` — go to Muon or manifold Muon; embeddings (AdamW with weight decay) and

@@ -1011,7 +1011,7 @@ impl<'a> Trainer<'a> {
             clock.steps += 1;
             window_units += units;
             let step = self.step;
-            if step % self.config.log_every == 0 || step == self.config.steps {
+            if step.is_multiple_of(self.config.log_every) || step == self.config.steps {
                 let window = window_start.elapsed().as_secs_f64().max(1e-9);
                 let ups = window_units as f64 / window;
                 let optimizers = self.optimizer_stats();
@@ -1032,13 +1032,13 @@ impl<'a> Trainer<'a> {
                 window_units = 0;
                 window_start = Instant::now();
             }
-            if step % self.config.eval_every == 0 || step == self.config.steps {
+            if step.is_multiple_of(self.config.eval_every) || step == self.config.steps {
                 last_eval = Some(self.evaluate(task, &bar, sink)?);
                 window_start = Instant::now();
             }
             if let Some(path) = checkpoint {
                 let every = self.config.checkpoint_every;
-                if (every > 0 && step % every == 0) || step == self.config.steps {
+                if (every > 0 && step.is_multiple_of(every)) || step == self.config.steps {
                     self.save_checkpoint(path)?;
                 }
             }

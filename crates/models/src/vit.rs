@@ -135,7 +135,7 @@ impl VitConfig {
                 return Err(ModelsError::config(format!("model.{name}"), "must be ≥ 1"));
             }
         }
-        if self.image_size % self.patch_size != 0 {
+        if !self.image_size.is_multiple_of(self.patch_size) {
             return Err(ModelsError::config(
                 "model.patch_size",
                 format!(

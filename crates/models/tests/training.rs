@@ -382,7 +382,7 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
     let data = FashionMnist::load(&dir, 20, None, Device::Cpu).unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
     // λ = 0.3: at D = 16 with LayerNorm tokens, λ = 1 already saturates the class token's
-    // attention onto itself and the model stays at chance on this fixture (notes §9.3).
+    // attention onto itself and the model stays at chance on this fixture (docs/models.md, "Why a large λ collapses attention").
     let c = Conditioning::Identity {
         lambda: 0.3,
         layout: Layout::Shifted,

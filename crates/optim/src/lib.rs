@@ -1,12 +1,4 @@
-//! kappa-optim: optimizers for the geometry of attention training.
-//!
-//! Muon and manifold Muon (Stiefel and diagonal-Gram constraints) of *Different Layers, Different
-//! Manifolds*, written once against kappa-linalg's [`Matrix`](kappa_linalg::Matrix) trait, so the
-//! same code updates `ndarray` matrices (f32/f64) and, with the `tch` feature, `tch::Tensor`
-//! parameters (f32/bf16/f64, CPU or CUDA) in place; and the preconditioned gradient
-//! descent with spectral initialization of *Training Dynamics of Softmax Self-Attention: Fast
-//! Global Convergence via Preconditioning* (Goel, Soltanolkotabi, Bartlett), in
-//! [`convergence`].
+#![doc = include_str!("../README.md")]
 //!
 //! # Principal items
 //!

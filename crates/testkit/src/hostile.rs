@@ -154,8 +154,10 @@ pub fn matrices(seed: u64, rows: usize, cols: usize) -> Vec<(String, Array2<f64>
         Array2::from_shape_simple_fn((r, c), || rng.gen_range(-1.0..1.0))
     };
     let base = gauss(rows, cols);
-    let u = gauss(rows, 1);
-    let v = gauss(1, cols);
+    let (u, v) = (gauss(rows, 1), gauss(1, cols));
+    // The outer product by hand: `dot` would make this crate need a BLAS when the workspace
+    // turns on ndarray's `blas` feature.
+    let rank_one = Array2::from_shape_fn((rows, cols), |(r, c)| u[[r, 0]] * v[[0, c]]);
     let (i, j) = (rows / 2, cols / 2);
     let with = |value: f64| {
         let mut a = base.clone();
@@ -172,7 +174,7 @@ pub fn matrices(seed: u64, rows: usize, cols: usize) -> Vec<(String, Array2<f64>
         ("with +inf".into(), with(f64::INFINITY)),
         ("with -inf".into(), with(f64::NEG_INFINITY)),
         ("zero".into(), Array2::zeros((rows, cols))),
-        ("rank one".into(), u.dot(&v)),
+        ("rank one".into(), rank_one),
         ("1×1".into(), Array2::from_elem((1, 1), 0.5)),
         ("0×cols".into(), Array2::zeros((0, cols))),
         ("rows×0".into(), Array2::zeros((rows, 0))),
@@ -271,7 +273,11 @@ mod tests {
     #[test]
     fn layouts_have_the_strides_they_claim() {
         let a = Array2::from_shape_fn((3, 4), |(i, j)| (i * 4 + j) as f64);
-        assert!(Layout::ColumnMajor.lay_out(&a).view().t().is_standard_layout());
+        assert!(Layout::ColumnMajor
+            .lay_out(&a)
+            .view()
+            .t()
+            .is_standard_layout());
         assert_eq!(Layout::Strided.lay_out(&a).view().strides(), &[16, 2]);
         assert!(Layout::RowReversed.lay_out(&a).view().strides()[0] < 0);
     }

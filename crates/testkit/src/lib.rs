@@ -15,14 +15,10 @@
 //! ```
 //! use proptest::prelude::*;
 //!
-//! proptest! {
-//!     #![proptest_config(kappa_testkit::config(32))]
-//!     #[test]
-//!     fn addition_commutes(a in 0u32..1000, b in 0u32..1000) {
-//!         prop_assert_eq!(a + b, b + a);
-//!     }
-//! }
-//! # fn main() {}
+//! // In a test file this is `proptest! { #![proptest_config(kappa_testkit::config(32))] … }`.
+//! proptest!(kappa_testkit::config(32), |(a in 0u32..1000, b in 0u32..1000)| {
+//!     prop_assert_eq!(a + b, b + a);
+//! });
 //! ```
 
 pub mod hostile;

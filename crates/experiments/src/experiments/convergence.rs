@@ -8,7 +8,7 @@
 //!    population loss (n = ∞); the data enter through the spectral initialization and the
 //!    preconditioner, both estimated from `n_init` samples (that is where σ matters).
 //! 2. Sample size: the algorithm on the finite-context empirical loss L̂_n, n up to 16,000
-//!    (chunked queries), with both error definitions (notes AM4): E of the limit predictor and the
+//!    (chunked queries), with both error definitions (the paper does not say which it bounds): E of the limit predictor and the
 //!    finite-context excess of the layer on fresh test queries attending over the training set.
 //!    Log-log slopes with 95% intervals, compared with 1/n and with n⁻² log⁶ n.
 //! 3. μ against κ(T) and κ(Σ), with and without the preconditioner (population oracle).
@@ -1220,7 +1220,7 @@ fn report(
     section.paragraph(&format!(
         "**Part 2 — excess risk against n.** The algorithm on the empirical loss L̂_n \
          ({:?} context, {} steps, queries chunked so n = {} runs in bounded memory), κ(Σ) = {}, \
-         κ(T) = {}, σ = {}. Two error definitions (notes AM4): E of the limit predictor, and the \
+         κ(T) = {}, σ = {}. Two error definitions (the paper does not say which it bounds): E of the limit predictor, and the \
          finite-context excess of the layer on {} fresh queries attending over the n training \
          covariates. Slopes are least-squares fits of log error on log n over every draw, with 95% \
          intervals. Over this n range, n⁻² log⁶ n has a log-log slope of {:.2} (its secant), so the \

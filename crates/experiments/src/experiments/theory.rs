@@ -4,7 +4,7 @@
 //! initialization as λ grows, (d) the exact κ(J) along λ sweeps.
 //!
 //! Every statement of the report section is computed from the run folders; where a claim of the
-//! paper (or of the notes' reconstruction) fails, the section says so with the numbers.
+//! paper (or of our reading of it, docs/theory.md) fails, the section says so with the numbers.
 
 use std::path::Path;
 
@@ -845,8 +845,8 @@ fn report_entropy(
     let [d, k] = config.weight_shape;
     section.paragraph(&format!(
         "**(c) Attention at initialization as λ grows.** N = {}, D = {d}, k = {k}, \
-         LayerNorm-scaled tokens, W ~ N(0, {}²), the same λ·I_k on W_Q, W_K, W_V. The notes \
-         predict collapse to identity attention at λ = 10 (§9.3). Means over seeds.",
+         LayerNorm-scaled tokens, W ~ N(0, {}²), the same λ·I_k on W_Q, W_K, W_V. The score term \
+         λ²X_kX_kᵀ predicts collapse to identity attention at λ = 10 (docs/models.md). Means over seeds.",
         config.tokens, config.init_std
     ));
     let mut rows = Vec::new();

@@ -754,7 +754,7 @@ pub fn conditioning_report(
         ],
         &verdicts,
     );
-    // Collapse of attention onto the diagonal (notes §9.3).
+    // Collapse of attention onto the diagonal (docs/models.md, "Why a large λ collapses attention").
     let collapsed: Vec<String> = order
         .iter()
         .filter_map(|name| {
@@ -776,7 +776,7 @@ pub fn conditioning_report(
             .to_string()
     } else {
         format!(
-            "Attention collapse (notes §9.3: a large λ makes λ²X_kX_kᵀ dominate the scores, so \
+            "Attention collapse (a large λ makes λ²X_kX_kᵀ dominate the scores, so \
              each token attends to itself): {}.",
             collapsed.join("; ")
         )

@@ -466,7 +466,7 @@ impl Trainer {
             None => None,
         };
         let finite_excess = match self.truth.as_ref().and_then(|t| t.probe.as_ref()) {
-            Some(p) if self.step % p.every.max(1) == 0 || !update => {
+            Some(p) if self.step.is_multiple_of(p.every.max(1)) || !update => {
                 let m = self.truth.as_ref().map(|t| t.population.m().view());
                 match m {
                     Some(m) => Some(finite_context_excess(
