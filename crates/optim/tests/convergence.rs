@@ -319,30 +319,24 @@ proptest! {
 proptest! {
     #![proptest_config(kappa_testkit::config(3))]
 
-    /// T8: with the Σ̂-preconditioner the rate is (nearly) independent of κ(Σ); plain GD in
-    /// (A, B) slows down as κ(Σ) grows.
+    /// T8 (docs/convergence.md §"Exact invariances", §T8). With the Σ̂-preconditioner the
+    /// population trajectory E_t does not depend on κ(Σ) beyond a rotation of the spectral
+    /// initialization: (i) with oracle moments (Σ̂ = Σ) E_t is the same for κ(Σ) = 1 and 100;
+    /// (ii) with a finite-sample Σ̂, the κ(Σ) = 100 run equals the κ(Σ) = 1 run (same draws) started
+    /// from W = Q_R, the polar factor of Σ̂^{-1/2}Σ^{1/2}. Both up to the rounding bound of
+    /// [`rounding_tolerance`]. Plain GD in (A, B) slows down as κ(Σ) grows.
     #[test]
     fn t8_preconditioner_removes_kappa_sigma(seed in any::<u64>(), d in 2usize..6) {
-        let mut mu_pre = Vec::new();
-        let mut mu_plain = Vec::new();
-        for &kappa in &[1.0f64, 100.0] {
-            // The same T and the same draws for both κ(Σ): only the covariance changes.
-            let mut r = rng(seed);
-            let model = spec(d, d, kappa, 2.0, 0.0).build(&mut r).unwrap();
-            let mo = Moments::estimate(&model.sample(2000, &mut r)).unwrap();
-            let (a0, b0) = spectral_init(&mo).unwrap();
-            for (pre, out) in [(true, &mut mu_pre), (false, &mut mu_plain)] {
-                let settings = Settings { preconditioner: pre, ..Settings::algorithm() };
-                let mut trainer = Trainer::new(Objective::Population(model.population().clone()), &mo, a0.clone(), b0.clone(), settings).unwrap()
-                    .with_truth(Truth { population: model.population().clone(), probe: None });
-                let recs = trainer.run(300).unwrap();
-                let e0 = recs[0].excess.unwrap();
-                let pts: Vec<(f64, f64)> = recs.iter().skip(3).map(|r| (r.step as f64, r.excess.unwrap())).filter(|p| p.1 > 1e-13 * e0 && p.1 > 1e-28).collect();
-                out.push(geometric_rate(&pts).unwrap().mu);
-            }
-        }
-        prop_assert!((mu_pre[0] - mu_pre[1]).abs() < 0.05, "preconditioned μ at κ(Σ) = 1, 100: {mu_pre:?}");
-        // Without the preconditioner, 1 − μ shrinks by at least 10× from κ(Σ) = 1 to 100.
+        let case = T8Case::new(seed, d);
+        case.check_invariances().map_err(TestCaseError::fail)?;
+        let mu_plain: Vec<f64> = case.runs.iter().map(|(model, mo)| {
+            let (a0, b0) = spectral_init(mo).unwrap();
+            fitted_mu(&excess_trace(model, mo, a0, b0, false, T8_STEPS))
+        }).collect();
+        // Without the preconditioner the smallest curvature falls like λ_min(Σ) while the step
+        // η = c/(σ₁(T̂)·λ_max(Σ̂)²) falls like 1/λ_max², so the asymptotic 1 − μ shrinks like
+        // κ(Σ)^{-1} or faster (100× here); the fitted window also holds the faster transient,
+        // so the test asks for 10× (seeded runs over 96 cases: at least 19×).
         prop_assert!((1.0 - mu_plain[1]) < 0.1 * (1.0 - mu_plain[0]), "plain μ: {mu_plain:?}");
     }
 
@@ -379,6 +373,208 @@ proptest! {
         prop_assert!(out[1].0 > 2.0 * balanced_b, "without: max ‖B‖ = {}", out[1].0);
         prop_assert!(out[1].1 > out[0].1, "finite-context excess with {} vs without {}", out[0].1, out[1].1);
     }
+}
+
+/// Steps of every T8 run.
+const T8_STEPS: usize = 300;
+
+/// E_t of the algorithm (or plain GD) on the population objective, t = 0..=steps.
+fn excess_trace(
+    model: &DataModel,
+    mo: &Moments,
+    a0: Array2<f64>,
+    b0: Array2<f64>,
+    pre: bool,
+    steps: usize,
+) -> Vec<f64> {
+    let settings = Settings {
+        preconditioner: pre,
+        ..Settings::algorithm()
+    };
+    let mut trainer = Trainer::new(
+        Objective::Population(model.population().clone()),
+        mo,
+        a0,
+        b0,
+        settings,
+    )
+    .unwrap()
+    .with_truth(Truth {
+        population: model.population().clone(),
+        probe: None,
+    });
+    trainer
+        .run(steps)
+        .unwrap()
+        .iter()
+        .map(|r| r.excess.unwrap())
+        .collect()
+}
+
+/// The points of the T8 fit: steps 3.. with E_t > 1e-13·E₀ (above the rounding floor).
+fn fit_window(e: &[f64]) -> Vec<(f64, f64)> {
+    e.iter()
+        .enumerate()
+        .skip(3)
+        .map(|(t, &v)| (t as f64, v))
+        .filter(|p| p.1 > 1e-13 * e[0] && p.1 > 1e-28)
+        .collect()
+}
+
+fn fitted_mu(e: &[f64]) -> f64 {
+    geometric_rate(&fit_window(e)).unwrap().mu
+}
+
+/// The rounding tolerance on |log E_t − log E'_t| for two runs that agree in exact arithmetic.
+///
+/// Every step forms products through Σ̂^{±1/2} (condition κ(Σ̂)^{1/2} each), so by the standard
+/// model of floating-point matrix products one step perturbs the whitened iterate θ = (U, V) by
+/// at most about d·κ(Σ̂)·u·‖θ‖ (u = 2⁻⁵³); the iteration does not amplify these errors along
+/// the normal directions (it contracts) and E is flat along the minimiser orbit, so after t
+/// steps ‖δθ‖ ≤ t·d·κ·u·‖θ‖. With dist_t ≈ √E_t the relative error of E_t is ≈ 2‖δθ‖/dist_t,
+/// and ‖θ‖/dist_t ≈ √(E₀/E_t)/dist₀-scale, hence ε_t = C·t·d·κ·u·√(E₀/E_t). C = 4 is ten times
+/// the largest constant measured over 96 seeded cases (0.3) — the constant of the standard model,
+/// checked, not tuned to a tolerance.
+fn rounding_tolerance(t: usize, d: usize, kappa: f64, e0: f64, e_t: f64) -> f64 {
+    4.0 * (t.max(1) * d) as f64 * kappa * f64::EPSILON / 2.0 * (e0 / e_t).sqrt()
+}
+
+/// Checks that two traces agree within [`rounding_tolerance`] over the fit window, and returns
+/// the bound this implies on their fitted μ: the least-squares slope moves by at most
+/// Σ|t − t̄|ε_t / Σ(t − t̄)², and μ = e^{slope}.
+fn same_trajectory(a: &[f64], b: &[f64], d: usize, kappa: f64) -> Result<f64, String> {
+    let window = fit_window(b);
+    let mut eps = Vec::new();
+    for &(t, eb) in &window {
+        let ea = a[t as usize];
+        let tol = rounding_tolerance(t as usize, d, kappa, b[0], eb);
+        let gap = (ea / eb).ln().abs();
+        if !(gap <= tol) {
+            return Err(format!(
+                "step {t}: E = {ea:e} vs {eb:e}, |Δ log E| = {gap:e} > {tol:e}"
+            ));
+        }
+        eps.push((t, tol));
+    }
+    let tm = eps.iter().map(|p| p.0).sum::<f64>() / eps.len() as f64;
+    let stt: f64 = eps.iter().map(|p| (p.0 - tm).powi(2)).sum();
+    let num: f64 = eps.iter().map(|p| (p.0 - tm).abs() * p.1).sum();
+    Ok(num / stt)
+}
+
+/// One T8 problem at κ(Σ) = 1 and 100 with the same draws: the same T and the same whitened
+/// sample S = Σ^{-1/2}Σ̂Σ^{-1/2} (only Σ changes).
+struct T8Case {
+    d: usize,
+    runs: Vec<(DataModel, Moments)>,
+}
+
+impl T8Case {
+    const KAPPAS: [f64; 2] = [1.0, 100.0];
+
+    fn new(seed: u64, d: usize) -> Self {
+        let runs = Self::KAPPAS
+            .iter()
+            .map(|&kappa| {
+                let mut r = rng(seed);
+                let model = spec(d, d, kappa, 2.0, 0.0).build(&mut r).unwrap();
+                let mo = Moments::estimate(&model.sample(2000, &mut r)).unwrap();
+                (model, mo)
+            })
+            .collect();
+        Self { d, runs }
+    }
+
+    /// Q_R = polar(Σ̂^{-1/2}Σ^{1/2}) of run i: κ(Σ) acts on the spectral init as W ↦ WQ_R.
+    fn rotation(&self, i: usize) -> Array2<f64> {
+        let (model, mo) = &self.runs[i];
+        let r = mo.sigma_hat_inv_half().dot(model.sigma_half());
+        kappa_linalg::polar_factor(r.view(), kappa_linalg::SvdDriver::default()).unwrap()
+    }
+
+    /// The preconditioned trace of run i from the spectral init with W.
+    fn trace(&self, i: usize, w: Option<&Array2<f64>>) -> Vec<f64> {
+        let (model, mo) = &self.runs[i];
+        let (a0, b0) = match w {
+            Some(w) => spectral_init_with(mo, w.view()).unwrap(),
+            None => spectral_init(mo).unwrap(),
+        };
+        excess_trace(model, mo, a0, b0, true, T8_STEPS)
+    }
+
+    /// The oracle (Σ̂ = Σ) trace of run i from the perturbed minimiser (1.1·A*, B*).
+    fn oracle_trace(&self, i: usize) -> Vec<f64> {
+        let model = &self.runs[i].0;
+        let oracle = Moments::oracle(model).unwrap();
+        let (a0, b0) = spectral_init(&oracle).unwrap();
+        excess_trace(model, &oracle, a0 * 1.1, b0, true, T8_STEPS)
+    }
+
+    /// Claims (i) and (ii) of T8, with their fitted μ agreeing within the implied bound.
+    fn check_invariances(&self) -> Result<(), String> {
+        let kappa = Self::KAPPAS[1];
+        let (o1, o100) = (self.oracle_trace(0), self.oracle_trace(1));
+        let bound =
+            same_trajectory(&o1, &o100, self.d, kappa).map_err(|e| format!("oracle: {e}"))?;
+        let (m1, m100) = (fitted_mu(&o1), fitted_mu(&o100));
+        if (m1 - m100).abs() > bound * m100 {
+            return Err(format!("oracle μ {m1} vs {m100}, bound {:e}", bound * m100));
+        }
+        let rotated = self.trace(0, Some(&self.rotation(1)));
+        let e100 = self.trace(1, None);
+        let bound = same_trajectory(&rotated, &e100, self.d, kappa)
+            .map_err(|e| format!("rotated init: {e}"))?;
+        let (m1, m100) = (fitted_mu(&rotated), fitted_mu(&e100));
+        if (m1 - m100).abs() > bound * m100 {
+            return Err(format!(
+                "rotated-init μ {m1} vs {m100}, bound {:e}",
+                bound * m100
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The T8 counterexample found on another machine (`seed = 11516613895958080191, d = 2`):
+/// "μ does not depend on κ(Σ)" fails for the *fitted* μ with a finite-sample Σ̂ — 0.5356 at
+/// κ(Σ) = 1 and 0.4848 at κ(Σ) = 100. The cause (docs/convergence.md §T8): κ(Σ) rotates the
+/// spectral init along the balanced orbit by Q_R (0.9° here), and at d = 2 the trace mixes a fast
+/// mode (E ratio ≈ 0.48) with a slow one (≈ 0.63) whose weight depends on that position; the
+/// fitted window straddles the crossover. The true claims hold on this case: the invariances of
+/// T8, and both fitted μ lie in the range of fitted μ over the whole orbit of this (T, S).
+#[test]
+fn t8_counterexample_seed_11516613895958080191_d2() {
+    let case = T8Case::new(11516613895958080191, 2);
+    case.check_invariances().unwrap();
+    let mus: Vec<f64> = (0..2).map(|i| fitted_mu(&case.trace(i, None))).collect();
+    // The reported values, to the printed precision (rounding moves them by < 1e-10).
+    assert!(
+        (mus[0] - 0.5356).abs() < 1e-4 && (mus[1] - 0.4848).abs() < 1e-4,
+        "{mus:?}"
+    );
+    // The orbit: spectral inits with W = rotations and reflections in 1° steps. μ(W) dips
+    // sharply (to the fast rate 0.481 at −1.1°, where the slow mode is not excited), so a coarse
+    // grid misses the dip; 1° resolves it.
+    let mut orbit = Vec::new();
+    for i in 0..360 {
+        let th = (i as f64).to_radians();
+        let (c, s) = (th.cos(), th.sin());
+        for w in [array![[c, -s], [s, c]], array![[c, s], [s, -c]]] {
+            orbit.push(fitted_mu(&case.trace(0, Some(&w))));
+        }
+    }
+    let (lo, hi) = orbit
+        .iter()
+        .fold((1.0f64, 0.0f64), |(l, h), &m| (l.min(m), h.max(m)));
+    assert!(
+        mus.iter().all(|m| (lo..=hi).contains(m)),
+        "{mus:?} outside [{lo}, {hi}]"
+    );
+    // The documented orbit range [0.481, 0.643] (docs/convergence.md §T8).
+    assert!(
+        (lo - 0.481).abs() < 1e-3 && (hi - 0.643).abs() < 1e-3,
+        "[{lo}, {hi}]"
+    );
 }
 
 #[test]

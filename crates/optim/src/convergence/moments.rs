@@ -106,7 +106,7 @@ impl Moments {
             });
         }
         let t_hat = m_hat.dot(&sigma_hat_half);
-        let t_svd = svd_thin(t_hat.view(), SvdDriver::default())?;
+        let t_svd = fix_signs(svd_thin(t_hat.view(), SvdDriver::default())?);
         Ok(Self {
             n,
             sigma_hat,
@@ -203,6 +203,30 @@ impl Moments {
         let h = &self.sigma_hat_inv_half;
         (u.dot(h), h.dot(&v.t()).dot(h))
     }
+}
+
+/// The sign convention of T̂'s SVD: each left singular vector p̂_i (column of P̂) has its entry of
+/// largest magnitude positive (the first such entry on a tie); q̂_i is flipped with it, so
+/// P̂D̂Q̂ᵀ is unchanged. LAPACK's signs depend on the driver and the machine, and the spectral
+/// initialization depends on them (flipping (p̂_i, q̂_i) moves U₀ = P̂D̂^{1/2}W to P̂D̂^{1/2}JW,
+/// J = diag(±1)), so the convention makes the initialization a function of T̂ alone (up to
+/// rounding when two entries of p̂_i tie in magnitude, or when singular values coincide and the
+/// vectors themselves are not unique). It is applied to P̂ because P̂ is shared by T̂ and by
+/// T̂O for every orthogonal O (docs/convergence.md §"Exact invariances").
+fn fix_signs(mut svd: Svd<f64>) -> Svd<f64> {
+    let r = svd.s.len();
+    for i in 0..r.min(svd.u.ncols()).min(svd.vt.nrows()) {
+        let col = svd.u.column(i);
+        let lead = col.iter().copied().fold(
+            0.0f64,
+            |best, x| if x.abs() > best.abs() { x } else { best },
+        );
+        if lead < 0.0 {
+            svd.u.column_mut(i).mapv_inplace(|x| -x);
+            svd.vt.row_mut(i).mapv_inplace(|x| -x);
+        }
+    }
+    svd
 }
 
 enum CrossOrM {
