@@ -55,18 +55,18 @@ proptest! {
         let model = spec(d, 1, kappa, 1.0, 0.0).build(&mut r).unwrap();
         let sigma = model.sigma().clone();
         // A small key-query matrix keeps vᵀΣv = O(0.1).
-        let b = gaussian(d, d, &mut r) * (0.1 / (d as f64).sqrt());
+        let b = gaussian(d, d, &mut r).unwrap() * (0.1 / (d as f64).sqrt());
         let ident = Array2::<f64>::eye(d);
         let mut mse = Vec::new();
         let mut bound = 0.0;
-        let queries = model.sample_covariates(8, &mut r);
+        let queries = model.sample_covariates(8, &mut r).unwrap();
         for &n in &[250usize, 4000] {
             let mut acc = 0.0;
             let mut pred_bound = 0.0;
             // The queries share a context, so the context draws are the independent replicates.
             let reps = 40;
             for _ in 0..reps {
-                let context = model.sample_covariates(n, &mut r);
+                let context = model.sample_covariates(n, &mut r).unwrap();
                 // A = I: the layer's output is the attention average itself.
                 let z = attend(ident.view(), b.view(), context.view(), queries.view()).unwrap();
                 let limit = sigma.dot(&b.t()).dot(&queries);
@@ -93,12 +93,12 @@ proptest! {
     fn t2_population_loss_matches_monte_carlo(seed in any::<u64>(), d in 1usize..6, k in 1usize..4, noise in 0.0f64..0.5) {
         let mut r = rng(seed);
         let model = spec(d, k, 5.0, 2.0, noise).build(&mut r).unwrap();
-        let a = gaussian(k, d, &mut r) * 0.7;
-        let b = gaussian(d, d, &mut r) * 0.7;
+        let a = gaussian(k, d, &mut r).unwrap() * 0.7;
+        let b = gaussian(d, d, &mut r).unwrap() * 0.7;
         let pop = model.population();
         let closed = pop.loss(a.view(), b.view()).unwrap();
         let n = 400_000;
-        let s = model.sample(n, &mut r);
+        let s = model.sample(n, &mut r).unwrap();
         let pred = pop.limit_predict(a.view(), b.view(), s.x()).unwrap();
         let mc = 0.5 * (&s.y() - &pred).iter().map(|e| e * e).sum::<f64>() / n as f64;
         prop_assert!((mc - closed).abs() <= 0.015 * closed, "MC {mc} vs closed form {closed}");
@@ -112,11 +112,11 @@ proptest! {
     fn t3_empirical_loss_tends_to_population_loss(seed in any::<u64>(), d in 2usize..5) {
         let mut r = rng(seed);
         let model = spec(d, 2, 5.0, 2.0, 0.3).build(&mut r).unwrap();
-        let a = gaussian(2, d, &mut r) * 0.5;
-        let b = gaussian(d, d, &mut r) * (0.2 / (d as f64).sqrt());
+        let a = gaussian(2, d, &mut r).unwrap() * 0.5;
+        let b = gaussian(d, d, &mut r).unwrap() * (0.2 / (d as f64).sqrt());
         let pop = model.population().loss(a.view(), b.view()).unwrap();
         let n = 4000;
-        let sample = model.sample(n, &mut r);
+        let sample = model.sample(n, &mut r).unwrap();
         let limit = model.population().limit_predict(a.view(), b.view(), sample.x()).unwrap();
         let per_query: Vec<f64> = (&sample.y() - &limit).columns().into_iter().map(|c| 0.5 * c.dot(&c)).collect();
         let mean = per_query.iter().sum::<f64>() / n as f64;
@@ -139,16 +139,16 @@ proptest! {
         let sigma_inv = oracle.sigma_hat_inv().clone();
         let scale = frob(model.m()).powi(2) + 1e-300;
         prop_assert!(pop.excess(model.m().view(), sigma_inv.view()).unwrap() < 1e-20 * scale.max(1.0));
-        let a = gaussian(k, d, &mut r);
-        let b = gaussian(d, d, &mut r);
+        let a = gaussian(k, d, &mut r).unwrap();
+        let b = gaussian(d, d, &mut r).unwrap();
         let e = pop.excess(a.view(), b.view()).unwrap();
         let scaled = pop.excess((&a * c).view(), (&b / c).view()).unwrap();
         prop_assert!((scaled - e).abs() <= 1e-10 * e.max(1e-12));
         // (U, V) → (UG, G⁻¹V) with G = I + 0.3·N: A → AΣ^{1/2}GΣ^{-1/2}, Bᵀ → Σ^{-1/2}G⁻¹Σ^{1/2}Bᵀ.
-        let (u, v) = oracle.whiten(a.view(), b.view());
-        let g = Array2::<f64>::eye(d) + gaussian(d, d, &mut r) * (0.3 / (d as f64).sqrt());
+        let (u, v) = oracle.whiten(a.view(), b.view()).unwrap();
+        let g = Array2::<f64>::eye(d) + gaussian(d, d, &mut r).unwrap() * (0.3 / (d as f64).sqrt());
         let g_inv = Moments::from_parts(g.t().dot(&g), Array2::zeros((1, d)), 1).unwrap().sigma_hat_inv().dot(&g.t());
-        let (a2, b2) = oracle.unwhiten(u.dot(&g).view(), g_inv.dot(&v).view());
+        let (a2, b2) = oracle.unwhiten(u.dot(&g).view(), g_inv.dot(&v).view()).unwrap();
         let moved = pop.excess(a2.view(), b2.view()).unwrap();
         prop_assert!((moved - e).abs() <= 1e-8 * e.max(1e-12), "E {e} vs {moved}");
     }
@@ -159,7 +159,7 @@ proptest! {
     fn t5_spectral_init_identities(seed in any::<u64>(), d in 1usize..9, k in 1usize..6, n_extra in 0usize..200) {
         let mut r = rng(seed);
         let model = spec(d, k, 50.0, 4.0, 0.2).build(&mut r).unwrap();
-        let sample = model.sample(d + 2 + n_extra, &mut r);
+        let sample = model.sample(d + 2 + n_extra, &mut r).unwrap();
         let mo = Moments::estimate(&sample).unwrap();
         let rank = k.min(d);
         let w = haar_orthonormal(rank, d, &mut r).unwrap();
@@ -167,7 +167,7 @@ proptest! {
             let product = a0.dot(mo.sigma_hat()).dot(&b0.t());
             let tol = 1e-10 * (1.0 + max_abs(mo.m_hat())) * mo.condition();
             prop_assert!(max_abs(&(&product - mo.m_hat())) < tol, "‖A₀Σ̂B₀ᵀ − M̂‖ = {}", max_abs(&(&product - mo.m_hat())));
-            let (u, v) = mo.whiten(a0.view(), b0.view());
+            let (u, v) = mo.whiten(a0.view(), b0.view()).unwrap();
             let gap = u.t().dot(&u) - v.dot(&v.t());
             prop_assert!(max_abs(&gap) < 1e-12 * (1.0 + mo.t_singular_values()[0]), "balance gap {}", max_abs(&gap));
         }
@@ -199,7 +199,7 @@ proptest! {
         let model = spec(d, d, kappa_sigma, 2.0, 0.0).build(&mut r).unwrap();
         for rep in 0..2u64 {
             let mut r = rng(seed ^ (rep + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let sample = model.sample(200 * d, &mut r);
+            let sample = model.sample(200 * d, &mut r).unwrap();
             let mo = Moments::estimate(&sample).unwrap();
             let (a0, b0) = spectral_init(&mo).unwrap();
             let mut trainer = Trainer::new(Objective::Population(model.population().clone()), &mo, a0, b0, Settings::algorithm()).unwrap()
@@ -230,7 +230,7 @@ proptest! {
         for &n in &[250usize, 500, 1000, 2000, 4000] {
             let mut total = 0.0;
             for _ in 0..48 {
-                let mo = Moments::estimate(&model.sample(n, &mut r)).unwrap();
+                let mo = Moments::estimate(&model.sample(n, &mut r).unwrap()).unwrap();
                 let (a0, b0) = spectral_init(&mo).unwrap();
                 total += model.population().excess(a0.view(), b0.view()).unwrap();
             }
@@ -245,9 +245,9 @@ proptest! {
     fn t10_population_and_regularizer_gradients(seed in any::<u64>(), d in 1usize..6, k in 1usize..4, lambda in 0.0f64..2.0, pre in any::<bool>()) {
         let mut r = rng(seed);
         let model = spec(d, k, 10.0, 2.0, 0.1).build(&mut r).unwrap();
-        let mo = Moments::estimate(&model.sample(10 * d + 20, &mut r)).unwrap();
-        let a = gaussian(k, d, &mut r) * 0.6;
-        let b = gaussian(d, d, &mut r) * 0.6;
+        let mo = Moments::estimate(&model.sample(10 * d + 20, &mut r).unwrap()).unwrap();
+        let a = gaussian(k, d, &mut r).unwrap() * 0.6;
+        let b = gaussian(d, d, &mut r).unwrap() * 0.6;
         let pop = model.population().clone();
         let q = |a: &Array2<f64>, b: &Array2<f64>| -> f64 {
             let c = a.t().dot(a) - b.t().dot(mo.sigma_hat()).dot(b);
@@ -287,9 +287,9 @@ proptest! {
     fn t10_empirical_gradients(seed in any::<u64>(), d in 1usize..5, k in 1usize..4, n in 3usize..60, chunk in 1usize..9) {
         let mut r = rng(seed);
         let model = spec(d, k, 10.0, 2.0, 0.2).build(&mut r).unwrap();
-        let prompts = [model.sample(n, &mut r), model.sample(n + 3, &mut r)];
-        let a = gaussian(k, d, &mut r) * 0.6;
-        let b = gaussian(d, d, &mut r) * 0.6;
+        let prompts = [model.sample(n, &mut r).unwrap(), model.sample(n + 3, &mut r).unwrap()];
+        let a = gaussian(k, d, &mut r).unwrap() * 0.6;
+        let b = gaussian(d, d, &mut r).unwrap() * 0.6;
         for mode in [ContextMode::SelfIncluded, ContextMode::SelfExcluded, ContextMode::SplitKeys] {
             let problem = EmpiricalProblem::from_prompts(&prompts, mode).unwrap().with_query_chunk(chunk).unwrap();
             let lg = problem.loss_grad(a.view(), b.view()).unwrap();
@@ -347,8 +347,8 @@ proptest! {
         let d = 3;
         let mut r = rng(seed);
         let model = spec(d, d, 4.0, 2.0, 0.1).build(&mut r).unwrap();
-        let sample = model.sample(1500, &mut r);
-        let test = model.sample_covariates(1000, &mut r);
+        let sample = model.sample(1500, &mut r).unwrap();
+        let test = model.sample_covariates(1000, &mut r).unwrap();
         let mo = Moments::estimate(&sample).unwrap();
         let (a0, b0) = spectral_init(&mo).unwrap();
         let balanced_b = frob(&b0);
@@ -431,12 +431,15 @@ fn fitted_mu(e: &[f64]) -> f64 {
 /// model of floating-point matrix products one step perturbs the whitened iterate θ = (U, V) by
 /// at most about d·κ(Σ̂)·u·‖θ‖ (u = 2⁻⁵³); the iteration does not amplify these errors along
 /// the normal directions (it contracts) and E is flat along the minimiser orbit, so after t
-/// steps ‖δθ‖ ≤ t·d·κ·u·‖θ‖. With dist_t ≈ √E_t the relative error of E_t is ≈ 2‖δθ‖/dist_t,
-/// and ‖θ‖/dist_t ≈ √(E₀/E_t)/dist₀-scale, hence ε_t = C·t·d·κ·u·√(E₀/E_t). C = 4 is ten times
-/// the largest constant measured over 96 seeded cases (0.3) — the constant of the standard model,
-/// checked, not tuned to a tolerance.
+/// steps ‖δθ‖ ≤ (t₀ + t)·d·κ·u·‖θ‖, where t₀ = 10 counts the operations that build the two
+/// starting points (Σ̂ = XXᵀ/n, Σ̂^{±1/2}, T̂, its SVD, Q_R, the init products), each with the
+/// same backward error. With dist_t ≈ √E_t the relative error of E_t is ≈ 2‖δθ‖/dist_t, and
+/// ‖θ‖/dist_t ∝ √(E₀/E_t), hence ε_t = C·(t₀ + t)·d·κ·u·√(E₀/E_t). C = 4 is more than ten times
+/// the largest constant measured (0.3 over 96 seeded cases, 0.25 at t = 3 in the exploring run's
+/// counterexample to the first form, which had no t₀): the constant of the standard model,
+/// checked, not tuned.
 fn rounding_tolerance(t: usize, d: usize, kappa: f64, e0: f64, e_t: f64) -> f64 {
-    4.0 * (t.max(1) * d) as f64 * kappa * f64::EPSILON / 2.0 * (e0 / e_t).sqrt()
+    4.0 * ((10 + t) * d) as f64 * kappa * f64::EPSILON / 2.0 * (e0 / e_t).sqrt()
 }
 
 /// Checks that two traces agree within [`rounding_tolerance`] over the fit window, and returns
@@ -478,7 +481,7 @@ impl T8Case {
             .map(|&kappa| {
                 let mut r = rng(seed);
                 let model = spec(d, d, kappa, 2.0, 0.0).build(&mut r).unwrap();
-                let mo = Moments::estimate(&model.sample(2000, &mut r)).unwrap();
+                let mo = Moments::estimate(&model.sample(2000, &mut r).unwrap()).unwrap();
                 (model, mo)
             })
             .collect();
@@ -581,13 +584,13 @@ fn t8_counterexample_seed_11516613895958080191_d2() {
 fn too_few_samples_is_a_singular_covariance_error() {
     let mut r = rng(1);
     let model = spec(5, 2, 10.0, 2.0, 0.1).build(&mut r).unwrap();
-    let err = Moments::estimate(&model.sample(4, &mut r)).unwrap_err();
+    let err = Moments::estimate(&model.sample(4, &mut r).unwrap()).unwrap_err();
     assert!(
         matches!(err, OptimError::SingularCovariance { n: 4, d: 5, .. }),
         "{err}"
     );
     // n ≥ d but rank deficient: duplicated columns.
-    let s = model.sample(3, &mut r);
+    let s = model.sample(3, &mut r).unwrap();
     let x = ndarray::concatenate![ndarray::Axis(1), s.x(), s.x()];
     let y = ndarray::concatenate![ndarray::Axis(1), s.y(), s.y()];
     let err = Moments::estimate(&Sample::new(x, y).unwrap()).unwrap_err();
@@ -618,7 +621,7 @@ fn non_finite_and_mismatched_inputs_are_errors() {
 
     let mut r = rng(2);
     let model = spec(3, 2, 10.0, 2.0, 0.1).build(&mut r).unwrap();
-    let sample = model.sample(50, &mut r);
+    let sample = model.sample(50, &mut r).unwrap();
     let problem = EmpiricalProblem::new(&sample, ContextMode::SplitKeys).unwrap();
     let (a, b) = (Array2::<f64>::zeros((2, 3)), Array2::<f64>::zeros((3, 3)));
     assert!(matches!(
@@ -679,7 +682,7 @@ fn non_finite_and_mismatched_inputs_are_errors() {
 fn a_diverging_step_size_is_reported_with_its_step() {
     let mut r = rng(3);
     let model = spec(4, 4, 10.0, 2.0, 0.0).build(&mut r).unwrap();
-    let mo = Moments::estimate(&model.sample(500, &mut r)).unwrap();
+    let mo = Moments::estimate(&model.sample(500, &mut r).unwrap()).unwrap();
     let (a0, b0) = spectral_init(&mo).unwrap();
     let a0 = a0 * 1.5; // off the manifold, so the first gradient is not zero
     let settings = Settings {
@@ -717,7 +720,7 @@ fn a_diverging_step_size_is_reported_with_its_step() {
 fn clip_renormalization_caps_the_softmax_scale_and_keeps_the_product() {
     let mut r = rng(4);
     let model = spec(3, 2, 10.0, 2.0, 0.0).build(&mut r).unwrap();
-    let mo = Moments::estimate(&model.sample(300, &mut r)).unwrap();
+    let mo = Moments::estimate(&model.sample(300, &mut r).unwrap()).unwrap();
     let (a0, b0) = spectral_init(&mo).unwrap();
     let (mut a, mut b) = (&a0 / 5.0, &b0 * 5.0);
     let before = a.dot(mo.sigma_hat()).dot(&b.t());
@@ -735,6 +738,6 @@ fn clip_renormalization_caps_the_softmax_scale_and_keeps_the_product() {
     assert!(max_abs(&(&after - &before)) < 1e-12);
     let (mut a2, mut b2) = (&a0 / 5.0, &b0 * 5.0);
     renormalize(&mut a2, &mut b2, &mo, Renormalization::Balance).unwrap();
-    let (u, v) = mo.whiten(a2.view(), b2.view());
+    let (u, v) = mo.whiten(a2.view(), b2.view()).unwrap();
     assert!((frob(&u) - frob(&v)).abs() < 1e-12 * frob(&u));
 }
