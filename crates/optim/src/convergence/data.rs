@@ -390,6 +390,9 @@ pub(crate) fn covariance_roots(
             reason: "is empty".into(),
         });
     }
+    // LAPACK takes standard layouts only: copy strided and negative-stride views.
+    // (A fresh row-major copy: `as_standard_layout` keeps a 1×1 view's odd strides.)
+    let sigma = Array2::from_shape_fn(sigma.dim(), |ij| sigma[ij]);
     let half = psd_sqrt(sigma.view(), RankTolerance::default()).map_err(|e| rename(e, arg))?;
     let kappa = condition_number(sigma.view()).map_err(|e| rename(e, arg))?;
     if !(kappa.is_finite() && kappa <= MAX_CONDITION) {
