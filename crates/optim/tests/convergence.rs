@@ -452,7 +452,7 @@ fn same_trajectory(a: &[f64], b: &[f64], d: usize, kappa: f64) -> Result<f64, St
         let ea = a[t as usize];
         let tol = rounding_tolerance(t as usize, d, kappa, b[0], eb);
         let gap = (ea / eb).ln().abs();
-        if !(gap <= tol) {
+        if gap.is_nan() || gap > tol {
             return Err(format!(
                 "step {t}: E = {ea:e} vs {eb:e}, |Δ log E| = {gap:e} > {tol:e}"
             ));
