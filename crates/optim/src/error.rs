@@ -108,6 +108,18 @@ pub enum OptimError {
     /// A `kappa-linalg` routine failed (SVD, PSD square root, condition number).
     #[error(transparent)]
     Linalg(#[from] kappa_linalg::LinalgError),
+    /// A computed quantity overflowed f64 although every input was finite (inputs too large in
+    /// magnitude, e.g. entries near 1e300 whose products exceed `f64::MAX`). Nothing was
+    /// returned; rescale the named arguments.
+    #[error(
+        "`{quantity}` overflowed f64 from finite inputs; rescale `{args}` (entries too large in magnitude)"
+    )]
+    Overflow {
+        /// The quantity that became non-finite.
+        quantity: &'static str,
+        /// The arguments it was computed from.
+        args: &'static str,
+    },
 }
 
 /// Converts a `kappa-linalg` input-check error on a matrix argument into the crate's own
@@ -166,6 +178,32 @@ pub(crate) fn check_matrix(
         });
     }
     check_finite(arg, a)
+}
+
+/// Checks that a computed matrix is finite (after finite inputs): [`OptimError::Overflow`] if not.
+pub(crate) fn check_output(
+    quantity: &'static str,
+    args: &'static str,
+    a: &ArrayView2<'_, f64>,
+) -> Result<()> {
+    if a.iter().all(|x| x.is_finite()) {
+        Ok(())
+    } else {
+        Err(OptimError::Overflow { quantity, args })
+    }
+}
+
+/// Checks that a computed scalar is finite (after finite inputs): [`OptimError::Overflow`] if not.
+pub(crate) fn check_output_scalar(
+    quantity: &'static str,
+    args: &'static str,
+    x: f64,
+) -> Result<f64> {
+    if x.is_finite() {
+        Ok(x)
+    } else {
+        Err(OptimError::Overflow { quantity, args })
+    }
 }
 
 /// Checks that a scalar is finite and in `[lo, hi]`.

@@ -55,18 +55,18 @@ proptest! {
         let model = spec(d, 1, kappa, 1.0, 0.0).build(&mut r).unwrap();
         let sigma = model.sigma().clone();
         // A small key-query matrix keeps vᵀΣv = O(0.1).
-        let b = gaussian(d, d, &mut r) * (0.1 / (d as f64).sqrt());
+        let b = gaussian(d, d, &mut r).unwrap() * (0.1 / (d as f64).sqrt());
         let ident = Array2::<f64>::eye(d);
         let mut mse = Vec::new();
         let mut bound = 0.0;
-        let queries = model.sample_covariates(8, &mut r);
+        let queries = model.sample_covariates(8, &mut r).unwrap();
         for &n in &[250usize, 4000] {
             let mut acc = 0.0;
             let mut pred_bound = 0.0;
             // The queries share a context, so the context draws are the independent replicates.
             let reps = 40;
             for _ in 0..reps {
-                let context = model.sample_covariates(n, &mut r);
+                let context = model.sample_covariates(n, &mut r).unwrap();
                 // A = I: the layer's output is the attention average itself.
                 let z = attend(ident.view(), b.view(), context.view(), queries.view()).unwrap();
                 let limit = sigma.dot(&b.t()).dot(&queries);
@@ -93,12 +93,12 @@ proptest! {
     fn t2_population_loss_matches_monte_carlo(seed in any::<u64>(), d in 1usize..6, k in 1usize..4, noise in 0.0f64..0.5) {
         let mut r = rng(seed);
         let model = spec(d, k, 5.0, 2.0, noise).build(&mut r).unwrap();
-        let a = gaussian(k, d, &mut r) * 0.7;
-        let b = gaussian(d, d, &mut r) * 0.7;
+        let a = gaussian(k, d, &mut r).unwrap() * 0.7;
+        let b = gaussian(d, d, &mut r).unwrap() * 0.7;
         let pop = model.population();
         let closed = pop.loss(a.view(), b.view()).unwrap();
         let n = 400_000;
-        let s = model.sample(n, &mut r);
+        let s = model.sample(n, &mut r).unwrap();
         let pred = pop.limit_predict(a.view(), b.view(), s.x()).unwrap();
         let mc = 0.5 * (&s.y() - &pred).iter().map(|e| e * e).sum::<f64>() / n as f64;
         prop_assert!((mc - closed).abs() <= 0.015 * closed, "MC {mc} vs closed form {closed}");
@@ -112,11 +112,11 @@ proptest! {
     fn t3_empirical_loss_tends_to_population_loss(seed in any::<u64>(), d in 2usize..5) {
         let mut r = rng(seed);
         let model = spec(d, 2, 5.0, 2.0, 0.3).build(&mut r).unwrap();
-        let a = gaussian(2, d, &mut r) * 0.5;
-        let b = gaussian(d, d, &mut r) * (0.2 / (d as f64).sqrt());
+        let a = gaussian(2, d, &mut r).unwrap() * 0.5;
+        let b = gaussian(d, d, &mut r).unwrap() * (0.2 / (d as f64).sqrt());
         let pop = model.population().loss(a.view(), b.view()).unwrap();
         let n = 4000;
-        let sample = model.sample(n, &mut r);
+        let sample = model.sample(n, &mut r).unwrap();
         let limit = model.population().limit_predict(a.view(), b.view(), sample.x()).unwrap();
         let per_query: Vec<f64> = (&sample.y() - &limit).columns().into_iter().map(|c| 0.5 * c.dot(&c)).collect();
         let mean = per_query.iter().sum::<f64>() / n as f64;
@@ -139,16 +139,16 @@ proptest! {
         let sigma_inv = oracle.sigma_hat_inv().clone();
         let scale = frob(model.m()).powi(2) + 1e-300;
         prop_assert!(pop.excess(model.m().view(), sigma_inv.view()).unwrap() < 1e-20 * scale.max(1.0));
-        let a = gaussian(k, d, &mut r);
-        let b = gaussian(d, d, &mut r);
+        let a = gaussian(k, d, &mut r).unwrap();
+        let b = gaussian(d, d, &mut r).unwrap();
         let e = pop.excess(a.view(), b.view()).unwrap();
         let scaled = pop.excess((&a * c).view(), (&b / c).view()).unwrap();
         prop_assert!((scaled - e).abs() <= 1e-10 * e.max(1e-12));
         // (U, V) → (UG, G⁻¹V) with G = I + 0.3·N: A → AΣ^{1/2}GΣ^{-1/2}, Bᵀ → Σ^{-1/2}G⁻¹Σ^{1/2}Bᵀ.
-        let (u, v) = oracle.whiten(a.view(), b.view());
-        let g = Array2::<f64>::eye(d) + gaussian(d, d, &mut r) * (0.3 / (d as f64).sqrt());
+        let (u, v) = oracle.whiten(a.view(), b.view()).unwrap();
+        let g = Array2::<f64>::eye(d) + gaussian(d, d, &mut r).unwrap() * (0.3 / (d as f64).sqrt());
         let g_inv = Moments::from_parts(g.t().dot(&g), Array2::zeros((1, d)), 1).unwrap().sigma_hat_inv().dot(&g.t());
-        let (a2, b2) = oracle.unwhiten(u.dot(&g).view(), g_inv.dot(&v).view());
+        let (a2, b2) = oracle.unwhiten(u.dot(&g).view(), g_inv.dot(&v).view()).unwrap();
         let moved = pop.excess(a2.view(), b2.view()).unwrap();
         prop_assert!((moved - e).abs() <= 1e-8 * e.max(1e-12), "E {e} vs {moved}");
     }
@@ -159,7 +159,7 @@ proptest! {
     fn t5_spectral_init_identities(seed in any::<u64>(), d in 1usize..9, k in 1usize..6, n_extra in 0usize..200) {
         let mut r = rng(seed);
         let model = spec(d, k, 50.0, 4.0, 0.2).build(&mut r).unwrap();
-        let sample = model.sample(d + 2 + n_extra, &mut r);
+        let sample = model.sample(d + 2 + n_extra, &mut r).unwrap();
         let mo = Moments::estimate(&sample).unwrap();
         let rank = k.min(d);
         let w = haar_orthonormal(rank, d, &mut r).unwrap();
@@ -167,7 +167,7 @@ proptest! {
             let product = a0.dot(mo.sigma_hat()).dot(&b0.t());
             let tol = 1e-10 * (1.0 + max_abs(mo.m_hat())) * mo.condition();
             prop_assert!(max_abs(&(&product - mo.m_hat())) < tol, "‖A₀Σ̂B₀ᵀ − M̂‖ = {}", max_abs(&(&product - mo.m_hat())));
-            let (u, v) = mo.whiten(a0.view(), b0.view());
+            let (u, v) = mo.whiten(a0.view(), b0.view()).unwrap();
             let gap = u.t().dot(&u) - v.dot(&v.t());
             prop_assert!(max_abs(&gap) < 1e-12 * (1.0 + mo.t_singular_values()[0]), "balance gap {}", max_abs(&gap));
         }
@@ -199,7 +199,7 @@ proptest! {
         let model = spec(d, d, kappa_sigma, 2.0, 0.0).build(&mut r).unwrap();
         for rep in 0..2u64 {
             let mut r = rng(seed ^ (rep + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let sample = model.sample(200 * d, &mut r);
+            let sample = model.sample(200 * d, &mut r).unwrap();
             let mo = Moments::estimate(&sample).unwrap();
             let (a0, b0) = spectral_init(&mo).unwrap();
             let mut trainer = Trainer::new(Objective::Population(model.population().clone()), &mo, a0, b0, Settings::algorithm()).unwrap()
@@ -230,7 +230,7 @@ proptest! {
         for &n in &[250usize, 500, 1000, 2000, 4000] {
             let mut total = 0.0;
             for _ in 0..48 {
-                let mo = Moments::estimate(&model.sample(n, &mut r)).unwrap();
+                let mo = Moments::estimate(&model.sample(n, &mut r).unwrap()).unwrap();
                 let (a0, b0) = spectral_init(&mo).unwrap();
                 total += model.population().excess(a0.view(), b0.view()).unwrap();
             }
@@ -245,9 +245,9 @@ proptest! {
     fn t10_population_and_regularizer_gradients(seed in any::<u64>(), d in 1usize..6, k in 1usize..4, lambda in 0.0f64..2.0, pre in any::<bool>()) {
         let mut r = rng(seed);
         let model = spec(d, k, 10.0, 2.0, 0.1).build(&mut r).unwrap();
-        let mo = Moments::estimate(&model.sample(10 * d + 20, &mut r)).unwrap();
-        let a = gaussian(k, d, &mut r) * 0.6;
-        let b = gaussian(d, d, &mut r) * 0.6;
+        let mo = Moments::estimate(&model.sample(10 * d + 20, &mut r).unwrap()).unwrap();
+        let a = gaussian(k, d, &mut r).unwrap() * 0.6;
+        let b = gaussian(d, d, &mut r).unwrap() * 0.6;
         let pop = model.population().clone();
         let q = |a: &Array2<f64>, b: &Array2<f64>| -> f64 {
             let c = a.t().dot(a) - b.t().dot(mo.sigma_hat()).dot(b);
@@ -287,9 +287,9 @@ proptest! {
     fn t10_empirical_gradients(seed in any::<u64>(), d in 1usize..5, k in 1usize..4, n in 3usize..60, chunk in 1usize..9) {
         let mut r = rng(seed);
         let model = spec(d, k, 10.0, 2.0, 0.2).build(&mut r).unwrap();
-        let prompts = [model.sample(n, &mut r), model.sample(n + 3, &mut r)];
-        let a = gaussian(k, d, &mut r) * 0.6;
-        let b = gaussian(d, d, &mut r) * 0.6;
+        let prompts = [model.sample(n, &mut r).unwrap(), model.sample(n + 3, &mut r).unwrap()];
+        let a = gaussian(k, d, &mut r).unwrap() * 0.6;
+        let b = gaussian(d, d, &mut r).unwrap() * 0.6;
         for mode in [ContextMode::SelfIncluded, ContextMode::SelfExcluded, ContextMode::SplitKeys] {
             let problem = EmpiricalProblem::from_prompts(&prompts, mode).unwrap().with_query_chunk(chunk).unwrap();
             let lg = problem.loss_grad(a.view(), b.view()).unwrap();
@@ -319,30 +319,24 @@ proptest! {
 proptest! {
     #![proptest_config(kappa_testkit::config(3))]
 
-    /// T8: with the Σ̂-preconditioner the rate is (nearly) independent of κ(Σ); plain GD in
-    /// (A, B) slows down as κ(Σ) grows.
+    /// T8 (docs/convergence.md §"Exact invariances", §T8). With the Σ̂-preconditioner the
+    /// population trajectory E_t does not depend on κ(Σ) beyond a rotation of the spectral
+    /// initialization: (i) with oracle moments (Σ̂ = Σ) E_t is the same for κ(Σ) = 1 and 100;
+    /// (ii) with a finite-sample Σ̂, the κ(Σ) = 100 run equals the κ(Σ) = 1 run (same draws) started
+    /// from W = Q_R, the polar factor of Σ̂^{-1/2}Σ^{1/2}. Both up to the rounding bound of
+    /// [`rounding_tolerance`]. Plain GD in (A, B) slows down as κ(Σ) grows.
     #[test]
     fn t8_preconditioner_removes_kappa_sigma(seed in any::<u64>(), d in 2usize..6) {
-        let mut mu_pre = Vec::new();
-        let mut mu_plain = Vec::new();
-        for &kappa in &[1.0f64, 100.0] {
-            // The same T and the same draws for both κ(Σ): only the covariance changes.
-            let mut r = rng(seed);
-            let model = spec(d, d, kappa, 2.0, 0.0).build(&mut r).unwrap();
-            let mo = Moments::estimate(&model.sample(2000, &mut r)).unwrap();
-            let (a0, b0) = spectral_init(&mo).unwrap();
-            for (pre, out) in [(true, &mut mu_pre), (false, &mut mu_plain)] {
-                let settings = Settings { preconditioner: pre, ..Settings::algorithm() };
-                let mut trainer = Trainer::new(Objective::Population(model.population().clone()), &mo, a0.clone(), b0.clone(), settings).unwrap()
-                    .with_truth(Truth { population: model.population().clone(), probe: None });
-                let recs = trainer.run(300).unwrap();
-                let e0 = recs[0].excess.unwrap();
-                let pts: Vec<(f64, f64)> = recs.iter().skip(3).map(|r| (r.step as f64, r.excess.unwrap())).filter(|p| p.1 > 1e-13 * e0 && p.1 > 1e-28).collect();
-                out.push(geometric_rate(&pts).unwrap().mu);
-            }
-        }
-        prop_assert!((mu_pre[0] - mu_pre[1]).abs() < 0.05, "preconditioned μ at κ(Σ) = 1, 100: {mu_pre:?}");
-        // Without the preconditioner, 1 − μ shrinks by at least 10× from κ(Σ) = 1 to 100.
+        let case = T8Case::new(seed, d);
+        case.check_invariances().map_err(TestCaseError::fail)?;
+        let mu_plain: Vec<f64> = case.runs.iter().map(|(model, mo)| {
+            let (a0, b0) = spectral_init(mo).unwrap();
+            fitted_mu(&excess_trace(model, mo, a0, b0, false, T8_STEPS))
+        }).collect();
+        // Without the preconditioner the smallest curvature falls like λ_min(Σ) while the step
+        // η = c/(σ₁(T̂)·λ_max(Σ̂)²) falls like 1/λ_max², so the asymptotic 1 − μ shrinks like
+        // κ(Σ)^{-1} or faster (100× here); the fitted window also holds the faster transient,
+        // so the test asks for 10× (seeded runs over 96 cases: at least 19×).
         prop_assert!((1.0 - mu_plain[1]) < 0.1 * (1.0 - mu_plain[0]), "plain μ: {mu_plain:?}");
     }
 
@@ -353,8 +347,8 @@ proptest! {
         let d = 3;
         let mut r = rng(seed);
         let model = spec(d, d, 4.0, 2.0, 0.1).build(&mut r).unwrap();
-        let sample = model.sample(1500, &mut r);
-        let test = model.sample_covariates(1000, &mut r);
+        let sample = model.sample(1500, &mut r).unwrap();
+        let test = model.sample_covariates(1000, &mut r).unwrap();
         let mo = Moments::estimate(&sample).unwrap();
         let (a0, b0) = spectral_init(&mo).unwrap();
         let balanced_b = frob(&b0);
@@ -381,17 +375,222 @@ proptest! {
     }
 }
 
+/// Steps of every T8 run.
+const T8_STEPS: usize = 300;
+
+/// E_t of the algorithm (or plain GD) on the population objective, t = 0..=steps.
+fn excess_trace(
+    model: &DataModel,
+    mo: &Moments,
+    a0: Array2<f64>,
+    b0: Array2<f64>,
+    pre: bool,
+    steps: usize,
+) -> Vec<f64> {
+    let settings = Settings {
+        preconditioner: pre,
+        ..Settings::algorithm()
+    };
+    let mut trainer = Trainer::new(
+        Objective::Population(model.population().clone()),
+        mo,
+        a0,
+        b0,
+        settings,
+    )
+    .unwrap()
+    .with_truth(Truth {
+        population: model.population().clone(),
+        probe: None,
+    });
+    trainer
+        .run(steps)
+        .unwrap()
+        .iter()
+        .map(|r| r.excess.unwrap())
+        .collect()
+}
+
+/// The points of the T8 fit: steps 3.. with E_t > 1e-13·E₀ (above the rounding floor).
+fn fit_window(e: &[f64]) -> Vec<(f64, f64)> {
+    e.iter()
+        .enumerate()
+        .skip(3)
+        .map(|(t, &v)| (t as f64, v))
+        .filter(|p| p.1 > 1e-13 * e[0] && p.1 > 1e-28)
+        .collect()
+}
+
+fn fitted_mu(e: &[f64]) -> f64 {
+    geometric_rate(&fit_window(e)).unwrap().mu
+}
+
+/// The rounding tolerance on |log E_t − log E'_t| for two runs that agree in exact arithmetic.
+///
+/// Every step forms products through Σ̂^{±1/2} (condition κ(Σ̂)^{1/2} each), so by the standard
+/// model of floating-point matrix products one step perturbs the whitened iterate θ = (U, V) by
+/// at most about d·κ(Σ̂)·u·‖θ‖ (u = 2⁻⁵³); the iteration does not amplify these errors along
+/// the normal directions (it contracts) and E is flat along the minimiser orbit, so after t
+/// steps ‖δθ‖ ≤ (t₀ + t)·d·κ·u·‖θ‖, where t₀ = 10 counts the operations that build the two
+/// starting points (Σ̂ = XXᵀ/n, Σ̂^{±1/2}, T̂, its SVD, Q_R, the init products), each with the
+/// same backward error. With dist_t ≈ √E_t the relative error of E_t is ≈ 2‖δθ‖/dist_t, and
+/// ‖θ‖/dist_t ∝ √(E₀/E_t), hence ε_t = C·(t₀ + t)·d·κ·u·√(E₀/E_t). C = 4 is more than ten times
+/// the largest constant measured (0.3 over 96 seeded cases, 0.25 at t = 3 in the exploring run's
+/// counterexample to the first form, which had no t₀): the constant of the standard model,
+/// checked, not tuned.
+fn rounding_tolerance(t: usize, d: usize, kappa: f64, e0: f64, e_t: f64) -> f64 {
+    4.0 * ((10 + t) * d) as f64 * kappa * f64::EPSILON / 2.0 * (e0 / e_t).sqrt()
+}
+
+/// Checks that two traces agree within [`rounding_tolerance`] over the fit window, and returns
+/// the bound this implies on their fitted μ: the least-squares slope moves by at most
+/// Σ|t − t̄|ε_t / Σ(t − t̄)², and μ = e^{slope}.
+fn same_trajectory(a: &[f64], b: &[f64], d: usize, kappa: f64) -> Result<f64, String> {
+    let window = fit_window(b);
+    let mut eps = Vec::new();
+    for &(t, eb) in &window {
+        let ea = a[t as usize];
+        let tol = rounding_tolerance(t as usize, d, kappa, b[0], eb);
+        let gap = (ea / eb).ln().abs();
+        if gap.is_nan() || gap > tol {
+            return Err(format!(
+                "step {t}: E = {ea:e} vs {eb:e}, |Δ log E| = {gap:e} > {tol:e}"
+            ));
+        }
+        eps.push((t, tol));
+    }
+    let tm = eps.iter().map(|p| p.0).sum::<f64>() / eps.len() as f64;
+    let stt: f64 = eps.iter().map(|p| (p.0 - tm).powi(2)).sum();
+    let num: f64 = eps.iter().map(|p| (p.0 - tm).abs() * p.1).sum();
+    Ok(num / stt)
+}
+
+/// One T8 problem at κ(Σ) = 1 and 100 with the same draws: the same T and the same whitened
+/// sample S = Σ^{-1/2}Σ̂Σ^{-1/2} (only Σ changes).
+struct T8Case {
+    d: usize,
+    runs: Vec<(DataModel, Moments)>,
+}
+
+impl T8Case {
+    const KAPPAS: [f64; 2] = [1.0, 100.0];
+
+    fn new(seed: u64, d: usize) -> Self {
+        let runs = Self::KAPPAS
+            .iter()
+            .map(|&kappa| {
+                let mut r = rng(seed);
+                let model = spec(d, d, kappa, 2.0, 0.0).build(&mut r).unwrap();
+                let mo = Moments::estimate(&model.sample(2000, &mut r).unwrap()).unwrap();
+                (model, mo)
+            })
+            .collect();
+        Self { d, runs }
+    }
+
+    /// Q_R = polar(Σ̂^{-1/2}Σ^{1/2}) of run i: κ(Σ) acts on the spectral init as W ↦ WQ_R.
+    fn rotation(&self, i: usize) -> Array2<f64> {
+        let (model, mo) = &self.runs[i];
+        let r = mo.sigma_hat_inv_half().dot(model.sigma_half());
+        kappa_linalg::polar_factor(r.view(), kappa_linalg::SvdDriver::default()).unwrap()
+    }
+
+    /// The preconditioned trace of run i from the spectral init with W.
+    fn trace(&self, i: usize, w: Option<&Array2<f64>>) -> Vec<f64> {
+        let (model, mo) = &self.runs[i];
+        let (a0, b0) = match w {
+            Some(w) => spectral_init_with(mo, w.view()).unwrap(),
+            None => spectral_init(mo).unwrap(),
+        };
+        excess_trace(model, mo, a0, b0, true, T8_STEPS)
+    }
+
+    /// The oracle (Σ̂ = Σ) trace of run i from the perturbed minimiser (1.1·A*, B*).
+    fn oracle_trace(&self, i: usize) -> Vec<f64> {
+        let model = &self.runs[i].0;
+        let oracle = Moments::oracle(model).unwrap();
+        let (a0, b0) = spectral_init(&oracle).unwrap();
+        excess_trace(model, &oracle, a0 * 1.1, b0, true, T8_STEPS)
+    }
+
+    /// Claims (i) and (ii) of T8, with their fitted μ agreeing within the implied bound.
+    fn check_invariances(&self) -> Result<(), String> {
+        let kappa = Self::KAPPAS[1];
+        let (o1, o100) = (self.oracle_trace(0), self.oracle_trace(1));
+        let bound =
+            same_trajectory(&o1, &o100, self.d, kappa).map_err(|e| format!("oracle: {e}"))?;
+        let (m1, m100) = (fitted_mu(&o1), fitted_mu(&o100));
+        if (m1 - m100).abs() > bound * m100 {
+            return Err(format!("oracle μ {m1} vs {m100}, bound {:e}", bound * m100));
+        }
+        let rotated = self.trace(0, Some(&self.rotation(1)));
+        let e100 = self.trace(1, None);
+        let bound = same_trajectory(&rotated, &e100, self.d, kappa)
+            .map_err(|e| format!("rotated init: {e}"))?;
+        let (m1, m100) = (fitted_mu(&rotated), fitted_mu(&e100));
+        if (m1 - m100).abs() > bound * m100 {
+            return Err(format!(
+                "rotated-init μ {m1} vs {m100}, bound {:e}",
+                bound * m100
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The T8 counterexample found on another machine (`seed = 11516613895958080191, d = 2`):
+/// "μ does not depend on κ(Σ)" fails for the *fitted* μ with a finite-sample Σ̂ — 0.5356 at
+/// κ(Σ) = 1 and 0.4848 at κ(Σ) = 100. The cause (docs/convergence.md §T8): κ(Σ) rotates the
+/// spectral init along the balanced orbit by Q_R (0.9° here), and at d = 2 the trace mixes a fast
+/// mode (E ratio ≈ 0.48) with a slow one (≈ 0.63) whose weight depends on that position; the
+/// fitted window straddles the crossover. The true claims hold on this case: the invariances of
+/// T8, and both fitted μ lie in the range of fitted μ over the whole orbit of this (T, S).
+#[test]
+fn t8_counterexample_seed_11516613895958080191_d2() {
+    let case = T8Case::new(11516613895958080191, 2);
+    case.check_invariances().unwrap();
+    let mus: Vec<f64> = (0..2).map(|i| fitted_mu(&case.trace(i, None))).collect();
+    // The reported values, to the printed precision (rounding moves them by < 1e-10).
+    assert!(
+        (mus[0] - 0.5356).abs() < 1e-4 && (mus[1] - 0.4848).abs() < 1e-4,
+        "{mus:?}"
+    );
+    // The orbit: spectral inits with W = rotations and reflections in 1° steps. μ(W) dips
+    // sharply (to the fast rate 0.481 at −1.1°, where the slow mode is not excited), so a coarse
+    // grid misses the dip; 1° resolves it.
+    let mut orbit = Vec::new();
+    for i in 0..360 {
+        let th = (i as f64).to_radians();
+        let (c, s) = (th.cos(), th.sin());
+        for w in [array![[c, -s], [s, c]], array![[c, s], [s, -c]]] {
+            orbit.push(fitted_mu(&case.trace(0, Some(&w))));
+        }
+    }
+    let (lo, hi) = orbit
+        .iter()
+        .fold((1.0f64, 0.0f64), |(l, h), &m| (l.min(m), h.max(m)));
+    assert!(
+        mus.iter().all(|m| (lo..=hi).contains(m)),
+        "{mus:?} outside [{lo}, {hi}]"
+    );
+    // The documented orbit range [0.481, 0.643] (docs/convergence.md §T8).
+    assert!(
+        (lo - 0.481).abs() < 1e-3 && (hi - 0.643).abs() < 1e-3,
+        "[{lo}, {hi}]"
+    );
+}
+
 #[test]
 fn too_few_samples_is_a_singular_covariance_error() {
     let mut r = rng(1);
     let model = spec(5, 2, 10.0, 2.0, 0.1).build(&mut r).unwrap();
-    let err = Moments::estimate(&model.sample(4, &mut r)).unwrap_err();
+    let err = Moments::estimate(&model.sample(4, &mut r).unwrap()).unwrap_err();
     assert!(
         matches!(err, OptimError::SingularCovariance { n: 4, d: 5, .. }),
         "{err}"
     );
     // n ≥ d but rank deficient: duplicated columns.
-    let s = model.sample(3, &mut r);
+    let s = model.sample(3, &mut r).unwrap();
     let x = ndarray::concatenate![ndarray::Axis(1), s.x(), s.x()];
     let y = ndarray::concatenate![ndarray::Axis(1), s.y(), s.y()];
     let err = Moments::estimate(&Sample::new(x, y).unwrap()).unwrap_err();
@@ -422,7 +621,7 @@ fn non_finite_and_mismatched_inputs_are_errors() {
 
     let mut r = rng(2);
     let model = spec(3, 2, 10.0, 2.0, 0.1).build(&mut r).unwrap();
-    let sample = model.sample(50, &mut r);
+    let sample = model.sample(50, &mut r).unwrap();
     let problem = EmpiricalProblem::new(&sample, ContextMode::SplitKeys).unwrap();
     let (a, b) = (Array2::<f64>::zeros((2, 3)), Array2::<f64>::zeros((3, 3)));
     assert!(matches!(
@@ -483,7 +682,7 @@ fn non_finite_and_mismatched_inputs_are_errors() {
 fn a_diverging_step_size_is_reported_with_its_step() {
     let mut r = rng(3);
     let model = spec(4, 4, 10.0, 2.0, 0.0).build(&mut r).unwrap();
-    let mo = Moments::estimate(&model.sample(500, &mut r)).unwrap();
+    let mo = Moments::estimate(&model.sample(500, &mut r).unwrap()).unwrap();
     let (a0, b0) = spectral_init(&mo).unwrap();
     let a0 = a0 * 1.5; // off the manifold, so the first gradient is not zero
     let settings = Settings {
@@ -521,7 +720,7 @@ fn a_diverging_step_size_is_reported_with_its_step() {
 fn clip_renormalization_caps_the_softmax_scale_and_keeps_the_product() {
     let mut r = rng(4);
     let model = spec(3, 2, 10.0, 2.0, 0.0).build(&mut r).unwrap();
-    let mo = Moments::estimate(&model.sample(300, &mut r)).unwrap();
+    let mo = Moments::estimate(&model.sample(300, &mut r).unwrap()).unwrap();
     let (a0, b0) = spectral_init(&mo).unwrap();
     let (mut a, mut b) = (&a0 / 5.0, &b0 * 5.0);
     let before = a.dot(mo.sigma_hat()).dot(&b.t());
@@ -539,6 +738,6 @@ fn clip_renormalization_caps_the_softmax_scale_and_keeps_the_product() {
     assert!(max_abs(&(&after - &before)) < 1e-12);
     let (mut a2, mut b2) = (&a0 / 5.0, &b0 * 5.0);
     renormalize(&mut a2, &mut b2, &mo, Renormalization::Balance).unwrap();
-    let (u, v) = mo.whiten(a2.view(), b2.view());
+    let (u, v) = mo.whiten(a2.view(), b2.view()).unwrap();
     assert!((frob(&u) - frob(&v)).abs() < 1e-12 * frob(&u));
 }

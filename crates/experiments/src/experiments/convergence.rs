@@ -363,7 +363,7 @@ impl Convergence {
                         let mut rng = stream_rng(seed, stream);
                         let model = model_spec(d, k, ks, c.kappa_t, c.nuclear_norm, noise)
                             .build(&mut rng)?;
-                        let moments = Moments::estimate(&model.sample(c.n_init, &mut rng))?;
+                        let moments = Moments::estimate(&model.sample(c.n_init, &mut rng)?)?;
                         let (a0, b0) = spectral_init(&moments)?;
                         let (ar, br) = random_init(k, d, c.random_init_scale, &mut rng)?;
                         let truth = Truth {
@@ -469,8 +469,8 @@ impl Convergence {
                         c.noise,
                     )
                     .build(&mut model_rng)?;
-                    let sample = model.sample(n, &mut rng);
-                    let test = model.sample_covariates(c.test_queries, &mut rng);
+                    let sample = model.sample(n, &mut rng)?;
+                    let test = model.sample_covariates(c.test_queries, &mut rng)?;
                     let moments = Moments::estimate(&sample)?;
                     let (a0, b0) = spectral_init(&moments)?;
                     let truth = Truth {
@@ -551,7 +551,7 @@ impl Convergence {
                 // The same whitened draws for every κ(Σ) (the stream depends on κ(T) only).
                 let mut rng = stream_rng(seed, 3_000_000 + ti as u64);
                 let model = model_spec(c.d, c.d, ks, kt, c.nuclear_norm, 0.0).build(&mut rng)?;
-                let moments = Moments::estimate(&model.sample(c.n_init, &mut rng))?;
+                let moments = Moments::estimate(&model.sample(c.n_init, &mut rng)?)?;
                 let (a0, b0) = spectral_init(&moments)?;
                 for pre in [true, false] {
                     let settings = Settings {

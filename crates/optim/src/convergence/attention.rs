@@ -42,7 +42,9 @@ use serde::{Deserialize, Serialize};
 
 use super::data::Sample;
 use super::LossGrad;
-use crate::error::{check_matrix, shape_str, OptimError, Result};
+use crate::error::{
+    check_matrix, check_output, check_output_scalar, shape_str, OptimError, Result,
+};
 
 /// Queries per parallel task.
 pub const DEFAULT_QUERY_CHUNK: usize = 128;
@@ -72,8 +74,32 @@ struct Episode {
     queries: Array2<f64>,
     /// k×n_q.
     labels: Array2<f64>,
-    /// Query j is key j and its logit is masked.
-    mask_self: bool,
+    /// Which logits are masked.
+    mask: KeyMask,
+}
+
+/// Which logits of a context are masked out of the softmax (for
+/// [`EmpiricalProblem::from_context`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum KeyMask {
+    /// Every query attends to every key.
+    None,
+    /// Query j does not attend to key j (needs n_q ≤ n_k; with queries = keys this is
+    /// [`ContextMode::SelfExcluded`]).
+    SelfExcluded,
+    /// `masked[[i, j]]` = true masks key i out of query j's softmax (n_k×n_q). Every query must
+    /// keep at least one key.
+    Custom(Array2<bool>),
+}
+
+impl KeyMask {
+    fn masked(&self, i: usize, j: usize) -> bool {
+        match self {
+            KeyMask::None => false,
+            KeyMask::SelfExcluded => i == j,
+            KeyMask::Custom(m) => m[[i, j]],
+        }
+    }
 }
 
 /// The empirical objective L̂_n(A, B) = (1/2N) Σ_queries ‖y_j − f_θ(x_j)‖² over one or more
@@ -85,6 +111,32 @@ pub struct EmpiricalProblem {
     k: usize,
     queries: usize,
     chunk: usize,
+}
+
+fn check_mask(mask: &KeyMask, n_k: usize, n_q: usize) -> Result<()> {
+    let bad = |reason: String| {
+        Err(OptimError::InvalidArgument {
+            arg: "mask",
+            reason,
+        })
+    };
+    match mask {
+        KeyMask::None => Ok(()),
+        KeyMask::SelfExcluded if n_q > n_k => bad(format!(
+            "SelfExcluded pairs query j with key j, so it needs n_q ≤ n_k, found {n_q} > {n_k}"
+        )),
+        KeyMask::SelfExcluded if n_k < 2 => bad("SelfExcluded needs at least 2 keys".into()),
+        KeyMask::SelfExcluded => Ok(()),
+        KeyMask::Custom(m) if m.dim() != (n_k, n_q) => bad(format!(
+            "must be n_k×n_q = {}, found {}",
+            shape_str(n_k, n_q),
+            shape_str(m.nrows(), m.ncols())
+        )),
+        KeyMask::Custom(m) => match m.columns().into_iter().position(|c| c.iter().all(|&x| x)) {
+            Some(j) => bad(format!("query {j} has every key masked")),
+            None => Ok(()),
+        },
+    }
 }
 
 fn episode(sample: &Sample, mode: ContextMode) -> Result<Episode> {
@@ -101,7 +153,11 @@ fn episode(sample: &Sample, mode: ContextMode) -> Result<Episode> {
                 keys: sample.x().to_owned(),
                 queries: sample.x().to_owned(),
                 labels: sample.y().to_owned(),
-                mask_self: mode == ContextMode::SelfExcluded,
+                mask: if mode == ContextMode::SelfExcluded {
+                    KeyMask::SelfExcluded
+                } else {
+                    KeyMask::None
+                },
             })
         }
         ContextMode::SplitKeys => {
@@ -116,7 +172,7 @@ fn episode(sample: &Sample, mode: ContextMode) -> Result<Episode> {
                 keys: keys.x().to_owned(),
                 queries: queries.x().to_owned(),
                 labels: queries.y().to_owned(),
-                mask_self: false,
+                mask: KeyMask::None,
             })
         }
     }
@@ -156,6 +212,76 @@ impl EmpiricalProblem {
             d,
             k,
             queries,
+            chunk: DEFAULT_QUERY_CHUNK,
+        })
+    }
+
+    /// One context from its parts: keys X_k (d×n_k, also the values), queries X_q (d×n_q), labels
+    /// Y (k×n_q) and a [`KeyMask`]. [`EmpiricalProblem::new`] is this with X_k, X_q read off a
+    /// sample by a [`ContextMode`].
+    ///
+    /// Errors: an empty `keys` or `queries`, or no label rows (`ShapeMismatch`); `queries` or
+    /// `labels` with the wrong shape, a non-finite entry; a mask of the wrong shape, a
+    /// [`KeyMask::SelfExcluded`] with n_q > n_k, or a query with every key masked
+    /// (`arg: "mask"`).
+    ///
+    /// ```
+    /// use kappa_optim::convergence::{EmpiricalProblem, KeyMask};
+    /// let keys = ndarray::array![[1.0, -0.5, 0.3], [0.2, 0.4, -1.0]];
+    /// let queries = ndarray::array![[0.1, 0.7], [-0.3, 0.2]];
+    /// let labels = ndarray::array![[0.5, -0.1]];
+    /// let mask = KeyMask::Custom(ndarray::array![[true, false], [false, false], [false, true]]);
+    /// let problem = EmpiricalProblem::from_context(keys, queries, labels, mask)?;
+    /// assert_eq!(problem.num_queries(), 2);
+    /// # Ok::<(), kappa_optim::OptimError>(())
+    /// ```
+    pub fn from_context(
+        keys: Array2<f64>,
+        queries: Array2<f64>,
+        labels: Array2<f64>,
+        mask: KeyMask,
+    ) -> Result<Self> {
+        let (d, n_k) = keys.dim();
+        let n_q = queries.ncols();
+        if d == 0 || n_k == 0 || n_q == 0 || labels.nrows() == 0 {
+            return Err(OptimError::ShapeMismatch {
+                arg: if d == 0 || n_k == 0 {
+                    "keys"
+                } else if n_q == 0 {
+                    "queries"
+                } else {
+                    "labels"
+                },
+                expected: "non-empty d×n_k keys, d×n_q queries and k×n_q labels (k ≥ 1)".into(),
+                found: format!(
+                    "keys {}, queries {}, labels {}",
+                    shape_str(d, n_k),
+                    shape_str(queries.nrows(), n_q),
+                    shape_str(labels.nrows(), labels.ncols())
+                ),
+            });
+        }
+        check_matrix("keys", &keys.view(), d, n_k, "d×n_k")?;
+        check_matrix("queries", &queries.view(), d, n_q, "d×n_q, d = keys' rows")?;
+        check_matrix(
+            "labels",
+            &labels.view(),
+            labels.nrows(),
+            n_q,
+            "k×n_q, one column per query",
+        )?;
+        check_mask(&mask, n_k, n_q)?;
+        let k = labels.nrows();
+        Ok(Self {
+            episodes: vec![Episode {
+                keys: keys.as_standard_layout().into_owned(),
+                queries,
+                labels,
+                mask,
+            }],
+            d,
+            k,
+            queries: n_q,
             chunk: DEFAULT_QUERY_CHUNK,
         })
     }
@@ -235,6 +361,11 @@ impl EmpiricalProblem {
             total.add(&part);
         }
         let scale = 1.0 / self.queries as f64;
+        let args = "a, b (or the sample)";
+        check_output_scalar("the loss", args, total.loss)?;
+        check_output_scalar("the softmax weights", args, total.max_weight)?;
+        check_output("grad_a", args, &total.ga.view())?;
+        check_output("grad_b", args, &total.gb.view())?;
         Ok(LossGrad {
             loss: total.loss * scale,
             grad_a: total.ga * scale,
@@ -267,7 +398,9 @@ pub fn attend(
     let ep = probe_episode(&a, &b, context, queries, None)?;
     let part = run_episode(&a, &b, &ep, Pass::Predict, DEFAULT_QUERY_CHUNK);
     let z = part.z.unwrap_or_else(|| Array2::zeros((a.ncols(), 0)));
-    Ok(a.dot(&z))
+    let out = a.dot(&z);
+    check_output("the outputs", "a, b, context, queries", &out.view())?;
+    Ok(out)
 }
 
 /// The finite-context excess risk estimate (1/n_q) Σ_j ½‖f_θ(q_j) − M q_j‖² over test queries
@@ -286,7 +419,11 @@ pub fn finite_context_excess(
     let ep = probe_episode(&a, &b, context, queries, Some(m))?;
     let n_q = ep.queries.ncols();
     let part = run_episode(&a, &b, &ep, Pass::Loss, DEFAULT_QUERY_CHUNK);
-    Ok(part.loss / n_q as f64)
+    check_output_scalar(
+        "the excess",
+        "a, b, context, queries, m",
+        part.loss / n_q as f64,
+    )
 }
 
 fn probe_episode(
@@ -330,7 +467,7 @@ fn probe_episode(
         keys: context.as_standard_layout().into_owned(),
         queries: queries.to_owned(),
         labels,
-        mask_self: false,
+        mask: KeyMask::None,
     })
 }
 
@@ -458,8 +595,10 @@ fn chunk_pass(
         for (t, row) in rows.iter().enumerate() {
             axpy(vq[[t, j]], row, &mut p);
         }
-        if ep.mask_self {
-            p[j] = f64::NEG_INFINITY;
+        for (i, x) in p.iter_mut().enumerate() {
+            if ep.mask.masked(i, j) {
+                *x = f64::NEG_INFINITY;
+            }
         }
         let mx = p.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let mut total = 0.0;
@@ -513,8 +652,10 @@ fn chunk_pass(
         for (hi, pi) in h.iter_mut().zip(&p) {
             *hi = pi * (*hi - wz);
         }
-        if ep.mask_self {
-            h[j] = 0.0;
+        for (i, x) in h.iter_mut().enumerate() {
+            if ep.mask.masked(i, j) {
+                *x = 0.0;
+            }
         }
         for (t, row) in rows.iter().enumerate() {
             let u = dot(&h, row);

@@ -15,7 +15,7 @@
 //! stress test.
 
 use kappa_linalg::{
-    condition_number, polar_factor, psd_inv_sqrt, psd_sqrt, RankTolerance, SvdDriver,
+    condition_number, polar_factor, psd_inv_sqrt, psd_sqrt, LinalgError, RankTolerance, SvdDriver,
 };
 use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 use rand::Rng;
@@ -23,10 +23,32 @@ use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 
 use super::population::PopulationProblem;
-use crate::error::{check_finite, check_matrix, check_range, shape_str, OptimError, Result};
+use crate::error::{
+    check_finite, check_matrix, check_output, check_range, shape_str, OptimError, Result,
+};
 
 /// Largest κ(Σ) a [`DataModel`] accepts (beyond it Σ^{-1/2} has no correct digits to speak of).
 pub const MAX_CONDITION: f64 = 1e12;
+
+/// The most entries (2³⁰, 8 GiB of f64) of any matrix this module allocates on a caller's behalf
+/// ([`gaussian`], [`DataModel::sample`], [`default_stiefel`](super::default_stiefel), …). A
+/// larger request, or one whose size overflows `usize`, is [`OptimError::InvalidArgument`]
+/// naming the dimension, instead of a capacity-overflow panic or an allocation abort.
+pub const MAX_ELEMENTS: usize = 1 << 30;
+
+/// Checks that a `rows×cols` matrix fits in [`MAX_ELEMENTS`].
+pub(crate) fn check_size(arg: &'static str, rows: usize, cols: usize) -> Result<()> {
+    match rows.checked_mul(cols) {
+        Some(n) if n <= MAX_ELEMENTS => Ok(()),
+        _ => Err(OptimError::InvalidArgument {
+            arg,
+            reason: format!(
+                "a {} matrix exceeds the size limit of {MAX_ELEMENTS} entries",
+                shape_str(rows, cols)
+            ),
+        }),
+    }
+}
 
 /// How the covariance Σ of a synthetic model is built.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -80,13 +102,18 @@ pub fn haar_orthonormal<R: Rng + ?Sized>(m: usize, n: usize, rng: &mut R) -> Res
             reason: format!("needs positive dimensions, found {}", shape_str(m, n)),
         });
     }
-    let g = gaussian(m, n, rng);
+    let g = gaussian(m, n, rng)?;
     Ok(polar_factor(g.view(), SvdDriver::default())?)
 }
 
-/// An m×n matrix of i.i.d. N(0, 1) entries.
-pub fn gaussian<R: Rng + ?Sized>(m: usize, n: usize, rng: &mut R) -> Array2<f64> {
-    Array2::from_shape_simple_fn((m, n), || rng.sample(StandardNormal))
+/// An m×n matrix of i.i.d. N(0, 1) entries (m or n may be 0).
+///
+/// Errors: more than [`MAX_ELEMENTS`] entries (`arg: "shape"`).
+pub fn gaussian<R: Rng + ?Sized>(m: usize, n: usize, rng: &mut R) -> Result<Array2<f64>> {
+    check_size("shape", m, n)?;
+    Ok(Array2::from_shape_simple_fn((m, n), || {
+        rng.sample(StandardNormal)
+    }))
 }
 
 impl ModelSpec {
@@ -101,6 +128,8 @@ impl ModelSpec {
                 ),
             });
         }
+        check_size("spec", self.d, self.d)?;
+        check_size("spec", self.k, self.k.max(self.d))?;
         check_range(
             "covariance.kappa",
             self.covariance.kappa,
@@ -119,16 +148,22 @@ impl ModelSpec {
     }
 
     /// The eigenvalues of Σ, descending.
-    pub fn covariance_eigenvalues(&self) -> Array1<f64> {
+    ///
+    /// Errors: as [`ModelSpec::validate`].
+    pub fn covariance_eigenvalues(&self) -> Result<Array1<f64>> {
+        self.validate()?;
         let kappa = self.covariance.kappa;
-        geometric(self.d, kappa.sqrt(), kappa)
+        Ok(geometric(self.d, kappa.sqrt(), kappa))
     }
 
     /// The singular values of T, descending, summing to `nuclear_norm`.
-    pub fn target_singular_values(&self) -> Array1<f64> {
+    ///
+    /// Errors: as [`ModelSpec::validate`].
+    pub fn target_singular_values(&self) -> Result<Array1<f64>> {
+        self.validate()?;
         let t = geometric(self.k.min(self.d), 1.0, self.target.kappa);
         let sum = t.sum();
-        t.mapv(|x| x * self.target.nuclear_norm / sum)
+        Ok(t.mapv(|x| x * self.target.nuclear_norm / sum))
     }
 
     /// Draws Σ's basis and T's singular vectors and returns the model.
@@ -143,14 +178,14 @@ impl ModelSpec {
     /// };
     /// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     /// let model = spec.build(&mut rng)?;
-    /// let sample = model.sample(100, &mut rng);
+    /// let sample = model.sample(100, &mut rng)?;
     /// assert_eq!((sample.dim(), sample.outputs(), sample.len()), (4, 2, 100));
     /// # Ok::<(), kappa_optim::OptimError>(())
     /// ```
     pub fn build<R: Rng + ?Sized>(&self, rng: &mut R) -> Result<DataModel> {
         self.validate()?;
         let (d, k) = (self.d, self.k);
-        let lambda = self.covariance_eigenvalues();
+        let lambda = self.covariance_eigenvalues()?;
         let o = if self.covariance.random_basis {
             haar_orthonormal(d, d, rng)?
         } else {
@@ -159,7 +194,7 @@ impl ModelSpec {
         let sigma = (&o * &lambda.view().insert_axis(Axis(0))).dot(&o.t());
         let sigma = (&sigma + &sigma.t()) * 0.5;
         let r = k.min(d);
-        let t_sv = self.target_singular_values();
+        let t_sv = self.target_singular_values()?;
         let p = haar_orthonormal(k, k, rng)?;
         let q = haar_orthonormal(d, r, rng)?;
         let t = (&p.slice(s![.., ..r]) * &t_sv.view().insert_axis(Axis(0))).dot(&q.t());
@@ -228,20 +263,35 @@ impl DataModel {
     }
 
     /// n i.i.d. draws: x = Σ^{1/2} g with g ~ N(0, I), y = M x + σ·ξ.
-    pub fn sample<R: Rng + ?Sized>(&self, n: usize, rng: &mut R) -> Sample {
+    ///
+    /// Errors: n = 0 (a [`Sample`] is never empty) or a sample over [`MAX_ELEMENTS`] entries
+    /// (`arg: "n"`); [`OptimError::Overflow`] if the draws overflow (Σ or M near `f64::MAX`).
+    pub fn sample<R: Rng + ?Sized>(&self, n: usize, rng: &mut R) -> Result<Sample> {
         let (d, k) = (self.dim(), self.outputs());
-        let g = gaussian(d, n, rng);
+        if n == 0 {
+            return Err(OptimError::InvalidArgument {
+                arg: "n",
+                reason: "a sample needs at least one draw".into(),
+            });
+        }
+        check_size("n", d.max(k), n)?;
+        let g = gaussian(d, n, rng)?;
         let x = self.sigma_half().dot(&g);
         let mut y = self.m().dot(&x);
         if self.noise_std() > 0.0 {
-            y.scaled_add(self.noise_std(), &gaussian(k, n, rng));
+            y.scaled_add(self.noise_std(), &gaussian(k, n, rng)?);
         }
-        Sample { x, y }
+        check_output("x", "sigma", &x.view())?;
+        check_output("y", "m, noise_std", &y.view())?;
+        Ok(Sample { x, y })
     }
 
-    /// n covariates only (test queries): x = Σ^{1/2} g.
-    pub fn sample_covariates<R: Rng + ?Sized>(&self, n: usize, rng: &mut R) -> Array2<f64> {
-        self.sigma_half().dot(&gaussian(self.dim(), n, rng))
+    /// n covariates only (test queries): x = Σ^{1/2} g, d×n (d×0 for n = 0).
+    ///
+    /// Errors: more than [`MAX_ELEMENTS`] entries (`arg: "n"`).
+    pub fn sample_covariates<R: Rng + ?Sized>(&self, n: usize, rng: &mut R) -> Result<Array2<f64>> {
+        check_size("n", self.dim(), n)?;
+        Ok(self.sigma_half().dot(&gaussian(self.dim(), n, rng)?))
     }
 }
 
@@ -340,8 +390,11 @@ pub(crate) fn covariance_roots(
             reason: "is empty".into(),
         });
     }
-    let half = psd_sqrt(sigma.view(), RankTolerance::default())?;
-    let kappa = condition_number(sigma.view())?;
+    // LAPACK takes standard layouts only: copy strided and negative-stride views.
+    // (A fresh row-major copy: `as_standard_layout` keeps a 1×1 view's odd strides.)
+    let sigma = Array2::from_shape_fn(sigma.dim(), |ij| sigma[ij]);
+    let half = psd_sqrt(sigma.view(), RankTolerance::default()).map_err(|e| rename(e, arg))?;
+    let kappa = condition_number(sigma.view()).map_err(|e| rename(e, arg))?;
     if !(kappa.is_finite() && kappa <= MAX_CONDITION) {
         return Err(OptimError::InvalidArgument {
             arg,
@@ -350,6 +403,44 @@ pub(crate) fn covariance_roots(
             ),
         });
     }
-    let inv_half = psd_inv_sqrt(sigma.view(), RankTolerance::default())?;
+    let inv_half =
+        psd_inv_sqrt(sigma.view(), RankTolerance::default()).map_err(|e| rename(e, arg))?;
+    check_output("Σ^{1/2}", arg, &half.view())?;
+    check_output("Σ^{-1/2}", arg, &inv_half.view())?;
     Ok((half, inv_half, kappa))
+}
+
+/// A `kappa-linalg` error about its own argument (`p`, `a`, `s`) restated for the caller's
+/// argument `arg`.
+fn rename(e: LinalgError, arg: &'static str) -> OptimError {
+    let reason = match &e {
+        LinalgError::NotSymmetric {
+            asymmetry,
+            tolerance,
+            ..
+        } => {
+            format!("is not symmetric: max |a_ij − a_ji| = {asymmetry:e} > {tolerance:e}")
+        }
+        LinalgError::NotPositiveSemidefinite {
+            eigenvalue,
+            tolerance,
+            ..
+        } => format!(
+            "must be positive definite, found the eigenvalue {eigenvalue:e} (below −{tolerance:e})"
+        ),
+        LinalgError::NotSquare { rows, cols, .. } => format!("must be square, found {rows}×{cols}"),
+        LinalgError::InvalidArgument { reason, .. } => reason.clone(),
+        LinalgError::NonFinite {
+            row, col, value, ..
+        } => {
+            return OptimError::NonFinite {
+                arg,
+                row: *row,
+                col: *col,
+                value: *value,
+            }
+        }
+        _ => return OptimError::Linalg(e),
+    };
+    OptimError::InvalidArgument { arg, reason }
 }

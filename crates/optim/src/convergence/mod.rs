@@ -37,7 +37,7 @@
 //! };
 //! let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
 //! let model = spec.build(&mut rng)?;
-//! let sample = model.sample(400, &mut rng);
+//! let sample = model.sample(400, &mut rng)?;
 //! let moments = Moments::estimate(&sample)?;
 //! let (a0, b0) = spectral_init(&moments)?;
 //! let objective = Objective::Empirical(EmpiricalProblem::new(&sample, ContextMode::SplitKeys)?);
@@ -57,18 +57,18 @@ mod rate;
 mod train;
 
 pub use attention::{
-    attend, finite_context_excess, ContextMode, EmpiricalProblem, DEFAULT_QUERY_CHUNK,
+    attend, finite_context_excess, ContextMode, EmpiricalProblem, KeyMask, DEFAULT_QUERY_CHUNK,
 };
 pub use data::{
     gaussian, haar_orthonormal, CovarianceSpec, DataModel, ModelSpec, Sample, TargetSpec,
-    MAX_CONDITION,
+    MAX_CONDITION, MAX_ELEMENTS,
 };
 pub use moments::{default_stiefel, spectral_init, spectral_init_with, Moments};
-pub use population::PopulationProblem;
+pub use population::{limit_predict_with, PopulationProblem};
 pub use rate::{geometric_rate, RateFit};
 pub use train::{
-    random_init, renormalize, Objective, Probe, Renormalization, Settings, StepRecord, StepSize,
-    Trainer, Truth, UpdateRule,
+    pgd_step, random_init, renormalize, Objective, PgdStep, Probe, Renormalization, Settings,
+    StepQuantities, StepRecord, StepSize, Trainer, Truth, UpdateRule,
 };
 
 /// A loss value, its gradients with respect to A (k×d) and B (d×d), and, for the finite-context

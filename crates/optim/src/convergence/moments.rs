@@ -21,8 +21,8 @@
 use kappa_linalg::{condition_number, svd_thin, Svd, SvdDriver};
 use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 
-use super::data::{covariance_roots, DataModel, Sample, MAX_CONDITION};
-use crate::error::{check_matrix, OptimError, Result};
+use super::data::{check_size, covariance_roots, DataModel, Sample, MAX_CONDITION};
+use crate::error::{check_matrix, check_output, OptimError, Result};
 
 /// The plug-in moments of a training set and everything derived from them: Σ̂^{±1/2}, Σ̂^{-1},
 /// M̂, T̂ and T̂'s compact SVD. Also the preconditioner and the regularizer's geometry.
@@ -64,6 +64,7 @@ impl Moments {
         }
         let x = sample.x();
         let sigma_hat = x.dot(&x.t()) / n as f64;
+        check_output("sigma_hat", "the sample (x)", &sigma_hat.view())?;
         let sigma_hat = (&sigma_hat + &sigma_hat.t()) * 0.5;
         let condition = condition_number(sigma_hat.view())?;
         if !(condition.is_finite() && condition <= MAX_CONDITION) {
@@ -105,8 +106,10 @@ impl Moments {
                 reason: "needs at least one row".into(),
             });
         }
+        check_output("m_hat", "the sample (y)", &m_hat.view())?;
         let t_hat = m_hat.dot(&sigma_hat_half);
-        let t_svd = svd_thin(t_hat.view(), SvdDriver::default())?;
+        check_output("t_hat", "the sample (y)", &t_hat.view())?;
+        let t_svd = fix_signs(svd_thin(t_hat.view(), SvdDriver::default())?);
         Ok(Self {
             n,
             sigma_hat,
@@ -184,25 +187,82 @@ impl Moments {
             .unwrap_or_else(|_| self.sigma_hat.diag().iter().copied().fold(0.0, f64::max))
     }
 
+    /// The plug-in limit predictor A Σ̂ Bᵀ X for queries X (d×n), k×n: the limit of the layer
+    /// whose context has the training covariates' second moment Σ̂.
+    ///
+    /// Errors: as [`limit_predict_with`](super::limit_predict_with).
+    pub fn limit_predict(
+        &self,
+        a: ArrayView2<'_, f64>,
+        b: ArrayView2<'_, f64>,
+        queries: ArrayView2<'_, f64>,
+    ) -> Result<Array2<f64>> {
+        super::limit_predict_with(self.sigma_hat.view(), a, b, queries)
+    }
+
     /// (U, V) = (AΣ̂^{1/2}, Σ̂^{1/2}BᵀΣ̂^{1/2}).
+    ///
+    /// Errors: A not k×d or B not d×d (any number of rows k ≥ 0 for A), a non-finite entry,
+    /// [`OptimError::Overflow`] when the products overflow.
     pub fn whiten(
         &self,
         a: ArrayView2<'_, f64>,
         b: ArrayView2<'_, f64>,
-    ) -> (Array2<f64>, Array2<f64>) {
-        let h = &self.sigma_hat_half;
-        (a.dot(h), h.dot(&b.t()).dot(h))
+    ) -> Result<(Array2<f64>, Array2<f64>)> {
+        self.change_basis(("a", "b"), a, b, &self.sigma_hat_half)
     }
 
     /// (A, B) = (UΣ̂^{-1/2}, Σ̂^{-1/2}VᵀΣ̂^{-1/2}), the inverse of [`Moments::whiten`].
+    ///
+    /// Errors: as [`Moments::whiten`], for `u` and `v`.
     pub fn unwhiten(
         &self,
         u: ArrayView2<'_, f64>,
         v: ArrayView2<'_, f64>,
-    ) -> (Array2<f64>, Array2<f64>) {
-        let h = &self.sigma_hat_inv_half;
-        (u.dot(h), h.dot(&v.t()).dot(h))
+    ) -> Result<(Array2<f64>, Array2<f64>)> {
+        self.change_basis(("u", "v"), u, v, &self.sigma_hat_inv_half)
     }
+
+    /// (X H, H Yᵀ H) after checking X (·×d) and Y (d×d).
+    fn change_basis(
+        &self,
+        (xn, yn): (&'static str, &'static str),
+        x: ArrayView2<'_, f64>,
+        y: ArrayView2<'_, f64>,
+        h: &Array2<f64>,
+    ) -> Result<(Array2<f64>, Array2<f64>)> {
+        let d = self.dim();
+        check_matrix(xn, &x, x.nrows(), d, "k×d, d = Σ̂'s size")?;
+        check_matrix(yn, &y, d, d, "d×d, d = Σ̂'s size")?;
+        let (p, q) = (x.dot(h), h.dot(&y.t()).dot(h));
+        check_output(xn, "the parameters", &p.view())?;
+        check_output(yn, "the parameters", &q.view())?;
+        Ok((p, q))
+    }
+}
+
+/// The sign convention of T̂'s SVD: each left singular vector p̂_i (column of P̂) has its entry of
+/// largest magnitude positive (the first such entry on a tie); q̂_i is flipped with it, so
+/// P̂D̂Q̂ᵀ is unchanged. LAPACK's signs depend on the driver and the machine, and the spectral
+/// initialization depends on them (flipping (p̂_i, q̂_i) moves U₀ = P̂D̂^{1/2}W to P̂D̂^{1/2}JW,
+/// J = diag(±1)), so the convention makes the initialization a function of T̂ alone (up to
+/// rounding when two entries of p̂_i tie in magnitude, or when singular values coincide and the
+/// vectors themselves are not unique). It is applied to P̂ because P̂ is shared by T̂ and by
+/// T̂O for every orthogonal O (docs/convergence.md §"Exact invariances").
+fn fix_signs(mut svd: Svd<f64>) -> Svd<f64> {
+    let r = svd.s.len();
+    for i in 0..r.min(svd.u.ncols()).min(svd.vt.nrows()) {
+        let col = svd.u.column(i);
+        let lead = col.iter().copied().fold(
+            0.0f64,
+            |best, x| if x.abs() > best.abs() { x } else { best },
+        );
+        if lead < 0.0 {
+            svd.u.column_mut(i).mapv_inplace(|x| -x);
+            svd.vt.row_mut(i).mapv_inplace(|x| -x);
+        }
+    }
+    svd
 }
 
 enum CrossOrM {
@@ -210,13 +270,17 @@ enum CrossOrM {
     M(Array2<f64>),
 }
 
-/// The default W₀ = [I_r 0] ∈ ℝ^{r×d}.
-pub fn default_stiefel(r: usize, d: usize) -> Array2<f64> {
+/// The default W₀ = [I_r 0] ∈ ℝ^{r×d} (orthonormal rows when r ≤ d; r > d gives [I_d; 0], which
+/// [`spectral_init_with`] rejects).
+///
+/// Errors: more than [`MAX_ELEMENTS`](super::MAX_ELEMENTS) entries (`arg: "shape"`).
+pub fn default_stiefel(r: usize, d: usize) -> Result<Array2<f64>> {
+    check_size("shape", r, d)?;
     let mut w = Array2::zeros((r, d));
     for i in 0..r.min(d) {
         w[[i, i]] = 1.0;
     }
-    w
+    Ok(w)
 }
 
 /// The balanced spectral initialization (A₀, B₀) with W₀ = [I_r 0] (see the module docs).
@@ -233,7 +297,7 @@ pub fn default_stiefel(r: usize, d: usize) -> Array2<f64> {
 /// ```
 pub fn spectral_init(moments: &Moments) -> Result<(Array2<f64>, Array2<f64>)> {
     let r = moments.t_singular_values().len();
-    spectral_init_with(moments, default_stiefel(r, moments.dim()).view())
+    spectral_init_with(moments, default_stiefel(r, moments.dim())?.view())
 }
 
 /// The balanced point (A, B) of the estimated minimiser manifold Ŝ* for a given W ∈ ℝ^{r×d}
@@ -261,5 +325,5 @@ pub fn spectral_init_with(
     let u = p_root.dot(&w);
     let root_qt = &svd.vt.slice(s![..r, ..]) * &root.view().insert_axis(Axis(1));
     let v = w.t().dot(&root_qt);
-    Ok(moments.unwhiten(u.view(), v.view()))
+    moments.unwhiten(u.view(), v.view())
 }

@@ -18,7 +18,7 @@ use ndarray::{Array2, ArrayView2};
 
 use super::data::covariance_roots;
 use super::LossGrad;
-use crate::error::{check_matrix, check_range, Result};
+use crate::error::{check_matrix, check_output, check_output_scalar, check_range, Result};
 
 /// The closed-form population objective of a model (Σ, M, σ).
 #[derive(Clone, Debug)]
@@ -109,12 +109,16 @@ impl PopulationProblem {
     pub fn excess(&self, a: ArrayView2<'_, f64>, b: ArrayView2<'_, f64>) -> Result<f64> {
         self.check_params(&a, &b)?;
         let e = self.residual(&a, &b).dot(&self.sigma_half);
-        Ok(0.5 * e.iter().map(|x| x * x).sum::<f64>())
+        check_output_scalar(
+            "the excess",
+            ARGS,
+            0.5 * e.iter().map(|x| x * x).sum::<f64>(),
+        )
     }
 
     /// L(A,B) = E(A,B) + ½kσ².
     pub fn loss(&self, a: ArrayView2<'_, f64>, b: ArrayView2<'_, f64>) -> Result<f64> {
-        Ok(self.excess(a, b)? + self.noise_floor())
+        check_output_scalar("the loss", ARGS, self.excess(a, b)? + self.noise_floor())
     }
 
     /// L and its exact gradients ∇_A L = FΣBΣ, ∇_B L = ΣFᵀAΣ.
@@ -125,6 +129,9 @@ impl PopulationProblem {
         let loss = 0.5 * (&fs * &f).sum() + self.noise_floor();
         let grad_a = fs.dot(&b).dot(&self.sigma);
         let grad_b = fs.t().dot(&a).dot(&self.sigma);
+        check_output_scalar("the loss", ARGS, loss)?;
+        check_output("grad_a", ARGS, &grad_a.view())?;
+        check_output("grad_b", ARGS, &grad_b.view())?;
         Ok(LossGrad {
             loss,
             grad_a,
@@ -141,7 +148,46 @@ impl PopulationProblem {
         queries: ArrayView2<'_, f64>,
     ) -> Result<Array2<f64>> {
         self.check_params(&a, &b)?;
-        check_matrix("queries", &queries, self.dim(), queries.ncols(), "d×n")?;
-        Ok(a.dot(&self.sigma).dot(&b.t()).dot(&queries))
+        limit_predict_with(self.sigma.view(), a, b, queries)
     }
+}
+
+const ARGS: &str = "a, b (or Σ, M)";
+
+/// The limit predictor's outputs A S Bᵀ X for any covariance S: the true Σ (as
+/// [`PopulationProblem::limit_predict`]) or an estimate Σ̂ (as
+/// [`Moments::limit_predict`](super::Moments::limit_predict)). S is not required to be
+/// positive definite here: the formula is just a product.
+///
+/// Errors: S not d×d (d ≥ 1), A not k×d, B not d×d, queries not d×n, a non-finite entry;
+/// [`OptimError::Overflow`](crate::OptimError::Overflow) when the product overflows.
+///
+/// ```
+/// use kappa_optim::convergence::limit_predict_with;
+/// let sigma_hat = ndarray::array![[2.0, 0.0], [0.0, 1.0]];
+/// let (a, b) = (ndarray::array![[1.0, 0.0]], ndarray::Array2::eye(2));
+/// let out = limit_predict_with(sigma_hat.view(), a.view(), b.view(), ndarray::array![[1.0], [3.0]].view())?;
+/// assert_eq!(out[[0, 0]], 2.0);
+/// # Ok::<(), kappa_optim::OptimError>(())
+/// ```
+pub fn limit_predict_with(
+    sigma: ArrayView2<'_, f64>,
+    a: ArrayView2<'_, f64>,
+    b: ArrayView2<'_, f64>,
+    queries: ArrayView2<'_, f64>,
+) -> Result<Array2<f64>> {
+    let d = sigma.nrows();
+    if d == 0 {
+        return Err(crate::OptimError::InvalidArgument {
+            arg: "sigma",
+            reason: "is empty".into(),
+        });
+    }
+    check_matrix("sigma", &sigma, d, d, "square")?;
+    check_matrix("a", &a, a.nrows(), d, "k×d, d = Σ's size")?;
+    check_matrix("b", &b, d, d, "d×d")?;
+    check_matrix("queries", &queries, d, queries.ncols(), "d×n")?;
+    let out = a.dot(&sigma).dot(&b.t()).dot(&queries);
+    check_output("the predictions", "a, b, sigma, queries", &out.view())?;
+    Ok(out)
 }

@@ -35,7 +35,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::attention::{finite_context_excess, EmpiricalProblem};
-use super::data::gaussian;
+use super::data::{check_size, gaussian};
 use super::moments::Moments;
 use super::population::PopulationProblem;
 use super::rate::RateTracker;
@@ -296,7 +296,7 @@ struct AdamState {
 /// };
 /// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
 /// let model = spec.build(&mut rng)?;
-/// let moments = Moments::estimate(&model.sample(500, &mut rng))?;
+/// let moments = Moments::estimate(&model.sample(500, &mut rng)?)?;
 /// let (a0, b0) = spectral_init(&moments)?;
 /// let objective = Objective::Population(model.population().clone());
 /// let mut trainer = Trainer::new(objective, &moments, a0, b0, Settings::algorithm())?
@@ -335,36 +335,8 @@ impl Trainer {
     ) -> Result<Self> {
         settings.validate()?;
         let (k, d) = objective.dims();
-        check_matrix("a0", &a0.view(), k, d, "k×d of the objective")?;
-        check_matrix("b0", &b0.view(), d, d, "d×d of the objective")?;
-        if (moments.outputs(), moments.dim()) != (k, d) {
-            return Err(OptimError::ShapeMismatch {
-                arg: "moments",
-                expected: format!("k = {k}, d = {d} of the objective"),
-                found: format!("k = {}, d = {}", moments.outputs(), moments.dim()),
-            });
-        }
-        let eta = match (settings.step, settings.update) {
-            (StepSize::Absolute { eta }, _) => eta,
-            (StepSize::Relative { c }, UpdateRule::Adam { .. }) => c,
-            (StepSize::Relative { c }, UpdateRule::Gd) => {
-                let d1 = moments.t_singular_values()[0];
-                let scale = if settings.preconditioner {
-                    d1
-                } else {
-                    let l = moments.sigma_hat_max_eigenvalue();
-                    d1 * l.max(l * l)
-                };
-                if !(scale.is_finite() && scale > 0.0) {
-                    return Err(OptimError::InvalidArgument {
-                        arg: "moments",
-                        reason: "T̂ = 0, so a relative step size has no scale; pass an absolute one"
-                            .into(),
-                    });
-                }
-                c / scale
-            }
-        };
+        check_params(&objective, moments, &a0.view(), &b0.view(), ("a0", "b0"))?;
+        let eta = step_size(&settings, moments)?;
         let adam = matches!(settings.update, UpdateRule::Adam { .. }).then(|| AdamState {
             m_a: Array2::zeros((k, d)),
             v_a: Array2::zeros((k, d)),
@@ -424,7 +396,7 @@ impl Trainer {
 
     /// `m` updates and a final record: m + 1 records (θ_0 … θ_m).
     pub fn run(&mut self, m: usize) -> Result<Vec<StepRecord>> {
-        let mut out = Vec::with_capacity(m + 1);
+        let mut out = Vec::with_capacity(m.saturating_add(1).min(1 << 16));
         for _ in 0..m {
             out.push(self.step()?);
         }
@@ -433,23 +405,15 @@ impl Trainer {
     }
 
     fn advance(&mut self, update: bool) -> Result<StepRecord> {
-        let lg = self.objective.loss_grad(self.a.view(), self.b.view())?;
-        let mo = &self.moments;
-        let s = mo.sigma_hat();
-        let (a, b, lambda) = (&self.a, &self.b, self.settings.lambda);
-        // C = AᵀA − BᵀΣ̂B, D = Σ̂^{1/2}CΣ̂^{1/2}.
-        let c = a.t().dot(a) - b.t().dot(s).dot(b);
-        let dmat = mo.sigma_hat_half().dot(&c).dot(mo.sigma_hat_half());
-        let gap = frob(&dmat);
-        let regularizer = 0.25 * lambda * gap * gap;
-        // Euclidean gradients of Q.
-        let sc = s.dot(&c);
-        let scs = sc.dot(s);
-        let ga = &lg.grad_a + &(a.dot(&scs) * lambda);
-        let gb = &lg.grad_b - &(s.dot(b).dot(&scs) * lambda);
-        let ih = mo.sigma_hat_inv_half();
-        let grad_norm = (frob(&ga.dot(ih)).powi(2) + frob(&ih.dot(&gb).dot(ih)).powi(2)).sqrt();
-        let total = lg.loss + regularizer;
+        let ev = evaluate(
+            &self.objective,
+            &self.moments,
+            self.a.view(),
+            self.b.view(),
+            &self.settings,
+        )?;
+        let q = &ev.quantities;
+        let total = q.loss + q.regularizer;
         let threshold = *self
             .threshold
             .get_or_insert(self.settings.divergence_factor * total.abs().max(f64::MIN_POSITIVE));
@@ -461,58 +425,12 @@ impl Trainer {
                 threshold,
             });
         }
-        let excess = match &self.truth {
-            Some(t) => Some(t.population.excess(a.view(), b.view())?),
-            None => None,
-        };
-        let finite_excess = match self.truth.as_ref().and_then(|t| t.probe.as_ref()) {
-            Some(p) if self.step.is_multiple_of(p.every.max(1)) || !update => {
-                let m = self.truth.as_ref().map(|t| t.population.m().view());
-                match m {
-                    Some(m) => Some(finite_context_excess(
-                        a.view(),
-                        b.view(),
-                        p.context.view(),
-                        p.queries.view(),
-                        m,
-                    )?),
-                    None => None,
-                }
-            }
-            _ => None,
-        };
-        let tracked = match (&self.objective, excess) {
-            (Objective::Population(_), Some(e)) => e,
-            _ => grad_norm * grad_norm,
-        };
-        let rate = self.tracker.push(tracked);
-        let record = StepRecord {
-            step: self.step,
-            loss: lg.loss,
-            regularizer,
-            grad_norm,
-            excess,
-            finite_excess,
-            balance_gap: gap,
-            a_norm: frob(a),
-            b_norm: frob(b),
-            max_weight: lg.max_weight,
-            rate,
-        };
+        let record = self.record_of(q, !update)?;
         if !update {
             return Ok(record);
         }
-        // The direction: preconditioned (whitened GD) or Euclidean.
-        let (da, db) = if self.settings.preconditioner {
-            let inv = mo.sigma_hat_inv();
-            (
-                lg.grad_a.dot(inv) + a.dot(&sc) * lambda,
-                inv.dot(&lg.grad_b).dot(inv) - b.dot(&sc) * lambda,
-            )
-        } else {
-            (ga, gb)
-        };
-        let eta = self.eta;
+        let (da, db) = ev.direction;
+        let (a, b) = (self.a.view(), self.b.view());
         let (mut new_a, mut new_b) = match (&mut self.adam, self.settings.update) {
             (
                 Some(st),
@@ -521,26 +439,15 @@ impl Trainer {
                     beta2,
                     epsilon,
                 },
-            ) => {
-                st.t += 1;
-                let c1 = 1.0 - beta1.powi(st.t);
-                let c2 = 1.0 - beta2.powi(st.t);
-                let step_of = |m: &mut Array2<f64>, v: &mut Array2<f64>, g: &Array2<f64>| {
-                    m.zip_mut_with(g, |mi, gi| *mi = beta1 * *mi + (1.0 - beta1) * gi);
-                    v.zip_mut_with(g, |vi, gi| *vi = beta2 * *vi + (1.0 - beta2) * gi * gi);
-                    let mut out = m.clone();
-                    out.zip_mut_with(v, |mi, vi| {
-                        *mi = eta * (*mi / c1) / ((vi / c2).sqrt() + epsilon)
-                    });
-                    out
-                };
-                let sa = step_of(&mut st.m_a, &mut st.v_a, &da);
-                let sb = step_of(&mut st.m_b, &mut st.v_b, &db);
-                (a - &sa, b - &sb)
-            }
-            _ => (a - &(da * eta), b - &(db * eta)),
+            ) => st.step(self.eta, (beta1, beta2, epsilon), a, b, &da, &db),
+            _ => gd_update(a, b, &da, &db, self.eta),
         };
-        renormalize(&mut new_a, &mut new_b, mo, self.settings.renormalization)?;
+        renormalize(
+            &mut new_a,
+            &mut new_b,
+            &self.moments,
+            self.settings.renormalization,
+        )?;
         if !(new_a.iter().all(|x| x.is_finite()) && new_b.iter().all(|x| x.is_finite())) {
             return Err(OptimError::Diverged {
                 step: self.step,
@@ -554,6 +461,272 @@ impl Trainer {
         self.step += 1;
         Ok(record)
     }
+
+    /// The record of θ_t: the step's quantities plus the truth's E, the probe and the rate.
+    /// The probe runs every `every` steps and at a final record (`last`).
+    fn record_of(&mut self, q: &StepQuantities, last: bool) -> Result<StepRecord> {
+        let (a, b) = (self.a.view(), self.b.view());
+        let excess = match &self.truth {
+            Some(t) => Some(t.population.excess(a, b)?),
+            None => None,
+        };
+        let finite_excess = match &self.truth {
+            Some(Truth {
+                population,
+                probe: Some(p),
+            }) if last || self.step.is_multiple_of(p.every.max(1)) => Some(finite_context_excess(
+                a,
+                b,
+                p.context.view(),
+                p.queries.view(),
+                population.m().view(),
+            )?),
+            _ => None,
+        };
+        let tracked = match (&self.objective, excess) {
+            (Objective::Population(_), Some(e)) => e,
+            _ => q.grad_norm * q.grad_norm,
+        };
+        Ok(StepRecord {
+            step: self.step,
+            loss: q.loss,
+            regularizer: q.regularizer,
+            grad_norm: q.grad_norm,
+            excess,
+            finite_excess,
+            balance_gap: q.balance_gap,
+            a_norm: frob(&self.a),
+            b_norm: frob(&self.b),
+            max_weight: q.max_weight,
+            rate: self.tracker.push(tracked),
+        })
+    }
+}
+
+impl AdamState {
+    /// One bias-corrected Adam update of (A, B) along the direction (G_A, G_B).
+    fn step(
+        &mut self,
+        eta: f64,
+        (beta1, beta2, epsilon): (f64, f64, f64),
+        a: ArrayView2<'_, f64>,
+        b: ArrayView2<'_, f64>,
+        da: &Array2<f64>,
+        db: &Array2<f64>,
+    ) -> (Array2<f64>, Array2<f64>) {
+        self.t = self.t.saturating_add(1);
+        let c1 = 1.0 - beta1.powi(self.t);
+        let c2 = 1.0 - beta2.powi(self.t);
+        let step_of = |m: &mut Array2<f64>, v: &mut Array2<f64>, g: &Array2<f64>| {
+            m.zip_mut_with(g, |mi, gi| *mi = beta1 * *mi + (1.0 - beta1) * gi);
+            v.zip_mut_with(g, |vi, gi| *vi = beta2 * *vi + (1.0 - beta2) * gi * gi);
+            let mut out = m.clone();
+            out.zip_mut_with(v, |mi, vi| {
+                *mi = eta * (*mi / c1) / ((vi / c2).sqrt() + epsilon)
+            });
+            out
+        };
+        let sa = step_of(&mut self.m_a, &mut self.v_a, da);
+        let sb = step_of(&mut self.m_b, &mut self.v_b, db);
+        (&a - &sa, &b - &sb)
+    }
+}
+
+/// What one evaluation at θ = (A, B) gives, before any update (the fields of [`StepRecord`]
+/// that need no ground truth).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepQuantities {
+    /// The data loss L(θ) or L̂_n(θ).
+    pub loss: f64,
+    /// R(θ) = (λ/4)‖D‖_F².
+    pub regularizer: f64,
+    /// ‖∇Q(θ)‖ in whitened coordinates (see [`StepRecord::grad_norm`]).
+    pub grad_norm: f64,
+    /// ‖D‖_F = ‖UᵀU − VVᵀ‖_F.
+    pub balance_gap: f64,
+    /// The largest softmax weight (empirical objectives only).
+    pub max_weight: Option<f64>,
+}
+
+/// One step of the algorithm from θ = (A, B): the new parameters, the quantities at θ, and the
+/// update direction (preconditioned or Euclidean gradient of Q at θ).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PgdStep {
+    /// A after the update and the renormalization.
+    pub a: Array2<f64>,
+    /// B after the update and the renormalization.
+    pub b: Array2<f64>,
+    /// The step size η used.
+    pub eta: f64,
+    /// Loss, regularizer, gradient norm, balance gap, saturation at θ.
+    pub quantities: StepQuantities,
+    /// The direction (G_A, G_B) the update moved against (before η and the renormalization).
+    pub direction: (Array2<f64>, Array2<f64>),
+}
+
+/// One (preconditioned) gradient step on Q = L + R from (A, B) with the GD rule, η from
+/// `settings.step` exactly as a [`Trainer`] chooses it, then the renormalization (module docs).
+/// The [`Trainer`] runs this same update; use it to step without a trainer's state.
+///
+/// Errors: invalid settings, or `settings.update` = Adam (`arg: "settings.update"`: Adam keeps
+/// moment estimates between steps, so it needs a [`Trainer`]); A, B or the moments not matching
+/// the objective; non-finite A or B; T̂ = 0 with a relative step; [`OptimError::Diverged`]
+/// (step 0) when the loss or the new parameters are not finite.
+///
+/// ```
+/// use kappa_optim::convergence::*;
+/// let sigma = ndarray::array![[2.0, 0.3], [0.3, 1.0]];
+/// let m = ndarray::array![[0.5, -1.0]];
+/// let moments = Moments::from_parts(sigma.clone(), m.clone(), 1000)?;
+/// let objective = Objective::Population(PopulationProblem::new(sigma, m, 0.0)?);
+/// let (a0, b0) = spectral_init(&moments)?;
+/// let a0 = a0 * 1.2; // off the minimisers
+/// let step = pgd_step(&objective, &moments, a0.view(), b0.view(), &Settings::algorithm())?;
+/// let next = objective.loss_grad(step.a.view(), step.b.view())?.loss;
+/// assert!(next < step.quantities.loss);
+/// # Ok::<(), kappa_optim::OptimError>(())
+/// ```
+pub fn pgd_step(
+    objective: &Objective,
+    moments: &Moments,
+    a: ArrayView2<'_, f64>,
+    b: ArrayView2<'_, f64>,
+    settings: &Settings,
+) -> Result<PgdStep> {
+    settings.validate()?;
+    if matches!(settings.update, UpdateRule::Adam { .. }) {
+        return Err(OptimError::InvalidArgument {
+            arg: "settings.update",
+            reason: "pgd_step is the GD rule; Adam keeps state between steps, use a Trainer".into(),
+        });
+    }
+    check_params(objective, moments, &a, &b, ("a", "b"))?;
+    let eta = step_size(settings, moments)?;
+    let ev = evaluate(objective, moments, a, b, settings)?;
+    let (da, db) = &ev.direction;
+    let (mut new_a, mut new_b) = gd_update(a, b, da, db, eta);
+    renormalize(&mut new_a, &mut new_b, moments, settings.renormalization)?;
+    if !(new_a.iter().all(|x| x.is_finite()) && new_b.iter().all(|x| x.is_finite())) {
+        return Err(OptimError::Diverged {
+            step: 0,
+            quantity: "parameters",
+            value: f64::NAN,
+            threshold: f64::INFINITY,
+        });
+    }
+    Ok(PgdStep {
+        a: new_a,
+        b: new_b,
+        eta,
+        quantities: ev.quantities,
+        direction: ev.direction,
+    })
+}
+
+/// θ − η·(G_A, G_B).
+fn gd_update(
+    a: ArrayView2<'_, f64>,
+    b: ArrayView2<'_, f64>,
+    da: &Array2<f64>,
+    db: &Array2<f64>,
+    eta: f64,
+) -> (Array2<f64>, Array2<f64>) {
+    (&a - &(da * eta), &b - &(db * eta))
+}
+
+/// The quantities at θ and the update direction.
+struct Evaluation {
+    quantities: StepQuantities,
+    direction: (Array2<f64>, Array2<f64>),
+}
+
+/// Loss, regularizer and gradients of Q at θ (module docs), and the direction: preconditioned
+/// (whitened GD) or Euclidean.
+fn evaluate(
+    objective: &Objective,
+    mo: &Moments,
+    a: ArrayView2<'_, f64>,
+    b: ArrayView2<'_, f64>,
+    settings: &Settings,
+) -> Result<Evaluation> {
+    let lg = objective.loss_grad(a, b)?;
+    let (s, lambda) = (mo.sigma_hat(), settings.lambda);
+    // C = AᵀA − BᵀΣ̂B, D = Σ̂^{1/2}CΣ̂^{1/2}.
+    let c = a.t().dot(&a) - b.t().dot(s).dot(&b);
+    let dmat = mo.sigma_hat_half().dot(&c).dot(mo.sigma_hat_half());
+    let gap = frob(&dmat);
+    // Euclidean gradients of Q.
+    let sc = s.dot(&c);
+    let scs = sc.dot(s);
+    let ga = &lg.grad_a + &(a.dot(&scs) * lambda);
+    let gb = &lg.grad_b - &(s.dot(&b).dot(&scs) * lambda);
+    let ih = mo.sigma_hat_inv_half();
+    let grad_norm = (frob(&ga.dot(ih)).powi(2) + frob(&ih.dot(&gb).dot(ih)).powi(2)).sqrt();
+    let direction = if settings.preconditioner {
+        let inv = mo.sigma_hat_inv();
+        (
+            lg.grad_a.dot(inv) + a.dot(&sc) * lambda,
+            inv.dot(&lg.grad_b).dot(inv) - b.dot(&sc) * lambda,
+        )
+    } else {
+        (ga, gb)
+    };
+    Ok(Evaluation {
+        quantities: StepQuantities {
+            loss: lg.loss,
+            regularizer: 0.25 * lambda * gap * gap,
+            grad_norm,
+            balance_gap: gap,
+            max_weight: lg.max_weight,
+        },
+        direction,
+    })
+}
+
+/// Checks A (k×d), B (d×d) against the objective and the moments against the objective.
+fn check_params(
+    objective: &Objective,
+    moments: &Moments,
+    a: &ArrayView2<'_, f64>,
+    b: &ArrayView2<'_, f64>,
+    (an, bn): (&'static str, &'static str),
+) -> Result<()> {
+    let (k, d) = objective.dims();
+    check_matrix(an, a, k, d, "k×d of the objective")?;
+    check_matrix(bn, b, d, d, "d×d of the objective")?;
+    if (moments.outputs(), moments.dim()) != (k, d) {
+        return Err(OptimError::ShapeMismatch {
+            arg: "moments",
+            expected: format!("k = {k}, d = {d} of the objective"),
+            found: format!("k = {}, d = {}", moments.outputs(), moments.dim()),
+        });
+    }
+    Ok(())
+}
+
+/// η from the settings (module docs, "Step size").
+fn step_size(settings: &Settings, moments: &Moments) -> Result<f64> {
+    match (settings.step, settings.update) {
+        (StepSize::Absolute { eta }, _) => Ok(eta),
+        (StepSize::Relative { c }, UpdateRule::Adam { .. }) => Ok(c),
+        (StepSize::Relative { c }, UpdateRule::Gd) => {
+            let d1 = moments.t_singular_values()[0];
+            let scale = if settings.preconditioner {
+                d1
+            } else {
+                let l = moments.sigma_hat_max_eigenvalue();
+                d1 * l.max(l * l)
+            };
+            if !(scale.is_finite() && scale > 0.0) {
+                return Err(OptimError::InvalidArgument {
+                    arg: "moments",
+                    reason: "T̂ = 0, so a relative step size has no scale; pass an absolute one"
+                        .into(),
+                });
+            }
+            Ok(c / scale)
+        }
+    }
 }
 
 fn frob(a: &Array2<f64>) -> f64 {
@@ -561,16 +734,41 @@ fn frob(a: &Array2<f64>) -> f64 {
 }
 
 /// Applies a [`Renormalization`] in place (product AΣ̂Bᵀ unchanged).
+///
+/// Errors (A and B unchanged): A not ·×d or B not d×d for the moments' d; a non-positive or
+/// non-finite `max_scale` (`arg: "max_scale"`). Non-finite entries are left as they are (the
+/// [`Trainer`] reports them as divergence).
 pub fn renormalize(
     a: &mut Array2<f64>,
     b: &mut Array2<f64>,
     moments: &Moments,
     rule: Renormalization,
 ) -> Result<()> {
+    let d = moments.dim();
+    if a.ncols() != d || b.dim() != (d, d) {
+        return Err(OptimError::ShapeMismatch {
+            arg: if a.ncols() != d { "a" } else { "b" },
+            expected: format!("a k×{d} and b {d}×{d} (d = Σ̂'s size)"),
+            found: format!(
+                "a {}×{}, b {}×{}",
+                a.nrows(),
+                a.ncols(),
+                b.nrows(),
+                b.ncols()
+            ),
+        });
+    }
+    if let Renormalization::ClipSoftmaxScale { max_scale } = rule {
+        check_positive("max_scale", max_scale)?;
+    }
+    if !(a.iter().all(|x| x.is_finite()) && b.iter().all(|x| x.is_finite())) {
+        return Ok(());
+    }
     match rule {
         Renormalization::None => {}
         Renormalization::Balance => {
-            let (u, v) = moments.whiten(a.view(), b.view());
+            let h = moments.sigma_hat_half();
+            let (u, v) = (a.dot(h), h.dot(&b.t()).dot(h));
             let (nu, nv) = (frob(&u), frob(&v));
             if nu > 0.0 && nv > 0.0 && nu.is_finite() && nv.is_finite() {
                 let c = (nv / nu).sqrt();
@@ -579,13 +777,13 @@ pub fn renormalize(
             }
         }
         Renormalization::ClipSoftmaxScale { max_scale } => {
-            if !b.iter().all(|x| x.is_finite()) {
-                return Ok(());
-            }
             let h = moments.sigma_hat_half();
             let v = h.dot(&*b).dot(h);
+            if !v.iter().all(|x| x.is_finite()) {
+                return Ok(());
+            }
             let s = singular_values(v.view(), SvdDriver::default())?[0];
-            if s > max_scale {
+            if s > max_scale && s.is_finite() {
                 let f = max_scale / s;
                 b.mapv_inplace(|x| x * f);
                 a.mapv_inplace(|x| x / f);
@@ -603,5 +801,7 @@ pub fn random_init<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> Result<(Array2<f64>, Array2<f64>)> {
     check_range("scale", scale, 0.0, 1e6)?;
-    Ok((gaussian(k, d, rng) * scale, gaussian(d, d, rng) * scale))
+    check_size("d", d, d)?;
+    check_size("k", k, d)?;
+    Ok((gaussian(k, d, rng)? * scale, gaussian(d, d, rng)? * scale))
 }
