@@ -58,6 +58,7 @@ pub mod diagnostics;
 pub mod error;
 pub mod jacobian;
 pub mod multihead;
+mod scale;
 pub mod softmax;
 
 pub use attention::{attention, AttentionOptions, Forward, ScoreScale, SelfAttention};
