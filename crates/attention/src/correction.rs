@@ -341,6 +341,14 @@ fn finite_lambda(arg: &'static str, lambda: f64) -> Result<f64> {
     }
 }
 
+/// λ = σ_max·c for a policy multiplier c: [`AttentionError::Overflow`] naming `policy` when c
+/// itself overflows (a margin near `f64::MAX`), else `w` when only the product does (λ scales
+/// with w).
+fn scaled_lambda(sigma_max: f64, c: f64) -> Result<f64> {
+    finite_lambda("policy", c)?;
+    finite_lambda("w", sigma_max * c)
+}
+
 /// The threshold a (κ + 1)/(κ − 1) of Theorem 3.8's sufficient condition (a for κ = ∞), or
 /// `None` for κ ≤ 1.
 fn decrease_threshold(a: f64, kappa: f64) -> Option<f64> {
@@ -377,9 +385,9 @@ impl LambdaPolicy {
     ///
     /// Errors: `w` empty or non-finite (argument `w`); an invalid policy parameter (argument
     /// `policy`); [`AttentionError::Unattainable`] for `SufficientDecrease` with κ(w) = 1 or
-    /// w = 0; [`AttentionError::Overflow`] when the chosen λ exceeds `f64::MAX` (argument `w`
-    /// when σ_max(w) itself does, else `policy`: a margin or a target κ that close to 1 asks for
-    /// too much); LAPACK failures. The λ returned is always finite and ≥ 0.
+    /// w = 0; [`AttentionError::Overflow`] when the chosen λ = σ_max(w)·c exceeds `f64::MAX`
+    /// (argument `policy` when the policy's multiplier c itself does, e.g. a margin near
+    /// `f64::MAX`; else `w`, whose scale λ follows); LAPACK failures. The λ returned is always finite and ≥ 0.
     ///
     /// ```
     /// use kappa_attention::{IdentityShift, LambdaPolicy};
@@ -409,8 +417,8 @@ impl LambdaPolicy {
                         reason: "w is zero; any λ > 0 gives κ(λE) = 1".into(),
                     });
                 }
-                match decrease_threshold(a, kappa) {
-                    Some(t) => finite_lambda("policy", (1.0 + margin) * t),
+                match decrease_threshold(1.0, kappa) {
+                    Some(c) => scaled_lambda(a, (1.0 + margin) * c),
                     None => Err(AttentionError::Unattainable {
                         arg: "w",
                         reason: format!(
@@ -429,7 +437,7 @@ impl LambdaPolicy {
                 check_matrix("w", &w)?;
                 let (a, _) = sigma_max_and_kappa(w)?;
                 finite_lambda("w", a)?;
-                finite_lambda("policy", a * ((target + 1.0) / (target - 1.0)))
+                scaled_lambda(a, (target + 1.0) / (target - 1.0))
             }
         }
     }
@@ -466,8 +474,8 @@ pub struct ShiftFlops {
 /// fused multi-head form pass k = D (N·D against 2·N·D²): the ratio is 1/(2D) either way.
 ///
 /// Defined for every input: counts saturate at `u64::MAX` instead of wrapping; the ratio is
-/// computed in f64 from n·k and 2·n·d·k (so it stays 1/(2D) whatever the counts), and is 0 when
-/// any size is 0 (no projection, no overhead).
+/// computed in f64 from n·k and 2·n·d·k (so it stays 1/(2D) whatever the counts). Any size 0
+/// gives all zeros (no projection, no block, no overhead).
 ///
 /// ```
 /// let f = kappa_attention::identity_shift_flops(197, 768, 64);
@@ -477,12 +485,15 @@ pub fn identity_shift_flops(n: usize, d: usize, k: usize) -> ShiftFlops {
     let (n64, d64, k64) = (n as u64, d as u64, k as u64);
     let extra = n64.saturating_mul(k64);
     let proj = extra.saturating_mul(d64).saturating_mul(2);
-    let ratio = if n == 0 || d == 0 || k == 0 {
-        0.0
-    } else {
-        let nk = n as f64 * k as f64;
-        nk / (2.0 * nk * d as f64)
-    };
+    if n == 0 || d == 0 || k == 0 {
+        return ShiftFlops {
+            extra_multiplies: 0,
+            projection_flops: 0,
+            ratio: 0.0,
+        };
+    }
+    let nk = n as f64 * k as f64;
+    let ratio = nk / (2.0 * nk * d as f64);
     ShiftFlops {
         extra_multiplies: extra,
         projection_flops: proj,

@@ -69,7 +69,13 @@ pub fn softmax_jacobian_frobenius(p: &[f64]) -> f64 {
     let (s2, s3) = p
         .iter()
         .fold((0.0, 0.0), |(a, b), &x| (a + x * x, b + x * x * x));
-    (s2 - 2.0 * s3 + s2 * s2).max(0.0).sqrt()
+    let sq = s2 - 2.0 * s3 + s2 * s2;
+    // Clamp rounding below 0, but keep a NaN (f64::max would turn it into 0).
+    if sq < 0.0 {
+        0.0
+    } else {
+        sq.sqrt()
+    }
 }
 
 /// The default saturation threshold: a row is saturated when > 99% of its mass is on one token.

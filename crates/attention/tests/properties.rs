@@ -1,4 +1,5 @@
-//! Property tests of kappa-attention: the claims T1–T15 of the spectral-conditioning notes (§10),
+//! Property tests of kappa-attention: the claims T1–T15 listed in `docs/attention.md` ("Theorems →
+//! functions → tests"),
 //! dense vs matrix-free agreement, input validation, and the Theorem 3.4 pass-rate statistic.
 //!
 //! One integration-test binary. Matrices are drawn from a seeded ChaCha stream chosen by
