@@ -19,7 +19,7 @@
 //! * **Λ**: N zero eigenvalues (one per row; more if a row of P is one-hot), so κ(Λ) = ∞ and
 //!   Theorem 3.4 can only mean κ⁺(Λ).
 //!
-//! # Theorem 3.4 (as reconstructed in the notes, §4)
+//! # Theorem 3.4 (its form as implemented; `docs/attention.md`, "Readings the code fixes")
 //!
 //! κ(J) ≤ κ(X)³ · κ⁺(Λ) · κ(W_V) · (κ(W_Q) + κ(W_K)) + κ(X) · κ(P),
 //!
@@ -135,7 +135,7 @@ impl<A: Real> Forward<A> {
     ///
     /// Cost: four SVDs (Nk × Dk three times, Nk × 3Dk once).
     ///
-    /// Errors: as [`Forward::jacobian_weights`] and [`WeightJacobian::full`]; LAPACK failures.
+    /// Errors: as [`Forward::jacobian_weights`] and [`crate::WeightJacobian::full`]; LAPACK failures.
     pub fn jacobian_conditioning(&self) -> Result<JacobianConditioning> {
         let (n, d, k) = self.dims();
         let j = self.jacobian_weights()?;

@@ -605,7 +605,7 @@ fn f32_agrees_with_f64() {
     assert!(rel_diff(&j32, &j64) < 1e-4);
 }
 
-/// The notes' §9.3 prediction, as a property of the diagnostics: with LayerNorm-scaled tokens,
+/// The collapse derived in `docs/attention.md` ("Diagnostics"), as a property of the diagnostics: with LayerNorm-scaled tokens,
 /// W ~ N(0, 0.02²) and λ = 10, attention collapses to the identity (every row saturated on its
 /// own token), while λ = 0 gives near-uniform attention.
 #[test]
