@@ -20,7 +20,9 @@ use kappa_linalg::Real;
 use ndarray::{s, Array2, ArrayView2};
 
 use crate::correction::{Correction, IdentityShift, SvdCorrection};
-use crate::error::{check_matrix, check_scalar, check_shape, shape_str, AttentionError, Result};
+use crate::error::{
+    check_computed, check_matrix, check_scalar, check_shape, shape_str, AttentionError, Result,
+};
 use crate::softmax::softmax_unchecked;
 
 /// The score scale s in S = X W_Q W_Kᵀ Xᵀ / s.
@@ -36,18 +38,46 @@ pub enum ScoreScale {
 }
 
 impl ScoreScale {
-    /// The divisor s for head dimension `k`.
+    /// The divisor s for head dimension `k`, in f64.
     ///
     /// Errors: [`AttentionError::InvalidArgument`] (argument `scale`) for a custom s that is not
-    /// finite and > 0.
+    /// finite and > 0; (argument `k`) for `InvSqrtK` with k = 0.
     pub fn divisor(self, k: usize) -> Result<f64> {
         match self {
             ScoreScale::One => Ok(1.0),
+            ScoreScale::InvSqrtK if k == 0 => Err(AttentionError::InvalidArgument {
+                arg: "k",
+                reason: "the head dimension must be ≥ 1 for s = √k".into(),
+            }),
             ScoreScale::InvSqrtK => Ok((k as f64).sqrt()),
             ScoreScale::Custom(s) => {
                 check_scalar("scale", s, true)?;
                 Ok(s)
             }
+        }
+    }
+
+    /// The divisor s in the precision `A` the scores are computed in: as
+    /// [`ScoreScale::divisor`], and s rounded to `A` must be a finite *normal* number, so that
+    /// neither s nor 1/s (used by the Jacobians) rounds to 0 or ∞. For f32 this refuses custom
+    /// s outside about [1.2e-38, 3.4e38] (e.g. 1e-300, which f32 rounds to 0).
+    ///
+    /// Errors: as [`ScoreScale::divisor`]; [`AttentionError::InvalidArgument`] (argument
+    /// `scale`) when s is not a normal number of `A`.
+    pub fn divisor_in<A: Real>(self, k: usize) -> Result<A> {
+        let s = self.divisor(k)?;
+        let sa = A::from_f64_lossy(s);
+        let inv = A::one() / sa;
+        if sa.is_normal() && inv.is_finite() && inv != A::zero() {
+            Ok(sa)
+        } else {
+            Err(AttentionError::InvalidArgument {
+                arg: "scale",
+                reason: format!(
+                    "s = {s:e} is {sa:e} in {}: s must be a finite normal number there",
+                    A::NAME
+                ),
+            })
         }
     }
 }
@@ -102,7 +132,7 @@ impl<A: Real> SelfAttention<A> {
         let (d, k) = wq.dim();
         check_shape("wk", &wk.view(), d, k, "the shape of wq")?;
         check_shape("wv", &wv.view(), d, k, "the shape of wq")?;
-        options.scale.divisor(k)?;
+        options.scale.divisor_in::<A>(k)?;
         Ok(Self {
             wq,
             wk,
@@ -115,26 +145,47 @@ impl<A: Real> SelfAttention<A> {
     /// The same head with λ·E added to each of W_Q, W_K, W_V (Theorem 3.8; E the D×k block
     /// identity at the shift's row offset), applied as X W + λ X[:, offset..offset + k].
     ///
-    /// Errors: [`AttentionError::InvalidArgument`] (argument `shift`) when offset + k > D.
+    /// Errors: [`AttentionError::InvalidArgument`] (argument `shift`) when offset + k > D
+    /// (checked without overflow, so any offset is safe) or λ is not finite in `A` (e.g. 1e300
+    /// for f32); [`AttentionError::Overflow`] (argument `shift`) when W + λE overflows `A`.
     pub fn with_identity_shift(mut self, shift: IdentityShift) -> Result<Self> {
         let (d, k) = self.dims();
         shift.check_fits(d, k)?;
+        shift.lambda_in::<A>("shift")?;
         self.correction = Correction::Shift(shift);
+        self.check_effective("shift")?;
         Ok(self)
+    }
+
+    /// Checks that the effective weights W + C are finite (`arg` names the correction).
+    fn check_effective(&self, arg: &'static str) -> Result<()> {
+        for w in self.effective_weights() {
+            check_computed(arg, &w.view(), "the corrected weights W + C")?;
+        }
+        Ok(())
     }
 
     /// The same head with Theorem 3.5's SVD correction C_• = σ_max(W_•) U_• V_•ᵀ added to each
     /// projection, computed from the current weights (so κ(W_• + C_•) = 2σ_max/(σ_max + σ_min)
     /// ≤ 2).
     ///
-    /// Errors: LAPACK failures.
+    /// Errors: [`AttentionError::Overflow`] (argument `self`) when σ_max or W + C overflows the
+    /// element type (weights within a factor 2√(Dk) of its largest value); LAPACK failures.
     pub fn with_svd_correction(mut self) -> Result<Self> {
+        let rename = |e: AttentionError| match e {
+            AttentionError::Overflow { reason, .. } => AttentionError::Overflow {
+                arg: "self",
+                reason,
+            },
+            other => other,
+        };
         let c = [
-            SvdCorrection::new(self.wq.view())?,
-            SvdCorrection::new(self.wk.view())?,
-            SvdCorrection::new(self.wv.view())?,
+            SvdCorrection::new(self.wq.view()).map_err(rename)?,
+            SvdCorrection::new(self.wk.view()).map_err(rename)?,
+            SvdCorrection::new(self.wv.view()).map_err(rename)?,
         ];
         self.correction = Correction::Svd(Box::new(c));
+        self.check_effective("self")?;
         Ok(self)
     }
 
@@ -179,15 +230,26 @@ impl<A: Real> SelfAttention<A> {
         ]
     }
 
-    /// The divisor s of the scores.
+    /// The divisor s of the scores (validated in `A`'s precision by [`SelfAttention::new`]).
     pub fn score_divisor(&self) -> A {
-        // Validated in `new`.
-        A::from_f64_lossy(self.options.scale.divisor(self.dims().1).unwrap_or(1.0))
+        // `new` checked that `divisor_in` succeeds, so the fallback is never taken.
+        self.options
+            .scale
+            .divisor_in(self.dims().1)
+            .unwrap_or_else(|_| A::one())
     }
 
     /// The forward pass on tokens `x` (N×D, one token per row), keeping what the Jacobians need.
     ///
-    /// Errors: `x` empty or non-finite; `x` without D columns.
+    /// Softmax is computed stably (each row shifted by its largest score), so every finite
+    /// score matrix gives rows of P that sum to 1. What cannot be computed is a score or a
+    /// projection whose magnitude exceeds the element type's range: then the forward pass
+    /// refuses rather than return NaN.
+    ///
+    /// Errors: `x` empty or non-finite; `x` without D columns; [`AttentionError::Overflow`]
+    /// (argument `x`) when Q, K, V, any score Q Kᵀ/s (masked ones included) or the output P V
+    /// is not finite although `x` and the weights are (for example |x| ~ 1e160 with unit
+    /// weights in f64, or |x| ~ 1e20 in f32).
     pub fn forward(&self, x: ArrayView2<'_, A>) -> Result<Forward<A>> {
         check_matrix("x", &x)?;
         let (d, k) = self.dims();
@@ -202,9 +264,14 @@ impl<A: Real> SelfAttention<A> {
         let q = self.project(x, 0, &self.wq);
         let kk = self.project(x, 1, &self.wk);
         let v = self.project(x, 2, &self.wv);
+        check_computed("x", &q.view(), "the queries Q = X W_Q")?;
+        check_computed("x", &kk.view(), "the keys K = X W_K")?;
+        check_computed("x", &v.view(), "the values V = X W_V")?;
         let scores = q.dot(&kk.t()).mapv(|e| e / s);
+        check_computed("x", &scores.view(), "the scores Q Kᵀ/s")?;
         let p = softmax_unchecked(scores.view(), self.options.causal);
         let output = p.dot(&v);
+        check_computed("x", &output.view(), "the output P V")?;
         let [wq, wk, wv] = self.effective_weights();
         debug_assert_eq!(q.dim(), (x.nrows(), k));
         Ok(Forward {
@@ -228,6 +295,7 @@ impl<A: Real> SelfAttention<A> {
         match &self.correction {
             Correction::None => x.dot(w),
             Correction::Shift(shift) => {
+                // `with_identity_shift` checked offset + k ≤ D.
                 let k = w.ncols();
                 let lambda = A::from_f64_lossy(shift.lambda());
                 let mut out = x.dot(w);

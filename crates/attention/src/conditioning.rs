@@ -19,7 +19,7 @@
 //! * **Λ**: N zero eigenvalues (one per row; more if a row of P is one-hot), so κ(Λ) = ∞ and
 //!   Theorem 3.4 can only mean κ⁺(Λ).
 //!
-//! # Theorem 3.4 (as reconstructed in the notes, §4)
+//! # Theorem 3.4 (its form as implemented; `docs/attention.md`, "Readings the code fixes")
 //!
 //! κ(J) ≤ κ(X)³ · κ⁺(Λ) · κ(W_V) · (κ(W_Q) + κ(W_K)) + κ(X) · κ(P),
 //!
@@ -31,13 +31,11 @@
 //! held, with every part, rather than assuming it; `docs/attention.md` records the measured pass
 //! rates (high for N ≤ D, lower for N > D).
 
-use kappa_linalg::{
-    conditioning, conditioning_from_singular_values, singular_values, Conditioning, RankTolerance,
-    Real, SvdDriver,
-};
+use kappa_linalg::{conditioning_from_singular_values, Conditioning, RankTolerance, Real};
 
 use crate::attention::Forward;
 use crate::error::Result;
+use crate::scale::{singular_values_scaled, times_pow2_f64};
 use crate::softmax::softmax_jacobian_conditioning;
 
 /// κ, κ⁺ and rank (f64) of one matrix.
@@ -58,24 +56,33 @@ pub struct Kappa {
 }
 
 impl Kappa {
-    fn from<A: Real>(c: Conditioning<A>, rows: usize, cols: usize) -> Self {
+    /// From the conditioning of 2^{-e}·A: κ, κ⁺ and the rank are scale invariant, σ is scaled
+    /// back (in f64, where it can overflow to +∞ only for f64 input).
+    fn from<A: Real>(c: Conditioning<A>, rows: usize, cols: usize, e: i32) -> Self {
         Self {
             kappa: c.kappa.to_f64_lossy(),
             pseudo_kappa: c.pseudo_kappa.to_f64_lossy(),
             rank: c.rank,
             full_rank: rows.min(cols),
-            sigma_max: c.sigma_max.to_f64_lossy(),
-            sigma_min: c.sigma_min.to_f64_lossy(),
+            sigma_max: times_pow2_f64(c.sigma_max.to_f64_lossy(), e),
+            sigma_min: times_pow2_f64(c.sigma_min.to_f64_lossy(), e),
         }
     }
 
-    /// κ, κ⁺ and rank of any matrix under the numpy threshold.
+    /// κ, κ⁺ and rank of any matrix (any layout) under the numpy threshold.
+    ///
+    /// The SVD is taken of `a` scaled by a power of two (exact; `docs/attention.md`, "Scale
+    /// behaviour"), so every finite input works: κ, κ⁺ and the rank are exact as for a
+    /// unit-scale matrix, and `sigma_max`/`sigma_min` are the true values rounded to f64
+    /// (+∞ for σ beyond `f64::MAX`, which only f64 input within √(mn) of `f64::MAX` reaches).
     ///
     /// Errors: `a` empty or non-finite; LAPACK failures.
     pub fn of<A: Real>(a: ndarray::ArrayView2<'_, A>) -> Result<Self> {
         crate::error::check_matrix("a", &a)?;
         let (m, n) = a.dim();
-        Ok(Self::from(conditioning(a, RankTolerance::Numpy)?, m, n))
+        let (s, e) = singular_values_scaled(a)?;
+        let c = conditioning_from_singular_values(s.view(), m, n, RankTolerance::Numpy)?;
+        Ok(Self::from(c, m, n, e))
     }
 }
 
@@ -96,18 +103,29 @@ pub struct JacobianConditioning {
     pub k_rank_bound: usize,
 }
 
-/// The structural bound min(Nk, 3Dk − k²) on rank J (gauge null space of dimension k²).
+/// The structural bound min(Nk, 3Dk − k²) on rank J (gauge null space of dimension k²;
+/// `docs/attention.md`, "Structural ranks").
+///
+/// Defined for every input: products saturate at `usize::MAX` instead of wrapping, and
+/// 3Dk − k² is clamped at 0 (k > 3D leaves no rank beyond the gauge). Any size 0 gives 0.
 pub fn full_rank_bound(n: usize, d: usize, k: usize) -> usize {
-    (n * k).min((3 * d * k).saturating_sub(k * k))
+    let gauge = d.saturating_mul(3).saturating_mul(k);
+    n.saturating_mul(k)
+        .min(gauge.saturating_sub(k.saturating_mul(k)))
 }
 
-/// The structural bound on rank J_K: k(N − 1) for N ≤ D (softmax ignores row shifts), else
+/// The structural bound on rank J_K: k(N − 1) for 1 ≤ N ≤ D (softmax ignores row shifts), else
 /// min(N, D)·k.
+///
+/// Defined for every input: N = 0 (no tokens, an empty Jacobian) gives 0 rather than wrapping
+/// k(0 − 1), and products saturate at `usize::MAX`.
 pub fn k_rank_bound(n: usize, d: usize, k: usize) -> usize {
-    if n <= d {
-        k * (n - 1)
+    if n == 0 {
+        0
+    } else if n <= d {
+        k.saturating_mul(n - 1)
     } else {
-        n.min(d) * k
+        n.min(d).saturating_mul(k)
     }
 }
 
@@ -116,6 +134,8 @@ impl<A: Real> Forward<A> {
     /// [`Forward::jacobian_weights`] for the size limit), with the structural rank bounds.
     ///
     /// Cost: four SVDs (Nk × Dk three times, Nk × 3Dk once).
+    ///
+    /// Errors: as [`Forward::jacobian_weights`] and [`crate::WeightJacobian::full`]; LAPACK failures.
     pub fn jacobian_conditioning(&self) -> Result<JacobianConditioning> {
         let (n, d, k) = self.dims();
         let j = self.jacobian_weights()?;
@@ -166,9 +186,16 @@ impl Theorem34 {
         self.jacobian.full.kappa <= self.rhs
     }
 
-    /// κ(J)/rhs (≤ 1 when the bound holds; +∞ when κ(J) = ∞).
+    /// κ(J)/rhs (≤ 1 when the bound holds): **+∞ when κ(J) = ∞** (whatever the rhs, also when
+    /// the rhs is ∞ too, where the plain quotient would be NaN), and 0 when only the rhs is ∞.
+    /// Never NaN: rhs ≥ 1 because every κ is ≥ 1.
     pub fn ratio(&self) -> f64 {
-        self.jacobian.full.kappa / self.rhs
+        let kappa = self.jacobian.full.kappa;
+        if kappa.is_infinite() {
+            f64::INFINITY
+        } else {
+            kappa / self.rhs
+        }
     }
 
     /// Whether the right-hand side is +∞ (some factor is rank-deficient), which makes the bound
@@ -198,7 +225,11 @@ impl Theorem34 {
 /// and its blocks. κ(X), κ(W_•), κ(P) follow the κ rule (∞ when rank-deficient); Λ uses κ⁺.
 ///
 /// Cost: the dense Jacobian and its SVDs (see [`Forward::jacobian_conditioning`]), plus N SVDs
-/// of N×N for Λ.
+/// of N×N for Λ. The rhs is evaluated in f64 and is +∞ when a factor is ∞ or the product
+/// overflows (then [`Theorem34::is_vacuous`]).
+///
+/// Errors: as [`Forward::jacobian_conditioning`] (the dense Jacobian is built first, so an
+/// oversized or overflowing one is refused before any other work); LAPACK failures.
 ///
 /// ```
 /// use kappa_attention::{theorem_3_4, AttentionOptions, SelfAttention};
@@ -212,6 +243,7 @@ impl Theorem34 {
 /// # Ok::<(), kappa_attention::AttentionError>(())
 /// ```
 pub fn theorem_3_4<A: Real>(fwd: &Forward<A>) -> Result<Theorem34> {
+    let jacobian = fwd.jacobian_conditioning()?;
     let kx = Kappa::of(fwd.x.view())?.kappa;
     let kq = Kappa::of(fwd.wq.view())?.kappa;
     let kk = Kappa::of(fwd.wk.view())?.kappa;
@@ -220,7 +252,6 @@ pub fn theorem_3_4<A: Real>(fwd: &Forward<A>) -> Result<Theorem34> {
     let kl = lam.pseudo_kappa.to_f64_lossy();
     let kp = Kappa::of(fwd.p.view())?.kappa;
     let rhs = kx.powi(3) * kl * kv * (kq + kk) + kx * kp;
-    let jacobian = fwd.jacobian_conditioning()?;
     Ok(Theorem34 {
         kappa_x: kx,
         kappa_wq: kq,
@@ -242,20 +273,22 @@ pub fn theorem_3_4<A: Real>(fwd: &Forward<A>) -> Result<Theorem34> {
 /// κ, κ⁺ and rank of a matrix from its singular values (a thin wrapper over
 /// [`kappa_linalg::conditioning_from_singular_values`] returning [`Kappa`]).
 ///
-/// Errors: as the wrapped function.
+/// Errors: as the wrapped function (`s` empty, non-finite or negative, or not of length
+/// min(rows, cols); argument `s`).
 pub fn kappa_from_singular_values(s: &[f64], rows: usize, cols: usize) -> Result<Kappa> {
     let s = ndarray::Array1::from(s.to_vec());
     let c = conditioning_from_singular_values(s.view(), rows, cols, RankTolerance::Numpy)?;
-    Ok(Kappa::from(c, rows, cols))
+    Ok(Kappa::from(c, rows, cols, 0))
 }
 
 /// The singular values (f64, descending) of the full weight Jacobian of a forward pass.
 ///
-/// Errors: as [`Forward::jacobian_weights`]; LAPACK failures.
+/// Errors: as [`Forward::jacobian_weights`]; LAPACK failures. (The SVD is scaled as in
+/// [`Kappa::of`]; a σ beyond `f64::MAX` is reported as +∞.)
 pub fn jacobian_singular_values<A: Real>(fwd: &Forward<A>) -> Result<Vec<f64>> {
     let j = fwd.jacobian_weights()?.full()?;
-    Ok(singular_values(j.view(), SvdDriver::default())?
-        .iter()
-        .map(|x| x.to_f64_lossy())
+    let (s, e) = singular_values_scaled(j.view())?;
+    Ok(s.iter()
+        .map(|x| times_pow2_f64(x.to_f64_lossy(), e))
         .collect())
 }

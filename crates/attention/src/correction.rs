@@ -23,14 +23,19 @@
 //!
 //! All corrections are constants: they carry no gradient and add no parameter.
 
-use kappa_linalg::{conditioning, svd_thin, RankTolerance, Real, SvdDriver};
+use kappa_linalg::{conditioning_from_singular_values, RankTolerance, Real};
 use ndarray::{s, Array2, ArrayView2};
 
-use crate::error::{check_matrix, check_scalar, check_shape, AttentionError, Result};
+use crate::error::{
+    check_computed, check_dense, check_matrix, check_scalar, check_shape, AttentionError, Result,
+};
+use crate::scale::{singular_values_scaled, svd_scaled, times_pow2, times_pow2_f64};
 
 /// The D×k "rectangular identity" I_k = [I_{k×k}; 0] (ones at (i, i), i < min(D, k)).
 ///
-/// Errors: `d` or `k` zero.
+/// Errors: `d` or `k` zero (argument `d` or `k`); [`AttentionError::TooLarge`] when d·k exceeds
+/// [`kappa_linalg::MAX_DENSE_ENTRIES`] (argument `d` or `k`, whichever is larger), checked
+/// before anything is allocated.
 ///
 /// ```
 /// let e = kappa_attention::rect_identity::<f64>(3, 2)?;
@@ -44,7 +49,8 @@ pub fn rect_identity<A: Real>(d: usize, k: usize) -> Result<Array2<A>> {
 /// The D×k block identity E with ones at (offset + i, i), i < k: rows offset..offset + k of E
 /// form I_k. With offset = h·k it is head h's block of the fused D×D identity.
 ///
-/// Errors: `d` or `k` zero; `offset + k > d` (argument `offset`).
+/// Errors: `d` or `k` zero; `offset + k > d` (argument `offset`, checked without overflow);
+/// d·k above [`kappa_linalg::MAX_DENSE_ENTRIES`] (as [`rect_identity`]).
 pub fn block_identity<A: Real>(d: usize, k: usize, offset: usize) -> Result<Array2<A>> {
     if d == 0 || k == 0 {
         return Err(AttentionError::InvalidArgument {
@@ -58,6 +64,7 @@ pub fn block_identity<A: Real>(d: usize, k: usize, offset: usize) -> Result<Arra
             reason: format!("rows offset..offset + k = {offset}..{offset}+{k} exceed D = {d}"),
         });
     }
+    check_dense(if d >= k { "d" } else { "k" }, d, k)?;
     let mut e = Array2::zeros((d, k));
     for i in 0..k {
         e[[offset + i, i]] = A::one();
@@ -88,15 +95,25 @@ pub struct SvdCorrection<A> {
 }
 
 impl<A: Real> SvdCorrection<A> {
-    /// C = σ₁ U Vᵀ from the thin SVD of `w` (any shape).
+    /// C = σ₁ U Vᵀ from the thin SVD of `w` (any shape, any layout).
     ///
-    /// Errors: `w` empty or non-finite (argument `w`); LAPACK failures.
+    /// The SVD is taken of `w` scaled by a power of two to a largest entry in [1/2, 1) (exact;
+    /// see `docs/attention.md`, "Scale behaviour"), so entries anywhere in the finite range work.
+    ///
+    /// Errors: `w` empty or non-finite (argument `w`); [`AttentionError::Overflow`] (argument
+    /// `w`) when σ₁ or C is not representable (entries within a factor √(Dk) of the type's
+    /// largest value); LAPACK failures.
     pub fn new(w: ArrayView2<'_, A>) -> Result<Self> {
         check_matrix("w", &w)?;
-        let f = svd_thin(w, SvdDriver::default())?;
-        let sigma_max = f.s[0];
-        let sigma_min = f.s[f.s.len() - 1];
-        let c = f.u.dot(&f.vt).mapv(|e| e * sigma_max);
+        let (f, e) = svd_scaled(w)?;
+        let r = f.s.len();
+        let (smax, smin) = (f.s[0], f.s[r - 1]);
+        let c = f.u.dot(&f.vt).mapv(|x| times_pow2(x * smax, e));
+        let sigma_max = times_pow2(smax, e);
+        let sigma_min = times_pow2(smin, e);
+        let sig = ndarray::arr2(&[[sigma_max]]);
+        check_computed("w", &sig.view(), "σ_max(w)")?;
+        check_computed("w", &c.view(), "the correction C = σ_max U Vᵀ")?;
         Ok(Self {
             c,
             sigma_max,
@@ -111,19 +128,23 @@ impl<A: Real> SvdCorrection<A> {
 
     /// W + C.
     ///
-    /// Errors: `w` empty, non-finite or not of C's shape.
+    /// Errors: `w` empty, non-finite or not of C's shape; [`AttentionError::Overflow`]
+    /// (argument `w`) when W + C overflows.
     pub fn apply(&self, w: ArrayView2<'_, A>) -> Result<Array2<A>> {
         check_shape("w", &w, self.c.nrows(), self.c.ncols(), "the shape of C")?;
-        Ok(&w + &self.c)
+        let out = &w + &self.c;
+        check_computed("w", &out.view(), "W + C")?;
+        Ok(out)
     }
 
-    /// The closed form 2σ_max/(σ_max + σ_min) of κ(W + C) (1 for W = 0, where C = 0).
+    /// The closed form 2σ_max/(σ_max + σ_min) = 2/(1 + σ_min/σ_max) of κ(W + C), in [1, 2]
+    /// (1 for W = 0, where C = 0). Evaluated in the second form, which cannot overflow.
     pub fn corrected_kappa(&self) -> A {
         let two = A::one() + A::one();
         if self.sigma_max == A::zero() {
             return A::one();
         }
-        two * self.sigma_max / (self.sigma_max + self.sigma_min)
+        two / (A::one() + self.sigma_min / self.sigma_max)
     }
 
     /// σ_max(W).
@@ -191,46 +212,68 @@ impl IdentityShift {
         self.offset
     }
 
+    /// Checks offset + k ≤ d without overflow (any offset, up to `usize::MAX`, is refused
+    /// cleanly when it does not fit).
     pub(crate) fn check_fits(&self, d: usize, k: usize) -> Result<()> {
-        if self.offset + k > d {
+        if self.offset.checked_add(k).is_none_or(|end| end > d) {
             return Err(AttentionError::InvalidArgument {
                 arg: "shift",
                 reason: format!(
-                    "the identity block at rows {}..{} does not fit in D = {d} rows",
-                    self.offset,
-                    self.offset + k
+                    "the identity block at rows {}..{} + {k} does not fit in D = {d} rows",
+                    self.offset, self.offset
                 ),
             });
         }
         Ok(())
     }
 
+    /// λ in the precision `A` it is used in: it must stay finite there (λ = 1e300 is finite in
+    /// f64 but ∞ in f32). A λ that rounds to 0 (e.g. 1e-50 in f32) is the shift by 0, not an
+    /// error. `arg` names λ's holder in the caller's signature.
+    pub(crate) fn lambda_in<A: Real>(&self, arg: &'static str) -> Result<A> {
+        let l = A::from_f64_lossy(self.lambda);
+        if l.is_finite() {
+            Ok(l)
+        } else {
+            Err(AttentionError::InvalidArgument {
+                arg,
+                reason: format!("λ = {:e} is not finite in {}", self.lambda, A::NAME),
+            })
+        }
+    }
+
     /// The D×k matrix λ E.
     ///
-    /// Errors: as [`block_identity`].
+    /// Errors: as [`block_identity`]; λ not finite in `A` (argument `lambda`).
     pub fn matrix<A: Real>(&self, d: usize, k: usize) -> Result<Array2<A>> {
-        Ok(block_identity::<A>(d, k, self.offset)?.mapv(|e| e * A::from_f64_lossy(self.lambda)))
+        let e = block_identity::<A>(d, k, self.offset)?;
+        let l = self.lambda_in::<A>("lambda")?;
+        Ok(e.mapv(|x| x * l))
     }
 
     /// W + λE, materialized (for analysis; training uses [`IdentityShift::project`]).
     ///
-    /// Errors: `w` empty or non-finite; the block does not fit in `w`'s rows (argument `shift`).
+    /// Errors: `w` empty or non-finite; the block does not fit in `w`'s rows or λ is not finite
+    /// in `A` (argument `shift`); [`AttentionError::Overflow`] (argument `w`) when W + λE
+    /// overflows.
     pub fn apply<A: Real>(&self, w: ArrayView2<'_, A>) -> Result<Array2<A>> {
         check_matrix("w", &w)?;
         let (d, k) = w.dim();
         self.check_fits(d, k)?;
+        let l = self.lambda_in::<A>("shift")?;
         let mut out = w.to_owned();
-        let l = A::from_f64_lossy(self.lambda);
         for i in 0..k {
             out[[self.offset + i, i]] += l;
         }
+        check_computed("w", &out.view(), "W + λE")?;
         Ok(out)
     }
 
     /// X (W + λE) computed as X W + λ X[:, offset..offset + k], never forming W + λE.
     ///
     /// Errors: `x` or `w` empty or non-finite; `w` without `x.ncols()` rows; the block does not
-    /// fit.
+    /// fit or λ is not finite in `A` (argument `shift`); [`AttentionError::Overflow`] (argument
+    /// `x`) when the product overflows.
     pub fn project<A: Real>(
         &self,
         x: ArrayView2<'_, A>,
@@ -241,32 +284,69 @@ impl IdentityShift {
         let (d, k) = w.dim();
         check_shape("x", &x, x.nrows(), d, "D columns, the rows of w")?;
         self.check_fits(d, k)?;
+        let l = self.lambda_in::<A>("shift")?;
         let mut out = x.dot(&w);
-        out.scaled_add(
-            A::from_f64_lossy(self.lambda),
-            &x.slice(s![.., self.offset..self.offset + k]),
-        );
+        out.scaled_add(l, &x.slice(s![.., self.offset..self.offset + k]));
+        check_computed("x", &out.view(), "X (W + λE)")?;
         Ok(out)
     }
 
-    /// Weyl's bound (λ + σ_max)/(λ − σ_max) on κ(W + λE), or `None` when λ ≤ σ_max (no bound).
+    /// Weyl's bound (λ + σ_max)/(λ − σ_max) = (1 + r)/(1 − r), r = σ_max/λ, on κ(W + λE),
+    /// evaluated in the second form (no overflow for λ near `f64::MAX`). `None` when there is no
+    /// bound: λ ≤ σ_max, or `sigma_max` not a finite number ≥ 0 (it is a largest singular
+    /// value).
     pub fn weyl_bound(&self, sigma_max: f64) -> Option<f64> {
-        (self.lambda > sigma_max).then(|| (self.lambda + sigma_max) / (self.lambda - sigma_max))
+        let valid = sigma_max.is_finite() && sigma_max >= 0.0;
+        (valid && self.lambda > sigma_max).then(|| {
+            let r = sigma_max / self.lambda;
+            (1.0 + r) / (1.0 - r)
+        })
     }
 
     /// Whether Theorem 3.8's sufficient condition λ > σ_max (κ + 1)/(κ − 1) holds for `w`
     /// (κ = ∞ reads as λ > σ_max; κ = 1 never holds).
     ///
-    /// Errors: `w` empty or non-finite; LAPACK failures.
+    /// Errors: `w` empty or non-finite; LAPACK failures. Any finite scale works (the SVD is
+    /// scaled; a threshold beyond `f64::MAX` is met by no λ, so the answer is `false`).
     pub fn guarantees_decrease<A: Real>(&self, w: ArrayView2<'_, A>) -> Result<bool> {
         check_matrix("w", &w)?;
-        let c = conditioning(w, RankTolerance::Numpy)?;
-        let (a, kappa) = (c.sigma_max.to_f64_lossy(), c.kappa.to_f64_lossy());
+        let (a, kappa) = sigma_max_and_kappa(w)?;
         Ok(match decrease_threshold(a, kappa) {
             Some(t) => self.lambda > t,
             None => false,
         })
     }
+}
+
+/// σ_max (f64, +∞ when beyond `f64::MAX`) and κ of a validated `w`, from one scaled SVD.
+fn sigma_max_and_kappa<A: Real>(w: ArrayView2<'_, A>) -> Result<(f64, f64)> {
+    let (s, e) = singular_values_scaled(w)?;
+    let (m, n) = w.dim();
+    let c = conditioning_from_singular_values(s.view(), m, n, RankTolerance::Numpy)?;
+    Ok((
+        times_pow2_f64(c.sigma_max.to_f64_lossy(), e),
+        c.kappa.to_f64_lossy(),
+    ))
+}
+
+/// Checks that a chosen λ is finite: [`AttentionError::Overflow`] naming `arg` otherwise.
+fn finite_lambda(arg: &'static str, lambda: f64) -> Result<f64> {
+    if lambda.is_finite() {
+        Ok(lambda)
+    } else {
+        Err(AttentionError::Overflow {
+            arg,
+            reason: "the chosen λ exceeds f64::MAX".into(),
+        })
+    }
+}
+
+/// λ = σ_max·c for a policy multiplier c: [`AttentionError::Overflow`] naming `policy` when c
+/// itself overflows (a margin near `f64::MAX`), else `w` when only the product does (λ scales
+/// with w).
+fn scaled_lambda(sigma_max: f64, c: f64) -> Result<f64> {
+    finite_lambda("policy", c)?;
+    finite_lambda("w", sigma_max * c)
 }
 
 /// The threshold a (κ + 1)/(κ − 1) of Theorem 3.8's sufficient condition (a for κ = ∞), or
@@ -305,7 +385,9 @@ impl LambdaPolicy {
     ///
     /// Errors: `w` empty or non-finite (argument `w`); an invalid policy parameter (argument
     /// `policy`); [`AttentionError::Unattainable`] for `SufficientDecrease` with κ(w) = 1 or
-    /// w = 0; LAPACK failures.
+    /// w = 0; [`AttentionError::Overflow`] when the chosen λ = σ_max(w)·c exceeds `f64::MAX`
+    /// (argument `policy` when the policy's multiplier c itself does, e.g. a margin near
+    /// `f64::MAX`; else `w`, whose scale λ follows); LAPACK failures. The λ returned is always finite and ≥ 0.
     ///
     /// ```
     /// use kappa_attention::{IdentityShift, LambdaPolicy};
@@ -327,16 +409,16 @@ impl LambdaPolicy {
             LambdaPolicy::SufficientDecrease { margin } => {
                 check_scalar("policy", margin, true)?;
                 check_matrix("w", &w)?;
-                let c = conditioning(w, RankTolerance::Numpy)?;
-                let (a, kappa) = (c.sigma_max.to_f64_lossy(), c.kappa.to_f64_lossy());
+                let (a, kappa) = sigma_max_and_kappa(w)?;
+                finite_lambda("w", a)?;
                 if a == 0.0 {
                     return Err(AttentionError::Unattainable {
                         arg: "w",
                         reason: "w is zero; any λ > 0 gives κ(λE) = 1".into(),
                     });
                 }
-                match decrease_threshold(a, kappa) {
-                    Some(t) => Ok((1.0 + margin) * t),
+                match decrease_threshold(1.0, kappa) {
+                    Some(c) => scaled_lambda(a, (1.0 + margin) * c),
                     None => Err(AttentionError::Unattainable {
                         arg: "w",
                         reason: format!(
@@ -353,8 +435,9 @@ impl LambdaPolicy {
                     });
                 }
                 check_matrix("w", &w)?;
-                let a = kappa_linalg::singular_values(w, SvdDriver::default())?[0].to_f64_lossy();
-                Ok(a * (target + 1.0) / (target - 1.0))
+                let (a, _) = sigma_max_and_kappa(w)?;
+                finite_lambda("w", a)?;
+                scaled_lambda(a, (target + 1.0) / (target - 1.0))
             }
         }
     }
@@ -390,21 +473,31 @@ pub struct ShiftFlops {
 /// FLOP count of X W + λ X[:, block] against X W for X ∈ ℝ^{N×D}, W ∈ ℝ^{D×k} (T15). For the
 /// fused multi-head form pass k = D (N·D against 2·N·D²): the ratio is 1/(2D) either way.
 ///
+/// Defined for every input: counts saturate at `u64::MAX` instead of wrapping; the ratio is
+/// computed in f64 from n·k and 2·n·d·k (so it stays 1/(2D) whatever the counts). Any size 0
+/// gives all zeros (no projection, no block, no overhead).
+///
 /// ```
 /// let f = kappa_attention::identity_shift_flops(197, 768, 64);
 /// assert_eq!(f.ratio, 1.0 / (2.0 * 768.0));
 /// ```
 pub fn identity_shift_flops(n: usize, d: usize, k: usize) -> ShiftFlops {
-    let extra = (n as u64) * (k as u64);
-    let proj = 2 * (n as u64) * (d as u64) * (k as u64);
+    let (n64, d64, k64) = (n as u64, d as u64, k as u64);
+    let extra = n64.saturating_mul(k64);
+    let proj = extra.saturating_mul(d64).saturating_mul(2);
+    if n == 0 || d == 0 || k == 0 {
+        return ShiftFlops {
+            extra_multiplies: 0,
+            projection_flops: 0,
+            ratio: 0.0,
+        };
+    }
+    let nk = n as f64 * k as f64;
+    let ratio = nk / (2.0 * nk * d as f64);
     ShiftFlops {
         extra_multiplies: extra,
         projection_flops: proj,
-        ratio: if proj == 0 {
-            0.0
-        } else {
-            extra as f64 / proj as f64
-        },
+        ratio,
     }
 }
 

@@ -1,20 +1,32 @@
 //! Attention diagnostics that training logs: entropy per row, the largest logit, saturation, the
 //! attention on the diagonal, and σ_max / σ_min / κ of each projection.
 //!
-//! The softmax Jacobian of a row p is J = diag(p) − ppᵀ (symmetric PSD, rows summing to 0), with
-//! ‖J‖_F² = Σ_i p_i² − 2 Σ_i p_i³ + (Σ_i p_i²)². It tends to 0 as p becomes one-hot: the
-//! "gradient degradation" that *Different Layers, Different Manifolds* blames for DGram
-//! attention's divergence (manifold notes §6); `mean_softmax_jacobian_frobenius` measures it.
+//! # Why these numbers
 //!
-//! The spectral-conditioning notes (§9.3) predict that λ·I_k with λ = 10 and LayerNorm-scaled
-//! tokens collapses attention to the identity at initialization: mean diagonal probability → 1,
-//! entropy → 0. These numbers detect it.
+//! **Vanishing softmax gradient.** The softmax Jacobian of a row p is J = diag(p) − ppᵀ
+//! (symmetric PSD, rows summing to 0), with ‖J‖_F² = Σ_i p_i² − 2 Σ_i p_i³ + (Σ_i p_i²)². For a
+//! one-hot p every term cancels and J = 0: a saturated row passes no gradient to its scores.
+//! This is the mechanism by which a DGram-constrained attention layer stalls and diverges once
+//! its rows saturate (`docs/attention.md`, "Diagnostics"); `mean_softmax_jacobian_frobenius`
+//! measures how close the rows are to it.
+//!
+//! **Collapse to the identity under λ·I_k.** With λ·I_k added to W_Q and W_K, the scores gain
+//! λ² X[:, 0..k] X[:, 0..k]ᵀ plus cross terms; for LayerNorm-scaled tokens the diagonal term
+//! λ²‖x_i[0..k]‖² dominates every off-diagonal one once λ is large (λ = 10 in the paper), so
+//! each token attends to itself: mean diagonal probability → 1, entropy → 0, every row
+//! saturated (`docs/attention.md`, "Diagnostics"). These numbers detect it.
+//!
+//! # Errors
+//!
+//! [`attention_diagnostics`] validates its inputs (an attention matrix has entries in [0, 1]),
+//! and [`Forward::diagnostics`] returns its result rather than swallowing an error.
 
-use kappa_linalg::{singular_values, Real, SvdDriver};
+use kappa_linalg::Real;
 use ndarray::ArrayView2;
 
 use crate::attention::Forward;
-use crate::error::{check_matrix, check_shape, AttentionError, Result};
+use crate::error::{check_matrix, check_probabilities, check_shape, AttentionError, Result};
+use crate::scale::{singular_values_scaled, times_pow2_f64};
 
 /// Row-wise statistics of an attention matrix.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,9 +52,13 @@ pub struct AttentionDiagnostics {
 
 /// ‖diag(p) − ppᵀ‖_F of one probability row, in O(n) without forming the matrix:
 /// ‖J‖_F² = Σ p_i² − 2 Σ p_i³ + (Σ p_i²)² (expand Σ_ij (δ_ij p_i − p_i p_j)²).
-/// For uniform p over n entries it is sqrt(n − 1)/n; for one-hot p it is 0. A plain scalar
-/// helper: it does not validate p (an empty slice gives 0, a NaN entry gives NaN);
-/// [`attention_diagnostics`] validates its matrix before calling it.
+/// For uniform p over n entries it is sqrt(n − 1)/n; for one-hot p it is 0. For any
+/// probability vector (entries in [0, 1] summing to 1) it lies in [0, 1): ‖J‖_F ≤ tr J =
+/// 1 − Σ p_i² (J is PSD), and is finite.
+///
+/// A plain scalar helper: it does not validate p. An empty slice gives 0, a NaN entry gives
+/// NaN, and entries far outside [0, 1] (|p_i| ≳ 1e102, where p_i³ overflows) may give NaN or
+/// +∞; it never panics. [`attention_diagnostics`] validates its matrix before calling it.
 ///
 /// ```
 /// let u = kappa_attention::softmax_jacobian_frobenius(&[0.25; 4]);
@@ -53,7 +69,13 @@ pub fn softmax_jacobian_frobenius(p: &[f64]) -> f64 {
     let (s2, s3) = p
         .iter()
         .fold((0.0, 0.0), |(a, b), &x| (a + x * x, b + x * x * x));
-    (s2 - 2.0 * s3 + s2 * s2).max(0.0).sqrt()
+    let sq = s2 - 2.0 * s3 + s2 * s2;
+    // Clamp rounding below 0, but keep a NaN (f64::max would turn it into 0).
+    if sq < 0.0 {
+        0.0
+    } else {
+        sq.sqrt()
+    }
 }
 
 /// The default saturation threshold: a row is saturated when > 99% of its mass is on one token.
@@ -63,8 +85,11 @@ pub const SATURATION_THRESHOLD: f64 = 0.99;
 /// (same shape); with `causal`, entries j > i are ignored for the largest logit and the uniform
 /// entropy. `threshold` ∈ (0, 1] defines saturation.
 ///
-/// Errors: `p` or `scores` empty or non-finite; `scores` not of `p`'s shape; `threshold` outside
-/// (0, 1].
+/// Every field is finite: entropies in [0, ln M], fractions and the mean diagonal in [0, 1],
+/// the largest logit as given.
+///
+/// Errors: `p` or `scores` empty or non-finite; `p` with an entry outside [0, 1] (argument
+/// `p`); `scores` not of `p`'s shape; `threshold` outside (0, 1].
 ///
 /// ```
 /// use kappa_attention::{attention_diagnostics, softmax_rows};
@@ -82,7 +107,7 @@ pub fn attention_diagnostics<A: Real>(
     causal: bool,
     threshold: f64,
 ) -> Result<AttentionDiagnostics> {
-    check_matrix("p", &p)?;
+    check_probabilities("p", &p)?;
     check_shape("scores", &scores, p.nrows(), p.ncols(), "the shape of p")?;
     if !(threshold > 0.0 && threshold <= 1.0) {
         return Err(AttentionError::InvalidArgument {
@@ -134,24 +159,17 @@ pub fn attention_diagnostics<A: Real>(
 
 impl<A: Real> Forward<A> {
     /// [`attention_diagnostics`] of this forward pass with the default threshold 0.99.
-    pub fn diagnostics(&self) -> AttentionDiagnostics {
-        // Every input was validated by the forward pass, and P's rows are finite.
+    ///
+    /// Errors: as [`attention_diagnostics`]. A forward pass only exists with finite scores and
+    /// a P whose entries lie in [0, 1], so this returns `Ok` for every [`Forward`]; the error is
+    /// passed on rather than hidden should that invariant ever break.
+    pub fn diagnostics(&self) -> Result<AttentionDiagnostics> {
         attention_diagnostics(
             self.p.view(),
             self.scores.view(),
             self.causal,
             SATURATION_THRESHOLD,
         )
-        .unwrap_or_else(|_| AttentionDiagnostics {
-            entropy_per_row: Vec::new(),
-            mean_entropy: f64::NAN,
-            uniform_entropy: f64::NAN,
-            max_logit: f64::NAN,
-            saturated_fraction: f64::NAN,
-            saturation_threshold: SATURATION_THRESHOLD,
-            mean_diagonal: f64::NAN,
-            mean_softmax_jacobian_frobenius: f64::NAN,
-        })
     }
 }
 
@@ -168,6 +186,9 @@ pub struct ProjectionStats {
 
 /// σ_max, σ_min and κ of a projection `w` (one SVD, singular values only).
 ///
+/// Any finite scale works (the SVD is scaled as in [`crate::Kappa::of`]); σ beyond `f64::MAX`
+/// is reported as +∞, κ stays exact.
+///
 /// Errors: `w` empty or non-finite; LAPACK failures.
 ///
 /// ```
@@ -177,7 +198,7 @@ pub struct ProjectionStats {
 /// ```
 pub fn projection_stats<A: Real>(w: ArrayView2<'_, A>) -> Result<ProjectionStats> {
     check_matrix("w", &w)?;
-    let s = singular_values(w, SvdDriver::default())?;
+    let (s, e) = singular_values_scaled(w)?;
     let (m, n) = w.dim();
     let c = kappa_linalg::conditioning_from_singular_values(
         s.view(),
@@ -186,8 +207,8 @@ pub fn projection_stats<A: Real>(w: ArrayView2<'_, A>) -> Result<ProjectionStats
         kappa_linalg::RankTolerance::Numpy,
     )?;
     Ok(ProjectionStats {
-        sigma_max: c.sigma_max.to_f64_lossy(),
-        sigma_min: c.sigma_min.to_f64_lossy(),
+        sigma_max: times_pow2_f64(c.sigma_max.to_f64_lossy(), e),
+        sigma_min: times_pow2_f64(c.sigma_min.to_f64_lossy(), e),
         kappa: c.kappa.to_f64_lossy(),
     })
 }

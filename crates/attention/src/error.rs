@@ -73,6 +73,16 @@ pub enum AttentionError {
         /// Why.
         reason: String,
     },
+    /// A result (or an intermediate that determines it, such as the scores Q Kᵀ/s) is not
+    /// representable: its magnitude exceeds the largest finite value of the element type,
+    /// although every input was finite. The argument named is the one whose scale decides it.
+    #[error("argument `{arg}` is out of range: {reason}")]
+    Overflow {
+        /// The argument's name.
+        arg: &'static str,
+        /// What overflowed, and what to change.
+        reason: String,
+    },
     /// An error of the numerical kernel (`kappa-linalg`).
     #[error(transparent)]
     Linalg(#[from] LinalgError),
@@ -172,6 +182,42 @@ pub(crate) fn check_scalar(arg: &'static str, x: f64, positive: bool) -> Result<
                 if positive { ">" } else { "≥" }
             ),
         })
+    }
+}
+
+/// Checks that a computed matrix is finite: [`AttentionError::Overflow`] naming `arg`, with
+/// `what` saying which quantity overflowed, otherwise.
+pub(crate) fn check_computed<A: Real>(
+    arg: &'static str,
+    a: &ArrayView2<'_, A>,
+    what: &str,
+) -> Result<()> {
+    if a.iter().all(|x| x.is_finite()) {
+        return Ok(());
+    }
+    Err(AttentionError::Overflow {
+        arg,
+        reason: format!(
+            "{what} has entries beyond the largest finite {} ({:e}); scale the input down",
+            A::NAME,
+            A::max_value().to_f64_lossy()
+        ),
+    })
+}
+
+/// Checks that a probability matrix (an attention matrix P) is non-empty, finite and has its
+/// entries in [0, 1].
+pub(crate) fn check_probabilities<A: Real>(arg: &'static str, p: &ArrayView2<'_, A>) -> Result<()> {
+    check_matrix(arg, p)?;
+    match p
+        .indexed_iter()
+        .find(|(_, &x)| !(x >= A::zero() && x <= A::one()))
+    {
+        None => Ok(()),
+        Some(((i, j), x)) => Err(AttentionError::InvalidArgument {
+            arg,
+            reason: format!("an attention matrix has entries in [0, 1], found {x} at ({i}, {j})"),
+        }),
     }
 }
 

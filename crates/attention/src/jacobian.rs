@@ -56,7 +56,8 @@ use kappa_linalg::{commutation_matrix, kron, unvec, Real};
 use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, Axis, Zip};
 
 use crate::attention::Forward;
-use crate::error::{check_dense, check_shape, check_vector, Result};
+use crate::error::{check_computed, check_dense, check_shape, check_vector, shape_str, Result};
+use crate::scale::linear;
 use crate::softmax::{softmax_jacobian_dense, softmax_jvp_unchecked};
 
 /// The three blocks of the weight Jacobian J = [J_Q J_K J_V], each Nk × Dk, column-major vec
@@ -74,13 +75,24 @@ pub struct WeightJacobian<A> {
 impl<A: Real> WeightJacobian<A> {
     /// The full J = [J_Q J_K J_V] ∈ ℝ^{Nk × 3Dk}.
     ///
-    /// Errors: [`crate::AttentionError::TooLarge`] beyond [`kappa_linalg::MAX_DENSE_ENTRIES`].
+    /// Errors: [`crate::AttentionError::TooLarge`] (argument `self`) beyond
+    /// [`kappa_linalg::MAX_DENSE_ENTRIES`]; [`crate::AttentionError::ShapeMismatch`] (argument
+    /// `self.k` or `self.v`) for hand-built blocks whose shapes differ from `self.q`'s.
     pub fn full(&self) -> Result<Array2<A>> {
         let (rows, cols) = self.q.dim();
-        check_dense("jacobian", rows, 3 * cols)?;
+        for (arg, b) in [("self.k", &self.k), ("self.v", &self.v)] {
+            if b.dim() != (rows, cols) {
+                return Err(crate::AttentionError::ShapeMismatch {
+                    arg,
+                    expected: format!("{} (the shape of self.q)", shape_str(rows, cols)),
+                    found: shape_str(b.nrows(), b.ncols()),
+                });
+            }
+        }
+        check_dense("self", rows, cols.saturating_mul(3))?;
         concatenate(Axis(1), &[self.q.view(), self.k.view(), self.v.view()]).map_err(|e| {
             crate::AttentionError::InvalidArgument {
-                arg: "jacobian",
+                arg: "self",
                 reason: e.to_string(),
             }
         })
@@ -158,7 +170,10 @@ impl<A: Real> Forward<A> {
     /// d + e·D ↔ W[d, e]).
     ///
     /// Cost: O(N²k(k + D)) flops plus 3·N·k·D·k entries. Errors: a block above
-    /// [`kappa_linalg::MAX_DENSE_ENTRIES`] entries ([`crate::AttentionError::TooLarge`]).
+    /// [`kappa_linalg::MAX_DENSE_ENTRIES`] entries ([`crate::AttentionError::TooLarge`],
+    /// argument `jacobian`); [`crate::AttentionError::Overflow`] (argument `self`) when an entry
+    /// of J overflows (possible for a forward pass whose X, Q, K, V are all near the range's
+    /// square root; see `docs/attention.md`, "Scale behaviour").
     ///
     /// ```
     /// use kappa_attention::{AttentionOptions, SelfAttention};
@@ -188,7 +203,9 @@ impl<A: Real> Forward<A> {
     /// evaluations reuse their memory: every entry of `out` is overwritten. At model sizes a
     /// fresh multi-GB allocation costs more in page faults than filling it.
     ///
-    /// Errors: a block of `out` not Nk × Dk (argument `out`).
+    /// Errors: a block of `out` not Nk × Dk (argument `out`); an entry of J overflows
+    /// ([`crate::AttentionError::Overflow`], argument `self`; `out` then holds the partial
+    /// values).
     pub fn jacobian_weights_into(&self, out: &mut WeightJacobian<A>) -> Result<()> {
         let (n, d, k) = self.dims();
         let (nk, dk) = (n * k, d * k);
@@ -228,6 +245,9 @@ impl<A: Real> Forward<A> {
                 rv.slice_mut(s![c * d..(c + 1) * d]).assign(&px.row(i));
             }
         }
+        for b in [&out.q, &out.k, &out.v] {
+            check_computed("self", &b.view(), "the weight Jacobian")?;
+        }
         Ok(())
     }
 
@@ -241,9 +261,10 @@ impl<A: Real> Forward<A> {
     pub fn jacobian_weights_kronecker(&self) -> Result<WeightJacobian<A>> {
         let (n, d, k) = self.dims();
         let inv_s = A::one() / self.s;
+        // Λ first: it refuses N > 128 before any N-sized allocation.
+        let lambda = softmax_jacobian_dense(self.p.view())?;
         let eye_n = Array2::<A>::eye(n);
         let eye_k = Array2::<A>::eye(k);
-        let lambda = softmax_jacobian_dense(self.p.view())?;
         let left = kron(self.v.t(), eye_n.view())?.dot(&lambda); // (Vᵀ ⊗ I_N) Λ
         let jq = left
             .dot(&kron(self.k.view(), self.x.view())?)
@@ -253,6 +274,9 @@ impl<A: Real> Forward<A> {
             .dot(&kron(self.x.view(), self.q.view())?.dot(&kdk))
             .mapv(|e| e * inv_s);
         let jv = kron(eye_k.view(), self.p.dot(&self.x).view())?;
+        for b in [&jq, &jk, &jv] {
+            check_computed("self", &b.view(), "the weight Jacobian")?;
+        }
         Ok(WeightJacobian {
             q: jq,
             k: jk,
@@ -264,7 +288,8 @@ impl<A: Real> Forward<A> {
     /// ↔ A[i, c], column m + d·N ↔ X[m, d]); formula in the module docs. (The paper's theorems
     /// bound the *weight* Jacobian; this one is a different quantity.)
     ///
-    /// Cost: O(N²k(k + D) + N·k·N·D). Errors: [`crate::AttentionError::TooLarge`].
+    /// Cost: O(N²k(k + D) + N·k·N·D). Errors: [`crate::AttentionError::TooLarge`];
+    /// [`crate::AttentionError::Overflow`] (argument `self`) when an entry overflows.
     pub fn jacobian_input(&self) -> Result<Array2<A>> {
         let (n, d, k) = self.dims();
         check_dense("jacobian", n * k, n * d)?;
@@ -293,13 +318,19 @@ impl<A: Real> Forward<A> {
                 }
             }
         }
+        check_computed("self", &jx.view(), "the input Jacobian")?;
         Ok(jx)
     }
 
     /// Jacobian–vector product with respect to the weights: dA (N×k) for the tangent
     /// (dW_Q, dW_K, dW_V) (each D×k). Equals unvec(J · [vec dW_Q; vec dW_K; vec dW_V]).
     ///
-    /// Errors: a tangent empty, non-finite or not D×k (argument `dwq`, `dwk` or `dwv`).
+    /// Linear in the tangent, so evaluated at the tangent scaled by a power of two (see
+    /// `docs/attention.md`, "Scale behaviour"): tangents of any finite scale work.
+    ///
+    /// Errors: a tangent empty, non-finite or not D×k (argument `dwq`, `dwk` or `dwv`);
+    /// [`crate::AttentionError::Overflow`]: argument `self` when the forward pass's own scale
+    /// makes J·t overflow for a unit tangent, `dwq` when only the tangent's scale does.
     pub fn jvp_weights(
         &self,
         dwq: ArrayView2<'_, A>,
@@ -310,6 +341,19 @@ impl<A: Real> Forward<A> {
         check_shape("dwq", &dwq, d, k, "D×k like the weights")?;
         check_shape("dwk", &dwk, d, k, "D×k like the weights")?;
         check_shape("dwv", &dwv, d, k, "D×k like the weights")?;
+        let views = [dwq.reborrow(), dwk.reborrow(), dwv.reborrow()];
+        let [da] = linear(views, ("self", "dwq"), "J·t", |[q, k, v]| {
+            [self.jvp_weights_unchecked(q, k, v)]
+        })?;
+        Ok(da)
+    }
+
+    fn jvp_weights_unchecked(
+        &self,
+        dwq: ArrayView2<'_, A>,
+        dwk: ArrayView2<'_, A>,
+        dwv: ArrayView2<'_, A>,
+    ) -> Array2<A> {
         let inv_s = A::one() / self.s;
         let mut ds = self.x.dot(&dwq).dot(&self.k.t());
         ds += &self.q.dot(&self.x.dot(&dwk).t());
@@ -317,24 +361,30 @@ impl<A: Real> Forward<A> {
         let dp = self.softmax_apply(&ds);
         let mut da = dp.dot(&self.v);
         da += &self.p.dot(&self.x.dot(&dwv));
-        Ok(da)
+        da
     }
 
     /// Vector–Jacobian product with respect to the weights: for G = ∂L/∂A (N×k), the gradients
     /// (∂L/∂W_Q, ∂L/∂W_K, ∂L/∂W_V), i.e. unvec of Jᵀ vec(G).
     ///
-    /// Errors: `g` empty, non-finite or not N×k.
+    /// Linear in `g`, so evaluated at `g` scaled by a power of two (as [`Forward::jvp_weights`]).
+    ///
+    /// Errors: `g` empty, non-finite or not N×k; [`crate::AttentionError::Overflow`] (argument
+    /// `self` or `g`, as [`Forward::jvp_weights`]).
     pub fn vjp_weights(&self, g: ArrayView2<'_, A>) -> Result<WeightSet<A>> {
         let (n, _, k) = self.dims();
         check_shape("g", &g, n, k, "N×k like the output")?;
-        let gs = self.score_cotangent(g);
-        let inv_s = A::one() / self.s;
-        let xt = self.x.t();
-        Ok(WeightSet {
-            q: xt.dot(&gs.dot(&self.k)).mapv(|e| e * inv_s),
-            k: xt.dot(&gs.t().dot(&self.q)).mapv(|e| e * inv_s),
-            v: xt.dot(&self.p.t().dot(&g)),
-        })
+        let [q, k, v] = linear([g], ("self", "g"), "Jᵀ·g", |[g]| {
+            let gs = self.score_cotangent(g);
+            let inv_s = A::one() / self.s;
+            let xt = self.x.t();
+            [
+                xt.dot(&gs.dot(&self.k)).mapv(|e| e * inv_s),
+                xt.dot(&gs.t().dot(&self.q)).mapv(|e| e * inv_s),
+                xt.dot(&self.p.t().dot(&g)),
+            ]
+        })?;
+        Ok(WeightSet { q, k, v })
     }
 
     /// gS = P ⊙ (gP − rowsum(P ⊙ gP)), gP = G Vᵀ.
@@ -346,10 +396,21 @@ impl<A: Real> Forward<A> {
     /// Jacobian–vector product with respect to the input: dA (N×k) for dX (N×D); equals
     /// unvec(J_X vec dX).
     ///
-    /// Errors: `dx` empty, non-finite or not N×D.
+    /// Linear in `dx`, so evaluated at `dx` scaled by a power of two (as
+    /// [`Forward::jvp_weights`]).
+    ///
+    /// Errors: `dx` empty, non-finite or not N×D; [`crate::AttentionError::Overflow`] (argument
+    /// `self` or `dx`, as [`Forward::jvp_weights`]).
     pub fn jvp_input(&self, dx: ArrayView2<'_, A>) -> Result<Array2<A>> {
         let (n, d, _) = self.dims();
         check_shape("dx", &dx, n, d, "N×D like the tokens")?;
+        let [da] = linear([dx], ("self", "dx"), "J_X·dx", |[dx]| {
+            [self.jvp_input_unchecked(dx)]
+        })?;
+        Ok(da)
+    }
+
+    fn jvp_input_unchecked(&self, dx: ArrayView2<'_, A>) -> Array2<A> {
         let inv_s = A::one() / self.s;
         let dq = dx.dot(&self.wq);
         let dk = dx.dot(&self.wk);
@@ -360,15 +421,26 @@ impl<A: Real> Forward<A> {
         let dp = self.softmax_apply(&ds);
         let mut da = dp.dot(&self.v);
         da += &self.p.dot(&dv);
-        Ok(da)
+        da
     }
 
     /// Vector–Jacobian product with respect to the input: ∂L/∂X (N×D) for G = ∂L/∂A (N×k).
     ///
-    /// Errors: `g` empty, non-finite or not N×k.
+    /// Linear in `g`, so evaluated at `g` scaled by a power of two (as
+    /// [`Forward::jvp_weights`]).
+    ///
+    /// Errors: `g` empty, non-finite or not N×k; [`crate::AttentionError::Overflow`] (argument
+    /// `self` or `g`, as [`Forward::jvp_weights`]).
     pub fn vjp_input(&self, g: ArrayView2<'_, A>) -> Result<Array2<A>> {
         let (n, _, k) = self.dims();
         check_shape("g", &g, n, k, "N×k like the output")?;
+        let [gx] = linear([g], ("self", "g"), "J_Xᵀ·g", |[g]| {
+            [self.vjp_input_unchecked(g)]
+        })?;
+        Ok(gx)
+    }
+
+    fn vjp_input_unchecked(&self, g: ArrayView2<'_, A>) -> Array2<A> {
         let gs = self.score_cotangent(g);
         let inv_s = A::one() / self.s;
         let gq = gs.dot(&self.k).mapv(|e| e * inv_s);
@@ -377,7 +449,7 @@ impl<A: Real> Forward<A> {
         let mut gx = gq.dot(&self.wq.t());
         gx += &gk.dot(&self.wk.t());
         gx += &gv.dot(&self.wv.t());
-        Ok(gx)
+        gx
     }
 
     /// J · t for t = [vec dW_Q; vec dW_K; vec dW_V] (column-major, length 3Dk): vec dA (length

@@ -21,8 +21,31 @@
 //!   i + c·N is output entry A[i, c] and column d + e·D is W[d, e].
 //! * κ follows kappa-linalg's rule: σ₁/σ_min(m,n) at full numerical rank, +∞ otherwise; κ⁺ is the
 //!   pseudo condition number over the singular values above numpy's threshold.
-//! * Every function validates its input and returns [`AttentionError`]; none panics on user
-//!   input.
+//!
+//! # Error contract
+//!
+//! Every public function validates its input and returns [`AttentionError`] or a documented
+//! value; none panics, hangs or aborts on user input. Each error names the argument it is about:
+//! empty or non-finite matrices ([`AttentionError::Empty`], [`AttentionError::NonFinite`]),
+//! shapes ([`AttentionError::ShapeMismatch`]), parameters out of their domain
+//! ([`AttentionError::InvalidArgument`]: λ, the score scale, offsets (checked without
+//! overflow), an attention matrix with entries outside [0, 1], …), dense results above
+//! [`kappa_linalg::MAX_DENSE_ENTRIES`] refused before allocating ([`AttentionError::TooLarge`]),
+//! and finite inputs whose result is not representable ([`AttentionError::Overflow`]).
+//! Parameters are validated in the precision they are used in: `ScoreScale::Custom(1e-300)` is
+//! refused for an f32 head (it rounds to 0) but accepted for f64. Size helpers
+//! ([`k_rank_bound`], [`full_rank_bound`], [`identity_shift_flops`]) are defined for every input
+//! (saturating, 0 for an empty size). `docs/attention.md` ("Error contract") has the full table;
+//! `tests/bad_input.rs` checks it over every entry point.
+//!
+//! # Scale behaviour
+//!
+//! Softmax is computed stably, so every finite score matrix gives probability rows. The scores
+//! grow like |x|²|w|²: the forward pass refuses (with `Overflow` naming `x`) when Q, K, V, a
+//! score or the output is not finite, instead of returning a NaN P. SVD-based quantities (κ,
+//! σ, the SVD correction, the λ policies) and the matrix-free products are evaluated on inputs
+//! scaled by an exact power of two, so they work across the whole finite range; κ is scale
+//! invariant and comes out as for a unit-scale matrix (`docs/attention.md`, "Scale behaviour").
 
 pub mod attention;
 pub mod conditioning;
@@ -31,6 +54,7 @@ pub mod diagnostics;
 pub mod error;
 pub mod jacobian;
 pub mod multihead;
+mod scale;
 pub mod softmax;
 
 pub use attention::{attention, AttentionOptions, Forward, ScoreScale, SelfAttention};

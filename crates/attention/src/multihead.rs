@@ -25,7 +25,7 @@ use ndarray::{concatenate, s, Array2, ArrayView2, Axis};
 
 use crate::attention::{AttentionOptions, SelfAttention};
 use crate::correction::IdentityShift;
-use crate::error::{check_matrix, check_shape, AttentionError, Result};
+use crate::error::{check_computed, check_matrix, check_shape, AttentionError, Result};
 
 /// Where head h's λ·I_k block sits (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -38,11 +38,13 @@ pub enum HeadLayout {
 }
 
 impl HeadLayout {
-    /// The row offset of head `h`'s identity block for head dimension `k`.
+    /// The row offset of head `h`'s identity block for head dimension `k` (h·k for
+    /// `Shifted`). Defined for every input: h·k saturates at `usize::MAX` instead of wrapping,
+    /// an offset at which no block fits (an [`IdentityShift`] at it is refused when applied).
     pub fn offset(self, h: usize, k: usize) -> usize {
         match self {
             HeadLayout::SameBlock => 0,
-            HeadLayout::Shifted => h * k,
+            HeadLayout::Shifted => h.saturating_mul(k),
         }
     }
 }
@@ -93,7 +95,7 @@ impl<A: Real> MultiHeadAttention<A> {
                 reason: format!("must be ≥ 1 and divide the {hk} columns of the weights"),
             });
         }
-        options.scale.divisor(hk / heads)?;
+        options.scale.divisor_in::<A>(hk / heads)?;
         Ok(Self {
             wq,
             wk,
@@ -106,10 +108,11 @@ impl<A: Real> MultiHeadAttention<A> {
 
     /// Adds λ·I_k to every head's three projections in the given layout.
     ///
-    /// Errors: λ not finite or negative (argument `lambda`); `Shifted` with Hk > D (argument
-    /// `layout`).
+    /// Errors: λ not finite or negative, or not finite in `A` (argument `lambda`); `Shifted`
+    /// with Hk > D, or k > D (argument `layout`); [`AttentionError::Overflow`] (argument
+    /// `lambda`) when a corrected weight W + λE overflows `A`.
     pub fn with_identity_shift(mut self, lambda: f64, layout: HeadLayout) -> Result<Self> {
-        IdentityShift::new(lambda)?;
+        IdentityShift::new(lambda)?.lambda_in::<A>("lambda")?;
         let (d, hk) = self.wq.dim();
         let k = hk / self.heads;
         if layout == HeadLayout::Shifted && hk > d {
@@ -125,6 +128,15 @@ impl<A: Real> MultiHeadAttention<A> {
             });
         }
         self.shift = Some((lambda, layout));
+        for h in 0..self.heads {
+            self.head(h).map_err(|e| match e {
+                AttentionError::Overflow { reason, .. } => AttentionError::Overflow {
+                    arg: "lambda",
+                    reason,
+                },
+                other => other,
+            })?;
+        }
         Ok(self)
     }
 
@@ -173,7 +185,8 @@ impl<A: Real> MultiHeadAttention<A> {
     /// The fused projections (Q, K, V), each N×Hk, with the correction applied as
     /// X W + λ·(the shifted columns of X) — never forming W + λE.
     ///
-    /// Errors: `x` empty, non-finite or without D columns.
+    /// Errors: `x` empty, non-finite or without D columns; [`AttentionError::Overflow`]
+    /// (argument `x`) when a projection overflows.
     pub fn project_qkv(&self, x: ArrayView2<'_, A>) -> Result<[Array2<A>; 3]> {
         let d = self.wq.nrows();
         check_shape("x", &x, x.nrows(), d, "D columns, the rows of the weights")?;
@@ -189,12 +202,15 @@ impl<A: Real> MultiHeadAttention<A> {
                 }
             }
         }
+        for m in &out {
+            check_computed("x", &m.view(), "a projection X W + λ X[:, block]")?;
+        }
         Ok(out)
     }
 
     /// The concatenated head outputs [A_1 … A_H] ∈ ℝ^{N×Hk}.
     ///
-    /// Errors: `x` empty, non-finite or without D columns.
+    /// Errors: as [`SelfAttention::forward`] (overflow of the scores included).
     pub fn forward(&self, x: ArrayView2<'_, A>) -> Result<Array2<A>> {
         let outs = (0..self.heads)
             .map(|h| Ok(self.head(h)?.forward(x)?.output))

@@ -22,7 +22,10 @@
 use kappa_linalg::{conditioning_from_singular_values, singular_values, Real, SvdDriver};
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 
-use crate::error::{check_dense, check_matrix, check_shape, AttentionError, Result};
+use crate::error::{
+    check_dense, check_matrix, check_probabilities, check_shape, AttentionError, Result,
+};
+use crate::scale::linear;
 
 /// The row-wise softmax of `scores` (N×M), optionally with a causal mask (entry (i, j) masked
 /// when j > i; requires N ≤ M so every row keeps at least one entry).
@@ -83,14 +86,22 @@ pub(crate) fn softmax_unchecked<A: Real>(scores: ArrayView2<'_, A>, causal: bool
 /// i.e. dP = P ⊙ (dS − rowsum(P ⊙ dS)). Since Λ is symmetric this is also the vector–Jacobian
 /// product. O(N·M) time.
 ///
-/// Errors: `p` or `ds` empty or non-finite; `ds` not of `p`'s shape.
+/// The map is linear in `ds`, so it is evaluated at `ds` scaled by a power of two (exact; see
+/// `docs/attention.md`, "Scale behaviour"): any finite `ds` whose image is representable works.
+///
+/// Errors: `p` or `ds` empty or non-finite; `p` with an entry outside [0, 1] (argument `p`);
+/// `ds` not of `p`'s shape; [`AttentionError::Overflow`] (argument `ds`) when the result
+/// overflows (|dP| ≤ 2·max|ds|·max row sum of p).
 pub fn softmax_jacobian_apply<A: Real>(
     p: ArrayView2<'_, A>,
     ds: ArrayView2<'_, A>,
 ) -> Result<Array2<A>> {
-    check_matrix("p", &p)?;
+    check_probabilities("p", &p)?;
     check_shape("ds", &ds, p.nrows(), p.ncols(), "the shape of p")?;
-    Ok(softmax_jvp_unchecked(p, ds))
+    let [out] = linear([ds], ("p", "ds"), "Λ·ds", |[t]| {
+        [softmax_jvp_unchecked(p, t)]
+    })?;
+    Ok(out)
 }
 
 pub(crate) fn softmax_jvp_unchecked<A: Real>(
@@ -111,9 +122,12 @@ pub(crate) fn softmax_jvp_unchecked<A: Real>(
 
 /// J_i = diag(p_i) − p_i p_iᵀ for the i-th row p_i of `p` (N×N result for an N-column `p`).
 ///
-/// Errors: `p` empty or non-finite; `i` out of range.
+/// Errors: `p` empty or non-finite or with an entry outside [0, 1] (argument `p`); `i` out of
+/// range; [`AttentionError::TooLarge`] (argument `p`) when the M×M result exceeds
+/// [`kappa_linalg::MAX_DENSE_ENTRIES`] for an M-column `p`.
 pub fn softmax_row_jacobian<A: Real>(p: ArrayView2<'_, A>, i: usize) -> Result<Array2<A>> {
-    check_matrix("p", &p)?;
+    check_probabilities("p", &p)?;
+    check_dense("p", p.ncols(), p.ncols())?;
     if i >= p.nrows() {
         return Err(AttentionError::InvalidArgument {
             arg: "i",
@@ -135,8 +149,8 @@ fn row_jacobian_unchecked<A: Real>(p: ArrayView2<'_, A>, i: usize) -> Array2<A> 
 /// The dense softmax-derivative matrix Λ ∈ ℝ^{N²×N²} of a square N×N attention matrix `p`,
 /// column-major: vec(dP) = Λ vec(dS), Λ[a·N + i, c·N + i] = J_i[a, c] (see the module docs).
 ///
-/// Errors: `p` empty, non-finite or not square; [`AttentionError::TooLarge`] beyond
-/// [`kappa_linalg::MAX_DENSE_ENTRIES`] entries (N > 128).
+/// Errors: `p` empty, non-finite, not square or with an entry outside [0, 1];
+/// [`AttentionError::TooLarge`] beyond [`kappa_linalg::MAX_DENSE_ENTRIES`] entries (N > 128).
 ///
 /// ```
 /// use kappa_attention::{softmax_jacobian_dense, softmax_rows};
@@ -147,7 +161,7 @@ fn row_jacobian_unchecked<A: Real>(p: ArrayView2<'_, A>, i: usize) -> Array2<A> 
 /// # Ok::<(), kappa_attention::AttentionError>(())
 /// ```
 pub fn softmax_jacobian_dense<A: Real>(p: ArrayView2<'_, A>) -> Result<Array2<A>> {
-    check_matrix("p", &p)?;
+    check_probabilities("p", &p)?;
     let n = p.nrows();
     if p.ncols() != n {
         return Err(AttentionError::ShapeMismatch {
@@ -178,9 +192,12 @@ pub fn softmax_jacobian_dense<A: Real>(p: ArrayView2<'_, A>) -> Result<Array2<A>
 /// matrix `p`, descending, computed blockwise from the N matrices J_i (N SVDs of N×N instead of
 /// one of N²×N²: O(N⁴) instead of O(N⁶)).
 ///
-/// Errors: `p` empty, non-finite or not square; LAPACK failures.
+/// Entries of p in [0, 1] bound every entry of J_i by 1 in magnitude, so the SVDs need no
+/// scaling.
+///
+/// Errors: `p` empty, non-finite, not square or with an entry outside [0, 1]; LAPACK failures.
 pub fn softmax_jacobian_singular_values<A: Real>(p: ArrayView2<'_, A>) -> Result<Array1<A>> {
-    check_matrix("p", &p)?;
+    check_probabilities("p", &p)?;
     let n = p.nrows();
     if p.ncols() != n {
         return Err(AttentionError::ShapeMismatch {

@@ -414,7 +414,7 @@ impl Experiment for Theory {
                         opts(scaled),
                     )?
                     .with_identity_shift(IdentityShift::new(lambda)?)?;
-                    let diag = head.forward(x.view())?.diagnostics();
+                    let diag = head.forward(x.view())?.diagnostics()?;
                     run.log(&Record::Entropy {
                         scaled,
                         lambda,
@@ -462,7 +462,7 @@ impl Experiment for Theory {
                             kappa_raw: fin(raw),
                             rank: j.rank,
                             rhs: fin(b.rhs),
-                            mean_diagonal: fwd.diagnostics().mean_diagonal,
+                            mean_diagonal: fwd.diagnostics()?.mean_diagonal,
                             kappa_w: fin((b.kappa_wq + b.kappa_wk + b.kappa_wv) / 3.0),
                         })?;
                         bar.inc(1);
