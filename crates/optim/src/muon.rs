@@ -130,10 +130,27 @@ impl MuonConfig {
         }
     }
 
-    /// Checks every field.
+    /// The largest learning rate accepted (also by manifold Muon): the step's spectral norm is
+    /// lr·s, and Muon's learning rates are 1e-4–1e-1, so a value beyond 1e4 is a units error; the
+    /// bound also keeps lr·s·O representable in f32 and bf16 parameters.
+    pub const MAX_LR: f64 = 1e4;
+
+    /// Checks every field: lr ∈ [0, [`MuonConfig::MAX_LR`]], weight_decay ≥ 0 with
+    /// lr·weight_decay ≤ 1 (else the decay factor 1 − lr·λ is negative and the weights flip
+    /// sign), β ∈ [0, 1), a valid msign.
     pub fn validate(&self) -> Result<()> {
-        check_range("lr", self.lr, 0.0, f64::MAX)?;
+        check_range("lr", self.lr, 0.0, Self::MAX_LR)?;
         check_range("weight_decay", self.weight_decay, 0.0, f64::MAX)?;
+        let decay = self.lr * self.weight_decay;
+        if decay > 1.0 {
+            return Err(OptimError::InvalidArgument {
+                arg: "weight_decay",
+                reason: format!(
+                    "lr·weight_decay = {decay:e} > 1: the decay factor 1 − lr·weight_decay would \
+                     be negative and flip the weights' sign; lower weight_decay or lr"
+                ),
+            });
+        }
         self.momentum.validate()?;
         self.msign.validate()
     }
@@ -192,6 +209,9 @@ pub(crate) fn check_step_inputs<M: Matrix>(w: &M, grad: &M, buffer: Option<&M>) 
                 found: format!("{}×{}", b.shape().0, b.shape().1),
             });
         }
+        // A NaN buffer (a corrupted checkpoint, an earlier NaN gradient fed in by hand) is the
+        // caller's `state` argument, not msign's internal `x`.
+        b.validate("state").map_err(from_linalg)?;
     }
     Ok(())
 }
@@ -208,9 +228,10 @@ impl Muon {
         &self.config
     }
 
-    /// Changes the learning rate (for schedules).
+    /// Changes the learning rate (for schedules). Errors as [`MuonConfig::validate`] (argument
+    /// `lr`, or `weight_decay` when lr·weight_decay would exceed 1); the rate is kept on error.
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
-        check_range("lr", lr, 0.0, f64::MAX)?;
+        MuonConfig { lr, ..self.config }.validate()?;
         self.config.lr = lr;
         Ok(())
     }
@@ -234,7 +255,7 @@ impl Muon {
         check_step_inputs(w, grad, state.buffer.as_ref())?;
         let c = &self.config;
         let precision = w.working_name(c.precision)?;
-        let (buffer, u) = c.momentum.advance(state.buffer.as_ref(), grad)?;
+        let (buffer, u) = c.momentum.advance_unchecked(state.buffer.as_ref(), grad)?;
         let o = self.direction(&u)?;
         let (m, n) = w.shape();
         let scale = c.scale.factor(m, n, c.layout);

@@ -293,6 +293,9 @@ pub struct DualReport {
     pub nuclear_norm: Option<f64>,
     /// ⟨G, A⟩/‖G‖_* ≤ 1, when diagnostics are on.
     pub descent_ratio: Option<f64>,
+    /// The tangent violation ‖H‖_F/n of each candidate, one per msign call, in order
+    /// (`initial_violation` is the first, `ascent_violation` the last).
+    pub violations: Vec<f64>,
     /// The dual objective −‖G' + 2W·P(Λ)‖_* at each msign call (G' the possibly normalized G;
     /// empty for the square closed form). Up to msign's accuracy (exact for `Msign::Exact`).
     pub dual_objective: Vec<f64>,
@@ -300,21 +303,55 @@ pub struct DualReport {
     pub gradient_scale: f64,
 }
 
-/// An upper estimate of ‖G‖₂ from ‖(GᵀG)^p‖_F^{1/(2p)}, p = 2^`squarings` (G tall, m ≥ n).
+/// An upper estimate of ‖G‖₂ from ‖(GᵀG)^p‖_F^{1/(2p)}, p = 2^`squarings` (G tall, m ≥ n;
+/// a wide G is estimated through GGᵀ, the same value).
 ///
-/// It is never below ‖G‖₂ and at most rank^{1/(2p)}·‖G‖₂ above it (1.11× for rank 768 with
-/// 5 squarings). Cost: 2mn² + 2n³ per squaring flops; generic over the backend (no random start
-/// vectors, only products). Returns 0 for G = 0.
+/// In exact arithmetic it is never below ‖G‖₂ (‖S^p‖_F ≥ ‖S^p‖₂ = ‖G‖₂^{2p} for S = GᵀG) and at
+/// most rank^{1/(2p)}·‖G‖₂ above it (1.11× for rank 768 with 5 squarings), and it is at most
+/// ‖G‖_F (the value for `squarings = 0`); computed, it is within a few n·ε (relative) of that
+/// interval. G is first scaled by an exact power of two to ‖G‖_F ∈ [0.5, 2) when its norm is far
+/// from 1, so every finite G works, from subnormal entries to `f64::MAX` (docs/optim.md,
+/// "Scale"); the result is +∞ only when ‖G‖₂ itself exceeds `f64::MAX`. Returns 0 for G = 0.
+/// Cost: 2mn² + 2n³ flops per squaring; generic over the backend (no random start vectors, only
+/// products).
+///
+/// Errors: `g` empty or non-finite (argument `g`), backend failures.
 pub fn spectral_norm_estimate<M: Matrix>(g: &M, squarings: usize) -> Result<f64> {
-    let mut s = g.duplicate()?.into_transpose().gram()?;
+    g.validate("g").map_err(crate::error::from_linalg)?;
+    estimate(g, squarings)
+}
+
+/// [`spectral_norm_estimate`] without the input check, for the crate's own intermediate
+/// matrices: NaN when `g` has a non-finite entry (callers test the result).
+pub(crate) fn estimate<M: Matrix>(g: &M, squarings: usize) -> Result<f64> {
+    let fro = g.frobenius_norm()?;
+    if fro.is_nan() || (fro.is_infinite() && g.validate("g").is_err()) {
+        return Ok(f64::NAN);
+    }
+    let (scaled, k) = match crate::msign::power_of_two_scaled(g)? {
+        Some((y, k)) => (Some(y), k),
+        None => (None, 0),
+    };
+    let est = unit_scale_estimate(scaled.as_ref().unwrap_or(g), squarings)?;
+    // Undo the scaling in two halves (2^-k alone may overflow for subnormal inputs).
+    let half = 2f64.powi(-k / 2);
+    Ok(est * half * 2f64.powi(-k - (-k / 2)))
+}
+
+/// [`spectral_norm_estimate`] on a G of safe scale (no overflow in GᵀG and its powers, which are
+/// renormalized to unit Frobenius norm at every squaring).
+fn unit_scale_estimate<M: Matrix>(g: &M, squarings: usize) -> Result<f64> {
+    let (m, n) = g.shape();
+    let g = g.duplicate()?;
+    let mut s = if m >= n { g.into_transpose() } else { g }.gram()?;
     let f = s.frobenius_norm()?;
     if f == 0.0 || !f.is_finite() {
-        return Ok(f);
+        return Ok(f.sqrt());
     }
     s.scale(1.0 / f)?;
     let mut log = f.ln();
     let mut p = 1.0;
-    for _ in 0..squarings {
+    for _ in 0..squarings.min(60) {
         let mut sq = s.matmul(&s)?;
         let f = sq.frobenius_norm()?;
         if f == 0.0 || !f.is_finite() {
@@ -352,8 +389,9 @@ pub(crate) struct TallProblem<'a, M> {
     pub g: &'a M,
 }
 
-/// The dual ascent (module docs) on tall W, G: returns the candidate A (step W − η·A) and the
-/// diagnostics. Divergence is reported in the report, not as an error (the caller decides).
+/// The dual ascent (module docs) on tall W, G: returns the candidate A (step W − η·A), the
+/// multiplier Λ of the last candidate (in the caller's units of G) and the diagnostics.
+/// Divergence is reported in the report, not as an error (the caller decides).
 pub(crate) fn ascend<M: WorkingPrecision>(
     p: &TallProblem<'_, M>,
     proj: Projector,
@@ -361,7 +399,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
     method: Msign,
     precision: Precision,
     diagnostics: bool,
-) -> Result<(M, DualReport)> {
+) -> Result<(M, M, DualReport)> {
     let mut report = DualReport {
         gradient_scale: 1.0,
         ..DualReport::default()
@@ -383,7 +421,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
     let g = match cfg.normalize {
         Some(target) => {
             let z0 = p.g.mul_add(2.0, p.w, &lam, 1.0)?;
-            let est = spectral_norm_estimate(&z0, 5)?;
+            let est = estimate(&z0, 5)?;
             if est > 0.0 && est.is_finite() {
                 report.gradient_scale = target / est;
                 let mut gs = p.g.duplicate()?;
@@ -409,6 +447,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
             report.initial_violation = v;
         }
         report.violation = v;
+        report.violations.push(v);
         a = Some(cand);
         if v < cfg.tol {
             report.converged = true;
@@ -454,7 +493,11 @@ pub(crate) fn ascend<M: WorkingPrecision>(
         report.gap = Some(1.0 - report.gradient_scale * report.descent / -best);
     }
     report.diverged = diverged(&report, cfg);
-    Ok((a, report))
+    // Λ in the caller's units: the ascent ran on G' = gradient_scale·G.
+    if report.gradient_scale != 1.0 {
+        lam.scale(1.0 / report.gradient_scale)?;
+    }
+    Ok((a, lam, report))
 }
 
 /// The feasible direction nearest the candidate `a`: orthogonally projected (Frobenius) onto
@@ -517,7 +560,7 @@ pub(crate) fn project_tangent<M: Matrix>(
         rz = rz_new;
     }
     let mut out = a.mul_add(-2.0, w, &s, 1.0)?;
-    let norm = spectral_norm_estimate(&out, 10)?;
+    let norm = estimate(&out, 10)?;
     if norm > 0.0 && norm.is_finite() {
         out.scale(1.0 / norm)?;
     }
@@ -585,14 +628,15 @@ pub fn tangent_direction<M: WorkingPrecision>(
         });
     }
     let wt = w.duplicate()?.into_transpose();
-    ascend(
+    let (a, _, report) = ascend(
         &TallProblem { w, wt: &wt, g },
         proj,
         cfg,
         method,
         precision,
         diagnostics,
-    )
+    )?;
+    Ok((a, report))
 }
 
 /// Fills the descent diagnostics (with the caller's unnormalized G).
@@ -614,20 +658,25 @@ pub(crate) fn finish_report<M: WorkingPrecision>(
 }
 
 /// The closed-form Stiefel direction for a square orthogonal W: A = W·msign(WᵀG − GᵀW), which is
-/// exactly tangent (WᵀA + AᵀW = 0) and equals the dual ascent's first candidate. `wt` is Wᵀ.
+/// exactly tangent (WᵀA + AᵀW = 0) and equals the dual ascent's first candidate, and its
+/// multiplier Λ₀ = −¼·(WᵀG + GᵀW). `wt` is Wᵀ.
 pub(crate) fn stiefel_square<M: WorkingPrecision>(
     w: &M,
     wt: &M,
     g: &M,
     method: Msign,
     precision: Precision,
-) -> Result<M> {
+) -> Result<(M, M)> {
     let s = wt.matmul(g)?;
-    let mut skew = s.duplicate()?.into_transpose();
+    let st = s.duplicate()?.into_transpose();
+    let mut skew = st.duplicate()?;
     skew.scale(-1.0)?;
     skew.axpy(1.0, &s)?;
+    let mut lam = s;
+    lam.axpy(1.0, &st)?;
+    lam.scale(-0.25)?;
     let x = msign(&skew, method, precision)?;
-    Ok(w.matmul(&x)?)
+    Ok((w.matmul(&x)?, lam))
 }
 
 /// The closed-form Stiefel direction A = W·msign(WᵀG − GᵀW) for a square orthogonal `w` (in its
@@ -659,5 +708,5 @@ pub fn stiefel_square_direction<M: WorkingPrecision>(
         });
     }
     let wt = w.duplicate()?.into_transpose();
-    stiefel_square(w, &wt, g, method, precision)
+    Ok(stiefel_square(w, &wt, g, method, precision)?.0)
 }
