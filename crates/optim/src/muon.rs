@@ -69,11 +69,14 @@ pub enum UpdateScale {
 }
 
 impl UpdateScale {
-    /// The factor s for an m×n matrix stored in `layout`.
+    /// The factor s for an m×n matrix stored in `layout` (finite for every m, n; 1 for
+    /// `Original` when fan_in = 0).
     pub fn factor(&self, rows: usize, cols: usize, layout: Layout) -> f64 {
         let (fan_out, fan_in) = layout.fans(rows, cols);
         match self {
             UpdateScale::None => 1.0,
+            // fan_in = 0 (an empty matrix, which no step accepts): 1, not +∞.
+            UpdateScale::Original if fan_in == 0 => 1.0,
             UpdateScale::Original => (fan_out as f64 / fan_in as f64).max(1.0).sqrt(),
             UpdateScale::MatchRmsAdamw => 0.2 * (rows.max(cols) as f64).sqrt(),
         }
@@ -188,15 +191,25 @@ pub struct Muon {
 
 /// Checks that `grad` (and a momentum buffer) fit `w` and that both are finite.
 pub(crate) fn check_step_inputs<M: Matrix>(w: &M, grad: &M, buffer: Option<&M>) -> Result<()> {
+    check_inputs_named(w, grad, "grad", buffer)
+}
+
+/// [`check_step_inputs`] for an entry point whose gradient argument is called `grad_arg`.
+pub(crate) fn check_inputs_named<M: Matrix>(
+    w: &M,
+    grad: &M,
+    grad_arg: &'static str,
+    buffer: Option<&M>,
+) -> Result<()> {
     w.validate("w").map_err(from_linalg)?;
     if grad.shape() != w.shape() {
         return Err(OptimError::ShapeMismatch {
-            arg: "grad",
+            arg: grad_arg,
             expected: format!("{}×{} (the shape of `w`)", w.shape().0, w.shape().1),
             found: format!("{}×{}", grad.shape().0, grad.shape().1),
         });
     }
-    grad.validate("grad").map_err(from_linalg)?;
+    grad.validate(grad_arg).map_err(from_linalg)?;
     if let Some(b) = buffer {
         if b.shape() != w.shape() {
             return Err(OptimError::ShapeMismatch {

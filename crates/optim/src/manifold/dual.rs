@@ -439,6 +439,15 @@ pub(crate) fn ascend<M: WorkingPrecision>(
     let mut a = None;
     for k in 0..k_max {
         let z = g.mul_add(2.0, p.w, &lam, 1.0)?;
+        if !z.frobenius_norm()?.is_finite() {
+            // G + 2W·P(Λ) overflowed (entries near f64::MAX): the ascent cannot continue.
+            return Err(OptimError::DualAscentDiverged {
+                steps: report.dual_steps,
+                initial_violation: report.initial_violation,
+                violation: f64::INFINITY,
+                gradient_norm: p.g.frobenius_norm()?,
+            });
+        }
         let cand = msign(&z, method, precision)?;
         report.msign_calls += 1;
         report.dual_objective.push(-z.inner(&cand)?);
@@ -607,7 +616,8 @@ fn diverged(r: &DualReport, cfg: &DualAscent) -> bool {
 /// Stiefel, [`Projector::OffDiagonal`] for DGram); the optimizer adds orientation, momentum, the
 /// square closed form and the retraction.
 ///
-/// Errors: `w` wide, shape mismatches, non-finite input, invalid settings.
+/// Errors: `w` wide (argument `w`), `g` of another shape (argument `g`), non-finite input,
+/// invalid settings, [`OptimError::DualAscentDiverged`] when G + 2W·P(Λ) overflows.
 pub fn tangent_direction<M: WorkingPrecision>(
     w: &M,
     g: &M,
@@ -618,7 +628,7 @@ pub fn tangent_direction<M: WorkingPrecision>(
     diagnostics: bool,
 ) -> Result<(M, DualReport)> {
     cfg.validate()?;
-    crate::muon::check_step_inputs(w, g, None)?;
+    crate::muon::check_inputs_named(w, g, "g", None)?;
     let (m, n) = w.shape();
     if m < n {
         return Err(OptimError::ShapeMismatch {
@@ -675,12 +685,23 @@ pub(crate) fn stiefel_square<M: WorkingPrecision>(
     let mut lam = s;
     lam.axpy(1.0, &st)?;
     lam.scale(-0.25)?;
+    if !skew.frobenius_norm()?.is_finite() {
+        // WᵀG overflowed (G near f64::MAX): no direction can be formed from this gradient.
+        return Err(OptimError::DualAscentDiverged {
+            steps: 0,
+            initial_violation: f64::INFINITY,
+            violation: f64::INFINITY,
+            gradient_norm: g.frobenius_norm()?,
+        });
+    }
     let x = msign(&skew, method, precision)?;
     Ok((w.matmul(&x)?, lam))
 }
 
 /// The closed-form Stiefel direction A = W·msign(WᵀG − GᵀW) for a square orthogonal `w` (in its
-/// own orientation; see the module docs). Errors: `w` not square, shape mismatch, non-finite input.
+/// own orientation; see the module docs). Errors: `w` not square (argument `w`), `g` of another
+/// shape (argument `g`), non-finite input, and [`OptimError::DualAscentDiverged`] when WᵀG
+/// overflows (entries near `f64::MAX`).
 ///
 /// ```
 /// use kappa_optim::manifold::stiefel_square_direction;
@@ -698,7 +719,7 @@ pub fn stiefel_square_direction<M: WorkingPrecision>(
     method: Msign,
     precision: Precision,
 ) -> Result<M> {
-    crate::muon::check_step_inputs(w, g, None)?;
+    crate::muon::check_inputs_named(w, g, "g", None)?;
     let (m, n) = w.shape();
     if m != n {
         return Err(OptimError::ShapeMismatch {

@@ -54,7 +54,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{check_range, OptimError, Result};
 use crate::momentum::{Momentum, MomentumState};
 use crate::msign::Msign;
-use crate::muon::{check_step_inputs, Layout};
+use crate::muon::{check_inputs_named, check_step_inputs, Layout};
 use crate::precision::{Precision, WorkingPrecision};
 use dual::{ascend, finish_report, stiefel_square, violation, TallProblem};
 use retraction::{retract, violation_of};
@@ -303,7 +303,7 @@ impl ManifoldMuon {
     ///
     /// Errors: `g` of another shape than `w` (argument `g`), `w` or `g` empty or non-finite.
     pub fn solve<M: WorkingPrecision>(&self, w: &M, g: &M) -> Result<TangentSolution<M>> {
-        check_step_inputs(w, g, None).map_err(|e| rename_grad(e, "g"))?;
+        check_inputs_named(w, g, "g", None)?;
         let (m, n) = w.shape();
         let flip = self.flip(m, n);
         let wt = Self::tall(w, flip)?;
@@ -389,41 +389,5 @@ impl ManifoldMuon {
             manifold_violation,
             precision,
         })
-    }
-}
-
-/// `check_step_inputs` names the second matrix `grad`; methods whose argument is `g` rename it.
-fn rename_grad(e: OptimError, to: &'static str) -> OptimError {
-    match e {
-        OptimError::ShapeMismatch {
-            arg: "grad",
-            expected,
-            found,
-        } => OptimError::ShapeMismatch {
-            arg: to,
-            expected,
-            found,
-        },
-        OptimError::NonFinite {
-            arg: "grad",
-            row,
-            col,
-            value,
-        } => OptimError::NonFinite {
-            arg: to,
-            row,
-            col,
-            value,
-        },
-        OptimError::Linalg(kappa_linalg::LinalgError::Empty {
-            arg: "grad",
-            rows,
-            cols,
-        }) => OptimError::Linalg(kappa_linalg::LinalgError::Empty {
-            arg: to,
-            rows,
-            cols,
-        }),
-        other => other,
     }
 }

@@ -102,8 +102,13 @@ fn retract_dgram<M: WorkingPrecision>(
 ) -> Result<M> {
     match retraction {
         DGramRetraction::Paper => {
-            // One SVD for both factors (two separate calls cost two SVDs).
-            let (mut q, s) = w.polar_factor_and_singular_values()?;
+            // LAPACK-safe strides (a copy only for negative or zero strides, see
+            // `WorkingPrecision::to_working`), then one SVD for both factors.
+            let fixed = w.to_working(Precision::Native)?;
+            let (mut q, s) = fixed
+                .as_ref()
+                .unwrap_or(w)
+                .polar_factor_and_singular_values()?;
             q.scale_columns(&s)?;
             Ok(q)
         }
