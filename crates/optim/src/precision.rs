@@ -22,7 +22,7 @@
 //!
 //! Accuracy cost (measured by the tests and in `docs/optim.md`): an f32 msign agrees with the f64
 //! one to ≈ 1e-5 entrywise; a bf16 msign carries 8 mantissa bits, so the singular values of a bf16
-//! Polar Express output lie in ≈ [0.99, 1.01] (paper notes §3.3: [0.995, 1.002] emulated) and a
+//! Polar Express output lie in ≈ [0.99, 1.01] (with libtorch's emulated bf16 products: [0.995, 1.002], docs/optim.md "Precision per device") and a
 //! Stiefel retraction holds WᵀW = I only to ≈ 1e-2 — which is what the paper's runs had. Only the
 //! msign calls change precision: momentum, the dual variable, products with W and the update
 //! itself stay in the parameter's type.

@@ -1,7 +1,7 @@
 //! The dual ascent that finds manifold Muon's steepest spectral-norm direction in the tangent
 //! space, for any Gram projector P (identity for Stiefel, Off for DGram).
 //!
-//! # Math (paper notes §2.2–§3.2)
+//! # Math (derived here; summary in docs/optim.md, "Math")
 //!
 //! W ∈ ℝ^{m×n}, m ≥ n, on {W : P(WᵀW) = P(I)}; tangent space T_W = {A : P(WᵀA + AᵀW) = 0}. The
 //! direction solves min_A ⟨G, A⟩ s.t. ‖A‖₂ ≤ 1, A ∈ T_W. With a symmetric multiplier Λ the
@@ -24,7 +24,7 @@
 //!
 //! # Traps
 //!
-//! * **Not scale-invariant** (§8.4, §10): the primal answer is invariant under G → cG, but α·H has
+//! * **Not scale-invariant** (docs/optim.md, "Traps"): the primal answer is invariant under G → cG, but α·H has
 //!   a fixed O(1) size while Λ scales with G. With α = 0.1, K = 20, gradients with entries ~1e-4
 //!   make the ascent diverge; entries ~1 barely move it. [`DualAscent::normalize`] rescales the
 //!   problem before the ascent; the answer is unchanged in exact arithmetic. Off in the paper
@@ -34,7 +34,7 @@
 //!   Λ − Λ₀ scales with Z₀, not with G. Near a constrained optimum G is mostly normal — in the
 //!   optim-geometry experiment (least squares, κ(X) = 100, W 128×48 on Stiefel) ‖Z₀‖₂/‖G‖₂
 //!   falls from 0.86 at step 0 to 0.025 from step 50 on — so the earlier rule "‖G‖₂ = 0.3" put
-//!   Z₀ at ≈ 0.0075, the regime of the notes where α = 0.1 diverges: final violation 0.28 and
+//!   Z₀ at ≈ 0.0075, the regime where α = 0.1 diverges (entries ~1e-4 above): final violation 0.28 and
 //!   descents ⟨G, A⟩ down to −2.7× the optimum (the step *raised* the loss), worse than no
 //!   normalization at all (0.07). `normalize` therefore sets ‖Z₀‖₂ (upper estimate) to the
 //!   target.
@@ -45,8 +45,8 @@
 //!   with K = 20 no fixed α brings the violation below ≈ 1e-2 (α = 0.01, K = 1500 reaches 1e-6,
 //!   so the optimum is attainable: not a rank or non-smoothness problem).
 //! * `tol` = 1e-6 essentially never triggers for tall matrices within 20 steps, so K is a fixed
-//!   cost of K msign calls (§8.9). Square DGram has no closed form and does not converge with
-//!   α = 0.1, K = 20 (§10).
+//!   cost of K msign calls. Square DGram has no closed form and does not converge with
+//!   α = 0.1, K = 20 (docs/optim.md, "DGram: a preconditioned dual ascent").
 //! * Divergence is detected, not hidden: if the ascent's final violation is non-finite or exceeds
 //!   `divergence_factor` × max(initial violation, tol), or the dual objective fell below
 //!   `divergence_factor` × its starting value, or the returned direction has ⟨G, A⟩ < 0 (it

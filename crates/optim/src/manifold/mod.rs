@@ -3,7 +3,7 @@
 //! Bernstein's dual-ascent formulation as the paper *Different Layers, Different Manifolds* ran
 //! it, written once for every [`WorkingPrecision`] backend.
 //!
-//! # One step (paper notes §2–§3)
+//! # One step (docs/optim.md, "Math")
 //!
 //! 1. U from the momentum recursion (the paper: SGD-Nesterov, β = 0.95).
 //! 2. Orientation: W is taken in its (out, in) form ([`Layout`]) and transposed when wide, so the
@@ -17,16 +17,16 @@
 //!
 //! No weight decay (the paper's manifold runs used none; on Stiefel the scale is fixed anyway).
 //!
-//! # Traps (paper notes §8)
+//! # Traps (docs/optim.md, "Traps")
 //!
-//! * The dual ascent is not scale-invariant ([`DualAscent::normalize`], §8.4) and, with the
+//! * The dual ascent is not scale-invariant ([`DualAscent::normalize`]; [`dual`], "Traps") and, with the
 //!   SGD-form momentum, runs on a U about 20× larger than Muon's EMA input. On ill-conditioned
 //!   gradients it does not converge in K = 20 steps at all ([`dual`], "Feasible directions";
 //!   [`DualAscent::feasible`] makes the step tangent and certifies its descent). Its divergence is
 //!   detected and reported ([`OnDivergence`]), not applied silently.
-//! * The paper's DGram retraction swaps column scales when column norms are unsorted (§8.3,
+//! * The paper's DGram retraction swaps column scales when column norms are unsorted (
 //!   [`DGramRetraction`]).
-//! * The fused QKV block (§8.2): the paper constrains the whole 3d×d `c_attn` matrix, so under
+//! * The fused QKV block: the paper constrains the whole 3d×d `c_attn` matrix, so under
 //!   Stiefel only W_qᵀW_q + W_kᵀW_k + W_vᵀW_v = I holds (each slice has σ ≤ 1, none is
 //!   orthogonal). Pass the fused matrix to reproduce the paper; pass slices to constrain each.
 //! * Init: call [`ManifoldMuon::retract_onto`] once before training (the paper retracts the
@@ -35,7 +35,7 @@
 //! * Precision: with bf16 msign (the paper; `Precision::Auto` on CUDA and on CPUs with native bf16
 //!   products) the Stiefel constraint holds
 //!   only to ≈ 1e-2 (max |σ − 1| ≈ 3.5e-3); f64 with `Msign::Exact` holds it to 1e-10.
-//! * Cost: K msign calls per step (tol 1e-6 rarely triggers for tall matrices, §8.9), plus one
+//! * Cost: K msign calls per step (tol 1e-6 rarely triggers for tall matrices), plus one
 //!   msign (Stiefel, DGram column-norm) or two SVDs (DGram paper) for the retraction, plus one msign
 //!   for the ‖G‖_* diagnostic when `diagnostics` is on.
 

@@ -1,4 +1,4 @@
-//! §7.3–7.9: manifold Muon on Stiefel and DGram — on-manifold after the step, tangency, the step's
+//! Properties 3–9 of docs/optim.md, "Properties → tests": manifold Muon on Stiefel and DGram — on-manifold after the step, tangency, the step's
 //! spectral norm, the square closed form, the shared code path, the dual objective, and both
 //! DGram retractions (including the paper's column-scale swap).
 
@@ -53,7 +53,7 @@ proptest! {
         let step = opt.step(&mut w, &g, &mut ManifoldState::new()).unwrap();
         prop_assert!(stiefel_error(&w) <= 1e-10, "‖WᵀW − I‖_F = {}", stiefel_error(&w));
         prop_assert!(step.manifold_violation <= 1e-10);
-        // §7.4 tangency (normalized dual: well scaled); §7.5 the step's spectral norm is η.
+        // Tangency (normalized dual: well scaled); the step's spectral norm is η.
         // Tall (aspect ≥ 3) and square shapes converge within K = 20; 32×20 does not (≈6e-2).
         let aspect = m.max(n) as f64 / m.min(n) as f64;
         if aspect >= 3.0 || m == n {
@@ -63,14 +63,14 @@ proptest! {
             let r = spectral(&(&w - &w0)) / 0.02;
             prop_assert!((1.0 - 1e-3..=1.0 + 1e-2).contains(&r), "‖ΔW‖₂/η = {r}");
         }
-        // §7.8 the constrained descent never beats Muon's ‖G‖_*.
+        // The constrained descent never beats Muon's ‖G‖_*.
         let ratio = step.dual.descent_ratio.unwrap();
         prop_assert!(ratio <= 1.0 + 1e-12 && ratio > 0.5, "descent ratio {ratio}");
     }
 
     #[test]
     fn tall_stiefel_direction_is_tangent_when_well_scaled(seed in any::<u64>(), log_scale in -4.0f64..1.0) {
-        // Normalizing G makes convergence independent of its scale (§8.4).
+        // Normalizing G makes convergence independent of its scale (docs/optim.md, "Traps").
         let (m, n) = (96, 32);
         let w = orthonormal(m, n, seed);
         let g = gaussian(m, n, seed ^ 9) * 10f64.powf(log_scale);
@@ -79,7 +79,7 @@ proptest! {
         prop_assert!(r.violation <= 1e-3, "violation {}", r.violation);
         prop_assert!(!r.diverged);
         prop_assert!((spectral(&a) - 1.0).abs() <= 1e-12);
-        // §7.8 the dual objective improves from its start (well-scaled ascent).
+        // The dual objective improves from its start (well-scaled ascent).
         prop_assert!(r.dual_objective.last().unwrap() >= r.dual_objective.first().unwrap());
         prop_assert!(r.descent_ratio.unwrap() > 0.85);
     }
@@ -298,7 +298,7 @@ proptest! {
 
     #[test]
     fn feasible_option_keeps_converged_gaussian_ascents(seed in any::<u64>(), log_scale in -4.0f64..1.0) {
-        // On Gaussian gradients (where the notes measured convergence) the projection changes
+        // On Gaussian gradients (where the ascent converges: dual.rs, "Traps") the projection changes
         // little: certified within 1 % of the optimal descent.
         let (m, n) = (96, 32);
         let w = orthonormal(m, n, seed);

@@ -19,7 +19,7 @@
 //! tol = N · √k · max(d_in, u · max|out|)
 //! ```
 //!
-//! Through an ascent that does not converge (square DGram, §"DGram" in docs/optim.md) the
+//! Through an ascent that does not converge (square DGram; docs/optim.md, "DGram: a preconditioned dual ascent") the
 //! K-step output amplifies rounding in a way no such bound makes useful, so the backends are
 //! compared on the first candidate (K = 1: one msign of Z₀, plus the projection where the preset
 //! has one) and, for the full ascent, only on quantities that do not depend on the noise: both
