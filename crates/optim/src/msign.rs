@@ -281,7 +281,8 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
     let input = working.as_ref().unwrap_or(safe);
     let out = match (method, method.schedule()) {
         (Msign::MuonQuinticEps { eps }, _) => {
-            if scaled.is_some() && !(eps / fro <= 1e16) {
+            let ratio = eps / fro;
+            if scaled.is_some() && (ratio > 1e16 || ratio.is_nan()) {
                 // The linear regime needs the unscaled input (its output is ∝ X).
                 return quintic_eps(x, fro, eps);
             }

@@ -38,6 +38,11 @@ fn bad(a: &Array2<f64>) -> bool {
     a.is_empty() || a.iter().any(|x| !x.is_finite())
 }
 
+/// x ≤ hi, false for NaN.
+fn at_most(x: f64, hi: f64) -> bool {
+    x <= hi
+}
+
 fn finite(a: &Array2<f64>) -> bool {
     a.iter().all(|x| x.is_finite())
 }
@@ -147,10 +152,9 @@ fn msign_calls(fuzz: &mut Fuzz) {
                         return Err("msign(0) ≠ 0".into());
                     }
                     // Scale-safe: a full-rank unit-Frobenius input gives σ ≈ 1 at every scale.
-                    if method == Msign::polar_express() && name.starts_with("gaussian") {
-                        if !(s > 0.99) && !name.contains("subnormal") {
-                            return Err(format!("σ₁ = {s}: collapsed"));
-                        }
+                    let full_rank = name.starts_with("gaussian") && !name.contains("subnormal");
+                    if method == Msign::polar_express() && full_rank && !at_most(0.99, s) {
+                        return Err(format!("σ₁ = {s}: collapsed"));
                     }
                     Ok(())
                 });
@@ -412,7 +416,7 @@ fn retract_calls(fuzz: &mut Fuzz) {
                             Err(e) => Err(e.to_string()),
                             Ok(()) => {
                                 let v = opt.violation(&r).map_err(|e| e.to_string())?;
-                                if !finite(&r) || !(v <= cfg.manifold_tol) {
+                                if !finite(&r) || !at_most(v, cfg.manifold_tol) {
                                     return Err(format!("Ok off the manifold: violation {v}"));
                                 }
                                 // The documented refusals: rank-deficient W on Stiefel.
@@ -499,7 +503,7 @@ fn manifold_step_check(cfg: ManifoldMuonConfig, w: &Array2<f64>, g: &Array2<f64>
         }
         Err(e) => return Err(e.to_string()),
         Ok(step) => {
-            if !finite(&w1) || !(step.manifold_violation <= cfg.manifold_tol) {
+            if !finite(&w1) || !at_most(step.manifold_violation, cfg.manifold_tol) {
                 return Err(format!("Ok with violation {}", step.manifold_violation));
             }
             if step.direction.dim() != w.dim() || !finite(&step.direction) {
@@ -565,7 +569,7 @@ fn per_point_calls(fuzz: &mut Fuzz) {
                     let v = opt.violation(&x);
                     if bad(&x) {
                         expect_arg(&v, "w")?;
-                    } else if !(v.map_err(|e| e.to_string())? >= 0.0) {
+                    } else if !at_most(0.0, v.map_err(|e| e.to_string())?) {
                         return Err("violation NaN or negative".into());
                     }
                     let r = opt.solve(&x, &g);

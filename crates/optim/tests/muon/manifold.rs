@@ -243,7 +243,7 @@ fn floor_gradient(w: &Array2<f64>, manifold: Manifold, normal: f64, seed: u64) -
 
 /// The seed of [`floor_gradient`]'s ill-conditioned part, distinct from W's.
 fn tangent_seed(seed: u64) -> u64 {
-    seed ^ 0x5eed_0f_7a_4e
+    seed ^ 0x005e_ed0f_7a4e
 }
 
 fn tall_shapes() -> impl Strategy<Value = (usize, usize, u64)> {
