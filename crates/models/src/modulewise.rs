@@ -654,7 +654,9 @@ impl GroupOptimizer for ManifoldGroup {
         self.opt.set_lr(lr).map_err(optim_err)?;
         let jobs = block_jobs(params, &self.parts, &mut self.states)?;
         let opt = &self.opt;
-        let steps: Vec<Result<kappa_optim::ManifoldStep<Tensor>>> = if self.threads <= 1 || jobs.len() < 2 {
+        let steps: Vec<Result<kappa_optim::ManifoldStep<Tensor>>> = if self.threads <= 1
+            || jobs.len() < 2
+        {
             jobs.into_iter()
                 .map(|(w, g, s)| manifold_block_step(opt, w, g, s))
                 .collect()
