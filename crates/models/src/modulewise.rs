@@ -639,7 +639,7 @@ fn manifold_block_step(
     mut w: Tensor,
     g: Tensor,
     state: &mut ManifoldState<Tensor>,
-) -> Result<kappa_optim::ManifoldStep> {
+) -> Result<kappa_optim::ManifoldStep<Tensor>> {
     let _guard = tch::no_grad_guard();
     opt.step(&mut w, &g, state).map_err(optim_err)
 }
@@ -654,7 +654,9 @@ impl GroupOptimizer for ManifoldGroup {
         self.opt.set_lr(lr).map_err(optim_err)?;
         let jobs = block_jobs(params, &self.parts, &mut self.states)?;
         let opt = &self.opt;
-        let steps: Vec<Result<kappa_optim::ManifoldStep>> = if self.threads <= 1 || jobs.len() < 2 {
+        let steps: Vec<Result<kappa_optim::ManifoldStep<Tensor>>> = if self.threads <= 1
+            || jobs.len() < 2
+        {
             jobs.into_iter()
                 .map(|(w, g, s)| manifold_block_step(opt, w, g, s))
                 .collect()
@@ -665,7 +667,7 @@ impl GroupOptimizer for ManifoldGroup {
             for (i, job) in jobs.into_iter().enumerate() {
                 lanes[i % workers].push((i, job));
             }
-            let mut out: Vec<(usize, Result<kappa_optim::ManifoldStep>)> =
+            let mut out: Vec<(usize, Result<kappa_optim::ManifoldStep<Tensor>>)> =
                 std::thread::scope(|scope| {
                     let handles: Vec<_> = lanes
                         .into_iter()
@@ -729,7 +731,7 @@ struct Accumulator {
 }
 
 impl Accumulator {
-    fn add_manifold(&mut self, step: &kappa_optim::ManifoldStep) {
+    fn add_manifold(&mut self, step: &kappa_optim::ManifoldStep<Tensor>) {
         let d = &step.dual;
         self.updates += 1;
         self.dual += 1;

@@ -86,6 +86,27 @@ pub enum OptimError {
         /// The tolerance it exceeded.
         tol: f64,
     },
+    /// A retraction did not land on its manifold: its result is off by more than the tolerance
+    /// (`ManifoldMuonConfig::manifold_tol`). On Stiefel: W is numerically rank-deficient (the zero
+    /// matrix included; its nearest Stiefel points are not unique) or too ill-conditioned for a
+    /// Newton–Schulz msign; on DGram's column-norm retraction: linearly dependent non-zero
+    /// columns; on DGram: column norms beyond `f64::MAX`. Nothing was modified.
+    #[error(
+        "argument `{arg}` cannot be retracted onto the {manifold} manifold: the retraction ends \
+         at violation {violation:e} > tolerance {tol:e} (W is numerically rank-deficient or \
+         ill-conditioned for a Newton–Schulz msign — try `Msign::Exact` — or its column norms \
+         overflow)"
+    )]
+    NotRetractable {
+        /// The argument's name (`"w"`).
+        arg: &'static str,
+        /// `"Stiefel"` or `"DGram"`.
+        manifold: &'static str,
+        /// The violation of the retracted matrix (+∞ when it is not representable).
+        violation: f64,
+        /// The tolerance it exceeded.
+        tol: f64,
+    },
     /// Manifold Muon's dual ascent diverged: the tangent violation of the final candidate is
     /// non-finite or grew past `divergence_factor` times its starting value. The step was not
     /// applied and the optimizer state is unchanged. Usually the gradient is badly scaled for

@@ -25,9 +25,9 @@ pub mod precision;
 pub use error::{OptimError, Result};
 pub use manifold::{
     DGramRetraction, DualAscent, DualReport, Manifold, ManifoldMuon, ManifoldMuonConfig,
-    ManifoldState, ManifoldStep, OnDivergence,
+    ManifoldState, ManifoldStep, OnDivergence, TangentSolution,
 };
 pub use momentum::{Momentum, MomentumKind, MomentumState};
-pub use msign::{msign, Msign};
+pub use msign::{msign, Msign, MUON_REFERENCE_EPS};
 pub use muon::{Layout, Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
 pub use precision::{cpu_has_native_bf16, Precision, WorkingPrecision};

@@ -7,13 +7,15 @@
 //! | `Ema` (Keller's Muon, `torch.optim.Muon`) | B ← β·B + (1−β)·g | (1−β)·g + β·B | B |
 //! | `Sgd` (the paper's code) | B ← β·B + g | g + β·B | B |
 //!
-//! Trap (paper notes §4, §8.4): the SGD form's U is about 1/(1−β) = 20× larger than the EMA form's
-//! for β = 0.95. msign is scale-invariant, so Muon does not care, but manifold Muon's dual ascent
-//! does (its step α has a fixed size while the multiplier scales with U).
+//! Trap: in steady state (g constant) the SGD buffer tends to g/(1−β) and the EMA buffer to g,
+//! so the SGD form's U is about 1/(1−β) = 20× larger than the EMA form's for β = 0.95 (exactly:
+//! EMA buffer = (1−β)·SGD buffer at every step, by induction). msign is scale-invariant, so Muon
+//! does not care, but manifold Muon's dual ascent does (its step α has a fixed size while the
+//! multiplier scales with U; docs/optim.md, "Traps").
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{check_range, Result};
+use crate::error::{check_range, from_linalg, OptimError, Result};
 use kappa_linalg::Matrix;
 
 /// Which momentum recursion (see the module docs).
@@ -72,7 +74,31 @@ impl Momentum {
 
     /// One step: returns the new buffer and the input U for msign, leaving `buffer` untouched
     /// (the caller commits the new buffer only when the whole step succeeds).
+    ///
+    /// Errors: β outside [0, 1) (argument `momentum.beta`), `grad` empty or non-finite (argument
+    /// `grad`), `buffer` of another shape than `grad` or non-finite (argument `buffer`).
     pub fn advance<M: Matrix>(&self, buffer: Option<&M>, grad: &M) -> Result<(M, M)> {
+        self.validate()?;
+        grad.validate("grad").map_err(from_linalg)?;
+        if let Some(b) = buffer {
+            if b.shape() != grad.shape() {
+                return Err(OptimError::ShapeMismatch {
+                    arg: "buffer",
+                    expected: format!("{} (the shape of `grad`)", shape_str(grad.shape())),
+                    found: shape_str(b.shape()),
+                });
+            }
+            b.validate("buffer").map_err(from_linalg)?;
+        }
+        self.advance_unchecked(buffer, grad)
+    }
+
+    /// [`Momentum::advance`] on inputs the caller has checked.
+    pub(crate) fn advance_unchecked<M: Matrix>(
+        &self,
+        buffer: Option<&M>,
+        grad: &M,
+    ) -> Result<(M, M)> {
         let b = self.beta;
         let g_weight = match self.kind {
             MomentumKind::Ema => 1.0 - b,
@@ -93,6 +119,10 @@ impl Momentum {
         };
         Ok((buf, u))
     }
+}
+
+fn shape_str((r, c): (usize, usize)) -> String {
+    crate::error::shape_str(r, c)
 }
 
 /// Per-parameter state of Muon and manifold Muon: the momentum buffer (created at the first

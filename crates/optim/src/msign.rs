@@ -1,6 +1,6 @@
 //! msign(X) = U·sign(Σ)·Vᵀ, the matrix sign (orthogonalization) that Muon and manifold Muon apply,
-//! computed three ways: exactly through the SVD, by Muon's quintic Newton–Schulz, or by Polar
-//! Express (what the paper's code ran).
+//! computed exactly through the SVD, by Muon's quintic Newton–Schulz (with or without the
+//! reference's epsilon), or by Polar Express (what the paper's code ran).
 //!
 //! # Math
 //!
@@ -12,41 +12,80 @@
 //! | [`Msign`] | how | output singular values |
 //! |---|---|---|
 //! | `Exact` | polar factor U·Vᵀ of the SVD (LAPACK on `ndarray`, libtorch on tensors), null directions kept at 0 | 1 to rounding (f64: 1e-12), 0 for σ ≤ τ |
-//! | `MuonQuintic` | 5 steps of p(x) = 3.4445x − 4.7750x³ + 2.0315x⁵ after ‖X‖_F-normalization | in [0.6818, 1.1344] for σ/‖X‖_F ≥ 0.0052 (not 1: the coefficients sum to 0.701) |
+//! | `MuonQuintic` | 5 steps of p(x) = 3.4445x − 4.7750x³ + 2.0315x⁵ after X/‖X‖_F (exact, scale-invariant) | in [0.6818, 1.1344] for σ/‖X‖_F ≥ 0.0052 (not 1: the coefficients sum to 0.701) |
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
 //!
-//! # Traps (paper notes §1.2, §3.3, §10)
+//! `MuonQuinticEps { eps }` runs the same five quintic steps after X/(‖X‖_F + eps) — Keller
+//! Jordan's reference normalization with eps = [`MUON_REFERENCE_EPS`] = 1e-7
+//! ([`Msign::muon_reference`]). It is *not* scale-invariant: an input with ‖X‖_F ≲ 100·eps is
+//! shrunk (at ‖X‖_F = 1e-8·√(mn)-scale entries the outputs of the two variants differ by ≈ 25 %).
 //!
-//! * Normalizers differ in the references: Muon divides by ‖X‖_F + 1e-7, the paper's Polar
-//!   Express by 1.01·‖X‖_F with no epsilon. kappa-linalg divides by (c·‖X‖_F) exactly, so both
-//!   iterations here are scale-invariant down to the smallest normal numbers; an input of norm
-//!   ≲ 1e-7 is *not* shrunk as it is in Muon's reference.
-//! * Zero singular values: the Newton–Schulz iterations keep them at 0 (odd polynomials). A bare
-//!   polar factor U·Vᵀ of a rank-deficient input completes the null directions to an orthonormal
-//!   factor (σ = 1 there, not 0). That matters: a square skew-symmetric matrix of odd size is
-//!   always singular, so the square Stiefel closed form W·msign(WᵀG − GᵀW) with a bare polar
-//!   factor is *not tangent* for odd n (violation 2/n). `Exact` therefore checks the numerical
-//!   rank (σ_i > τ = σ₁·max(m, n)·ε, numpy's rule, ε of the working type) and, when it is
-//!   deficient, returns Q·Π with Q the polar factor and Π the projector on the row space, computed
-//!   as the sign of the PSD factor H = QᵀX by the cubic Newton–Schulz iteration (null directions
-//!   stay at ≈ 10·κ_r·ε). The zero matrix maps to the zero matrix in every variant.
-//! * Inputs with σ/‖X‖_F below the thresholds (0.0052 for the quintic, 1e-3 for Polar Express) are
-//!   not fully inflated: e.g. a square Gaussian's smallest σ end near 0.02 after NS5.
+//! # Zero singular values: sign(0) = 0, unlike `polar_factor`
+//!
+//! msign follows sign(0) = 0 in every variant: the zero matrix maps to the zero matrix and the
+//! null directions of a rank-deficient X stay at 0. The Newton–Schulz iterations do this by
+//! construction (odd polynomials fix 0). [`kappa_linalg::polar_factor`] instead returns U·Vᵀ over
+//! all min(m, n) singular vectors, so its zero singular values map to **1** (an orthonormal
+//! completion of the null directions, which is not unique). msign keeps 0 because
+//!
+//! * it is the steepest-descent direction: argmax_{‖A‖₂ ≤ 1} ⟨X, A⟩ has value ‖X‖_* whatever A
+//!   does on the null directions, and sign(0) = 0 is the minimum-Frobenius-norm maximizer, the
+//!   limit of every Newton–Schulz schedule and independent of the SVD routine;
+//! * the completion breaks structure: a square skew-symmetric X of odd size is always singular,
+//!   and its completed polar factor is not skew, so the square Stiefel closed form
+//!   W·msign(WᵀG − GᵀW) would not be tangent (violation 2/n).
+//!
+//! `Exact` therefore checks the numerical rank (σ_i > τ = σ₁·max(m, n)·ε, numpy's rule, ε of the
+//! working type) and, when it is deficient, returns Q·Π with Q the polar factor and Π the
+//! projector on the row space, computed as the sign of the PSD factor H = QᵀX by the cubic
+//! Newton–Schulz iteration (null directions stay at ≈ 10·κ_r·ε). Where a point *on* the Stiefel
+//! manifold is needed (a retraction), the completion is the wrong answer too, because it is not
+//! unique: `ManifoldMuon::retract_onto` reports a rank-deficient W as an error instead.
+//!
+//! # Scale: the whole representable range
+//!
+//! Before any arithmetic msign multiplies X by an exact power of two 2^k that brings ‖X‖_F into
+//! [0.5, 2) whenever ‖X‖_F is outside [2⁻²⁰, 2²⁰] or overflows (entries near `f64::MAX`), and
+//! only then converts to the working precision. The scaling is exact (no rounding: only the
+//! exponent changes), so scale-invariant variants give the same answer on 1e-300, 1 and
+//! f64::MAX/2 inputs, the SVD of `Exact` never sees entries whose squares overflow, and an f64
+//! tensor of huge entries does not turn into ±∞ when cast to f32 or bf16.
+//!
+//! # Normalizers and thresholds
+//!
+//! Muon's reference divides by ‖X‖_F + 1e-7 (`MuonQuinticEps`), the paper's Polar Express by
+//! 1.01·‖X‖_F with no epsilon, `MuonQuintic` by ‖X‖_F exactly. Inputs with σ/‖X‖_F below the
+//! thresholds (0.0052 for the quintic, 1e-3 for Polar Express) are not fully inflated: e.g. a
+//! square Gaussian's smallest σ end near 0.02 after NS5. See docs/optim.md, "Math".
 
 use kappa_linalg::{newton_schulz, Matrix, NsSchedule};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{OptimError, Result};
+use crate::error::{check_range, OptimError, Result};
 use crate::precision::{Precision, WorkingPrecision};
 
+/// The epsilon of Keller Jordan's Muon reference, X/(‖X‖_F + 1e-7) ([`Msign::muon_reference`]).
+pub const MUON_REFERENCE_EPS: f64 = 1e-7;
+
 /// How msign is computed (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Msign {
-    /// The polar factor U·Vᵀ of the SVD (exact; for tests and f64 work).
+    /// The polar factor U·Vᵀ of the SVD with zero singular values kept at 0 (exact; for tests and
+    /// f64 work).
     Exact,
-    /// Muon's quintic Newton–Schulz, 5 steps (Keller Jordan's reference).
+    /// Muon's quintic Newton–Schulz coefficients, 5 steps, after the exact normalization
+    /// X/‖X‖_F: scale-invariant. (Keller Jordan's reference adds 1e-7 to the norm; that is
+    /// [`Msign::MuonQuinticEps`].)
     MuonQuintic,
+    /// Muon's quintic Newton–Schulz, 5 steps, after X/(‖X‖_F + eps): Keller Jordan's reference
+    /// with eps = [`MUON_REFERENCE_EPS`] ([`Msign::muon_reference`]). eps ≥ 0, finite; eps = 0 is
+    /// `MuonQuintic`. Not scale-invariant for ‖X‖_F ≲ 100·eps; below ‖X‖_F < 1e-16·eps the
+    /// cubic and quintic terms vanish in f64 and the output is (Π a_i)·X/eps ≈ 487.9·X/eps.
+    MuonQuinticEps {
+        /// The epsilon added to ‖X‖_F.
+        eps: f64,
+    },
     /// Polar Express with per-step coefficients; the paper's code uses 10 steps.
     PolarExpress {
         /// Number of steps (≥ 1).
@@ -60,22 +99,31 @@ impl Msign {
         Msign::PolarExpress { steps: 10 }
     }
 
-    /// The Newton–Schulz schedule behind this variant (`None` for `Exact`).
+    /// Keller Jordan's reference: the quintic after X/(‖X‖_F + 1e-7).
+    pub const fn muon_reference() -> Self {
+        Msign::MuonQuinticEps {
+            eps: MUON_REFERENCE_EPS,
+        }
+    }
+
+    /// The Newton–Schulz schedule behind this variant (`None` for `Exact`). For
+    /// `MuonQuinticEps` the normalization factor shown is 1; the call uses 1 + eps/‖X‖_F.
     pub fn schedule(&self) -> Option<NsSchedule> {
         match *self {
             Msign::Exact => None,
-            Msign::MuonQuintic => Some(NsSchedule::muon()),
+            Msign::MuonQuintic | Msign::MuonQuinticEps { .. } => Some(NsSchedule::muon()),
             Msign::PolarExpress { steps } => Some(NsSchedule::polar_express(steps)),
         }
     }
 
-    /// Checks the parameters (Polar Express needs at least one step).
+    /// Checks the parameters (Polar Express needs at least one step; eps finite and ≥ 0).
     pub fn validate(&self) -> Result<()> {
         match *self {
             Msign::PolarExpress { steps: 0 } => Err(OptimError::InvalidArgument {
                 arg: "msign",
                 reason: "Polar Express needs at least 1 step".into(),
             }),
+            Msign::MuonQuinticEps { eps } => check_range("msign.eps", eps, 0.0, f64::MAX),
             _ => Ok(()),
         }
     }
@@ -87,28 +135,82 @@ impl Msign {
         let per_step = 4.0 * r * r * s + 2.0 * r * r * r;
         match *self {
             Msign::Exact => 0.0,
-            Msign::MuonQuintic => 5.0 * per_step,
+            Msign::MuonQuintic | Msign::MuonQuinticEps { .. } => 5.0 * per_step,
             Msign::PolarExpress { steps } => steps as f64 * per_step,
         }
     }
 }
 
-/// Exact msign: the polar factor, with the null directions of a numerically rank-deficient input
-/// mapped to 0 (module docs). `working` names the element type the computation runs in.
-fn exact<M: Matrix>(x: &M, working: &str) -> Result<M> {
-    let s = x.singular_values()?;
-    let (m, n) = x.shape();
-    let eps = if working == "f64" {
+/// Frobenius norms outside this range are brought into [0.5, 2) by an exact power of two before
+/// msign, the SVD and the spectral-norm estimate (module docs, "Scale").
+const SAFE_FRO: (f64, f64) = (9.5367431640625e-7, 1048576.0); // 2⁻²⁰, 2²⁰
+
+/// `x·2^k` with ‖x·2^k‖_F ∈ [0.5, 2), and k, when ‖x‖_F is outside [`SAFE_FRO`] or overflows;
+/// `None` for the zero matrix and for norms inside the range. Each multiplication is by at most
+/// 2^±60 (representable in f32 and bf16), so every step is exact. `x` must be finite.
+pub(crate) fn power_of_two_scaled<M: Matrix>(x: &M) -> Result<Option<(M, i32)>> {
+    let f = x.frobenius_norm()?;
+    if f == 0.0 || (f.is_finite() && (SAFE_FRO.0..=SAFE_FRO.1).contains(&f)) {
+        return Ok(None);
+    }
+    let (mut y, mut k, mut f) = (x.duplicate()?, 0i32, f);
+    // ≤ 2200 binary orders of magnitude in f64, 60 per round: 40 rounds always suffice.
+    for _ in 0..40 {
+        if f.is_finite() && (0.5..2.0).contains(&f) {
+            break;
+        }
+        let e = if f.is_finite() {
+            (-f.log2().floor() as i32).clamp(-60, 60)
+        } else {
+            -60
+        };
+        y.scale(2f64.powi(e))?;
+        k += e;
+        f = y.frobenius_norm()?;
+    }
+    Ok(Some((y, k)))
+}
+
+/// Multiplies `x` by 2^k exactly, in factors of at most 2^±60 (representable in f32 and bf16).
+/// The result over- or underflows only where x·2^k does.
+pub(crate) fn scale_by_power_of_two<M: Matrix>(x: &mut M, k: i32) -> Result<()> {
+    let mut left = k;
+    while left != 0 {
+        let e = left.clamp(-60, 60);
+        x.scale(2f64.powi(e))?;
+        left -= e;
+    }
+    Ok(())
+}
+
+/// The working type's unit roundoff-sized ε (f64 or f32's machine epsilon).
+fn machine_eps(working: &str) -> f64 {
+    if working == "f64" {
         f64::EPSILON
     } else {
         f32::EPSILON as f64
-    };
+    }
+}
+
+/// Exact msign: the polar factor, with the null directions of a numerically rank-deficient input
+/// mapped to 0 (module docs). `working` names the element type the computation runs in; `x` is
+/// finite and scaled to a safe Frobenius norm by the caller.
+fn exact<M: Matrix>(x: &M, working: &str) -> Result<M> {
+    let s = x.singular_values()?;
+    let (m, n) = x.shape();
     let s1 = s.first().copied().unwrap_or(0.0);
     if s1 == 0.0 {
         return Ok(x.duplicate()?);
     }
-    let tau = s1 * m.max(n) as f64 * eps;
-    let rank = s.iter().filter(|&&v| v > tau).count();
+    if !s1.is_finite() {
+        return Err(OptimError::InvalidArgument {
+            arg: "x",
+            reason: format!("its SVD returned a non-finite largest singular value {s1}"),
+        });
+    }
+    let tau = s1 * m.max(n) as f64 * machine_eps(working);
+    // σ₁ > τ unless max(m, n)·ε ≥ 1 (a dimension beyond 2²³ in f32): keep σ₁ then.
+    let rank = s.iter().filter(|&&v| v > tau).count().max(1);
     let q = x.polar_factor()?;
     if rank == s.len() {
         return Ok(q);
@@ -117,7 +219,7 @@ fn exact<M: Matrix>(x: &M, working: &str) -> Result<M> {
     // projector on the row (column) space. Cubic Newton–Schulz from ‖H‖_F-normalization needs
     // log(‖H‖_F/σ_r)/log(1.5) steps to reach the quadratic phase, then a few more.
     let fro = s.iter().map(|v| v * v).sum::<f64>().sqrt();
-    let steps = ((fro / s[rank - 1]).ln() / 1.5f64.ln()).ceil() as usize + 8;
+    let steps = ((fro / s[rank - 1]).ln() / 1.5f64.ln()).ceil().min(1e4) as usize + 8;
     let tall = m >= n;
     let h = if tall {
         q.duplicate()?.into_transpose().matmul(x)?
@@ -128,9 +230,32 @@ fn exact<M: Matrix>(x: &M, working: &str) -> Result<M> {
     Ok(if tall { q.matmul(&p)? } else { p.matmul(&q)? })
 }
 
+/// The quintic after X/(‖X‖_F + eps) (`MuonQuinticEps`). `fro` is ‖X‖_F of the caller's input
+/// (before any power-of-two scaling, which the normalization factor 1 + eps/‖X‖_F ignores).
+fn quintic_eps<M: Matrix>(x: &M, fro: f64, eps: f64) -> Result<M> {
+    let schedule = NsSchedule::muon();
+    if fro == 0.0 {
+        return Ok(x.duplicate()?);
+    }
+    let ratio = eps / fro;
+    if ratio > 1e16 || !ratio.is_finite() {
+        // X/(‖X‖_F + eps) has norm < 1e-16: p(y) = a·y to f64 precision at every step.
+        let gain = schedule.steps.iter().map(|p| p.a).product::<f64>() / eps;
+        let mut out = x.duplicate()?;
+        out.scale(gain)?;
+        return Ok(out);
+    }
+    let schedule = NsSchedule {
+        normalization: 1.0 + ratio,
+        ..schedule
+    };
+    Ok(newton_schulz(x, &schedule)?)
+}
+
 /// msign(x) by `method`, computed in the working precision `precision` resolves to (see
 /// [`Precision`]); the result has `x`'s shape and element type.
 ///
+/// Every finite input is accepted, from subnormal to `f64::MAX` entries (module docs, "Scale").
 /// Errors: `x` empty or non-finite ([`OptimError::NonFinite`], argument `x`), a precision the
 /// backend cannot use, an invalid method, libtorch or LAPACK failures.
 ///
@@ -141,16 +266,30 @@ fn exact<M: Matrix>(x: &M, working: &str) -> Result<M> {
 /// assert!((q[[0, 0]] - 1.0).abs() < 1e-12 && (q[[1, 1]] + 1.0).abs() < 1e-12);
 /// let p = msign(&x, Msign::polar_express(), Precision::Native)?;
 /// assert!((p[[1, 1]] + 1.0).abs() < 1e-6);
+/// // Scale-safe: the same answer near f64::MAX.
+/// let big = msign(&(&x * 1e307), Msign::polar_express(), Precision::Native)?;
+/// assert!((&big - &p).iter().all(|e| e.abs() < 1e-12));
 /// # Ok::<(), kappa_optim::OptimError>(())
 /// ```
 pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) -> Result<M> {
     method.validate()?;
     x.validate("x").map_err(crate::error::from_linalg)?;
-    let working = x.to_working(precision)?;
-    let input = working.as_ref().unwrap_or(x);
-    let out = match method.schedule() {
-        Some(schedule) => newton_schulz(input, &schedule)?,
-        None => exact(input, x.working_name(precision)?)?,
+    let fro = x.frobenius_norm()?;
+    let scaled = power_of_two_scaled(x)?;
+    let safe = scaled.as_ref().map_or(x, |(y, _)| y);
+    let working = safe.to_working(precision)?;
+    let input = working.as_ref().unwrap_or(safe);
+    let out = match (method, method.schedule()) {
+        (Msign::MuonQuinticEps { eps }, _) => {
+            let ratio = eps / fro;
+            if scaled.is_some() && (ratio > 1e16 || ratio.is_nan()) {
+                // The linear regime needs the unscaled input (its output is ∝ X).
+                return quintic_eps(x, fro, eps);
+            }
+            quintic_eps(input, fro, eps)?
+        }
+        (_, Some(schedule)) => newton_schulz(input, &schedule)?,
+        (_, None) => exact(input, x.working_name(precision)?)?,
     };
     match working {
         Some(_) => out.to_kind_of(x),

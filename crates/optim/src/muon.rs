@@ -69,11 +69,14 @@ pub enum UpdateScale {
 }
 
 impl UpdateScale {
-    /// The factor s for an m×n matrix stored in `layout`.
+    /// The factor s for an m×n matrix stored in `layout` (finite for every m, n; 1 for
+    /// `Original` when fan_in = 0).
     pub fn factor(&self, rows: usize, cols: usize, layout: Layout) -> f64 {
         let (fan_out, fan_in) = layout.fans(rows, cols);
         match self {
             UpdateScale::None => 1.0,
+            // fan_in = 0 (an empty matrix, which no step accepts): 1, not +∞.
+            UpdateScale::Original if fan_in == 0 => 1.0,
             UpdateScale::Original => (fan_out as f64 / fan_in as f64).max(1.0).sqrt(),
             UpdateScale::MatchRmsAdamw => 0.2 * (rows.max(cols) as f64).sqrt(),
         }
@@ -130,10 +133,27 @@ impl MuonConfig {
         }
     }
 
-    /// Checks every field.
+    /// The largest learning rate accepted (also by manifold Muon): the step's spectral norm is
+    /// lr·s, and Muon's learning rates are 1e-4–1e-1, so a value beyond 1e4 is a units error; the
+    /// bound also keeps lr·s·O representable in f32 and bf16 parameters.
+    pub const MAX_LR: f64 = 1e4;
+
+    /// Checks every field: lr ∈ [0, [`MuonConfig::MAX_LR`]], weight_decay ≥ 0 with
+    /// lr·weight_decay ≤ 1 (else the decay factor 1 − lr·λ is negative and the weights flip
+    /// sign), β ∈ [0, 1), a valid msign.
     pub fn validate(&self) -> Result<()> {
-        check_range("lr", self.lr, 0.0, f64::MAX)?;
+        check_range("lr", self.lr, 0.0, Self::MAX_LR)?;
         check_range("weight_decay", self.weight_decay, 0.0, f64::MAX)?;
+        let decay = self.lr * self.weight_decay;
+        if decay > 1.0 {
+            return Err(OptimError::InvalidArgument {
+                arg: "weight_decay",
+                reason: format!(
+                    "lr·weight_decay = {decay:e} > 1: the decay factor 1 − lr·weight_decay would \
+                     be negative and flip the weights' sign; lower weight_decay or lr"
+                ),
+            });
+        }
         self.momentum.validate()?;
         self.msign.validate()
     }
@@ -171,15 +191,25 @@ pub struct Muon {
 
 /// Checks that `grad` (and a momentum buffer) fit `w` and that both are finite.
 pub(crate) fn check_step_inputs<M: Matrix>(w: &M, grad: &M, buffer: Option<&M>) -> Result<()> {
+    check_inputs_named(w, grad, "grad", buffer)
+}
+
+/// [`check_step_inputs`] for an entry point whose gradient argument is called `grad_arg`.
+pub(crate) fn check_inputs_named<M: Matrix>(
+    w: &M,
+    grad: &M,
+    grad_arg: &'static str,
+    buffer: Option<&M>,
+) -> Result<()> {
     w.validate("w").map_err(from_linalg)?;
     if grad.shape() != w.shape() {
         return Err(OptimError::ShapeMismatch {
-            arg: "grad",
+            arg: grad_arg,
             expected: format!("{}×{} (the shape of `w`)", w.shape().0, w.shape().1),
             found: format!("{}×{}", grad.shape().0, grad.shape().1),
         });
     }
-    grad.validate("grad").map_err(from_linalg)?;
+    grad.validate(grad_arg).map_err(from_linalg)?;
     if let Some(b) = buffer {
         if b.shape() != w.shape() {
             return Err(OptimError::ShapeMismatch {
@@ -192,6 +222,9 @@ pub(crate) fn check_step_inputs<M: Matrix>(w: &M, grad: &M, buffer: Option<&M>) 
                 found: format!("{}×{}", b.shape().0, b.shape().1),
             });
         }
+        // A NaN buffer (a corrupted checkpoint, an earlier NaN gradient fed in by hand) is the
+        // caller's `state` argument, not msign's internal `x`.
+        b.validate("state").map_err(from_linalg)?;
     }
     Ok(())
 }
@@ -208,9 +241,10 @@ impl Muon {
         &self.config
     }
 
-    /// Changes the learning rate (for schedules).
+    /// Changes the learning rate (for schedules). Errors as [`MuonConfig::validate`] (argument
+    /// `lr`, or `weight_decay` when lr·weight_decay would exceed 1); the rate is kept on error.
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
-        check_range("lr", lr, 0.0, f64::MAX)?;
+        MuonConfig { lr, ..self.config }.validate()?;
         self.config.lr = lr;
         Ok(())
     }
@@ -234,7 +268,7 @@ impl Muon {
         check_step_inputs(w, grad, state.buffer.as_ref())?;
         let c = &self.config;
         let precision = w.working_name(c.precision)?;
-        let (buffer, u) = c.momentum.advance(state.buffer.as_ref(), grad)?;
+        let (buffer, u) = c.momentum.advance_unchecked(state.buffer.as_ref(), grad)?;
         let o = self.direction(&u)?;
         let (m, n) = w.shape();
         let scale = c.scale.factor(m, n, c.layout);

@@ -22,7 +22,7 @@
 //!
 //! Accuracy cost (measured by the tests and in `docs/optim.md`): an f32 msign agrees with the f64
 //! one to ≈ 1e-5 entrywise; a bf16 msign carries 8 mantissa bits, so the singular values of a bf16
-//! Polar Express output lie in ≈ [0.99, 1.01] (paper notes §3.3: [0.995, 1.002] emulated) and a
+//! Polar Express output lie in ≈ [0.99, 1.01] (with libtorch's emulated bf16 products: [0.995, 1.002], docs/optim.md "Precision per device") and a
 //! Stiefel retraction holds WᵀW = I only to ≈ 1e-2 — which is what the paper's runs had. Only the
 //! msign calls change precision: momentum, the dual variable, products with W and the update
 //! itself stay in the parameter's type.
@@ -92,7 +92,7 @@ pub enum Precision {
 /// feature, for `tch::Tensor`.
 pub trait WorkingPrecision: Matrix {
     /// A copy of `self` converted to the precision `p` resolves to, or `None` when `self` is
-    /// already in it. Errors: a precision the backend cannot compute in
+    /// already in it (an `ndarray` matrix with a negative stride gets a standard-layout copy). Errors: a precision the backend cannot compute in
     /// ([`OptimError::InvalidArgument`], argument `precision`).
     fn to_working(&self, p: Precision) -> Result<Option<Self>>;
 
@@ -105,7 +105,13 @@ pub trait WorkingPrecision: Matrix {
 
 impl<A: kappa_linalg::Real> WorkingPrecision for ndarray::Array2<A> {
     fn to_working(&self, p: Precision) -> Result<Option<Self>> {
-        self.working_name(p).map(|_| None)
+        self.working_name(p)?;
+        // LAPACK takes neither negative nor zero strides (a row-reversed view; a 1×1 or 1×n
+        // slice of a larger array): such an array gets a fresh row-major copy.
+        Ok(self.strides().iter().any(|&s| s <= 0).then(|| {
+            let (r, c) = self.dim();
+            Self::from_shape_fn((r, c), |(i, j)| self[[i, j]])
+        }))
     }
 
     fn to_kind_of(&self, _like: &Self) -> Result<Self> {

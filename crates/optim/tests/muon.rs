@@ -1,4 +1,4 @@
-//! The integration tests of Muon and manifold Muon: the testable claims of the paper notes (§7)
+//! The integration tests of Muon and manifold Muon: the testable claims listed in docs/optim.md, "Properties → tests"
 //! as proptest properties, backend agreement (feature `tch`) and the error contract. One binary,
 //! one module per topic; case counts are bounded (16–32) so the suite runs in seconds in release.
 

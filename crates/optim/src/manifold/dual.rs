@@ -1,7 +1,7 @@
 //! The dual ascent that finds manifold Muon's steepest spectral-norm direction in the tangent
 //! space, for any Gram projector P (identity for Stiefel, Off for DGram).
 //!
-//! # Math (paper notes §2.2–§3.2)
+//! # Math (derived here; summary in docs/optim.md, "Math")
 //!
 //! W ∈ ℝ^{m×n}, m ≥ n, on {W : P(WᵀW) = P(I)}; tangent space T_W = {A : P(WᵀA + AᵀW) = 0}. The
 //! direction solves min_A ⟨G, A⟩ s.t. ‖A‖₂ ≤ 1, A ∈ T_W. With a symmetric multiplier Λ the
@@ -24,7 +24,7 @@
 //!
 //! # Traps
 //!
-//! * **Not scale-invariant** (§8.4, §10): the primal answer is invariant under G → cG, but α·H has
+//! * **Not scale-invariant** (docs/optim.md, "Traps"): the primal answer is invariant under G → cG, but α·H has
 //!   a fixed O(1) size while Λ scales with G. With α = 0.1, K = 20, gradients with entries ~1e-4
 //!   make the ascent diverge; entries ~1 barely move it. [`DualAscent::normalize`] rescales the
 //!   problem before the ascent; the answer is unchanged in exact arithmetic. Off in the paper
@@ -34,7 +34,7 @@
 //!   Λ − Λ₀ scales with Z₀, not with G. Near a constrained optimum G is mostly normal — in the
 //!   optim-geometry experiment (least squares, κ(X) = 100, W 128×48 on Stiefel) ‖Z₀‖₂/‖G‖₂
 //!   falls from 0.86 at step 0 to 0.025 from step 50 on — so the earlier rule "‖G‖₂ = 0.3" put
-//!   Z₀ at ≈ 0.0075, the regime of the notes where α = 0.1 diverges: final violation 0.28 and
+//!   Z₀ at ≈ 0.0075, the regime where α = 0.1 diverges (entries ~1e-4 above): final violation 0.28 and
 //!   descents ⟨G, A⟩ down to −2.7× the optimum (the step *raised* the loss), worse than no
 //!   normalization at all (0.07). `normalize` therefore sets ‖Z₀‖₂ (upper estimate) to the
 //!   target.
@@ -45,8 +45,8 @@
 //!   with K = 20 no fixed α brings the violation below ≈ 1e-2 (α = 0.01, K = 1500 reaches 1e-6,
 //!   so the optimum is attainable: not a rank or non-smoothness problem).
 //! * `tol` = 1e-6 essentially never triggers for tall matrices within 20 steps, so K is a fixed
-//!   cost of K msign calls (§8.9). Square DGram has no closed form and does not converge with
-//!   α = 0.1, K = 20 (§10).
+//!   cost of K msign calls. Square DGram has no closed form and does not converge with
+//!   α = 0.1, K = 20 (docs/optim.md, "DGram: a preconditioned dual ascent").
 //! * Divergence is detected, not hidden: if the ascent's final violation is non-finite or exceeds
 //!   `divergence_factor` × max(initial violation, tol), or the dual objective fell below
 //!   `divergence_factor` × its starting value, or the returned direction has ⟨G, A⟩ < 0 (it
@@ -293,6 +293,9 @@ pub struct DualReport {
     pub nuclear_norm: Option<f64>,
     /// ⟨G, A⟩/‖G‖_* ≤ 1, when diagnostics are on.
     pub descent_ratio: Option<f64>,
+    /// The tangent violation ‖H‖_F/n of each candidate, one per msign call, in order
+    /// (`initial_violation` is the first, `ascent_violation` the last).
+    pub violations: Vec<f64>,
     /// The dual objective −‖G' + 2W·P(Λ)‖_* at each msign call (G' the possibly normalized G;
     /// empty for the square closed form). Up to msign's accuracy (exact for `Msign::Exact`).
     pub dual_objective: Vec<f64>,
@@ -300,21 +303,55 @@ pub struct DualReport {
     pub gradient_scale: f64,
 }
 
-/// An upper estimate of ‖G‖₂ from ‖(GᵀG)^p‖_F^{1/(2p)}, p = 2^`squarings` (G tall, m ≥ n).
+/// An upper estimate of ‖G‖₂ from ‖(GᵀG)^p‖_F^{1/(2p)}, p = 2^`squarings` (G tall, m ≥ n;
+/// a wide G is estimated through GGᵀ, the same value).
 ///
-/// It is never below ‖G‖₂ and at most rank^{1/(2p)}·‖G‖₂ above it (1.11× for rank 768 with
-/// 5 squarings). Cost: 2mn² + 2n³ per squaring flops; generic over the backend (no random start
-/// vectors, only products). Returns 0 for G = 0.
+/// In exact arithmetic it is never below ‖G‖₂ (‖S^p‖_F ≥ ‖S^p‖₂ = ‖G‖₂^{2p} for S = GᵀG) and at
+/// most rank^{1/(2p)}·‖G‖₂ above it (1.11× for rank 768 with 5 squarings), and it is at most
+/// ‖G‖_F (the value for `squarings = 0`); computed, it is within a few n·ε (relative) of that
+/// interval. G is first scaled by an exact power of two to ‖G‖_F ∈ [0.5, 2) when its norm is far
+/// from 1, so every finite G works, from subnormal entries to `f64::MAX` (docs/optim.md,
+/// "Scale"); the result is +∞ only when ‖G‖₂ itself exceeds `f64::MAX`. Returns 0 for G = 0.
+/// Cost: 2mn² + 2n³ flops per squaring; generic over the backend (no random start vectors, only
+/// products).
+///
+/// Errors: `g` empty or non-finite (argument `g`), backend failures.
 pub fn spectral_norm_estimate<M: Matrix>(g: &M, squarings: usize) -> Result<f64> {
-    let mut s = g.duplicate()?.into_transpose().gram()?;
+    g.validate("g").map_err(crate::error::from_linalg)?;
+    estimate(g, squarings)
+}
+
+/// [`spectral_norm_estimate`] without the input check, for the crate's own intermediate
+/// matrices: NaN when `g` has a non-finite entry (callers test the result).
+pub(crate) fn estimate<M: Matrix>(g: &M, squarings: usize) -> Result<f64> {
+    let fro = g.frobenius_norm()?;
+    if fro.is_nan() || (fro.is_infinite() && g.validate("g").is_err()) {
+        return Ok(f64::NAN);
+    }
+    let (scaled, k) = match crate::msign::power_of_two_scaled(g)? {
+        Some((y, k)) => (Some(y), k),
+        None => (None, 0),
+    };
+    let est = unit_scale_estimate(scaled.as_ref().unwrap_or(g), squarings)?;
+    // Undo the scaling in two halves (2^-k alone may overflow for subnormal inputs).
+    let half = 2f64.powi(-k / 2);
+    Ok(est * half * 2f64.powi(-k - (-k / 2)))
+}
+
+/// [`spectral_norm_estimate`] on a G of safe scale (no overflow in GᵀG and its powers, which are
+/// renormalized to unit Frobenius norm at every squaring).
+fn unit_scale_estimate<M: Matrix>(g: &M, squarings: usize) -> Result<f64> {
+    let (m, n) = g.shape();
+    let g = g.duplicate()?;
+    let mut s = if m >= n { g.into_transpose() } else { g }.gram()?;
     let f = s.frobenius_norm()?;
     if f == 0.0 || !f.is_finite() {
-        return Ok(f);
+        return Ok(f.sqrt());
     }
     s.scale(1.0 / f)?;
     let mut log = f.ln();
     let mut p = 1.0;
-    for _ in 0..squarings {
+    for _ in 0..squarings.min(60) {
         let mut sq = s.matmul(&s)?;
         let f = sq.frobenius_norm()?;
         if f == 0.0 || !f.is_finite() {
@@ -352,8 +389,9 @@ pub(crate) struct TallProblem<'a, M> {
     pub g: &'a M,
 }
 
-/// The dual ascent (module docs) on tall W, G: returns the candidate A (step W − η·A) and the
-/// diagnostics. Divergence is reported in the report, not as an error (the caller decides).
+/// The dual ascent (module docs) on tall W, G: returns the candidate A (step W − η·A), the
+/// multiplier Λ of the last candidate (in the caller's units of G) and the diagnostics.
+/// Divergence is reported in the report, not as an error (the caller decides).
 pub(crate) fn ascend<M: WorkingPrecision>(
     p: &TallProblem<'_, M>,
     proj: Projector,
@@ -361,7 +399,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
     method: Msign,
     precision: Precision,
     diagnostics: bool,
-) -> Result<(M, DualReport)> {
+) -> Result<(M, M, DualReport)> {
     let mut report = DualReport {
         gradient_scale: 1.0,
         ..DualReport::default()
@@ -383,7 +421,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
     let g = match cfg.normalize {
         Some(target) => {
             let z0 = p.g.mul_add(2.0, p.w, &lam, 1.0)?;
-            let est = spectral_norm_estimate(&z0, 5)?;
+            let est = estimate(&z0, 5)?;
             if est > 0.0 && est.is_finite() {
                 report.gradient_scale = target / est;
                 let mut gs = p.g.duplicate()?;
@@ -401,6 +439,15 @@ pub(crate) fn ascend<M: WorkingPrecision>(
     let mut a = None;
     for k in 0..k_max {
         let z = g.mul_add(2.0, p.w, &lam, 1.0)?;
+        if !z.frobenius_norm()?.is_finite() {
+            // G + 2W·P(Λ) overflowed (entries near f64::MAX): the ascent cannot continue.
+            return Err(OptimError::DualAscentDiverged {
+                steps: report.dual_steps,
+                initial_violation: report.initial_violation,
+                violation: f64::INFINITY,
+                gradient_norm: p.g.frobenius_norm()?,
+            });
+        }
         let cand = msign(&z, method, precision)?;
         report.msign_calls += 1;
         report.dual_objective.push(-z.inner(&cand)?);
@@ -409,6 +456,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
             report.initial_violation = v;
         }
         report.violation = v;
+        report.violations.push(v);
         a = Some(cand);
         if v < cfg.tol {
             report.converged = true;
@@ -454,7 +502,11 @@ pub(crate) fn ascend<M: WorkingPrecision>(
         report.gap = Some(1.0 - report.gradient_scale * report.descent / -best);
     }
     report.diverged = diverged(&report, cfg);
-    Ok((a, report))
+    // Λ in the caller's units: the ascent ran on G' = gradient_scale·G.
+    if report.gradient_scale != 1.0 {
+        lam.scale(1.0 / report.gradient_scale)?;
+    }
+    Ok((a, lam, report))
 }
 
 /// The feasible direction nearest the candidate `a`: orthogonally projected (Frobenius) onto
@@ -517,7 +569,7 @@ pub(crate) fn project_tangent<M: Matrix>(
         rz = rz_new;
     }
     let mut out = a.mul_add(-2.0, w, &s, 1.0)?;
-    let norm = spectral_norm_estimate(&out, 10)?;
+    let norm = estimate(&out, 10)?;
     if norm > 0.0 && norm.is_finite() {
         out.scale(1.0 / norm)?;
     }
@@ -564,7 +616,8 @@ fn diverged(r: &DualReport, cfg: &DualAscent) -> bool {
 /// Stiefel, [`Projector::OffDiagonal`] for DGram); the optimizer adds orientation, momentum, the
 /// square closed form and the retraction.
 ///
-/// Errors: `w` wide, shape mismatches, non-finite input, invalid settings.
+/// Errors: `w` wide (argument `w`), `g` of another shape (argument `g`), non-finite input,
+/// invalid settings, [`OptimError::DualAscentDiverged`] when G + 2W·P(Λ) overflows.
 pub fn tangent_direction<M: WorkingPrecision>(
     w: &M,
     g: &M,
@@ -575,7 +628,7 @@ pub fn tangent_direction<M: WorkingPrecision>(
     diagnostics: bool,
 ) -> Result<(M, DualReport)> {
     cfg.validate()?;
-    crate::muon::check_step_inputs(w, g, None)?;
+    crate::muon::check_inputs_named(w, g, "g", None)?;
     let (m, n) = w.shape();
     if m < n {
         return Err(OptimError::ShapeMismatch {
@@ -585,14 +638,15 @@ pub fn tangent_direction<M: WorkingPrecision>(
         });
     }
     let wt = w.duplicate()?.into_transpose();
-    ascend(
+    let (a, _, report) = ascend(
         &TallProblem { w, wt: &wt, g },
         proj,
         cfg,
         method,
         precision,
         diagnostics,
-    )
+    )?;
+    Ok((a, report))
 }
 
 /// Fills the descent diagnostics (with the caller's unnormalized G).
@@ -614,24 +668,40 @@ pub(crate) fn finish_report<M: WorkingPrecision>(
 }
 
 /// The closed-form Stiefel direction for a square orthogonal W: A = W·msign(WᵀG − GᵀW), which is
-/// exactly tangent (WᵀA + AᵀW = 0) and equals the dual ascent's first candidate. `wt` is Wᵀ.
+/// exactly tangent (WᵀA + AᵀW = 0) and equals the dual ascent's first candidate, and its
+/// multiplier Λ₀ = −¼·(WᵀG + GᵀW). `wt` is Wᵀ.
 pub(crate) fn stiefel_square<M: WorkingPrecision>(
     w: &M,
     wt: &M,
     g: &M,
     method: Msign,
     precision: Precision,
-) -> Result<M> {
+) -> Result<(M, M)> {
     let s = wt.matmul(g)?;
-    let mut skew = s.duplicate()?.into_transpose();
+    let st = s.duplicate()?.into_transpose();
+    let mut skew = st.duplicate()?;
     skew.scale(-1.0)?;
     skew.axpy(1.0, &s)?;
+    let mut lam = s;
+    lam.axpy(1.0, &st)?;
+    lam.scale(-0.25)?;
+    if !skew.frobenius_norm()?.is_finite() {
+        // WᵀG overflowed (G near f64::MAX): no direction can be formed from this gradient.
+        return Err(OptimError::DualAscentDiverged {
+            steps: 0,
+            initial_violation: f64::INFINITY,
+            violation: f64::INFINITY,
+            gradient_norm: g.frobenius_norm()?,
+        });
+    }
     let x = msign(&skew, method, precision)?;
-    Ok(w.matmul(&x)?)
+    Ok((w.matmul(&x)?, lam))
 }
 
 /// The closed-form Stiefel direction A = W·msign(WᵀG − GᵀW) for a square orthogonal `w` (in its
-/// own orientation; see the module docs). Errors: `w` not square, shape mismatch, non-finite input.
+/// own orientation; see the module docs). Errors: `w` not square (argument `w`), `g` of another
+/// shape (argument `g`), non-finite input, and [`OptimError::DualAscentDiverged`] when WᵀG
+/// overflows (entries near `f64::MAX`).
 ///
 /// ```
 /// use kappa_optim::manifold::stiefel_square_direction;
@@ -649,7 +719,7 @@ pub fn stiefel_square_direction<M: WorkingPrecision>(
     method: Msign,
     precision: Precision,
 ) -> Result<M> {
-    crate::muon::check_step_inputs(w, g, None)?;
+    crate::muon::check_inputs_named(w, g, "g", None)?;
     let (m, n) = w.shape();
     if m != n {
         return Err(OptimError::ShapeMismatch {
@@ -659,5 +729,5 @@ pub fn stiefel_square_direction<M: WorkingPrecision>(
         });
     }
     let wt = w.duplicate()?.into_transpose();
-    stiefel_square(w, &wt, g, method, precision)
+    Ok(stiefel_square(w, &wt, g, method, precision)?.0)
 }

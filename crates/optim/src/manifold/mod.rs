@@ -3,7 +3,7 @@
 //! Bernstein's dual-ascent formulation as the paper *Different Layers, Different Manifolds* ran
 //! it, written once for every [`WorkingPrecision`] backend.
 //!
-//! # One step (paper notes §2–§3)
+//! # One step (docs/optim.md, "Math")
 //!
 //! 1. U from the momentum recursion (the paper: SGD-Nesterov, β = 0.95).
 //! 2. Orientation: W is taken in its (out, in) form ([`Layout`]) and transposed when wide, so the
@@ -17,16 +17,16 @@
 //!
 //! No weight decay (the paper's manifold runs used none; on Stiefel the scale is fixed anyway).
 //!
-//! # Traps (paper notes §8)
+//! # Traps (docs/optim.md, "Traps")
 //!
-//! * The dual ascent is not scale-invariant ([`DualAscent::normalize`], §8.4) and, with the
+//! * The dual ascent is not scale-invariant ([`DualAscent::normalize`]; [`dual`], "Traps") and, with the
 //!   SGD-form momentum, runs on a U about 20× larger than Muon's EMA input. On ill-conditioned
 //!   gradients it does not converge in K = 20 steps at all ([`dual`], "Feasible directions";
 //!   [`DualAscent::feasible`] makes the step tangent and certifies its descent). Its divergence is
 //!   detected and reported ([`OnDivergence`]), not applied silently.
-//! * The paper's DGram retraction swaps column scales when column norms are unsorted (§8.3,
+//! * The paper's DGram retraction swaps column scales when column norms are unsorted (
 //!   [`DGramRetraction`]).
-//! * The fused QKV block (§8.2): the paper constrains the whole 3d×d `c_attn` matrix, so under
+//! * The fused QKV block: the paper constrains the whole 3d×d `c_attn` matrix, so under
 //!   Stiefel only W_qᵀW_q + W_kᵀW_k + W_vᵀW_v = I holds (each slice has σ ≤ 1, none is
 //!   orthogonal). Pass the fused matrix to reproduce the paper; pass slices to constrain each.
 //! * Init: call [`ManifoldMuon::retract_onto`] once before training (the paper retracts the
@@ -35,7 +35,7 @@
 //! * Precision: with bf16 msign (the paper; `Precision::Auto` on CUDA and on CPUs with native bf16
 //!   products) the Stiefel constraint holds
 //!   only to ≈ 1e-2 (max |σ − 1| ≈ 3.5e-3); f64 with `Msign::Exact` holds it to 1e-10.
-//! * Cost: K msign calls per step (tol 1e-6 rarely triggers for tall matrices, §8.9), plus one
+//! * Cost: K msign calls per step (tol 1e-6 rarely triggers for tall matrices), plus one
 //!   msign (Stiefel, DGram column-norm) or two SVDs (DGram paper) for the retraction, plus one msign
 //!   for the ‖G‖_* diagnostic when `diagnostics` is on.
 
@@ -54,10 +54,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{check_range, OptimError, Result};
 use crate::momentum::{Momentum, MomentumState};
 use crate::msign::Msign;
-use crate::muon::{check_step_inputs, Layout};
+use crate::muon::{check_inputs_named, check_step_inputs, Layout};
 use crate::precision::{Precision, WorkingPrecision};
 use dual::{ascend, finish_report, stiefel_square, violation, TallProblem};
-use retraction::{retract, violation_tall};
+use retraction::{retract, violation_of};
 
 /// Manifold Muon's settings. The named preset [`ManifoldMuonConfig::paper`] is the paper's.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -82,8 +82,13 @@ pub struct ManifoldMuonConfig {
     pub diagnostics: bool,
     /// The largest manifold violation accepted at a parameter's first step (see
     /// [`ManifoldMuon::violation`]); the default 0.05 passes bf16 retractions and rejects
-    /// Gaussian inits.
+    /// Gaussian inits. Also the largest violation a retraction may end at
+    /// ([`OptimError::NotRetractable`]).
     pub manifold_tol: f64,
+    /// Return the final dual variable Λ in [`ManifoldStep::multiplier`] (off by default: an
+    /// n×n matrix per step the caller may not want; [`ManifoldMuon::solve`] always returns it).
+    #[serde(default)]
+    pub keep_multiplier: bool,
 }
 
 impl ManifoldMuonConfig {
@@ -102,12 +107,13 @@ impl ManifoldMuonConfig {
             square_closed_form: true,
             diagnostics: true,
             manifold_tol: 0.05,
+            keep_multiplier: false,
         }
     }
 
     /// Checks every field.
     pub fn validate(&self) -> Result<()> {
-        check_range("lr", self.lr, 0.0, f64::MAX)?;
+        check_range("lr", self.lr, 0.0, crate::muon::MuonConfig::MAX_LR)?;
         check_range("manifold_tol", self.manifold_tol, 0.0, f64::MAX)?;
         self.momentum.validate()?;
         self.dual.validate()?;
@@ -120,13 +126,35 @@ pub type ManifoldState<M> = MomentumState<M>;
 
 /// What one manifold-Muon step did.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ManifoldStep {
-    /// The dual ascent's diagnostics.
+pub struct ManifoldStep<M> {
+    /// The direction A (in `w`'s orientation) of the tangent step W − η·A that the retraction
+    /// then put back on the manifold: the same matrix [`ManifoldMuon::direction`] returns for
+    /// the momentum input, without a second ascent.
+    pub direction: M,
+    /// The final dual variable Λ (see [`TangentSolution::multiplier`]), when
+    /// [`ManifoldMuonConfig::keep_multiplier`] is on.
+    pub multiplier: Option<M>,
+    /// The dual ascent's diagnostics (including the violation history,
+    /// [`DualReport::violations`]).
     pub dual: DualReport,
     /// [`ManifoldMuon::violation`] of the updated W.
     pub manifold_violation: f64,
     /// The precision msign ran in.
     pub precision: &'static str,
+}
+
+/// The tangent-space problem's answer at one point ([`ManifoldMuon::solve`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TangentSolution<M> {
+    /// The direction A, in `w`'s orientation (the step is W − η·A).
+    pub direction: M,
+    /// The dual variable Λ (symmetric n×n, n = the smaller side of W, in the tall orientation
+    /// W ∈ ℝ^{m×n}, m ≥ n, and in the caller's units of G) whose candidate msign(G + 2W·P(Λ)) the
+    /// ascent returned last (before any [`DualAscent::project`]); for the square Stiefel closed
+    /// form Λ₀ = −¼·(WᵀG + GᵀW).
+    pub multiplier: M,
+    /// The diagnostics.
+    pub report: DualReport,
 }
 
 /// Manifold Muon (see the module docs).
@@ -165,9 +193,9 @@ impl ManifoldMuon {
         &self.config
     }
 
-    /// Changes η (for schedules).
+    /// Changes η (for schedules). Errors: η outside [0, `MuonConfig::MAX_LR`] (argument `lr`).
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
-        check_range("lr", lr, 0.0, f64::MAX)?;
+        check_range("lr", lr, 0.0, crate::muon::MuonConfig::MAX_LR)?;
         self.config.lr = lr;
         Ok(())
     }
@@ -185,45 +213,79 @@ impl ManifoldMuon {
     }
 
     /// How far `w` is from the manifold: Stiefel ‖WᵀW − I‖_F/√n, DGram
-    /// ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂ (tall orientation, n = the smaller side).
+    /// ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂ (tall orientation, n = the smaller side; 0 for W = 0 on DGram).
+    /// Computed without overflow for every finite W; the Stiefel measure is +∞ when it exceeds
+    /// `f64::MAX` (‖W‖ beyond ≈ 1e154). Errors: `w` empty or non-finite (argument `w`).
     pub fn violation<M: WorkingPrecision>(&self, w: &M) -> Result<f64> {
         w.validate("w").map_err(crate::error::from_linalg)?;
         let (m, n) = w.shape();
-        let wt = Self::tall(w, self.flip(m, n))?;
-        let wtt = wt.duplicate()?.into_transpose();
-        violation_tall(&wt, &wtt, self.config.manifold)
+        violation_of(&Self::tall(w, self.flip(m, n))?, self.config.manifold)
     }
 
     /// Puts `w` on the manifold in place with the configured retraction (for the init; the
     /// paper retracts nanoGPT's Gaussian init). For DGram's paper retraction the column norms
-    /// come out sorted descending.
+    /// come out sorted descending. Every finite `w` of any scale is accepted.
+    ///
+    /// Errors (`w` unchanged): `w` empty or non-finite ([`OptimError::NonFinite`]); a `w` whose
+    /// retraction does not land on the manifold within `manifold_tol`
+    /// ([`OptimError::NotRetractable`]): on Stiefel a numerically rank-deficient W (the zero
+    /// matrix included) — its nearest Stiefel points are not unique, and msign keeps null
+    /// directions at 0 (see [`msign`](crate::msign())) — or one too ill-conditioned for a
+    /// Newton–Schulz msign (use `Msign::Exact`); on DGram with the column-norm retraction,
+    /// linearly dependent non-zero columns; on DGram, column norms beyond `f64::MAX`. The zero
+    /// matrix is on DGram (free column norms, zero included) and is kept.
     pub fn retract_onto<M: WorkingPrecision>(&self, w: &mut M) -> Result<()> {
         w.validate("w").map_err(crate::error::from_linalg)?;
         let (m, n) = w.shape();
         let flip = self.flip(m, n);
-        let c = &self.config;
-        let r = retract(&Self::tall(w, flip)?, c.manifold, c.msign, c.precision)?;
+        let r = self.retract_checked(&Self::tall(w, flip)?, "w")?;
         w.copy_from(&if flip { r.into_transpose() } else { r })?;
         Ok(())
     }
 
-    fn direction_tall<M: WorkingPrecision>(&self, w: &M, wt: &M, g: &M) -> Result<(M, DualReport)> {
+    /// The retraction of tall `x`, checked to land on the manifold (errors name `arg`).
+    fn retract_checked<M: WorkingPrecision>(&self, x: &M, arg: &'static str) -> Result<M> {
+        let c = &self.config;
+        let r = retract(x, c.manifold, c.msign, c.precision)?;
+        let v = if r.frobenius_norm()?.is_finite() {
+            violation_of(&r, c.manifold)?
+        } else {
+            f64::INFINITY
+        };
+        if v.is_nan() || v > c.manifold_tol {
+            return Err(OptimError::NotRetractable {
+                arg,
+                manifold: c.manifold.name(),
+                violation: v,
+                tol: c.manifold_tol,
+            });
+        }
+        Ok(r)
+    }
+
+    fn direction_tall<M: WorkingPrecision>(
+        &self,
+        w: &M,
+        wt: &M,
+        g: &M,
+    ) -> Result<(M, M, DualReport)> {
         let c = &self.config;
         let (m, n) = w.shape();
         if c.manifold == Manifold::Stiefel && m == n && c.square_closed_form {
-            let a = stiefel_square(w, wt, g, c.msign, c.precision)?;
+            let (a, lam) = stiefel_square(w, wt, g, c.msign, c.precision)?;
             let (_, v) = violation(wt, &a, Projector::Identity)?;
             let mut report = DualReport {
                 msign_calls: 1,
                 initial_violation: v,
                 violation: v,
                 ascent_violation: v,
+                violations: vec![v],
                 converged: v < c.dual.tol,
                 gradient_scale: 1.0,
                 ..DualReport::default()
             };
             finish_report(&mut report, g, &a, c.msign, c.precision, c.diagnostics)?;
-            return Ok((a, report));
+            return Ok((a, lam, report));
         }
         ascend(
             &TallProblem { w, wt, g },
@@ -235,31 +297,47 @@ impl ManifoldMuon {
         )
     }
 
-    /// The tangent direction A for gradient (or momentum) `g` at `w`, in `w`'s orientation, and
-    /// the ascent's diagnostics. Nothing is modified; divergence is only flagged in the report.
-    pub fn direction<M: WorkingPrecision>(&self, w: &M, g: &M) -> Result<(M, DualReport)> {
-        check_step_inputs(w, g, None)?;
+    /// The tangent direction A for gradient (or momentum) `g` at `w`, in `w`'s orientation, the
+    /// final dual variable Λ and the ascent's diagnostics (with the violation history). Nothing is
+    /// modified; divergence is only flagged in the report.
+    ///
+    /// Errors: `g` of another shape than `w` (argument `g`), `w` or `g` empty or non-finite.
+    pub fn solve<M: WorkingPrecision>(&self, w: &M, g: &M) -> Result<TangentSolution<M>> {
+        check_inputs_named(w, g, "g", None)?;
         let (m, n) = w.shape();
         let flip = self.flip(m, n);
         let wt = Self::tall(w, flip)?;
         let wtt = wt.duplicate()?.into_transpose();
         let gt = Self::tall(g, flip)?;
-        let (a, report) = self.direction_tall(&wt, &wtt, &gt)?;
-        Ok((if flip { a.into_transpose() } else { a }, report))
+        let (a, multiplier, report) = self.direction_tall(&wt, &wtt, &gt)?;
+        Ok(TangentSolution {
+            direction: if flip { a.into_transpose() } else { a },
+            multiplier,
+            report,
+        })
     }
 
-    /// One step on `w` in place (see the module docs).
+    /// [`ManifoldMuon::solve`] without the dual variable: the direction A and the diagnostics.
+    pub fn direction<M: WorkingPrecision>(&self, w: &M, g: &M) -> Result<(M, DualReport)> {
+        self.solve(w, g).map(|s| (s.direction, s.report))
+    }
+
+    /// One step on `w` in place (see the module docs). The report carries the direction A, so
+    /// there is no need for a separate [`ManifoldMuon::direction`] call.
     ///
     /// Errors (nothing is modified, the state is unchanged): shapes ([`OptimError::ShapeMismatch`]),
-    /// NaN/±∞ in `w` or `grad` ([`OptimError::NonFinite`]), `w` off its manifold at its first step
-    /// ([`OptimError::NotOnManifold`]), a diverging dual ascent with [`OnDivergence::Error`]
-    /// ([`OptimError::DualAscentDiverged`]), backend failures.
+    /// NaN/±∞ in `w`, `grad` or the momentum buffer in `state` ([`OptimError::NonFinite`]), `w`
+    /// off its manifold at its first step ([`OptimError::NotOnManifold`]), a diverging dual
+    /// ascent with [`OnDivergence::Error`], or a non-finite one whatever `on_divergence`
+    /// ([`OptimError::DualAscentDiverged`]), a step W − η·A that overflows
+    /// ([`OptimError::Diverged`], quantity `"parameters"`), a retraction that does not land on the
+    /// manifold ([`OptimError::NotRetractable`], argument `w`), backend failures.
     pub fn step<M: WorkingPrecision>(
         &self,
         w: &mut M,
         grad: &M,
         state: &mut ManifoldState<M>,
-    ) -> Result<ManifoldStep> {
+    ) -> Result<ManifoldStep<M>> {
         check_step_inputs(w, grad, state.buffer.as_ref())?;
         let c = &self.config;
         let precision = w.working_name(c.precision)?;
@@ -268,7 +346,7 @@ impl ManifoldMuon {
         let w_tall = Self::tall(w, flip)?;
         let wt = w_tall.duplicate()?.into_transpose();
         if state.steps == 0 {
-            let v = violation_tall(&w_tall, &wt, c.manifold)?;
+            let v = violation_of(&w_tall, c.manifold)?;
             if v.is_nan() || v > c.manifold_tol {
                 return Err(OptimError::NotOnManifold {
                     manifold: c.manifold.name(),
@@ -277,10 +355,11 @@ impl ManifoldMuon {
                 });
             }
         }
-        let (buffer, u) = c.momentum.advance(state.buffer.as_ref(), grad)?;
+        let (buffer, u) = c.momentum.advance_unchecked(state.buffer.as_ref(), grad)?;
         let u_tall = if flip { u.into_transpose() } else { u };
-        let (a, report) = self.direction_tall(&w_tall, &wt, &u_tall)?;
-        if report.diverged && c.dual.on_divergence == OnDivergence::Error {
+        let (a, lam, report) = self.direction_tall(&w_tall, &wt, &u_tall)?;
+        let unusable = !report.ascent_violation.is_finite() || !a.frobenius_norm()?.is_finite();
+        if unusable || (report.diverged && c.dual.on_divergence == OnDivergence::Error) {
             return Err(OptimError::DualAscentDiverged {
                 steps: report.dual_steps,
                 initial_violation: report.initial_violation,
@@ -290,12 +369,22 @@ impl ManifoldMuon {
         }
         let mut moved = w_tall;
         moved.axpy(-c.lr, &a)?;
-        let new = retract(&moved, c.manifold, c.msign, c.precision)?;
-        let new_t = new.duplicate()?.into_transpose();
-        let manifold_violation = violation_tall(&new, &new_t, c.manifold)?;
+        let moved_norm = moved.frobenius_norm()?;
+        if !moved_norm.is_finite() && moved.validate("w").is_err() {
+            return Err(OptimError::Diverged {
+                step: state.steps as usize,
+                quantity: "parameters",
+                value: moved_norm,
+                threshold: f64::INFINITY,
+            });
+        }
+        let new = self.retract_checked(&moved, "w")?;
+        let manifold_violation = violation_of(&new, c.manifold)?;
         w.copy_from(&if flip { new.into_transpose() } else { new })?;
         state.record_step(buffer);
         Ok(ManifoldStep {
+            direction: if flip { a.into_transpose() } else { a },
+            multiplier: c.keep_multiplier.then_some(lam),
             dual: report,
             manifold_violation,
             precision,

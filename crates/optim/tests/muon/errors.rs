@@ -100,7 +100,7 @@ fn a_matrix_off_its_manifold_is_reported_with_its_violation() {
 
 #[test]
 fn a_diverging_dual_ascent_is_reported_not_applied() {
-    // Entries ~1e-4 with α = 0.1 (paper settings, unnormalized): the ascent diverges (§8.4).
+    // Entries ~1e-4 with α = 0.1 (paper settings, unnormalized): the ascent diverges (docs/optim.md, "Traps").
     let cfg = ManifoldMuonConfig {
         msign: Msign::Exact,
         momentum: Momentum::none(),

@@ -1,4 +1,4 @@
-//! §7.1–7.2: msign properties (σ = 1, scale and sign invariance, = UVᵀ, skew-symmetry, zero σ),
+//! Properties 1–2 of docs/optim.md, "Properties → tests": msign properties (σ = 1, scale and sign invariance, = UVᵀ, skew-symmetry, zero σ),
 //! the NS5 band and Polar Express to 1 ± 1e-6 (f64).
 
 use super::common::*;
@@ -87,7 +87,7 @@ proptest! {
 }
 
 #[test]
-fn scalar_maps_match_the_notes() {
+fn scalar_maps_match_the_docs() {
     assert!((MUON_QUINTIC.a + MUON_QUINTIC.b + MUON_QUINTIC.c - 0.701).abs() < 1e-12);
     let pe = Msign::polar_express().schedule().unwrap();
     for i in 0..=1000 {

@@ -1,4 +1,4 @@
-//! Muon's step (§1) and both momentum forms (§7.10).
+//! Muon's step and both momentum forms (docs/optim.md, "Properties → tests" 1 and 10).
 
 use super::common::*;
 use kappa_optim::manifold::{
