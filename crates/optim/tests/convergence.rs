@@ -1,6 +1,6 @@
-//! The testable claims T1–T11 of the convergence paper's notes (§8), as property tests, plus the
-//! error contract. Monte Carlo tolerances are set from the estimators' standard deviations (each
-//! comment gives the margin in standard deviations).
+//! The testable claims T1–T11 of docs/convergence.md (§Claims → code → tests), as property tests,
+//! plus the error contract. Monte Carlo tolerances are derived from the estimators' standard
+//! errors and a family-wise false-alarm rate (docs/convergence.md, §Monte Carlo tolerances).
 
 use kappa_optim::convergence::*;
 use kappa_optim::OptimError;
