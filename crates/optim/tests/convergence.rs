@@ -1,6 +1,6 @@
-//! The testable claims T1–T11 of the convergence paper's notes (§8), as property tests, plus the
-//! error contract. Monte Carlo tolerances are set from the estimators' standard deviations (each
-//! comment gives the margin in standard deviations).
+//! The testable claims T1–T11 of docs/convergence.md (§Claims → code → tests), as property tests,
+//! plus the error contract. Monte Carlo tolerances are derived from the estimators' standard
+//! errors and a family-wise false-alarm rate (docs/convergence.md, §Monte Carlo tolerances).
 
 use kappa_optim::convergence::*;
 use kappa_optim::OptimError;
@@ -44,53 +44,147 @@ fn loglog_slope(points: &[(f64, f64)]) -> f64 {
     fit.log_mu
 }
 
-proptest! {
-    #![proptest_config(kappa_testkit::config(6))]
+/// Family-wise false-alarm rate of each Monte Carlo test: the probability, under a normal
+/// approximation of the estimators, that a correct claim fails on some case of the test
+/// (docs/convergence.md, §Monte Carlo tolerances).
+const FALSE_ALARM: f64 = 1e-6;
 
-    /// T1: X softmax(XᵀBᵀq) → ΣBᵀq with mean squared error ≈ e^{vᵀΣv}(tr Σ + ‖Σv‖²)/n
-    /// (v = Bᵀq; the delta-method variance of a self-normalised importance-sampling average).
+/// Q(z) = P(N(0,1) > z) by Laplace's continued fraction Q(z) = φ(z)/(z + 1/(z + 2/(z + …))),
+/// evaluated bottom-up with 400 levels (relative error < 1e-12 for z ≥ 2, the range used here).
+fn normal_upper_tail(z: f64) -> f64 {
+    let mut t = z;
+    for k in (1..=400).rev() {
+        t = z + k as f64 / t;
+    }
+    (-0.5 * z * z).exp() / (2.0 * std::f64::consts::PI).sqrt() / t
+}
+
+/// The number of standard deviations z for `comparisons` two-sided comparisons per case over
+/// the `cases` cases of a test's configuration (Bonferroni): 2·Q(z)·comparisons·cases =
+/// [`FALSE_ALARM`]. The case count is read from `kappa_testkit::config`, so an exploring run
+/// (16× cases) keeps the same family-wise rate. z ≈ 5.3 for 18 comparisons, 5.9 for 288.
+fn z_for(cases: u32, comparisons: u32) -> f64 {
+    let target = FALSE_ALARM
+        / (2.0 * f64::from(kappa_testkit::config(cases).cases) * f64::from(comparisons));
+    let (mut lo, mut hi) = (2.0, 40.0);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if normal_upper_tail(mid) > target {
+            lo = mid
+        } else {
+            hi = mid
+        }
+    }
+    hi
+}
+
+/// Mean and standard error (sample sd/√r) of r replicates.
+fn mean_se(v: &[f64]) -> (f64, f64) {
+    let r = v.len() as f64;
+    let m = v.iter().sum::<f64>() / r;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (r - 1.0);
+    (m, (var / r).sqrt())
+}
+
+/// Unit roundoff u = 2⁻⁵³.
+const U: f64 = f64::EPSILON / 2.0;
+
+#[test]
+fn normal_tail_matches_known_values() {
+    // Q(2) = 0.0227501319…, Q(5) = 2.86651572e-7, Q(8) = 6.22096057e-16.
+    for (z, q) in [
+        (2.0, 0.022750131948179),
+        (5.0, 2.866515718791939e-7),
+        (8.0, 6.220960574271785e-16),
+    ] {
+        assert!(
+            (normal_upper_tail(z) / q - 1.0).abs() < 1e-9,
+            "Q({z}) = {}",
+            normal_upper_tail(z)
+        );
+    }
+    assert!((z_for(1, 1) - 4.891638).abs() < 1e-3, "{}", z_for(1, 1));
+}
+
+/// Cases of T1, T2, T3 and T9.
+const MC_CASES: u32 = 6;
+/// Context draws per n in T1.
+const T1_REPS: usize = 400;
+/// Initialization samples per n in T9.
+const T9_REPS: usize = 192;
+/// Cases and initialization samples of T7.
+const T7_CASES: u32 = 6;
+const T7_REPS: usize = 16;
+
+/// The mean squared error of the attention average X softmax(XᵀBᵀq) around ΣBᵀq over contexts
+/// of n keys, to second order: c₁/n + c₂/n² (docs/convergence.md, §T1).
+fn attention_mse_expansion(sigma: &Array2<f64>, v: &ndarray::Array1<f64>) -> (f64, f64) {
+    let mu = sigma.dot(v);
+    let s = v.dot(&mu);
+    let (tr, mu2) = (sigma.diag().sum(), mu.dot(&mu));
+    let c1 = s.exp() * (tr + mu2);
+    let third = (3.0 * s).exp() * (tr + 4.0 * mu2);
+    let c2 = -2.0 * (third - c1) + 3.0 * (c1 * s.exp_m1() + 2.0 * (2.0 * s).exp() * mu2);
+    (c1, c2)
+}
+
+proptest! {
+    #![proptest_config(kappa_testkit::config(MC_CASES))]
+
+    /// T1: X softmax(XᵀBᵀq) → ΣBᵀq, and its mean squared error over contexts of n keys is
+    /// c₁/n + c₂/n² + O(n⁻³) with c₁ = e^{vᵀΣv}(tr Σ + ‖Σv‖²) (v = Bᵀq; the delta method for a
+    /// self-normalised importance-sampling average, docs/convergence.md §T1). Claims: at
+    /// n = 250 and 4000 the MSE matches the expansion, and 16× more keys divide it by
+    /// pred(250)/pred(4000) ≈ 16. Tolerance: z standard errors of the replicate mean (z from
+    /// [`z_for`], 3 comparisons per case) plus |c₂|/n² for the unmodelled O(n⁻³) remainder.
     #[test]
     fn t1_attention_average_tends_to_sigma_b_q(seed in any::<u64>(), d in 2usize..6, kappa in 1.0f64..20.0) {
+        let z = z_for(MC_CASES, 3);
         let mut r = rng(seed);
         let model = spec(d, 1, kappa, 1.0, 0.0).build(&mut r).unwrap();
         let sigma = model.sigma().clone();
-        // A small key-query matrix keeps vᵀΣv = O(0.1).
+        // A small key-query matrix keeps vᵀΣv = O(0.1), so the expansion's terms fall fast.
         let b = gaussian(d, d, &mut r).unwrap() * (0.1 / (d as f64).sqrt());
         let ident = Array2::<f64>::eye(d);
-        let mut mse = Vec::new();
-        let mut bound = 0.0;
         let queries = model.sample_covariates(8, &mut r).unwrap();
+        let limit = sigma.dot(&b.t()).dot(&queries);
+        let mut stats = Vec::new();
         for &n in &[250usize, 4000] {
-            let mut acc = 0.0;
-            let mut pred_bound = 0.0;
             // The queries share a context, so the context draws are the independent replicates.
-            let reps = 40;
-            for _ in 0..reps {
+            let reps: Vec<f64> = (0..T1_REPS).map(|_| {
                 let context = model.sample_covariates(n, &mut r).unwrap();
                 // A = I: the layer's output is the attention average itself.
-                let z = attend(ident.view(), b.view(), context.view(), queries.view()).unwrap();
-                let limit = sigma.dot(&b.t()).dot(&queries);
-                acc += (&z - &limit).iter().map(|e| e * e).sum::<f64>() / queries.ncols() as f64;
-            }
+                let out = attend(ident.view(), b.view(), context.view(), queries.view()).unwrap();
+                (&out - &limit).iter().map(|e| e * e).sum::<f64>() / queries.ncols() as f64
+            }).collect();
+            let (mse, se) = mean_se(&reps);
+            let (mut pred, mut rem) = (0.0, 0.0);
             for q in queries.columns() {
-                let v = b.t().dot(&q);
-                let sv = sigma.dot(&v);
-                pred_bound += (v.dot(&sv)).exp() * (sigma.diag().sum() + sv.dot(&sv)) / n as f64;
+                let (c1, c2) = attention_mse_expansion(&sigma, &b.t().dot(&q));
+                let nf = n as f64;
+                pred += (c1 / nf + c2 / (nf * nf)) / queries.ncols() as f64;
+                rem += (c2 / (nf * nf)).abs() / queries.ncols() as f64;
             }
-            mse.push(acc / reps as f64);
-            bound = pred_bound / queries.ncols() as f64;
+            // Rounding: each error is ≥ 1e-6 of ‖ΣBᵀq‖ and carries ~n·u relative rounding, far
+            // below one standard error (se/mse ≈ 5%); 1e-9·mse covers it.
+            let tol = z * se + rem + 1e-9 * mse;
+            prop_assert!((mse - pred).abs() <= tol, "n = {n}: mse {mse:e} vs {pred:e} ± {tol:e} (se {se:e}, z {z:.2})");
+            stats.push((mse, se, pred, rem));
         }
-        // 16× more keys: the MSE falls ≈16×; accept 4×–64× (40 contexts per n: sd ≈ 20%).
-        let ratio = mse[0] / mse[1];
-        prop_assert!(ratio > 4.0 && ratio < 64.0, "mse ratio {ratio}, mse {mse:?}");
-        // At n = 4000 the MSE is within a factor 3 of the delta-method prediction.
-        prop_assert!(mse[1] < 3.0 * bound && mse[1] > bound / 3.0, "mse {} vs predicted {bound}", mse[1]);
+        // The ratio: log(mse₀/mse₁) has standard error √(rse₀² + rse₁²) (delta method).
+        let (m0, s0, p0, r0) = stats[0];
+        let (m1, s1, p1, r1) = stats[1];
+        let gap = ((m0 / m1) / (p0 / p1)).ln().abs();
+        let tol = z * ((s0 / m0).powi(2) + (s1 / m1).powi(2)).sqrt() + r0 / p0 + r1 / p1;
+        prop_assert!(gap <= tol, "mse ratio {} vs predicted {}: |Δ log| {gap} > {tol}", m0 / m1, p0 / p1);
     }
 
     /// T2: the closed form L = ½‖(AΣBᵀ−M)Σ^{1/2}‖² + ½kσ² matches a Monte Carlo of
-    /// E½‖y − AΣBᵀx‖² (4·10⁵ samples; relative sd ≤ 0.25% for k ≥ 1, tolerance 1.5% ≥ 6 sd).
+    /// E½‖y − AΣBᵀx‖² over 4·10⁵ samples, within z standard errors of the mean (the sd of the
+    /// per-sample losses, estimated from the sample; z from [`z_for`], 1 comparison per case).
     #[test]
     fn t2_population_loss_matches_monte_carlo(seed in any::<u64>(), d in 1usize..6, k in 1usize..4, noise in 0.0f64..0.5) {
+        let z = z_for(MC_CASES, 1);
         let mut r = rng(seed);
         let model = spec(d, k, 5.0, 2.0, noise).build(&mut r).unwrap();
         let a = gaussian(k, d, &mut r).unwrap() * 0.7;
@@ -100,9 +194,16 @@ proptest! {
         let n = 400_000;
         let s = model.sample(n, &mut r).unwrap();
         let pred = pop.limit_predict(a.view(), b.view(), s.x()).unwrap();
-        let mc = 0.5 * (&s.y() - &pred).iter().map(|e| e * e).sum::<f64>() / n as f64;
-        prop_assert!((mc - closed).abs() <= 0.015 * closed, "MC {mc} vs closed form {closed}");
-        prop_assert!((pop.loss(a.view(), b.view()).unwrap() - pop.excess(a.view(), b.view()).unwrap() - 0.5 * k as f64 * noise * noise).abs() < 1e-12);
+        let per_sample: Vec<f64> = (&s.y() - &pred).columns().into_iter().map(|c| 0.5 * c.dot(&c)).collect();
+        let mc = per_sample.iter().sum::<f64>() / n as f64;
+        let sd = (per_sample.iter().map(|v| (v - mc).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
+        // Rounding: the sum of n positive terms has relative error ≤ n·u, each term ≤ 4(d+k)u;
+        // both are below 1e-9 of the mean, < 1e-6 of the MC margin.
+        let tol = z * sd / (n as f64).sqrt() + (n as f64 + 4.0 * (d + k) as f64) * U * (mc + closed);
+        prop_assert!((mc - closed).abs() <= tol, "MC {mc} vs closed form {closed}, tolerance {tol} (z {z:.2})");
+        // L − E is the constant ½kσ², up to the rounding of one addition (u·L).
+        let gap = pop.loss(a.view(), b.view()).unwrap() - pop.excess(a.view(), b.view()).unwrap() - 0.5 * k as f64 * noise * noise;
+        prop_assert!(gap.abs() <= 4.0 * U * closed, "L − E − ½kσ² = {gap:e}");
     }
 
     /// T3: L̂_n → L for moderate ‖B‖ in every context mode: at n = 4000 the gap is within six
@@ -123,7 +224,7 @@ proptest! {
         let sd = (per_query.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
         for (mode, n_q) in [(ContextMode::SelfIncluded, n), (ContextMode::SelfExcluded, n), (ContextMode::SplitKeys, n / 2)] {
             let emp = EmpiricalProblem::new(&sample, mode).unwrap().loss(a.view(), b.view()).unwrap();
-            let tol = 6.0 * sd / (n_q as f64).sqrt() + 0.02 * pop;
+            let tol = z_for(MC_CASES, 3) * sd / (n_q as f64).sqrt() + 0.02 * pop;
             prop_assert!((emp - pop).abs() < tol, "{mode:?}: L̂ = {emp}, L = {pop}, tolerance {tol}");
         }
     }
@@ -189,57 +290,41 @@ proptest! {
         prop_assert!(rec.grad_norm < 1e-11, "‖∇Q‖ = {}", rec.grad_norm);
     }
 
-    /// T7: preconditioned GD on the population Q from a perturbation of S* converges
-    /// geometrically: log E_t is linear in t (R² > 0.95), μ < 0.95, and 1 − μ agrees within a
-    /// factor 2 across two draws of the initialization sample.
-    #[test]
-    fn t7_geometric_convergence_on_population(seed in any::<u64>(), d in 2usize..7, kappa_sigma in 1.0f64..100.0) {
-        let mut mus = Vec::new();
-        let mut r = rng(seed);
-        let model = spec(d, d, kappa_sigma, 2.0, 0.0).build(&mut r).unwrap();
-        for rep in 0..2u64 {
-            let mut r = rng(seed ^ (rep + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let sample = model.sample(200 * d, &mut r).unwrap();
-            let mo = Moments::estimate(&sample).unwrap();
-            let (a0, b0) = spectral_init(&mo).unwrap();
-            let mut trainer = Trainer::new(Objective::Population(model.population().clone()), &mo, a0, b0, Settings::algorithm()).unwrap()
-                .with_truth(Truth { population: model.population().clone(), probe: None });
-            let recs = trainer.run(120).unwrap();
-            let e0 = recs[0].excess.unwrap();
-            // The tail window 1e-13·E₀ < E_t < 1e-3·E₀, where the slowest mode dominates.
-            let pts: Vec<(f64, f64)> = recs.iter().map(|r| (r.step as f64, r.excess.unwrap())).filter(|p| p.1 > 1e-13 * e0 && p.1 < 1e-3 * e0 && p.1 > 1e-28).collect();
-            prop_assert!(pts.len() >= 8, "too few points above the floor: {}", pts.len());
-            let fit = geometric_rate(&pts).unwrap();
-            prop_assert!(fit.mu < 0.95 && fit.r_squared > 0.95, "fit {fit:?}");
-            prop_assert!(recs.last().unwrap().excess.unwrap() < 1e-12 * e0);
-            mus.push(fit.mu);
-        }
-        // Stable across seeds: 1 − μ agrees within a factor 2 (the fitted window mixes modes, and
-        // the preconditioner's Σ̂ differs between the seeds).
-        let ratio = (1.0 - mus[0]) / (1.0 - mus[1]);
-        prop_assert!((0.5..=2.0).contains(&ratio), "μ across seeds: {mus:?}");
-    }
-
-    /// T9: the spectral-initialization excess scales like 1/n: the log-log slope over
-    /// n ∈ {250, …, 4000} (mean of 48 draws each) lies in [−1.3, −0.7].
+    /// T9: the spectral-initialization excess scales like 1/n: the log-log slope of its mean
+    /// over n ∈ {250, …, 4000} lies in [−1.3, −0.7] (the claim's band, docs/convergence.md §T9).
+    /// Tolerance: the Monte Carlo slope may leave the band by z standard errors, its standard
+    /// error propagated from the per-n replicate means (192 draws each) by the delta method,
+    /// plus the Jensen bias of log(mean).
     #[test]
     fn t9_initialization_excess_scales_like_one_over_n(seed in any::<u64>(), d in 2usize..6, k in 1usize..4) {
+        let z = z_for(MC_CASES, 1);
         let mut r = rng(seed);
         let model = spec(d, k, 10.0, 2.0, 0.1).build(&mut r).unwrap();
+        let ns = [250usize, 500, 1000, 2000, 4000];
         let mut points = Vec::new();
-        for &n in &[250usize, 500, 1000, 2000, 4000] {
-            let mut total = 0.0;
-            for _ in 0..48 {
+        let mut rse = Vec::new();
+        for &n in &ns {
+            let draws: Vec<f64> = (0..T9_REPS).map(|_| {
                 let mo = Moments::estimate(&model.sample(n, &mut r).unwrap()).unwrap();
                 let (a0, b0) = spectral_init(&mo).unwrap();
-                total += model.population().excess(a0.view(), b0.view()).unwrap();
-            }
-            points.push((n as f64, total / 48.0));
+                model.population().excess(a0.view(), b0.view()).unwrap()
+            }).collect();
+            let (m, se) = mean_se(&draws);
+            points.push((n as f64, m));
+            rse.push(se / m);
         }
         let slope = loglog_slope(&points);
-        prop_assert!((-1.3..=-0.7).contains(&slope), "slope {slope}, points {points:?}");
+        // slope = Σ cᵢ log mᵢ with cᵢ = (xᵢ − x̄)/Σ(xⱼ − x̄)², xᵢ = log nᵢ; var(log mᵢ) ≈ rseᵢ²
+        // and E log mᵢ ≈ log E − rseᵢ²/2.
+        let x: Vec<f64> = ns.iter().map(|&n| (n as f64).ln()).collect();
+        let xm = x.iter().sum::<f64>() / x.len() as f64;
+        let sxx: f64 = x.iter().map(|v| (v - xm).powi(2)).sum();
+        let c: Vec<f64> = x.iter().map(|v| (v - xm) / sxx).collect();
+        let se: f64 = c.iter().zip(&rse).map(|(c, s)| (c * s).powi(2)).sum::<f64>().sqrt();
+        let jensen: f64 = c.iter().zip(&rse).map(|(c, s)| c.abs() * s * s / 2.0).sum();
+        let margin = z * se + jensen;
+        prop_assert!((-1.3 - margin..=-0.7 + margin).contains(&slope), "slope {slope} (se {se:.3}, margin {margin:.3}), points {points:?}");
     }
-
     /// T10 (population and regularizer): the closed-form gradients match central differences.
     #[test]
     fn t10_population_and_regularizer_gradients(seed in any::<u64>(), d in 1usize..6, k in 1usize..4, lambda in 0.0f64..2.0, pre in any::<bool>()) {
@@ -372,6 +457,97 @@ proptest! {
         prop_assert!(out[0].0 < 2.0 * balanced_b, "with renormalization max ‖B‖ = {} vs balanced {balanced_b}", out[0].0);
         prop_assert!(out[1].0 > 2.0 * balanced_b, "without: max ‖B‖ = {}", out[1].0);
         prop_assert!(out[1].1 > out[0].1, "finite-context excess with {} vs without {}", out[0].1, out[1].1);
+    }
+}
+
+/// The fitted μ of a population run's tail: the window 1e-13·E₀ < E_t < 1e-3·E₀ where the
+/// slowest mode dominates. Also checks that the run is geometric (R² > 0.95, μ < 0.95) and
+/// that E falls below 1e-12·E₀.
+fn t7_tail_mu(
+    model: &DataModel,
+    mo: &Moments,
+    a0: Array2<f64>,
+    b0: Array2<f64>,
+) -> Result<f64, TestCaseError> {
+    let mut trainer = Trainer::new(
+        Objective::Population(model.population().clone()),
+        mo,
+        a0,
+        b0,
+        Settings::algorithm(),
+    )
+    .unwrap()
+    .with_truth(Truth {
+        population: model.population().clone(),
+        probe: None,
+    });
+    let recs = trainer.run(120).unwrap();
+    let e0 = recs[0].excess.unwrap();
+    let pts: Vec<(f64, f64)> = recs
+        .iter()
+        .map(|r| (r.step as f64, r.excess.unwrap()))
+        .filter(|p| p.1 > 1e-13 * e0 && p.1 < 1e-3 * e0 && p.1 > 1e-28)
+        .collect();
+    prop_assert!(
+        pts.len() >= 8,
+        "too few points above the floor: {}",
+        pts.len()
+    );
+    let fit = geometric_rate(&pts).unwrap();
+    prop_assert!(fit.mu < 0.95 && fit.r_squared > 0.95, "fit {fit:?}");
+    prop_assert!(recs.last().unwrap().excess.unwrap() < 1e-12 * e0);
+    Ok(fit.mu)
+}
+
+/// ℓ_r = log(1 − μ_r) for [`T7_REPS`] initialization samples of n = 800·d (every run checked
+/// by [`t7_tail_mu`]).
+fn t7_log_gaps(seed: u64, d: usize, kappa_sigma: f64) -> Result<Vec<f64>, TestCaseError> {
+    let mut r = rng(seed);
+    let model = spec(d, d, kappa_sigma, 2.0, 0.0).build(&mut r).unwrap();
+    let mut logs = Vec::new();
+    for rep in 0..T7_REPS as u64 {
+        let mut r = rng(seed ^ (rep + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mo = Moments::estimate(&model.sample(800 * d, &mut r).unwrap()).unwrap();
+        let (a0, b0) = spectral_init(&mo).unwrap();
+        logs.push((1.0 - t7_tail_mu(&model, &mo, a0, b0)?).ln());
+    }
+    Ok(logs)
+}
+
+/// T7's finding (docs/convergence.md §T7), found by the derived tolerance on the default seed:
+/// at d = 2 "two initialization samples give 1 − μ within a factor 2" does not hold at the
+/// 1e-6 level. Every run converges geometrically, but ℓ = log(1 − μ) has sd 0.108 over the 16
+/// samples (one sample at ℓ = −0.69 against a median of −0.99), so z·√2·σ̂ = 0.80 > log 2.
+#[test]
+fn t7_finding_seed_9606333741433739516_d2() {
+    let logs = t7_log_gaps(9606333741433739516, 2, 96.7596884790537).unwrap();
+    let (_, se) = mean_se(&logs);
+    let sd = se * (T7_REPS as f64).sqrt();
+    assert!((sd - 0.1084).abs() < 1e-3, "sd {sd}");
+    assert!(z_for(T7_CASES, 1) * std::f64::consts::SQRT_2 * sd > std::f64::consts::LN_2);
+}
+
+proptest! {
+    #![proptest_config(kappa_testkit::config(T7_CASES))]
+
+    /// T7: preconditioned GD on the population Q from the spectral init converges
+    /// geometrically (every run: log E_t linear in t with R² > 0.95, μ < 0.95, E falls 1e12×),
+    /// and 1 − μ is stable across initialization samples: two independent samples give 1 − μ
+    /// within a factor 2. The second claim is about a random quantity, so it is tested on its
+    /// distribution (docs/convergence.md §T7): ℓ = log(1 − μ) over 16 samples has sd σ̂, the
+    /// difference of two independent draws has sd √2·σ̂, and the claim holds at the false-alarm
+    /// level of [`z_for`] when z·√2·σ̂ ≤ log 2. Samples have n = 800·d: at n = 200·d the
+    /// criterion fails for d = 2 (σ̂ ≈ 0.13), and at n = 800·d it still fails for d = 2 on some
+    /// cases, so d = 2 is the finding of [`t7_finding_seed_9606333741433739516_d2`]
+    /// (docs/convergence.md §T7) and this test draws d ∈ 3..=6.
+    #[test]
+    fn t7_geometric_convergence_on_population(seed in any::<u64>(), d in 3usize..7, kappa_sigma in 1.0f64..100.0) {
+        let z = z_for(T7_CASES, 1);
+        let logs = t7_log_gaps(seed, d, kappa_sigma)?;
+        let (_, se) = mean_se(&logs);
+        let sd = se * (T7_REPS as f64).sqrt();
+        // Rounding moves each fitted μ by < 1e-6 (the T8 bound over this window), far below σ̂.
+        prop_assert!(z * std::f64::consts::SQRT_2 * sd + 1e-6 <= std::f64::consts::LN_2, "log(1 − μ) over samples: sd {sd:.4}, z {z:.2}: {logs:?}");
     }
 }
 

@@ -5,11 +5,11 @@
 //! B ∈ ℝ^{d×d}, the layer maps a query q ∈ ℝ^d to
 //!
 //! ```text
-//! f_θ(q) = A X_k softmax(X_kᵀ Bᵀ q),      score_i(q) = qᵀ B x_i      (notes §2.2, AM2)
+//! f_θ(q) = A X_k softmax(X_kᵀ Bᵀ q),      score_i(q) = qᵀ B x_i      (docs/convergence.md, §The model)
 //! ```
 //!
 //! and its limit as n_k → ∞ is A Σ Bᵀ q ([`PopulationProblem`](super::PopulationProblem)).
-//! For queries X_q ∈ ℝ^{d×n_q} with labels Y ∈ ℝ^{k×n_q} (notes §11, all column-wise):
+//! For queries X_q ∈ ℝ^{d×n_q} with labels Y ∈ ℝ^{k×n_q} (docs/convergence.md, §Empirical loss; all column-wise):
 //!
 //! ```text
 //! S = X_kᵀ Bᵀ X_q,  P = column-softmax(S),  Z = X_k P,  R = A Z − Y,   L̂ = ‖R‖_F²/(2n_q)
@@ -29,8 +29,8 @@
 //! does not depend on the number of threads. Memory is O(d·(n_k + n_q) + threads·n_k); time is
 //! about 4·d·n_k·n_q multiply-adds and n_k·n_q exponentials per gradient.
 //!
-//! **Context modes** (notes §2.2, AM3; which one the paper uses is unknown, so all are offered):
-//! see [`ContextMode`]. The in-context reading (prompts sharing M, notes AM1) is
+//! **Context modes** (docs/convergence.md, §Empirical loss; which one the paper uses is unknown, so all are offered):
+//! see [`ContextMode`]. The in-context reading (prompts sharing M, docs/convergence.md §The model) is
 //! [`EmpiricalProblem::from_prompts`]: each prompt is its own context and queries, the loss is
 //! averaged over every query of every prompt.
 
@@ -51,7 +51,7 @@ pub const DEFAULT_QUERY_CHUNK: usize = 128;
 
 /// Which training covariates are keys and which are queries in the empirical loss L̂_n.
 ///
-/// Reconstruction (notes AM3): "self-attention over the training covariates" leaves open whether
+/// Reconstruction (docs/convergence.md, §Empirical loss): "self-attention over the training covariates" leaves open whether
 /// a query sees its own covariate (a logit x_jᵀBx_j biased upward) and whether keys and queries
 /// come from disjoint halves. All three readings are settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -405,7 +405,7 @@ pub fn attend(
 
 /// The finite-context excess risk estimate (1/n_q) Σ_j ½‖f_θ(q_j) − M q_j‖² over test queries
 /// q_j ~ N(0, Σ) that attend over `context` (the training covariates): the excess test risk of
-/// the layer itself rather than of its limit (notes AM4). Unbiased for the excess over the noise
+/// the layer itself rather than of its limit (docs/convergence.md, §Error definitions). Unbiased for the excess over the noise
 /// floor ½kσ² given the context.
 ///
 /// Errors: as [`attend`], and M not k×d.

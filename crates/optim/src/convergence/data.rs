@@ -1,6 +1,6 @@
 //! The data model: Gaussian covariates x ~ N(0, Σ), labels y = M x + ε, and seeded samples.
 //!
-//! Reconstruction (notes §2.2): supervised linear regression whose predictor is a softmax
+//! Reconstruction (docs/convergence.md, §The model): supervised linear regression whose predictor is a softmax
 //! attention layer reading the covariates only. x ∈ ℝ^d, x ~ N(0, Σ) with Σ ≻ 0 and zero mean;
 //! y = M x + ε ∈ ℝ^k with ε ~ N(0, σ² I_k) independent of x. Samples are stored column-wise:
 //! X ∈ ℝ^{d×n}, Y ∈ ℝ^{k×n}.
@@ -10,9 +10,9 @@
 //! random (or the identity), and the *whitened target* T = M Σ^{1/2} = P diag(t) Qᵀ with
 //! geometric singular values t_1 ≥ … ≥ t_r (r = min(k, d), t_1/t_r = κ(T)) that sum to
 //! `nuclear_norm`, and Haar-random P, Q. Then M = T Σ^{-1/2}. The nuclear norm is the softmax
-//! scale: at the balanced minimisers E‖Σ^{1/2} B*ᵀ x‖² = tr(D) = Σ t_i (notes §3.3), and the
-//! finite-context error grows like exp of it (notes §2.3), so it is the knob of the notes' §7.4
-//! stress test.
+//! scale: at the balanced minimisers E‖Σ^{1/2} B*ᵀ x‖² = tr(D) = Σ t_i, and the
+//! finite-context error grows like exp of it (docs/convergence.md, §The attention limit and
+//! §Whitened coordinates), so it is the knob of the softmax-scale stress test.
 
 use kappa_linalg::{
     condition_number, polar_factor, psd_inv_sqrt, psd_sqrt, LinalgError, RankTolerance, SvdDriver,

@@ -2,11 +2,10 @@
 //! objectives, the algorithm and its baselines (Goel, Soltanolkotabi, Bartlett, *Training
 //! Dynamics of Softmax Self-Attention: Fast Global Convergence via Preconditioning*).
 //!
-//! The paper's full text was not available; this module implements the reconstruction in
-//! `papers/softmax-attention-convergence.md` (the "notes"), and every choice the notes mark as a
-//! guess is a setting. See `docs/convergence.md` for the claim → code → test map.
+//! The paper's full text was not available; this module implements the reconstruction written down in `docs/convergence.md`, where every
+//! guessed choice is a setting (§Reconstruction choices) and the claim → code → test map is.
 //!
-//! # The model (notes §2.2, §3)
+//! # The model (docs/convergence.md, §The model, §Population loss)
 //!
 //! x ~ N(0, Σ) ∈ ℝ^d, y = Mx + ε ∈ ℝ^k, ε ~ N(0, σ²I). A softmax attention layer with value
 //! matrix A ∈ ℝ^{k×d} and key-query matrix B ∈ ℝ^{d×d} predicts, for a query q attending over a
@@ -16,7 +15,7 @@
 //! empirical loss L̂_n over self-attention on the training covariates ([`EmpiricalProblem`],
 //! [`ContextMode`]).
 //!
-//! # The algorithm (notes §5)
+//! # The algorithm (docs/convergence.md, §The algorithm)
 //!
 //! 1. [`Moments::estimate`]: Σ̂ = XXᵀ/n, M̂ = YXᵀ(XXᵀ)^{-1}, T̂ = M̂Σ̂^{1/2} and its SVD.
 //! 2. [`spectral_init`]: the balanced point of the estimated minimiser manifold.

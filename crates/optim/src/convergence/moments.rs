@@ -1,21 +1,21 @@
 //! Moments (Σ̂, M̂), the whitened coordinates (U, V), and the balanced spectral initialization.
 //!
 //! ```text
-//! Σ̂ = X Xᵀ / n                      (no centring: the model is zero-mean, notes AM11)
+//! Σ̂ = X Xᵀ / n                      (no centring: the model is zero-mean, docs/convergence.md §The model)
 //! M̂ = (Y Xᵀ)(X Xᵀ)^{-1} = (Y Xᵀ/n) Σ̂^{-1}     (least squares; YXᵀ/n alone estimates MΣ)
 //! T̂ = M̂ Σ̂^{1/2} = P̂ D̂ Q̂ᵀ            (compact SVD, r = min(k, d) components)
 //! ```
 //!
-//! Whitened coordinates (notes §3.2): U = AΣ̂^{1/2}, V = Σ̂^{1/2}BᵀΣ̂^{1/2}, so that
+//! Whitened coordinates (docs/convergence.md, §Whitened coordinates and the minimiser manifold): U = AΣ̂^{1/2}, V = Σ̂^{1/2}BᵀΣ̂^{1/2}, so that
 //! AΣ̂Bᵀ = UVΣ̂^{-1/2} and the plug-in excess is ½‖UV − T̂‖_F². The balanced spectral
-//! initialization (notes §5, step 3) picks W ∈ ℝ^{r×d} with orthonormal rows (default [I_r 0]):
+//! initialization (docs/convergence.md, §Spectral initialization) picks W ∈ ℝ^{r×d} with orthonormal rows (default [I_r 0]):
 //!
 //! ```text
 //! U₀ = P̂ D̂^{1/2} W,   V₀ = Wᵀ D̂^{1/2} Q̂ᵀ      ⇒  U₀V₀ = T̂  and  U₀ᵀU₀ = V₀V₀ᵀ = WᵀD̂W
 //! A₀ = U₀ Σ̂^{-1/2},   B₀ = Σ̂^{-1/2} V₀ᵀ Σ̂^{-1/2} ⇒  A₀Σ̂B₀ᵀ = M̂ exactly.
 //! ```
 //!
-//! The identities are exact for Σ̂, not Σ (notes §13): at finite n the *population* excess at
+//! The identities are exact for Σ̂, not Σ (docs/convergence.md, §Spectral initialization): at finite n the *population* excess at
 //! initialization is positive even without noise, and it falls like 1/n.
 
 use kappa_linalg::{condition_number, svd_thin, Svd, SvdDriver};

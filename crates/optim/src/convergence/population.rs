@@ -1,6 +1,6 @@
 //! The population (infinite-data) objective in closed form (Theorem 1) and its gradients.
 //!
-//! With n → ∞ the attention average X softmax(XᵀBᵀx) tends to ΣBᵀx (notes §2.3: for x ~ N(0, Σ),
+//! With n → ∞ the attention average X softmax(XᵀBᵀx) tends to ΣBᵀx (docs/convergence.md, §The attention limit: for x ~ N(0, Σ),
 //! E[x e^{vᵀx}]/E[e^{vᵀx}] = Σv), so the layer tends to the *limit predictor* x ↦ AΣBᵀx and
 //!
 //! ```text

@@ -1,14 +1,14 @@
-//! The structure-aware gradient descent (notes §5) and its baselines, behind one [`Trainer`].
+//! The structure-aware gradient descent (docs/convergence.md, §The algorithm) and its baselines, behind one [`Trainer`].
 //!
 //! Objective Q = L + R, where L is the population loss or the empirical L̂_n ([`Objective`]) and
-//! R is the balancing regularizer in the Σ̂ geometry (notes §4.1, a reconstruction):
+//! R is the balancing regularizer in the Σ̂ geometry (docs/convergence.md, §Regularizer; a reconstruction):
 //!
 //! ```text
 //! C = AᵀA − BᵀΣ̂B,   D = Σ̂^{1/2} C Σ̂^{1/2} = UᵀU − VVᵀ,   R = (λ/4)‖D‖_F²
 //! ∇_A R = λ A Σ̂CΣ̂,   ∇_B R = −λ Σ̂BΣ̂CΣ̂          (so ∇_U R = λUD, ∇_V R = −λDV)
 //! ```
 //!
-//! The Σ̂-preconditioner (notes §4.2, a reconstruction of "data-dependent preconditioner") is
+//! The Σ̂-preconditioner (docs/convergence.md, §Preconditioner; a reconstruction of "data-dependent preconditioner") is
 //! P^{-1}: (G_A, G_B) ↦ (G_A Σ̂^{-1}, Σ̂^{-1} G_B Σ̂^{-1}), which turns the step into plain GD in
 //! the whitened coordinates (U, V). One step of the algorithm is therefore
 //!
@@ -42,7 +42,7 @@ use super::rate::RateTracker;
 use super::LossGrad;
 use crate::error::{check_matrix, check_range, OptimError, Result};
 
-/// What keeps the softmax scale bounded (notes §5 step 4 and AM8: two reconstructions).
+/// What keeps the softmax scale bounded (docs/convergence.md, §Renormalization: two reconstructions).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Renormalization {
@@ -115,7 +115,7 @@ pub struct Settings {
 
 impl Settings {
     /// The reconstructed algorithm: Σ̂-preconditioner on, λ = 0.5, [`Renormalization::Balance`],
-    /// η = 0.2/σ_max(T̂), GD. Each value is a guess of the notes (§5 "suggested defaults"): the
+    /// η = 0.2/σ_max(T̂), GD. Each value is our choice (docs/convergence.md, §Reconstruction choices): the
     /// paper's λ, step rule and renormalization are unknown.
     pub fn algorithm() -> Self {
         Self {
