@@ -13,6 +13,7 @@ use kappa_models::{
     modulewise_groups, seeded, Gpt, LanguageModeling, Outcome, Preset, Record, TextCorpus,
     TrainConfig, Trainer,
 };
+use kappa_optim::MuonConfig;
 use tch::{nn, Device};
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -46,7 +47,10 @@ fn a_diverged_variant_is_recorded_and_reported_as_a_result() {
                                  // DGram puts no ceiling on σ: with a spectral step of 1e30 the logits overflow at once.
                                  // (At 500 they reach ~1e5 and every attention row saturates, but the loss does not blow up:
                                  // LayerNorm and the residual stream carry the model; saturation stalls, it does not explode.)
-    config.variants[2].modulewise.muon_lr = 1e30;
+                                 // Legal (≤ `MuonConfig::MAX_LR`, which keeps every update representable), deliberately huge.
+    const HUGE_LR: f64 = 1e30;
+    const _: () = assert!(HUGE_LR <= MuonConfig::MAX_LR);
+    config.variants[2].modulewise.muon_lr = HUGE_LR;
     assert_eq!(config.variants[2].preset, Preset::AllDGram);
     assert_eq!(execute(&dir, &config), RunStatus::Completed);
 

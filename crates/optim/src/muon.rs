@@ -133,10 +133,14 @@ impl MuonConfig {
         }
     }
 
-    /// The largest learning rate accepted (also by manifold Muon): the step's spectral norm is
-    /// lr·s, and Muon's learning rates are 1e-4–1e-1, so a value beyond 1e4 is a units error; the
-    /// bound also keeps lr·s·O representable in f32 and bf16 parameters.
-    pub const MAX_LR: f64 = 1e4;
+    /// The largest learning rate accepted (also by manifold Muon): the one that keeps every
+    /// update representable in the narrowest parameter type. An update is lr·s·O with msign's
+    /// |O_ij| ≤ 1.2 (its widest documented band) and a shape scale s ≤ √(max side) ≤ 2¹⁶ for any
+    /// matrix that fits in memory, so lr ≤ 1e32 keeps |lr·s·O| ≤ 1e32·2¹⁶·1.2 ≈ 8e36 below
+    /// f32/bf16's largest value, 3.4e38. Larger values (up to `f64::MAX`) are refused; ordinary
+    /// learning rates are 1e-4–1e-1, and deliberately huge ones (to provoke divergence in a test
+    /// of divergence handling) stay legal.
+    pub const MAX_LR: f64 = 1e32;
 
     /// Checks every field: lr ∈ [0, [`MuonConfig::MAX_LR`]], weight_decay ≥ 0 with
     /// lr·weight_decay ≤ 1 (else the decay factor 1 − lr·λ is negative and the weights flip

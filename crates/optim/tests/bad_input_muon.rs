@@ -165,7 +165,17 @@ fn msign_calls(fuzz: &mut Fuzz) {
 
 fn muon_configs() -> Vec<MuonConfig> {
     let mut out = Vec::new();
-    for lr in [f64::NAN, -1.0, 0.0, 0.02, 1e4, 1e5, f64::MAX, f64::INFINITY] {
+    for lr in [
+        f64::NAN,
+        -1.0,
+        0.0,
+        0.02,
+        1e4,
+        1e32,
+        1e33,
+        f64::MAX,
+        f64::INFINITY,
+    ] {
         for wd in [f64::NAN, -0.1, 0.0, 0.1, 1e3] {
             for beta in [f64::NAN, -0.1, 0.0, 0.95, 1.0] {
                 for msign in [Msign::polar_express(), Msign::PolarExpress { steps: 0 }] {
@@ -245,7 +255,7 @@ fn config_calls(fuzz: &mut Fuzz) {
         }
     }
     for dual in duals {
-        for (lr, tol) in [(0.02, 0.05), (f64::NAN, 0.05), (1e5, 0.05), (0.02, -1.0)] {
+        for (lr, tol) in [(0.02, 0.05), (f64::NAN, 0.05), (1e33, 0.05), (0.02, -1.0)] {
             let cfg = ManifoldMuonConfig {
                 lr,
                 manifold_tol: tol,
