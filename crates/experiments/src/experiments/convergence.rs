@@ -1249,7 +1249,7 @@ fn report(
             case.nuclear_norm,
             sw.noise,
         )
-        .target_singular_values();
+        .target_singular_values()?;
         let t1 = sv[0];
         let mut plot = LinePlot::new(
             &format!(
