@@ -88,10 +88,14 @@ fn same_seed_and_threads_give_identical_losses() {
         assert_eq!(s.outcome, Outcome::Completed);
         records.iter().map(reproducible).collect::<Vec<_>>()
     };
+    // Bitwise, within this process: the same seed, one thread, the same kernels (and the same
+    // LAPACK SVD for the conditioning) run the same operations in the same order. Nothing here
+    // is compared across processes or machines, where MKL and OpenBLAS round differently.
     let (a, b) = (run(), run());
     assert_eq!(a.len(), 6 + 2);
     assert_eq!(a, b);
-    // The loss goes down on this tiny repetitive text.
+    // The loss goes down on this tiny repetitive text: a learning claim, not a comparison of
+    // two roundings (the drop over 5 steps is O(0.1) nats, rounding moves the loss by O(1e-6)).
     let losses: Vec<f64> = a
         .iter()
         .filter_map(|l| l.strip_prefix("train "))
@@ -155,6 +159,10 @@ fn checkpoints_round_trip_and_a_resumed_run_matches_the_uninterrupted_one() {
     let s = c.run(&mut task_c, &mut collect(&mut rec_c), None).unwrap();
     assert_eq!(s.outcome, Outcome::Completed);
 
+    // Bitwise, within this process (one thread): the resumed run replays the uninterrupted
+    // one's operations on the restored bits, the scale-aware λ's SVD included (the same LAPACK
+    // here; across machines MKL and OpenBLAS would differ in the last bits, so no comparison
+    // crosses a process).
     let resumed: Vec<String> = rec_b.iter().chain(&rec_c).map(reproducible).collect();
     let straight: Vec<String> = rec_a.iter().map(reproducible).collect();
     assert_eq!(resumed, straight);
@@ -280,11 +288,29 @@ fn the_schedule_warms_up_then_follows_the_cosine() {
         min_lr: 0.1,
         ..TrainConfig::default()
     };
-    assert!((c.lr_at(0) - 1.0 / 11.0).abs() < 1e-12);
-    assert!((c.lr_at(9) - 10.0 / 11.0).abs() < 1e-12);
-    assert!((c.lr_at(10) - 1.0).abs() < 1e-12);
-    assert!((c.lr_at(60) - 0.55).abs() < 1e-12);
-    assert!((c.lr_at(110) - 0.1).abs() < 1e-12);
+    // Warmup: lr·(i + 1)/(w + 1) with lr = 1 and small integers is one correctly rounded f64
+    // division, the same operation as the literal's, so the bits agree on every machine.
+    assert_eq!(c.lr_at(0), 1.0 / 11.0);
+    assert_eq!(c.lr_at(9), 10.0 / 11.0);
+    // At and past the end the schedule returns min_lr itself.
+    assert_eq!(c.lr_at(110), 0.1);
+    assert_eq!(c.lr_at(200), 0.1);
+    // The cosine part, v = min + ½(1 + cos(π·r))·(lr − min), r = (i − w)/(steps − w): in f64
+    // (u = 2⁻⁵³) r and fl(π)·r carry 3 roundings, so the argument is off by ≤ 3.01·π·u (r ≤ 1,
+    // cos is 1-Lipschitz); the platform's cos adds ≤ 1 ulp ≤ 2u, 1 + cos one rounding of ≤ 2u
+    // (×½ is exact): |Δcoeff| ≤ (1.51·π + 2)·u < 7u. lr − min, the product and the sum add u·d,
+    // u·d and u·|v| (d = lr − min, coeff ≤ 1), and the expected value's own decimal literal u·|v|:
+    // tol = (9·d + 2·|v|)·u (a proven bound given a 1-ulp cos; the old 1e-12 was 10³× looser).
+    let u = f64::EPSILON / 2.0;
+    let d = c.lr - c.min_lr;
+    for (i, want) in [(10, 1.0), (60, 0.55)] {
+        let tol = (9.0 * d + 2.0 * f64::abs(want)) * u;
+        let got = c.lr_at(i);
+        assert!(
+            (got - want).abs() <= tol,
+            "lr_at({i}) = {got:e}, want {want:e} ± {tol:e}"
+        );
+    }
 }
 
 #[test]
@@ -437,6 +463,9 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
         .unwrap()
         .accuracy
         .unwrap();
+    // A learning claim, not a comparison of two roundings: chance is 0.1 (10 classes) and 0.4
+    // is 8 of the 20 test images, 4× chance; the verdict turns on whole images classified, not
+    // on last bits.
     assert!(acc > 0.4, "test accuracy {acc}");
     let evals: Vec<&Record> = records
         .iter()
@@ -445,9 +474,11 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
     assert_eq!(evals.len(), 3);
     if let Record::Eval { heads, .. } = evals[2] {
         assert_eq!(heads.len(), 4);
+        // λ is an f32 buffer filled with the f64 0.3 (one round-to-nearest, the same on every
+        // machine) and read back widened exactly: it is f64::from(0.3f32) bit for bit.
         assert!(heads
             .iter()
-            .all(|h| h.jacobian.is_some() && h.lambda.is_some_and(|l| (l - 0.3).abs() < 1e-6)));
+            .all(|h| h.jacobian.is_some() && h.lambda.is_some_and(|l| l == f64::from(0.3f32))));
     }
     let wrong = VitConfig {
         num_classes: 3,
