@@ -7,7 +7,8 @@ mod tests {
 
     use crate::workspace::Workspace;
 
-    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    /// The files below `dir` whose extension is one of `exts` (skipping `target` and dot-folders).
+    fn files_with(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
         let Ok(entries) = fs::read_dir(dir) else {
             return;
         };
@@ -18,8 +19,8 @@ mod tests {
                 continue;
             }
             if path.is_dir() {
-                rust_files(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
+                files_with(&path, exts, out);
+            } else if path.extension().is_some_and(|e| exts.iter().any(|x| e == *x)) {
                 out.push(path);
             }
         }
@@ -32,7 +33,7 @@ mod tests {
         let ws = Workspace::locate().unwrap();
         let mut files = Vec::new();
         for dir in ["crates", "xtask", "benches"] {
-            rust_files(&ws.root().join(dir), &mut files);
+            files_with(&ws.root().join(dir), &["rs"], &mut files);
         }
         assert!(files.len() > 10, "found only {} Rust files", files.len());
         let missing: Vec<String> = files
@@ -52,27 +53,6 @@ mod tests {
         );
     }
 
-    fn text_files(dir: &Path, out: &mut Vec<PathBuf>) {
-        let Ok(entries) = fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name();
-            if name == "target" || name.to_string_lossy().starts_with('.') {
-                continue;
-            }
-            if path.is_dir() {
-                text_files(&path, out);
-            } else if path
-                .extension()
-                .is_some_and(|e| ["rs", "md", "toml", "py"].iter().any(|x| e == *x))
-            {
-                out.push(path);
-            }
-        }
-    }
-
     /// The repository stands alone: no code or doc points to notes kept outside it (the theory
     /// each piece of code relies on is written in `docs/`).
     #[test]
@@ -80,7 +60,7 @@ mod tests {
         let ws = Workspace::locate().unwrap();
         let mut files = vec![ws.root().join("README.md"), ws.root().join("CHANGELOG.md")];
         for dir in ["crates", "docs", "xtask", "benches"] {
-            text_files(&ws.root().join(dir), &mut files);
+            files_with(&ws.root().join(dir), &["rs", "md", "toml", "py"], &mut files);
         }
         // Built at run time so that this file does not match itself.
         let patterns = [["notes ", "§"].concat(), ["shared", "/"].concat()];
