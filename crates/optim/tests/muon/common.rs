@@ -159,7 +159,11 @@ pub fn amplification(f: impl Fn(&[Array2<f64>]) -> Array2<f64>, inputs: &[Array2
     let a = max_abs_diff(&f(&perturbed), &f(inputs)) / PROBE;
     // Linear regime: the largest change the probe causes is δ·A < 1e-2, where the Newton–Schulz
     // polynomials are linear to |b|·x²/a ≤ 3e-4 relative (Polar Express's first step, b/a = −2.85).
-    assert!(a * PROBE < 1e-2, "probe not in the linear regime: δ·A = {}", a * PROBE);
+    assert!(
+        a * PROBE < 1e-2,
+        "probe not in the linear regime: δ·A = {}",
+        a * PROBE
+    );
     a
 }
 

@@ -199,7 +199,10 @@ fn a_tall_but_stiff_stiefel_ascent_stops_short() {
         .unwrap()
         .direction(&w, &g)
         .unwrap();
-    assert!(r.violation > 1e-3 && r.violation < r.initial_violation && !r.diverged, "{r:?}");
+    assert!(
+        r.violation > 1e-3 && r.violation < r.initial_violation && !r.diverged,
+        "{r:?}"
+    );
     let v = &r.violations;
     assert!(v[v.len() - 1] < v[v.len() - 2], "{v:?}");
 }
@@ -229,13 +232,17 @@ fn the_paper_dgram_retraction_swaps_unsorted_column_norms() {
     // times d_max, plus the rounding of Q·D.
     let (d_max, d_min) = (2.0, 0.3);
     let w_fro = sorted.iter().map(|d| d * d).sum::<f64>().sqrt();
-    let tol = d_max * polar_perturbation(w_fro, d_min, 2.0 * svd_err(m, n))
-        + 2.0 * svd_err(m, n) * w_fro;
+    let tol =
+        d_max * polar_perturbation(w_fro, d_min, 2.0 * svd_err(m, n)) + 2.0 * svd_err(m, n) * w_fro;
     for opt in [&paper, &colnorm] {
         let w = scaled(&sorted);
         let mut r = w.clone();
         opt.retract_onto(&mut r).unwrap();
-        assert!(max_abs_diff(&r, &w) <= tol, "{} > {tol:e}", max_abs_diff(&r, &w));
+        assert!(
+            max_abs_diff(&r, &w) <= tol,
+            "{} > {tol:e}",
+            max_abs_diff(&r, &w)
+        );
     }
     // Unsorted: the paper's retraction returns Q·diag(sorted D) — the scales are permuted.
     let w = scaled(&unsorted);
@@ -243,10 +250,19 @@ fn the_paper_dgram_retraction_swaps_unsorted_column_norms() {
     paper.retract_onto(&mut r).unwrap();
     assert!(max_abs_diff(&r, &scaled(&sorted)) <= tol);
     // The jump, exactly: ‖Q·(D_sorted − D)‖_F/‖Q·D‖_F = ‖sorted − unsorted‖₂/‖d‖₂ (Q orthonormal).
-    let jump = sorted.iter().zip(&unsorted).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt() / w_fro;
+    let jump = sorted
+        .iter()
+        .zip(&unsorted)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt()
+        / w_fro;
     // Entries within `tol`: ‖Δ‖_F ≤ √(mn)·tol for each of r and w against their exact values.
     let jump_tol = 2.0 * ((m * n) as f64).sqrt() * tol / w_fro;
-    assert!((fro(&(&r - &w)) / fro(&w) - jump).abs() <= jump_tol, "a large jump ({jump})");
+    assert!(
+        (fro(&(&r - &w)) / fro(&w) - jump).abs() <= jump_tol,
+        "a large jump ({jump})"
+    );
     assert!(jump > 0.3);
     let mut r = w.clone();
     colnorm.retract_onto(&mut r).unwrap();
