@@ -238,6 +238,46 @@ impl DualAscent {
         d
     }
 
+    /// What to change when this ascent diverged, as settings a user writes (for the report of a
+    /// diverged ascent: [`ManifoldMuon::solve`](crate::manifold::ManifoldMuon::solve), or a step
+    /// with [`OnDivergence::Apply`]).
+    ///
+    /// Unnormalized (the paper and Modula presets): `dual.normalize = Some(0.3)`
+    /// ([`DualAscent::normalized`]), and the α that gives the *same* ascent on this gradient
+    /// without normalizing: the ascent on s·G with α is the ascent on G with α/s (Λ scales with
+    /// G and msign is scale-invariant, so Z and H are unchanged), and normalizing multiplies G by
+    /// s = 0.3/‖Z₀‖₂, so `dual.alpha = α·‖Z₀‖₂/0.3` ([`DualReport::z0_norm`]). Normalized: a
+    /// smaller α (a third) or `dual.project = true` ([`DualAscent::feasible`], a tangent direction
+    /// whether or not the ascent converges). Always: `dual.on_divergence = OnDivergence::Apply`
+    /// applies the step anyway, flagged in [`DualReport::diverged`].
+    pub fn divergence_remedy(&self, report: &DualReport) -> String {
+        let apply = "or `dual.on_divergence = OnDivergence::Apply` to apply the step anyway \
+                     (flagged in `DualReport::diverged`)";
+        match (self.normalize, report.z0_norm) {
+            (None, Some(z0)) if z0 > 0.0 && z0.is_finite() => format!(
+                "set `dual.normalize = Some({t})` (`DualAscent::paper().normalized()`: the \
+                 problem is rescaled by {t}/‖Z₀‖₂ = {s:.3e}, the scale α = {a} is meant for), or \
+                 equivalently on this gradient `dual.alpha = {a2:.3e}` (α·‖Z₀‖₂/{t}, ‖Z₀‖₂ = \
+                 {z0:.3e}), {apply}",
+                t = Self::NORMALIZE_TARGET,
+                s = Self::NORMALIZE_TARGET / z0,
+                a = self.alpha,
+                a2 = self.alpha * z0 / Self::NORMALIZE_TARGET,
+            ),
+            (None, _) => format!(
+                "set `dual.normalize = Some({t})` (`DualAscent::paper().normalized()`), {apply}",
+                t = Self::NORMALIZE_TARGET
+            ),
+            (Some(_), _) => format!(
+                "lower `dual.alpha` (e.g. `dual.alpha = {a3:.3e}`, a third of {a}), or set \
+                 `dual.project = true` (`DualAscent::feasible()`: a tangent direction whether or \
+                 not the ascent converges), {apply}",
+                a = self.alpha,
+                a3 = self.alpha / 3.0,
+            ),
+        }
+    }
+
     /// Checks every field.
     pub fn validate(&self) -> Result<()> {
         check_range("dual.alpha", self.alpha, f64::MIN_POSITIVE, f64::MAX)?;
@@ -301,6 +341,10 @@ pub struct DualReport {
     pub dual_objective: Vec<f64>,
     /// The factor G was multiplied by before the ascent (1 without normalization).
     pub gradient_scale: f64,
+    /// An upper estimate of ‖Z₀‖₂, Z₀ = G + 2W·P(Λ₀) of the caller's (unnormalized) G: computed
+    /// when [`DualAscent::normalize`] is on (it sets the scale) and when the ascent diverged (it
+    /// sizes the advice of [`DualAscent::divergence_remedy`]); `None` otherwise.
+    pub z0_norm: Option<f64>,
 }
 
 /// An upper estimate of ‖G‖₂ from ‖(GᵀG)^p‖_F^{1/(2p)}, p = 2^`squarings` (G tall, m ≥ n;
@@ -422,6 +466,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
         Some(target) => {
             let z0 = p.g.mul_add(2.0, p.w, &lam, 1.0)?;
             let est = estimate(&z0, 5)?;
+            report.z0_norm = Some(est);
             if est > 0.0 && est.is_finite() {
                 report.gradient_scale = target / est;
                 let mut gs = p.g.duplicate()?;
@@ -502,6 +547,16 @@ pub(crate) fn ascend<M: WorkingPrecision>(
         report.gap = Some(1.0 - report.gradient_scale * report.descent / -best);
     }
     report.diverged = diverged(&report, cfg);
+    if report.diverged && report.z0_norm.is_none() {
+        // Size the advice (DualAscent::divergence_remedy): ‖Z₀‖₂ of the caller's G, from Λ₀.
+        let mut lam0 = sym2(p.wt.matmul(p.g)?)?;
+        lam0.scale(-0.25)?;
+        proj.apply(&mut lam0)?;
+        if let Some(wts) = &weights {
+            lam0.scale_entries(wts)?;
+        }
+        report.z0_norm = Some(estimate(&p.g.mul_add(2.0, p.w, &lam0, 1.0)?, 5)?);
+    }
     // Λ in the caller's units: the ascent ran on G' = gradient_scale·G.
     if report.gradient_scale != 1.0 {
         lam.scale(1.0 / report.gradient_scale)?;

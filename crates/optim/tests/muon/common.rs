@@ -96,3 +96,95 @@ pub fn shapes() -> impl Strategy<Value = (usize, usize, u64)> {
     ]
     .prop_flat_map(|(m, n)| (Just(m), Just(n), any::<u64>()))
 }
+
+// ---------------------------------------------------------------------------------------------
+// Derived tolerances (docs/optim.md, "Tolerances of the Muon tests"). Every tolerance comparing
+// two f64 computations is built from these, with the quantities they need computed in the test.
+
+/// f64's unit roundoff u = 2⁻⁵³.
+pub const U64: f64 = f64::EPSILON / 2.0;
+
+/// γ_k = k·u/(1 − k·u) (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1): the
+/// worst-case relative error bound of k rounded operations in sequence (a length-k sum or inner
+/// product: |fl(xᵀy) − xᵀy| ≤ γ_k·|x|ᵀ|y|).
+pub fn gamma(k: usize) -> f64 {
+    let ku = k as f64 * U64;
+    ku / (1.0 - ku)
+}
+
+/// The normwise backward error, and the loss of orthogonality of the computed singular vectors,
+/// of a Householder-based SVD of an m×n matrix (LAPACK's QR iteration or divide and conquer, and
+/// the polar factor U·Vᵀ formed from it): γ̃_{mn} = γ_{c·mn} (Higham, Thm 19.4 for Householder
+/// QR; bidiagonalization applies the same reflections from both sides), with c = 4, one for each
+/// stage: bidiagonalization, the bidiagonal SVD, accumulating U and V, forming U·Vᵀ. Relative to
+/// ‖X‖_F; it does not depend on the conditioning of X.
+pub fn svd_err(m: usize, n: usize) -> f64 {
+    gamma(4 * m * n)
+}
+
+/// First-order perturbation bound of the polar factor of a full-rank m×n X (m ≥ n or its
+/// transpose): with X = UΣVᵀ, a perturbation E moves Q = UVᵀ by dQ = U·K·Vᵀ + U_⊥·F·Σ⁻¹·Vᵀ,
+/// K_ij = (Ẽ_ij − Ẽ_ji)/(σ_i + σ_j), Ẽ = UᵀEV, F = U_⊥ᵀEV, so ‖dQ‖_F ≤ √2·‖E‖_F/σ_min; the
+/// factor 2 here covers the second-order term while ‖E‖ ≪ σ_min. `rel` is ‖E‖_F/‖X‖_F; the
+/// result bounds ‖ΔQ‖_F (hence every entry).
+pub fn polar_perturbation(x_fro: f64, sigma_min: f64, rel: f64) -> f64 {
+    2.0 * rel * x_fro / sigma_min
+}
+
+/// The relative perturbation size of [`amplification`]: f32's unit roundoff 2⁻²⁴, far above
+/// f64 rounding (so the probe is not noise) and small enough that the response is linear for
+/// the amplifications met here (δ·A < 1e-2 is checked by [`amplification`]).
+pub const PROBE: f64 = f32::EPSILON as f64 / 2.0;
+
+/// The measured amplification of an input perturbation through `f` (the method of
+/// tch_backend.rs's module docs, in f64): every input entry moves by δ·max|x|·r_ij, r_ij = ±1
+/// from a seeded generator, δ = [`PROBE`], and the result is max|f(perturbed) − f|/δ: the effect
+/// of one rounding injection of size u·max|x| per entry. The perturbation is absolute (not
+/// relative to each entry) because that is the shape of the rounding errors of the products
+/// inside (γ_k·|A|·|B| per entry): it also excites directions that the inputs' structure leaves
+/// empty, e.g. the null direction of an odd skew matrix (whose zero diagonal a relative
+/// perturbation never moves; found by `msign_preserves_skew_symmetry`, n = 3).
+pub fn amplification(f: impl Fn(&[Array2<f64>]) -> Array2<f64>, inputs: &[Array2<f64>]) -> f64 {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x0a3b_1f1e);
+    let perturbed: Vec<Array2<f64>> = inputs
+        .iter()
+        .map(|x| {
+            let size = PROBE * max_abs(x);
+            x.mapv(|v| {
+                let r: f64 = StandardNormal.sample(&mut rng);
+                v + size * r.signum()
+            })
+        })
+        .collect();
+    let a = max_abs_diff(&f(&perturbed), &f(inputs)) / PROBE;
+    // Linear regime: the largest change the probe causes is δ·A < 1e-2, where the Newton–Schulz
+    // polynomials are linear to |b|·x²/a ≤ 3e-4 relative (Polar Express's first step, b/a = −2.85).
+    assert!(
+        a * PROBE < 1e-2,
+        "probe not in the linear regime: δ·A = {}",
+        a * PROBE
+    );
+    a
+}
+
+/// The tolerance of a comparison between two f64 computations of the same map (tch_backend.rs's
+/// module docs with u = 2⁻⁵³): `injections` rounding injections of relative size u, each
+/// amplified at most as much as one at the inputs (`amp`, from [`amplification`]), √k the
+/// probabilistic growth of a length-k inner product's rounding error (Higham & Mary), floored at
+/// u·`out_max`, the outputs' own rounding.
+pub fn derived_tol(injections: usize, k: usize, amp: f64, out_max: f64) -> f64 {
+    injections as f64 * (k as f64).sqrt() * (amp * U64).max(U64 * out_max)
+}
+
+pub fn max_abs(a: &Array2<f64>) -> f64 {
+    a.iter().fold(0.0, |m, x| m.max(x.abs()))
+}
+
+/// Bound of ‖QᵀQ − I‖_F for Q an msign/retraction output formed from a computed SVD (its
+/// vectors orthonormal to [`svd_err`]), measured by [`stiefel_error`]: 2·svd_err (QᵀQ − I picks
+/// up the error of Q twice) per column (√n), plus the rounding of the measure itself (the
+/// length-m inner products of QᵀQ: γ_m per entry, n² entries of size ≤ 1 → n·γ_m).
+pub fn orthonormality_tol(m: usize, n: usize) -> f64 {
+    let (m, n) = (m.max(n), m.min(n));
+    2.0 * svd_err(m, n) * (n as f64).sqrt() + n as f64 * gamma(m)
+}

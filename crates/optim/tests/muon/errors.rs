@@ -91,6 +91,8 @@ fn a_matrix_off_its_manifold_is_reported_with_its_violation() {
             violation,
             tol,
         }) => {
+            // Not a rounding tolerance: 0.02·Gaussian has WᵀW ≈ 0.02²·48·I, so the violation
+            // ‖WᵀW − I‖_F/√n ≈ 1 − 0.0192 ≈ 0.98, far above manifold_tol (0.05) and 0.5.
             assert!(violation > tol && violation > 0.5, "{violation}");
         }
         other => panic!("{other:?}"),
@@ -117,7 +119,8 @@ fn a_diverging_dual_ascent_is_reported_not_applied() {
             initial_violation,
             ..
         }) => {
-            assert!(violation > 2.0 * initial_violation);
+            // The divergence test's own threshold (dual.rs, "Traps": divergence_factor = 2).
+            assert!(violation > DualAscent::paper().divergence_factor * initial_violation);
         }
         other => panic!("{other:?}"),
     }
@@ -130,7 +133,35 @@ fn a_diverging_dual_ascent_is_reported_not_applied() {
     let opt = ManifoldMuon::new(ManifoldMuonConfig { dual, ..cfg }).unwrap();
     let step = opt.step(&mut w, &g, &mut st).unwrap();
     assert!(step.dual.diverged);
+    // A band, not a rounding tolerance: the diverged ascent's descent is far below ‖G‖_*
+    // (dual.rs, "Traps": 96×32, entries 1e-4: descent ratio 0.08).
     assert!(step.dual.descent_ratio.unwrap() < 0.5);
+    // The advice names the settings as a user writes them, with values for this input.
+    let remedy = DualAscent::paper().divergence_remedy(&step.dual);
+    for setting in [
+        "dual.normalize = Some(0.3)",
+        "dual.alpha = ",
+        "dual.on_divergence = OnDivergence::Apply",
+    ] {
+        assert!(remedy.contains(setting), "{setting} missing: {remedy}");
+    }
+    // The suggested α works on this gradient (it is the normalized ascent, in G's units).
+    let alpha: f64 = remedy
+        .split("dual.alpha = ")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .and_then(|v| v.parse().ok())
+        .expect("a number after `dual.alpha = `");
+    let mut dual = DualAscent::paper();
+    dual.alpha = alpha;
+    let fixed = ManifoldMuon::new(ManifoldMuonConfig { dual, ..cfg }).unwrap();
+    let (_, r) = fixed.direction(&w0, &g).unwrap();
+    assert!(!r.diverged && r.violation < 1e-3, "α = {alpha}: {r:?}");
+    // Already normalized: the advice is a smaller α or the projection.
+    let remedy = DualAscent::paper()
+        .normalized()
+        .divergence_remedy(&step.dual);
+    assert!(remedy.contains("dual.alpha = ") && remedy.contains("dual.project = true"));
     // Normalizing the gradient fixes it.
     let opt = ManifoldMuon::new(ManifoldMuonConfig {
         dual: DualAscent::paper().normalized(),
@@ -139,6 +170,7 @@ fn a_diverging_dual_ascent_is_reported_not_applied() {
     .unwrap();
     let mut w = w0.clone();
     let step = opt.step(&mut w, &g, &mut ManifoldState::new()).unwrap();
+    // Tangency when well scaled (docs/optim.md property 4: ≤ 1e-3 for tall Gaussian problems).
     assert!(!step.dual.diverged && step.dual.violation < 1e-3);
     let _: Option<&Array2<f64>> = st.buffer();
 }

@@ -32,6 +32,15 @@ fn dgram_point(m: usize, n: usize, seed: u64) -> Array2<f64> {
     }
 }
 
+/// κ(Z₀) of the Stiefel ascent's start, Z₀ = G − W·sym(WᵀG) (Λ₀ = −¼(WᵀG + GᵀW)), tall.
+fn kappa_z0(w: &Array2<f64>, g: &Array2<f64>) -> f64 {
+    let (w, g) = (tall(w), tall(g));
+    let s = w.t().dot(&g);
+    let z0 = &g - &w.dot(&((&s + &s.t()) * 0.5));
+    let sz = sv(&z0);
+    sz[0] / sz[sz.len() - 1]
+}
+
 fn stiefel_point(m: usize, n: usize, seed: u64) -> Array2<f64> {
     let q = orthonormal(m.max(n), m.min(n), seed);
     if m < n {
@@ -51,21 +60,37 @@ proptest! {
         let mut w = w0.clone();
         let g = gaussian(m, n, seed ^ 3);
         let step = opt.step(&mut w, &g, &mut ManifoldState::new()).unwrap();
-        prop_assert!(stiefel_error(&w) <= 1e-10, "‖WᵀW − I‖_F = {}", stiefel_error(&w));
-        prop_assert!(step.manifold_violation <= 1e-10);
-        // Tangency (normalized dual: well scaled); the step's spectral norm is η.
-        // Tall (aspect ≥ 3) and square shapes converge within K = 20; 32×20 does not (≈6e-2).
-        let aspect = m.max(n) as f64 / m.min(n) as f64;
-        if aspect >= 3.0 || m == n {
+        // The retraction is an exact msign: its SVD vectors are orthonormal to svd_err whatever
+        // W − ηA's conditioning (common.rs, orthonormality_tol); the reported measure divides by √n.
+        let tol = orthonormality_tol(m, n);
+        prop_assert!(stiefel_error(&w) <= tol, "‖WᵀW − I‖_F = {} > {tol:e}", stiefel_error(&w));
+        prop_assert!(step.manifold_violation <= tol / (m.min(n) as f64).sqrt());
+        // Tangency (normalized dual: well scaled) is a convergence band, not a rounding
+        // tolerance, and on these small Gaussian shapes not a fact: the K = 20 ascent needs
+        // ~κ(Z₀) iterations (dual.rs, "Traps") and stopped above 1e-3 on 40×12 at κ(Z₀) = 3.91
+        // (4.4e-3; the named regression below) and at κ(Z₀) = 3.20 (1.07e-3), both found by
+        // exploring (the old premise "aspect ≥ 3" was a proxy; κ(Z₀) is not sufficient either).
+        // What holds for every draw: the ascent is not flagged diverged and ends below its start.
+        // The 1e-3 band is asserted where it is documented, 96×32 (docs/optim.md property 4,
+        // tall_stiefel_direction_is_tangent_when_well_scaled), and for square shapes (closed form).
+        if m == n {
             prop_assert!(step.dual.violation <= 1e-3, "violation {}", step.dual.violation);
+        } else {
+            prop_assert!(!step.dual.diverged && step.dual.violation < step.dual.initial_violation, "{:?}", step.dual);
         }
         if step.dual.violation <= 1e-4 {
+            // docs/optim.md property 5 (a band of the method: the retraction's second-order
+            // move and the normal part of a not-quite-tangent A, ‖S‖_F = n·violation/2 ≤ 1.2e-3).
             let r = spectral(&(&w - &w0)) / 0.02;
             prop_assert!((1.0 - 1e-3..=1.0 + 1e-2).contains(&r), "‖ΔW‖₂/η = {r}");
         }
-        // The constrained descent never beats Muon's ‖G‖_*.
+        // The constrained descent never beats Muon's ‖G‖_* (Hölder: ⟨G, A⟩ ≤ ‖G‖_*·‖A‖₂): up to
+        // ‖A‖₂ − 1 (the exact msign's σ, 2·svd_err) and the rounding of the two length-mn inner
+        // products ⟨G, A⟩ and ⟨G, msign G⟩ (γ_mn·‖G‖_F·‖A‖_F ≤ γ_mn·√n·‖G‖_* each).
         let ratio = step.dual.descent_ratio.unwrap();
-        prop_assert!(ratio <= 1.0 + 1e-12 && ratio > 0.5, "descent ratio {ratio}");
+        let ratio_tol = 2.0 * svd_err(m, n) + 2.0 * gamma(m * n) * (m.min(n) as f64).sqrt();
+        // > 0.5: a band (docs/optim.md property 8), not a rounding tolerance.
+        prop_assert!(ratio <= 1.0 + ratio_tol && ratio > 0.5, "descent ratio {ratio}");
     }
 
     #[test]
@@ -78,7 +103,8 @@ proptest! {
         let (a, r) = opt.direction(&w, &g).unwrap();
         prop_assert!(r.violation <= 1e-3, "violation {}", r.violation);
         prop_assert!(!r.diverged);
-        prop_assert!((spectral(&a) - 1.0).abs() <= 1e-12);
+        // A = exact msign: σ = 1 to its SVD's orthonormality, plus the check's backward error.
+        prop_assert!((spectral(&a) - 1.0).abs() <= 4.0 * svd_err(m, n));
         // The dual objective improves from its start (well-scaled ascent).
         prop_assert!(r.dual_objective.last().unwrap() >= r.dual_objective.first().unwrap());
         prop_assert!(r.descent_ratio.unwrap() > 0.85);
@@ -91,12 +117,26 @@ proptest! {
         let closed = stiefel_square_direction(&w, &g, Msign::Exact, Precision::Native).unwrap();
         let cfg = ManifoldMuonConfig { square_closed_form: false, ..exact_cfg(Manifold::Stiefel, 0.02) };
         let (a, r) = ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap();
-        prop_assert!(max_abs_diff(&a, &closed) <= 1e-10);
+        // Z₀ = ½W(WᵀG − GᵀW) only up to rounding: W orthogonal to svd_err, the products WᵀG,
+        // W·Λ₀ (length n: γ_n each, relative to ‖G‖_F), so the two msign inputs differ by
+        // rel = 2·svd_err + 3·γ_n relative, and their polar factors by the polar perturbation
+        // at σ_r, the smallest non-zero σ of the skew part (odd n: one σ is 0, kept at 0 by both;
+        // msign.rs, "Zero singular values") — plus each side's own svd_err.
+        let s = w.t().dot(&g);
+        let skew = &s - &s.t();
+        let ss = sv(&skew);
+        let s_r = ss[if n % 2 == 1 { n - 2 } else { n - 1 }];
+        let rel = 2.0 * svd_err(n, n) + 3.0 * gamma(n);
+        let tol = polar_perturbation(fro(&skew), s_r, rel) + 2.0 * svd_err(n, n);
+        prop_assert!(max_abs_diff(&a, &closed) <= tol, "{} > {tol:e}", max_abs_diff(&a, &closed));
         prop_assert_eq!(r.msign_calls, 1, "the ascent stops at k = 0");
-        prop_assert!(r.initial_violation <= 1e-12);
+        // The violation ‖WᵀA + AᵀW‖_F/n of A = W·X + ΔA: 2‖ΔA‖_F (ΔA within `tol` per entry:
+        // ≤ n·tol in Frobenius) plus W's own non-orthogonality and the product's rounding.
+        let v_tol = (2.0 * n as f64 * tol + 2.0 * orthonormality_tol(n, n)) / n as f64;
+        prop_assert!(r.initial_violation <= v_tol, "{} > {v_tol:e}", r.initial_violation);
         let (_, rc) = ManifoldMuon::new(exact_cfg(Manifold::Stiefel, 0.02)).unwrap().direction(&w, &g).unwrap();
         prop_assert_eq!(rc.msign_calls, 1);
-        prop_assert!(rc.violation <= 1e-12);
+        prop_assert!(rc.violation <= v_tol, "{} > {v_tol:e}", rc.violation);
     }
 
     #[test]
@@ -129,7 +169,11 @@ proptest! {
             for _ in 0..3 {
                 opt.step(&mut w, &g, &mut st).unwrap();
             }
-            prop_assert!(off_diag(&w) <= 1e-10, "{retraction:?}: ‖Off(WᵀW)‖_F = {}", off_diag(&w));
+            // Both retractions are Q·D with Q from an exact msign (orthonormal to svd_err):
+            // Off(WᵀW) = D·Off(QᵀQ)·D, so d_max²·orthonormality_tol.
+            let d_max = col_norms(&w).into_iter().fold(0.0, f64::max);
+            let tol = d_max * d_max * orthonormality_tol(m, n);
+            prop_assert!(off_diag(&w) <= tol, "{retraction:?}: ‖Off(WᵀW)‖_F = {} > {tol:e}", off_diag(&w));
             // Column norms (= σ) move by at most about the total step 3η (norms are sorted and
             // separated by more than 2·3η, so the paper's retraction does not swap them).
             let (d0, d1) = (col_norms(&w0), col_norms(&w));
@@ -137,6 +181,30 @@ proptest! {
             prop_assert!(worst <= 3.0 * 0.02 * 1.05, "{retraction:?}: column norm moved {worst}");
         }
     }
+}
+
+#[test]
+fn a_tall_but_stiff_stiefel_ascent_stops_short() {
+    // The explore counterexample of stiefel_steps_stay_on_the_manifold_with_step_norm_lr
+    // (manifold.proptest-regressions): aspect 40/12 ≥ 3 but κ(Z₀) = 3.91, and the normalized
+    // K = 20 ascent ends at violation 4.4e-3 (history 6.4e-2 → 1.8e-1 → 4.4e-3: still descending).
+    // A fact about the ascent, not rounding: it stops short while still descending (the last
+    // violations decrease), not diverged. (K = 40 with the same linear decay only gets to 1.3e-3:
+    // the stiffness, not the budget, sets it.)
+    let (m, n, seed) = (40, 12, 10038269337903863962u64);
+    let w = stiefel_point(m, n, seed);
+    let g = gaussian(m, n, seed ^ 3);
+    assert!(kappa_z0(&w, &g) > 3.8);
+    let (_, r) = ManifoldMuon::new(exact_cfg(Manifold::Stiefel, 0.02))
+        .unwrap()
+        .direction(&w, &g)
+        .unwrap();
+    assert!(
+        r.violation > 1e-3 && r.violation < r.initial_violation && !r.diverged,
+        "{r:?}"
+    );
+    let v = &r.violations;
+    assert!(v[v.len() - 1] < v[v.len() - 2], "{v:?}");
 }
 
 #[test]
@@ -158,23 +226,48 @@ fn the_paper_dgram_retraction_swaps_unsorted_column_norms() {
         0.02,
     ))
     .unwrap();
-    // Sorted norms: both retractions are the identity on DGram.
+    // Sorted norms: both retractions are the identity on DGram. W = Q·D (Q orthonormal to
+    // svd_err): the retraction's SVD moves its polar factor by the polar perturbation at
+    // σ_min = d_min (backward error 2·svd_err: Q's own and the SVD's) and its σ by svd_err·‖W‖_F;
+    // times d_max, plus the rounding of Q·D.
+    let (d_max, d_min) = (2.0, 0.3);
+    let w_fro = sorted.iter().map(|d| d * d).sum::<f64>().sqrt();
+    let tol =
+        d_max * polar_perturbation(w_fro, d_min, 2.0 * svd_err(m, n)) + 2.0 * svd_err(m, n) * w_fro;
     for opt in [&paper, &colnorm] {
         let w = scaled(&sorted);
         let mut r = w.clone();
         opt.retract_onto(&mut r).unwrap();
-        assert!(max_abs_diff(&r, &w) <= 1e-12);
+        assert!(
+            max_abs_diff(&r, &w) <= tol,
+            "{} > {tol:e}",
+            max_abs_diff(&r, &w)
+        );
     }
     // Unsorted: the paper's retraction returns Q·diag(sorted D) — the scales are permuted.
     let w = scaled(&unsorted);
     let mut r = w.clone();
     paper.retract_onto(&mut r).unwrap();
-    assert!(max_abs_diff(&r, &scaled(&sorted)) <= 1e-12);
-    assert!(fro(&(&r - &w)) / fro(&w) > 0.3, "a large jump");
+    assert!(max_abs_diff(&r, &scaled(&sorted)) <= tol);
+    // The jump, exactly: ‖Q·(D_sorted − D)‖_F/‖Q·D‖_F = ‖sorted − unsorted‖₂/‖d‖₂ (Q orthonormal).
+    let jump = sorted
+        .iter()
+        .zip(&unsorted)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt()
+        / w_fro;
+    // Entries within `tol`: ‖Δ‖_F ≤ √(mn)·tol for each of r and w against their exact values.
+    let jump_tol = 2.0 * ((m * n) as f64).sqrt() * tol / w_fro;
+    assert!(
+        (fro(&(&r - &w)) / fro(&w) - jump).abs() <= jump_tol,
+        "a large jump ({jump})"
+    );
+    assert!(jump > 0.3);
     let mut r = w.clone();
     colnorm.retract_onto(&mut r).unwrap();
     assert!(
-        max_abs_diff(&r, &w) <= 1e-12,
+        max_abs_diff(&r, &w) <= tol,
         "column-norm retraction keeps W"
     );
 }
@@ -188,13 +281,19 @@ fn retract_onto_puts_a_gaussian_init_on_the_manifold() {
             assert!(opt.violation(&g).unwrap() > 0.05 || m == n && manifold != Manifold::Stiefel);
             let mut w = g.clone();
             opt.retract_onto(&mut w).unwrap();
-            assert!(opt.violation(&w).unwrap() <= 1e-12, "{manifold:?} {m}×{n}");
+            // Stiefel ‖WᵀW − I‖_F/√n; DGram ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂ = D·Off(QᵀQ)·D/‖d²‖
+            // ≤ d_max²/‖d²‖₂ ≤ 1 times Q's: orthonormality_tol/√n bounds both.
+            let tol = orthonormality_tol(m, n) / (m.min(n) as f64).sqrt();
+            assert!(opt.violation(&w).unwrap() <= tol, "{manifold:?} {m}×{n}");
             if manifold == Manifold::dgram() {
                 // σ kept, sorted descending across columns.
                 let d = col_norms(&w);
                 let s = sv(&g);
+                // Two SVDs' σ of g (Weyl: svd_err·‖g‖_F each) and the column norm of
+                // polar·diag(σ) (σ_j times the polar factor's svd_err).
+                let tol = 3.0 * svd_err(m, n) * fro(&g);
                 for (a, b) in d.iter().zip(&s) {
-                    assert!((a - b).abs() <= 1e-12);
+                    assert!((a - b).abs() <= tol, "{a} vs {b}");
                 }
             }
         }
@@ -215,8 +314,13 @@ fn polar_express_holds_stiefel_to_its_accuracy() {
         opt.step(&mut w, &gaussian(64, 24, 100 + i), &mut st)
             .unwrap();
     }
+    // σ(W) ∈ 1 ± b with b = 1e-6 (the Polar Express band, msign.rs docs; W − ηA has σ/‖·‖_F
+    // ≈ 1/√24 ≫ 1e-3) plus the f64 rounding of the last steps (≈ 3·√64·u, contracting near 1):
+    // ‖WᵀW − I‖_F ≤ √n·((1 + b)² − 1).
+    let b = 1e-6 + 3.0 * 8.0 * U64 + 2.0 * svd_err(64, 24);
+    let tol = (24f64).sqrt() * ((1.0 + b) * (1.0 + b) - 1.0);
     let e = stiefel_error(&w);
-    assert!(e <= 1e-5, "‖WᵀW − I‖_F = {e}");
+    assert!(e <= tol, "‖WᵀW − I‖_F = {e} > {tol:e}");
 }
 
 /// A gradient shaped like the optim-geometry experiment's at the Stiefel loss floor: an
