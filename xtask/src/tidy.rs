@@ -20,7 +20,10 @@ mod tests {
             }
             if path.is_dir() {
                 files_with(&path, exts, out);
-            } else if path.extension().is_some_and(|e| exts.iter().any(|x| e == *x)) {
+            } else if path
+                .extension()
+                .is_some_and(|e| exts.iter().any(|x| e == *x))
+            {
                 out.push(path);
             }
         }
@@ -60,7 +63,11 @@ mod tests {
         let ws = Workspace::locate().unwrap();
         let mut files = vec![ws.root().join("README.md"), ws.root().join("CHANGELOG.md")];
         for dir in ["crates", "docs", "xtask", "benches"] {
-            files_with(&ws.root().join(dir), &["rs", "md", "toml", "py"], &mut files);
+            files_with(
+                &ws.root().join(dir),
+                &["rs", "md", "toml", "py"],
+                &mut files,
+            );
         }
         // Built at run time so that this file does not match itself.
         let patterns = [["notes ", "§"].concat(), ["shared", "/"].concat()];

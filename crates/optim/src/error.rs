@@ -110,11 +110,12 @@ pub enum OptimError {
     /// Manifold Muon's dual ascent diverged: the tangent violation of the final candidate is
     /// non-finite or grew past `divergence_factor` times its starting value. The step was not
     /// applied and the optimizer state is unchanged. Usually the gradient is badly scaled for
-    /// the dual step α (normalize it, `DualAscent::normalize`).
+    /// the dual step α; `remedy` says which setting to change, and to what, for this gradient
+    /// (`DualAscent::divergence_remedy`).
     #[error(
         "the manifold-Muon dual ascent diverged after {steps} step(s): tangent violation \
          {violation:e} (started at {initial_violation:e}, gradient Frobenius norm \
-         {gradient_norm:e}); the step was not applied — normalize the gradient or lower α"
+         {gradient_norm:e}); the step was not applied. To fix: {remedy}"
     )]
     DualAscentDiverged {
         /// Dual steps taken.
@@ -125,6 +126,8 @@ pub enum OptimError {
         violation: f64,
         /// ‖G‖_F of the (momentum) gradient the ascent started from.
         gradient_norm: f64,
+        /// What to change, and to what ([`DualAscent::divergence_remedy`](crate::DualAscent::divergence_remedy)).
+        remedy: String,
     },
     /// A `kappa-linalg` routine failed (SVD, PSD square root, condition number).
     #[error(transparent)]

@@ -101,6 +101,11 @@
 use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
+/// The remedy when the ascent's products overflow f64 (entries near `f64::MAX`): no setting of
+/// the ascent helps; the input must be rescaled.
+const OVERFLOW_REMEDY: &str = "the gradient's entries are too large for f64 products (near \
+    `f64::MAX`); rescale the gradient (msign and the direction are scale-invariant)";
+
 use crate::error::{check_range, OptimError, Result};
 use crate::msign::{msign, Msign};
 use crate::precision::{Precision, WorkingPrecision};
@@ -491,6 +496,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
                 initial_violation: report.initial_violation,
                 violation: f64::INFINITY,
                 gradient_norm: p.g.frobenius_norm()?,
+                remedy: OVERFLOW_REMEDY.to_string(),
             });
         }
         let cand = msign(&z, method, precision)?;
@@ -747,6 +753,7 @@ pub(crate) fn stiefel_square<M: WorkingPrecision>(
             initial_violation: f64::INFINITY,
             violation: f64::INFINITY,
             gradient_norm: g.frobenius_norm()?,
+            remedy: OVERFLOW_REMEDY.to_string(),
         });
     }
     let x = msign(&skew, method, precision)?;

@@ -365,6 +365,7 @@ impl ManifoldMuon {
                 initial_violation: report.initial_violation,
                 violation: report.ascent_violation,
                 gradient_norm: u_tall.frobenius_norm()?,
+                remedy: c.dual.divergence_remedy(&report),
             });
         }
         let mut moved = w_tall;
