@@ -662,37 +662,81 @@ proptest! {
 
     /// T2: Λ is symmetric PSD with eigenvalues in [0, 1/2], exactly N zero eigenvalues for a
     /// generic P, annihilates the row-shift directions vec(e_i 1ᵀ) = 1_N ⊗ e_i, and the blockwise
-    /// spectrum and matrix-free product agree with the dense Λ.
+    /// spectrum and matrix-free product agree with the dense Λ — each within derived rounding
+    /// bounds.
     #[test]
     fn t2_softmax_jacobian_structure(n in 1usize..=8, seed in any::<u64>()) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let s = gaussian(&mut rng, n, n, 1.0);
         let p = softmax_rows(s.view(), false).unwrap();
         let lambda = softmax_jacobian_dense(p.view()).unwrap();
+        // Exact: entry (a, c) and (c, a) are both fl(δ_ac p_a − fl(p_a p_c)), and IEEE
+        // multiplication commutes.
         prop_assert!(max_abs_diff(&lambda, &lambda.t().to_owned()) == 0.0);
+        // Λ̂ vs the exact Λ(p̃) of the probability vectors p̃_i = p̂_i/Σp̂_i, for which the
+        // claims hold exactly. (1) Entries: |Λ̂ − Λ(p̂)| ≤ γ₂(p_a δ_ac + p_a p_c) =: E.
+        // (2) p̂ = (1 + ε_i) p̃ gives J(p̂) − J(p̃) = ε diag(p̃) − (2ε + ε²) p̃p̃ᵀ, of 2-norm
+        // ≤ 3|ε| + ε²; |ε_i| ≤ |fl(Σp̂_i) − 1| + γ_N (the sum's own rounding). Λ is block
+        // diagonal, so ‖Λ(p̂) − Λ(p̃)‖₂ = max_i. Hence ‖Λ̂ − Λ(p̃)‖₂ ≤ ‖E‖_F + max_i(3|ε_i| + ε_i²).
+        let labs = Array2::from_shape_fn((n * n, n * n), |(r, c)| {
+            let (a, i, cc, i2) = (r / n, r % n, c / n, c % n);
+            if i != i2 { 0.0 } else { p[[i, a]] * (if a == cc { 1.0 } else { 0.0 } + p[[i, cc]]) }
+        });
+        let eps: Vec<f64> = p.rows().into_iter().map(|r| (r.sum() - 1.0).abs() + gamma(n, U)).collect();
+        let shift_norm = eps.iter().map(|e| 3.0 * e + e * e).fold(0.0, f64::max);
+        let dist = frob(&labs) * gamma(2, U) + shift_norm;
         let eig = sv(&lambda); // = eigenvalues, if PSD; check PSD via xᵀΛx ≥ 0 below
-        prop_assert!(eig[0] <= 0.5 + 1e-15, "largest eigenvalue {}", eig[0]);
-        let tau = 1e-12;
+        // Weyl: |σ̂_i − λ_i(Λ(p̃))| ≤ dist + the SVD's own error.
+        let slack = dist + svd_err(n * n, n * n, eig[0]);
+        prop_assert!(eig[0] <= 0.5 + slack, "largest eigenvalue {} > 1/2 + {slack:e}", eig[0]);
+        // Exactly N zeros: Λ(p̃) has N zero eigenvalues, and by interlacing for the rank-one
+        // update diag(p̃_i) − p̃_i p̃_iᵀ its other eigenvalues are ≥ min_j p̃_ij. So with
+        // τ = slack, the σ̂ ≤ τ are exactly the N zeros once min p̃ > 2τ (checked first: P is the
+        // softmax of N(0, 1) scores, min p ≳ e^{−12}/8 ≫ τ ≈ 1e-13).
+        let tau = slack;
+        let min_p = p.iter().copied().fold(f64::INFINITY, f64::min) / (1.0 + eps.iter().copied().fold(0.0, f64::max));
+        prop_assert!(n == 1 || min_p > 2.0 * tau, "min p = {min_p:e} not resolved above τ = {tau:e}");
         let zeros = eig.iter().filter(|&&e| e <= tau).count();
         prop_assert_eq!(zeros, n, "zero eigenvalues");
         for _ in 0..4 {
             let v = gaussian(&mut rng, n * n, 1, 1.0).column(0).to_owned();
-            prop_assert!(v.dot(&lambda.dot(&v)) >= -1e-14);
+            // xᵀΛ(p̃)x ≥ 0 exactly; the computed form is within dist·‖x‖² + γ_{2N²}|x|ᵀ|Λ̂||x|
+            // (a matrix–vector product and a dot product of N² terms each).
+            let va = v.mapv(f64::abs);
+            let tol = dist * v.dot(&v) + gamma(2 * n * n, U) * va.dot(&labs.dot(&va));
+            let qf = v.dot(&lambda.dot(&v));
+            prop_assert!(qf >= -tol, "xᵀΛx = {qf:e} < −{tol:e}");
         }
         for i in 0..n {
             let mut shift = Array2::<f64>::zeros((n, n));
             shift.row_mut(i).fill(1.0);
             let r = lambda.dot(&colvec(&shift));
-            prop_assert!(r.iter().all(|x| x.abs() < 1e-15));
+            // Entry a·N + i is Σ_c Λ̂[(a,i),(c,i)] (other entries are exact zeros). Exactly
+            // Σ_c J_i(p̂)[a, c] = −p̂_a ε_i; plus the entries' rounding Σ_c E and the sum's
+            // γ_{N²}·Σ_c|Λ̂| (N² terms, most of them 0).
+            for a in 0..n {
+                let row = labs.row(a * n + i).sum();
+                let tol = (gamma(n * n, U) + gamma(2, U)) * row + p[[i, a]] * eps[i];
+                let got = r[a * n + i];
+                prop_assert!(got.abs() <= tol, "Λ(1 ⊗ e_{i})[{a}] = {got:e} > {tol:e}");
+            }
         }
         let blockwise = softmax_jacobian_singular_values(p.view()).unwrap().to_vec();
+        // The blocks have bitwise the same entries as Λ̂ (same expression), so the two sorted
+        // spectra are within the two SVDs' errors: N²×N² and N×N (σ₁ of a block ≤ σ₁(Λ̂)).
+        let tol = svd_err(n * n, n * n, eig[0]) + svd_err(n, n, eig[0]);
         for (a, b) in blockwise.iter().zip(&eig) {
-            prop_assert!((a - b).abs() < 1e-14);
+            prop_assert!((a - b).abs() <= tol, "blockwise {a} vs dense {b}");
         }
         let ds = gaussian(&mut rng, n, n, 1.0);
         let mf = softmax_jacobian_apply(p.view(), ds.view()).unwrap();
         let dense = lambda.dot(&colvec(&ds));
-        prop_assert!((colvec(&mf) - dense).iter().all(|x| x.abs() < 1e-14));
+        // Same monomials p_a ds_a − p_a Σ_c p_c ds_c, magnitude |Λ̂|·|vec ds|. Roundings:
+        // dense — entry (2) and N² terms; matrix-free — P ⊙ dS (1), the row sum (N), p·sum (1),
+        // the subtraction (1).
+        let tol = labs.dot(&colvec(&ds).mapv(f64::abs)) * (gamma(n * n + 2, U) + gamma(n + 3, U));
+        let r = within(&col2(&colvec(&mf)), &col2(&dense), &col2(&tol));
+        prop_assert!(r.is_ok(), "matrix-free Λ·ds: {}", r.unwrap_err());
     }
 }
 
