@@ -64,17 +64,9 @@ fn options(scaled: bool, causal: bool) -> AttentionOptions {
     }
 }
 
-fn max_abs(a: &Array2<f64>) -> f64 {
-    a.iter().fold(0.0, |m, x| m.max(x.abs()))
-}
-
 fn max_abs_diff(a: &Array2<f64>, b: &Array2<f64>) -> f64 {
     assert_eq!(a.dim(), b.dim());
     a.iter().zip(b).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
-}
-
-fn rel_diff(a: &Array2<f64>, b: &Array2<f64>) -> f64 {
-    max_abs_diff(a, b) / max_abs(a).max(max_abs(b)).max(f64::MIN_POSITIVE)
 }
 
 fn colvec(m: &Array2<f64>) -> Array1<f64> {
@@ -180,17 +172,11 @@ fn fwd_bounds(fwd: &Forward<f64>, proj_depth: usize, u: f64, x_rel: f64) -> FwdB
     let eq = ax.dot(&absm(wq)) * g;
     let ek = ax.dot(&absm(wk)) * g;
     let ev = ax.dot(&absm(wv)) * g;
-    let (aq, ak, av) = (
-        absm(fwd.queries()),
-        absm(fwd.keys()),
-        absm(fwd.values()),
-    );
+    let (aq, ak, av) = (absm(fwd.queries()), absm(fwd.keys()), absm(fwd.values()));
     let s = fwd.score_divisor();
-    let es = (aq.dot(&ak.t()) * gamma(k + 1, u)
-        + eq.dot(&ak.t())
-        + aq.dot(&ek.t())
-        + eq.dot(&ek.t()))
-        / s;
+    let es =
+        (aq.dot(&ak.t()) * gamma(k + 1, u) + eq.dot(&ak.t()) + aq.dot(&ek.t()) + eq.dot(&ek.t()))
+            / s;
     let scores = fwd.scores();
     let p = fwd.attention_matrix().to_owned();
     let mut ep = Array2::<f64>::zeros((n, n));
@@ -295,9 +281,9 @@ fn jac_err(b: &FwdBounds, u: f64) -> [Array2<f64>; 3] {
 }
 
 /// Magnitude of the input Jacobian J_X (formula in the module docs of `jacobian.rs`):
-/// |J_X[i + cN, m + dN]| ≤ P_im|W_V[d, c]| + δ_im (|G_i| |W_Q|ᵀ)[c, d]
-///   + P_im (|V_mc| + (P|V|)_ic) (|Q| |W_K|ᵀ)_id / s, with |G_i| as in `mj`. The dense build
-/// and the matrix-free JVP/VJP expand into these monomials.
+/// |J_X[i + cN, m + dN]| ≤ P_im|W_V[d, c]| + δ_im (|G_i| |W_Q|ᵀ)[c, d] +
+/// P_im (|V_mc| + (P|V|)_ic) (|Q| |W_K|ᵀ)_id / s, with |G_i| as in `mj`. The dense build and
+/// the matrix-free JVP/VJP expand into these monomials.
 fn mjx(
     p: &Array2<f64>,
     aq: &Array2<f64>,
@@ -445,6 +431,7 @@ fn fd_step(delta: f64, m3: f64) -> f64 {
 /// with h₊ ≤ h + u(|w| + h), |h₊ − h₋| ≤ 2u(|w| + h) (Taylor with unequal steps), δ the
 /// evaluation's rounding bound (taken at w, first order) and 3u for the subtraction, the
 /// divisor and the division.
+#[allow(clippy::too_many_arguments)]
 fn fd_error(w: f64, h: f64, wp: f64, wm: f64, m3: f64, m2: f64, delta: f64, fd: f64) -> f64 {
     let hmax = h + U * (w.abs() + h);
     let asym = 2.0 * U * (w.abs() + h);
@@ -489,8 +476,7 @@ fn fd_jacobian(inst: &Instance, which: usize) -> (Array2<f64>, Array2<f64>) {
             ws[which][[r, c]] = orig;
             let col = (plus - minus) / (wp - wm);
             for i in 0..n * k {
-                tol[[i, r + c * rows]] =
-                    fd_error(orig, h, wp, wm, m3[i], m2[i], delta[i], col[i]);
+                tol[[i, r + c * rows]] = fd_error(orig, h, wp, wm, m3[i], m2[i], delta[i], col[i]);
             }
             j.column_mut(r + c * rows).assign(&col);
         }
@@ -506,7 +492,7 @@ fn within(a: &Array2<f64>, b: &Array2<f64>, tol: &Array2<f64>) -> Result<(), Str
     for ((idx, &x), (&y, &t)) in a.indexed_iter().zip(b.iter().zip(tol.iter())) {
         let diff = (x - y).abs();
         let ratio = if diff == 0.0 { 0.0 } else { diff / t };
-        if !(ratio <= worst.0) {
+        if ratio.is_nan() || ratio > worst.0 {
             worst = (ratio, idx, (x - y).abs(), t);
         }
     }
@@ -1036,7 +1022,14 @@ proptest! {
 /// svd_err of σ_max, so the exact κ of the computed matrix is ≤ (λ + a + e)/(λ − a − e),
 /// e = svd_err + ‖Δ‖. Relative to the computed `weyl` (4u of arithmetic), times the measured κ̂'s
 /// resolution `kappa_rel_err`.
-fn weyl_tolerance(w: &Array2<f64>, shifted: &Array2<f64>, lambda: f64, a: f64, weyl: f64, got: f64) -> f64 {
+fn weyl_tolerance(
+    w: &Array2<f64>,
+    shifted: &Array2<f64>,
+    lambda: f64,
+    a: f64,
+    weyl: f64,
+    got: f64,
+) -> f64 {
     let (d, k) = w.dim();
     let e = svd_err(d, k, a) + U * frob(shifted);
     let b_e = (lambda + a + e) / (lambda - a - e);
@@ -1058,12 +1051,15 @@ fn t10_identity_shift_can_make_kappa_worse() {
     }
     let before = kappa(&w);
     let after = kappa(&IdentityShift::new(1.0).unwrap().apply(w.view()).unwrap());
+    // Claim thresholds, not tolerances: measured κ(W) = 1.0517 and κ(W + I_k) = 4.0165, margins
+    // of 4% and 27% against κ resolutions kappa_rel_err ≈ 1e-13.
     assert!(before < 1.1, "κ(W) = {before}");
     assert!(
         after > 3.0 * before,
         "κ(W + I_k) = {after}, κ(W) = {before}"
     );
-    // λ = 1 ≈ σ_max: neither guarantee applies.
+    // λ = 1 ≈ σ_max: neither guarantee applies (exact logic: λ = 1 < σ̂_max ≈ 1.03 for Weyl; the
+    // decrease threshold σ_max(κ + 1)/(κ − 1) ≈ 40 ≫ 1).
     let shift = IdentityShift::new(1.0).unwrap();
     assert!(!shift.guarantees_decrease(w.view()).unwrap());
     assert!(shift.weyl_bound(sv(&w)[0]).is_none());
@@ -1243,7 +1239,8 @@ fn t15_flop_overhead_is_one_over_2d() {
 // f32, diagnostics, errors
 // ---------------------------------------------------------------------------------------------
 
-/// The f32 path computes the same attention and Jacobian as f64, to f32 accuracy.
+/// The f32 path computes the same attention and Jacobian as f64, within the two passes'
+/// derived rounding bounds (u₃₂ and u).
 #[test]
 fn f32_agrees_with_f64() {
     let inst = instance(6, 8, 3, 7, 0.5, options(true, true));
@@ -1252,8 +1249,20 @@ fn f32_agrees_with_f64() {
     let h32 = SelfAttention::new(to32(wq), to32(wk), to32(wv), inst.head.options()).unwrap();
     let f32fwd = h32.forward(to32(inst.x.view()).view()).unwrap();
     let f64fwd = inst.head.forward(inst.x.view()).unwrap();
+    let d = 8;
+    // The f32 pass: X and W rounded to f32 (relative u₃₂ each: two more roundings in the
+    // projections, and x_rel = u₃₂ for the tokens), then the same algorithm with u₃₂; the f64
+    // pass with u. Both against the exact pass at the f64 inputs; ×2 first order (magnitudes
+    // from the f64 pass).
+    let b32 = fwd_bounds(&f64fwd, d + 2, U32, U32);
+    let b64 = fwd_bounds(&f64fwd, d, U, 0.0);
     let a = f32fwd.output().mapv(f64::from);
-    assert!(rel_diff(&a, &f64fwd.output().to_owned()) < 1e-5);
+    let r = within(
+        &a,
+        &f64fwd.output().to_owned(),
+        &((&b32.ea + &b64.ea) * 2.0),
+    );
+    assert!(r.is_ok(), "output: {}", r.unwrap_err());
     let j32 = f32fwd
         .jacobian_weights()
         .unwrap()
@@ -1261,7 +1270,12 @@ fn f32_agrees_with_f64() {
         .unwrap()
         .mapv(f64::from);
     let j64 = f64fwd.jacobian_weights().unwrap().full().unwrap();
-    assert!(rel_diff(&j32, &j64) < 1e-4);
+    let full = |e: [Array2<f64>; 3]| {
+        ndarray::concatenate(ndarray::Axis(1), &[e[0].view(), e[1].view(), e[2].view()]).unwrap()
+    };
+    let tol = (full(jac_err(&b32, U32)) + full(jac_err(&b64, U))) * 2.0;
+    let r = within(&j32, &j64, &tol);
+    assert!(r.is_ok(), "Jacobian: {}", r.unwrap_err());
 }
 
 /// The collapse derived in `docs/attention.md` ("Diagnostics"), as a property of the diagnostics: with LayerNorm-scaled tokens,
@@ -1280,6 +1294,11 @@ fn large_lambda_collapses_attention_to_the_identity() {
     }
     let w = || gaussian(&mut ChaCha8Rng::seed_from_u64(5), d, k, 0.02);
     let head = SelfAttention::new(w(), w(), w(), options(true, false)).unwrap();
+    // The thresholds below are claim constants, not tolerances. Measured: plain mean entropy
+    // 5.143 against 0.95·ln 197 = 5.019, largest p ≈ 0.02 (no row near the 0.99 saturation
+    // threshold, so the count 0 is exact); collapsed: every row saturated, mean diagonal 1.0,
+    // mean entropy 8e-118, mean ‖J_i‖_F exactly 0. Every margin is ≥ 2% against rounding errors
+    // of order N·u ≈ 1e-13 in these quantities.
     let plain = head.forward(x.view()).unwrap().diagnostics().unwrap();
     assert!(plain.mean_entropy > 0.95 * plain.uniform_entropy);
     assert_eq!(plain.saturated_fraction, 0.0);
@@ -1470,6 +1489,11 @@ struct T6Stats {
     structural_infinite: usize,
     /// The largest κ(J)/bound among failures with a finite κ(J).
     worst_finite_ratio: f64,
+    /// Trials whose verdict κ(J) ≤ bound is within the derived resolution of κ(J) and of the
+    /// bound, so that it could differ between machines.
+    undecided: usize,
+    /// Structural instances whose σ̂_min(J) is within the derived rounding level τ of J.
+    structural_singular: usize,
 }
 
 /// Draws the T6 instances: X ~ N(0, 1), W_• ~ N(0, σ²) with σ log-uniform in [0.1, 1], s = 1,
@@ -1504,6 +1528,59 @@ fn t6_pass_rate(n_le_d: bool, trials: usize, seed: u64) -> T6Stats {
         let fwd: Forward<f64> = head.forward(x.view()).unwrap();
         let t = theorem_3_4(&fwd).unwrap();
         let structural = n * k > full_rank_bound(n, d, k);
+        // Resolution of κ(J): σ̂ within τ = 2‖Ĵ − J*‖_F bound (`jac_err`) + svd_err of J*'s.
+        let b = fwd_bounds(&fwd, d, U, 0.0);
+        let ej = jac_err(&b, U);
+        let full = fwd.jacobian_weights().unwrap().full().unwrap();
+        let sj = sv(&full);
+        let tau = 2.0 * (frob(&ej[0]).powi(2) + frob(&ej[1]).powi(2) + frob(&ej[2]).powi(2)).sqrt()
+            + svd_err(n * k, 3 * d * k, sj[0]);
+        st.structural_singular += usize::from(structural && sj[sj.len() - 1] <= tau);
+        // Intervals for the exact κ's: from σ̂ within e·σ₁, κ ∈ [κ̂(1 − e)/(1 + eκ̂),
+        // κ̂(1 + e)/(1 − eκ̂)] (upper end ∞ when eκ̂ ≥ 1; a reported κ̂ = ∞ only tells κ ≥ 1).
+        let interval = |kappa: f64, e: f64| {
+            if kappa.is_infinite() {
+                (1.0, f64::INFINITY)
+            } else {
+                let hi = if e * kappa < 1.0 {
+                    kappa * (1.0 + e) / (1.0 - e * kappa)
+                } else {
+                    f64::INFINITY
+                };
+                ((kappa * (1.0 - e) / (1.0 + e * kappa)).max(1.0), hi)
+            }
+        };
+        let (s1, smin) = (sj[0], sj[sj.len() - 1]);
+        let e = tau / s1;
+        let kj = (
+            ((1.0 - e) * s1 / (smin + e * s1)).max(1.0),
+            if smin > e * s1 {
+                (1.0 + e) * s1 / (smin - e * s1)
+            } else {
+                f64::INFINITY
+            },
+        );
+        // The bound κ(X)³κ⁺(Λ)κ(W_V)(κ(W_Q) + κ(W_K)) + κ(X)κ(P) is increasing in every κ; each
+        // κ of an exact input has e = svd_err(·, ·, 1), Λ's entries add 3γ₂ (as in T2); 8u for
+        // the arithmetic.
+        let ie = |kappa: f64, m: usize, nn: usize| interval(kappa, svd_err(m, nn, 1.0));
+        let kx = ie(t.kappa_x, n, d);
+        let kl = interval(
+            t.pseudo_kappa_lambda,
+            svd_err(n * n, n * n, 1.0) + 3.0 * gamma(2, U),
+        );
+        let (kq, kk, kv, kp) = (
+            ie(t.kappa_wq, d, k),
+            ie(t.kappa_wk, d, k),
+            ie(t.kappa_wv, d, k),
+            ie(t.kappa_p, n, n),
+        );
+        let rhs =
+            |x: f64, l: f64, q: f64, kk: f64, v: f64, p: f64| x.powi(3) * l * v * (q + kk) + x * p;
+        let rhs_lo = rhs(kx.0, kl.0, kq.0, kk.0, kv.0, kp.0) * (1.0 - 8.0 * U);
+        let rhs_hi = rhs(kx.1, kl.1, kq.1, kk.1, kv.1, kp.1) * (1.0 + 8.0 * U);
+        let decided = t.rhs.is_infinite() || kj.1 < rhs_lo || kj.0 > rhs_hi;
+        st.undecided += usize::from(!decided);
         st.structural += usize::from(structural);
         st.structural_infinite += usize::from(structural && t.jacobian.full.kappa.is_infinite());
         st.passes += usize::from(t.holds());
@@ -1528,28 +1605,38 @@ fn t6_theorem_3_4_pass_rates() {
     let trials = 400;
     let a = t6_pass_rate(true, trials, 6);
     let b = t6_pass_rate(false, trials, 60);
-    let r1 = a.passes as f64 / a.trials as f64;
-    let r2 = b.passes as f64 / b.trials as f64;
     eprintln!("T6 N ≤ D: {a:?}\nT6 N > D: {b:?}");
     // Measured (x86-64, OpenBLAS): N ≤ D 399/400 (worst finite ratio 1.19), N > D 325/400
     // (68 of the 75 failures structural — the 69th structural instance has a vacuous, infinite
     // bound — worst finite ratio 71.9).
+    // Each count is asserted for every resolution of its undecided trials (verdicts within the
+    // derived rounding resolution, which could differ between machines).
+    let lo1 = (a.passes - a.undecided) as f64 / a.trials as f64;
     assert!(
-        r1 >= 0.99,
-        "N ≤ D: the bound held in only {}/{} instances",
+        lo1 >= 0.99,
+        "N ≤ D: the bound held in only {}/{} instances ({} undecided)",
         a.passes,
-        a.trials
+        a.trials,
+        a.undecided
     );
     assert_eq!(a.structural, 0);
-    assert!(
-        (0.70..=0.90).contains(&r2),
-        "N > D: the bound held in {}/{} instances, outside the measured band [0.70, 0.90]",
-        b.passes,
-        b.trials
+    let (lo2, hi2) = (
+        (b.passes - b.undecided) as f64 / b.trials as f64,
+        (b.passes + b.undecided) as f64 / b.trials as f64,
     );
+    assert!(
+        0.70 <= lo2 && hi2 <= 0.90,
+        "N > D: the bound held in {}/{} instances ({} undecided), outside the measured band [0.70, 0.90]",
+        b.passes,
+        b.trials,
+        b.undecided
+    );
+    // Every N > 3D − k instance has a structurally zero singular value: σ̂_min(J) ≤ τ (derived,
+    // as T4). The crate's κ = ∞ for them (`structural_infinite`) comes from the numpy threshold
+    // max(m, n)·ε·σ̂₁, which is below τ, so it is reported, not asserted.
     assert_eq!(
-        b.structural_infinite, b.structural,
-        "every N > 3D − k instance has κ(J) = ∞"
+        b.structural_singular, b.structural,
+        "every N > 3D − k instance has σ_min(J) at rounding level"
     );
 }
 
@@ -1569,6 +1656,25 @@ proptest! {
             .into_iter()
             .map(|r| softmax_jacobian_frobenius(&r.to_vec()).powi(2))
             .sum();
-        prop_assert!((got - want).abs() <= 1e-12 * want.max(1e-300) + 1e-15, "{got} vs {want}");
+        // Both are the same polynomial of p̂ (Σ_ac (δ_ac p_a − p_a p_c)² = s₂ − 2s₃ + s₂²
+        // identically, without Σp = 1). Closed form per row: s₂, s₃ (N + 2 roundings), the
+        // combination (3), sqrt and square (2), magnitude s₂ + 2s₃ + s₂²; dense: each entry (2)
+        // squared (1), summed over the N³ nonzero entries (adding an exact 0 does not round),
+        // magnitude Σ(p_a δ_ac + p_a p_c)². Both sums over rows add N roundings.
+        let mag_closed: f64 = p.rows().into_iter().map(|r| {
+            let s2: f64 = r.iter().map(|x| x * x).sum();
+            let s3: f64 = r.iter().map(|x| x * x * x).sum();
+            s2 + 2.0 * s3 + s2 * s2
+        }).sum();
+        let mag_dense: f64 = p.rows().into_iter().map(|r| {
+            let mut t = 0.0;
+            for a in 0..n { for c in 0..n {
+                let e = r[a] * (if a == c { 1.0 } else { 0.0 } + r[c]);
+                t += e * e;
+            } }
+            t
+        }).sum();
+        let tol = gamma(2 * n + 7, U) * mag_closed + gamma(n * n * n + n + 3, U) * mag_dense;
+        prop_assert!((got - want).abs() <= tol, "{got} vs {want}, tol {tol:e}");
     }
 }
