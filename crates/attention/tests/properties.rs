@@ -13,7 +13,7 @@ use kappa_attention::{
     SelfAttention, SvdCorrection,
 };
 use kappa_linalg::{condition_number, singular_values, svd_thin, SvdDriver};
-use ndarray::{s, Array1, Array2};
+use ndarray::{s, Array1, Array2, ArrayView2};
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -64,33 +64,393 @@ fn options(scaled: bool, causal: bool) -> AttentionOptions {
     }
 }
 
-fn max_abs(a: &Array2<f64>) -> f64 {
-    a.iter().fold(0.0, |m, x| m.max(x.abs()))
-}
-
 fn max_abs_diff(a: &Array2<f64>, b: &Array2<f64>) -> f64 {
     assert_eq!(a.dim(), b.dim());
     a.iter().zip(b).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
-}
-
-fn rel_diff(a: &Array2<f64>, b: &Array2<f64>) -> f64 {
-    max_abs_diff(a, b) / max_abs(a).max(max_abs(b)).max(f64::MIN_POSITIVE)
 }
 
 fn colvec(m: &Array2<f64>) -> Array1<f64> {
     m.t().iter().copied().collect()
 }
 
+// ---------------------------------------------------------------------------------------------
+// Rounding-error bounds. Every tolerance in this file is derived from these (or the assertion is
+// an exact identity); see the comment at each assertion.
+// ---------------------------------------------------------------------------------------------
+
+/// Unit roundoff of f64.
+const U: f64 = f64::EPSILON / 2.0;
+/// Unit roundoff of f32.
+const U32: f64 = f32::EPSILON as f64 / 2.0;
+
+/// γ_m = m·u/(1 − m·u) (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1). An
+/// algorithm built from +, −, × in which every output passes through at most m roundings
+/// computes each output y with |ŷ − y| ≤ γ_m·ỹ, where ỹ is its *magnitude*: the same polynomial
+/// with every coefficient and input replaced by its absolute value. This holds for every
+/// summation order, with or without FMA, so it bounds any BLAS kernel on any machine.
+fn gamma(m: usize, u: f64) -> f64 {
+    let t = m as f64 * u;
+    assert!(t < 0.5, "γ_{m} undefined");
+    t / (1.0 - t)
+}
+
+/// Bound on |σ̂_i − σ_i| for the LAPACK SVD behind `kappa_linalg::singular_values`: the
+/// backward-stability bound p(m, n)·ε·σ₁ documented in `crates/linalg/src/svd.rs`, with
+/// p(m, n) = 50·max(m, n), the constant kappa-linalg's own SVD tests use
+/// (`crates/linalg/tests/properties/svd.rs`). The computed singular vectors are orthonormal to
+/// the same order, so `svd_err(m, n, 1.0)` also bounds their departure from orthonormality.
+fn svd_err(m: usize, n: usize, sigma1: f64) -> f64 {
+    50.0 * m.max(n) as f64 * f64::EPSILON * sigma1
+}
+
+/// Relative error bound of κ̂ = σ̂₁/σ̂_r when every σ̂_i is within e·σ₁ of σ_i:
+/// κ̂/κ ∈ [(1 − e)/(1 + eκ), (1 + e)/(1 − eκ)], so |κ̂ − κ| ≤ κ·(e + eκ)/(1 − eκ). Evaluated at
+/// the computed κ (first order); +∞ when eκ ≥ 1/2, where κ is not resolved by the SVD.
+fn kappa_rel_err(kappa: f64, e: f64) -> f64 {
+    if kappa.is_finite() && e * kappa < 0.5 {
+        (e + e * kappa) / (1.0 - e * kappa)
+    } else {
+        f64::INFINITY
+    }
+}
+
+fn absm(a: ArrayView2<'_, f64>) -> Array2<f64> {
+    a.mapv(f64::abs)
+}
+
+fn frob(a: &Array2<f64>) -> f64 {
+    a.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+/// max − min of the entries (0 for none).
+fn range<'a>(it: impl IntoIterator<Item = &'a f64>) -> f64 {
+    let (lo, hi) = it
+        .into_iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
+            (l.min(x), h.max(x))
+        });
+    if lo.is_finite() {
+        hi - lo
+    } else {
+        0.0
+    }
+}
+
+/// Entrywise error bounds of one computed forward pass against the exact forward pass at the
+/// exact (effective) weights and tokens, and the magnitudes the Jacobian bounds are built from.
+///
+/// First order in u (the assertions apply a factor 2 for the O(u²) terms and for magnitudes
+/// taken from computed rather than exact values). Model: each projection X W_• passes through
+/// at most `proj_depth` roundings (D for X W; D + 1 with a materialized W + C or the cheap
+/// X W + λX[:, block]; D + 2 when X and W were first rounded to f32); scores: k + 1 (the dot
+/// product and the division by s); softmax: the argument S_ij − max rounds (relative error
+/// u·|S_ij − max| after exp), exp is within 1 ulp (2u), the row sum has N terms and the
+/// division one rounding; an error δ_i = max_j |ΔS_ij| in the scores moves P[i, j] by a factor
+/// in [e^{−2δ_i}, e^{2δ_i}]; A = P V has N-term dot products. `x_rel` is a relative error of
+/// the tokens themselves (u₃₂ when they were rounded to f32, else 0).
+struct FwdBounds {
+    p: Array2<f64>,
+    ax: Array2<f64>,
+    aq: Array2<f64>,
+    ak: Array2<f64>,
+    av: Array2<f64>,
+    ex: Array2<f64>,
+    eq: Array2<f64>,
+    ek: Array2<f64>,
+    ev: Array2<f64>,
+    ep: Array2<f64>,
+    ea: Array2<f64>,
+    s: f64,
+}
+
+fn fwd_bounds(fwd: &Forward<f64>, proj_depth: usize, u: f64, x_rel: f64) -> FwdBounds {
+    let (n, _, k) = fwd.dims();
+    let ax = absm(fwd.tokens());
+    let ex = &ax * x_rel;
+    let (wq, wk, wv) = fwd.effective_weights();
+    let g = gamma(proj_depth, u);
+    let eq = ax.dot(&absm(wq)) * g;
+    let ek = ax.dot(&absm(wk)) * g;
+    let ev = ax.dot(&absm(wv)) * g;
+    let (aq, ak, av) = (absm(fwd.queries()), absm(fwd.keys()), absm(fwd.values()));
+    let s = fwd.score_divisor();
+    let es =
+        (aq.dot(&ak.t()) * gamma(k + 1, u) + eq.dot(&ak.t()) + aq.dot(&ek.t()) + eq.dot(&ek.t()))
+            / s;
+    let scores = fwd.scores();
+    let p = fwd.attention_matrix().to_owned();
+    let mut ep = Array2::<f64>::zeros((n, n));
+    for i in 0..n {
+        let len = if fwd.is_causal() { i + 1 } else { n };
+        let m = (0..len)
+            .map(|j| scores[[i, j]])
+            .fold(f64::NEG_INFINITY, f64::max);
+        let eta = |j: usize| u * (scores[[i, j]] - m).abs() + 2.0 * u;
+        let eta_max = (0..len).map(eta).fold(0.0, f64::max);
+        let delta = (0..len).map(|j| es[[i, j]]).fold(0.0, f64::max);
+        let moved = (2.0 * delta).exp_m1();
+        for j in 0..len {
+            ep[[i, j]] = p[[i, j]] * (eta(j) + eta_max + gamma(n, u) + u + moved);
+        }
+    }
+    let ea = p.dot(&av) * gamma(n, u) + ep.dot(&av) + p.dot(&ev) + ep.dot(&ev);
+    FwdBounds {
+        p,
+        ax,
+        aq,
+        ak,
+        av,
+        ex,
+        eq,
+        ek,
+        ev,
+        ep,
+        ea,
+        s,
+    }
+}
+
+/// Magnitudes of the weight Jacobian [J_Q, J_K, J_V] (module docs of `jacobian.rs`) for
+/// nonnegative P, |X|, |Q|, |K|, |V|: each entry's monomials in absolute value,
+/// |J_Q[i + cN, d + eD]| ≤ |X_id| (Σ_j P_ij |V_jc| |K_je| + (P|V|)_ic (P|K|)_ie)/s, likewise J_K
+/// with |Q_ie| and |X|, and |J_V| = I_k ⊗ P|X|. The dense build, the Kronecker build and every
+/// matrix-free product expand into these same monomials (before cancellation), so this is the
+/// magnitude of all of them.
+fn mj(
+    p: &Array2<f64>,
+    ax: &Array2<f64>,
+    aq: &Array2<f64>,
+    ak: &Array2<f64>,
+    av: &Array2<f64>,
+    s: f64,
+) -> [Array2<f64>; 3] {
+    let (n, d) = ax.dim();
+    let k = aq.ncols();
+    let (pk, px, pv) = (p.dot(ak), p.dot(ax), p.dot(av));
+    let z = || Array2::<f64>::zeros((n * k, d * k));
+    let (mut jq, mut jk, mut jv) = (z(), z(), z());
+    for c in 0..k {
+        let pvc = p * &av.column(c).insert_axis(ndarray::Axis(0));
+        let pvcol = pv.column(c).to_owned().insert_axis(ndarray::Axis(1));
+        let g = (pvc.dot(ak) + &pk * &pvcol) / s;
+        let h = (pvc.dot(ax) + &px * &pvcol) / s;
+        for i in 0..n {
+            for e in 0..k {
+                for dd in 0..d {
+                    jq[[i + c * n, dd + e * d]] = ax[[i, dd]] * g[[i, e]];
+                    jk[[i + c * n, dd + e * d]] = aq[[i, e]] * h[[i, dd]];
+                }
+            }
+            for dd in 0..d {
+                jv[[i + c * n, dd + c * d]] = px[[i, dd]];
+            }
+        }
+    }
+    [jq, jk, jv]
+}
+
+/// Roundings along any path of the dense weight-Jacobian build (`gh` and the entry loop):
+/// P·V (1), the N-term products P diag(V_c) K and P K (N each) and the cached A (N), a·(PK)
+/// (1), the subtraction (1), 1/s (1) and its product (1), the factor X or Q (1): ≤ 3N + 6, so
+/// 3N + 8.
+fn dense_jacobian_depth(n: usize) -> usize {
+    3 * n + 8
+}
+
+/// Entrywise bound on |Ĵ − J| for the dense weight Jacobian built from the cached forward pass
+/// against the exact Jacobian at the exact point: its own rounding γ_m·|J|
+/// (m = `dense_jacobian_depth`) plus the effect of the cached quantities' errors, which for a
+/// polynomial with magnitude mj is at most mj(|z| + Δz) − mj(|z|).
+fn jac_err(b: &FwdBounds, u: f64) -> [Array2<f64>; 3] {
+    let n = b.p.nrows();
+    let [bq, bk, bv] = mj(&b.p, &b.ax, &b.aq, &b.ak, &b.av, b.s);
+    let [pq, pk, pv] = mj(
+        &(&b.p + &b.ep),
+        &(&b.ax + &b.ex),
+        &(&b.aq + &b.eq),
+        &(&b.ak + &b.ek),
+        &(&b.av + &b.ev),
+        b.s,
+    );
+    let g = gamma(dense_jacobian_depth(n), u);
+    [
+        &bq * g + (&pq - &bq),
+        &bk * g + (&pk - &bk),
+        &bv * g + (&pv - &bv),
+    ]
+}
+
+/// Magnitude of the input Jacobian J_X (formula in the module docs of `jacobian.rs`):
+/// |J_X[i + cN, m + dN]| ≤ P_im|W_V[d, c]| + δ_im (|G_i| |W_Q|ᵀ)[c, d] +
+/// P_im (|V_mc| + (P|V|)_ic) (|Q| |W_K|ᵀ)_id / s, with |G_i| as in `mj`. The dense build and
+/// the matrix-free JVP/VJP expand into these monomials.
+fn mjx(
+    p: &Array2<f64>,
+    aq: &Array2<f64>,
+    ak: &Array2<f64>,
+    av: &Array2<f64>,
+    w: [&Array2<f64>; 3],
+    s: f64,
+) -> Array2<f64> {
+    let n = p.nrows();
+    let k = aq.ncols();
+    let [awq, awk, awv] = w;
+    let d = awq.nrows();
+    let (pk, pv) = (p.dot(ak), p.dot(av));
+    let qt = aq.dot(&awk.t()) / s;
+    let mut jx = Array2::<f64>::zeros((n * k, n * d));
+    for c in 0..k {
+        let pvc = p * &av.column(c).insert_axis(ndarray::Axis(0));
+        let pvcol = pv.column(c).to_owned().insert_axis(ndarray::Axis(1));
+        let g = (pvc.dot(ak) + &pk * &pvcol) / s;
+        let gw = g.dot(&awq.t());
+        for i in 0..n {
+            for dd in 0..d {
+                for m in 0..n {
+                    let mut e = p[[i, m]] * awv[[dd, c]]
+                        + p[[i, m]] * (av[[m, c]] + pv[[i, c]]) * qt[[i, dd]];
+                    if m == i {
+                        e += gw[[i, dd]];
+                    }
+                    jx[[i + c * n, m + dd * n]] = e;
+                }
+            }
+        }
+    }
+    jx
+}
+
+/// Roundings along any path of the dense input-Jacobian build: G (3N + 5), G W_Qᵀ (k),
+/// Q W_Kᵀ (k), 1/s (2), the entry's products and sums (5): ≤ 3N + 2k + 12.
+fn dense_input_jacobian_depth(n: usize, k: usize) -> usize {
+    3 * n + 2 * k + 12
+}
+
+/// (magnitude, error bound) of the dense input Jacobian, as `jac_err` (weights exact).
+fn jacx_err(b: &FwdBounds, fwd: &Forward<f64>, u: f64) -> (Array2<f64>, Array2<f64>) {
+    let (n, _, k) = fwd.dims();
+    let (wq, wk, wv) = fwd.effective_weights();
+    let w = [absm(wq), absm(wk), absm(wv)];
+    let base = mjx(&b.p, &b.aq, &b.ak, &b.av, [&w[0], &w[1], &w[2]], b.s);
+    let pert = mjx(
+        &(&b.p + &b.ep),
+        &(&b.aq + &b.eq),
+        &(&b.ak + &b.ek),
+        &(&b.av + &b.ev),
+        [&w[0], &w[1], &w[2]],
+        b.s,
+    );
+    let err = &base * gamma(dense_input_jacobian_depth(n, k), u) + (&pert - &base);
+    (base, err)
+}
+
+/// Bounds on |∂³A[i, c]/∂t³| and |∂²A[i, c]/∂t²| (N×k each) along one coordinate t of W_Q, W_K,
+/// W_V (which = 0, 1, 2) or X (which = 3), entry (r, cc), on [−h, h].
+///
+/// Row i of A is E_{p(t)}[v] with p(t) = softmax(S_i + θ(t)) over the row's support. For a
+/// linear θ = t·b (W_Q: b_j = X_ir K_j,cc/s; W_K: b_j = Q_i,cc X_jr/s) the derivatives are the
+/// joint cumulants d³/dt³ = κ(v, b, b, b) = E[v̄b̄³] − 3E[v̄b̄]E[b̄²] and d²/dt² = E[v̄b̄²] (bars:
+/// centred under p), so the third is at most 4 R_v R_b³ and the second R_v R_b² with R the range
+/// over the support — whatever p is, hence on the whole interval. A is linear in W_V (both 0).
+/// For X[m, d], θ(t) = t a + t² c and v(t) = v + t w: for F = E[g],
+/// F''' = κ(g, θ', θ', θ') + 3κ(g, θ', θ''), so with R₁ = R(a) + 2hR(c) ≥ R(θ'), R₂ = 2R(c),
+/// f''' = F_v''' + 3F_w'' + tF_w''' and f'' = F_v'' + 2F_w' + tF_w'' are bounded term by term.
+fn fd_derivative_bounds(
+    fwd: &Forward<f64>,
+    which: usize,
+    r: usize,
+    cc: usize,
+    h: f64,
+) -> (Array2<f64>, Array2<f64>) {
+    let (n, _, k) = fwd.dims();
+    let (x, q, kk, v) = (fwd.tokens(), fwd.queries(), fwd.keys(), fwd.values());
+    let (wq, wk, wv) = fwd.effective_weights();
+    let s = fwd.score_divisor();
+    let mut m3 = Array2::<f64>::zeros((n, k));
+    let mut m2 = Array2::<f64>::zeros((n, k));
+    if which == 2 {
+        return (m3, m2);
+    }
+    for i in 0..n {
+        let len = if fwd.is_causal() { i + 1 } else { n };
+        for c in 0..k {
+            let rv = range(v.slice(s![..len, c]));
+            if which < 2 {
+                let rb = if which == 0 {
+                    x[[i, r]].abs() * range(kk.slice(s![..len, cc])) / s
+                } else {
+                    q[[i, cc]].abs() * range(x.slice(s![..len, r])) / s
+                };
+                m3[[i, c]] = 4.0 * rv * rb.powi(3);
+                m2[[i, c]] = rv * rb * rb;
+            } else {
+                let (m, dd) = (r, cc);
+                let beta = (0..k).map(|e| q[[i, e]] * wk[[dd, e]]).sum::<f64>();
+                let gam = (0..k).map(|e| wq[[dd, e]] * wk[[dd, e]]).sum::<f64>();
+                let a: Vec<f64> = (0..len)
+                    .map(|j| {
+                        let alpha = (0..k).map(|e| wq[[dd, e]] * kk[[j, e]]).sum::<f64>();
+                        let own = if i == m { alpha } else { 0.0 };
+                        let other = if j == m { beta } else { 0.0 };
+                        (own + other) / s
+                    })
+                    .collect();
+                let cv: Vec<f64> = (0..len)
+                    .map(|j| if i == m && j == m { gam / s } else { 0.0 })
+                    .collect();
+                let w: Vec<f64> = (0..len)
+                    .map(|j| if j == m { wv[[dd, c]] } else { 0.0 })
+                    .collect();
+                let (ra, rc, rw) = (range(&a), range(&cv), range(&w));
+                let r1 = ra + 2.0 * h * rc;
+                let r2 = 2.0 * rc;
+                m3[[i, c]] = 4.0 * rv * r1.powi(3)
+                    + 3.0 * rv * r1 * r2
+                    + 3.0 * (rw * r1 * r1 + rw * r2)
+                    + h * (4.0 * rw * r1.powi(3) + 3.0 * rw * r1 * r2);
+                m2[[i, c]] = rv * (r1 * r1 + r2) + 2.0 * rw * r1 + h * rw * (r1 * r1 + r2);
+            }
+        }
+    }
+    (m3, m2)
+}
+
+/// The FD step for a column: the power of two nearest to the minimizer (3δ/M₃)^{1/3} of the
+/// error model h²M₃/6 + δ/h, within [2⁻³⁰, 2⁻⁴]; 2⁻⁴ when M₃ = 0 (a linear function).
+fn fd_step(delta: f64, m3: f64) -> f64 {
+    let h = if m3 > 0.0 {
+        (3.0 * delta / m3).cbrt()
+    } else {
+        1.0
+    };
+    2f64.powi((h.log2().round() as i32).clamp(-30, -4))
+}
+
+/// The error model of one central difference (f(w₊) − f(w₋))/(w₊ − w₋) at the stored points
+/// w± = fl(w ± h): |FD − f'(w)| ≤ M₃ h₊²/6 + M₂ |h₊ − h₋|/2 + (δ₊ + δ₋)/(w₊ − w₋) + 3u|FD|,
+/// with h₊ ≤ h + u(|w| + h), |h₊ − h₋| ≤ 2u(|w| + h) (Taylor with unequal steps), δ the
+/// evaluation's rounding bound (taken at w, first order) and 3u for the subtraction, the
+/// divisor and the division.
+#[allow(clippy::too_many_arguments)]
+fn fd_error(w: f64, h: f64, wp: f64, wm: f64, m3: f64, m2: f64, delta: f64, fd: f64) -> f64 {
+    let hmax = h + U * (w.abs() + h);
+    let asym = 2.0 * U * (w.abs() + h);
+    m3 * hmax * hmax / 6.0 + m2 * asym / 2.0 + 2.0 * delta / (wp - wm) + 3.0 * U * fd.abs()
+}
+
 /// Central finite differences of vec A with respect to vec W_• (which = 0, 1, 2) or vec X
-/// (which = 3), ε = 1e-6, column-major.
-fn fd_jacobian(inst: &Instance, which: usize) -> Array2<f64> {
-    let eps = 1e-6;
+/// (which = 3), column-major, with an entrywise bound on |FD − ∂A/∂w| (`fd_error`, step
+/// `fd_step` per column, derivative bounds `fd_derivative_bounds`, δ = `FwdBounds::ea`).
+fn fd_jacobian(inst: &Instance, which: usize) -> (Array2<f64>, Array2<f64>) {
     let (wq, wk, wv) = inst.head.weights();
     let mut ws = [wq.to_owned(), wk.to_owned(), wv.to_owned(), inst.x.clone()];
     let (rows, cols) = ws[which].dim();
     let base = inst.head.forward(inst.x.view()).unwrap();
-    let (n, _, k) = base.dims();
+    let (n, d, k) = base.dims();
+    let delta = colvec(&fwd_bounds(&base, d, U, 0.0).ea);
+    let delta_max = delta.iter().copied().fold(0.0, f64::max);
     let mut j = Array2::zeros((n * k, rows * cols));
+    let mut tol = Array2::zeros((n * k, rows * cols));
     let eval = |ws: &[Array2<f64>; 4]| -> Array1<f64> {
         let h = SelfAttention::new(
             ws[0].clone(),
@@ -103,17 +463,54 @@ fn fd_jacobian(inst: &Instance, which: usize) -> Array2<f64> {
     };
     for c in 0..cols {
         for r in 0..rows {
+            let (m3_0, _) = fd_derivative_bounds(&base, which, r, c, 0.0);
+            let h = fd_step(delta_max, m3_0.iter().copied().fold(0.0, f64::max));
+            let (m3, m2) = fd_derivative_bounds(&base, which, r, c, h);
+            let (m3, m2) = (colvec(&m3), colvec(&m2));
             let orig = ws[which][[r, c]];
-            ws[which][[r, c]] = orig + eps;
+            let (wp, wm) = (orig + h, orig - h);
+            ws[which][[r, c]] = wp;
             let plus = eval(&ws);
-            ws[which][[r, c]] = orig - eps;
+            ws[which][[r, c]] = wm;
             let minus = eval(&ws);
             ws[which][[r, c]] = orig;
-            let col = (plus - minus) / (2.0 * eps);
+            let col = (plus - minus) / (wp - wm);
+            for i in 0..n * k {
+                tol[[i, r + c * rows]] = fd_error(orig, h, wp, wm, m3[i], m2[i], delta[i], col[i]);
+            }
             j.column_mut(r + c * rows).assign(&col);
         }
     }
-    j
+    (j, tol)
+}
+
+/// Entrywise |a − b| ≤ tol, reporting the worst ratio.
+fn within(a: &Array2<f64>, b: &Array2<f64>, tol: &Array2<f64>) -> Result<(), String> {
+    assert_eq!(a.dim(), b.dim());
+    assert_eq!(a.dim(), tol.dim());
+    let mut worst = (0.0, (0, 0), 0.0, 0.0);
+    for ((idx, &x), (&y, &t)) in a.indexed_iter().zip(b.iter().zip(tol.iter())) {
+        let diff = (x - y).abs();
+        let ratio = if diff == 0.0 { 0.0 } else { diff / t };
+        if ratio.is_nan() || ratio > worst.0 {
+            worst = (ratio, idx, (x - y).abs(), t);
+        }
+    }
+    if std::env::var_os("KAPPA_TOL_REPORT").is_some() {
+        eprintln!("tolerance use: {:e}", worst.0);
+    }
+    if worst.0 <= 1.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "entry {:?}: |a − b| = {:e} > tol {:e} (ratio {:e})",
+            worst.1, worst.2, worst.3, worst.0
+        ))
+    }
+}
+
+fn col2(v: &Array1<f64>) -> Array2<f64> {
+    v.clone().insert_axis(ndarray::Axis(1))
 }
 
 fn sv(a: &Array2<f64>) -> Vec<f64> {
@@ -139,63 +536,103 @@ fn dims() -> impl Strategy<Value = (usize, usize, usize)> {
 proptest! {
     #![proptest_config(cfg(96))]
 
-    /// T1: the Theorem 3.3 Jacobians (fast closed form) match central finite differences to a
-    /// relative error below 1e-6, for the weights and for the input, with and without 1/√k and
-    /// the causal mask; the literal Kronecker products of the theorem agree with the fast form
-    /// to 1e-12.
+    /// T1: the Theorem 3.3 Jacobians (fast closed form) match central finite differences
+    /// entrywise within the derived FD error model plus the Jacobian's own rounding bound, for
+    /// the weights and for the input, with and without 1/√k and the causal mask; the literal
+    /// Kronecker products of the theorem agree with the fast form within both builds' rounding
+    /// bounds.
     #[test]
     fn t1_jacobians_match_finite_differences(
         (n, d, k) in dims(), seed in any::<u64>(), scaled in any::<bool>(), causal in any::<bool>()
     ) {
         let inst = instance(n, d, k, seed, 0.5, options(scaled, causal));
         let fwd = inst.head.forward(inst.x.view()).unwrap();
+        let b = fwd_bounds(&fwd, d, U, 0.0);
         let j = fwd.jacobian_weights().unwrap();
+        let ej = jac_err(&b, U);
         for (which, block) in [&j.q, &j.k, &j.v].into_iter().enumerate() {
-            let fd = fd_jacobian(&inst, which);
-            let err = max_abs_diff(block, &fd) / max_abs(block).max(1e-3);
-            prop_assert!(err < 1e-6, "block {which}: relative error {err:e}");
+            let (fd, fd_tol) = fd_jacobian(&inst, which);
+            // |Ĵ − FD| ≤ |Ĵ − J| + |FD − J|: `jac_err` + `fd_error`, ×2 for the first-order
+            // terms (see `FwdBounds`).
+            let tol = (&ej[which] + &fd_tol) * 2.0;
+            let r = within(block, &fd, &tol);
+            prop_assert!(r.is_ok(), "block {which}: {}", r.unwrap_err());
         }
         let jx = fwd.jacobian_input().unwrap();
-        let fd = fd_jacobian(&inst, 3);
-        let err = max_abs_diff(&jx, &fd) / max_abs(&jx).max(1e-3);
-        prop_assert!(err < 1e-6, "input: relative error {err:e}");
+        let (_, ejx) = jacx_err(&b, &fwd, U);
+        let (fd, fd_tol) = fd_jacobian(&inst, 3);
+        let r = within(&jx, &fd, &((&ejx + &fd_tol) * 2.0));
+        prop_assert!(r.is_ok(), "input: {}", r.unwrap_err());
 
+        // Kronecker vs fast: the same polynomial of the cached (P, Q, K, V, X) with magnitude
+        // `mj`. Fast build: ≤ dense_jacobian_depth(N) roundings. Kronecker build: Λ's entries (2),
+        // (Vᵀ ⊗ I_N)Λ (N² terms, plus the Kronecker entry: N² + 1), the product with K ⊗ X or
+        // (X ⊗ Q)·K_{D,k} (N² + 1, and Dk for the commutation, exact but counted), 1/s (2):
+        // ≤ 2N² + Dk + 6.
         let kr = fwd.jacobian_weights_kronecker().unwrap();
-        for (a, b) in [(&j.q, &kr.q), (&j.k, &kr.k), (&j.v, &kr.v)] {
-            let e = max_abs_diff(a, b) / max_abs(b).max(1e-300);
-            prop_assert!(e < 1e-12 || max_abs(b) < 1e-300, "kronecker vs fast: {e:e}");
+        let m = mj(&b.p, &b.ax, &b.aq, &b.ak, &b.av, b.s);
+        let g = gamma(dense_jacobian_depth(n), U) + gamma(2 * n * n + d * k + 6, U);
+        for (which, (a, bb)) in [(&j.q, &kr.q), (&j.k, &kr.k), (&j.v, &kr.v)].into_iter().enumerate() {
+            let r = within(a, bb, &(&m[which] * g));
+            prop_assert!(r.is_ok(), "kronecker vs fast, block {which}: {}", r.unwrap_err());
         }
     }
 
     /// Matrix-free JVP/VJP (weights and input, matrix and vec forms) agree with the dense
-    /// Jacobians: J t, Jᵀ u, J_X t, J_Xᵀ u, to 1e-12 relative.
+    /// Jacobians — J t, Jᵀ u, J_X t, J_Xᵀ u — entrywise within the sum of both algorithms'
+    /// rounding bounds.
     #[test]
     fn matrix_free_products_agree_with_the_dense_jacobians(
         (n, d, k) in dims(), seed in any::<u64>(), scaled in any::<bool>(), causal in any::<bool>()
     ) {
         let inst = instance(n, d, k, seed, 0.7, options(scaled, causal));
         let fwd = inst.head.forward(inst.x.view()).unwrap();
+        let b = fwd_bounds(&fwd, d, U, 0.0);
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
         let full = fwd.jacobian_weights().unwrap().full().unwrap();
         let t = gaussian(&mut rng, 3 * d * k, 1, 1.0).column(0).to_owned();
         let u = gaussian(&mut rng, n * k, 1, 1.0).column(0).to_owned();
-        let dense_jvp = full.dot(&t).insert_axis(ndarray::Axis(1));
-        let mf_jvp = fwd.jvp_weights_vec(t.view()).unwrap().insert_axis(ndarray::Axis(1));
-        prop_assert!(rel_diff(&dense_jvp, &mf_jvp) < 1e-12);
-        let dense_vjp = full.t().dot(&u).insert_axis(ndarray::Axis(1));
-        let mf_vjp = fwd.vjp_weights_vec(u.view()).unwrap().insert_axis(ndarray::Axis(1));
-        prop_assert!(rel_diff(&dense_vjp, &mf_vjp) < 1e-12);
+        // Both sides are the same polynomial of the cached forward pass and t (or u), with
+        // magnitude |J|·|t| (`mj`). Roundings along any path: dense — the entry
+        // (dense_jacobian_depth) and the 3Dk-term product; matrix-free — X dW (D), ·Kᵀ (k), the
+        // sum and 1/s (3), the softmax product P ⊙ (dS − rowsum(P ⊙ dS)) (N + 3), ·V (N), and
+        // P (X dW_V) (D + N + 1): both ≤ m below. Tolerance 2γ_m·magnitude.
+        let mag = {
+            let [q, kk, v] = mj(&b.p, &b.ax, &b.aq, &b.ak, &b.av, b.s);
+            ndarray::concatenate(ndarray::Axis(1), &[q.view(), kk.view(), v.view()]).unwrap()
+        };
+        let m = dense_jacobian_depth(n) + 3 * d * k + d + k + 2 * n + 8;
+        let g2 = 2.0 * gamma(m, U);
+        let dense_jvp = col2(&full.dot(&t));
+        let mf_jvp = col2(&fwd.jvp_weights_vec(t.view()).unwrap());
+        let tol = col2(&mag.dot(&t.mapv(f64::abs))) * g2;
+        let r = within(&dense_jvp, &mf_jvp, &tol);
+        prop_assert!(r.is_ok(), "J t: {}", r.unwrap_err());
+        let dense_vjp = col2(&full.t().dot(&u));
+        let mf_vjp = col2(&fwd.vjp_weights_vec(u.view()).unwrap());
+        let tol = col2(&mag.t().dot(&u.mapv(f64::abs))) * g2;
+        let r = within(&dense_vjp, &mf_vjp, &tol);
+        prop_assert!(r.is_ok(), "Jᵀ u: {}", r.unwrap_err());
 
+        // Input: magnitude `mjx`; dense — the entry (dense_input_jacobian_depth) and the
+        // ND-term product; matrix-free — dX W (D), then as above, and the three-term
+        // (gS K/s) W_Qᵀ + … (k + 2) on the VJP side: ≤ m below.
         let jx = fwd.jacobian_input().unwrap();
+        let (magx, _) = jacx_err(&b, &fwd, U);
+        let m = dense_input_jacobian_depth(n, k) + n * d + d + 2 * k + 2 * n + 10;
+        let g2 = 2.0 * gamma(m, U);
         let tx = gaussian(&mut rng, n * d, 1, 1.0).column(0).to_owned();
-        let a = jx.dot(&tx).insert_axis(ndarray::Axis(1));
-        let b = fwd.jvp_input_vec(tx.view()).unwrap().insert_axis(ndarray::Axis(1));
-        prop_assert!(rel_diff(&a, &b) < 1e-12);
-        let a = jx.t().dot(&u).insert_axis(ndarray::Axis(1));
-        let b = fwd.vjp_input_vec(u.view()).unwrap().insert_axis(ndarray::Axis(1));
-        prop_assert!(rel_diff(&a, &b) < 1e-12);
+        let a = col2(&jx.dot(&tx));
+        let bb = col2(&fwd.jvp_input_vec(tx.view()).unwrap());
+        let r = within(&a, &bb, &(col2(&magx.dot(&tx.mapv(f64::abs))) * g2));
+        prop_assert!(r.is_ok(), "J_X t: {}", r.unwrap_err());
+        let a = col2(&jx.t().dot(&u));
+        let bb = col2(&fwd.vjp_input_vec(u.view()).unwrap());
+        let r = within(&a, &bb, &(col2(&magx.t().dot(&u.mapv(f64::abs))) * g2));
+        prop_assert!(r.is_ok(), "J_Xᵀ u: {}", r.unwrap_err());
 
-        // Matrix forms equal the vec forms.
+        // Matrix forms equal the vec forms: the vec form calls the matrix form and only
+        // reshapes (exact).
         let g = kappa_linalg::unvec(u.view(), n, k).unwrap();
         let grads = fwd.vjp_weights(g.view()).unwrap();
         prop_assert_eq!(grads.to_vec(), fwd.vjp_weights_vec(u.view()).unwrap());
@@ -211,37 +648,81 @@ proptest! {
 
     /// T2: Λ is symmetric PSD with eigenvalues in [0, 1/2], exactly N zero eigenvalues for a
     /// generic P, annihilates the row-shift directions vec(e_i 1ᵀ) = 1_N ⊗ e_i, and the blockwise
-    /// spectrum and matrix-free product agree with the dense Λ.
+    /// spectrum and matrix-free product agree with the dense Λ — each within derived rounding
+    /// bounds.
     #[test]
     fn t2_softmax_jacobian_structure(n in 1usize..=8, seed in any::<u64>()) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let s = gaussian(&mut rng, n, n, 1.0);
         let p = softmax_rows(s.view(), false).unwrap();
         let lambda = softmax_jacobian_dense(p.view()).unwrap();
+        // Exact: entry (a, c) and (c, a) are both fl(δ_ac p_a − fl(p_a p_c)), and IEEE
+        // multiplication commutes.
         prop_assert!(max_abs_diff(&lambda, &lambda.t().to_owned()) == 0.0);
+        // Λ̂ vs the exact Λ(p̃) of the probability vectors p̃_i = p̂_i/Σp̂_i, for which the
+        // claims hold exactly. (1) Entries: |Λ̂ − Λ(p̂)| ≤ γ₂(p_a δ_ac + p_a p_c) =: E.
+        // (2) p̂ = (1 + ε_i) p̃ gives J(p̂) − J(p̃) = ε diag(p̃) − (2ε + ε²) p̃p̃ᵀ, of 2-norm
+        // ≤ 3|ε| + ε²; |ε_i| ≤ |fl(Σp̂_i) − 1| + γ_N (the sum's own rounding). Λ is block
+        // diagonal, so ‖Λ(p̂) − Λ(p̃)‖₂ = max_i. Hence ‖Λ̂ − Λ(p̃)‖₂ ≤ ‖E‖_F + max_i(3|ε_i| + ε_i²).
+        let labs = Array2::from_shape_fn((n * n, n * n), |(r, c)| {
+            let (a, i, cc, i2) = (r / n, r % n, c / n, c % n);
+            if i != i2 { 0.0 } else { p[[i, a]] * (if a == cc { 1.0 } else { 0.0 } + p[[i, cc]]) }
+        });
+        let eps: Vec<f64> = p.rows().into_iter().map(|r| (r.sum() - 1.0).abs() + gamma(n, U)).collect();
+        let shift_norm = eps.iter().map(|e| 3.0 * e + e * e).fold(0.0, f64::max);
+        let dist = frob(&labs) * gamma(2, U) + shift_norm;
         let eig = sv(&lambda); // = eigenvalues, if PSD; check PSD via xᵀΛx ≥ 0 below
-        prop_assert!(eig[0] <= 0.5 + 1e-15, "largest eigenvalue {}", eig[0]);
-        let tau = 1e-12;
+        // Weyl: |σ̂_i − λ_i(Λ(p̃))| ≤ dist + the SVD's own error.
+        let slack = dist + svd_err(n * n, n * n, eig[0]);
+        prop_assert!(eig[0] <= 0.5 + slack, "largest eigenvalue {} > 1/2 + {slack:e}", eig[0]);
+        // Exactly N zeros: Λ(p̃) has N zero eigenvalues, and by interlacing for the rank-one
+        // update diag(p̃_i) − p̃_i p̃_iᵀ its other eigenvalues are ≥ min_j p̃_ij. So with
+        // τ = slack, the σ̂ ≤ τ are exactly the N zeros once min p̃ > 2τ (checked first: P is the
+        // softmax of N(0, 1) scores, min p ≳ e^{−12}/8 ≫ τ ≈ 1e-13).
+        let tau = slack;
+        let min_p = p.iter().copied().fold(f64::INFINITY, f64::min) / (1.0 + eps.iter().copied().fold(0.0, f64::max));
+        prop_assert!(n == 1 || min_p > 2.0 * tau, "min p = {min_p:e} not resolved above τ = {tau:e}");
         let zeros = eig.iter().filter(|&&e| e <= tau).count();
         prop_assert_eq!(zeros, n, "zero eigenvalues");
         for _ in 0..4 {
             let v = gaussian(&mut rng, n * n, 1, 1.0).column(0).to_owned();
-            prop_assert!(v.dot(&lambda.dot(&v)) >= -1e-14);
+            // xᵀΛ(p̃)x ≥ 0 exactly; the computed form is within dist·‖x‖² + γ_{2N²}|x|ᵀ|Λ̂||x|
+            // (a matrix–vector product and a dot product of N² terms each).
+            let va = v.mapv(f64::abs);
+            let tol = dist * v.dot(&v) + gamma(2 * n * n, U) * va.dot(&labs.dot(&va));
+            let qf = v.dot(&lambda.dot(&v));
+            prop_assert!(qf >= -tol, "xᵀΛx = {qf:e} < −{tol:e}");
         }
         for i in 0..n {
             let mut shift = Array2::<f64>::zeros((n, n));
             shift.row_mut(i).fill(1.0);
             let r = lambda.dot(&colvec(&shift));
-            prop_assert!(r.iter().all(|x| x.abs() < 1e-15));
+            // Entry a·N + i is Σ_c Λ̂[(a,i),(c,i)] (other entries are exact zeros). Exactly
+            // Σ_c J_i(p̂)[a, c] = −p̂_a ε_i; plus the entries' rounding Σ_c E and the sum's
+            // γ_{N²}·Σ_c|Λ̂| (N² terms, most of them 0).
+            for a in 0..n {
+                let row = labs.row(a * n + i).sum();
+                let tol = (gamma(n * n, U) + gamma(2, U)) * row + p[[i, a]] * eps[i];
+                let got = r[a * n + i];
+                prop_assert!(got.abs() <= tol, "Λ(1 ⊗ e_{i})[{a}] = {got:e} > {tol:e}");
+            }
         }
         let blockwise = softmax_jacobian_singular_values(p.view()).unwrap().to_vec();
+        // The blocks have bitwise the same entries as Λ̂ (same expression), so the two sorted
+        // spectra are within the two SVDs' errors: N²×N² and N×N (σ₁ of a block ≤ σ₁(Λ̂)).
+        let tol = svd_err(n * n, n * n, eig[0]) + svd_err(n, n, eig[0]);
         for (a, b) in blockwise.iter().zip(&eig) {
-            prop_assert!((a - b).abs() < 1e-14);
+            prop_assert!((a - b).abs() <= tol, "blockwise {a} vs dense {b}");
         }
         let ds = gaussian(&mut rng, n, n, 1.0);
         let mf = softmax_jacobian_apply(p.view(), ds.view()).unwrap();
         let dense = lambda.dot(&colvec(&ds));
-        prop_assert!((colvec(&mf) - dense).iter().all(|x| x.abs() < 1e-14));
+        // Same monomials p_a ds_a − p_a Σ_c p_c ds_c, magnitude |Λ̂|·|vec ds|. Roundings:
+        // dense — entry (2) and N² terms; matrix-free — P ⊙ dS (1), the row sum (N), p·sum (1),
+        // the subtraction (1).
+        let tol = labs.dot(&colvec(&ds).mapv(f64::abs)) * (gamma(n * n + 2, U) + gamma(n + 3, U));
+        let r = within(&col2(&colvec(&mf)), &col2(&dense), &col2(&tol));
+        prop_assert!(r.is_ok(), "matrix-free Λ·ds: {}", r.unwrap_err());
     }
 }
 
@@ -253,7 +734,7 @@ proptest! {
     #![proptest_config(cfg(96))]
 
     /// T3: the row-major Jacobian (rows i·k + c, columns d·k + e) has the same singular values as
-    /// the column-major one (to 1e-8 relative to σ₁).
+    /// the column-major one, within the two SVDs' error bounds.
     #[test]
     fn t3_convention_invariance((n, d, k) in dims(), seed in any::<u64>()) {
         let inst = instance(n, d, k, seed, 0.5, AttentionOptions::default());
@@ -267,41 +748,68 @@ proptest! {
             j[[i + c * n, block * dk + dd + e * d]]
         });
         let (a, b) = (sv(&j), sv(&row_major));
+        // The two matrices are exact permutations of each other (same singular values); each
+        // SVD is within svd_err(Nk, 3Dk, σ₁) of them.
+        let tol = 2.0 * svd_err(n * k, 3 * dk, a[0]);
         for (x, y) in a.iter().zip(&b) {
-            prop_assert!((x - y).abs() <= 1e-8 * a[0].max(1e-300));
+            prop_assert!((x - y).abs() <= tol, "{x} vs {y}, tol {tol:e}");
         }
     }
 
-    /// T4: J annihilates the gauge directions (W_Q E, −W_K Eᵀ, 0) to 1e-10·‖J‖, so
-    /// rank J ≤ min(Nk, 3Dk − k²); and rank J_K ≤ k(N − 1) for N ≤ D (row shifts).
+    /// T4: J annihilates the gauge directions (W_Q E, −W_K Eᵀ, 0) up to the derived rounding
+    /// bound, so rank J ≤ min(Nk, 3Dk − k²); rank J_K ≤ k(N − 1) for N ≤ D (row shifts); and for
+    /// N > 3D − k the smallest singular value of J is at rounding level (κ(J) = ∞).
     #[test]
     fn t4_gauge_null_space((n, d, k) in dims(), seed in any::<u64>(), causal in any::<bool>()) {
         let inst = instance(n, d, k, seed, 0.5, options(false, causal));
         let fwd = inst.head.forward(inst.x.view()).unwrap();
+        let b = fwd_bounds(&fwd, d, U, 0.0);
         let j = fwd.jacobian_weights().unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_add(1));
         let e = gaussian(&mut rng, k, k, 1.0);
         let (wq, wk, _) = inst.head.weights();
-        let r = j.q.dot(&colvec(&wq.dot(&e))) - j.k.dot(&colvec(&wk.dot(&e.t())));
-        let norm = sv(&j.full().unwrap())[0];
-        prop_assert!(r.iter().all(|x| x.abs() <= 1e-10 * norm.max(1e-300)));
+        let (tq, tk) = (wq.dot(&e), wk.dot(&e.t()));
+        let r = j.q.dot(&colvec(&tq)) - j.k.dot(&colvec(&tk));
+        // The exact Jacobian J* at the exact point satisfies J*_Q t*_Q = J*_K t*_K. Computed:
+        // |fl(Ĵ t̂) − J* t*| ≤ (γ_{Dk} + γ_k)·|J|·|W||E| (the product and t̂ = fl(W E)) +
+        // |Ĵ − J*|·|W||E| (`jac_err`), per block; ×2 for the first-order terms, + u|r| for the
+        // subtraction.
+        let m = mj(&b.p, &b.ax, &b.aq, &b.ak, &b.av, b.s);
+        let ej = jac_err(&b, U);
+        let ta = [colvec(&absm(wq).dot(&absm(e.view()))), colvec(&absm(wk).dot(&absm(e.t())))];
+        let g = gamma(d * k, U) + gamma(k, U);
+        let tol = ((m[0].dot(&ta[0]) + m[1].dot(&ta[1])) * g + ej[0].dot(&ta[0]) + ej[1].dot(&ta[1])) * 2.0
+            + r.mapv(|x| U * x.abs());
+        let r = within(&col2(&r), &col2(&Array1::zeros(n * k)), &col2(&tol));
+        prop_assert!(r.is_ok(), "gauge residual: {}", r.unwrap_err());
         let c = fwd.jacobian_conditioning().unwrap();
         prop_assert_eq!(c.full_rank_bound, full_rank_bound(n, d, k));
-        // Ranks at a relative threshold of 1e-9: the entries of J come from cancellations
-        // (diag(p) − ppᵀ), so an exact zero singular value can land slightly above numpy's
-        // max(m, n)·ε·σ₁ threshold.
-        let rank = |m: &Array2<f64>| {
+        // Ranks at the derived threshold τ = 2‖Ĵ − J*‖_F bound + svd_err: by Weyl the singular
+        // values of Ĵ beyond rank J* are ≤ ‖Ĵ − J*‖₂ + the SVD's error ≤ τ, so
+        // #{σ̂ > τ} ≤ rank J*.
+        let full = j.full().unwrap();
+        let efull = ndarray::concatenate(ndarray::Axis(1), &[ej[0].view(), ej[1].view(), ej[2].view()]).unwrap();
+        let rank = |m: &Array2<f64>, err: &Array2<f64>| {
             let s = sv(m);
-            s.iter().filter(|&&x| x > 1e-9 * s[0]).count()
+            let tau = 2.0 * frob(err) + svd_err(m.nrows(), m.ncols(), s[0]);
+            (s.iter().filter(|&&x| x > tau).count(), s, tau)
         };
-        prop_assert!(rank(&j.full().unwrap()) <= full_rank_bound(n, d, k));
-        prop_assert!(rank(&j.k) <= k_rank_bound(n, d, k), "rank J_K = {} > {}", rank(&j.k), k_rank_bound(n, d, k));
+        let (rank_j, s, tau) = rank(&full, &efull);
+        prop_assert!(rank_j <= full_rank_bound(n, d, k));
+        let (rank_k, _, _) = rank(&j.k, &ej[1]);
+        prop_assert!(rank_k <= k_rank_bound(n, d, k), "rank J_K = {} > {}", rank_k, k_rank_bound(n, d, k));
         if n > 3 * d - k {
-            prop_assert!(c.full.kappa.is_infinite());
+            // Nk > rank J*: J* has a zero singular value, so σ̂_min ≤ τ. (The crate's κ = ∞ is
+            // the numpy rule σ̂_min ≤ max(m, n)·ε·σ̂₁, a threshold below the proven τ; that it
+            // reports ∞ here is observed, not derivable.)
+            let smin = s[s.len() - 1];
+            prop_assert!(smin <= tau, "σ_min = {smin:e} > τ = {tau:e}");
+            prop_assert!(c.full.kappa >= s[0] / tau, "κ(J) = {}", c.full.kappa);
         }
     }
 
-    /// T5: κ(∂A/∂W_V) = κ(P X) ≤ κ(P) κ(X) (a hard inequality).
+    /// T5: κ(∂A/∂W_V) = κ(P X) (within both SVDs' resolution of κ) ≤ κ(P) κ(X) (a hard
+    /// inequality, checked up to the resolution of the three computed κ).
     #[test]
     fn t5_v_block((n, d, k) in dims(), seed in any::<u64>(), scaled in any::<bool>()) {
         let inst = instance(n, d, k, seed, 0.5, options(scaled, false));
@@ -310,10 +818,25 @@ proptest! {
         let p = fwd.attention_matrix().to_owned();
         let px = p.dot(&inst.x);
         let (kv, kpx) = (kappa(&jv), kappa(&px));
-        if kpx.is_finite() {
-            prop_assert!((kv - kpx).abs() <= 1e-8 * kpx, "κ(J_V) = {kv}, κ(PX) = {kpx}");
+        // J_V = I_k ⊗ fl(P̂X), the test's PX = fl(P̂X): both within E = γ_N P̂|X| of P̂X, whose
+        // singular values J_V repeats k times. So every σ̂ is within ‖E‖_F + svd_err of σ(P̂X),
+        // and each κ̂ within `kappa_rel_err` of κ(P̂X).
+        let s1 = sv(&px)[0];
+        let e_px = frob(&(p.dot(&absm(inst.x.view())) * gamma(n, U)));
+        let rho_v = kappa_rel_err(kv, (e_px + svd_err(n * k, d * k, s1)) / s1);
+        let rho_px = kappa_rel_err(kpx, (e_px + svd_err(n, d, s1)) / s1);
+        if rho_v.is_finite() && rho_px.is_finite() {
+            prop_assert!((kv - kpx).abs() <= kpx * (rho_v + rho_px), "κ(J_V) = {kv}, κ(PX) = {kpx}");
         }
-        prop_assert!(kpx <= kappa(&p) * kappa(&inst.x) * (1.0 + 1e-10));
+        // κ(P̂X) ≤ κ(P̂)κ(X) exactly (σ₁(PX) ≤ σ₁(P)σ₁(X), σ_min(PX) ≥ σ_N(P)σ_min(X)); with
+        // κ̂_PX ≤ κ(1 + ρ_PX) and κ ≤ κ̂/(1 − ρ) for P and X (exact inputs: svd_err only).
+        let (kp, kx) = (kappa(&p), kappa(&inst.x));
+        let rho_p = kappa_rel_err(kp, svd_err(n, n, 1.0));
+        let rho_x = kappa_rel_err(kx, svd_err(n, d, 1.0));
+        if rho_px.is_finite() && rho_p < 1.0 && rho_x < 1.0 {
+            let bound = kp * kx * (1.0 + rho_px) / ((1.0 - rho_p) * (1.0 - rho_x));
+            prop_assert!(kpx <= bound, "κ(PX) = {kpx} > κ(P)κ(X)·(1 + ρ) = {bound}");
+        }
     }
 }
 
@@ -328,8 +851,8 @@ fn weight_dims() -> impl Strategy<Value = (usize, usize)> {
 proptest! {
     #![proptest_config(cfg(128))]
 
-    /// T7: C = σ₁ U Vᵀ gives κ(W + C) = 2σ₁/(σ₁ + σ_k) < 2 (relative error 1e-10), W + C has
-    /// singular values σ_i + σ₁ and W's singular vectors (up to sign).
+    /// T7: C = σ₁ U Vᵀ gives κ(W + C) = 2σ₁/(σ₁ + σ_k) < 2, W + C has singular values σ_i + σ₁
+    /// and W's singular vectors (up to sign) — each within the SVDs' error bounds.
     #[test]
     fn t7_svd_correction((d, k) in weight_dims(), seed in any::<u64>(), log_std in -3.0f64..3.0) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -338,29 +861,59 @@ proptest! {
         let wc = c.apply(w.view()).unwrap();
         let closed = c.corrected_kappa();
         let measured = kappa(&wc);
-        prop_assert!((measured - closed).abs() <= 1e-10 * closed, "{measured} vs {closed}");
-        prop_assert!(measured < 2.0);
         let s = sv(&w);
-        let sc = sv(&wc);
-        for (a, b) in s.iter().zip(&sc) {
-            prop_assert!((a + s[0] - b).abs() <= 1e-12 * s[0]);
+        // Backward stability: W + E = U_o Σ̂ V_oᵀ with U_o, V_o orthonormal, ‖E‖ ≤ e₁ :=
+        // svd_err(D, k, σ₁), and the computed Û, V̂ within ν = svd_err(D, k, 1) of U_o, V_o.
+        // So W + fl(σ̂₁ÛV̂ᵀ) = U_o(Σ̂ + σ̂₁)V_oᵀ + Δ, ‖Δ‖ ≤ δ_C := e₁ + 2νσ₁ (ÛV̂ᵀ vs U_oV_oᵀ)
+        // + γ_k√k·σ₁ (the product Û·V̂ᵀ and the scaling) + u‖W + C‖_F (the addition).
+        let e1 = svd_err(d, k, s[0]);
+        let nu = svd_err(d, k, 1.0);
+        let delta_c = e1 + 2.0 * nu * s[0] + gamma(k + 1, U) * (k as f64).sqrt() * s[0] + U * frob(&wc);
+        // The measured κ's SVD adds svd_err(D, k, 2σ₁) to every σ; the closed form uses σ̂ from
+        // its own SVD (within 2e₁ of the test's). Numerator ≈ 2σ₁, denominator ≥ σ₁: relative
+        // error ≤ 1.5·δ/σ₁ to first order (×2 headroom), + 3u for the closed form's arithmetic.
+        let delta = delta_c + svd_err(d, k, 2.0 * s[0]) + 2.0 * e1;
+        let rel = 2.0 * 1.5 * delta / s[0] + 3.0 * U;
+        prop_assert!((measured - closed).abs() <= rel * closed, "{measured} vs {closed}, rel {rel:e}");
+        // κ < 2 is strict in exact arithmetic; decidable when 2 − closed exceeds the resolution.
+        if closed * (1.0 + rel) < 2.0 {
+            prop_assert!(measured < 2.0);
         }
-        // Singular vectors: |⟨u_i, u'_i⟩| = 1 where the σ_i are well separated.
+        let sc = sv(&wc);
+        // σ_i(W + C) = σ̂_i + σ̂₁ ± δ_C; the test's σ̂ of W (e₁, twice: σ_i and σ₁) and of W + C
+        // (svd_err(D, k, 2σ₁)); u for the test's own addition.
+        let tol = delta_c + 2.0 * e1 + svd_err(d, k, 2.0 * s[0]) + 2.0 * U * s[0];
+        for (a, b) in s.iter().zip(&sc) {
+            prop_assert!((a + s[0] - b).abs() <= tol, "σ + σ₁ = {} vs {b}, tol {tol:e}", a + s[0]);
+        }
+        // Singular vectors: W and W + C share U_o, V_o up to δ_C, and W + C has W's gaps.
+        // Wedin: the computed i-th vector of each is within angle θ ≤ √2·η/gap_i of U_o's, with
+        // η = e₁ (W) and δ_C + svd_err(D, k, 2σ₁) (W + C), gap_i = distance of σ_i to the other
+        // σ_j (and to 0 for U when D > k), plus ν each for orthonormality. So
+        // 1 − |⟨u, u'⟩| ≤ θ²/2 + 2ν + γ_D (the dot product), checked wherever θ < 1.
         let f = svd_thin(w.view(), SvdDriver::default()).unwrap();
         let g = svd_thin(wc.view(), SvdDriver::default()).unwrap();
         for i in 0..s.len() {
-            let gap = s.iter().enumerate().filter(|&(j, _)| j != i)
+            let gap_v = s.iter().enumerate().filter(|&(j, _)| j != i)
                 .map(|(_, x)| (x - s[i]).abs()).fold(f64::INFINITY, f64::min);
-            if gap > 1e-3 * s[0] {
-                let dot = f.u.column(i).dot(&g.u.column(i)).abs();
-                prop_assert!((dot - 1.0).abs() < 1e-8, "u_{i}: |⟨u, u'⟩| = {dot}");
-                let dot = f.vt.row(i).dot(&g.vt.row(i)).abs();
-                prop_assert!((dot - 1.0).abs() < 1e-8, "v_{i}: |⟨v, v'⟩| = {dot}");
+            let gap_u = if d > k { gap_v.min(s[i]) } else { gap_v };
+            for (gap, which) in [(gap_u, "u"), (gap_v, "v")] {
+                let theta = 2f64.sqrt() * (e1 + delta_c + svd_err(d, k, 2.0 * s[0])) / gap + 2.0 * nu;
+                if theta < 1.0 {
+                    let dot = if which == "u" {
+                        f.u.column(i).dot(&g.u.column(i)).abs()
+                    } else {
+                        f.vt.row(i).dot(&g.vt.row(i)).abs()
+                    };
+                    let tol = theta * theta / 2.0 + 2.0 * nu + gamma(d, U);
+                    prop_assert!((dot - 1.0).abs() <= tol, "{which}_{i}: |⟨·, ·'⟩| = {dot}, tol {tol:e}");
+                }
             }
         }
     }
 
-    /// T8: for λ > σ_max, κ(W + λE_k) ≤ (λ + σ_max)/(λ − σ_max) (Weyl).
+    /// T8: for λ > σ_max, κ(W + λE_k) ≤ (λ + σ_max)/(λ − σ_max) (Weyl), up to the resolution of
+    /// the computed σ_max and κ.
     #[test]
     fn t8_weyl_bound((d, k) in weight_dims(), seed in any::<u64>(), log_std in -2.0f64..1.0, factor in 1.001f64..20.0) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -368,13 +921,16 @@ proptest! {
         let a = sv(&w)[0];
         let shift = IdentityShift::new(factor * a).unwrap();
         let bound = shift.weyl_bound(a).unwrap();
-        let got = kappa(&shift.apply(w.view()).unwrap());
-        prop_assert!(got <= bound * (1.0 + 1e-12), "κ = {got} > {bound}");
+        let shifted = shift.apply(w.view()).unwrap();
+        let got = kappa(&shifted);
+        let tol = weyl_tolerance(&w, &shifted, shift.lambda(), a, bound, got);
+        prop_assert!(got <= bound * (1.0 + tol), "κ = {got} > {bound}·(1 + {tol:e})");
+        // Exact: weyl_bound returns None iff λ ≤ σ_max (here λ = σ_max/2).
         prop_assert!(IdentityShift::new(0.5 * a).unwrap().weyl_bound(a).is_none());
     }
 
     /// T9: λ > σ_max (κ+1)/(κ−1) ⇒ κ(W + λE_k) < κ(W); the SufficientDecrease policy picks such
-    /// a λ and TargetKappa meets its target.
+    /// a λ and TargetKappa meets its target (up to the resolution of σ_max and κ).
     #[test]
     fn t9_sufficient_condition_decreases_kappa(
         (d, k) in weight_dims(), seed in any::<u64>(), log_std in -2.0f64..1.0,
@@ -383,29 +939,59 @@ proptest! {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let w = gaussian(&mut rng, d, k, 10f64.powf(log_std));
         let kw = kappa(&w);
-        prop_assume!(kw > 1.0 + 1e-9);
+        // κ(W) > 1 must be resolved: κ̂ − 1 beyond κ̂'s own error (k = 1 gives κ = 1 exactly).
+        prop_assume!(kw - 1.0 > 2.0 * kw * kappa_rel_err(kw, svd_err(d, k, 1.0)));
         let lambda = LambdaPolicy::SufficientDecrease { margin }.choose(w.view()).unwrap();
         let shift = IdentityShift::new(lambda).unwrap();
+        // Exact logic on the same internal σ̂, κ̂: λ = (1 + margin)·threshold, margin ≥ 1e-6 ≫ u.
         prop_assert!(shift.guarantees_decrease(w.view()).unwrap());
-        let got = kappa(&shift.apply(w.view()).unwrap());
-        prop_assert!(got < kw, "κ(W + λE) = {got} ≥ κ(W) = {kw} at λ = {lambda}");
+        let shifted = shift.apply(w.view()).unwrap();
+        let got = kappa(&shifted);
+        let a = sv(&w)[0];
+        let weyl = shift.weyl_bound(a).unwrap();
+        let tol = weyl_tolerance(&w, &shifted, lambda, a, weyl, got);
+        // The decrease goes through Weyl: κ̂(W + λE) ≤ weyl·(1 + tol) (derived), and the margin
+        // puts weyl below κ(W); decidable when weyl·(1 + tol) < κ̂(W)·(1 − ρ) — the instances
+        // where it is not (κ(W) − 1 ≲ 1e-6, where the gap is margin·(κ − 1)) are skipped.
+        prop_assert!(got <= weyl * (1.0 + tol), "κ(W + λE) = {got} > Weyl {weyl}");
+        let rho_w = kappa_rel_err(kw, svd_err(d, k, 1.0));
+        if weyl * (1.0 + tol) < kw * (1.0 - rho_w) {
+            prop_assert!(got < kw, "κ(W + λE) = {got} ≥ κ(W) = {kw} at λ = {lambda}");
+        }
         let lt = LambdaPolicy::TargetKappa(target).choose(w.view()).unwrap();
-        let got = kappa(&IdentityShift::new(lt).unwrap().apply(w.view()).unwrap());
-        prop_assert!(got <= target * (1.0 + 1e-12), "κ = {got} > target {target}");
+        let st = IdentityShift::new(lt).unwrap();
+        let shifted = st.apply(w.view()).unwrap();
+        let got = kappa(&shifted);
+        let weyl = st.weyl_bound(a).unwrap();
+        let tol = weyl_tolerance(&w, &shifted, lt, a, weyl, got);
+        // λ_t = σ̂ (t + 1)/(t − 1) from the policy's σ̂ (within 2svd_err of the test's a), so the
+        // Weyl value at a is t up to the sensitivity 2λa/((λ − a)(λ + a)) of the bound to a,
+        // times 2svd_err/a, plus 4u for the arithmetic.
+        let sens = 2.0 * lt * a / ((lt - a) * (lt + a));
+        let t_tol = sens * 2.0 * svd_err(d, k, 1.0) + 4.0 * U;
+        prop_assert!(weyl <= target * (1.0 + t_tol), "Weyl at λ_t = {weyl} vs target {target}");
+        prop_assert!(got <= weyl * (1.0 + tol), "κ = {got} > target {target}");
     }
 
-    /// T11: κ(W + λE_k) → 1: below 1.001 at λ = 10⁴·σ_max.
+    /// T11: κ(W + λE_k) → 1: at λ = 10⁴·σ_max it is at most Weyl's (10⁴ + 1)/(10⁴ − 1) ≈ 1.0002
+    /// (up to the resolution of σ_max and κ).
     #[test]
     fn t11_large_lambda_limit((d, k) in weight_dims(), seed in any::<u64>(), log_std in -3.0f64..3.0) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let w = gaussian(&mut rng, d, k, 10f64.powf(log_std));
         let a = sv(&w)[0];
-        let got = kappa(&IdentityShift::new(1e4 * a).unwrap().apply(w.view()).unwrap());
+        let shift = IdentityShift::new(1e4 * a).unwrap();
+        let shifted = shift.apply(w.view()).unwrap();
+        let got = kappa(&shifted);
+        let weyl = shift.weyl_bound(a).unwrap();
+        let tol = weyl_tolerance(&w, &shifted, shift.lambda(), a, weyl, got);
+        prop_assert!(got <= weyl * (1.0 + tol), "κ = {got} > {weyl}·(1 + {tol:e})");
         prop_assert!(got < 1.001, "κ = {got}");
     }
 
     /// T12: for the block E_h at rows h·k.., Π(W + λE_h) = ΠW + λE_k exactly for the row
-    /// permutation Π moving rows h·k.. to 0.., and κ(W + λE_h) = κ(ΠW + λE_k) (to 1e-12).
+    /// permutation Π moving rows h·k.. to 0.., and κ(W + λE_h) = κ(ΠW + λE_k) within both SVDs'
+    /// resolution of κ.
     #[test]
     fn t12_layout_equivalence(heads in 1usize..=4, k in 1usize..=3, extra in 0usize..=3,
                               h_pick in 0usize..4, seed in any::<u64>(), lambda in 0.0f64..10.0) {
@@ -419,10 +1005,37 @@ proptest! {
         let permute = |m: &Array2<f64>| Array2::from_shape_fn(m.dim(), |(r, c)| m[[order[r], c]]);
         let lhs = permute(&shifted);
         let rhs = IdentityShift::new(lambda).unwrap().apply(permute(&w).view()).unwrap();
+        // Exact: the same entries w + λ (one rounding each), permuted.
         prop_assert_eq!(&lhs, &rhs);
+        // Same singular values exactly (row permutation); each κ̂ within kappa_rel_err.
         let (a, b) = (kappa(&shifted), kappa(&rhs));
-        prop_assert!((a - b).abs() <= 1e-12 * a.max(1.0) || (a.is_infinite() && b.is_infinite()));
+        let e = svd_err(d, k, 1.0);
+        let (ra, rb) = (kappa_rel_err(a, e), kappa_rel_err(b, e));
+        if ra.is_finite() && rb.is_finite() {
+            prop_assert!((a - b).abs() <= a * (ra + rb), "κ = {a} vs {b}");
+        }
     }
+}
+
+/// The relative tolerance of "κ̂(fl(W + λE)) ≤ weyl": Weyl's bound holds exactly for the exact
+/// σ_max; fl(W + λE) = W + λE + Δ with ‖Δ‖ ≤ u‖W + λE‖_F, and the test's σ̂_max (`a`) is within
+/// svd_err of σ_max, so the exact κ of the computed matrix is ≤ (λ + a + e)/(λ − a − e),
+/// e = svd_err + ‖Δ‖. Relative to the computed `weyl` (4u of arithmetic), times the measured κ̂'s
+/// resolution `kappa_rel_err`.
+fn weyl_tolerance(
+    w: &Array2<f64>,
+    shifted: &Array2<f64>,
+    lambda: f64,
+    a: f64,
+    weyl: f64,
+    got: f64,
+) -> f64 {
+    let (d, k) = w.dim();
+    let e = svd_err(d, k, a) + U * frob(shifted);
+    let b_e = (lambda + a + e) / (lambda - a - e);
+    let s1 = sv(shifted)[0];
+    let rho = kappa_rel_err(got, svd_err(d, k, s1) / s1);
+    (b_e / weyl) * (1.0 + 4.0 * U) * (1.0 + rho) - 1.0
 }
 
 /// T10 (regression): λ·I_k is not monotone. W with top block −I + 0.01·noise and bottom rows
@@ -438,12 +1051,15 @@ fn t10_identity_shift_can_make_kappa_worse() {
     }
     let before = kappa(&w);
     let after = kappa(&IdentityShift::new(1.0).unwrap().apply(w.view()).unwrap());
+    // Claim thresholds, not tolerances: measured κ(W) = 1.0517 and κ(W + I_k) = 4.0165, margins
+    // of 4% and 27% against κ resolutions kappa_rel_err ≈ 1e-13.
     assert!(before < 1.1, "κ(W) = {before}");
     assert!(
         after > 3.0 * before,
         "κ(W + I_k) = {after}, κ(W) = {before}"
     );
-    // λ = 1 ≈ σ_max: neither guarantee applies.
+    // λ = 1 ≈ σ_max: neither guarantee applies (exact logic: λ = 1 < σ̂_max ≈ 1.03 for Weyl; the
+    // decrease threshold σ_max(κ + 1)/(κ − 1) ≈ 40 ≫ 1).
     let shift = IdentityShift::new(1.0).unwrap();
     assert!(!shift.guarantees_decrease(w.view()).unwrap());
     assert!(shift.weyl_bound(sv(&w)[0]).is_none());
@@ -456,7 +1072,8 @@ fn t10_identity_shift_can_make_kappa_worse() {
 proptest! {
     #![proptest_config(cfg(96))]
 
-    /// T13: X (W + λE) == X W + λ X[:, block] (1e-12 relative), for the single-head projection,
+    /// T13: X (W + λE) == X W + λ X[:, block] (within both evaluations' rounding bounds), for
+    /// the single-head projection,
     /// the SelfAttention forward, and the fused multi-head form X(W + λI_D) == X W + λX; and both
     /// multi-head layouts equal per-head attention at the materialized W^h + λE_h.
     #[test]
@@ -471,7 +1088,15 @@ proptest! {
         let shift = IdentityShift::new(lambda).unwrap();
         let cheap = shift.project(x.view(), w.view()).unwrap();
         let dense = x.dot(&shift.apply(w.view()).unwrap());
-        prop_assert!(rel_diff(&cheap, &dense) < 1e-12);
+        // Same monomials Σ_d X_id W_dc + λX_i,off+c, magnitude |X||W| + λ|X|E. Roundings:
+        // cheap — the D-term product, λ·X and the addition (D + 2); materialized — W + λE (1)
+        // and the product (D + 1).
+        let proj_tol = |w: &Array2<f64>, e: &Array2<f64>| {
+            (absm(x.view()).dot(&absm(w.view())) + absm(x.view()).dot(e) * lambda)
+                * (gamma(d + 2, U) + gamma(d + 1, U))
+        };
+        let r = within(&cheap, &dense, &proj_tol(&w, &block_identity::<f64>(d, k, 0).unwrap()));
+        prop_assert!(r.is_ok(), "project: {}", r.unwrap_err());
 
         let hk = heads * k;
         let fused = [gaussian(&mut rng, d, hk, 0.3), gaussian(&mut rng, d, hk, 0.3), gaussian(&mut rng, d, hk, 0.3)];
@@ -487,12 +1112,15 @@ proptest! {
             }
             for (p, w) in proj.iter().zip(&fused) {
                 let materialized = x.dot(&(w + &(&e * lambda)));
-                prop_assert!(rel_diff(p, &materialized) < 1e-12);
+                let r = within(p, &materialized, &proj_tol(w, &e));
+                prop_assert!(r.is_ok(), "project_qkv: {}", r.unwrap_err());
             }
             if layout == HeadLayout::Shifted && extra == 0 {
-                // Fused D×D: X(W + λ I_D) == X W + λ X.
-                let lhs = x.dot(&(&fused[0] + &(Array2::<f64>::eye(d) * lambda)));
-                prop_assert!(rel_diff(&lhs, &(x.dot(&fused[0]) + &x * lambda)) < 1e-12);
+                // Fused D×D: X(W + λ I_D) == X W + λ X (the same bound, E = I_D).
+                let eye = Array2::<f64>::eye(d);
+                let lhs = x.dot(&(&fused[0] + &(&eye * lambda)));
+                let r = within(&lhs, &(x.dot(&fused[0]) + &x * lambda), &proj_tol(&fused[0], &eye));
+                prop_assert!(r.is_ok(), "fused: {}", r.unwrap_err());
             }
             let out = mha.forward(x.view()).unwrap();
             for h in 0..heads {
@@ -501,8 +1129,14 @@ proptest! {
                 let plain = SelfAttention::new(
                     &fused[0].slice(cols) + &eh, &fused[1].slice(cols) + &eh, &fused[2].slice(cols) + &eh, opts,
                 ).unwrap();
-                let expect = plain.forward(x.view()).unwrap().output().to_owned();
-                prop_assert!(rel_diff(&out.slice(cols).to_owned(), &expect) < 1e-12);
+                let pf = plain.forward(x.view()).unwrap();
+                let expect = pf.output().to_owned();
+                // Both are forward passes of the exact attention at W^h + λE_h, with projection
+                // depth D + 2 (cheap: product, λ·X, addition; materialized: W + λE, product):
+                // each within `ea`, so the difference within 2·ea (×2 first order).
+                let tol = fwd_bounds(&pf, d + 2, U, 0.0).ea * 4.0;
+                let r = within(&out.slice(cols).to_owned(), &expect, &tol);
+                prop_assert!(r.is_ok(), "head {h}: {}", r.unwrap_err());
             }
         }
     }
@@ -527,43 +1161,62 @@ proptest! {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 14);
         let g = gaussian(&mut rng, n, k, 1.0);
         let grads = plain.forward(inst.x.view()).unwrap().vjp_weights(g.view()).unwrap();
-        // L = ⟨G, A⟩; finite differences through the corrected head, whose constant C stays put.
+        // L = ⟨G, A⟩. Finite differences: for λI_k through the corrected head itself (cheap
+        // forward, plain weights perturbed); for the SVD correction, C is a constant, so
+        // ∂L/∂W = ∂L/∂(W + C) and the materialized W + C is perturbed (C stays put).
         let loss = |h: &SelfAttention<f64>| (&h.forward(inst.x.view()).unwrap().output() * &g).sum();
-        let eps = 1e-6;
         let (wq, wk, wv) = inst.head.weights();
         let ws = [wq.to_owned(), wk.to_owned(), wv.to_owned()];
+        let center = if svd { corrected.effective_weights() } else { ws.clone() };
         let expect = [&grads.q, &grads.k, &grads.v];
+        // Error model (as T1, `fd_error`), with f = L: derivative bounds Σ|G_ic|·M[i, c] from
+        // `fd_derivative_bounds` at the effective weights, evaluation rounding
+        // δ = Σ|G| ⊙ ea (forward depth D + 1: the cheap X W + λX or the materialized W + C)
+        // + γ_{Nk}·Σ|G||A| (the loss sum). The VJP: the same polynomial as Jᵀ vec G, with
+        // roundings gP = G Vᵀ (k), the softmax product (N + 3), gS K and Xᵀ· (2N), 1/s (2) —
+        // ≤ 3N + k + 8 — so its error is γ·|J|ᵀ|G| + |Ĵ − J|ᵀ|G| (`jac_err`). ×2 for the
+        // first-order terms.
+        let pf = plain.forward(inst.x.view()).unwrap();
+        let b = fwd_bounds(&pf, d + 1, U, 0.0);
+        let ga = colvec(&absm(g.view()));
+        let delta = (&g.mapv(f64::abs) * &b.ea).sum()
+            + gamma(n * k, U) * (&g.mapv(f64::abs) * &absm(pf.output())).sum();
+        let mags = mj(&b.p, &b.ax, &b.aq, &b.ak, &b.av, b.s);
+        let ej = jac_err(&b, U);
+        let gv = gamma(3 * n + k + 8, U);
         for which in 0..3 {
             let mut fd = Array2::<f64>::zeros((d, k));
+            let mut tol = Array2::<f64>::zeros((d, k));
+            let vjp_err = (mags[which].t().dot(&ga) * gv + ej[which].t().dot(&ga)).to_owned();
             for r in 0..d {
                 for c in 0..k {
-                    let eval = |delta: f64| {
-                        let mut m = ws.clone();
-                        m[which][[r, c]] += delta;
-                        let [a, b, cc] = m;
-                        let h = SelfAttention::new(a, b, cc, AttentionOptions::default()).unwrap();
-                        let h = match corrected.correction() {
-                            kappa_attention::Correction::Shift(s) => h.with_identity_shift(*s).unwrap(),
-                            // Keep the SVD correction fixed at its original C.
-                            _ => h,
-                        };
+                    let eval = |x: f64| {
+                        let mut m = center.clone();
+                        m[which][[r, c]] = x;
+                        let [a, bb, cc] = m;
+                        let h = SelfAttention::new(a, bb, cc, AttentionOptions::default()).unwrap();
                         if svd {
-                            let [ceq, cek, cev] = corrected.effective_weights();
-                            let cs = [&ceq - &ws[0], &cek - &ws[1], &cev - &ws[2]];
-                            let (a, b, cc) = h.weights();
-                            let h2 = SelfAttention::new(&a + &cs[0], &b + &cs[1], &cc + &cs[2], AttentionOptions::default()).unwrap();
-                            loss(&h2)
-                        } else {
                             loss(&h)
+                        } else {
+                            loss(&h.with_identity_shift(IdentityShift::new(lambda).unwrap()).unwrap())
                         }
                     };
-                    fd[[r, c]] = (eval(eps) - eval(-eps)) / (2.0 * eps);
+                    let l3 = |hh: f64| {
+                        let (m3, m2) = fd_derivative_bounds(&pf, which, r, c, hh);
+                        ((&m3 * &g.mapv(f64::abs)).sum(), (&m2 * &g.mapv(f64::abs)).sum())
+                    };
+                    let h = fd_step(delta, l3(0.0).0);
+                    let (m3, m2) = l3(h);
+                    let w0 = center[which][[r, c]];
+                    let (wp, wm) = (w0 + h, w0 - h);
+                    fd[[r, c]] = (eval(wp) - eval(wm)) / (wp - wm);
+                    tol[[r, c]] = 2.0
+                        * (fd_error(w0, h, wp, wm, m3, m2, delta, fd[[r, c]])
+                            + vjp_err[r + c * d]);
                 }
             }
-            let err = max_abs_diff(&fd, expect[which]) / max_abs(expect[which]).max(1e-3);
-            // FD truncation error grows with the corrected weights' scale (λ up to 3, or
-            // σ_max U Vᵀ), so 1e-5 here rather than T1's 1e-6.
-            prop_assert!(err < 1e-5, "projection {which}: {err:e}");
+            let res = within(&fd, expect[which], &tol);
+            prop_assert!(res.is_ok(), "projection {which}: {}", res.unwrap_err());
         }
     }
 }
@@ -576,7 +1229,9 @@ fn t15_flop_overhead_is_one_over_2d() {
         let f = identity_shift_flops(n, d, k);
         assert_eq!(f.extra_multiplies, (n * k) as u64);
         assert_eq!(f.projection_flops, (2 * n * d * k) as u64);
-        assert!((f.ratio - 1.0 / (2.0 * d as f64)).abs() < 1e-18);
+        // Exact: ratio = nk/(2·nk·d) with both operands exact integers in f64, so the one
+        // correctly rounded division gives fl(1/(2d)), as does the right-hand side.
+        assert_eq!(f.ratio, 1.0 / (2.0 * d as f64));
     }
 }
 
@@ -584,7 +1239,8 @@ fn t15_flop_overhead_is_one_over_2d() {
 // f32, diagnostics, errors
 // ---------------------------------------------------------------------------------------------
 
-/// The f32 path computes the same attention and Jacobian as f64, to f32 accuracy.
+/// The f32 path computes the same attention and Jacobian as f64, within the two passes'
+/// derived rounding bounds (u₃₂ and u).
 #[test]
 fn f32_agrees_with_f64() {
     let inst = instance(6, 8, 3, 7, 0.5, options(true, true));
@@ -593,8 +1249,20 @@ fn f32_agrees_with_f64() {
     let h32 = SelfAttention::new(to32(wq), to32(wk), to32(wv), inst.head.options()).unwrap();
     let f32fwd = h32.forward(to32(inst.x.view()).view()).unwrap();
     let f64fwd = inst.head.forward(inst.x.view()).unwrap();
+    let d = 8;
+    // The f32 pass: X and W rounded to f32 (relative u₃₂ each: two more roundings in the
+    // projections, and x_rel = u₃₂ for the tokens), then the same algorithm with u₃₂; the f64
+    // pass with u. Both against the exact pass at the f64 inputs; ×2 first order (magnitudes
+    // from the f64 pass).
+    let b32 = fwd_bounds(&f64fwd, d + 2, U32, U32);
+    let b64 = fwd_bounds(&f64fwd, d, U, 0.0);
     let a = f32fwd.output().mapv(f64::from);
-    assert!(rel_diff(&a, &f64fwd.output().to_owned()) < 1e-5);
+    let r = within(
+        &a,
+        &f64fwd.output().to_owned(),
+        &((&b32.ea + &b64.ea) * 2.0),
+    );
+    assert!(r.is_ok(), "output: {}", r.unwrap_err());
     let j32 = f32fwd
         .jacobian_weights()
         .unwrap()
@@ -602,7 +1270,12 @@ fn f32_agrees_with_f64() {
         .unwrap()
         .mapv(f64::from);
     let j64 = f64fwd.jacobian_weights().unwrap().full().unwrap();
-    assert!(rel_diff(&j32, &j64) < 1e-4);
+    let full = |e: [Array2<f64>; 3]| {
+        ndarray::concatenate(ndarray::Axis(1), &[e[0].view(), e[1].view(), e[2].view()]).unwrap()
+    };
+    let tol = (full(jac_err(&b32, U32)) + full(jac_err(&b64, U))) * 2.0;
+    let r = within(&j32, &j64, &tol);
+    assert!(r.is_ok(), "Jacobian: {}", r.unwrap_err());
 }
 
 /// The collapse derived in `docs/attention.md` ("Diagnostics"), as a property of the diagnostics: with LayerNorm-scaled tokens,
@@ -621,6 +1294,11 @@ fn large_lambda_collapses_attention_to_the_identity() {
     }
     let w = || gaussian(&mut ChaCha8Rng::seed_from_u64(5), d, k, 0.02);
     let head = SelfAttention::new(w(), w(), w(), options(true, false)).unwrap();
+    // The thresholds below are claim constants, not tolerances. Measured: plain mean entropy
+    // 5.143 against 0.95·ln 197 = 5.019, largest p ≈ 0.02 (no row near the 0.99 saturation
+    // threshold, so the count 0 is exact); collapsed: every row saturated, mean diagonal 1.0,
+    // mean entropy 8e-118, mean ‖J_i‖_F exactly 0. Every margin is ≥ 2% against rounding errors
+    // of order N·u ≈ 1e-13 in these quantities.
     let plain = head.forward(x.view()).unwrap().diagnostics().unwrap();
     assert!(plain.mean_entropy > 0.95 * plain.uniform_entropy);
     assert_eq!(plain.saturated_fraction, 0.0);
@@ -811,6 +1489,11 @@ struct T6Stats {
     structural_infinite: usize,
     /// The largest κ(J)/bound among failures with a finite κ(J).
     worst_finite_ratio: f64,
+    /// Trials whose verdict κ(J) ≤ bound is within the derived resolution of κ(J) and of the
+    /// bound, so that it could differ between machines.
+    undecided: usize,
+    /// Structural instances whose σ̂_min(J) is within the derived rounding level τ of J.
+    structural_singular: usize,
 }
 
 /// Draws the T6 instances: X ~ N(0, 1), W_• ~ N(0, σ²) with σ log-uniform in [0.1, 1], s = 1,
@@ -845,6 +1528,59 @@ fn t6_pass_rate(n_le_d: bool, trials: usize, seed: u64) -> T6Stats {
         let fwd: Forward<f64> = head.forward(x.view()).unwrap();
         let t = theorem_3_4(&fwd).unwrap();
         let structural = n * k > full_rank_bound(n, d, k);
+        // Resolution of κ(J): σ̂ within τ = 2‖Ĵ − J*‖_F bound (`jac_err`) + svd_err of J*'s.
+        let b = fwd_bounds(&fwd, d, U, 0.0);
+        let ej = jac_err(&b, U);
+        let full = fwd.jacobian_weights().unwrap().full().unwrap();
+        let sj = sv(&full);
+        let tau = 2.0 * (frob(&ej[0]).powi(2) + frob(&ej[1]).powi(2) + frob(&ej[2]).powi(2)).sqrt()
+            + svd_err(n * k, 3 * d * k, sj[0]);
+        st.structural_singular += usize::from(structural && sj[sj.len() - 1] <= tau);
+        // Intervals for the exact κ's: from σ̂ within e·σ₁, κ ∈ [κ̂(1 − e)/(1 + eκ̂),
+        // κ̂(1 + e)/(1 − eκ̂)] (upper end ∞ when eκ̂ ≥ 1; a reported κ̂ = ∞ only tells κ ≥ 1).
+        let interval = |kappa: f64, e: f64| {
+            if kappa.is_infinite() {
+                (1.0, f64::INFINITY)
+            } else {
+                let hi = if e * kappa < 1.0 {
+                    kappa * (1.0 + e) / (1.0 - e * kappa)
+                } else {
+                    f64::INFINITY
+                };
+                ((kappa * (1.0 - e) / (1.0 + e * kappa)).max(1.0), hi)
+            }
+        };
+        let (s1, smin) = (sj[0], sj[sj.len() - 1]);
+        let e = tau / s1;
+        let kj = (
+            ((1.0 - e) * s1 / (smin + e * s1)).max(1.0),
+            if smin > e * s1 {
+                (1.0 + e) * s1 / (smin - e * s1)
+            } else {
+                f64::INFINITY
+            },
+        );
+        // The bound κ(X)³κ⁺(Λ)κ(W_V)(κ(W_Q) + κ(W_K)) + κ(X)κ(P) is increasing in every κ; each
+        // κ of an exact input has e = svd_err(·, ·, 1), Λ's entries add 3γ₂ (as in T2); 8u for
+        // the arithmetic.
+        let ie = |kappa: f64, m: usize, nn: usize| interval(kappa, svd_err(m, nn, 1.0));
+        let kx = ie(t.kappa_x, n, d);
+        let kl = interval(
+            t.pseudo_kappa_lambda,
+            svd_err(n * n, n * n, 1.0) + 3.0 * gamma(2, U),
+        );
+        let (kq, kk, kv, kp) = (
+            ie(t.kappa_wq, d, k),
+            ie(t.kappa_wk, d, k),
+            ie(t.kappa_wv, d, k),
+            ie(t.kappa_p, n, n),
+        );
+        let rhs =
+            |x: f64, l: f64, q: f64, kk: f64, v: f64, p: f64| x.powi(3) * l * v * (q + kk) + x * p;
+        let rhs_lo = rhs(kx.0, kl.0, kq.0, kk.0, kv.0, kp.0) * (1.0 - 8.0 * U);
+        let rhs_hi = rhs(kx.1, kl.1, kq.1, kk.1, kv.1, kp.1) * (1.0 + 8.0 * U);
+        let decided = t.rhs.is_infinite() || kj.1 < rhs_lo || kj.0 > rhs_hi;
+        st.undecided += usize::from(!decided);
         st.structural += usize::from(structural);
         st.structural_infinite += usize::from(structural && t.jacobian.full.kappa.is_infinite());
         st.passes += usize::from(t.holds());
@@ -869,28 +1605,38 @@ fn t6_theorem_3_4_pass_rates() {
     let trials = 400;
     let a = t6_pass_rate(true, trials, 6);
     let b = t6_pass_rate(false, trials, 60);
-    let r1 = a.passes as f64 / a.trials as f64;
-    let r2 = b.passes as f64 / b.trials as f64;
     eprintln!("T6 N ≤ D: {a:?}\nT6 N > D: {b:?}");
     // Measured (x86-64, OpenBLAS): N ≤ D 399/400 (worst finite ratio 1.19), N > D 325/400
     // (68 of the 75 failures structural — the 69th structural instance has a vacuous, infinite
     // bound — worst finite ratio 71.9).
+    // Each count is asserted for every resolution of its undecided trials (verdicts within the
+    // derived rounding resolution, which could differ between machines).
+    let lo1 = (a.passes - a.undecided) as f64 / a.trials as f64;
     assert!(
-        r1 >= 0.99,
-        "N ≤ D: the bound held in only {}/{} instances",
+        lo1 >= 0.99,
+        "N ≤ D: the bound held in only {}/{} instances ({} undecided)",
         a.passes,
-        a.trials
+        a.trials,
+        a.undecided
     );
     assert_eq!(a.structural, 0);
-    assert!(
-        (0.70..=0.90).contains(&r2),
-        "N > D: the bound held in {}/{} instances, outside the measured band [0.70, 0.90]",
-        b.passes,
-        b.trials
+    let (lo2, hi2) = (
+        (b.passes - b.undecided) as f64 / b.trials as f64,
+        (b.passes + b.undecided) as f64 / b.trials as f64,
     );
+    assert!(
+        0.70 <= lo2 && hi2 <= 0.90,
+        "N > D: the bound held in {}/{} instances ({} undecided), outside the measured band [0.70, 0.90]",
+        b.passes,
+        b.trials,
+        b.undecided
+    );
+    // Every N > 3D − k instance has a structurally zero singular value: σ̂_min(J) ≤ τ (derived,
+    // as T4). The crate's κ = ∞ for them (`structural_infinite`) comes from the numpy threshold
+    // max(m, n)·ε·σ̂₁, which is below τ, so it is reported, not asserted.
     assert_eq!(
-        b.structural_infinite, b.structural,
-        "every N > 3D − k instance has κ(J) = ∞"
+        b.structural_singular, b.structural,
+        "every N > 3D − k instance has σ_min(J) at rounding level"
     );
 }
 
@@ -910,6 +1656,25 @@ proptest! {
             .into_iter()
             .map(|r| softmax_jacobian_frobenius(&r.to_vec()).powi(2))
             .sum();
-        prop_assert!((got - want).abs() <= 1e-12 * want.max(1e-300) + 1e-15, "{got} vs {want}");
+        // Both are the same polynomial of p̂ (Σ_ac (δ_ac p_a − p_a p_c)² = s₂ − 2s₃ + s₂²
+        // identically, without Σp = 1). Closed form per row: s₂, s₃ (N + 2 roundings), the
+        // combination (3), sqrt and square (2), magnitude s₂ + 2s₃ + s₂²; dense: each entry (2)
+        // squared (1), summed over the N³ nonzero entries (adding an exact 0 does not round),
+        // magnitude Σ(p_a δ_ac + p_a p_c)². Both sums over rows add N roundings.
+        let mag_closed: f64 = p.rows().into_iter().map(|r| {
+            let s2: f64 = r.iter().map(|x| x * x).sum();
+            let s3: f64 = r.iter().map(|x| x * x * x).sum();
+            s2 + 2.0 * s3 + s2 * s2
+        }).sum();
+        let mag_dense: f64 = p.rows().into_iter().map(|r| {
+            let mut t = 0.0;
+            for a in 0..n { for c in 0..n {
+                let e = r[a] * (if a == c { 1.0 } else { 0.0 } + r[c]);
+                t += e * e;
+            } }
+            t
+        }).sum();
+        let tol = gamma(2 * n + 7, U) * mag_closed + gamma(n * n * n + n + 3, U) * mag_dense;
+        prop_assert!((got - want).abs() <= tol, "{got} vs {want}, tol {tol:e}");
     }
 }
