@@ -114,13 +114,24 @@ fn a_diverging_dual_ascent_is_reported_not_applied() {
     let g = gaussian(96, 32, 2) * 1e-4;
     let mut st = ManifoldState::new();
     match opt.step(&mut w, &g, &mut st) {
-        Err(OptimError::DualAscentDiverged {
-            violation,
-            initial_violation,
-            ..
-        }) => {
+        Err(e @ OptimError::DualAscentDiverged { .. }) => {
+            let OptimError::DualAscentDiverged {
+                violation,
+                initial_violation,
+                ref remedy,
+                ..
+            } = e
+            else {
+                unreachable!()
+            };
             // The divergence test's own threshold (dual.rs, "Traps": divergence_factor = 2).
             assert!(violation > DualAscent::paper().divergence_factor * initial_violation);
+            // The message says what to change, and to what.
+            let msg = e.to_string();
+            assert!(
+                msg.contains(remedy.as_str()) && msg.contains("dual.normalize = Some("),
+                "{msg}"
+            );
         }
         other => panic!("{other:?}"),
     }
