@@ -38,7 +38,9 @@
 //! `Exact` therefore checks the numerical rank (σ_i > τ = σ₁·max(m, n)·ε, numpy's rule, ε of the
 //! working type) and, when it is deficient, returns Q·Π with Q the polar factor and Π the
 //! projector on the row space, computed as the sign of the PSD factor H = QᵀX by the cubic
-//! Newton–Schulz iteration (null directions stay at ≈ 10·κ_r·ε). Where a point *on* the Stiefel
+//! Newton–Schulz iteration (its steps ≈ log₁.₅(‖X‖_F/σ_r) each amplify rounding in the null
+//! directions by ≤ 1.5, so they stay at ≈ 1.5^steps·ε ≈ 26·(‖X‖_F/σ_r)·ε, σ_r the smallest
+//! singular value kept). Where a point *on* the Stiefel
 //! manifold is needed (a retraction), the completion is the wrong answer too, because it is not
 //! unique: `ManifoldMuon::retract_onto` reports a rank-deficient W as an error instead.
 //!
