@@ -95,6 +95,18 @@ pub enum LinalgError {
         /// Why the result cannot be built.
         reason: String,
     },
+    /// A finite input whose result does not fit the element type: a singular value, a norm or an
+    /// entry of the result would exceed its largest finite number (`f64::MAX` ≈ 1.8e308,
+    /// `f32::MAX` ≈ 3.4e38). The computation itself runs on an exactly rescaled copy and does
+    /// not overflow; only the value to be returned would. Scale-free results (κ, rank, polar
+    /// factor, Newton–Schulz) never report this.
+    #[error("argument `{arg}`: the result overflows the element type: {reason}")]
+    Overflow {
+        /// The argument's name.
+        arg: &'static str,
+        /// Which value overflows, and its size as a power of two.
+        reason: String,
+    },
     /// A tensor has an element type the backend does not compute in.
     #[error("argument `{arg}` has element type {dtype}; supported: {supported}")]
     UnsupportedDtype {
@@ -143,6 +155,33 @@ pub(crate) fn lapack_err(
         routine,
         message: e.to_string(),
     }
+}
+
+/// The same error naming `to` instead of `from` (for entry points that delegate to another one
+/// whose parameter has a different name, e.g. `Matrix::singular_values(&self)` → `a`).
+pub(crate) fn rename(e: LinalgError, from: &'static str, to: &'static str) -> LinalgError {
+    use LinalgError as E;
+    let fix = |arg: &mut &'static str| {
+        if *arg == from {
+            *arg = to;
+        }
+    };
+    let mut e = e;
+    match &mut e {
+        E::Empty { arg, .. }
+        | E::NonFinite { arg, .. }
+        | E::ShapeMismatch { arg, .. }
+        | E::NotSquare { arg, .. }
+        | E::NotSymmetric { arg, .. }
+        | E::NotPositiveSemidefinite { arg, .. }
+        | E::InvalidArgument { arg, .. }
+        | E::TooLarge { arg, .. }
+        | E::Overflow { arg, .. }
+        | E::UnsupportedDtype { arg, .. }
+        | E::Lapack { arg, .. }
+        | E::Backend { arg, .. } => fix(arg),
+    }
+    e
 }
 
 /// Checks that a matrix is non-empty and finite.

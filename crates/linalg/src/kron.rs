@@ -17,7 +17,7 @@
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ShapeBuilder};
 
 use crate::error::{check_matrix, check_vector, shape_str, LinalgError, Result};
-use crate::scalar::Real;
+use crate::scalar::{max_abs, Real};
 
 /// Largest dense result this module builds (2²⁸ entries = 2 GiB of f64); beyond it use the
 /// implicit forms.
@@ -83,8 +83,9 @@ pub fn unvec<A: Real>(v: ArrayView1<'_, A>, rows: usize, cols: usize) -> Result<
 ///
 /// Cost: pqrs multiplications and as many entries of memory.
 ///
-/// Errors: `a` or `b` empty or non-finite; [`LinalgError::TooLarge`] when the result would
-/// exceed [`MAX_DENSE_ENTRIES`].
+/// Errors: `a` or `b` empty or non-finite; [`LinalgError::TooLarge`] (argument `a`) when the
+/// result would exceed [`MAX_DENSE_ENTRIES`]; [`LinalgError::Overflow`] (argument `b`) when an
+/// entry a_ij·b_kl would exceed the element type's `MAX`.
 ///
 /// ```
 /// let a = ndarray::array![[1.0, 2.0]];
@@ -102,6 +103,7 @@ pub fn kron<A: Real>(a: ArrayView2<'_, A>, b: ArrayView2<'_, A>) -> Result<Array
     match (rows, cols) {
         (Some(rows), Some(cols)) => {
             dense_size("a", rows, cols)?;
+            check_product_range::<A>(&a, &b)?;
             Ok(Array2::from_shape_fn((rows, cols), |(i, j)| {
                 a[[i / r, j / s]] * b[[i % r, j % s]]
             }))
@@ -113,11 +115,27 @@ pub fn kron<A: Real>(a: ArrayView2<'_, A>, b: ArrayView2<'_, A>) -> Result<Array
     }
 }
 
+/// [`LinalgError::Overflow`] (argument `b`) when max|a_ij|·max|b_kl|, the largest entry of
+/// A ⊗ B, exceeds the element type's `MAX` (so every entry of a returned product is finite).
+fn check_product_range<A: Real>(a: &ArrayView2<'_, A>, b: &ArrayView2<'_, A>) -> Result<()> {
+    let (ma, mb) = (max_abs(a.iter()), max_abs(b.iter()));
+    // Exact in f64 for f32 entries (24 + 24 bits); for f64 the same rounding as the entry itself.
+    if A::from_f64_lossy(ma * mb).is_finite() {
+        Ok(())
+    } else {
+        Err(LinalgError::Overflow {
+            arg: "b",
+            reason: format!("max|a|·max|b| = {ma:e}·{mb:e} exceeds {}::MAX", A::NAME),
+        })
+    }
+}
+
 /// (A ⊗ B)·x without forming A ⊗ B: with X = unvec(x, s, q), (A ⊗ B) vec(X) = vec(B X Aᵀ)
 /// for A ∈ ℝ^{p×q}, B ∈ ℝ^{r×s}, x ∈ ℝ^{qs}.
 ///
 /// Cost: 2·(rsq + rqp) flops instead of 2·pqrs. Errors: any argument empty or non-finite;
-/// `x.len() != q·s` (argument `x`).
+/// `x.len() != q·s` (argument `x`); [`LinalgError::Overflow`] (argument `x`) when an entry of
+/// the result (or of the intermediate B·X) exceeds the element type's `MAX`.
 ///
 /// ```
 /// use kappa_linalg::{kron, kron_matvec};
@@ -146,6 +164,12 @@ pub fn kron_matvec<A: Real>(
     }
     let xm = unvec(x, s, q)?;
     let y = b.dot(&xm).dot(&a.t());
+    if !y.iter().all(|v| v.is_finite()) {
+        return Err(LinalgError::Overflow {
+            arg: "x",
+            reason: format!("an entry of (A ⊗ B)·x exceeds {}::MAX", A::NAME),
+        });
+    }
     Ok(y.t().iter().copied().collect())
 }
 

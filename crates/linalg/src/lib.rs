@@ -58,14 +58,15 @@ pub use cond::{
 pub use error::{LinalgError, Result};
 pub use iterative::{
     condition_number_estimate, sigma_max_power, sigma_min_inverse, IterativeOptions, KappaEstimate,
-    SigmaEstimate, StopRule,
+    SigmaEstimate, StopRule, MAX_ITERATIONS,
 };
 pub use kron::{commutation_matrix, kron, kron_matvec, unvec, vec, Commutation, MAX_DENSE_ENTRIES};
 pub use matrix::Matrix;
 pub use newton_schulz::{
-    newton_schulz, newton_schulz_cubic, newton_schulz_muon, NsSchedule, PolyStep, CUBIC, MUON_BAND,
-    MUON_BAND_THRESHOLD, MUON_QUINTIC, POLAR_EXPRESS_COEFFICIENTS, POLAR_EXPRESS_SAFETY,
+    newton_schulz, newton_schulz_cubic, newton_schulz_muon, NsSchedule, PolyStep, CUBIC,
+    MAX_NS_STEPS, MUON_BAND, MUON_BAND_THRESHOLD, MUON_QUINTIC, POLAR_EXPRESS_COEFFICIENTS,
+    POLAR_EXPRESS_SAFETY,
 };
 pub use psd::{psd_inv_sqrt, psd_sqrt};
 pub use scalar::Real;
-pub use svd::{polar_factor, singular_values, svd_full, svd_thin, Svd, SvdDriver};
+pub use svd::{matrix_sign, polar_factor, singular_values, svd_full, svd_thin, Svd, SvdDriver};
