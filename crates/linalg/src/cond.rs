@@ -154,7 +154,8 @@ fn scaled_conditioning<A: Real>(
     a: ArrayView2<'_, A>,
     tol: RankTolerance,
 ) -> Result<(Conditioning<A>, Pow2)> {
-    // Validate `tol` before the expensive part.
+    // Arguments in signature order (`a`, then `tol`), both before the expensive part.
+    crate::error::check_matrix("a", &a)?;
     tol.threshold::<A>(1.0, 1, 1)?;
     let (s, p) = scaled_singular_values(a, SvdDriver::QrIteration)?;
     let (m, n) = a.dim();

@@ -3,6 +3,21 @@
 //! Every error names the argument it is about (`arg`, the parameter name as written in the
 //! function's signature) and the problem, so a message such as
 //! ``argument `a` has a non-finite entry NaN at (2, 0)`` points straight at the bad value.
+//!
+//! # The error contract
+//!
+//! * Every public entry point returns a `LinalgError` or a documented value on any input: it
+//!   never panics, never runs without end (iteration and step counts are capped:
+//!   [`MAX_ITERATIONS`](crate::MAX_ITERATIONS), [`MAX_NS_STEPS`](crate::MAX_NS_STEPS)) and never
+//!   aborts on allocation (dense results beyond [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES)
+//!   are [`LinalgError::TooLarge`]).
+//! * `arg` is the caller's parameter as written in the signature (`a`, `tol`, `opts.max_iter`,
+//!   `schedule.steps`, `self` for trait methods, `self.u` for a field of `self`).
+//! * When several arguments are bad, the first one in signature order is reported; checks of
+//!   one argument alone come before checks that involve several (shape agreement, PSD under τ).
+//! * Finite input of any magnitude, subnormal to near `MAX`, is valid input. Scale-safe
+//!   algorithms rescale exactly by powers of two, and only a result that is itself not
+//!   representable is an error ([`LinalgError::Overflow`]).
 
 use ndarray::{ArrayView1, ArrayView2};
 

@@ -249,8 +249,9 @@ impl NsSchedule {
 /// assert!((q[[0, 0]] - 1.0).abs() < 1e-3 && (q[[1, 1]] - 1.0).abs() < 1e-3);
 /// ```
 pub fn newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
-    schedule.validate()?;
+    // Arguments in signature order: `x`, then `schedule`.
     x.validate("x")?;
+    schedule.validate()?;
     let (m, n) = x.shape();
     let transposed = m > n;
     let mut x = x.duplicate()?;
@@ -337,6 +338,7 @@ pub fn newton_schulz_muon<M: Matrix>(x: &M) -> Result<M> {
 /// assert!((&q - &p).iter().all(|e| e.abs() < 1e-12));
 /// ```
 pub fn newton_schulz_cubic<M: Matrix>(x: &M, steps: usize) -> Result<M> {
+    x.validate("x")?;
     newton_schulz(x, &NsSchedule::cubic(steps)?)
 }
 

@@ -51,7 +51,6 @@ fn eig_psd<A: Real>(p: ArrayView2<'_, A>, tol: RankTolerance) -> Result<Eig<A>> 
             cols,
         });
     }
-    tol.threshold::<A>(1.0, 1, 1)?;
     let mut scale = Pow2::normalizing(max_abs(p.iter()));
     scale.k -= scale.k.rem_euclid(2);
     // A standard-layout copy whatever the view's strides (LAPACK needs one).
@@ -69,6 +68,9 @@ fn eig_psd<A: Real>(p: ArrayView2<'_, A>, tol: RankTolerance) -> Result<Eig<A>> 
             tolerance: back.apply_f64(sym_tol.to_f64_lossy()),
         });
     }
+    // `tol` after every check of `p` alone (arguments in signature order); the PSD test needs
+    // both and comes last.
+    tol.threshold::<A>(1.0, 1, 1)?;
     let half = A::from_f64_lossy(0.5);
     let sym = Array2::from_shape_fn(p.dim(), |(i, j)| (p[[i, j]] + p[[j, i]]) * half);
     let (values, vectors) = sym
