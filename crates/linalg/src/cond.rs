@@ -57,18 +57,17 @@ impl RankTolerance {
     /// negative or non-finite `sigma_max`. The result can overflow to +∞ only for
     /// `Relative(r)` with r·σ₁ > `f64::MAX`.
     pub fn threshold<A: Real>(self, sigma_max: f64, rows: usize, cols: usize) -> Result<f64> {
-        check_nonneg("sigma_max", sigma_max)?;
+        // `self` (the caller's `tol`) first, then `sigma_max`: signature order.
         match self {
-            RankTolerance::Numpy => Ok(sigma_max * rows.max(cols) as f64 * A::EPS),
-            RankTolerance::Relative(r) => {
-                check_nonneg("tol", r)?;
-                Ok(r * sigma_max)
-            }
-            RankTolerance::Absolute(t) => {
-                check_nonneg("tol", t)?;
-                Ok(t)
-            }
+            RankTolerance::Numpy => {}
+            RankTolerance::Relative(x) | RankTolerance::Absolute(x) => check_nonneg("tol", x)?,
         }
+        check_nonneg("sigma_max", sigma_max)?;
+        Ok(match self {
+            RankTolerance::Numpy => sigma_max * rows.max(cols) as f64 * A::EPS,
+            RankTolerance::Relative(r) => r * sigma_max,
+            RankTolerance::Absolute(t) => t,
+        })
     }
 }
 

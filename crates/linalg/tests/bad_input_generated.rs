@@ -7,6 +7,7 @@
 //! input. Fixed seeds: every run makes the same calls.
 
 mod bad_input_generated {
+    pub mod cond;
     pub mod support;
     pub mod svd;
 }
@@ -19,5 +20,13 @@ fn svd_entry_points() {
     let mut fuzz = Fuzz::new("kappa-linalg svd");
     svd::run::<f64>(&mut fuzz);
     svd::run::<f32>(&mut fuzz);
+    assert!(fuzz.finish() >= 1500);
+}
+
+#[test]
+fn cond_entry_points() {
+    let mut fuzz = Fuzz::new("kappa-linalg cond");
+    cond::run::<f64>(&mut fuzz);
+    cond::run::<f32>(&mut fuzz);
     assert!(fuzz.finish() >= 1500);
 }
