@@ -232,7 +232,8 @@ impl NsSchedule {
 ///
 /// Scale safety: defined for every finite `x`, subnormal to near `MAX`. When ‖X‖_F itself
 /// overflows `f64` (entries near `f64::MAX`), X is first scaled by 2⁻⁶⁴ (exact; it cannot change
-/// the normalized matrix beyond flushing entries 2⁻⁹⁵⁸ times smaller than the largest); the
+/// the normalized matrix beyond flushing entries 2⁻⁹⁵⁸ times smaller than the largest), and
+/// when it is below 1e-290 (so that it may be subnormal and imprecise) by 2⁶⁰⁰ (exact); the
 /// reciprocal of a norm outside [1e-30, 1e30] is applied as two factors, so it neither overflows
 /// nor becomes subnormal in `f32`/`bf16`.
 ///
@@ -263,6 +264,11 @@ pub fn newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
         // Finite entries whose norm overflows f64: ‖X‖_F ≤ √(mn)·f64::MAX, so 2⁻⁶⁴ (exact)
         // brings it back for any mn < 2¹²⁸.
         x.scale(f64::powi(2.0, -64))?;
+        fro = x.frobenius_norm()?;
+    } else if fro > 0.0 && fro < 1e-290 {
+        // (Only f64 entries get here.) A norm near the subnormal range carries few significant
+        // bits; 2⁶⁰⁰ (exact for entries this small) restores full precision before dividing.
+        x.scale(f64::powi(2.0, 600))?;
         fro = x.frobenius_norm()?;
     }
     if fro > 0.0 {

@@ -8,6 +8,8 @@
 
 mod bad_input_generated {
     pub mod cond;
+    pub mod iterative;
+    pub mod newton_schulz;
     pub mod support;
     pub mod svd;
 }
@@ -28,5 +30,21 @@ fn cond_entry_points() {
     let mut fuzz = Fuzz::new("kappa-linalg cond");
     cond::run::<f64>(&mut fuzz);
     cond::run::<f32>(&mut fuzz);
+    assert!(fuzz.finish() >= 1500);
+}
+
+#[test]
+fn iterative_entry_points() {
+    let mut fuzz = Fuzz::new("kappa-linalg iterative");
+    iterative::run::<f64>(&mut fuzz);
+    iterative::run::<f32>(&mut fuzz);
+    assert!(fuzz.finish() >= 1500);
+}
+
+#[test]
+fn newton_schulz_entry_points() {
+    let mut fuzz = Fuzz::new("kappa-linalg newton_schulz");
+    newton_schulz::run::<f64>(&mut fuzz);
+    newton_schulz::run::<f32>(&mut fuzz);
     assert!(fuzz.finish() >= 1500);
 }

@@ -54,15 +54,20 @@ pub fn exponent(x: f64) -> i32 {
 
 /// The hostile inputs for element type `A`: the testkit's matrices converted to `A` (so for
 /// f32, 1e±300 and near-f64::MAX become ±∞ or 0), plus, for f32, the same Gaussian near
-/// `f32::MAX` and at f32's subnormal scale.
+/// `f32::MAX` and at f32's subnormal scale; and for both, a matrix with every entry near ±MAX.
 pub fn inputs<A: Elem>(rows: usize, cols: usize) -> Vec<(String, Array2<A>)> {
     let base = matrices(SEED, rows, cols);
     let mut out: Vec<(String, Array2<A>)> = base
         .iter()
         .map(|(n, a)| (n.clone(), a.mapv(A::from_f64_lossy)))
         .collect();
+    // Every entry near ±MAX: even ‖A‖_F overflows (√(mn)·0.9·MAX).
+    let g = &base[0].1;
+    out.push((
+        "±0.9·MAX everywhere".into(),
+        g.mapv(|x| A::from_f64_lossy(x.signum() * 0.9 * A::MAX)),
+    ));
     if A::EPS > 1e-10 {
-        let g = &base[0].1;
         out.push((
             "gaussian×f32::MAX/2".into(),
             g.mapv(|x| A::from_f64_lossy(x * A::MAX / 2.0)),
