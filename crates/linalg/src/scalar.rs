@@ -210,6 +210,20 @@ impl Pow2 {
     }
 }
 
+/// x·2^k in `f64` for any k (steps of at most 2^±1000, each exact until the result leaves the
+/// normal range; a result that underflows is rounded at most twice, so within one subnormal ulp,
+/// and one that overflows is ±∞).
+pub(crate) fn scale_f64(x: f64, k: i64) -> f64 {
+    let mut x = x;
+    let mut k = k;
+    while k != 0 && x != 0.0 && x.is_finite() {
+        let step = k.clamp(-1000, 1000);
+        x *= pow2(step as i32);
+        k -= step;
+    }
+    x
+}
+
 /// max |a_ij| in `f64` (0 for an empty array; NaN-free input assumed).
 pub(crate) fn max_abs<'a, A: Real>(iter: impl Iterator<Item = &'a A>) -> f64 {
     iter.fold(0.0f64, |m, &x| m.max(x.to_f64_lossy().abs()))

@@ -9,7 +9,9 @@
 mod bad_input_generated {
     pub mod cond;
     pub mod iterative;
+    pub mod kron;
     pub mod newton_schulz;
+    pub mod psd;
     pub mod support;
     pub mod svd;
 }
@@ -47,4 +49,20 @@ fn newton_schulz_entry_points() {
     newton_schulz::run::<f64>(&mut fuzz);
     newton_schulz::run::<f32>(&mut fuzz);
     assert!(fuzz.finish() >= 1500);
+}
+
+#[test]
+fn psd_entry_points() {
+    let mut fuzz = Fuzz::new("kappa-linalg psd");
+    psd::run::<f64>(&mut fuzz);
+    psd::run::<f32>(&mut fuzz);
+    assert!(fuzz.finish() >= 500);
+}
+
+#[test]
+fn kron_entry_points() {
+    let mut fuzz = Fuzz::new("kappa-linalg kron");
+    kron::run::<f64>(&mut fuzz);
+    kron::run::<f32>(&mut fuzz);
+    assert!(fuzz.finish() >= 1000);
 }
