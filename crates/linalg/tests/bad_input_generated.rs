@@ -10,10 +10,13 @@ mod bad_input_generated {
     pub mod cond;
     pub mod iterative;
     pub mod kron;
+    pub mod matrix;
     pub mod newton_schulz;
     pub mod psd;
     pub mod support;
     pub mod svd;
+    #[cfg(feature = "tch")]
+    pub mod tch_backend;
 }
 
 use bad_input_generated::*;
@@ -65,4 +68,20 @@ fn kron_entry_points() {
     kron::run::<f64>(&mut fuzz);
     kron::run::<f32>(&mut fuzz);
     assert!(fuzz.finish() >= 1000);
+}
+
+#[test]
+fn matrix_trait_entry_points() {
+    let mut fuzz = Fuzz::new("kappa-linalg Matrix for Array2");
+    matrix::run::<f64>(&mut fuzz);
+    matrix::run::<f32>(&mut fuzz);
+    assert!(fuzz.finish() >= 1000);
+}
+
+#[cfg(feature = "tch")]
+#[test]
+fn tch_backend_entry_points() {
+    let mut fuzz = Fuzz::new("kappa-linalg tch backend");
+    tch_backend::run(&mut fuzz);
+    assert!(fuzz.finish() >= 80);
 }

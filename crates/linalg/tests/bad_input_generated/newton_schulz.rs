@@ -29,7 +29,7 @@ fn grid_max(lo: f64, hi: f64, slope: f64, f: impl Fn(f64) -> f64) -> f64 {
 /// √r·spectral). Errors propagate as E ← L·E + γ; by Weyl the computed singular values stay
 /// within E of the tracked ones. The initial normalization X/(c‖X‖_F) errs by (rs + 2)·eps
 /// relative (the norm and one scaling).
-fn ns_error_bound(sched: &NsSchedule, r: usize, s: usize, x: &[f64], eps: f64) -> f64 {
+pub fn ns_error_bound(sched: &NsSchedule, r: usize, s: usize, x: &[f64], eps: f64) -> f64 {
     let mut x = x.to_vec();
     let hull = |x: &[f64]| {
         x.iter()
