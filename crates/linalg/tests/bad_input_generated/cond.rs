@@ -186,7 +186,7 @@ pub fn run<A: Elem>(fuzz: &mut Fuzz) {
 fn from_singular_values<A: Elem>(fuzz: &mut Fuzz) {
     let (max, sub) = (A::from_f64_lossy(A::MAX), A::from_f64_lossy(A::MIN_SUB));
     let f = A::from_f64_lossy;
-    let cases: Vec<(&str, Vec<A>, usize, usize, Option<(&str, &str)>)> = vec![
+    let cases: Vec<(&str, Vec<A>, usize, usize, Want)> = vec![
         ("well conditioned", vec![f(2.0), f(1.0)], 2, 3, None),
         ("unsorted", vec![f(0.5), f(2.0)], 2, 2, None),
         ("rank deficient", vec![f(1.0), A::zero()], 2, 2, None),

@@ -6,6 +6,9 @@ use kappa_linalg::{singular_values, LinalgError, Real, SvdDriver};
 use kappa_testkit::hostile::{matrices, Layout};
 use ndarray::{s, Array2, ArrayView2, ShapeBuilder};
 
+/// The error an entry point must give: its variant and argument names.
+pub type Want = Option<(&'static str, &'static str)>;
+
 /// The outcome of one check: `Err` says what was wrong.
 pub type Check = Result<(), String>;
 
@@ -25,12 +28,12 @@ pub trait Elem: Real + Send + Sync + std::fmt::Debug + 'static {
 
 impl Elem for f32 {
     const MAX: f64 = f32::MAX as f64;
-    const MIN_SUB: f64 = 1.401_298_464_324_817e-45;
+    const MIN_SUB: f64 = (f32::MIN_POSITIVE * f32::EPSILON) as f64;
 }
 
 impl Elem for f64 {
     const MAX: f64 = f64::MAX;
-    const MIN_SUB: f64 = 4.940_656_458_412_465e-324;
+    const MIN_SUB: f64 = f64::MIN_POSITIVE * f64::EPSILON;
 }
 
 /// x·2^k in f64, exact (two power-of-two factors, each representable for |k| ≤ 2046).

@@ -179,7 +179,7 @@ fn reconstruct<A: Elem>(fuzz: &mut Fuzz) {
         Array2::from_shape_fn((4, 3), |(i, j)| A::from_f64_lossy((i * 3 + j) as f64 - 4.5));
     let f = svd_thin(x.view(), SvdDriver::QrIteration).expect("unit-scale SVD");
     let nan = A::nan();
-    let cases: Vec<(&str, Svd<A>, Option<(&str, &str)>)> = vec![
+    let cases: Vec<(&str, Svd<A>, Want)> = vec![
         ("consistent", f.clone(), None),
         (
             "u with too few columns",
