@@ -24,7 +24,7 @@
 //!
 //! Only the σ that are *returned* are scaled back. When 2^−k·σ₁ exceeds the element type's
 //! `MAX` (possible for entries near `MAX`: σ₁ ≤ √(mn)·max |a_ij|), the functions that return
-//! singular values fail with [`LinalgError::Overflow`](crate::LinalgError::Overflow) naming `a`;
+//! singular values fail with [`LinalgError::Overflow`] naming `a`;
 //! the scale-free results ([`polar_factor`], [`matrix_sign`], κ and rank in [`crate::cond`])
 //! are computed from A_s and never overflow.
 //!
@@ -174,10 +174,10 @@ pub(crate) fn scaled_singular_values<A: Real>(
 /// are formed; `?gesvd` first reduces a tall matrix by QR). Accuracy: |σ̂_i − σ_i| ≤ p(m,n)·ε·σ₁.
 /// Any finite input (subnormal to near `MAX`) and any memory layout is accepted (module docs).
 ///
-/// Errors: [`LinalgError::Empty`](crate::LinalgError::Empty) and
-/// [`LinalgError::NonFinite`](crate::LinalgError::NonFinite) for argument `a`,
-/// [`LinalgError::Overflow`](crate::LinalgError::Overflow) (argument `a`) when σ₁ exceeds the
-/// element type's `MAX`, [`LinalgError::Lapack`](crate::LinalgError::Lapack) if LAPACK does not
+/// Errors: [`LinalgError::Empty`] and
+/// [`LinalgError::NonFinite`] for argument `a`,
+/// [`LinalgError::Overflow`] (argument `a`) when σ₁ exceeds the
+/// element type's `MAX`, [`LinalgError::Lapack`] if LAPACK does not
 /// converge.
 ///
 /// ```

@@ -190,7 +190,7 @@ fn run_rejected(fuzz: &mut Fuzz) {
                 s.copy_from(&u),
             );
             let _ = t2.shallow_clone().into_transpose();
-            let d = t2.dim() as usize;
+            let d = t2.dim();
             let shape_err = Matrix::matmul(&t2, &u);
             ensure(d == 2 || shape_err.is_err(), || {
                 "matmul of a non-matrix succeeded".into()
@@ -251,13 +251,16 @@ pub fn run(fuzz: &mut Fuzz) {
             });
         }
         let a = Array2::<f64>::ones((2, 2));
-        fuzz.check(format!("tensor_from_array(kind Int64)"), move || {
-            expect_err(
-                &tensor_from_array(a.view(), Kind::Int64, Device::Cpu),
-                "UnsupportedDtype",
-                "kind",
-            )
-        });
+        fuzz.check(
+            format!("tensor_from_array<{kind:?}>(kind Int64)"),
+            move || {
+                expect_err(
+                    &tensor_from_array(a.view(), Kind::Int64, Device::Cpu),
+                    "UnsupportedDtype",
+                    "kind",
+                )
+            },
+        );
     }
     run_rejected(fuzz);
     fuzz.check("Tensor kernels(mixed kinds, Int64)", || {
