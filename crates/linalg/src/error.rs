@@ -199,6 +199,21 @@ pub(crate) fn rename(e: LinalgError, from: &'static str, to: &'static str) -> Li
     e
 }
 
+/// Checks that a dense `rows`×`cols` result fits [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES)
+/// (so building it can neither overflow `usize` nor abort on allocation).
+pub(crate) fn check_dense(arg: &'static str, rows: usize, cols: usize) -> Result<()> {
+    match rows.checked_mul(cols) {
+        Some(n) if n <= crate::MAX_DENSE_ENTRIES => Ok(()),
+        _ => Err(LinalgError::TooLarge {
+            arg,
+            reason: format!(
+                "the dense result would be {rows}×{cols}, more than MAX_DENSE_ENTRIES = 2^28 \
+                 entries"
+            ),
+        }),
+    }
+}
+
 /// Checks that a matrix is non-empty and finite.
 pub(crate) fn check_matrix<A: crate::Real>(arg: &'static str, a: &ArrayView2<'_, A>) -> Result<()> {
     let (rows, cols) = a.dim();

@@ -24,16 +24,7 @@ use crate::scalar::{max_abs, scale_f64, scaled_standard, Pow2, Real};
 pub const MAX_DENSE_ENTRIES: usize = 1 << 28;
 
 fn dense_size(arg: &'static str, rows: usize, cols: usize) -> Result<()> {
-    match rows.checked_mul(cols) {
-        Some(n) if n <= MAX_DENSE_ENTRIES => Ok(()),
-        _ => Err(LinalgError::TooLarge {
-            arg,
-            reason: format!(
-                "the dense result would be {rows}×{cols}, more than MAX_DENSE_ENTRIES = 2^28 \
-                 entries; use the implicit form"
-            ),
-        }),
-    }
+    crate::error::check_dense(arg, rows, cols)
 }
 
 /// vec(M): the columns of `m` stacked into one vector of length rows·cols.

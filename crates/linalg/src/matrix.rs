@@ -41,10 +41,13 @@ pub trait Matrix: Sized {
     /// column-major), `tch` returns a strided view.
     fn into_transpose(self) -> Self;
 
-    /// The matrix product `self · rhs`.
+    /// The matrix product `self · rhs`. Errors: shapes that do not chain (argument `rhs`); a
+    /// result beyond [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES) entries
+    /// ([`LinalgError::TooLarge`], argument `rhs`).
     fn matmul(&self, rhs: &Self) -> Result<Self>;
 
-    /// The Gram matrix `self · selfᵀ` (rows × rows).
+    /// The Gram matrix `self · selfᵀ` (rows × rows). Errors: rows² beyond
+    /// [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES) ([`LinalgError::TooLarge`], argument `self`).
     fn gram(&self) -> Result<Self>;
 
     /// BLAS `gemm` in place: `self ← alpha·(a·b) + beta·self`. `self` must not be `a` or `b`.
@@ -183,10 +186,12 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn matmul(&self, rhs: &Self) -> Result<Self> {
         check_product("rhs", self.dim(), rhs.dim(), None)?;
+        crate::error::check_dense("rhs", self.nrows(), rhs.ncols())?;
         Ok(self.dot(rhs))
     }
 
     fn gram(&self) -> Result<Self> {
+        crate::error::check_dense("self", self.nrows(), self.nrows())?;
         Ok(self.dot(&self.t()))
     }
 

@@ -253,7 +253,9 @@ pub(crate) fn scaled_thin<A: Real>(
 /// The full SVD A = U Σ Vᵀ with square orthogonal U ∈ ℝ^{m×m} and Vᵀ ∈ ℝ^{n×n}.
 ///
 /// Cost: O(m²n + mn² + n³) flops (forming the full U of a tall matrix is the expensive part).
-/// Accuracy, scale safety and errors: as the module docs and [`singular_values`].
+/// Accuracy, scale safety and errors: as the module docs and [`singular_values`], and
+/// [`LinalgError::TooLarge`] (argument `a`) when m² or n² exceeds
+/// [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES) (a 2¹⁵×1 matrix has a 2³⁰-entry U).
 ///
 /// ```
 /// use kappa_linalg::{svd_full, SvdDriver};
@@ -263,6 +265,10 @@ pub(crate) fn scaled_thin<A: Real>(
 /// ```
 pub fn svd_full<A: Real>(a: ArrayView2<'_, A>, driver: SvdDriver) -> Result<Svd<A>> {
     check_matrix("a", &a)?;
+    // The square factors of a very tall or wide matrix can be far larger than the matrix.
+    let (m, n) = a.dim();
+    crate::error::check_dense("a", m, m)?;
+    crate::error::check_dense("a", n, n)?;
     let (owned, p) = scaled_standard(a);
     let mut f = match driver {
         SvdDriver::DivideAndConquer => {

@@ -248,12 +248,14 @@ impl Matrix for Tensor {
         if l.1 != r.0 {
             return Err(shape_err("rhs", format!("{} rows", l.1), r));
         }
+        crate::error::check_dense("rhs", l.0, r.1)?;
         let _g = tch::no_grad_guard();
         self.f_matmul(rhs).map_err(backend("rhs"))
     }
 
     fn gram(&self) -> Result<Self> {
-        check_2d("self", self)?;
+        let (m, _) = check_2d("self", self)?;
+        crate::error::check_dense("self", m, m)?;
         let _g = tch::no_grad_guard();
         self.f_matmul(&self.tr()).map_err(backend("self"))
     }

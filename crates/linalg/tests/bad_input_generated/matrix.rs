@@ -116,6 +116,14 @@ pub fn run<A: Elem>(fuzz: &mut Fuzz) {
         }
     }
     kernels::<A>(fuzz);
+    let tall = Array2::<A>::ones((1 << 15, 1));
+    fuzz.check(
+        format!("Matrix::gram/matmul<{}>(2^15×1)", A::NAME),
+        move || {
+            expect_err(&tall.gram(), "TooLarge", "self")?;
+            expect_err(&tall.matmul(&tall.t().to_owned()), "TooLarge", "rhs")
+        },
+    );
 }
 
 /// Shape checks of the kernels, each with the argument it must name, and one matching call

@@ -171,6 +171,18 @@ pub fn run<A: Elem>(fuzz: &mut Fuzz) {
         }
     }
     reconstruct::<A>(fuzz);
+    for driver in DRIVERS {
+        for (m, n) in [(1 << 15, 1), (1, 1 << 15)] {
+            let x = Array2::<A>::ones((m, n));
+            fuzz.check(
+                format!("svd_full<{}>({m}×{n}, {driver:?})", A::NAME),
+                move || {
+                    // The full U (or Vᵀ) would have 2^30 entries.
+                    expect_err(&svd_full(x.view(), driver), "TooLarge", "a")
+                },
+            );
+        }
+    }
 }
 
 /// `Svd::reconstruct` on factors from `svd_thin` and on inconsistent hand-built ones.
