@@ -229,16 +229,22 @@ pub(crate) fn max_abs<'a, A: Real>(iter: impl Iterator<Item = &'a A>) -> f64 {
     iter.fold(0.0f64, |m, &x| m.max(x.to_f64_lossy().abs()))
 }
 
-/// A row-major (standard layout) copy of `a` scaled exactly by the power of two that brings
-/// max |a_ij| into [0.5, 1), and that scaling. Any input layout (column-major, strided, negative
-/// strides) gives the same standard-layout copy, which is what LAPACK is handed.
-pub(crate) fn scaled_standard<A: Real>(
-    a: ndarray::ArrayView2<'_, A>,
-) -> (ndarray::Array2<A>, Pow2) {
+/// A copy of `a` that LAPACK accepts, scaled exactly by the power of two that brings
+/// max |a_ij| into [0.5, 1), and that scaling. A column-major input stays column-major (so
+/// LAPACK sees the same layout as an unscaled copy would give it); every other layout — row-major,
+/// strided, negative strides — becomes row-major.
+pub(crate) fn scaled_standard<A: Real>(a: ndarray::ArrayView2<'_, A>) -> (ndarray::Array2<A>, Pow2) {
+    use ndarray::ShapeBuilder;
     let p = Pow2::normalizing(max_abs(a.iter()));
-    let data: Vec<A> = a.iter().map(|&x| p.apply(x)).collect();
-    let out = ndarray::Array2::from_shape_vec(a.dim(), data)
-        .unwrap_or_else(|_| ndarray::Array2::zeros(a.dim()));
+    let column_major = !a.is_standard_layout() && a.t().is_standard_layout();
+    let mut out = if column_major {
+        ndarray::Array2::zeros(a.dim().f())
+    } else {
+        ndarray::Array2::zeros(a.dim())
+    };
+    ndarray::Zip::from(&mut out)
+        .and(&a)
+        .for_each(|o, &x| *o = p.apply(x));
     (out, p)
 }
 

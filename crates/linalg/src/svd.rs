@@ -19,8 +19,9 @@
 //! the factors of A_s are those of A and σ_i(A) = 2^−k·σ_i(A_s); the column norms LAPACK
 //! forms are at most √m, so no intermediate over- or underflows for any finite input, from
 //! subnormal entries to entries near `MAX` (unscaled, `?gesvd` after a QR of such a matrix sees an
-//! ∞/NaN bidiagonal and `?bdsqr` does not return). The copy also gives LAPACK a standard
-//! layout whatever the input view's strides (column-major, strided, negative).
+//! ∞/NaN bidiagonal and `?bdsqr` does not return). The copy also gives LAPACK a layout it
+//! accepts whatever the input view's strides: column-major stays column-major, anything else
+//! (strided, negative strides) becomes row-major.
 //!
 //! Only the σ that are *returned* are scaled back. When 2^−k·σ₁ exceeds the element type's
 //! `MAX` (possible for entries near `MAX`: σ₁ ≤ √(mn)·max |a_ij|), the functions that return
@@ -209,7 +210,8 @@ fn thin_scaled<A: Real>(a: Array2<A>, driver: SvdDriver) -> Result<Svd<A>> {
             finish(Some(q.dot(&ur)), s, vt)
         }
         SvdDriver::QrIteration => {
-            let t = thin_scaled(a.t().as_standard_layout().into_owned(), driver)?;
+            // The transpose, without a copy (a row-major matrix becomes column-major).
+            let t = thin_scaled(a.reversed_axes(), driver)?;
             Ok(Svd {
                 u: t.vt.reversed_axes(),
                 s: t.s,
