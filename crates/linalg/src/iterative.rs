@@ -30,7 +30,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::error::{check_finite, lapack_err, LinalgError, Result};
-use crate::scalar::{scaled_standard, Pow2, Real};
+use crate::scalar::{scaled_copy, Pow2, Real};
 
 /// The largest accepted [`IterativeOptions::max_iter`]: 2²⁰. An iteration whose tolerance is below
 /// what rounding allows (tol ≲ n·ε) runs to the cap, so an unbounded cap would be a hang.
@@ -164,7 +164,7 @@ fn normalized<A: Real>(a: ArrayView2<'_, A>, fro: f64) -> (CowArray<'_, A, Ix2>,
     if fro >= 1.0 / bound && fro <= bound {
         (CowArray::from(a), Pow2::ONE)
     } else {
-        let (scaled, p) = scaled_standard(a);
+        let (scaled, p) = scaled_copy(a);
         (CowArray::from(scaled), p)
     }
 }
@@ -313,7 +313,7 @@ pub fn sigma_min_inverse<A: Real>(
     }
     // Always the exactly rescaled row-major copy: the QR needs a copy anyway, and LAPACK a
     // standard layout.
-    let (scaled, scale) = scaled_standard(a);
+    let (scaled, scale) = scaled_copy(a);
     let (_q, r) = scaled.qr().map_err(lapack_err("a", "?geqrf"))?;
     let r: Array2<A> = r.slice(s![..k, ..k]).to_owned();
     if r.diag().iter().any(|d| d.is_zero()) {

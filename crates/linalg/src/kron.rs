@@ -17,7 +17,7 @@
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ShapeBuilder};
 
 use crate::error::{check_matrix, check_vector, shape_str, LinalgError, Result};
-use crate::scalar::{max_abs, scale_f64, scaled_standard, Pow2, Real};
+use crate::scalar::{max_abs, scale_f64, scaled_copy, Pow2, Real};
 
 /// Largest dense result this module builds (2²⁸ entries = 2 GiB of f64); beyond it use the
 /// implicit forms.
@@ -158,8 +158,8 @@ pub fn kron_matvec<A: Real>(
     }
     // Exactly rescaled factors (max |entry| ∈ [0.5, 1)): the intermediate B·X can then neither
     // overflow nor underflow, and the one scaling back rounds each entry once.
-    let (a_s, pa) = scaled_standard(a);
-    let (b_s, pb) = scaled_standard(b);
+    let (a_s, pa) = scaled_copy(a);
+    let (b_s, pb) = scaled_copy(b);
     let px = Pow2::normalizing(max_abs(x.iter()));
     let xm = unvec(x.mapv(|v| px.apply(v)).view(), s, q)?;
     let y = b_s.dot(&xm).dot(&a_s.t());

@@ -233,7 +233,7 @@ pub(crate) fn max_abs<'a, A: Real>(iter: impl Iterator<Item = &'a A>) -> f64 {
 /// max |a_ij| into [0.5, 1), and that scaling. A column-major input stays column-major (so
 /// LAPACK sees the same layout as an unscaled copy would give it); every other layout — row-major,
 /// strided, negative strides — becomes row-major.
-pub(crate) fn scaled_standard<A: Real>(a: ndarray::ArrayView2<'_, A>) -> (ndarray::Array2<A>, Pow2) {
+pub(crate) fn scaled_copy<A: Real>(a: ndarray::ArrayView2<'_, A>) -> (ndarray::Array2<A>, Pow2) {
     use ndarray::ShapeBuilder;
     let p = Pow2::normalizing(max_abs(a.iter()));
     let column_major = !a.is_standard_layout() && a.t().is_standard_layout();

@@ -39,7 +39,7 @@ use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 use ndarray_linalg::{JobSvd, SVDDCInto, SVDInto, QR};
 
 use crate::error::{check_finite, check_matrix, lapack_err, shape_str, LinalgError, Result};
-use crate::scalar::{scaled_standard, Pow2, Real};
+use crate::scalar::{scaled_copy, Pow2, Real};
 
 /// Which LAPACK SVD driver to use.
 ///
@@ -150,7 +150,7 @@ pub(crate) fn scaled_singular_values<A: Real>(
     driver: SvdDriver,
 ) -> Result<(Array1<A>, Pow2)> {
     check_matrix("a", &a)?;
-    let (owned, p) = scaled_standard(a);
+    let (owned, p) = scaled_copy(a);
     let mut s = match driver {
         SvdDriver::QrIteration => {
             owned
@@ -248,7 +248,7 @@ pub(crate) fn scaled_thin<A: Real>(
     driver: SvdDriver,
 ) -> Result<(Svd<A>, Pow2)> {
     check_matrix("a", &a)?;
-    let (owned, p) = scaled_standard(a);
+    let (owned, p) = scaled_copy(a);
     Ok((thin_scaled(owned, driver)?, p))
 }
 
@@ -271,7 +271,7 @@ pub fn svd_full<A: Real>(a: ArrayView2<'_, A>, driver: SvdDriver) -> Result<Svd<
     let (m, n) = a.dim();
     crate::error::check_dense("a", m, m)?;
     crate::error::check_dense("a", n, n)?;
-    let (owned, p) = scaled_standard(a);
+    let (owned, p) = scaled_copy(a);
     let mut f = match driver {
         SvdDriver::DivideAndConquer => {
             let (u, s, vt) = owned
