@@ -20,12 +20,21 @@
 //! Why the default threshold: below τ a computed singular value carries no information, since the
 //! SVD's backward error is of order max(m, n)·ε·σ₁ (see [`crate::svd`]). The default therefore
 //! reports κ = ∞ exactly when the ratio could not be trusted to any digit.
+//!
+//! # Scale safety
+//!
+//! κ, κ⁺ and the rank do not depend on the scale of A, and they are computed from the
+//! singular values of the exactly rescaled copy 2^k·A (see [`crate::svd`]), so they are defined
+//! for every finite input, subnormal to near `MAX`, with no overflow. Only [`conditioning`]
+//! also returns σ₁ and σ_k themselves, and fails with [`LinalgError::Overflow`] (argument `a`)
+//! when σ₁ exceeds the element type's `MAX`. An `Absolute(atol)` threshold is applied in the
+//! units of A (it is rescaled with A).
 
 use ndarray::{ArrayView1, ArrayView2};
 
 use crate::error::{check_nonneg, check_vector, LinalgError, Result};
-use crate::scalar::Real;
-use crate::svd::{singular_values, SvdDriver};
+use crate::scalar::{Pow2, Real};
+use crate::svd::{scaled_singular_values, SvdDriver};
 
 /// The threshold τ below which a singular value counts as zero (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -43,20 +52,22 @@ impl RankTolerance {
     /// The threshold τ for a matrix with `rows`×`cols` entries of type `A` and largest singular
     /// value `sigma_max`.
     ///
-    /// Errors: [`LinalgError::InvalidArgument`] (argument `tol`) for a negative or non-finite
-    /// relative/absolute tolerance.
+    /// Errors: [`LinalgError::InvalidArgument`] (argument `tol`, the tolerance itself) for a
+    /// negative or non-finite relative/absolute tolerance, and (argument `sigma_max`) for a
+    /// negative or non-finite `sigma_max`. The result can overflow to +∞ only for
+    /// `Relative(r)` with r·σ₁ > `f64::MAX`.
     pub fn threshold<A: Real>(self, sigma_max: f64, rows: usize, cols: usize) -> Result<f64> {
+        // `self` (the caller's `tol`) first, then `sigma_max`: signature order.
         match self {
-            RankTolerance::Numpy => Ok(sigma_max * rows.max(cols) as f64 * A::EPS),
-            RankTolerance::Relative(r) => {
-                check_nonneg("tol", r)?;
-                Ok(r * sigma_max)
-            }
-            RankTolerance::Absolute(t) => {
-                check_nonneg("tol", t)?;
-                Ok(t)
-            }
+            RankTolerance::Numpy => {}
+            RankTolerance::Relative(x) | RankTolerance::Absolute(x) => check_nonneg("tol", x)?,
         }
+        check_nonneg("sigma_max", sigma_max)?;
+        Ok(match self {
+            RankTolerance::Numpy => sigma_max * rows.max(cols) as f64 * A::EPS,
+            RankTolerance::Relative(r) => r * sigma_max,
+            RankTolerance::Absolute(t) => t,
+        })
     }
 }
 
@@ -114,21 +125,46 @@ pub fn conditioning_from_singular_values<A: Real>(
     }
     let mut v: Vec<A> = s.to_vec();
     v.sort_by(|a, b| b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal));
-    let smax = v[0];
-    let smin = v[k - 1];
-    let tau = A::from_f64_lossy(tol.threshold::<A>(smax.to_f64_lossy(), rows, cols)?);
+    let tau = A::from_f64_lossy(tol.threshold::<A>(v[0].to_f64_lossy(), rows, cols)?);
+    Ok(apply_rule(&v, tau))
+}
+
+/// The κ rule on descending singular values `v` (non-empty) with threshold `tau`.
+fn apply_rule<A: Real>(v: &[A], tau: A) -> Conditioning<A> {
+    let k = v.len();
+    let (smax, smin) = (v[0], v[k - 1]);
     let rank = v.iter().filter(|&&x| x > tau).count();
     let inf = A::infinity();
     let kappa = if rank == k { smax / smin } else { inf };
     let pseudo_kappa = if rank == 0 { inf } else { smax / v[rank - 1] };
-    Ok(Conditioning {
+    Conditioning {
         kappa,
         pseudo_kappa,
         rank,
         sigma_max: smax,
         sigma_min: smin,
         threshold: tau,
-    })
+    }
+}
+
+/// The rule applied to the singular values of the rescaled copy 2^k·A, and the scaling: κ, κ⁺
+/// and the rank are those of A; σ and τ are 2^k times A's.
+fn scaled_conditioning<A: Real>(
+    a: ArrayView2<'_, A>,
+    tol: RankTolerance,
+) -> Result<(Conditioning<A>, Pow2)> {
+    // Arguments in signature order (`a`, then `tol`), both before the expensive part.
+    crate::error::check_matrix("a", &a)?;
+    tol.threshold::<A>(1.0, 1, 1)?;
+    let (s, p) = scaled_singular_values(a, SvdDriver::QrIteration)?;
+    let (m, n) = a.dim();
+    let tau = match tol {
+        // An absolute threshold is in A's units: rescale it with A (may over/underflow, which
+        // is then the right comparison: every σ below, or above, it).
+        RankTolerance::Absolute(t) => p.apply_f64(t),
+        _ => tol.threshold::<A>(s[0].to_f64_lossy(), m, n)?,
+    };
+    Ok((apply_rule(&s.to_vec(), A::from_f64_lossy(tau)), p))
 }
 
 /// κ, κ⁺, the numerical rank and the extreme singular values of `a`, from one SVD (singular
@@ -137,13 +173,31 @@ pub fn conditioning_from_singular_values<A: Real>(
 /// Cost: one SVD, ~4mn² flops (m ≥ n). Accuracy: the relative error of a finite κ is at most
 /// about p(m,n)·ε·κ (from the SVD's absolute error p(m,n)·ε·σ₁ in σ_k).
 ///
-/// Errors: `a` empty or non-finite; an invalid `tol`; LAPACK failure.
+/// Errors: `a` empty or non-finite; an invalid `tol`; LAPACK failure;
+/// [`LinalgError::Overflow`] (argument `a`) when σ₁ exceeds the element type's `MAX` (use
+/// [`condition_number_with`], [`pseudo_condition_number`] or [`numerical_rank`], which are
+/// scale-free and never overflow).
 pub fn conditioning<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result<Conditioning<A>> {
-    // Validate `tol` before the expensive part.
-    tol.threshold::<A>(1.0, 1, 1)?;
-    let s = singular_values(a, SvdDriver::QrIteration)?;
-    let (m, n) = a.dim();
-    conditioning_from_singular_values(s.view(), m, n, tol)
+    let (c, p) = scaled_conditioning(a, tol)?;
+    let back = p.inverse();
+    let sigma_max = back.apply(c.sigma_max);
+    if !sigma_max.is_finite() {
+        return Err(LinalgError::Overflow {
+            arg: "a",
+            reason: format!(
+                "σ₁ = {:e}·2^{} exceeds {}::MAX",
+                c.sigma_max.to_f64_lossy(),
+                back.k,
+                A::NAME
+            ),
+        });
+    }
+    Ok(Conditioning {
+        sigma_max,
+        sigma_min: back.apply(c.sigma_min),
+        threshold: back.apply(c.threshold),
+        ..c
+    })
 }
 
 /// The 2-norm condition number κ(A) = σ₁/σ_k, k = min(m, n), with the default rank rule
@@ -151,7 +205,8 @@ pub fn conditioning<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result
 ///
 /// Works for any rectangular shape. Cost: one SVD (singular values only).
 ///
-/// Errors: [`LinalgError::Empty`] and [`LinalgError::NonFinite`] for argument `a`.
+/// Errors: [`LinalgError::Empty`] and [`LinalgError::NonFinite`] for argument `a`. Defined for
+/// every finite input (scale-free, see the module docs).
 ///
 /// ```
 /// use kappa_linalg::condition_number;
@@ -161,7 +216,7 @@ pub fn conditioning<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result
 /// assert_eq!(condition_number(singular.view()).unwrap(), f64::INFINITY);
 /// ```
 pub fn condition_number<A: Real>(a: ArrayView2<'_, A>) -> Result<A> {
-    Ok(conditioning(a, RankTolerance::Numpy)?.kappa)
+    Ok(scaled_conditioning(a, RankTolerance::Numpy)?.0.kappa)
 }
 
 /// κ(A) under an explicit [`RankTolerance`] (e.g. `Absolute(0.0)` for the raw ratio σ₁/σ_k).
@@ -173,7 +228,7 @@ pub fn condition_number<A: Real>(a: ArrayView2<'_, A>) -> Result<A> {
 /// assert_eq!(condition_number_with(a.view(), RankTolerance::Absolute(0.0)).unwrap(), 1e17);
 /// ```
 pub fn condition_number_with<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result<A> {
-    Ok(conditioning(a, tol)?.kappa)
+    Ok(scaled_conditioning(a, tol)?.0.kappa)
 }
 
 /// The pseudo condition number κ⁺(A) = σ₁/σ_r over the r singular values above the threshold
@@ -190,7 +245,7 @@ pub fn condition_number_with<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) 
 /// assert!(k.is_finite() && k >= 1.0);
 /// ```
 pub fn pseudo_condition_number<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result<A> {
-    Ok(conditioning(a, tol)?.pseudo_kappa)
+    Ok(scaled_conditioning(a, tol)?.0.pseudo_kappa)
 }
 
 /// The numerical rank r = #{σ_i > τ} (numpy's `matrix_rank` with [`RankTolerance::Numpy`]).
@@ -201,7 +256,7 @@ pub fn pseudo_condition_number<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance
 /// assert_eq!(numerical_rank(a.view(), RankTolerance::Numpy).unwrap(), 1);
 /// ```
 pub fn numerical_rank<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result<usize> {
-    Ok(conditioning(a, tol)?.rank)
+    Ok(scaled_conditioning(a, tol)?.0.rank)
 }
 
 #[cfg(test)]

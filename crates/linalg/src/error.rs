@@ -3,6 +3,21 @@
 //! Every error names the argument it is about (`arg`, the parameter name as written in the
 //! function's signature) and the problem, so a message such as
 //! ``argument `a` has a non-finite entry NaN at (2, 0)`` points straight at the bad value.
+//!
+//! # The error contract
+//!
+//! * Every public entry point returns a `LinalgError` or a documented value on any input: it
+//!   never panics, never runs without end (iteration and step counts are capped:
+//!   [`MAX_ITERATIONS`](crate::MAX_ITERATIONS), [`MAX_NS_STEPS`](crate::MAX_NS_STEPS)) and never
+//!   aborts on allocation (dense results beyond [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES)
+//!   are [`LinalgError::TooLarge`]).
+//! * `arg` is the caller's parameter as written in the signature (`a`, `tol`, `opts.max_iter`,
+//!   `schedule.steps`, `self` for trait methods, `self.u` for a field of `self`).
+//! * When several arguments are bad, the first one in signature order is reported; checks of
+//!   one argument alone come before checks that involve several (shape agreement, PSD under τ).
+//! * Finite input of any magnitude, subnormal to near `MAX`, is valid input. Scale-safe
+//!   algorithms rescale exactly by powers of two, and only a result that is itself not
+//!   representable is an error ([`LinalgError::Overflow`]).
 
 use ndarray::{ArrayView1, ArrayView2};
 
@@ -95,6 +110,18 @@ pub enum LinalgError {
         /// Why the result cannot be built.
         reason: String,
     },
+    /// A finite input whose result does not fit the element type: a singular value, a norm or an
+    /// entry of the result would exceed its largest finite number (`f64::MAX` ≈ 1.8e308,
+    /// `f32::MAX` ≈ 3.4e38). The computation itself runs on an exactly rescaled copy and does
+    /// not overflow; only the value to be returned would. Scale-free results (κ, rank, polar
+    /// factor, Newton–Schulz) never report this.
+    #[error("argument `{arg}`: the result overflows the element type: {reason}")]
+    Overflow {
+        /// The argument's name.
+        arg: &'static str,
+        /// Which value overflows, and its size as a power of two.
+        reason: String,
+    },
     /// A tensor has an element type the backend does not compute in.
     #[error("argument `{arg}` has element type {dtype}; supported: {supported}")]
     UnsupportedDtype {
@@ -142,6 +169,48 @@ pub(crate) fn lapack_err(
         arg,
         routine,
         message: e.to_string(),
+    }
+}
+
+/// The same error naming `to` instead of `from` (for entry points that delegate to another one
+/// whose parameter has a different name, e.g. `Matrix::singular_values(&self)` → `a`).
+pub(crate) fn rename(e: LinalgError, from: &'static str, to: &'static str) -> LinalgError {
+    use LinalgError as E;
+    let fix = |arg: &mut &'static str| {
+        if *arg == from {
+            *arg = to;
+        }
+    };
+    let mut e = e;
+    match &mut e {
+        E::Empty { arg, .. }
+        | E::NonFinite { arg, .. }
+        | E::ShapeMismatch { arg, .. }
+        | E::NotSquare { arg, .. }
+        | E::NotSymmetric { arg, .. }
+        | E::NotPositiveSemidefinite { arg, .. }
+        | E::InvalidArgument { arg, .. }
+        | E::TooLarge { arg, .. }
+        | E::Overflow { arg, .. }
+        | E::UnsupportedDtype { arg, .. }
+        | E::Lapack { arg, .. }
+        | E::Backend { arg, .. } => fix(arg),
+    }
+    e
+}
+
+/// Checks that a dense `rows`×`cols` result fits [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES)
+/// (so building it can neither overflow `usize` nor abort on allocation).
+pub(crate) fn check_dense(arg: &'static str, rows: usize, cols: usize) -> Result<()> {
+    match rows.checked_mul(cols) {
+        Some(n) if n <= crate::MAX_DENSE_ENTRIES => Ok(()),
+        _ => Err(LinalgError::TooLarge {
+            arg,
+            reason: format!(
+                "the dense result would be {rows}×{cols}, more than MAX_DENSE_ENTRIES = 2^28 \
+                 entries"
+            ),
+        }),
     }
 }
 

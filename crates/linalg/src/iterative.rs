@@ -13,6 +13,15 @@
 //! eigenvalue it found is the *extreme* one: a start vector with (almost) no component along the
 //! extreme singular vector finds the next one. Random start vectors make this a probability-zero
 //! event in exact arithmetic and rare in floating point.
+//!
+//! # Scale safety
+//!
+//! The iterations run on A itself when ‖A‖_F lies in a safe range ([1e-100, 1e100] for f64,
+//! [1e-12, 1e12] for f32) and otherwise on the copy 2^k·A scaled exactly by the power of two
+//! that brings max |a_ij| into [0.5, 1), so products and squared norms never over- or underflow
+//! for any finite input (subnormal to near `MAX`). The returned σ estimates are scaled back;
+//! when one exceeds the element type's `MAX` the function fails with
+//! [`LinalgError::Overflow`] (argument `a`). κ̂ itself is scale-free.
 
 use ndarray::linalg::general_mat_vec_mul;
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis, CowArray, Ix2, ShapeBuilder};
@@ -21,7 +30,11 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::error::{check_finite, lapack_err, LinalgError, Result};
-use crate::scalar::Real;
+use crate::scalar::{scaled_copy, Pow2, Real};
+
+/// The largest accepted [`IterativeOptions::max_iter`]: 2²⁰. An iteration whose tolerance is below
+/// what rounding allows (tol ≲ n·ε) runs to the cap, so an unbounded cap would be a hang.
+pub const MAX_ITERATIONS: usize = 1 << 20;
 
 /// Tolerance, iteration cap, seed and stopping rule of an iterative estimate.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,10 +85,13 @@ impl IterativeOptions {
                 reason: format!("must lie in (0, 1), found {}", self.tol),
             });
         }
-        if self.max_iter == 0 {
+        if self.max_iter == 0 || self.max_iter > MAX_ITERATIONS {
             return Err(LinalgError::InvalidArgument {
                 arg: "opts.max_iter",
-                reason: "must be at least 1".into(),
+                reason: format!(
+                    "must lie in [1, MAX_ITERATIONS = 2^20], found {}",
+                    self.max_iter
+                ),
             });
         }
         Ok(())
@@ -140,15 +156,36 @@ fn tall<A: Real>(a: ArrayView2<'_, A>) -> ArrayView2<'_, A> {
 
 /// A matrix whose products and squared norms cannot over- or underflow: `a` itself (borrowed, no
 /// copy of a possibly large matrix) when its Frobenius norm `fro` lies in a safe range
-/// ([1e-100, 1e100] for f64, [1e-12, 1e12] for f32), else the copy a/fro. Returns the matrix and
-/// the factor to multiply its singular values by.
-fn normalized<A: Real>(a: ArrayView2<'_, A>, fro: f64) -> (CowArray<'_, A, Ix2>, A) {
+/// ([1e-100, 1e100] for f64, [1e-12, 1e12] for f32), else the row-major copy 2^k·a with
+/// max |a_ij|·2^k ∈ [0.5, 1) (exact; `fro` may be +∞ for finite entries near `MAX`). Returns the
+/// matrix and the scaling.
+fn normalized<A: Real>(a: ArrayView2<'_, A>, fro: f64) -> (CowArray<'_, A, Ix2>, Pow2) {
     let bound = if A::EPS > 1e-10 { 1e12 } else { 1e100 };
     if fro >= 1.0 / bound && fro <= bound {
-        (CowArray::from(a), A::one())
+        (CowArray::from(a), Pow2::ONE)
     } else {
-        let scale = A::from_f64_lossy(fro);
-        (CowArray::from(a.mapv(|x| x / scale)), scale)
+        let (scaled, p) = scaled_copy(a);
+        (CowArray::from(scaled), p)
+    }
+}
+
+/// A σ estimate x of the scaled matrix 2^k·A, scaled back (x·2^−k), or
+/// [`LinalgError::Overflow`] (argument `a`) when that exceeds the element type's `MAX`.
+fn unscaled<A: Real>(x: A, p: Pow2, what: &str) -> Result<A> {
+    let back = p.inverse();
+    let y = back.apply(x);
+    if y.is_finite() {
+        Ok(y)
+    } else {
+        Err(LinalgError::Overflow {
+            arg: "a",
+            reason: format!(
+                "{what} = {:e}·2^{} exceeds {}::MAX",
+                x.to_f64_lossy(),
+                back.k,
+                A::NAME
+            ),
+        })
     }
 }
 
@@ -176,7 +213,9 @@ fn norm<A: Real>(v: &Array1<A>) -> A {
 /// Cost: 4mn flops per iteration. Accuracy: on convergence, relative error ≲ tol/2 in σ, and
 /// far less near convergence (error ~ residual²/gap).
 ///
-/// Errors: `a` empty or non-finite; `opts.tol` outside (0, 1); `opts.max_iter == 0`.
+/// Errors: `a` empty or non-finite (argument `a`); `opts.tol` outside (0, 1) (argument
+/// `opts.tol`); `opts.max_iter` outside [1, [`MAX_ITERATIONS`]] (argument `opts.max_iter`);
+/// [`LinalgError::Overflow`] (argument `a`) when the estimate exceeds the element type's `MAX`.
 ///
 /// ```
 /// use kappa_linalg::{sigma_max_power, IterativeOptions};
@@ -217,7 +256,7 @@ pub fn sigma_max_power<A: Real>(
         let nw = norm(&w);
         if residual <= opts.tol || nw.is_zero() {
             return Ok(SigmaEstimate {
-                value: lambda.fsqrt() * scale,
+                value: unscaled(lambda.fsqrt(), scale, "σ₁")?,
                 iterations: it,
                 converged: residual <= opts.tol,
                 residual,
@@ -226,7 +265,7 @@ pub fn sigma_max_power<A: Real>(
         v = w / nw;
     }
     Ok(SigmaEstimate {
-        value: lambda.fsqrt() * scale,
+        value: unscaled(lambda.fsqrt(), scale, "σ₁")?,
         iterations: opts.max_iter,
         converged: false,
         residual,
@@ -272,8 +311,9 @@ pub fn sigma_min_inverse<A: Real>(
     if fro == 0.0 {
         return Ok(exact_zero);
     }
-    let scale = A::from_f64_lossy(fro);
-    let scaled = a.mapv(|x| x / scale);
+    // Always the exactly rescaled row-major copy: the QR needs a copy anyway, and LAPACK a
+    // standard layout.
+    let (scaled, scale) = scaled_copy(a);
     let (_q, r) = scaled.qr().map_err(lapack_err("a", "?geqrf"))?;
     let r: Array2<A> = r.slice(s![..k, ..k]).to_owned();
     if r.diag().iter().any(|d| d.is_zero()) {
@@ -298,10 +338,10 @@ pub fn sigma_min_inverse<A: Real>(
         let w = r.t().dot(&rv);
         let rn = norm(&(&w - &(&v * lambda)));
         residual = (rn / lambda).to_f64_lossy();
-        value = lambda.fsqrt() * scale;
+        value = lambda.fsqrt();
         if residual <= opts.tol {
             return Ok(SigmaEstimate {
-                value,
+                value: unscaled(value, scale, "σ_k")?,
                 iterations: it,
                 converged: true,
                 residual,
@@ -309,7 +349,7 @@ pub fn sigma_min_inverse<A: Real>(
         }
     }
     Ok(SigmaEstimate {
-        value,
+        value: unscaled(value, scale, "σ_k")?,
         iterations: opts.max_iter,
         converged: false,
         residual,
@@ -633,8 +673,8 @@ pub fn condition_number_estimate<A: Real>(
     };
     Ok(KappaEstimate {
         kappa,
-        sigma_max: f.theta_max * scale,
-        sigma_min: f.theta_min * scale,
+        sigma_max: unscaled(f.theta_max, scale, "σ₁")?,
+        sigma_min: unscaled(f.theta_min, scale, "σ_k")?,
         iterations: f.iterations,
         converged: f.converged,
         residual: f.residual,

@@ -17,23 +17,14 @@
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ShapeBuilder};
 
 use crate::error::{check_matrix, check_vector, shape_str, LinalgError, Result};
-use crate::scalar::Real;
+use crate::scalar::{max_abs, scale_f64, scaled_copy, Pow2, Real};
 
 /// Largest dense result this module builds (2²⁸ entries = 2 GiB of f64); beyond it use the
 /// implicit forms.
 pub const MAX_DENSE_ENTRIES: usize = 1 << 28;
 
 fn dense_size(arg: &'static str, rows: usize, cols: usize) -> Result<()> {
-    match rows.checked_mul(cols) {
-        Some(n) if n <= MAX_DENSE_ENTRIES => Ok(()),
-        _ => Err(LinalgError::TooLarge {
-            arg,
-            reason: format!(
-                "the dense result would be {rows}×{cols}, more than MAX_DENSE_ENTRIES = 2^28 \
-                 entries; use the implicit form"
-            ),
-        }),
-    }
+    crate::error::check_dense(arg, rows, cols)
 }
 
 /// vec(M): the columns of `m` stacked into one vector of length rows·cols.
@@ -83,8 +74,9 @@ pub fn unvec<A: Real>(v: ArrayView1<'_, A>, rows: usize, cols: usize) -> Result<
 ///
 /// Cost: pqrs multiplications and as many entries of memory.
 ///
-/// Errors: `a` or `b` empty or non-finite; [`LinalgError::TooLarge`] when the result would
-/// exceed [`MAX_DENSE_ENTRIES`].
+/// Errors: `a` or `b` empty or non-finite; [`LinalgError::TooLarge`] (argument `a`) when the
+/// result would exceed [`MAX_DENSE_ENTRIES`]; [`LinalgError::Overflow`] (argument `b`) when an
+/// entry a_ij·b_kl would exceed the element type's `MAX`.
 ///
 /// ```
 /// let a = ndarray::array![[1.0, 2.0]];
@@ -102,6 +94,7 @@ pub fn kron<A: Real>(a: ArrayView2<'_, A>, b: ArrayView2<'_, A>) -> Result<Array
     match (rows, cols) {
         (Some(rows), Some(cols)) => {
             dense_size("a", rows, cols)?;
+            check_product_range::<A>(&a, &b)?;
             Ok(Array2::from_shape_fn((rows, cols), |(i, j)| {
                 a[[i / r, j / s]] * b[[i % r, j % s]]
             }))
@@ -113,11 +106,30 @@ pub fn kron<A: Real>(a: ArrayView2<'_, A>, b: ArrayView2<'_, A>) -> Result<Array
     }
 }
 
+/// [`LinalgError::Overflow`] (argument `b`) when max|a_ij|·max|b_kl|, the largest entry of
+/// A ⊗ B, exceeds the element type's `MAX` (so every entry of a returned product is finite).
+fn check_product_range<A: Real>(a: &ArrayView2<'_, A>, b: &ArrayView2<'_, A>) -> Result<()> {
+    let (ma, mb) = (max_abs(a.iter()), max_abs(b.iter()));
+    // Exact in f64 for f32 entries (24 + 24 bits); for f64 the same rounding as the entry itself.
+    if A::from_f64_lossy(ma * mb).is_finite() {
+        Ok(())
+    } else {
+        Err(LinalgError::Overflow {
+            arg: "b",
+            reason: format!("max|a|·max|b| = {ma:e}·{mb:e} exceeds {}::MAX", A::NAME),
+        })
+    }
+}
+
 /// (A ⊗ B)·x without forming A ⊗ B: with X = unvec(x, s, q), (A ⊗ B) vec(X) = vec(B X Aᵀ)
 /// for A ∈ ℝ^{p×q}, B ∈ ℝ^{r×s}, x ∈ ℝ^{qs}.
 ///
 /// Cost: 2·(rsq + rqp) flops instead of 2·pqrs. Errors: any argument empty or non-finite;
-/// `x.len() != q·s` (argument `x`).
+/// `x.len() != q·s` (argument `x`); [`LinalgError::Overflow`] (argument `x`) when an entry of
+/// the result exceeds the element type's `MAX`. Scale-safe: A, B and x are rescaled exactly by
+/// powers of two first, so no intermediate over- or underflows, whatever their magnitudes
+/// (1e-320 ⊗ 1e300 included); an entry of the result below the normal range is rounded as a
+/// subnormal (within one subnormal ulp).
 ///
 /// ```
 /// use kappa_linalg::{kron, kron_matvec};
@@ -144,9 +156,26 @@ pub fn kron_matvec<A: Real>(
             found: format!("length {}", x.len()),
         });
     }
-    let xm = unvec(x, s, q)?;
-    let y = b.dot(&xm).dot(&a.t());
-    Ok(y.t().iter().copied().collect())
+    // Exactly rescaled factors (max |entry| ∈ [0.5, 1)): the intermediate B·X can then neither
+    // overflow nor underflow, and the one scaling back rounds each entry once.
+    let (a_s, pa) = scaled_copy(a);
+    let (b_s, pb) = scaled_copy(b);
+    let px = Pow2::normalizing(max_abs(x.iter()));
+    let xm = unvec(x.mapv(|v| px.apply(v)).view(), s, q)?;
+    let y = b_s.dot(&xm).dot(&a_s.t());
+    let back = -(i64::from(pa.k) + i64::from(pb.k) + i64::from(px.k));
+    let out: Array1<A> = y
+        .t()
+        .iter()
+        .map(|&v| A::from_f64_lossy(scale_f64(v.to_f64_lossy(), back)))
+        .collect();
+    if !out.iter().all(|v| v.is_finite()) {
+        return Err(LinalgError::Overflow {
+            arg: "x",
+            reason: format!("an entry of (A ⊗ B)·x exceeds {}::MAX", A::NAME),
+        });
+    }
+    Ok(out)
 }
 
 /// The commutation matrix K_{m,n}, applied implicitly (see the module docs).

@@ -6,10 +6,10 @@
 //! |---|---|
 //! | [`error`] | [`LinalgError`], [`Result`] — every entry point validates its input |
 //! | [`matrix`] | [`Matrix`], the backend trait (`ndarray::Array2<f32 \| f64>`; `tch::Tensor` with the `tch` feature) |
-//! | [`svd`] | [`singular_values`], [`svd_thin`], [`svd_full`], [`polar_factor`], [`SvdDriver`], [`Svd`] |
+//! | [`svd`] | [`singular_values`], [`svd_thin`], [`svd_full`], [`polar_factor`] (zero σ ↦ 1), [`matrix_sign`] (zero σ ↦ 0), [`SvdDriver`], [`Svd`] |
 //! | [`cond`] | [`condition_number`], [`pseudo_condition_number`], [`numerical_rank`], [`conditioning`], [`RankTolerance`] |
-//! | [`iterative`] | [`sigma_max_power`], [`sigma_min_inverse`], [`condition_number_estimate`] |
-//! | [`newton_schulz`](mod@newton_schulz) | [`newton_schulz_muon`], [`newton_schulz_cubic`], [`newton_schulz()`], [`NsSchedule`] |
+//! | [`iterative`] | [`sigma_max_power`], [`sigma_min_inverse`], [`condition_number_estimate`], [`MAX_ITERATIONS`] |
+//! | [`newton_schulz`](mod@newton_schulz) | [`newton_schulz_muon`], [`newton_schulz_cubic`], [`newton_schulz()`], [`NsSchedule`], [`MAX_NS_STEPS`] |
 //! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
 //!
@@ -21,6 +21,23 @@
 //!   not an error) otherwise; see [`cond`].
 //! * Vectorization is column-major: vec(A M B) = (Bᵀ ⊗ A) vec(M); see [`kron`](mod@kron).
 //! * Matrix products go through BLAS (the system OpenBLAS; `ndarray`'s `blas` feature).
+//!
+//! # Bad input and scale safety
+//!
+//! Every public entry point returns a [`LinalgError`] or a documented value — it never panics,
+//! never runs without end and never aborts on allocation. Errors name the caller's parameter
+//! as written in the signature, and the first bad argument in signature order is the one
+//! reported (see [`error`] for the whole contract). Any memory layout an `ArrayView2` can have
+//! (column-major, strided, negative strides) is accepted: LAPACK gets a standard-layout copy.
+//!
+//! Finite input of any magnitude is valid input. The SVD, QR, eigendecomposition, the
+//! iterations, Newton–Schulz's normalization and `kron_matvec` run on copies rescaled exactly by
+//! powers of two (max |a_ij| into [0.5, 1)), so nothing over- or underflows between subnormal
+//! entries and entries near `MAX`; only a returned value that is itself not representable
+//! (σ₁ of a matrix with entries near `f64::MAX`, say) is an error,
+//! [`LinalgError::Overflow`]. Scale-free results (κ, rank, polar factor, matrix sign,
+//! Newton–Schulz) never overflow. A seeded bad-input test (`tests/bad_input_generated.rs`)
+//! checks all of this on every entry point.
 
 // Links the system OpenBLAS, which provides the cblas symbols behind ndarray's `blas` feature.
 #[cfg(feature = "openblas-system")]
@@ -45,14 +62,15 @@ pub use cond::{
 pub use error::{LinalgError, Result};
 pub use iterative::{
     condition_number_estimate, sigma_max_power, sigma_min_inverse, IterativeOptions, KappaEstimate,
-    SigmaEstimate, StopRule,
+    SigmaEstimate, StopRule, MAX_ITERATIONS,
 };
 pub use kron::{commutation_matrix, kron, kron_matvec, unvec, vec, Commutation, MAX_DENSE_ENTRIES};
 pub use matrix::Matrix;
 pub use newton_schulz::{
-    newton_schulz, newton_schulz_cubic, newton_schulz_muon, NsSchedule, PolyStep, CUBIC, MUON_BAND,
-    MUON_BAND_THRESHOLD, MUON_QUINTIC, POLAR_EXPRESS_COEFFICIENTS, POLAR_EXPRESS_SAFETY,
+    newton_schulz, newton_schulz_cubic, newton_schulz_muon, NsSchedule, PolyStep, CUBIC,
+    MAX_NS_STEPS, MUON_BAND, MUON_BAND_THRESHOLD, MUON_QUINTIC, POLAR_EXPRESS_COEFFICIENTS,
+    POLAR_EXPRESS_SAFETY,
 };
 pub use psd::{psd_inv_sqrt, psd_sqrt};
 pub use scalar::Real;
-pub use svd::{polar_factor, singular_values, svd_full, svd_thin, Svd, SvdDriver};
+pub use svd::{matrix_sign, polar_factor, singular_values, svd_full, svd_thin, Svd, SvdDriver};

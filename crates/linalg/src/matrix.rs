@@ -10,12 +10,19 @@
 //! Scalars cross the trait as `f64` and are rounded to the matrix's element type where they are
 //! used. Every operation that takes a second matrix checks shapes and returns
 //! [`LinalgError::ShapeMismatch`] instead of panicking.
+//!
+//! The arithmetic operations (`matmul`, `gemm`, `mul_add`, `scale`, `axpy`, `inner`,
+//! `set_diagonal`, `scale_columns`, `scale_entries`) are BLAS-level kernels: they check shapes,
+//! not values, and follow IEEE arithmetic — finite operands whose result overflows give ±∞
+//! entries, and NaN operands propagate. Callers validate once ([`Matrix::validate`]) and keep
+//! their iterates in range (as Newton–Schulz does by normalizing). The SVD-based operations
+//! validate their input and are scale-safe.
 
 use ndarray::{linalg::general_mat_mul, Array2, ShapeBuilder};
 
-use crate::error::{check_finite, shape_str, LinalgError, Result};
-use crate::scalar::{array_norm, Real};
-use crate::svd::{polar_factor, singular_values, SvdDriver};
+use crate::error::{rename, shape_str, LinalgError, Result};
+use crate::scalar::{array_norm, Pow2, Real};
+use crate::svd::{polar_factor, scaled_singular_values, scaled_thin, SvdDriver};
 
 /// A dense real matrix, as the algorithms of this crate see it.
 ///
@@ -34,10 +41,13 @@ pub trait Matrix: Sized {
     /// column-major), `tch` returns a strided view.
     fn into_transpose(self) -> Self;
 
-    /// The matrix product `self · rhs`.
+    /// The matrix product `self · rhs`. Errors: shapes that do not chain (argument `rhs`); a
+    /// result beyond [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES) entries
+    /// ([`LinalgError::TooLarge`], argument `rhs`).
     fn matmul(&self, rhs: &Self) -> Result<Self>;
 
-    /// The Gram matrix `self · selfᵀ` (rows × rows).
+    /// The Gram matrix `self · selfᵀ` (rows × rows). Errors: rows² beyond
+    /// [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES) ([`LinalgError::TooLarge`], argument `self`).
     fn gram(&self) -> Result<Self>;
 
     /// BLAS `gemm` in place: `self ← alpha·(a·b) + beta·self`. `self` must not be `a` or `b`.
@@ -56,16 +66,22 @@ pub trait Matrix: Sized {
     fn axpy(&mut self, alpha: f64, x: &Self) -> Result<()>;
 
     /// The Frobenius norm sqrt(Σ x_ij²), computed without overflow or underflow and returned in
-    /// `f64` (on `tch`, the reduction runs in `f64` on the tensor's device).
+    /// `f64` (on `tch`, the reduction runs in `f64` on the tensor's device); +∞ only when the
+    /// norm itself exceeds `f64::MAX` (f64 entries near `f64::MAX`), NaN when an entry is NaN.
     fn frobenius_norm(&self) -> Result<f64>;
 
     /// A copy of the matrix (a deep copy: the result shares no storage with `self`).
     fn duplicate(&self) -> Result<Self>;
 
-    /// The singular values σ₁ ≥ … ≥ σ_k ≥ 0, k = min(rows, cols), as `f64`.
+    /// The singular values σ₁ ≥ … ≥ σ_k ≥ 0, k = min(rows, cols), as `f64`, computed on an exact
+    /// power-of-two rescaling of the matrix (see [`crate::svd`]) and scaled back in `f64`.
+    ///
+    /// Errors: empty or non-finite (argument `self`); [`LinalgError::Overflow`] (argument
+    /// `self`) when σ₁ exceeds `f64::MAX`.
     fn singular_values(&self) -> Result<Vec<f64>>;
 
-    /// The exact polar factor U·Vᵀ of the thin SVD A = U Σ Vᵀ (see [`polar_factor`]).
+    /// The exact polar factor U·Vᵀ of the thin SVD A = U Σ Vᵀ (see [`polar_factor`]: zero
+    /// singular values map to 1). Errors: empty or non-finite (argument `self`).
     fn polar_factor(&self) -> Result<Self>;
 
     /// The polar factor U·Vᵀ and the singular values (descending) from **one** thin SVD — what
@@ -141,6 +157,20 @@ fn check_product(
     Ok(())
 }
 
+/// The σ of the rescaled 2^k·A, scaled back in `f64` (so f32 σ beyond `f32::MAX` are still
+/// returned); [`LinalgError::Overflow`] (argument `self`) beyond `f64::MAX`.
+pub(crate) fn sigma_f64<A: Real>(s: impl Iterator<Item = A>, p: Pow2) -> Result<Vec<f64>> {
+    let back = p.inverse();
+    let v: Vec<f64> = s.map(|x| back.apply_f64(x.to_f64_lossy())).collect();
+    match v.first() {
+        Some(s1) if !s1.is_finite() => Err(LinalgError::Overflow {
+            arg: "self",
+            reason: format!("σ₁ exceeds f64::MAX (2^{} times the scaled σ₁)", back.k),
+        }),
+        _ => Ok(v),
+    }
+}
+
 impl<A: Real> Matrix for Array2<A> {
     fn shape(&self) -> (usize, usize) {
         self.dim()
@@ -156,10 +186,12 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn matmul(&self, rhs: &Self) -> Result<Self> {
         check_product("rhs", self.dim(), rhs.dim(), None)?;
+        crate::error::check_dense("rhs", self.nrows(), rhs.ncols())?;
         Ok(self.dot(rhs))
     }
 
     fn gram(&self) -> Result<Self> {
+        crate::error::check_dense("self", self.nrows(), self.nrows())?;
         Ok(self.dot(&self.t()))
     }
 
@@ -222,21 +254,19 @@ impl<A: Real> Matrix for Array2<A> {
     }
 
     fn singular_values(&self) -> Result<Vec<f64>> {
-        check_finite("self", &self.view())?;
-        let s = singular_values(self.view(), SvdDriver::default())?;
-        Ok(s.iter().map(|x| x.to_f64_lossy()).collect())
+        let (s, p) = scaled_singular_values(self.view(), SvdDriver::default())
+            .map_err(|e| rename(e, "a", "self"))?;
+        sigma_f64(s.iter().copied(), p)
     }
 
     fn polar_factor(&self) -> Result<Self> {
-        polar_factor(self.view(), SvdDriver::default())
+        polar_factor(self.view(), SvdDriver::default()).map_err(|e| rename(e, "a", "self"))
     }
 
     fn polar_factor_and_singular_values(&self) -> Result<(Self, Vec<f64>)> {
-        let f = crate::svd::svd_thin(self.view(), SvdDriver::default())?;
-        Ok((
-            f.u.dot(&f.vt),
-            f.s.iter().map(|x| x.to_f64_lossy()).collect(),
-        ))
+        let (f, p) =
+            scaled_thin(self.view(), SvdDriver::default()).map_err(|e| rename(e, "a", "self"))?;
+        Ok((f.u.dot(&f.vt), sigma_f64(f.s.iter().copied(), p)?))
     }
 
     fn inner(&self, other: &Self) -> Result<f64> {

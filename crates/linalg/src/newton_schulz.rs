@@ -98,6 +98,22 @@ pub const POLAR_EXPRESS_COEFFICIENTS: [PolyStep; 8] = [
 /// seven steps use (a/s, b/s³, c/s⁵).
 pub const POLAR_EXPRESS_SAFETY: f64 = 1.01;
 
+/// The most steps a schedule may have: 2¹⁶. Every schedule of this crate needs at most a few
+/// hundred (the cubic reaches its quadratic phase from any normalized σ ≥ 2⁻¹⁰⁷⁴ in about
+/// 1840 steps, log(2¹⁰⁷⁴)/log(1.5)); the cap turns an absurd step count into an error instead
+/// of an allocation failure or a run without end.
+pub const MAX_NS_STEPS: usize = 1 << 16;
+
+fn check_steps(steps: usize) -> Result<()> {
+    if steps > MAX_NS_STEPS {
+        return Err(LinalgError::TooLarge {
+            arg: "steps",
+            reason: format!("{steps} Newton–Schulz steps, more than MAX_NS_STEPS = 2^16"),
+        });
+    }
+    Ok(())
+}
+
 /// A Newton–Schulz schedule: one [`PolyStep`] per iteration, and the factor c in the initial
 /// normalization X ← X / (c·‖X‖_F).
 #[derive(Debug, Clone, PartialEq)]
@@ -109,21 +125,30 @@ pub struct NsSchedule {
 }
 
 impl NsSchedule {
-    /// `steps` repetitions of one step, with the given normalization factor.
-    pub fn repeated(step: PolyStep, steps: usize, normalization: f64) -> Self {
-        Self {
+    /// `steps` repetitions of one step, with the given normalization factor (checked when the
+    /// schedule runs, see [`NsSchedule::validate`]).
+    ///
+    /// Errors: [`LinalgError::TooLarge`] (argument `steps`) beyond [`MAX_NS_STEPS`].
+    pub fn repeated(step: PolyStep, steps: usize, normalization: f64) -> Result<Self> {
+        check_steps(steps)?;
+        Ok(Self {
             steps: vec![step; steps],
             normalization,
-        }
+        })
     }
 
     /// Muon: 5 steps of [`MUON_QUINTIC`], normalization by ‖X‖_F.
     pub fn muon() -> Self {
-        Self::repeated(MUON_QUINTIC, 5, 1.0)
+        Self {
+            steps: vec![MUON_QUINTIC; 5],
+            normalization: 1.0,
+        }
     }
 
     /// `steps` steps of the classical [`CUBIC`], normalization by ‖X‖_F.
-    pub fn cubic(steps: usize) -> Self {
+    ///
+    /// Errors: [`LinalgError::TooLarge`] (argument `steps`) beyond [`MAX_NS_STEPS`].
+    pub fn cubic(steps: usize) -> Result<Self> {
         Self::repeated(CUBIC, steps, 1.0)
     }
 
@@ -132,7 +157,10 @@ impl NsSchedule {
     /// (s, s³, s⁵), s = [`POLAR_EXPRESS_SAFETY`], the last entry repeated after step 7, and
     /// normalization by s·‖X‖_F. Every normalized x ∈ [10⁻³, 1]/s ends at 1 ± 10⁻⁶ after 10
     /// steps (f64).
-    pub fn polar_express(steps: usize) -> Self {
+    ///
+    /// Errors: [`LinalgError::TooLarge`] (argument `steps`) beyond [`MAX_NS_STEPS`].
+    pub fn polar_express(steps: usize) -> Result<Self> {
+        check_steps(steps)?;
         let s = POLAR_EXPRESS_SAFETY;
         let last = POLAR_EXPRESS_COEFFICIENTS.len() - 1;
         let steps = (0..steps)
@@ -145,15 +173,16 @@ impl NsSchedule {
                 }
             })
             .collect();
-        Self {
+        Ok(Self {
             steps,
             normalization: s,
-        }
+        })
     }
 
     /// The map this schedule applies to one singular value σ of a matrix with Frobenius norm
     /// `fro`: x = σ/(c·fro), then every step's polynomial. Useful to predict the output
-    /// spectrum. Returns 0 for `fro == 0`.
+    /// spectrum. Returns 0 for `fro == 0`; plain f64 arithmetic otherwise (NaN or ±∞ inputs,
+    /// or an overflowing polynomial, give NaN or ±∞).
     pub fn scalar_map(&self, sigma: f64, fro: f64) -> f64 {
         if fro == 0.0 {
             return 0.0;
@@ -163,8 +192,18 @@ impl NsSchedule {
             .fold(sigma / (self.normalization * fro), |x, p| p.eval(x))
     }
 
-    /// Checks that the normalization is finite and positive and every coefficient finite.
+    /// Checks that the normalization is finite and positive, every coefficient finite and the
+    /// number of steps at most [`MAX_NS_STEPS`].
+    ///
+    /// Errors: [`LinalgError::InvalidArgument`] (arguments `schedule.normalization`,
+    /// `schedule.steps`), [`LinalgError::TooLarge`] (argument `schedule.steps`).
     pub fn validate(&self) -> Result<()> {
+        if self.steps.len() > MAX_NS_STEPS {
+            return Err(LinalgError::TooLarge {
+                arg: "schedule.steps",
+                reason: format!("{} steps, more than MAX_NS_STEPS = 2^16", self.steps.len()),
+            });
+        }
         if !(self.normalization.is_finite() && self.normalization > 0.0) {
             return Err(LinalgError::InvalidArgument {
                 arg: "schedule.normalization",
@@ -191,35 +230,49 @@ impl NsSchedule {
 /// Cost per step for X ∈ ℝ^{r×s} in the wide orientation (r ≤ s): 2r²s (Gram) + 2r³ (A·A, only
 /// when c ≠ 0) + 2r²s (B·X) flops.
 ///
+/// Scale safety: defined for every finite `x`, subnormal to near `MAX`. When ‖X‖_F itself
+/// overflows `f64` (entries near `f64::MAX`), X is first scaled by 2⁻⁶⁴ (exact; it cannot change
+/// the normalized matrix beyond flushing entries 2⁻⁹⁵⁸ times smaller than the largest), and
+/// when it is below 1e-290 (so that it may be subnormal and imprecise) by 2⁶⁰⁰ (exact); the
+/// reciprocal of a norm outside [1e-30, 1e30] is applied as two factors, so it neither overflows
+/// nor becomes subnormal in `f32`/`bf16`.
+///
 /// Errors: `x` empty or non-finite ([`LinalgError::Empty`], [`LinalgError::NonFinite`], argument
-/// `x`); an invalid schedule ([`LinalgError::InvalidArgument`]).
+/// `x`); an invalid schedule ([`LinalgError::InvalidArgument`], [`LinalgError::TooLarge`]);
+/// [`LinalgError::Overflow`] (argument `schedule`) when the polynomials of a user schedule
+/// drive the iterate beyond the element type's range (never for the schedules of this crate,
+/// whose iterates stay below 1.21 in spectral norm).
 ///
 /// ```
 /// use kappa_linalg::{newton_schulz, NsSchedule};
 /// let x = ndarray::array![[2.0_f64, 0.0, 0.0], [0.0, 0.1, 0.0]];
-/// let q = newton_schulz(&x, &NsSchedule::polar_express(10)).unwrap();
+/// let q = newton_schulz(&x, &NsSchedule::polar_express(10).unwrap()).unwrap();
 /// assert!((q[[0, 0]] - 1.0).abs() < 1e-3 && (q[[1, 1]] - 1.0).abs() < 1e-3);
 /// ```
 pub fn newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
-    schedule.validate()?;
+    // Arguments in signature order: `x`, then `schedule`.
     x.validate("x")?;
+    schedule.validate()?;
     let (m, n) = x.shape();
     let transposed = m > n;
     let mut x = x.duplicate()?;
     if transposed {
         x = x.into_transpose();
     }
-    let nrm = x.frobenius_norm()? * schedule.normalization;
-    if nrm > 0.0 {
-        let inv = 1.0 / nrm;
-        if inv.is_finite() && inv < 1e30 {
-            x.scale(inv)?;
-        } else {
-            // 1/nrm would overflow the element type (f32 or bf16 reach only ~3.4e38): scale twice.
-            let s = 1.0 / nrm.sqrt();
-            x.scale(s)?;
-            x.scale(s)?;
-        }
+    let mut fro = x.frobenius_norm()?;
+    if fro.is_infinite() {
+        // Finite entries whose norm overflows f64: ‖X‖_F ≤ √(mn)·f64::MAX, so 2⁻⁶⁴ (exact)
+        // brings it back for any mn < 2¹²⁸.
+        x.scale(f64::powi(2.0, -64))?;
+        fro = x.frobenius_norm()?;
+    } else if fro > 0.0 && fro < 1e-290 {
+        // (Only f64 entries get here.) A norm near the subnormal range carries few significant
+        // bits; 2⁶⁰⁰ (exact for entries this small) restores full precision before dividing.
+        x.scale(f64::powi(2.0, 600))?;
+        fro = x.frobenius_norm()?;
+    }
+    if fro > 0.0 {
+        normalize(&mut x, fro, schedule.normalization)?;
         for p in &schedule.steps {
             let gram = x.gram()?;
             let b = if p.c != 0.0 {
@@ -232,10 +285,34 @@ pub fn newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
             x = x.mul_add(1.0, &b, &x, p.a)?;
         }
     }
+    if !x.frobenius_norm()?.is_finite() {
+        return Err(LinalgError::Overflow {
+            arg: "schedule",
+            reason: "the polynomial steps drove the iterate beyond the element type's range".into(),
+        });
+    }
     if transposed {
         x = x.into_transpose();
     }
     Ok(x)
+}
+
+/// X ← X/(c·fro) for fro > 0 finite and c > 0 finite, as one factor when it lies in
+/// [1e-30, 1e30] and otherwise as two (f32 and bf16 reach only ~3.4e38 and are subnormal below
+/// ~1.2e-38, so a single factor 1/(c·fro) could overflow, or lose bits).
+fn normalize<M: Matrix>(x: &mut M, fro: f64, c: f64) -> Result<()> {
+    let inv = (1.0 / fro) / c;
+    if inv.is_finite() && (1e-30..=1e30).contains(&inv) {
+        return x.scale(inv);
+    }
+    let (s1, s2) = (1.0 / fro.sqrt(), 1.0 / (fro.sqrt() * c));
+    if s2.is_finite() && s2 > 0.0 {
+        x.scale(s1)?;
+        x.scale(s2)
+    } else {
+        x.scale(1.0 / fro)?;
+        x.scale(1.0 / c)
+    }
 }
 
 /// Muon's orthogonalization: 5 steps of [`MUON_QUINTIC`] after normalizing by ‖X‖_F, on the wide
@@ -256,7 +333,8 @@ pub fn newton_schulz_muon<M: Matrix>(x: &M) -> Result<M> {
 }
 
 /// The classical cubic Newton–Schulz iteration, `steps` steps, converging to the polar factor
-/// U Vᵀ (for full-rank X). Cost: 4r²s flops per step. Errors: as [`newton_schulz`].
+/// U Vᵀ (for full-rank X). Cost: 4r²s flops per step. Errors: as [`newton_schulz`], and
+/// [`LinalgError::TooLarge`] (argument `steps`) beyond [`MAX_NS_STEPS`].
 ///
 /// ```
 /// use kappa_linalg::{newton_schulz_cubic, polar_factor, SvdDriver};
@@ -266,7 +344,8 @@ pub fn newton_schulz_muon<M: Matrix>(x: &M) -> Result<M> {
 /// assert!((&q - &p).iter().all(|e| e.abs() < 1e-12));
 /// ```
 pub fn newton_schulz_cubic<M: Matrix>(x: &M, steps: usize) -> Result<M> {
-    newton_schulz(x, &NsSchedule::cubic(steps))
+    x.validate("x")?;
+    newton_schulz(x, &NsSchedule::cubic(steps)?)
 }
 
 #[cfg(test)]
@@ -282,7 +361,7 @@ mod tests {
 
     #[test]
     fn polar_express_schedule_applies_the_safety_factor() {
-        let s = NsSchedule::polar_express(10);
+        let s = NsSchedule::polar_express(10).unwrap();
         assert_eq!(s.steps.len(), 10);
         assert_eq!(s.normalization, 1.01);
         let p0 = POLAR_EXPRESS_COEFFICIENTS[0];
@@ -298,7 +377,7 @@ mod tests {
     #[test]
     fn one_step_on_a_diagonal_matrix_is_the_scalar_map() {
         let x = ndarray::array![[0.6_f64, 0.0], [0.0, 0.8]];
-        let sched = NsSchedule::repeated(MUON_QUINTIC, 1, 1.0);
+        let sched = NsSchedule::repeated(MUON_QUINTIC, 1, 1.0).unwrap();
         let y = newton_schulz(&x, &sched).unwrap();
         assert!((y[[0, 0]] - MUON_QUINTIC.eval(0.6)).abs() < 1e-15);
         assert!((y[[1, 1]] - MUON_QUINTIC.eval(0.8)).abs() < 1e-15);

@@ -17,18 +17,28 @@
 //! Accuracy: eigenvalues carry absolute error ≈ n·ε·‖P‖₂, so P^{1/2} is accurate to ≈ √(n·ε·‖P‖₂)
 //! in the worst case (near-zero eigenvalues) and ‖(P^{1/2})² − P‖ ≈ n·ε·‖P‖₂; P^{-1/2} has
 //! relative error ≈ n·ε·κ(P) when no eigenvalue is floored.
+//!
+//! Scale safety: the checks and the eigendecomposition run on P_s = 2^{2j}·P, the exact rescaling
+//! by an even power of two with max |p_ij|·2^{2j} ∈ [0.25, 1), so nothing over- or underflows for
+//! any finite P (subnormal to near `MAX`); then P^{1/2} = 2^{−j}·P_s^{1/2} and
+//! P^{−1/2} = 2^{j}·P_s^{−1/2}, again exact. Both results are representable for every finite P
+//! (‖P^{1/2}‖ ≤ √(n·max|p_ij|) and the floor τ keeps P^{−1/2} finite), and an
+//! `Absolute(atol)` floor is applied in P's units.
 
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 use ndarray_linalg::{EighInto, UPLO};
 
 use crate::cond::RankTolerance;
 use crate::error::{check_matrix, lapack_err, LinalgError, Result};
-use crate::scalar::Real;
+use crate::scalar::{max_abs, Pow2, Real};
 
+/// The eigendecomposition of the rescaled P_s = 2^{2j}·P (values and τ in P_s's units).
 struct Eig<A> {
     values: Array1<A>,
     vectors: Array2<A>,
     tau: A,
+    /// 2^{2j}.
+    scale: Pow2,
 }
 
 fn eig_psd<A: Real>(p: ArrayView2<'_, A>, tol: RankTolerance) -> Result<Eig<A>> {
@@ -41,45 +51,57 @@ fn eig_psd<A: Real>(p: ArrayView2<'_, A>, tol: RankTolerance) -> Result<Eig<A>> 
             cols,
         });
     }
-    tol.threshold::<A>(1.0, 1, 1)?;
+    let mut scale = Pow2::normalizing(max_abs(p.iter()));
+    scale.k -= scale.k.rem_euclid(2);
+    // A standard-layout copy whatever the view's strides (LAPACK needs one).
+    let p = Array2::from_shape_fn(p.dim(), |ij| scale.apply(p[ij]));
     let amax = p.iter().fold(A::zero(), |m, &x| m.max(x.fabs()));
     let asym = p
         .indexed_iter()
         .fold(A::zero(), |m, ((i, j), &x)| m.max((x - p[[j, i]]).fabs()));
     let sym_tol = amax * A::from_f64_lossy(A::EPS.sqrt());
+    let back = scale.inverse();
     if asym > sym_tol {
         return Err(LinalgError::NotSymmetric {
             arg: "p",
-            asymmetry: asym.to_f64_lossy(),
-            tolerance: sym_tol.to_f64_lossy(),
+            asymmetry: back.apply_f64(asym.to_f64_lossy()),
+            tolerance: back.apply_f64(sym_tol.to_f64_lossy()),
         });
     }
+    // `tol` after every check of `p` alone (arguments in signature order); the PSD test needs
+    // both and comes last.
+    tol.threshold::<A>(1.0, 1, 1)?;
     let half = A::from_f64_lossy(0.5);
-    let sym = (&p + &p.t()).mapv(|x| x * half);
+    let sym = Array2::from_shape_fn(p.dim(), |(i, j)| (p[[i, j]] + p[[j, i]]) * half);
     let (values, vectors) = sym
         .eigh_into(UPLO::Lower)
         .map_err(lapack_err("p", "?syevd"))?;
     let lmax = values.iter().fold(A::zero(), |m, &x| m.max(x.fabs()));
-    let tau = A::from_f64_lossy(tol.threshold::<A>(lmax.to_f64_lossy(), rows, cols)?);
+    let tau = match tol {
+        RankTolerance::Absolute(t) => A::from_f64_lossy(scale.apply_f64(t)),
+        _ => A::from_f64_lossy(tol.threshold::<A>(lmax.to_f64_lossy(), rows, cols)?),
+    };
     let lmin = values.iter().fold(A::infinity(), |m, &x| m.min(x));
     if lmin < -tau {
         return Err(LinalgError::NotPositiveSemidefinite {
             arg: "p",
-            eigenvalue: lmin.to_f64_lossy(),
-            tolerance: tau.to_f64_lossy(),
+            eigenvalue: back.apply_f64(lmin.to_f64_lossy()),
+            tolerance: back.apply_f64(tau.to_f64_lossy()),
         });
     }
     Ok(Eig {
         values,
         vectors,
         tau,
+        scale,
     })
 }
 
-fn compose<A: Real>(e: &Eig<A>, f: impl Fn(A) -> A) -> Array2<A> {
+/// Q·f(Λ)·Qᵀ, multiplied by `post` (an exact power of two).
+fn compose<A: Real>(e: &Eig<A>, f: impl Fn(A) -> A, post: Pow2) -> Array2<A> {
     let d = e.values.mapv(f);
     let qd = &e.vectors * &d.view().insert_axis(Axis(0));
-    qd.dot(&e.vectors.t())
+    qd.dot(&e.vectors.t()).mapv(|x| post.apply(x))
 }
 
 /// The principal square root P^{1/2} of a symmetric positive semidefinite `p`.
@@ -97,7 +119,8 @@ fn compose<A: Real>(e: &Eig<A>, f: impl Fn(A) -> A) -> Array2<A> {
 /// ```
 pub fn psd_sqrt<A: Real>(p: ArrayView2<'_, A>, tol: RankTolerance) -> Result<Array2<A>> {
     let e = eig_psd(p, tol)?;
-    Ok(compose(&e, |l| l.max(A::zero()).fsqrt()))
+    let half_back = Pow2 { k: -e.scale.k / 2 };
+    Ok(compose(&e, |l| l.max(A::zero()).fsqrt(), half_back))
 }
 
 /// The inverse square root P^{-1/2} of a symmetric positive semidefinite `p`, with every
@@ -123,7 +146,22 @@ pub fn psd_inv_sqrt<A: Real>(p: ArrayView2<'_, A>, tol: RankTolerance) -> Result
                 .into(),
         });
     }
-    Ok(compose(&e, |l| A::one() / l.max(floor).fsqrt()))
+    let r = compose(
+        &e,
+        |l| A::one() / l.max(floor).fsqrt(),
+        Pow2 { k: e.scale.k / 2 },
+    );
+    if r.iter().all(|x| x.is_finite()) {
+        Ok(r)
+    } else {
+        Err(LinalgError::Overflow {
+            arg: "tol",
+            reason: format!(
+                "the floor τ is so small that P^(-1/2) exceeds {}::MAX",
+                A::NAME
+            ),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,143 @@ pub(crate) fn scaled_norm<'a, A: Real>(iter: impl Iterator<Item = &'a A> + Clone
     }
 }
 
+/// The binary exponent e of a finite x ≠ 0: |x| = f·2^e with f ∈ [0.5, 1) (subnormals included).
+pub(crate) fn binary_exponent(x: f64) -> i32 {
+    let biased = ((x.to_bits() >> 52) & 0x7ff) as i32;
+    if biased == 0 {
+        // Subnormal: 2^64 is exact and makes it normal.
+        binary_exponent(x * pow2(64)) - 64
+    } else {
+        biased - 1022
+    }
+}
+
+/// 2^k as an `f64`, for k ∈ [−1022, 1023] (built from its bits, so exact).
+pub(crate) fn pow2(k: i32) -> f64 {
+    debug_assert!((-1022..=1023).contains(&k));
+    f64::from_bits(((k + 1023) as u64) << 52)
+}
+
+/// An exact scaling by a power of two, x ↦ x·2^k.
+///
+/// Multiplying by a power of two changes only the exponent, so it is exact unless the result
+/// leaves the normal range; it is applied as two factors 2^⌊k/2⌋·2^⌈k/2⌉, each a normal number
+/// of the element type (|k| ≤ 1100 for f64 and ≤ 280 for f32 keep each half representable), so
+/// that scaling subnormal entries up, or entries near `MAX` down, is exact. The only rounding is
+/// that entries below 2^−1074 (f64) after scaling down flush to 0 — entries smaller than 2^−1074
+/// relative to the largest one, far below the ε·‖A‖ backward error of any factorization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pow2 {
+    /// The exponent k.
+    pub k: i32,
+}
+
+impl Pow2 {
+    /// The identity scaling.
+    pub const ONE: Pow2 = Pow2 { k: 0 };
+
+    /// The scaling that maps a largest magnitude `amax` (finite, ≥ 0) into [0.5, 1): k = −e(amax).
+    /// The identity for `amax == 0`.
+    pub fn normalizing(amax: f64) -> Self {
+        if amax == 0.0 || !amax.is_finite() {
+            Pow2::ONE
+        } else {
+            Pow2 {
+                k: -binary_exponent(amax),
+            }
+        }
+    }
+
+    /// The inverse scaling x ↦ x·2^−k.
+    pub fn inverse(self) -> Self {
+        Pow2 { k: -self.k }
+    }
+
+    fn halves(self) -> (f64, f64) {
+        let h = self.k / 2;
+        (pow2(h), pow2(self.k - h))
+    }
+
+    /// x·2^k in the element type (±∞ if it overflows).
+    pub fn apply<A: Real>(self, x: A) -> A {
+        if self.k == 0 {
+            return x;
+        }
+        let (h1, h2) = self.halves();
+        x * A::from_f64_lossy(h1) * A::from_f64_lossy(h2)
+    }
+
+    /// x·2^k in `f64` (±∞ if it overflows).
+    pub fn apply_f64(self, x: f64) -> f64 {
+        let (h1, h2) = self.halves();
+        x * h1 * h2
+    }
+}
+
+/// x·2^k in `f64` for any k (steps of at most 2^±1000, each exact until the result leaves the
+/// normal range; a result that underflows is rounded at most twice, so within one subnormal ulp,
+/// and one that overflows is ±∞).
+pub(crate) fn scale_f64(x: f64, k: i64) -> f64 {
+    let mut x = x;
+    let mut k = k;
+    while k != 0 && x != 0.0 && x.is_finite() {
+        let step = k.clamp(-1000, 1000);
+        x *= pow2(step as i32);
+        k -= step;
+    }
+    x
+}
+
+/// max |a_ij| in `f64` (0 for an empty array; NaN-free input assumed).
+pub(crate) fn max_abs<'a, A: Real>(iter: impl Iterator<Item = &'a A>) -> f64 {
+    iter.fold(0.0f64, |m, &x| m.max(x.to_f64_lossy().abs()))
+}
+
+/// A copy of `a` that LAPACK accepts, scaled exactly by the power of two that brings
+/// max |a_ij| into [0.5, 1), and that scaling. A column-major input stays column-major (so
+/// LAPACK sees the same layout as an unscaled copy would give it); every other layout — row-major,
+/// strided, negative strides — becomes row-major.
+pub(crate) fn scaled_copy<A: Real>(a: ndarray::ArrayView2<'_, A>) -> (ndarray::Array2<A>, Pow2) {
+    use ndarray::ShapeBuilder;
+    let p = Pow2::normalizing(max_abs(a.iter()));
+    let column_major = !a.is_standard_layout() && a.t().is_standard_layout();
+    let mut out = if column_major {
+        ndarray::Array2::zeros(a.dim().f())
+    } else {
+        ndarray::Array2::zeros(a.dim())
+    };
+    ndarray::Zip::from(&mut out)
+        .and(&a)
+        .for_each(|o, &x| *o = p.apply(x));
+    (out, p)
+}
+
+#[cfg(test)]
+mod pow2_tests {
+    use super::*;
+
+    #[test]
+    fn exponents_and_exact_scaling() {
+        assert_eq!(binary_exponent(1.0), 1);
+        assert_eq!(binary_exponent(0.75), 0);
+        assert_eq!(binary_exponent(f64::MAX), 1024);
+        assert_eq!(binary_exponent(f64::MIN_POSITIVE), -1021);
+        assert_eq!(binary_exponent(5e-324), -1073);
+        for x in [f64::MAX, 3.0, 1e-300, 5e-324, 1e-320] {
+            let p = Pow2::normalizing(x);
+            let y = p.apply(x);
+            assert!((0.5..1.0).contains(&y), "{x} → {y}");
+            assert_eq!(p.inverse().apply(y), x);
+        }
+        let p = Pow2::normalizing(f32::MAX as f64);
+        let y = p.apply(f32::MAX);
+        assert!((0.5..1.0).contains(&y) && p.inverse().apply(y) == f32::MAX);
+        let tiny = f32::from_bits(1);
+        let p = Pow2::normalizing(tiny as f64);
+        assert_eq!(p.inverse().apply(p.apply(tiny)), tiny);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

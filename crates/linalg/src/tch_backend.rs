@@ -12,7 +12,15 @@
 //! * Reductions that return a number ([`Matrix::frobenius_norm`]) compute in f64 on the device
 //!   and synchronize with it. The SVD-based operations compute bf16 inputs in f32 (libtorch has no
 //!   bf16 SVD) and return the input's kind.
-//! * libtorch errors are returned as [`LinalgError::Backend`], never as panics.
+//! * libtorch errors are returned as [`LinalgError::Backend`], never as panics. Calls that pass
+//!   a scalar to libtorch (`scale`, `axpy`, `gemm`, `mul_add`, `frobenius_norm`) first check
+//!   that every operand is a supported kind on the first operand's kind and device
+//!   ([`LinalgError::UnsupportedDtype`]): tch turns a libtorch error inside such a call into a
+//!   panic in the scalar's destructor, so it must not happen.
+//! * The SVD-based operations run on an exact power-of-two rescaling of the input (max |x_ij|
+//!   into [0.5, 1)), as the `ndarray` backend does (see [`crate::svd`]): entries near the kind's
+//!   `MAX` cannot overflow the SVD. Singular values are scaled back in `f64`
+//!   ([`LinalgError::Overflow`] beyond `f64::MAX`); the polar factor is scale-free.
 //!
 //! Backend agreement (tested): for f32 tensors on CPU, Newton–Schulz results agree with the
 //! `ndarray` f32 backend to max |Δ| ≤ 1e-4 (entries are O(1/√n)), singular values to a relative
@@ -23,7 +31,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{LinalgError, Result};
 use crate::matrix::Matrix;
-use crate::scalar::Real;
+use crate::scalar::{Pow2, Real};
 
 const SUPPORTED: &str = "Float (f32), BFloat16 (bf16), Double (f64)";
 
@@ -51,6 +59,27 @@ fn dims2(t: &Tensor) -> Option<(usize, usize)> {
         [m, n] => Some((usize::try_from(*m).ok()?, usize::try_from(*n).ok()?)),
         _ => None,
     }
+}
+
+/// Checks that every operand of a call that takes a scalar argument (`mul_scalar`, `baddbmm`,
+/// `norm`) has a supported kind, and the kind and device of the first: libtorch errors inside
+/// such calls surface in tch as a panic (the scalar's destructor unwraps the pending error), so
+/// they must not reach libtorch.
+fn check_operands(ops: &[(&'static str, &Tensor)]) -> Result<()> {
+    let Some(&(_, first)) = ops.first() else {
+        return Ok(());
+    };
+    for &(arg, t) in ops {
+        check_kind(arg, t.kind())?;
+        if t.kind() != first.kind() || t.device() != first.device() {
+            return Err(LinalgError::UnsupportedDtype {
+                arg,
+                dtype: format!("{:?} on {:?}", t.kind(), t.device()),
+                supported: "the kind and device of the first operand",
+            });
+        }
+    }
+    Ok(())
 }
 
 fn check_2d(arg: &'static str, t: &Tensor) -> Result<(usize, usize)> {
@@ -117,6 +146,58 @@ pub fn array_from_tensor(t: &Tensor) -> Result<Array2<f64>> {
     })
 }
 
+/// The SVD input: the tensor (bf16 promoted to f32, libtorch has no bf16 SVD) scaled exactly by
+/// the power of two that brings max |x_ij| into [0.5, 1), applied as two factors (each a normal
+/// number of f32 and f64), and that scaling. Unscaled, entries near the kind's `MAX` overflow
+/// the SVD's column norms (see `crate::svd`).
+fn scaled_work(t: &Tensor) -> Result<(Tensor, Pow2)> {
+    let work = if t.kind() == Kind::BFloat16 {
+        t.f_to_kind(Kind::Float).map_err(backend("self"))?
+    } else {
+        t.shallow_clone()
+    };
+    let amax = work
+        .f_abs()
+        .and_then(|x| x.f_max())
+        .and_then(|x| x.f_double_value(&[]))
+        .map_err(backend("self"))?;
+    let p = Pow2::normalizing(amax);
+    if p == Pow2::ONE {
+        return Ok((work, p));
+    }
+    let h = p.k / 2;
+    let scaled = work
+        .f_mul_scalar(f64::powi(2.0, h))
+        .and_then(|x| x.f_mul_scalar(f64::powi(2.0, p.k - h)))
+        .map_err(backend("self"))?;
+    Ok((scaled, p))
+}
+
+/// The polar factor U·Vᵀ (in the input's kind) from one SVD of the scaled input, with the
+/// scaled singular values and the scaling.
+fn polar_and_scaled_sigma(t: &Tensor) -> Result<(Tensor, Tensor, Pow2)> {
+    t.validate("self")?;
+    let _g = tch::no_grad_guard();
+    let (work, p) = scaled_work(t)?;
+    let (u, s, v) = work.f_svd(true, true).map_err(backend("self"))?;
+    let q = u
+        .f_matmul(&v.f_tr().map_err(backend("self"))?)
+        .and_then(|q| q.f_to_kind(t.kind()))
+        .map_err(backend("self"))?;
+    Ok((q, s, p))
+}
+
+/// The singular values of the scaled SVD input, scaled back in f64; [`LinalgError::Overflow`]
+/// (argument `self`) beyond `f64::MAX`.
+fn sigma_back(s: &Tensor, p: Pow2) -> Result<Vec<f64>> {
+    let s = s
+        .f_to_device(Device::Cpu)
+        .and_then(|x| x.f_to_kind(Kind::Double))
+        .map_err(backend("self"))?;
+    let v = Vec::<f64>::try_from(&s).map_err(backend("self"))?;
+    crate::matrix::sigma_f64(v.into_iter(), p)
+}
+
 impl Matrix for Tensor {
     fn shape(&self) -> (usize, usize) {
         dims2(self).unwrap_or((0, 0))
@@ -154,7 +235,11 @@ impl Matrix for Tensor {
     }
 
     fn into_transpose(self) -> Self {
-        self.tr()
+        // `t()` panics on tensors of more than two dimensions; swap the last two there, and keep
+        // anything else (0-D) as it is — `validate` rejects such tensors anyway.
+        self.f_tr()
+            .or_else(|_| self.f_transpose(-2, -1))
+            .unwrap_or(self)
     }
 
     fn matmul(&self, rhs: &Self) -> Result<Self> {
@@ -163,12 +248,14 @@ impl Matrix for Tensor {
         if l.1 != r.0 {
             return Err(shape_err("rhs", format!("{} rows", l.1), r));
         }
+        crate::error::check_dense("rhs", l.0, r.1)?;
         let _g = tch::no_grad_guard();
         self.f_matmul(rhs).map_err(backend("rhs"))
     }
 
     fn gram(&self) -> Result<Self> {
-        check_2d("self", self)?;
+        let (m, _) = check_2d("self", self)?;
+        crate::error::check_dense("self", m, m)?;
         let _g = tch::no_grad_guard();
         self.f_matmul(&self.tr()).map_err(backend("self"))
     }
@@ -183,6 +270,7 @@ impl Matrix for Tensor {
         if sc != (sa.0, sb.1) {
             return Err(shape_err("self", crate::error::shape_str(sa.0, sb.1), sc));
         }
+        check_operands(&[("self", self), ("a", a), ("b", b)])?;
         let _g = tch::no_grad_guard();
         let out = self
             .unsqueeze(0)
@@ -203,6 +291,7 @@ impl Matrix for Tensor {
         if sc != (sa.0, sb.1) {
             return Err(shape_err("self", crate::error::shape_str(sa.0, sb.1), sc));
         }
+        check_operands(&[("self", self), ("a", a), ("b", b)])?;
         let _g = tch::no_grad_guard();
         self.unsqueeze(0)
             .f_baddbmm(&a.unsqueeze(0), &b.unsqueeze(0), beta, alpha)
@@ -211,6 +300,7 @@ impl Matrix for Tensor {
     }
 
     fn scale(&mut self, alpha: f64) -> Result<()> {
+        check_operands(&[("self", self)])?;
         let _g = tch::no_grad_guard();
         let _ = self.f_mul_scalar_(alpha).map_err(backend("self"))?;
         Ok(())
@@ -222,6 +312,7 @@ impl Matrix for Tensor {
         if s != sx {
             return Err(shape_err("x", crate::error::shape_str(s.0, s.1), sx));
         }
+        check_operands(&[("self", self), ("x", x)])?;
         let _g = tch::no_grad_guard();
         let scaled = x.f_mul_scalar(alpha).map_err(backend("x"))?;
         let _ = self.f_add_(&scaled).map_err(backend("x"))?;
@@ -230,6 +321,7 @@ impl Matrix for Tensor {
 
     fn frobenius_norm(&self) -> Result<f64> {
         check_2d("self", self)?;
+        check_operands(&[("self", self)])?;
         let _g = tch::no_grad_guard();
         // One reduction in f64: squares of f32/bf16 entries cannot overflow or underflow there.
         let direct = self
@@ -265,45 +357,21 @@ impl Matrix for Tensor {
     fn singular_values(&self) -> Result<Vec<f64>> {
         self.validate("self")?;
         let _g = tch::no_grad_guard();
-        let work = if self.kind() == Kind::BFloat16 {
-            self.f_to_kind(Kind::Float).map_err(backend("self"))?
-        } else {
-            self.shallow_clone()
-        };
+        let (work, p) = scaled_work(self)?;
         // `torch.svd(compute_uv=False)` is `torch.linalg.svdvals` without the CUDA-only `driver`
         // argument that tch's `linalg_svdvals` always passes.
         let (_, s, _) = work.f_svd(true, false).map_err(backend("self"))?;
-        let s = s
-            .f_to_device(Device::Cpu)
-            .and_then(|x| x.f_to_kind(Kind::Double))
-            .map_err(backend("self"))?;
-        Vec::<f64>::try_from(&s).map_err(backend("self"))
+        sigma_back(&s, p)
     }
 
     fn polar_factor(&self) -> Result<Self> {
-        // The same SVD; the singular values (min(m, n) of them) cost nothing extra to keep.
-        Ok(self.polar_factor_and_singular_values()?.0)
+        // Scale-free: no σ is scaled back, so no overflow for any finite input.
+        Ok(polar_and_scaled_sigma(self)?.0)
     }
 
     fn polar_factor_and_singular_values(&self) -> Result<(Self, Vec<f64>)> {
-        self.validate("self")?;
-        let _g = tch::no_grad_guard();
-        let kind = self.kind();
-        let work = if kind == Kind::BFloat16 {
-            self.f_to_kind(Kind::Float).map_err(backend("self"))?
-        } else {
-            self.shallow_clone()
-        };
-        let (u, s, v) = work.f_svd(true, true).map_err(backend("self"))?;
-        let q = u
-            .f_matmul(&v.tr())
-            .and_then(|q| q.f_to_kind(kind))
-            .map_err(backend("self"))?;
-        let s = s
-            .f_to_device(Device::Cpu)
-            .and_then(|x| x.f_to_kind(Kind::Double))
-            .map_err(backend("self"))?;
-        Ok((q, Vec::<f64>::try_from(&s).map_err(backend("self"))?))
+        let (q, s, p) = polar_and_scaled_sigma(self)?;
+        Ok((q, sigma_back(&s, p)?))
     }
 
     fn inner(&self, other: &Self) -> Result<f64> {

@@ -114,7 +114,8 @@ impl Msign {
         match *self {
             Msign::Exact => None,
             Msign::MuonQuintic | Msign::MuonQuinticEps { .. } => Some(NsSchedule::muon()),
-            Msign::PolarExpress { steps } => Some(NsSchedule::polar_express(steps)),
+            // `validate` rejects step counts beyond the linalg cap, so `ok()` drops no valid schedule.
+            Msign::PolarExpress { steps } => NsSchedule::polar_express(steps).ok(),
         }
     }
 
@@ -126,6 +127,14 @@ impl Msign {
                 reason: "Polar Express needs at least 1 step".into(),
             }),
             Msign::MuonQuinticEps { eps } => check_range("msign.eps", eps, 0.0, f64::MAX),
+            Msign::PolarExpress { steps } if steps > kappa_linalg::MAX_NS_STEPS => {
+                Err(OptimError::InvalidArgument {
+                    arg: "msign",
+                    reason: format!(
+                        "Polar Express with {steps} steps, more than kappa_linalg::MAX_NS_STEPS"
+                    ),
+                })
+            }
             _ => Ok(()),
         }
     }
@@ -228,7 +237,7 @@ fn exact<M: Matrix>(x: &M, working: &str) -> Result<M> {
     } else {
         x.matmul(&q.duplicate()?.into_transpose())?
     };
-    let p = newton_schulz(&h, &NsSchedule::cubic(steps))?;
+    let p = newton_schulz(&h, &NsSchedule::cubic(steps)?)?;
     Ok(if tall { q.matmul(&p)? } else { p.matmul(&q)? })
 }
 

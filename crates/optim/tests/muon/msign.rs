@@ -43,15 +43,16 @@ fn null_amplification(s: &NsSchedule) -> f64 {
 /// H = QᵀX, ⌈ln(‖X‖_F/σ_r)/ln 1.5⌉ + 8 steps from H/‖H‖_F. The cubic's slope at 0 is 1.5, so the
 /// null part of H — X's own (the last σ, relative to ‖X‖_F) plus the rounding of QᵀX and of each
 /// step (NS_PRODUCTS·√k·u) — grows by at most null_amplification(cubic) ≈ 1.5^steps ≈
-/// 26·‖X‖_F/σ_r. (The module docs' "≈ 10·κ_r·ε" is this estimate's order of magnitude; it was
-/// exceeded, 5.9e-14 against 10·κ_r·ε + svd_err = 4.0e-14, found by exploring.) Plus the check's
+/// 26·‖X‖_F/σ_r (the module docs now state this bound; their former "≈ 10·κ_r·ε" was
+/// exceeded, 5.9e-14 against 10·κ_r·ε + svd_err = 4.0e-14, found by exploring). Plus the check's
 /// svd_err.
 fn exact_null_tol(s: &[f64], rank: usize, m: usize, n: usize) -> f64 {
     let x_fro = s.iter().map(|v| v * v).sum::<f64>().sqrt();
     let steps = ((x_fro / s[rank - 1]).ln() / 1.5f64.ln()).ceil() as usize + 8;
     let e_in = s[rank..].iter().fold(0.0f64, |a, &b| a.max(b)) / x_fro;
     let per_step = NS_PRODUCTS as f64 * (m.max(n) as f64).sqrt() * U64;
-    null_amplification(&NsSchedule::cubic(steps)) * (e_in + (steps + 1) as f64 * per_step)
+    null_amplification(&NsSchedule::cubic(steps).expect("a step count far below MAX_NS_STEPS"))
+        * (e_in + (steps + 1) as f64 * per_step)
         + svd_err(m, n)
 }
 

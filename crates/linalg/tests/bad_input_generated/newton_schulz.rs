@@ -1,0 +1,311 @@
+//! Newton–Schulz: `newton_schulz` (valid, invalid and overflowing schedules), `newton_schulz_muon`,
+//! `newton_schulz_cubic` (step counts 0 to huge), the schedule constructors, `validate`,
+//! `scalar_map` and `PolyStep::eval`.
+
+use super::support::*;
+use kappa_linalg::*;
+use kappa_testkit::hostile::{Fuzz, Layout};
+use ndarray::Array2;
+
+/// max of f over [lo, hi] on a 2001-point grid plus `slope`·h (f's Lipschitz constant times
+/// the grid spacing), so an upper bound of the true maximum.
+fn grid_max(lo: f64, hi: f64, slope: f64, f: impl Fn(f64) -> f64) -> f64 {
+    let h = (hi - lo) / 2000.0;
+    (0..=2000)
+        .map(|i| f(lo + i as f64 * h))
+        .fold(f64::NEG_INFINITY, f64::max)
+        + slope * h
+}
+
+/// A first-order bound on ‖NS(X) − NS(X + E₀)‖_F accumulated with rounding unit `eps`, for an
+/// r×s (wide orientation) input with normalized singular values `x` (σ_i/(c‖X‖_F)).
+///
+/// Each step maps the singular values by p (tracked exactly: `x` ← p(`x`)). As a matrix
+/// function on matrices whose singular values lie in the hull H = [min x − E, max x + E], a step
+/// has the Lipschitz constant L = max over H of max(|p'(t)|, |p(t)/t|) (the divided differences
+/// of an odd polynomial applied to singular values, mean-value theorem). Its own rounding is at
+/// most γ = (2r + s + 3)·eps·√r·(|a|ρ + |b|ρ³ + |c|ρ⁵), ρ = max H (three products of inner
+/// dimension ≤ s or r, each term's magnitude bounded through the spectral norm, Frobenius ≤
+/// √r·spectral). Errors propagate as E ← L·E + γ; by Weyl the computed singular values stay
+/// within E of the tracked ones. The initial normalization X/(c‖X‖_F) errs by (rs + 2)·eps
+/// relative (the norm and one scaling).
+pub fn ns_error_bound(sched: &NsSchedule, r: usize, s: usize, x: &[f64], eps: f64) -> f64 {
+    let mut x = x.to_vec();
+    let hull = |x: &[f64]| {
+        x.iter()
+            .fold((f64::INFINITY, 0.0f64), |(l, h), &v| (l.min(v), h.max(v)))
+    };
+    let mut e = (r * s + 2) as f64 * eps * hull(&x).1 * (r as f64).sqrt();
+    for p in &sched.steps {
+        let (a, b, c) = (p.a.abs(), p.b.abs(), p.c.abs());
+        let (lo, hi) = hull(&x);
+        let (l0, h0) = ((lo - e).max(0.0), hi + e);
+        let d2 = 6.0 * b * h0 + 20.0 * c * h0.powi(3);
+        let deriv = |t: f64| (p.a + 3.0 * p.b * t * t + 5.0 * p.c * t.powi(4)).abs();
+        let ratio = |t: f64| (p.a + p.b * t * t + p.c * t.powi(4)).abs();
+        let l = grid_max(l0, h0, d2, deriv).max(grid_max(l0, h0, d2, ratio));
+        let gamma = (2 * r + s + 3) as f64
+            * eps
+            * (r as f64).sqrt()
+            * (a * h0 + b * h0.powi(3) + c * h0.powi(5));
+        e = l * e + gamma;
+        x.iter_mut().for_each(|v| *v = p.eval(*v).abs());
+    }
+    e
+}
+
+/// A bound ρ_N on the spectral norm of the last iterate from ‖X₀‖₂ ≤ `hi`: each step's image
+/// of [0, ρ_j + γ_j] (γ_j the step's own rounding, as in [`ns_error_bound`]; rounding moves
+/// singular values by at most its norm, Weyl), so it holds for the computed iterates too.
+fn ns_range(sched: &NsSchedule, r: usize, s: usize, hi: f64, eps: f64) -> f64 {
+    sched
+        .steps
+        .iter()
+        .fold(hi * (1.0 + (r * s + 2) as f64 * eps), |rho, p| {
+            let (a, b, c) = (p.a.abs(), p.b.abs(), p.c.abs());
+            let gamma = (2 * r + s + 3) as f64
+                * eps
+                * (r as f64).sqrt()
+                * (a * rho + b * rho.powi(3) + c * rho.powi(5));
+            let h0 = rho + gamma;
+            let d1 = a + 3.0 * b * h0 * h0 + 5.0 * c * h0.powi(4);
+            grid_max(0.0, h0, d1, |x| p.eval(x).abs())
+        })
+}
+
+/// NS of the input (precision `A`, any layout and scale) against NS of the reference A_s (f64,
+/// standard layout, unit scale): the same map, so they differ by the rounding bound of both.
+fn check_ns<A: Elem>(got: Result<Array2<A>>, re: &Reference, sched: &NsSchedule) -> Check {
+    let want = ok(newton_schulz(&re.a_s, sched), "reference NS")?;
+    let y = to64(&ok(got, "newton_schulz")?);
+    ensure(y.dim() == re.dim(), || format!("shape {:?}", y.dim()))?;
+    let diff = (&y - &want).iter().map(|v| v * v).sum::<f64>().sqrt();
+    if re.s1() == 0.0 {
+        return ensure(diff == 0.0, || "NS(0) ≠ 0".into());
+    }
+    let (m, n) = re.dim();
+    let (r, s) = (m.min(n), m.max(n));
+    let fro = re.fro() * sched.normalization;
+    let x: Vec<f64> = re.s.iter().map(|v| v / fro).collect();
+    let hi = x[0];
+    let tol =
+        ns_error_bound(sched, r, s, &x, A::EPS) + ns_error_bound(sched, r, s, &x, f64::EPSILON);
+    if tol.is_finite() && tol < 0.25 {
+        return ensure(diff <= tol, || {
+            format!("‖NS − NS_ref‖_F = {diff:e} > {tol:e}")
+        });
+    }
+    // The bound is vacuous (a strongly amplifying schedule on a nearly singular input): check
+    // what still holds, a finite result inside the iteration's range (‖Y‖_F ≤ √r·ρ_N).
+    let bound = (r as f64).sqrt() * ns_range(sched, r, s, hi, A::EPS);
+    let yf = y.iter().map(|v| v * v).sum::<f64>().sqrt();
+    ensure(
+        y.iter().all(|v| v.is_finite())
+            && yf.partial_cmp(&bound) != Some(std::cmp::Ordering::Greater),
+        || format!("‖Y‖_F = {yf:e} > {bound:e}"),
+    )
+}
+
+/// The schedules tried, with the error they must give on a valid nonzero input.
+fn schedules() -> Vec<(&'static str, NsSchedule, Want)> {
+    let blow_up = NsSchedule {
+        steps: vec![PolyStep::new(1e200, 0.0, 0.0); 3],
+        normalization: 1.0,
+    };
+    vec![
+        ("muon", NsSchedule::muon(), None),
+        ("cubic(8)", NsSchedule::cubic(8).unwrap(), None),
+        (
+            "polar_express(10)",
+            NsSchedule::polar_express(10).unwrap(),
+            None,
+        ),
+        (
+            "no steps, c = 2",
+            NsSchedule {
+                steps: vec![],
+                normalization: 2.0,
+            },
+            None,
+        ),
+        (
+            "NaN normalization",
+            NsSchedule {
+                steps: vec![],
+                normalization: f64::NAN,
+            },
+            Some(("InvalidArgument", "schedule.normalization")),
+        ),
+        (
+            "zero normalization",
+            NsSchedule {
+                steps: vec![CUBIC],
+                normalization: 0.0,
+            },
+            Some(("InvalidArgument", "schedule.normalization")),
+        ),
+        (
+            "inf coefficient",
+            NsSchedule {
+                steps: vec![PolyStep::new(1.0, f64::INFINITY, 0.0)],
+                normalization: 1.0,
+            },
+            Some(("InvalidArgument", "schedule.steps")),
+        ),
+        ("overflowing", blow_up, Some(("Overflow", "schedule"))),
+    ]
+}
+
+fn check_schedule<A: Elem>(
+    a: Laid<A>,
+    input: &Input,
+    sched: &NsSchedule,
+    want: Option<(&str, &str)>,
+) -> Check {
+    let x = a.view().to_owned();
+    let r = newton_schulz(&x, sched);
+    if let Some(c) = input_error(&r, input, "x") {
+        return c;
+    }
+    let Input::Finite(re) = input else {
+        unreachable!()
+    };
+    match want {
+        // The overflowing schedule keeps the zero matrix at zero.
+        Some(("Overflow", _)) if re.s1() == 0.0 => check_ns(
+            r,
+            re,
+            &NsSchedule {
+                steps: vec![],
+                normalization: 1.0,
+            },
+        ),
+        Some((v, arg)) => expect_err(&r, v, arg),
+        None => check_ns(r, re, sched),
+    }
+}
+
+/// NS on every input, layout and schedule; `newton_schulz_muon` and `newton_schulz_cubic`.
+pub fn run<A: Elem>(fuzz: &mut Fuzz) {
+    for (m, n) in SHAPES {
+        for (name, x) in inputs::<A>(m, n) {
+            let input = analyse(&x);
+            for layout in Layout::ALL {
+                for (what, sched, want) in schedules() {
+                    let (l, i) = (Laid::new(layout, &x), input.clone());
+                    fuzz.check(
+                        format!(
+                            "newton_schulz<{}>({name}, {layout:?}, {what}, {m}×{n})",
+                            A::NAME
+                        ),
+                        move || check_schedule(l, &i, &sched, want),
+                    );
+                }
+                let (l, i) = (Laid::new(layout, &x), input.clone());
+                fuzz.check(
+                    format!(
+                        "newton_schulz_muon<{}>({name}, {layout:?}, {m}×{n})",
+                        A::NAME
+                    ),
+                    move || {
+                        let r = newton_schulz_muon(&l.view().to_owned());
+                        match input_error(&r, &i, "x") {
+                            Some(c) => c,
+                            None => check_schedule(l, &i, &NsSchedule::muon(), None),
+                        }
+                    },
+                );
+                for steps in [0, 8, MAX_NS_STEPS + 1, usize::MAX] {
+                    let (l, i) = (Laid::new(layout, &x), input.clone());
+                    fuzz.check(
+                        format!(
+                            "newton_schulz_cubic<{}>({name}, {layout:?}, {steps}, {m}×{n})",
+                            A::NAME
+                        ),
+                        move || {
+                            let r = newton_schulz_cubic(&l.view().to_owned(), steps);
+                            if let Some(c) = input_error(&r, &i, "x") {
+                                return c;
+                            }
+                            let Input::Finite(re) = &i else {
+                                unreachable!()
+                            };
+                            match NsSchedule::cubic(steps) {
+                                Ok(sched) => check_ns(r, re, &sched),
+                                Err(_) => expect_err(&r, "TooLarge", "steps"),
+                            }
+                        },
+                    );
+                }
+            }
+        }
+    }
+    schedule_api(fuzz);
+}
+
+/// The schedule constructors, `validate`, `scalar_map` and `PolyStep::eval`.
+fn schedule_api(fuzz: &mut Fuzz) {
+    for steps in [0, 1, 10, MAX_NS_STEPS, MAX_NS_STEPS + 1, usize::MAX] {
+        let fine = steps <= MAX_NS_STEPS;
+        fuzz.check(format!("NsSchedule constructors({steps})"), move || {
+            for (f, r) in [
+                ("repeated", NsSchedule::repeated(CUBIC, steps, 1.0)),
+                ("cubic", NsSchedule::cubic(steps)),
+                ("polar_express", NsSchedule::polar_express(steps)),
+            ] {
+                match (fine, r) {
+                    (true, Ok(s)) => {
+                        ensure(s.steps.len() == steps && s.validate().is_ok(), || {
+                            format!("{f}: {} steps", s.steps.len())
+                        })?
+                    }
+                    (false, r) => expect_err(&r, "TooLarge", "steps")?,
+                    (true, Err(e)) => return Err(format!("{f}: {e}")),
+                }
+            }
+            Ok(())
+        });
+    }
+    fuzz.check("NsSchedule::validate(too many steps)", || {
+        let s = NsSchedule {
+            steps: vec![CUBIC; MAX_NS_STEPS + 1],
+            normalization: 1.0,
+        };
+        expect_err(&s.validate(), "TooLarge", "schedule.steps")
+    });
+    for (sigma, fro) in [
+        (0.5, 1.0),
+        (0.0, 0.0),
+        (1.0, 0.0),
+        (f64::NAN, 1.0),
+        (1.0, f64::INFINITY),
+        (f64::MAX, 1e-300),
+        (5e-324, 1.0),
+    ] {
+        fuzz.check(
+            format!("NsSchedule::scalar_map({sigma}, {fro})"),
+            move || {
+                let s = NsSchedule::polar_express(10).unwrap();
+                let got = s.scalar_map(sigma, fro);
+                let want = if fro == 0.0 {
+                    0.0
+                } else {
+                    s.steps
+                        .iter()
+                        .fold(sigma / (s.normalization * fro), |x, p| p.eval(x))
+                };
+                ensure(got == want || (got.is_nan() && want.is_nan()), || {
+                    format!("{got} ≠ {want}")
+                })
+            },
+        );
+        fuzz.check(format!("PolyStep::eval({sigma})"), move || {
+            let got = MUON_QUINTIC.eval(sigma);
+            let x2 = sigma * sigma;
+            let want = sigma * (MUON_QUINTIC.a + x2 * (MUON_QUINTIC.b + x2 * MUON_QUINTIC.c));
+            ensure(got == want || (got.is_nan() && want.is_nan()), || {
+                format!("{got} ≠ {want}")
+            })
+        });
+    }
+}
