@@ -165,6 +165,20 @@ pub(crate) fn from_linalg(e: kappa_linalg::LinalgError) -> OptimError {
     }
 }
 
+/// Converts a `kappa-linalg` error from a call on an intermediate result: a result that does not
+/// fit in f64 ([`LinalgError::Overflow`](kappa_linalg::LinalgError::Overflow), which would name
+/// the linalg routine's own parameter) becomes [`OptimError::Overflow`] naming the quantity and
+/// the caller's arguments it was computed from.
+pub(crate) fn overflow_as(
+    quantity: &'static str,
+    args: &'static str,
+) -> impl FnOnce(kappa_linalg::LinalgError) -> OptimError {
+    move |e| match e {
+        kappa_linalg::LinalgError::Overflow { .. } => OptimError::Overflow { quantity, args },
+        other => OptimError::Linalg(other),
+    }
+}
+
 /// `Result` with [`OptimError`].
 pub type Result<T> = std::result::Result<T, OptimError>;
 

@@ -22,7 +22,7 @@ use kappa_linalg::{condition_number, svd_thin, Svd, SvdDriver};
 use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 
 use super::data::{check_size, covariance_roots, DataModel, Sample, MAX_CONDITION};
-use crate::error::{check_matrix, check_output, OptimError, Result};
+use crate::error::{check_matrix, check_output, overflow_as, OptimError, Result};
 
 /// The plug-in moments of a training set and everything derived from them: Σ̂^{±1/2}, Σ̂^{-1},
 /// M̂, T̂ and T̂'s compact SVD. Also the preconditioner and the regularizer's geometry.
@@ -109,7 +109,9 @@ impl Moments {
         check_output("m_hat", "the sample (y)", &m_hat.view())?;
         let t_hat = m_hat.dot(&sigma_hat_half);
         check_output("t_hat", "the sample (y)", &t_hat.view())?;
-        let t_svd = fix_signs(svd_thin(t_hat.view(), SvdDriver::default())?);
+        let t_svd = fix_signs(svd_thin(t_hat.view(), SvdDriver::default()).map_err(
+            overflow_as("the singular values of T̂ = M̂·Σ̂^{1/2}", "m_hat, sigma_hat"),
+        )?);
         Ok(Self {
             n,
             sigma_hat,

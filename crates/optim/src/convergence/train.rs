@@ -40,7 +40,7 @@ use super::moments::Moments;
 use super::population::PopulationProblem;
 use super::rate::RateTracker;
 use super::LossGrad;
-use crate::error::{check_matrix, check_range, OptimError, Result};
+use crate::error::{check_matrix, check_range, overflow_as, OptimError, Result};
 
 /// What keeps the softmax scale bounded (docs/convergence.md, §Renormalization: two reconstructions).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -782,7 +782,8 @@ pub fn renormalize(
             if !v.iter().all(|x| x.is_finite()) {
                 return Ok(());
             }
-            let s = singular_values(v.view(), SvdDriver::default())?[0];
+            let s = singular_values(v.view(), SvdDriver::default())
+                .map_err(overflow_as("σ₁(Σ̂^{1/2}·B·Σ̂^{1/2})", "b"))?[0];
             if s > max_scale && s.is_finite() {
                 let f = max_scale / s;
                 b.mapv_inplace(|x| x * f);
