@@ -90,7 +90,9 @@ fn kappa_claims(a: &Array2<f64>, sv: &[f64], e: &KappaEstimate<f64>) -> Result<b
     for (name, t) in [("σ̂_max", e.sigma_max), ("σ̂_min", e.sigma_min)] {
         let dist = distance_to_nearest(sv, t);
         if dist > r * t + d {
-            return Err(format!("{name} = {t} is {dist:e} from every σ (> ρθ/√2 + δ): {e:?}"));
+            return Err(format!(
+                "{name} = {t} is {dist:e} from every σ (> ρθ/√2 + δ): {e:?}"
+            ));
         }
     }
     let found = nearest(e.sigma_max) == 0 && nearest(e.sigma_min) == k - 1;
@@ -98,7 +100,9 @@ fn kappa_claims(a: &Array2<f64>, sv: &[f64], e: &KappaEstimate<f64>) -> Result<b
         let band = 1.0 - (1.0 - r) / (1.0 + r) / (1.0 + slack);
         let err = (e.kappa - exact).abs() / exact;
         if err > band {
-            return Err(format!("|κ̂ − κ|/κ = {err:e} > {band:e} with the extremes found: {e:?}"));
+            return Err(format!(
+                "|κ̂ − κ|/κ = {err:e} > {band:e} with the extremes found: {e:?}"
+            ));
         }
     }
     Ok(!found)
@@ -108,7 +112,9 @@ fn kappa_claims(a: &Array2<f64>, sv: &[f64], e: &KappaEstimate<f64>) -> Result<b
 fn lanczos_draw(m: usize, n: usize, seed: u64, lk: f64) -> (Array2<f64>, Vec<f64>) {
     let k = m.min(n);
     let a = with_spectrum(m, n, &spectrum(k, 10f64.powf(lk), seed), seed);
-    let sv = singular_values(a.view(), SvdDriver::QrIteration).unwrap().to_vec();
+    let sv = singular_values(a.view(), SvdDriver::QrIteration)
+        .unwrap()
+        .to_vec();
     (a, sv)
 }
 
@@ -211,7 +217,9 @@ fn tall_gaussian_estimate_is_within_one_percent() {
     // The benchmark's goal is 1 % (docs/linalg.md, Benchmarks); the derived claim is tighter:
     // this fixed input's estimate finds the extremes, so `kappa_claims`' residual band holds.
     let a: Array2<f64> = gaussian(2048, 128, 11);
-    let sv = singular_values(a.view(), SvdDriver::QrIteration).unwrap().to_vec();
+    let sv = singular_values(a.view(), SvdDriver::QrIteration)
+        .unwrap()
+        .to_vec();
     let e = condition_number_estimate(a.view(), IterativeOptions::default()).unwrap();
     assert!(e.converged, "{e:?}");
     assert_eq!(kappa_claims(&a, &sv, &e), Ok(false), "{e:?}");
@@ -306,7 +314,9 @@ fn iteration_cap_reports_no_convergence() {
 #[test]
 fn error_estimate_rule_stops_earlier_than_the_residual_rule() {
     let a: Array2<f64> = gaussian(2048, 128, 11);
-    let sv = singular_values(a.view(), SvdDriver::QrIteration).unwrap().to_vec();
+    let sv = singular_values(a.view(), SvdDriver::QrIteration)
+        .unwrap()
+        .to_vec();
     let (_, r) = kappa_error(
         &a,
         IterativeOptions {
@@ -341,7 +351,9 @@ fn huge_and_tiny_scales() {
     let a: Array2<f64> = gaussian(40, 10, 8);
     for alpha in [1e-200, 1e200] {
         let b = a.mapv(|x| x * alpha);
-        let sv = singular_values(b.view(), SvdDriver::QrIteration).unwrap().to_vec();
+        let sv = singular_values(b.view(), SvdDriver::QrIteration)
+            .unwrap()
+            .to_vec();
         let e = condition_number_estimate(b.view(), IterativeOptions::default()).unwrap();
         // The residual band of `kappa_claims` (extremes found), in b's own units.
         assert_eq!(kappa_claims(&b, &sv, &e), Ok(false), "α = {alpha}: {e:?}");
@@ -367,10 +379,13 @@ fn one_pass_and_two_pass_products_give_the_same_estimate() {
             assert_eq!(fused.iterations, plain.iterations, "{fused:?} vs {plain:?}");
             // Both found the extremes; each is then within the Kato–Temple bound of κ (below),
             // and within the rounding slack: they differ by at most the sum.
-            let sv = singular_values(a.view(), SvdDriver::QrIteration).unwrap().to_vec();
+            let sv = singular_values(a.view(), SvdDriver::QrIteration)
+                .unwrap()
+                .to_vec();
             assert_eq!(kappa_claims(&a, &sv, &fused), Ok(false), "{fused:?}");
             assert_eq!(kappa_claims(&a, &sv, &plain), Ok(false), "{plain:?}");
-            let tol = kato_temple(&sv, &fused) + kato_temple(&sv, &plain) + 2.0 * rounding_slack(&a, &sv);
+            let tol =
+                kato_temple(&sv, &fused) + kato_temple(&sv, &plain) + 2.0 * rounding_slack(&a, &sv);
             assert!(
                 (fused.kappa - plain.kappa).abs() <= tol * plain.kappa,
                 "κ = 1e{lk}: {fused:?} vs {plain:?} (tol {tol:e})"
@@ -378,7 +393,6 @@ fn one_pass_and_two_pass_products_give_the_same_estimate() {
         }
     }
 }
-
 
 /// The Kato–Temple bound of κ̂'s relative error for an estimate whose Ritz values found σ₁ and
 /// σ_k: for M = AᵀA the Ritz vector ṽ has Rayleigh quotient θ² and residual ‖Mṽ − θ²ṽ‖ = θ·ρθ
@@ -394,7 +408,11 @@ fn kato_temple(sv: &[f64], e: &KappaEstimate<f64>) -> f64 {
             .map(|j| (sv[j] * sv[j] - t * t).abs())
             .fold(f64::INFINITY, f64::min)
             - res;
-        let d2 = if g > 0.0 { (res * res / g).min(res) } else { res };
+        let d2 = if g > 0.0 {
+            (res * res / g).min(res)
+        } else {
+            res
+        };
         d2 / (sv[i] * (t + sv[i]))
     };
     let (a, b) = (one(e.sigma_max, 0), one(e.sigma_min, k - 1));
@@ -441,5 +459,8 @@ fn misconvergence_is_rare() {
         assert!(e.converged, "{e:?}");
         missed += kappa_claims(&a, &sv, &e).unwrap() as usize;
     }
-    assert!(missed * 100 <= 3 * draws, "{missed} of {draws} misconverged");
+    assert!(
+        missed * 100 <= 3 * draws,
+        "{missed} of {draws} misconverged"
+    );
 }

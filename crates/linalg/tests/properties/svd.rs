@@ -122,17 +122,7 @@ fn graded_matrix_drivers_agree_to_relative_accuracy_of_large_values() {
     let d = singular_values(a.view(), SvdDriver::DivideAndConquer).unwrap();
     for i in 0..40 {
         let tol = svd_rel(60, 40, f64::EPSILON) * (1.0 + gen_rel) + gen_rel * s[i] + gen_abs;
-        assert!(
-            (q[i] - s[i]).abs() <= tol,
-            "qr σ_{i} {} vs {}",
-            q[i],
-            s[i]
-        );
-        assert!(
-            (d[i] - s[i]).abs() <= tol,
-            "dc σ_{i} {} vs {}",
-            d[i],
-            s[i]
-        );
+        assert!((q[i] - s[i]).abs() <= tol, "qr σ_{i} {} vs {}", q[i], s[i]);
+        assert!((d[i] - s[i]).abs() <= tol, "dc σ_{i} {} vs {}", d[i], s[i]);
     }
 }
