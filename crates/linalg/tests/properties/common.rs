@@ -1,6 +1,6 @@
 //! Shared generators: seeded Gaussian matrices, random orthogonal factors, prescribed spectra.
 
-use kappa_linalg::{svd_thin, Real, SvdDriver};
+use kappa_linalg::{singular_values, svd_thin, NsSchedule, Real, SvdDriver};
 use ndarray::{Array1, Array2, Axis};
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -64,4 +64,156 @@ pub fn fro<A: Real>(a: &Array2<A>) -> f64 {
 /// (rows, cols, seed) with rows, cols in 1..=max.
 pub fn dims(max: usize) -> impl Strategy<Value = (usize, usize, u64)> {
     (1..=max, 1..=max, any::<u64>())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Derived tolerances (docs/linalg.md, "Tolerances of the tests"). Every tolerance comparing two
+// floating-point computations is built from these, with the input-dependent quantities (σ₁, σ_k,
+// gaps, ‖A‖_F, sizes) computed in the test that uses them.
+
+/// f64's unit roundoff u = 2⁻⁵³.
+pub const U64: f64 = f64::EPSILON / 2.0;
+
+/// f32's unit roundoff 2⁻²⁴.
+pub const U32: f64 = f32::EPSILON as f64 / 2.0;
+
+/// γ_k = k·u/(1 − k·u) for unit roundoff `u` (Higham, *Accuracy and Stability of Numerical
+/// Algorithms*, §3.1): |fl(xᵀy) − xᵀy| ≤ γ_k·|x|ᵀ|y| for a length-k inner product, so
+/// |fl(AB) − AB| ≤ γ_k·|A||B| entrywise for an inner dimension k.
+pub fn gamma_u(k: usize, u: f64) -> f64 {
+    let ku = k as f64 * u;
+    assert!(ku < 0.5, "γ_{k} undefined for u = {u:e}");
+    ku / (1.0 - ku)
+}
+
+/// γ_k in f64.
+pub fn gamma(k: usize) -> f64 {
+    gamma_u(k, U64)
+}
+
+/// The constant c of the SVD bound c·max(m, n)·ε: **30, a choice**, the one docs/linalg.md
+/// documents (Accuracy: ‖A − UΣVᵀ‖_F ≤ 30·max(m,n)·ε·‖A‖_F, |σ̂_i − σ_i| ≤ 30·max(m,n)·ε·σ₁) and
+/// the bad-input test uses (`Reference::p`). LAPACK's Users' Guide (§4.9) gives p(m, n)·ε·σ₁ with
+/// "a modestly growing function" p; Householder bidiagonalization is backward stable with
+/// p = O(max(m, n)) (Higham, Thm 19.4 applied from both sides).
+pub const SVD_C: f64 = 30.0;
+
+/// The relative SVD bound 30·max(m, n)·ε for an m×n input in a type with machine epsilon `eps`
+/// (ε = 2u, as the docs state it). Multiply by σ₁ (singular values, Weyl: the backward error E
+/// moves every σ by ≤ ‖E‖₂) or by ‖A‖_F (the reconstruction residual). The same constant bounds
+/// the loss of orthogonality of the computed U and V (‖UᵀU − I‖, Householder accumulation) and,
+/// as a choice stated where it is used, the backward error of the other Householder-based
+/// factorizations of the crate (thin QR of the inverse iteration, `?syevd` of the PSD roots, the
+/// Golub–Kahan–Lanczos process with full reorthogonalization).
+pub fn svd_rel(m: usize, n: usize, eps: f64) -> f64 {
+    SVD_C * m.max(n) as f64 * eps
+}
+
+/// ‖QᵀQ − I‖₂ ≤ ‖QᵀQ − I‖_F of a computed Q (m×k, m ≥ k), measured, plus the rounding of forming
+/// QᵀQ (γ_m per entry of size ≤ (1 + e), k² entries → k·γ_m): a rigorous upper bound on the
+/// departure of Q from orthonormal columns.
+pub fn orthonormality(q: &Array2<f64>) -> f64 {
+    let k = q.ncols();
+    let g = q.t().dot(q) - Array2::<f64>::eye(k);
+    fro(&g) + k as f64 * gamma(q.nrows()) * 1.01
+}
+
+/// What `with_spectrum(m, n, s, seed)` perturbs the prescribed spectrum `s` by: it forms
+/// fl(U·diag(s)·Vᵀ) with U, V orthonormal only to e_U = ‖UᵀU − I‖₂, e_V. Writing U = Q_U·H_U
+/// (polar, ‖H_U − I‖₂ ≤ e_U since H_U² = UᵀU), σ_i(H_U S H_V) ∈ s_i·[(1 − e_U)(1 − e_V),
+/// (1 + e_U)(1 + e_V)] (σ_i(XSY) ≤ ‖X‖‖Y‖σ_i(S) both ways): a *relative* error `rel`. The product
+/// rounds by γ_{k+1}·|U||S||V|ᵀ entrywise, ‖·‖₂ ≤ ‖·‖_F ≤ γ_{k+1}·‖U‖_F·σ₁·‖V‖_F ≤ γ_{k+1}·k·σ₁·(1 +
+/// e)²: an *absolute* error `abs` (Weyl). Returns (rel, abs), recomputing U and V (deterministic).
+pub fn spectrum_generator_error(m: usize, n: usize, s: &Array1<f64>, seed: u64) -> (f64, f64) {
+    let k = s.len();
+    let eu = orthonormality(&orthonormal(m, k, seed));
+    let ev = orthonormality(&orthonormal(n, k, seed.wrapping_add(1)));
+    let rel = eu + ev + eu * ev;
+    let s1 = s.iter().fold(0.0f64, |a, &x| a.max(x));
+    (rel, gamma(k + 1) * k as f64 * s1 * (1.0 + rel))
+}
+
+/// Polar-factor perturbation (Higham, *Functions of Matrices*, Thm 8.9 for square A; Li & Sun
+/// for m ≠ n): ‖Q(A + E) − Q(A)‖_F ≤ 2‖E‖_F/(σ_k(A) + σ_k(A + E)) (square),
+/// and ≤ 2‖E‖_F/σ_k-type for rectangular A; we use 2‖E‖_F/(σ_k − ‖E‖₂) for both, valid while
+/// ‖E‖₂ < σ_k (checked: ∞ otherwise).
+pub fn polar_perturbation(e_fro: f64, sigma_k: f64) -> f64 {
+    if e_fro < sigma_k {
+        2.0 * e_fro / (sigma_k - e_fro)
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// max of f over [lo, hi] on a 2001-point grid plus `slope`·h (f's Lipschitz constant times the
+/// grid spacing): an upper bound of the true maximum.
+fn grid_max(lo: f64, hi: f64, slope: f64, f: impl Fn(f64) -> f64) -> f64 {
+    let h = (hi - lo) / 2000.0;
+    (0..=2000)
+        .map(|i| f(lo + i as f64 * h))
+        .fold(f64::NEG_INFINITY, f64::max)
+        + slope * h
+}
+
+/// A first-order bound on ‖NS_computed(X) − NS_exact(X + E₀)‖_F for an r×s (wide orientation,
+/// r ≤ s) input whose normalized singular values σ_i/(c‖X‖_F) are `x`, with unit `eps` (pass
+/// the machine epsilon ε = 2u: a factor 2 of margin) and an initial perturbation `e0` of the
+/// normalized input (Frobenius; 0 for the rounding alone). The same bound as
+/// tests/bad_input_generated/newton_schulz.rs's `ns_error_bound` (docs/linalg.md, Tests):
+///
+/// Each step maps the singular values by p (tracked: `x` ← p(`x`)). As a matrix function on
+/// matrices whose singular values lie in the hull H = [min x − E, max x + E], a step has the
+/// Lipschitz constant L = max over H of max(|p'(t)|, |p(t)/t|) (the divided differences of an odd
+/// polynomial applied to singular values, mean-value theorem). Its own rounding is at most
+/// γ = (2r + s + 3)·eps·√r·(|a|ρ + |b|ρ³ + |c|ρ⁵), ρ = max H (three products of inner dimension
+/// ≤ s or r; Frobenius ≤ √r·spectral). Errors propagate as E ← L·E + γ; by Weyl the computed
+/// singular values stay within E of the tracked ones. The normalization X/(c‖X‖_F) errs by
+/// (rs + 2)·eps relative (the norm and one scaling).
+pub fn ns_error_bound(sched: &NsSchedule, r: usize, s: usize, x: &[f64], eps: f64, e0: f64) -> f64 {
+    let mut x = x.to_vec();
+    let hull = |x: &[f64]| {
+        x.iter()
+            .fold((f64::INFINITY, 0.0f64), |(l, h), &v| (l.min(v), h.max(v)))
+    };
+    let mut e = e0 + (r * s + 2) as f64 * eps * hull(&x).1 * (r as f64).sqrt();
+    for p in &sched.steps {
+        let (a, b, c) = (p.a.abs(), p.b.abs(), p.c.abs());
+        let (lo, hi) = hull(&x);
+        let (l0, h0) = ((lo - e).max(0.0), hi + e);
+        let d2 = 6.0 * b * h0 + 20.0 * c * h0.powi(3);
+        let deriv = |t: f64| (p.a + 3.0 * p.b * t * t + 5.0 * p.c * t.powi(4)).abs();
+        let ratio = |t: f64| (p.a + p.b * t * t + p.c * t.powi(4)).abs();
+        let l = grid_max(l0, h0, d2, deriv).max(grid_max(l0, h0, d2, ratio));
+        let g = (2 * r + s + 3) as f64
+            * eps
+            * (r as f64).sqrt()
+            * (a * h0 + b * h0.powi(3) + c * h0.powi(5));
+        e = l * e + g;
+        if !e.is_finite() {
+            // Vacuous (a strongly amplifying schedule on a nearly singular input): no claim.
+            return f64::INFINITY;
+        }
+        x.iter_mut().for_each(|v| *v = p.eval(*v).abs());
+    }
+    e
+}
+
+/// The normalized singular values σ_i/(c·‖X‖_F) of `a` under `sched` and (r, s) = (min, max) of
+/// its shape, for [`ns_error_bound`]; with the SVD's error of those values (30·max(m,n)·ε·x₁,
+/// absolute), which callers comparing against a prediction from them add as `e0`.
+pub fn ns_inputs(a: &Array2<f64>, sched: &NsSchedule) -> (usize, usize, Vec<f64>, f64) {
+    let (m, n) = a.dim();
+    let s = singular_values(a.view(), SvdDriver::QrIteration).expect("svd");
+    let f = fro(a) * sched.normalization;
+    let x: Vec<f64> = s.iter().map(|v| v / f).collect();
+    let sv_err = svd_rel(m, n, f64::EPSILON) * x[0];
+    (m.min(n), m.max(n), x, sv_err)
+}
+
+/// The distance |x − v| from `x` to the nearest of `values`.
+pub fn distance_to_nearest(values: &[f64], x: f64) -> f64 {
+    values
+        .iter()
+        .map(|s| (s - x).abs())
+        .fold(f64::INFINITY, f64::min)
 }
