@@ -74,6 +74,10 @@ pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
     let started = std::time::Instant::now();
     for (what, mut cmd) in checks(ws, &tc) {
         eprintln!("xtask test: {what}");
+        if what.starts_with("packages") {
+            forget_packaged_sources()?;
+            run(cargo(ws, &tc).args(clean_packaged_builds()))?;
+        }
         run(&mut cmd)?;
     }
     eprintln!(
@@ -81,6 +85,51 @@ pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Removes cargo's extracted copies of earlier `cargo package` tarballs of our libraries.
+///
+/// `cargo package` verifies each library against the others' fresh tarballs through a local
+/// registry, and cargo extracts those into `$CARGO_HOME/registry/src/<that registry>/NAME-VERSION`
+/// — once: since the version does not change between runs, a later verification would build
+/// against the stale extraction. Only those folders go (our crates under registries other than
+/// crates.io's); nothing else is touched. See also [`clean_packaged_builds`].
+fn forget_packaged_sources() -> Result<()> {
+    let home = env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry/src")) else {
+        return Ok(());
+    };
+    let Ok(registries) = fs::read_dir(&src) else {
+        return Ok(());
+    };
+    for registry in registries.flatten() {
+        if registry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("index.crates.io-")
+        {
+            continue;
+        }
+        for entry in fs::read_dir(registry.path())?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if PUBLISHED.iter().any(|p| name.starts_with(&format!("{p}-"))) {
+                fs::remove_dir_all(entry.path())
+                    .with_context(|| format!("removing {}", entry.path().display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `cargo clean` of the libraries' debug builds, which only `cargo package`'s verification makes:
+/// cargo treats a registry source as immutable, so an earlier verification's build of
+/// kappa-linalg 0.1.0 would be reused against the new tarball. Dependencies (torch-sys) stay.
+fn clean_packaged_builds() -> Vec<&'static str> {
+    let mut args = vec!["clean", "--profile", "dev"];
+    args.extend(PUBLISHED.iter().flat_map(|p| ["-p", p]));
+    args
 }
 
 /// The steps of `cargo xtask test`, in order, each with what it checks.
