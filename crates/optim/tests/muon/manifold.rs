@@ -128,12 +128,28 @@ proptest! {
         let s_r = ss[if n % 2 == 1 { n - 2 } else { n - 1 }];
         let rel = 2.0 * svd_err(n, n) + 3.0 * gamma(n);
         let tol = polar_perturbation(fro(&skew), s_r, rel) + 2.0 * svd_err(n, n);
-        prop_assert!(max_abs_diff(&a, &closed) <= tol, "{} > {tol:e}", max_abs_diff(&a, &closed));
-        prop_assert_eq!(r.msign_calls, 1, "the ascent stops at k = 0");
         // The violation ‖WᵀA + AᵀW‖_F/n of A = W·X + ΔA: 2‖ΔA‖_F (ΔA within `tol` per entry:
         // ≤ n·tol in Frobenius) plus W's own non-orthogonality and the product's rounding.
         let v_tol = (2.0 * n as f64 * tol + 2.0 * orthonormality_tol(n, n)) / n as f64;
-        prop_assert!(r.initial_violation <= v_tol, "{} > {v_tol:e}", r.initial_violation);
+        // Odd n: the ascent's Z₀ = G + 2W·Λ₀ is ½W·skew only up to the rounding of cancelling
+        // G's normal part, so its null σ is rounding, ≈ u·‖G‖_F, not 0; where that exceeds
+        // msign's rank threshold τ = σ₁·n·ε (msign.rs, "Zero singular values") the first
+        // candidate is the completed polar factor, violation exactly 2/n, and the ascent goes on
+        // (found by exploring: n = 5, seed = 4455729575508624075, initial violation 0.4 = 2/5,
+        // 5 msign calls). Which side of τ a rounding falls on is not a fact about the code, so
+        // for odd n either outcome is accepted, each with its own assertions; the closed form
+        // (exactly skew input) never completes.
+        let completed = n % 2 == 1 && (r.initial_violation - 2.0 / n as f64).abs() <= v_tol;
+        if completed {
+            prop_assert!(r.msign_calls > 1 && r.violation < r.initial_violation, "{r:?}");
+        } else {
+            prop_assert!(max_abs_diff(&a, &closed) <= tol, "{} > {tol:e}", max_abs_diff(&a, &closed));
+            prop_assert!(r.initial_violation <= v_tol, "{} > {v_tol:e}", r.initial_violation);
+            // "Stops at k = 0" follows where the rounding bound is below the stop tolerance.
+            if v_tol < cfg.dual.tol {
+                prop_assert_eq!(r.msign_calls, 1, "the ascent stops at k = 0");
+            }
+        }
         let (_, rc) = ManifoldMuon::new(exact_cfg(Manifold::Stiefel, 0.02)).unwrap().direction(&w, &g).unwrap();
         prop_assert_eq!(rc.msign_calls, 1);
         prop_assert!(rc.violation <= v_tol, "{} > {v_tol:e}", rc.violation);
