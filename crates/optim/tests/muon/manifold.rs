@@ -50,6 +50,225 @@ fn stiefel_point(m: usize, n: usize, seed: u64) -> Array2<f64> {
     }
 }
 
+/// Relative rounding of `spectral_norm_estimate`'s value for a tall m×n input (dual.rs: "within a
+/// few n·ε of that interval"): the Gram GᵀG has ‖|G|ᵀ|G|‖_F ≤ ‖G‖_F² ≤ n·‖GᵀG‖_F, so relative
+/// error ≤ n·γ_m, which the p-th power carries p-fold and the 1/(2p)-th root halves; squaring j
+/// (relative error ≤ n·γ_n the same way) enters with weight 2^{-(j+1)}, summing to ≤ n·γ_n.
+fn estimate_rel(m: usize, n: usize) -> f64 {
+    n as f64 * (gamma(m) / 2.0 + gamma(n))
+}
+
+/// The band of ‖A‖₂ for a projected direction (docs/optim.md, "Bands of the feasible
+/// directions"): `project_tangent` divides by the 10-squaring estimate, which is ≥ ‖Y‖₂ and
+/// ≤ rank^{1/2¹¹}·‖Y‖₂ (dual.rs, `spectral_norm_estimate`; rank ≤ n), each up to
+/// [`estimate_rel`], and the division rounds (u). Returns the true ‖A‖₂'s (lo, hi).
+fn projected_norm_band(m: usize, n: usize) -> (f64, f64) {
+    let e = estimate_rel(m, n);
+    (
+        (n as f64).powf(-1.0 / 2048.0) * (1.0 - e) - U64,
+        1.0 + e + U64,
+    )
+}
+
+/// Column-norm extremes of tall `w`.
+fn d_range(w: &Array2<f64>) -> (f64, f64) {
+    let d = col_norms(w);
+    (
+        d.iter().fold(f64::INFINITY, |a, &b| a.min(b)),
+        d.iter().fold(0.0, |a, &b| a.max(b)),
+    )
+}
+
+/// The constraint map C(X) = P(WᵀX + XᵀW) (tall), P = Off on DGram.
+fn constraint(w: &Array2<f64>, x: &Array2<f64>, dgram: bool) -> Array2<f64> {
+    let s = w.t().dot(x);
+    let mut c = &s + &s.t();
+    if dgram {
+        c.diag_mut().fill(0.0);
+    }
+    c
+}
+
+/// The bound on the reported violation ‖C(A)‖_F/n of a direction projected by dual.rs's
+/// `project_tangent` from one of `candidates` (the ascent's last candidate and the gradient;
+/// it keeps one), W tall. The projection is Y = X − 2W·S, S from conjugate gradients on
+/// op(S) = P(MS + SM), M = WᵀW (eigenvalues 2d_i² … on DGram, κ = (d_max/d_min)²), then A = Y/ν.
+/// Exactly, C(Y) = 2·r with r = ½C(X) − op(S) the CG residual, so
+/// ‖C(A)‖_F/n ≤ ρ·(cg + g)/n + (2d_max/n)·γ_{n+2}·(ξ + d_max·√n·ρ/(2d_min²)) + 2γ_m·d_max:
+/// * ρ = ‖C(X)‖_F/‖X_tan‖₂ (= 2‖r₀‖/ν: how much larger the normal part is than the tangent one)
+///   and ξ = ‖X‖_F/‖X_tan‖₂, computed here with S from the diagonal of op (exact on DGram up to
+///   W's orthonormality error; a scale factor, so first order suffices);
+/// * cg, the recursive residual ‖r_k‖/‖r₀‖ at exit: the stop 1e-14 (Stiefel, or the Jacobi
+///   preconditioner, op's exact inverse up to W's orthonormality: κ_eff = 1), else the Chebyshev
+///   bound 2√κ·((√κ − 1)/(√κ + 1))^k after k = max(2n, 8) iterations;
+/// * g, the gap between recursive and true residual (Greenbaum, *Iterative Methods for Solving
+///   Linear Systems*, §7.3): u·(k + 1)·(n + 1)·‖op‖·max‖S_j‖/‖r₀‖ ≤ u·(k + 1)·(n + 1)·(1 + κ^{3/2})
+///   (CG iterates within √κ of the solution in norm, ‖S*‖ ≤ ‖r₀‖/(2d_min²)), plus M's own
+///   rounding γ_m·κ;
+/// * forming Y (γ_{n+1}·(|X| + 2|W||S|), ‖S‖_F ≤ ‖r₀‖/(2d_min²)) and dividing by ν (u), mapped
+///   by C (‖C‖ ≤ 2d_max); the measure's own products (γ_m·‖w_i‖·‖a_j‖ per entry, twice).
+fn projection_violation_tol(
+    w: &Array2<f64>,
+    candidates: &[&Array2<f64>],
+    dgram: bool,
+    preconditioned: bool,
+) -> f64 {
+    let (m, n) = w.dim();
+    let (d_min, d_max) = d_range(w);
+    let kappa = if dgram { (d_max / d_min).powi(2) } else { 1.0 };
+    let k = (2 * n).max(8);
+    let kappa_eff = if dgram && !preconditioned { kappa } else { 1.0 };
+    let q = (kappa_eff.sqrt() - 1.0) / (kappa_eff.sqrt() + 1.0);
+    let cg = (2.0 * kappa_eff.sqrt() * q.powi(k as i32)).max(1e-14);
+    let g = U64 * ((k + 1) * (n + 1)) as f64 * (1.0 + kappa.powf(1.5)) + gamma(m) * kappa;
+    let d2 = w.t().dot(w).diag().to_owned();
+    let (nf, sq) = (n as f64, (n as f64).sqrt());
+    candidates
+        .iter()
+        .map(|x| {
+            let c = constraint(w, x, dgram);
+            let s = Array2::from_shape_fn((n, n), |(i, j)| c[[i, j]] / (2.0 * (d2[i] + d2[j])));
+            let nu = spectral(&(*x - &(w.dot(&s) * 2.0)));
+            let (rho, xi) = (fro(&c) / nu, fro(x) / nu);
+            rho * (cg + g) / nf
+                + 2.0 * d_max / nf * gamma(n + 2) * (xi + d_max * sq * rho / (2.0 * d_min * d_min))
+                + 2.0 * gamma(m) * d_max
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Lower bound of a feasible direction's certified gap (dual.rs, `DualReport::gap`), which is
+/// ≥ 0 in exact arithmetic for a tangent A with ‖A‖₂ ≤ 1 (weak duality). For every k,
+/// ⟨G', A⟩ = ⟨Z_k, A⟩ − ⟨Λ_k, C(A)⟩ ≤ ‖Z_k‖_*·‖A‖₂ + ‖Λ_k‖_F·n·v (G' = scale·G, v the violation),
+/// so the computed gap is ≥ −[(s_hi − 1) + (‖Λ‖·n·v + ΔD + ΔN)/‖Z‖_*]: s_hi the top of
+/// [`projected_norm_band`]; ‖Λ_k‖_F ≤ w_max·(¼‖C(G')‖_F + α·n·Σ_j v_j) (Λ₀ and the dual steps
+/// α(1 − j/K)·H_j ⊘ M, ‖H_j‖_F = n·v_j, w_max = 1/d_min² preconditioned, else 1); ΔD the
+/// rounding of ⟨G', A⟩ (γ_mn·‖G'‖_F·‖A‖_F); ΔN that of the computed ‖Z_k‖_* = ⟨Ẑ, msign Ẑ⟩:
+/// Ẑ = Z + γ_{n+1}(|G'| + 2|W||Λ|) (×√n into the nuclear norm) and the exact msign's backward
+/// error and orthonormality, 3·√n·svd_err relative.
+fn gap_floor(
+    w: &Array2<f64>,
+    g: &Array2<f64>,
+    a: &Array2<f64>,
+    r: &DualReport,
+    dual: &DualAscent,
+    dgram: bool,
+) -> f64 {
+    let (m, n) = w.dim();
+    let (d_min, d_max) = d_range(w);
+    let w_max = if dual.precondition {
+        1.0 / (d_min * d_min)
+    } else {
+        1.0
+    };
+    let (nf, sq) = (n as f64, (n as f64).sqrt());
+    let gs = g * r.gradient_scale;
+    let lam = w_max
+        * (0.25 * fro(&constraint(w, &gs, dgram))
+            + dual.alpha * nf * r.violations.iter().sum::<f64>());
+    let nuc = -r
+        .dual_objective
+        .iter()
+        .fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+    let d_err = gamma(m * n) * fro(&gs) * fro(a);
+    let n_err = sq * gamma(n + 1) * (fro(&gs) + 2.0 * d_max * sq * lam);
+    let s_hi = projected_norm_band(m, n).1;
+    (s_hi - 1.0) + (lam * nf * r.violation + d_err + n_err) / nuc + 3.0 * sq * svd_err(m, n)
+}
+
+/// The derived checks of a `project`ed direction (W, G tall): tangent to
+/// [`projection_violation_tol`] (the candidates: the ascent's last one, recomputed with
+/// `project` off — the same ascent — and G), ‖A‖₂ in [`projected_norm_band`] (widened by the
+/// measuring SVD's svd_err·‖A‖_F), ⟨G, A⟩ > 0, gap ≥ −[`gap_floor`], descent ratio ≤ 1 +
+/// [`ratio_tol`]. Returns the violation bound.
+fn check_feasible(
+    w: &Array2<f64>,
+    g: &Array2<f64>,
+    a: &Array2<f64>,
+    r: &DualReport,
+    cfg: &ManifoldMuonConfig,
+    dgram: bool,
+) -> std::result::Result<f64, String> {
+    let (m, n) = w.dim();
+    let meas = svd_err(m, n) * (n as f64).sqrt();
+    let (band, v_tol) = if r.projected {
+        let raw = ManifoldMuonConfig {
+            dual: DualAscent {
+                project: false,
+                ..cfg.dual
+            },
+            ..*cfg
+        };
+        let (cand, _) = ManifoldMuon::new(raw).unwrap().direction(w, g).unwrap();
+        (
+            projected_norm_band(m, n),
+            projection_violation_tol(w, &[&cand, g], dgram, cfg.dual.precondition),
+        )
+    } else {
+        // Converged: the exact msign's candidate (σ = 1 to 2·svd_err), tangent to the stop tol.
+        (
+            (1.0 - 2.0 * svd_err(m, n), 1.0 + 2.0 * svd_err(m, n)),
+            cfg.dual.tol,
+        )
+    };
+    if r.violation > v_tol {
+        return Err(format!("violation {} > {v_tol:e}", r.violation));
+    }
+    let s = spectral(a);
+    if !(band.0 - meas..=band.1 + meas).contains(&s) {
+        return Err(format!("‖A‖₂ = {s} outside {band:?} ± {meas:e}"));
+    }
+    if r.descent <= 0.0 {
+        return Err(format!("descent {}", r.descent));
+    }
+    let floor = gap_floor(w, g, a, r, &cfg.dual, dgram);
+    if r.gap.unwrap() < -floor {
+        return Err(format!("gap {:?} < −{floor:e}", r.gap));
+    }
+    let rt = ratio_tol(m, n, band.1);
+    if r.descent_ratio.unwrap() > 1.0 + rt {
+        return Err(format!("descent ratio {:?} > 1 + {rt:e}", r.descent_ratio));
+    }
+    Ok(v_tol)
+}
+
+/// Hölder's ⟨G, A⟩ ≤ ‖G‖_*·‖A‖₂ for the descent ratio ⟨G, A⟩/⟨G, msign G⟩: up to ‖A‖₂ − 1 and the
+/// rounding of the two length-mn inner products and the exact msign (as in
+/// `stiefel_steps_stay_on_the_manifold_with_step_norm_lr`), for ‖A‖₂ ≤ `s_hi`.
+fn ratio_tol(m: usize, n: usize, s_hi: f64) -> f64 {
+    (s_hi - 1.0) + 2.0 * svd_err(m, n) + 2.0 * gamma(m * n) * (m.min(n) as f64).sqrt()
+}
+
+/// The band of ‖ΔW‖₂/η for one step W₁ = R(W₀ − η·A) with A tangent to within `v` (the report's
+/// violation) and ‖A‖₂ ∈ [s_lo, s_hi] (docs/optim.md, "Bands of the feasible directions"):
+/// ‖R(X) − X‖₂ ≤ c·η²·s² with c = ½ on Stiefel (polar retraction of a tangent ξ: (W + ξ)(I +
+/// ξᵀξ)^{-1/2}, exactly) and c = 2/d_min on DGram (both retractions: XᵀX = D̃² + η²·Off(AᵀA),
+/// so R moves X by ≤ η²s²/d_min to first order; doubled for the O(η³/d_min²) rest, η/d_min <
+/// 0.04 here), the normal part of A (2W·S with op(S) = ½C(A): ‖·‖_F ≤ d_max·n·v/(2d_min²),
+/// removed by R), and the rounding of the retraction (its polar factor within the polar
+/// perturbation of 2·svd_err at σ_min ≥ d_min − η, times d_max, and the paper's σ within
+/// svd_err·‖X‖_F) and of the measured σ (svd_err·‖ΔW‖_F ≤ svd_err·√n·2η).
+fn step_norm_band(
+    w0: &Array2<f64>,
+    lr: f64,
+    v: f64,
+    (s_lo, s_hi): (f64, f64),
+    dgram: bool,
+) -> (f64, f64) {
+    let w0 = tall(w0);
+    let (m, n) = w0.dim();
+    let (d_min, d_max) = d_range(&w0);
+    let c = if dgram { 2.0 / d_min } else { 0.5 };
+    let normal = d_max * n as f64 * v / (2.0 * d_min * d_min);
+    let x_fro = d_max * (n as f64).sqrt();
+    let round = (d_max * polar_perturbation(x_fro, d_min - lr, 2.0 * svd_err(m, n))
+        + svd_err(m, n) * x_fro)
+        / lr
+        + 2.0 * svd_err(m, n) * (n as f64).sqrt();
+    let lo = s_lo / (1.0 + (lr * s_lo).powi(2)).sqrt() - c * lr * s_hi * s_hi - normal - round;
+    (lo, s_hi + c * lr * s_hi * s_hi + normal + round)
+}
+
 proptest! {
     #![proptest_config(config(16))]
 
@@ -128,12 +347,28 @@ proptest! {
         let s_r = ss[if n % 2 == 1 { n - 2 } else { n - 1 }];
         let rel = 2.0 * svd_err(n, n) + 3.0 * gamma(n);
         let tol = polar_perturbation(fro(&skew), s_r, rel) + 2.0 * svd_err(n, n);
-        prop_assert!(max_abs_diff(&a, &closed) <= tol, "{} > {tol:e}", max_abs_diff(&a, &closed));
-        prop_assert_eq!(r.msign_calls, 1, "the ascent stops at k = 0");
         // The violation ‖WᵀA + AᵀW‖_F/n of A = W·X + ΔA: 2‖ΔA‖_F (ΔA within `tol` per entry:
         // ≤ n·tol in Frobenius) plus W's own non-orthogonality and the product's rounding.
         let v_tol = (2.0 * n as f64 * tol + 2.0 * orthonormality_tol(n, n)) / n as f64;
-        prop_assert!(r.initial_violation <= v_tol, "{} > {v_tol:e}", r.initial_violation);
+        // Odd n: the ascent's Z₀ = G + 2W·Λ₀ is ½W·skew only up to the rounding of cancelling
+        // G's normal part, so its null σ is rounding, ≈ u·‖G‖_F, not 0; where that exceeds
+        // msign's rank threshold τ = σ₁·n·ε (msign.rs, "Zero singular values") the first
+        // candidate is the completed polar factor, violation exactly 2/n, and the ascent goes on
+        // (found by exploring: n = 5, seed = 4455729575508624075, initial violation 0.4 = 2/5,
+        // 5 msign calls). Which side of τ a rounding falls on is not a fact about the code, so
+        // for odd n either outcome is accepted, each with its own assertions; the closed form
+        // (exactly skew input) never completes.
+        let completed = n % 2 == 1 && (r.initial_violation - 2.0 / n as f64).abs() <= v_tol;
+        if completed {
+            prop_assert!(r.msign_calls > 1 && r.violation < r.initial_violation, "{r:?}");
+        } else {
+            prop_assert!(max_abs_diff(&a, &closed) <= tol, "{} > {tol:e}", max_abs_diff(&a, &closed));
+            prop_assert!(r.initial_violation <= v_tol, "{} > {v_tol:e}", r.initial_violation);
+            // "Stops at k = 0" follows where the rounding bound is below the stop tolerance.
+            if v_tol < cfg.dual.tol {
+                prop_assert_eq!(r.msign_calls, 1, "the ascent stops at k = 0");
+            }
+        }
         let (_, rc) = ManifoldMuon::new(exact_cfg(Manifold::Stiefel, 0.02)).unwrap().direction(&w, &g).unwrap();
         prop_assert_eq!(rc.msign_calls, 1);
         prop_assert!(rc.violation <= v_tol, "{} > {v_tol:e}", rc.violation);
@@ -166,19 +401,35 @@ proptest! {
             let mut w = w0.clone();
             let g = gaussian(m, n, seed ^ 4);
             let mut st = ManifoldState::new();
+            let (lr, k) = (0.02, m.min(n) as f64);
+            let (d_lo, d_hi) = d_range(&tall(&w0));
+            // Envelope of the norms over the 3 steps: each moves a column by ≤ η·‖A‖₂ and
+            // ‖A‖₂ ≤ 1 + 2·svd_err < 1.01 (exact msign) — plus the retraction's part, which is
+            // second order and inside the 1 %.
+            let (d_lo, d_hi) = (d_lo - 3.0 * lr * 1.01, d_hi + 3.0 * lr * 1.01);
+            let mut bound = 0.0;
             for _ in 0..3 {
-                opt.step(&mut w, &g, &mut st).unwrap();
+                let off0 = off_diag(&w);
+                let step = opt.step(&mut w, &g, &mut st).unwrap();
+                let s_a = spectral(&step.direction);
+                let x_fro = d_hi * k.sqrt();
+                let off = off0 + lr * k * step.dual.violation + 2.0 * lr * lr * s_a * s_a;
+                bound += lr * s_a + off / d_lo + svd_err(m, n) * x_fro + gamma(m.max(n)) * d_hi;
             }
             // Both retractions are Q·D with Q from an exact msign (orthonormal to svd_err):
             // Off(WᵀW) = D·Off(QᵀQ)·D, so d_max²·orthonormality_tol.
             let d_max = col_norms(&w).into_iter().fold(0.0, f64::max);
             let tol = d_max * d_max * orthonormality_tol(m, n);
             prop_assert!(off_diag(&w) <= tol, "{retraction:?}: ‖Off(WᵀW)‖_F = {} > {tol:e}", off_diag(&w));
-            // Column norms (= σ) move by at most about the total step 3η (norms are sorted and
-            // separated by more than 2·3η, so the paper's retraction does not swap them).
+            // Column norms move by at most Σ_steps bound_k: W − ηA moves column j by ≤ η‖A‖₂;
+            // ColumnNorms keeps those norms, Paper replaces them by σ of X = W − ηA, which by
+            // Weyl on XᵀX = Diag + Off are within ‖Off(XᵀX)‖₂/d_lo of the sorted column norms,
+            // ‖Off(XᵀX)‖₂ ≤ ‖Off(WᵀW)‖ + η·n·v + 2η²‖A‖₂² (v the step's tangent violation);
+            // sorting is 1-Lipschitz in max-norm, so swaps (norms 1.5/c apart may cross) cost
+            // nothing more. Plus the rounding: σ by svd_err·‖X‖_F, norms by γ_m·d.
             let (d0, d1) = (col_norms(&w0), col_norms(&w));
             let worst = d0.iter().zip(&d1).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            prop_assert!(worst <= 3.0 * 0.02 * 1.05, "{retraction:?}: column norm moved {worst}");
+            prop_assert!(worst <= bound, "{retraction:?}: column norm moved {worst} > {bound:e}");
         }
     }
 }
@@ -370,10 +621,27 @@ proptest! {
         let s: Vec<f64> = (0..n).map(|i| 1e-3f64.powf(i as f64 / (n - 1) as f64)).collect();
         let g_normal = floor_gradient(&w, manifold, 10f64.powf(log_c), seed) - with_spectrum(m, n, &s, tangent_seed(seed));
         let opt = ManifoldMuon::new(exact_cfg(manifold, 0.02)).unwrap();
+        let g_total = &g + &g_normal;
         let (a, r) = opt.direction(&w, &g).unwrap();
-        let (b, rb) = opt.direction(&w, &(&g + &g_normal)).unwrap();
-        prop_assert!(max_abs_diff(&a, &b) <= 1e-8, "{}", max_abs_diff(&a, &b));
-        prop_assert!((r.violation - rb.violation).abs() <= 1e-8);
+        let (b, rb) = opt.direction(&w, &g_total).unwrap();
+        // Equal in exact arithmetic for an exactly orthonormal W. Tolerance: two roundings of
+        // the normalized ascent (K = 20 exact msigns, each an SVD, a violation product and a
+        // dual update, + Λ₀ and the normalization: 20·3 + 6 injections, as in
+        // optimizer.rs's momentum_forms_… test), each with its amplification measured at its
+        // own input (G + c·W·S rounds at the larger scale max|G + c·W·S|); plus W's
+        // non-orthogonality E = WᵀW − I: Λ₀ cancels c·W·S only up to ½c·W(SE + ES),
+        // ‖·‖_F ≤ ‖c·W·S‖₂·‖E‖_F (‖W‖₂ ≈ 1), an input perturbation of that size.
+        let dir = |x: &[Array2<f64>]| opt.direction(&w, &x[0]).unwrap().0;
+        let amp_a = amplification(dir, std::slice::from_ref(&g));
+        let amp_b = amplification(dir, std::slice::from_ref(&g_total));
+        let tol = derived_tol(20 * 3 + 6, m, amp_a, 1.0)
+            + derived_tol(20 * 3 + 6, m, amp_b, 1.0)
+            + amp_b * stiefel_error(&w) * spectral(&g_normal) / max_abs(&g_total);
+        prop_assert!(max_abs_diff(&a, &b) <= tol, "{} > {tol:e}", max_abs_diff(&a, &b));
+        // The violation ‖WᵀA + AᵀW‖_F/n moves by ≤ 2‖W‖₂‖ΔA‖_F/n (‖ΔA‖_F ≤ √(mn)·tol), plus
+        // each measure's own products (2γ_m per entry of size ≤ 1, n² entries, /n).
+        let v_tol = 2.0 * ((m * n) as f64).sqrt() * tol / n as f64 + 4.0 * gamma(m);
+        prop_assert!((r.violation - rb.violation).abs() <= v_tol, "{} > {v_tol:e}", (r.violation - rb.violation).abs());
     }
 
     #[test]
@@ -384,19 +652,14 @@ proptest! {
             let g = floor_gradient(&w, manifold, 10f64.powf(log_normal), seed) * 10f64.powf(log_scale);
             let cfg = ManifoldMuonConfig { dual: DualAscent::feasible(), ..exact_cfg(manifold, 0.02) };
             let (a, r) = ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap();
-            // Tangent to rounding, spectral norm in [0.99, 1], a certified gap.
-            // (1e-8: the projection subtracts a normal part up to 100× the tangent one.)
-            prop_assert!(r.violation <= 1e-8, "{manifold:?}: violation {}", r.violation);
-            let s = spectral(&a);
-            prop_assert!((0.99..=1.0 + 1e-12).contains(&s), "‖A‖₂ = {s}");
-            prop_assert!(r.descent > 0.0, "{manifold:?}: descent {}", r.descent);
+            let dgram = manifold != Manifold::Stiefel;
+            prop_assert!(check_feasible(&w, &g, &a, &r, &cfg, dgram).is_ok(), "{manifold:?}: {}", check_feasible(&w, &g, &a, &r, &cfg, dgram).unwrap_err());
             prop_assert!(!r.diverged || manifold != Manifold::Stiefel, "{r:?}");
             // Stiefel: certified within 35 % of the optimal descent. DGram with column norms in
             // [0.5, 2] is harder (see docs/optim.md): only a valid certificate is asserted.
-            let gap = r.gap.unwrap();
+            // (Bands of the method, docs/optim.md "DGram: a preconditioned dual ascent".)
             let top = if manifold == Manifold::Stiefel { 0.35 } else { 1.0 };
-            prop_assert!((-1e-9..top).contains(&gap), "{manifold:?}: gap {gap}");
-            prop_assert!(r.descent_ratio.unwrap() <= 1.0 + 1e-12);
+            prop_assert!(r.gap.unwrap() < top, "{manifold:?}: gap {:?}", r.gap);
         }
     }
 
@@ -408,16 +671,20 @@ proptest! {
         let w = orthonormal(m, n, seed);
         let g = gaussian(m, n, seed ^ 9) * 10f64.powf(log_scale);
         let cfg = ManifoldMuonConfig { dual: DualAscent::feasible(), ..exact_cfg(Manifold::Stiefel, 0.02) };
-        let (_, r) = ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap();
-        prop_assert!(r.ascent_violation <= 1e-3 && r.violation <= 1e-10);
+        let (a, r) = ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap();
+        // Bands of the method: the ascent's 1e-3 (property 4 at this shape,
+        // tall_stiefel_direction_is_tangent_when_well_scaled) and the 1 % gap (dual.rs,
+        // "Feasible directions": < 0.5 % change on Gaussian 128×48).
+        prop_assert!(r.ascent_violation <= 1e-3, "{r:?}");
+        prop_assert!(check_feasible(&w, &g, &a, &r, &cfg, false).is_ok(), "{}", check_feasible(&w, &g, &a, &r, &cfg, false).unwrap_err());
         prop_assert!(r.gap.unwrap() <= 1e-2, "gap {}", r.gap.unwrap());
     }
 }
 
 #[test]
 fn feasible_steps_stay_on_the_manifold_with_step_norm_lr() {
-    // The step of the projected direction has ‖ΔW‖₂/η within [0.99, 1.01] (the retraction
-    // adds O(η)) although the ascent itself did not converge.
+    // The step of the projected direction has ‖ΔW‖₂/η within the derived step band
+    // (step_norm_band: the retraction adds O(η)) although the ascent itself did not converge.
     for manifold in [Manifold::Stiefel, Manifold::dgram()] {
         let w0 = if manifold == Manifold::Stiefel {
             stiefel_point(96, 32, 3)
@@ -433,17 +700,25 @@ fn feasible_steps_stay_on_the_manifold_with_step_norm_lr() {
         let mut w = w0.clone();
         let step = opt.step(&mut w, &g, &mut ManifoldState::new()).unwrap();
         // The premise (a fact about the problem, far above rounding): the paper's ascent stops
-        // short; the projected direction is tangent to rounding (≤ 1e-10 ≈ n²·ε·‖W‖² for n = 32
-        // with the projection's normal part up to 30× the tangent one).
+        // short; the projected direction passes the derived checks (check_feasible).
         assert!(paper.violation >= 1e-3, "{manifold:?}: premise {paper:?}");
+        let dgram = manifold != Manifold::Stiefel;
+        let v_tol = check_feasible(&w0, &g, &step.direction, &step.dual, &cfg, dgram)
+            .unwrap_or_else(|e| panic!("{manifold:?}: {e}"));
+        // The retraction is an exact msign (Stiefel) or Q·D with Q one (DGram): on the manifold
+        // to orthonormality_tol/√n in the reported measure (as in retract_onto_puts_…).
+        let m_tol = orthonormality_tol(96, 32) / 32f64.sqrt();
         assert!(
-            step.dual.violation <= 1e-10,
-            "{manifold:?}: {:?}",
-            step.dual
+            step.manifold_violation <= m_tol,
+            "{} > {m_tol:e}",
+            step.manifold_violation
         );
-        assert!(step.manifold_violation <= 1e-10);
+        let (lo, hi) = step_norm_band(&w0, 0.02, v_tol, projected_norm_band(96, 32), dgram);
         let r = spectral(&(&w - &w0)) / 0.02;
-        assert!((0.99..=1.01).contains(&r), "{manifold:?}: ‖ΔW‖₂/η = {r}");
+        assert!(
+            (lo..=hi).contains(&r),
+            "{manifold:?}: ‖ΔW‖₂/η = {r} outside [{lo}, {hi}]"
+        );
     }
 }
 
@@ -460,14 +735,11 @@ proptest! {
         let g = floor_gradient(&w, Manifold::dgram(), 10f64.powf(log_normal), seed) * 10f64.powf(log_scale);
         let cfg = ManifoldMuonConfig { dual: DualAscent::preconditioned_feasible(), ..exact_cfg(Manifold::dgram(), 0.02) };
         let (a, r) = ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap();
-        prop_assert!(r.violation <= 1e-8, "violation {}", r.violation);
-        let s = spectral(&a);
-        prop_assert!((0.99..=1.0 + 1e-12).contains(&s), "‖A‖₂ = {s}");
-        prop_assert!(r.descent > 0.0 && !r.diverged, "{r:?}");
-        // Certified within 35 % of the optimal descent, the bound the Stiefel case meets.
-        let gap = r.gap.unwrap();
-        prop_assert!((-1e-9..0.35).contains(&gap), "gap {gap}");
-        prop_assert!(r.descent_ratio.unwrap() <= 1.0 + 1e-12);
+        prop_assert!(check_feasible(&w, &g, &a, &r, &cfg, true).is_ok(), "{}", check_feasible(&w, &g, &a, &r, &cfg, true).unwrap_err());
+        prop_assert!(!r.diverged, "{r:?}");
+        // Certified within 35 % of the optimal descent, the bound the Stiefel case meets (a band
+        // of the method: docs/optim.md, "DGram: a preconditioned dual ascent", max 0.22).
+        prop_assert!(r.gap.unwrap() < 0.35, "gap {:?}", r.gap);
     }
 
     #[test]
@@ -496,8 +768,20 @@ proptest! {
             let cfg = ManifoldMuonConfig { dual, ..exact_cfg(Manifold::Stiefel, 0.02) };
             ManifoldMuon::new(cfg).unwrap().direction(&w, &g).unwrap().0
         };
+        let dir_g = |g: &Array2<f64>| {
+            let cfg = ManifoldMuonConfig { dual: DualAscent::paper().normalized().preconditioned(), ..exact_cfg(Manifold::Stiefel, 0.02) };
+            ManifoldMuon::new(cfg).unwrap().direction(&w, g).unwrap().0
+        };
         let d = max_abs_diff(&dir(DualAscent::paper().normalized()), &dir(DualAscent::paper().normalized().preconditioned()));
-        prop_assert!(d <= 1e-10, "{d}");
+        // On Stiefel the Jacobi weights 2/(d_i² + d_j²) are 1 only up to W's orthonormality:
+        // e_W = max_j |(WᵀW)_jj − 1| (+ u for the scaling), applied to Λ₀ and every dual step
+        // (K + 1 relative perturbations of Λ, each entering like an input perturbation of that
+        // relative size, √m for the products, as in derived_tol); plus two roundings of the
+        // normalized ascent (20·3 + 6 injections, as in normalization_ignores_…).
+        let amp = amplification(|x| dir_g(&x[0]), std::slice::from_ref(&g));
+        let e_w = w.t().dot(&w).diag().iter().fold(0.0f64, |a, &x| a.max((x - 1.0).abs())) + U64;
+        let tol = 2.0 * derived_tol(20 * 3 + 6, m, amp, 1.0) + 21.0 * (m as f64).sqrt() * amp * e_w;
+        prop_assert!(d <= tol, "{d} > {tol:e}");
     }
 }
 
@@ -514,10 +798,18 @@ fn preconditioned_dgram_steps_stay_on_the_manifold_with_step_norm_lr() {
             .unwrap()
             .step(&mut w, &g, &mut ManifoldState::new())
             .unwrap();
-        assert!(step.dual.violation <= 1e-10, "{:?}", step.dual);
-        assert!(off_diag(&w) <= 1e-10, "{}", off_diag(&w));
+        let v_tol = check_feasible(&w0, &g, &step.direction, &step.dual, &cfg, true)
+            .unwrap_or_else(|e| panic!("{retraction:?}: {e}"));
+        // Off(WᵀW) = D·Off(QᵀQ)·D (as in dgram_steps_keep_columns_orthogonal).
+        let d_max = col_norms(&w).into_iter().fold(0.0, f64::max);
+        let off_tol = d_max * d_max * orthonormality_tol(96, 32);
+        assert!(off_diag(&w) <= off_tol, "{} > {off_tol:e}", off_diag(&w));
+        let (lo, hi) = step_norm_band(&w0, 0.02, v_tol, projected_norm_band(96, 32), true);
         let r = spectral(&(&w - &w0)) / 0.02;
-        assert!((0.99..=1.01).contains(&r), "{retraction:?}: ‖ΔW‖₂/η = {r}");
+        assert!(
+            (lo..=hi).contains(&r),
+            "{retraction:?}: ‖ΔW‖₂/η = {r} outside [{lo}, {hi}]"
+        );
     }
 }
 
