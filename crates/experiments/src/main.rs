@@ -92,6 +92,10 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    let blas = kappa_linalg::blas_report();
+    if blas.is_generic_fallback() {
+        eprintln!("kappa-experiments: {blas}");
+    }
     match cli.command {
         Command::List(selection) => {
             for e in select(&selection.only)? {

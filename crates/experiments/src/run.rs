@@ -85,6 +85,10 @@ pub struct RunInfo {
     /// time recorded by earlier failed attempts; time lost in a killed process is not counted.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resumes: u32,
+    /// The BLAS kernel the run's process used ([`kappa_linalg::blas_report`]), e.g.
+    /// `OpenBLAS 0.3.21 … Haswell, kernel Haswell; CPU level Avx512`.
+    #[serde(default)]
+    pub blas: String,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -311,6 +315,7 @@ impl Run {
             wall_seconds: self.earlier_seconds + self.started.elapsed().as_secs_f64(),
             started_unix: self.started_unix,
             resumes: self.resumes,
+            blas: kappa_linalg::blas_report().to_string(),
         };
         fs::write(
             self.dir.join("run.json"),

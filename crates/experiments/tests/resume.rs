@@ -203,5 +203,8 @@ fn an_experiment_that_cannot_continue_a_run_reruns_it_from_the_start() {
     assert!(matches!(resumed, Resumption::Restarted(_)), "{resumed:?}");
     assert_eq!(resumed.info().status, RunStatus::Completed);
     assert_eq!(lines(&dir).lines().count(), complete.lines().count());
+    // run.json records the BLAS kernel the process ran.
+    assert_eq!(resumed.info().blas, kappa_linalg::blas_report().to_string());
+    assert!(resumed.info().blas.contains("CPU level"));
     fs::remove_dir_all(&root).unwrap();
 }

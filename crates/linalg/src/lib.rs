@@ -43,6 +43,7 @@
 #[cfg(feature = "openblas-system")]
 use openblas_src as _;
 
+pub mod blas;
 pub mod cond;
 pub mod error;
 pub mod iterative;
@@ -55,6 +56,7 @@ pub mod svd;
 #[cfg(feature = "tch")]
 pub mod tch_backend;
 
+pub use blas::{blas_report, BlasReport, VectorLevel};
 pub use cond::{
     condition_number, condition_number_with, conditioning, conditioning_from_singular_values,
     numerical_rank, pseudo_condition_number, Conditioning, RankTolerance,
