@@ -651,7 +651,18 @@ proptest! {
         let margin = z * se + jensen;
         prop_assert!((-1.3 - margin..=-0.7 + margin).contains(&slope), "slope {slope} (se {se:.3}, margin {margin:.3}), points {points:?}");
     }
-    /// T10 (population and regularizer): the closed-form gradients match central differences.
+    /// T10 (population and regularizer): the closed-form (preconditioned) direction of the GD
+    /// rule, with the preconditioner undone, matches central differences of Q = L + R entry by
+    /// entry, within the standard finite-difference error model, every term computed here:
+    /// truncation h²|f‴|/6 — exact, since along one coordinate L is quadratic and R quartic,
+    /// so the central difference of the quartic is f′ + h²f‴/6 with f‴ = 3λ⟨D₁, D₂⟩
+    /// (D(t) = D + tD₁ + t²D₂) — plus roundoff (ε₊ + ε₋)/(2h), ε the rounding bound of Q
+    /// ([`excess_rounding`] and the same elementwise bound for R), plus the shift of the centre
+    /// by the rounding of a ± h (|f″|·u(|a| + h), f″ from the second difference, plus its own
+    /// roundoff), plus the closed form's rounding γ_n·|chain| (elementwise, n the chain's total
+    /// inner size; the preconditioner's round trip Σ̂⁻¹·Σ̂ enters through |Σ̂||Σ̂⁻¹|). The
+    /// realized step fl(a + h) − fl(a − h) is the divisor. h minimizes h²|f‴|/6 + ε/h:
+    /// h = (3ε/|f‴|)^{1/3}, at most 1e-2 (and 1e-2 when f‴ = 0: a quadratic has no truncation).
     #[test]
     fn t10_population_and_regularizer_gradients(seed in any::<u64>(), d in 1usize..6, k in 1usize..4, lambda in 0.0f64..2.0, pre in any::<bool>()) {
         let mut r = rng(seed);
@@ -660,36 +671,83 @@ proptest! {
         let a = gaussian(k, d, &mut r).unwrap() * 0.6;
         let b = gaussian(d, d, &mut r).unwrap() * 0.6;
         let pop = model.population().clone();
-        let q = |a: &Array2<f64>, b: &Array2<f64>| -> f64 {
-            let c = a.t().dot(a) - b.t().dot(mo.sigma_hat()).dot(b);
-            let dm = mo.sigma_hat_half().dot(&c).dot(mo.sigma_hat_half());
-            pop.loss(a.view(), b.view()).unwrap() + 0.25 * lambda * frob(&dm).powi(2)
+        let (sh, hh) = (mo.sigma_hat(), mo.sigma_hat_half());
+        let dmat = |a: &Array2<f64>, b: &Array2<f64>| -> Array2<f64> {
+            let c = a.t().dot(a) - b.t().dot(sh).dot(b);
+            hh.dot(&c).dot(hh)
         };
-        // The trainer's update direction with GD at η = 1 is the (preconditioned) gradient.
-        let settings = Settings { preconditioner: pre, lambda, renormalization: Renormalization::None, step: StepSize::Absolute { eta: 1.0 }, ..Settings::algorithm() };
-        let mut trainer = Trainer::new(Objective::Population(pop.clone()), &mo, a.clone(), b.clone(), settings).unwrap();
-        trainer.step().unwrap();
-        let (a1, b1) = trainer.params();
-        let (mut da, mut db) = (&a - a1, &b - b1);
-        if pre {
-            // Undo the preconditioner: ∇_A = dA Σ̂, ∇_B = Σ̂ dB Σ̂.
-            da = da.dot(mo.sigma_hat());
-            db = mo.sigma_hat().dot(&db).dot(mo.sigma_hat());
-        }
-        let h = 1e-6;
-        let mut worst: f64 = 0.0;
-        let scale = max_abs(&da).max(max_abs(&db)).max(1e-8);
-        for i in 0..k { for j in 0..d {
-            let (mut ap, mut am) = (a.clone(), a.clone());
-            ap[[i, j]] += h; am[[i, j]] -= h;
-            worst = worst.max(((q(&ap, &b) - q(&am, &b)) / (2.0 * h) - da[[i, j]]).abs() / scale);
-        }}
-        for i in 0..d { for j in 0..d {
-            let (mut bp, mut bm) = (b.clone(), b.clone());
-            bp[[i, j]] += h; bm[[i, j]] -= h;
-            worst = worst.max(((q(&a, &bp) - q(&a, &bm)) / (2.0 * h) - db[[i, j]]).abs() / scale);
-        }}
-        prop_assert!(worst < 1e-6, "relative error {worst}");
+        let q = |a: &Array2<f64>, b: &Array2<f64>| -> f64 {
+            pop.loss(a.view(), b.view()).unwrap() + 0.25 * lambda * frob(&dmat(a, b)).powi(2)
+        };
+        // C_abs = |A|ᵀ|A| + |B|ᵀ|Σ̂||B|, the absolute version of C = AᵀA − BᵀΣ̂B.
+        let c_abs = |a: &Array2<f64>, b: &Array2<f64>| abs(a).t().dot(&abs(a)) + abs(b).t().dot(&abs(sh)).dot(&abs(b));
+        // Rounding of Q: E's rigorous bound, the noise floor's addition (u·L), and R's: with
+        // D̂ within δD = γ_{3d+1}|H|C_abs|H| (H = Σ̂^{1/2}; chain sizes d + 2d, one subtraction),
+        // |R̂ − R| ≤ (λ/4)(2Σ|D̂|δD + ΣδD² + γ_{d²+2}‖D̂‖²).
+        let q_err = |a: &Array2<f64>, b: &Array2<f64>| -> f64 {
+            let dm = dmat(a, b);
+            let dd = abs(hh).dot(&c_abs(a, b)).dot(&abs(hh)) * gamma(3 * d + 1);
+            let r_err = 0.25 * lambda * (2.0 * (abs(&dm) * &dd).sum() + dd.iter().map(|x| x * x).sum::<f64>() + gamma(d * d + 2) * frob(&dm).powi(2));
+            excess_rounding(&pop, a, b, 0.0) + U * q(a, b) + r_err
+        };
+        let settings = Settings { preconditioner: pre, lambda, renormalization: Renormalization::None, ..Settings::algorithm() };
+        let step = pgd_step(&Objective::Population(pop.clone()), &mo, a.view(), b.view(), &settings).unwrap();
+        let (mut da, mut db) = step.direction.clone();
+        // Rounding of the closed form, elementwise: ∇_A L = FΣBΣ (F within |A||Σ||Bᵀ| + |M|),
+        // ∇_A R = λAΣ̂CΣ̂, ∇_B L = ΣFᵀAΣ, ∇_B R = −λΣ̂BΣ̂CΣ̂; with the preconditioner the
+        // direction is ∇_A L·Σ̂⁻¹ + λAΣ̂C and Σ̂⁻¹∇_B LΣ̂⁻¹ − λBΣ̂C, undone here by Σ̂ (·Σ̂, Σ̂·Σ̂).
+        // Chain sizes ≤ 10d + 4, plus C_SM·2d for the eigensolve backward error of H² = Σ̂.
+        let (sa, ss, sb) = (abs(pop.sigma()), abs(sh), abs(&b));
+        let f_abs = abs(&a).dot(&sa).dot(&sb.t()) + abs(pop.m());
+        let reg = c_abs(&a, &b);
+        let n_chain = 10 * d + 4 + (C_SM * (2 * d) as f64).ceil() as usize;
+        let (ea, eb) = if pre {
+            let round = ss.dot(&abs(mo.sigma_hat_inv()));
+            let ga = f_abs.dot(&sa).dot(&sb).dot(&sa).dot(&round.t()) + abs(&a).dot(&ss).dot(&reg).dot(&ss) * lambda;
+            let gb = round.dot(&sa).dot(&f_abs.t()).dot(&abs(&a)).dot(&sa).dot(&round.t()) + ss.dot(&sb).dot(&ss).dot(&reg).dot(&ss) * lambda;
+            da = da.dot(sh);
+            db = sh.dot(&db).dot(sh);
+            (ga * gamma(n_chain), gb * gamma(n_chain))
+        } else {
+            let ga = f_abs.dot(&sa).dot(&sb).dot(&sa) + abs(&a).dot(&ss).dot(&reg).dot(&ss) * lambda;
+            let gb = sa.dot(&f_abs.t()).dot(&abs(&a)).dot(&sa) + ss.dot(&sb).dot(&ss).dot(&reg).dot(&ss) * lambda;
+            (ga * gamma(n_chain), gb * gamma(n_chain))
+        };
+        let (q0, e0) = (q(&a, &b), q_err(&a, &b));
+        // One coordinate: (A or B, i, j).
+        let check = |is_a: bool, i: usize, j: usize| -> Result<(), String> {
+            let mut e = Array2::<f64>::zeros(if is_a { (k, d) } else { (d, d) });
+            e[[i, j]] = 1.0;
+            // D₁, D₂ of D(t) along the coordinate, and f‴ = 3λ⟨D₁, D₂⟩.
+            let (c1, c2) = if is_a {
+                (a.t().dot(&e) + e.t().dot(&a), e.t().dot(&e))
+            } else {
+                let sbe = b.t().dot(sh).dot(&e);
+                (-(&sbe + &sbe.t()), -e.t().dot(sh).dot(&e))
+            };
+            let f3 = 3.0 * lambda * (hh.dot(&c1).dot(hh) * hh.dot(&c2).dot(hh)).sum().abs();
+            let h = if f3 > 0.0 { (3.0 * e0 / f3).cbrt().min(1e-2) } else { 1e-2 };
+            let (mut ap, mut am, mut bp, mut bm) = (a.clone(), a.clone(), b.clone(), b.clone());
+            let (x, realized) = if is_a {
+                ap[[i, j]] += h; am[[i, j]] -= h;
+                (a[[i, j]], ap[[i, j]] - am[[i, j]])
+            } else {
+                bp[[i, j]] += h; bm[[i, j]] -= h;
+                (b[[i, j]], bp[[i, j]] - bm[[i, j]])
+            };
+            let (fp, fm) = (q(&ap, &bp), q(&am, &bm));
+            let (ep, em) = (q_err(&ap, &bp), q_err(&am, &bm));
+            let fd = (fp - fm) / realized;
+            let f2 = ((fp - 2.0 * q0 + fm) / (h * h)).abs() + (ep + em + 2.0 * e0) / (h * h);
+            let tol = h * h * f3 / 6.0 + (ep + em) / realized + f2 * U * (x.abs() + h)
+                + if is_a { ea[[i, j]] } else { eb[[i, j]] };
+            let g = if is_a { da[[i, j]] } else { db[[i, j]] };
+            if (fd - g).abs() <= tol { Ok(()) } else {
+                Err(format!("{} [{i},{j}]: fd {fd:e} vs {g:e}: {:e} > {tol:e} (h {h:e})", if is_a { "A" } else { "B" }, (fd - g).abs()))
+            }
+        };
+        for i in 0..k { for j in 0..d { check(true, i, j).map_err(TestCaseError::fail)?; } }
+        for i in 0..d { for j in 0..d { check(false, i, j).map_err(TestCaseError::fail)?; } }
     }
 
     /// T10 (finite-context layer): the vectorized, chunked gradients of L̂_n match central
