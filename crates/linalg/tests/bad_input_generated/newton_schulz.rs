@@ -7,52 +7,9 @@ use kappa_linalg::*;
 use kappa_testkit::hostile::{Fuzz, Layout};
 use ndarray::Array2;
 
-/// max of f over [lo, hi] on a 2001-point grid plus `slope`·h (f's Lipschitz constant times
-/// the grid spacing), so an upper bound of the true maximum.
-fn grid_max(lo: f64, hi: f64, slope: f64, f: impl Fn(f64) -> f64) -> f64 {
-    let h = (hi - lo) / 2000.0;
-    (0..=2000)
-        .map(|i| f(lo + i as f64 * h))
-        .fold(f64::NEG_INFINITY, f64::max)
-        + slope * h
-}
-
-/// A first-order bound on ‖NS(X) − NS(X + E₀)‖_F accumulated with rounding unit `eps`, for an
-/// r×s (wide orientation) input with normalized singular values `x` (σ_i/(c‖X‖_F)).
-///
-/// Each step maps the singular values by p (tracked exactly: `x` ← p(`x`)). As a matrix
-/// function on matrices whose singular values lie in the hull H = [min x − E, max x + E], a step
-/// has the Lipschitz constant L = max over H of max(|p'(t)|, |p(t)/t|) (the divided differences
-/// of an odd polynomial applied to singular values, mean-value theorem). Its own rounding is at
-/// most γ = (2r + s + 3)·eps·√r·(|a|ρ + |b|ρ³ + |c|ρ⁵), ρ = max H (three products of inner
-/// dimension ≤ s or r, each term's magnitude bounded through the spectral norm, Frobenius ≤
-/// √r·spectral). Errors propagate as E ← L·E + γ; by Weyl the computed singular values stay
-/// within E of the tracked ones. The initial normalization X/(c‖X‖_F) errs by (rs + 2)·eps
-/// relative (the norm and one scaling).
-pub fn ns_error_bound(sched: &NsSchedule, r: usize, s: usize, x: &[f64], eps: f64) -> f64 {
-    let mut x = x.to_vec();
-    let hull = |x: &[f64]| {
-        x.iter()
-            .fold((f64::INFINITY, 0.0f64), |(l, h), &v| (l.min(v), h.max(v)))
-    };
-    let mut e = (r * s + 2) as f64 * eps * hull(&x).1 * (r as f64).sqrt();
-    for p in &sched.steps {
-        let (a, b, c) = (p.a.abs(), p.b.abs(), p.c.abs());
-        let (lo, hi) = hull(&x);
-        let (l0, h0) = ((lo - e).max(0.0), hi + e);
-        let d2 = 6.0 * b * h0 + 20.0 * c * h0.powi(3);
-        let deriv = |t: f64| (p.a + 3.0 * p.b * t * t + 5.0 * p.c * t.powi(4)).abs();
-        let ratio = |t: f64| (p.a + p.b * t * t + p.c * t.powi(4)).abs();
-        let l = grid_max(l0, h0, d2, deriv).max(grid_max(l0, h0, d2, ratio));
-        let gamma = (2 * r + s + 3) as f64
-            * eps
-            * (r as f64).sqrt()
-            * (a * h0 + b * h0.powi(3) + c * h0.powi(5));
-        e = l * e + gamma;
-        x.iter_mut().for_each(|v| *v = p.eval(*v).abs());
-    }
-    e
-}
+#[path = "../shared/ns_bound.rs"]
+mod ns_bound;
+pub use ns_bound::{grid_max, ns_error_bound};
 
 /// A bound ρ_N on the spectral norm of the last iterate from ‖X₀‖₂ ≤ `hi`: each step's image
 /// of [0, ρ_j + γ_j] (γ_j the step's own rounding, as in [`ns_error_bound`]; rounding moves
@@ -88,8 +45,8 @@ fn check_ns<A: Elem>(got: Result<Array2<A>>, re: &Reference, sched: &NsSchedule)
     let fro = re.fro() * sched.normalization;
     let x: Vec<f64> = re.s.iter().map(|v| v / fro).collect();
     let hi = x[0];
-    let tol =
-        ns_error_bound(sched, r, s, &x, A::EPS) + ns_error_bound(sched, r, s, &x, f64::EPSILON);
+    let tol = ns_error_bound(sched, r, s, &x, A::EPS, 0.0)
+        + ns_error_bound(sched, r, s, &x, f64::EPSILON, 0.0);
     if tol.is_finite() && tol < 0.25 {
         return ensure(diff <= tol, || {
             format!("‖NS − NS_ref‖_F = {diff:e} > {tol:e}")

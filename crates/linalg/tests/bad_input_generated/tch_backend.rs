@@ -108,8 +108,8 @@ fn check_ns(r: Result<Tensor>, held: &Array2<f64>, eps: f64) -> Check {
     }
     let x: Vec<f64> = re.s.iter().map(|v| v / re.fro()).collect();
     let sched = NsSchedule::muon();
-    let tol =
-        ns_error_bound(&sched, 3, 4, &x, eps) + ns_error_bound(&sched, 3, 4, &x, f64::EPSILON);
+    let tol = ns_error_bound(&sched, 3, 4, &x, eps, 0.0)
+        + ns_error_bound(&sched, 3, 4, &x, f64::EPSILON, 0.0);
     ensure(diff <= tol.min(1.0), || {
         format!("‖NS − NS_ref‖_F = {diff:e} > {tol:e}")
     })
