@@ -47,6 +47,38 @@ fn near_a_sigma(v: f64, re: &Reference, tol: f64, d: f64) -> bool {
     re.s.iter().any(|&s| (s - v).abs() <= tol * v + d)
 }
 
+/// What the shared part of every estimate's check decided.
+enum Triage<'a> {
+    /// The answer is judged: a non-finite input's error, an invalid option's error, or an
+    /// `Overflow` (right only when σ₁ itself is at least near `A::MAX`).
+    Done(Check),
+    /// A finite input with valid options and a value: judge it against this reference, with
+    /// this rounding slack.
+    Value(&'a Reference, f64),
+}
+
+fn triage<'a, A: Elem, T>(
+    r: &kappa_linalg::Result<T>,
+    input: &'a Input,
+    bad: Option<&str>,
+) -> Triage<'a> {
+    if let Some(c) = input_error(r, input, "a") {
+        return Triage::Done(c);
+    }
+    if let Some(arg) = bad {
+        return Triage::Done(expect_err(r, "InvalidArgument", arg));
+    }
+    let Input::Finite(re) = input else {
+        unreachable!()
+    };
+    if let Err(LinalgError::Overflow { arg: "a", .. }) = r {
+        return Triage::Done(ensure(re.overflows::<A>(0.5) != Some(false), || {
+            "Overflow for a σ₁ far below MAX".into()
+        }));
+    }
+    Triage::Value(re, delta::<A>(re))
+}
+
 fn check_power<A: Elem>(
     a: Laid<A>,
     input: &Input,
@@ -54,22 +86,10 @@ fn check_power<A: Elem>(
     bad: Option<&str>,
 ) -> Check {
     let r = sigma_max_power(a.view(), opts);
-    if let Some(c) = input_error(&r, input, "a") {
-        return c;
-    }
-    if let Some(arg) = bad {
-        return expect_err(&r, "InvalidArgument", arg);
-    }
-    let Input::Finite(re) = input else {
-        unreachable!()
+    let (re, d) = match triage::<A, _>(&r, input, bad) {
+        Triage::Done(c) => return c,
+        Triage::Value(re, d) => (re, d),
     };
-    let d = delta::<A>(re);
-    if let Err(LinalgError::Overflow { arg: "a", .. }) = &r {
-        // Only when σ₁ itself is at least near A::MAX.
-        return ensure(re.overflows::<A>(0.5) != Some(false), || {
-            "Overflow for a σ₁ far below MAX".into()
-        });
-    }
     let e = ok(r, "sigma_max_power")?;
     let v = re.to_scaled(e.value.to_f64_lossy());
     ensure(v <= re.s1() + d && v >= 0.0, || {
@@ -90,21 +110,10 @@ fn check_inverse<A: Elem>(
     bad: Option<&str>,
 ) -> Check {
     let r = sigma_min_inverse(a.view(), opts);
-    if let Some(c) = input_error(&r, input, "a") {
-        return c;
-    }
-    if let Some(arg) = bad {
-        return expect_err(&r, "InvalidArgument", arg);
-    }
-    let Input::Finite(re) = input else {
-        unreachable!()
+    let (re, d) = match triage::<A, _>(&r, input, bad) {
+        Triage::Done(c) => return c,
+        Triage::Value(re, d) => (re, d),
     };
-    let d = delta::<A>(re);
-    if let Err(LinalgError::Overflow { arg: "a", .. }) = &r {
-        return ensure(re.overflows::<A>(0.5) != Some(false), || {
-            "Overflow for a σ₁ far below MAX".into()
-        });
-    }
     let e = ok(r, "sigma_min_inverse")?;
     let v = re.to_scaled(e.value.to_f64_lossy());
     let k = re.s.len();
@@ -131,21 +140,10 @@ fn check_lanczos<A: Elem>(
     bad: Option<&str>,
 ) -> Check {
     let r = condition_number_estimate(a.view(), opts);
-    if let Some(c) = input_error(&r, input, "a") {
-        return c;
-    }
-    if let Some(arg) = bad {
-        return expect_err(&r, "InvalidArgument", arg);
-    }
-    let Input::Finite(re) = input else {
-        unreachable!()
+    let (re, d) = match triage::<A, _>(&r, input, bad) {
+        Triage::Done(c) => return c,
+        Triage::Value(re, d) => (re, d),
     };
-    let d = delta::<A>(re);
-    if let Err(LinalgError::Overflow { arg: "a", .. }) = &r {
-        return ensure(re.overflows::<A>(0.5) != Some(false), || {
-            "Overflow for a σ₁ far below MAX".into()
-        });
-    }
     let e = ok(r, "condition_number_estimate")?;
     let (smax, smin) = (
         re.to_scaled(e.sigma_max.to_f64_lossy()),
