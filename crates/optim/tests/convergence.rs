@@ -1549,14 +1549,29 @@ fn a_diverging_step_size_is_reported_with_its_step() {
     }
 }
 
+/// The clip and balance renormalizations, each asserted to its rounding bound.
 #[test]
 fn clip_renormalization_caps_the_softmax_scale_and_keeps_the_product() {
     let mut r = rng(4);
     let model = spec(3, 2, 10.0, 2.0, 0.0).build(&mut r).unwrap();
     let mo = Moments::estimate(&model.sample(300, &mut r).unwrap()).unwrap();
+    let d = mo.dim();
     let (a0, b0) = spectral_init(&mo).unwrap();
     let (mut a, mut b) = (&a0 / 5.0, &b0 * 5.0);
     let before = a.dot(mo.sigma_hat()).dot(&b.t());
+    let p_abs = abs(&a).dot(&abs(mo.sigma_hat())).dot(&abs(&b).t());
+    let h = mo.sigma_hat_half();
+    let sigma1 = |b: &Array2<f64>| {
+        let v = h.dot(b).dot(h);
+        kappa_linalg::singular_values(v.view(), kappa_linalg::SvdDriver::default()).unwrap()[0]
+    };
+    // The relative error of a computed σ₁(HBH) (the same stored H in the library and here, so
+    // H's own error cancels): the product errs by ≤ γ_{2d}‖|H||B||H|‖_F (normwise, and σ₁ is
+    // perfectly conditioned), the SVD by its backward error C_SM·d·u·σ₁ (standard model).
+    let sigma1_rel = |b: &Array2<f64>| {
+        gamma(2 * d) * frob(&abs(h).dot(&abs(b)).dot(&abs(h))) / sigma1(b) + C_SM * d as f64 * U
+    };
+    let rel_before = sigma1_rel(&b);
     renormalize(
         &mut a,
         &mut b,
@@ -1564,13 +1579,47 @@ fn clip_renormalization_caps_the_softmax_scale_and_keeps_the_product() {
         Renormalization::ClipSoftmaxScale { max_scale: 0.5 },
     )
     .unwrap();
-    let v = mo.sigma_hat_half().dot(&b).dot(mo.sigma_hat_half());
-    let s = kappa_linalg::singular_values(v.view(), kappa_linalg::SvdDriver::default()).unwrap()[0];
-    assert!((s - 0.5).abs() < 1e-12, "‖V‖₂ = {s}");
+    // B ← fl(f̂·B) with f̂ = fl(0.5/σ̂₁): σ₁ of the stored B is 0.5·σ₁/σ̂₁ up to 2u (f̂'s division,
+    // B's scaling), σ̂₁ within rel_before of σ₁, and the check's own σ̂₁ within rel_after:
+    // |σ̂₁ − 0.5| ≤ 0.5·(e^{1.01(rel_before + rel_after) + 2u} − 1) (ln(1/(1 − x)) ≤ 1.01x).
+    let s = sigma1(&b);
+    let tol = 0.5 * ((1.01 * (rel_before + sigma1_rel(&b)) + 2.0 * U).exp() - 1.0);
+    assert!(
+        (s - 0.5).abs() <= tol,
+        "‖V‖₂ = {s}: {:e} > {tol:e}",
+        (s - 0.5).abs()
+    );
+    // A/f̂ and f̂B in exact arithmetic give the same product; the stored ones differ from them
+    // by u relative, each product by γ_{2d}|A||Σ̂||Bᵀ| (the same absolute product before and
+    // after, up to (1 + u)²): elementwise ≤ (2γ_{2d}(1 + u)² + 2u + u²)·P ≤ γ_{4d+3}·P.
     let after = a.dot(mo.sigma_hat()).dot(&b.t());
-    assert!(max_abs(&(&after - &before)) < 1e-12);
+    let tol = p_abs * gamma(4 * d + 3);
+    let excess = (&after - &before).mapv(f64::abs) - &tol;
+    assert!(
+        excess.iter().all(|&x| x <= 0.0),
+        "product moved beyond γ_{{4d+3}}|A||Σ̂||Bᵀ|: {excess:?}"
+    );
     let (mut a2, mut b2) = (&a0 / 5.0, &b0 * 5.0);
+    // The relative error of a computed ‖U‖_F = ‖AH‖_F: the product's γ_d‖|A||H|‖_F/‖AH‖_F, and the
+    // norm's sum of squares and square root γ_{kd+2}; ‖V‖_F = ‖HBᵀH‖_F likewise with γ_{2d} and
+    // d² entries. Balance sets c = fl(√(fl(‖V‖/‖U‖))) (2u), A ← cA, B ← B/c (u each), so in
+    // exact arithmetic ‖U'‖/‖V'‖ = c²‖U‖/‖V‖ = 1 up to the library's two norms (once each in
+    // c²), 2·2u for c², 2u for the scalings, and the check's two norms — 2(e_U + e_V) in the
+    // log; 3(e_U + e_V) also covers the u-level change of e_U, e_V by the scaling:
+    // |‖U'‖/‖V'‖ − 1| ≤ e^{1.01·3(e_U + e_V) + 6u} − 1 =: ε, and |‖U'‖ − ‖V'‖| ≤ ε(1 + ε)‖U'‖.
+    let (u0, v0) = mo.whiten(a2.view(), b2.view()).unwrap();
+    let e_u = gamma(d) * frob(&abs(&a2).dot(&abs(h))) / frob(&u0) + gamma(a2.len() + 2);
+    let e_v = gamma(2 * d) * frob(&abs(h).dot(&abs(&b2).t()).dot(&abs(h))) / frob(&v0)
+        + gamma(b2.len() + 2);
     renormalize(&mut a2, &mut b2, &mo, Renormalization::Balance).unwrap();
     let (u, v) = mo.whiten(a2.view(), b2.view()).unwrap();
-    assert!((frob(&u) - frob(&v)).abs() < 1e-12 * frob(&u));
+    let rel = (1.01 * 3.0 * (e_u + e_v) + 6.0 * U).exp() - 1.0;
+    let tol = rel * (1.0 + rel) * frob(&u);
+    assert!(
+        (frob(&u) - frob(&v)).abs() <= tol,
+        "‖U‖ {} vs ‖V‖ {}: {:e} > {tol:e}",
+        frob(&u),
+        frob(&v),
+        (frob(&u) - frob(&v)).abs()
+    );
 }
