@@ -7,7 +7,7 @@ use kappa_linalg::*;
 use kappa_testkit::hostile::{Fuzz, Layout};
 use ndarray::Array2;
 
-#[path = "../shared/ns_bound.rs"]
+#[path = "../helpers/ns_bound.rs"]
 mod ns_bound;
 pub use ns_bound::{grid_max, ns_error_bound};
 

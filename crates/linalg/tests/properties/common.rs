@@ -145,7 +145,7 @@ pub fn polar_perturbation(e_fro: f64, sigma_k: f64) -> f64 {
     }
 }
 
-#[path = "../shared/ns_bound.rs"]
+#[path = "../helpers/ns_bound.rs"]
 mod ns_bound;
 pub use ns_bound::ns_error_bound;
 
