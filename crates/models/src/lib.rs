@@ -25,6 +25,7 @@ pub mod error;
 pub mod float;
 pub mod gpt;
 pub mod layers;
+mod link;
 pub mod modulewise;
 pub mod tasks;
 pub mod train;
