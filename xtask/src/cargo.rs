@@ -72,12 +72,12 @@ pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
         return Ok(());
     }
     let started = std::time::Instant::now();
+    // Only `cargo package`'s verification uses these, so clearing them first is the same as
+    // clearing them just before it.
+    forget_packaged_sources()?;
+    run(cargo(ws, &tc).args(clean_packaged_builds()))?;
     for (what, mut cmd) in checks(ws, &tc) {
         eprintln!("xtask test: {what}");
-        if what.starts_with("packages") {
-            forget_packaged_sources()?;
-            run(cargo(ws, &tc).args(clean_packaged_builds()))?;
-        }
         run(&mut cmd)?;
     }
     eprintln!(
@@ -135,41 +135,39 @@ fn clean_packaged_builds() -> Vec<&'static str> {
 /// The steps of `cargo xtask test`, in order, each with what it checks.
 fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
     let standalone_dir = target_dir(ws).join("standalone");
-    let mut steps = Vec::new();
-    let mut step = |what, args: &[&str]| {
+    let step = |what: &'static str, args: &[&str]| {
         let mut cmd = cargo(ws, tc);
         cmd.args(args);
-        steps.push((what, cmd));
+        (what, cmd)
     };
-    step("formatting", &["fmt", "--all", "--check"]);
-    step(
-        "lints",
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--release",
-            "--locked",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    );
-    step("tests", &["test", "--workspace", "--release", "--locked"]);
-    step(
+    let clippy = [
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--release",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ];
+    let mut docs = step(
         "docs (warnings are errors)",
         &["doc", "--workspace", "--no-deps", "--release", "--locked"],
     );
+    docs.1.env("RUSTDOCFLAGS", "-D warnings");
     // Verified: each package is built from its own tarball, as crates.io would.
     let mut packages = vec!["package", "--locked", "--allow-dirty"];
     packages.extend(PUBLISHED.iter().flat_map(|p| ["-p", p]));
-    step(
-        "packages (cargo package of the published libraries)",
-        &packages,
-    );
-    for (_, cmd) in steps.iter_mut().filter(|(w, _)| w.starts_with("docs")) {
-        cmd.env("RUSTDOCFLAGS", "-D warnings");
-    }
+    let mut steps = vec![
+        step("formatting", &["fmt", "--all", "--check"]),
+        step("lints", &clippy),
+        step("tests", &["test", "--workspace", "--release", "--locked"]),
+        docs,
+        step(
+            "packages (cargo package of the published libraries)",
+            &packages,
+        ),
+    ];
     steps.extend(standalone(ws, &standalone_dir));
     steps
 }

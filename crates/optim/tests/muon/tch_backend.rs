@@ -168,16 +168,8 @@ fn first_candidate_agrees(
     let (w, _) = manifold_run(&opt, w0, grads);
     let rounded: Vec<_> = grads.iter().map(round32).collect();
     let d_in = max_abs_diff(&manifold_run(&opt, &round32(w0), &rounded).0, &w);
-    let opt_t = ManifoldMuon::new(ManifoldMuonConfig {
-        precision: Precision::F32,
-        ..cfg
-    })
-    .unwrap();
-    let param = t32(w0);
-    let mut alias = param.shallow_clone();
-    let mut st_t = ManifoldState::new();
-    for g in grads {
-        let b = opt_t.step(&mut alias, &t32(g), &mut st_t).unwrap();
+    let (param, reports) = tch_f32_run(cfg, w0, grads);
+    for b in &reports {
         assert_eq!(b.dual.msign_calls, 1, "{label}");
     }
     let e = max_abs_diff(&array_from_tensor(&param).unwrap(), &w);
@@ -189,6 +181,28 @@ fn first_candidate_agrees(
     assert!(e <= tol, "{label}, K = 1: {e} > {tol} (d_in {d_in})");
 }
 
+/// `cfg` in f32 on a tch copy of `w0`, one step per gradient: the final parameter and the
+/// step reports.
+fn tch_f32_run(
+    cfg: ManifoldMuonConfig,
+    w0: &Array2<f64>,
+    grads: &[Array2<f64>],
+) -> (Tensor, Vec<ManifoldStep<Tensor>>) {
+    let opt = ManifoldMuon::new(ManifoldMuonConfig {
+        precision: Precision::F32,
+        ..cfg
+    })
+    .unwrap();
+    let param = t32(w0);
+    let mut alias = param.shallow_clone();
+    let mut state = ManifoldState::new();
+    let reports = grads
+        .iter()
+        .map(|g| opt.step(&mut alias, &t32(g), &mut state).unwrap())
+        .collect();
+    (param, reports)
+}
+
 /// The full preset ascent: f32 and f64 both land on the manifold to their precision, with step
 /// spectral norm η (noise-independent facts; module docs).
 fn full_ascent_lands_on_the_manifold(
@@ -197,18 +211,7 @@ fn full_ascent_lands_on_the_manifold(
     grads: &[Array2<f64>],
     label: &str,
 ) {
-    let opt_t = ManifoldMuon::new(ManifoldMuonConfig {
-        precision: Precision::F32,
-        ..cfg
-    })
-    .unwrap();
-    let param = t32(w0);
-    let mut alias = param.shallow_clone();
-    let mut st_t = ManifoldState::new();
-    let mut reports = Vec::new();
-    for g in grads {
-        reports.push(opt_t.step(&mut alias, &t32(g), &mut st_t).unwrap());
-    }
+    let (_, reports) = tch_f32_run(cfg, w0, grads);
     let (_, steps64) = manifold_run(&ManifoldMuon::new(cfg).unwrap(), w0, grads);
     // Polar Express in f32 leaves σ within 1 ± ≈ 1e-6 + k·u (module docs of msign): the
     // retracted W holds its constraint to ≈ √k·10·u relative, 1e-4 is that for k ≤ 64 with a
