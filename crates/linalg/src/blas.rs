@@ -1,17 +1,33 @@
-//! Which BLAS kernel this process runs, and whether it is a generic fallback.
+//! Which BLAS kernel this process runs, and a fast one in place of a generic fallback.
 //!
 //! OpenBLAS built with `DYNAMIC_ARCH` (Debian's is) picks a kernel for the CPU when it loads. A
 //! release older than the CPU may not know it and fall back to a generic SSE kernel ("Prescott",
-//! "Core2", …), several times slower than the CPU allows. [`blas_report`] says which kernel is
-//! running, what the CPU could use, and whether that is such a fallback; kappa's experiments
-//! write it into every run's `run.json` and warn when it is generic.
+//! "Core2", …), several times slower than the CPU allows: Debian's 0.3.21 does so on recent Intel
+//! Xeons (family 6 model 207), where its own Skylake-X kernel runs 4–8× faster.
 //!
-//! The environment variable `OPENBLAS_CORETYPE` overrides OpenBLAS's choice at load time; kappa
-//! reports it and never changes it (some environments set it on purpose, where a kernel is
-//! known to compute wrong results on a CPU).
+//! kappa-linalg therefore checks the kernel once, when the program starts (an ELF `.init_array`
+//! entry, which runs after the shared libraries are initialized and before `main`, while the
+//! process has one thread): if OpenBLAS chose a generic SSE kernel on a CPU with AVX2 or more
+//! and the environment did not choose it through `OPENBLAS_CORETYPE`, it asks OpenBLAS to
+//! re-initialize with the best of its own kernels that the CPU's features allow (Cooperlake for
+//! AVX-512 with BF16, Skylake-X for AVX-512, Haswell for AVX2 with FMA), through the library's
+//! exported `gotoblas_dynamic_quit`/`gotoblas_dynamic_init` — the same path OpenBLAS takes at
+//! load time, with `OPENBLAS_CORETYPE` set only for that call. A kernel set in the environment
+//! is never replaced (some environments set one on purpose, where a kernel is known to compute
+//! wrong results on a CPU).
+//!
+//! [`blas_report`] says which kernel runs, how it was chosen ([`KernelSelection`]), what the CPU
+//! could use, and whether it is still a generic fallback; kappa's experiments write it into every
+//! run's `run.json` and warn when it is generic.
+
+// The FFI to OpenBLAS, the `.init_array` entry and the kernel switch are unsafe by nature; each
+// use states its contract.
+#![allow(unsafe_code)]
 
 use std::fmt;
+use std::sync::Mutex;
 
+use crate::error::{LinalgError, Result};
 /// The widest x86-64 vector level a CPU or a kernel uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum VectorLevel {
@@ -88,6 +104,24 @@ fn cpu_level() -> VectorLevel {
     VectorLevel::Unknown
 }
 
+/// How the kernel in use was chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelSelection {
+    /// Nobody has looked (not OpenBLAS, or the start-up check did not run on this platform).
+    NotInspected,
+    /// OpenBLAS's own choice for this CPU, kept.
+    Library,
+    /// `OPENBLAS_CORETYPE` from the environment, kept.
+    Environment,
+    /// OpenBLAS fell back to the generic kernel `from`; kappa selected the one now running.
+    Upgraded {
+        /// The generic kernel OpenBLAS had chosen.
+        from: String,
+    },
+    /// Set by a call of [`set_openblas_kernel`].
+    Explicit,
+}
+
 /// What [`blas_report`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlasReport {
@@ -96,6 +130,8 @@ pub struct BlasReport {
     pub library: Option<String>,
     /// The kernel OpenBLAS runs (`openblas_get_corename`), e.g. `Haswell`.
     pub core: Option<String>,
+    /// How that kernel was chosen.
+    pub selection: KernelSelection,
     /// `OPENBLAS_CORETYPE` as set in the environment, if it is.
     pub coretype_env: Option<String>,
     /// The vector level of the kernel.
@@ -119,6 +155,12 @@ impl fmt::Display for BlasReport {
             _ => write!(f, "a BLAS other than the system OpenBLAS (not inspected)")?,
         }
         write!(f, "; CPU level {:?}", self.cpu_level)?;
+        if let KernelSelection::Upgraded { from } = &self.selection {
+            write!(
+                f,
+                "; selected by kappa in place of OpenBLAS's generic {from}"
+            )?;
+        }
         if let Some(env) = &self.coretype_env {
             write!(f, "; OPENBLAS_CORETYPE={env} (from the environment)")?;
         }
@@ -126,7 +168,7 @@ impl fmt::Display for BlasReport {
             write!(
                 f,
                 "; WARNING: a generic kernel on a CPU with {:?} — matrix products run several \
-                 times slower than this CPU allows (a newer OpenBLAS knows this CPU)",
+                 times slower than this CPU allows",
                 self.cpu_level
             )?;
         }
@@ -134,14 +176,25 @@ impl fmt::Display for BlasReport {
     }
 }
 
+/// How the current kernel was chosen; written by the start-up check and the setters below.
+static SELECTION: Mutex<KernelSelection> = Mutex::new(KernelSelection::NotInspected);
+
+fn record(selection: KernelSelection) {
+    *SELECTION.lock().unwrap_or_else(|e| e.into_inner()) = selection;
+}
+
+fn coretype_env() -> Option<String> {
+    std::env::var("OPENBLAS_CORETYPE")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
 /// Which BLAS kernel this process runs (see the module docs).
 ///
 /// ```
 /// let report = kappa_linalg::blas_report();
 /// println!("{report}"); // e.g. "OpenBLAS 0.3.21 … Cooperlake, kernel Cooperlake; CPU level Avx512"
-/// if report.is_generic_fallback() {
-///     eprintln!("matrix products will be slow on this machine");
-/// }
+/// assert!(!report.is_generic_fallback() || report.coretype_env.is_some());
 /// ```
 pub fn blas_report() -> BlasReport {
     let (library, core) = openblas::names();
@@ -151,18 +204,131 @@ pub fn blas_report() -> BlasReport {
     BlasReport {
         library,
         core,
-        coretype_env: std::env::var("OPENBLAS_CORETYPE")
-            .ok()
-            .filter(|v| !v.is_empty()),
+        selection: SELECTION.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        coretype_env: coretype_env(),
         core_level,
         cpu_level: cpu_level(),
     }
 }
 
+/// OpenBLAS kernels for this CPU's features, best first (empty off x86-64 or below AVX2).
+pub fn kernels_for_this_cpu() -> &'static [&'static str] {
+    kernels_for(cpu_level(), cpu_has_avx512_bf16())
+}
+
+fn kernels_for(level: VectorLevel, bf16: bool) -> &'static [&'static str] {
+    match level {
+        VectorLevel::Avx512 if bf16 => &["Cooperlake", "SkylakeX", "Haswell"],
+        VectorLevel::Avx512 => &["SkylakeX", "Haswell"],
+        VectorLevel::Avx2 => &["Haswell"],
+        _ => &[],
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_has_avx512_bf16() -> bool {
+    std::arch::is_x86_feature_detected!("avx512bf16")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_has_avx512_bf16() -> bool {
+    false
+}
+
+/// Replaces a generic-fallback kernel by the best one this CPU allows (what the start-up check
+/// does) and returns how the kernel in use is now chosen. Does nothing when
+/// `OPENBLAS_CORETYPE` is set, when the kernel is not a generic fallback, or when the OpenBLAS
+/// linked cannot switch kernels (a build without `DYNAMIC_ARCH`).
+///
+/// # Safety
+/// No BLAS or LAPACK call may be in flight on any thread, and none may start until this
+/// returns: OpenBLAS swaps its kernel table underneath them. (The start-up check calls it
+/// before `main`, while the process has one thread.)
+pub unsafe fn upgrade_generic_kernel() -> KernelSelection {
+    let selection = choose_upgrade();
+    record(selection.clone());
+    selection
+}
+
+fn choose_upgrade() -> KernelSelection {
+    if !openblas::linked() {
+        return KernelSelection::NotInspected;
+    }
+    if coretype_env().is_some() {
+        return KernelSelection::Environment;
+    }
+    let before = blas_report();
+    let Some(from) = before.core.clone().filter(|_| before.is_generic_fallback()) else {
+        return KernelSelection::Library;
+    };
+    for &kernel in kernels_for_this_cpu() {
+        // SAFETY: forwarded from the caller's contract.
+        if unsafe { openblas::switch_to(kernel) }
+            .is_some_and(|now| now.eq_ignore_ascii_case(kernel))
+        {
+            return KernelSelection::Upgraded { from };
+        }
+    }
+    // None of the candidates took: go back to what OpenBLAS had chosen.
+    // SAFETY: as above.
+    let _ = unsafe { openblas::switch_to(&from) };
+    KernelSelection::Library
+}
+
+/// Makes OpenBLAS run the kernel `name` (one of its `OPENBLAS_CORETYPE` names, e.g. `Haswell`,
+/// `SkylakeX`, `Prescott`) and returns the name it reports now. For measurements and tests: it
+/// refuses when `OPENBLAS_CORETYPE` is set (the environment's choice is kept), and with an
+/// OpenBLAS that cannot switch kernels or does not have `name` (then the kernel is unchanged).
+///
+/// # Safety
+/// As for [`upgrade_generic_kernel`]: no BLAS or LAPACK call in flight on any thread.
+pub unsafe fn set_openblas_kernel(name: &str) -> Result<String> {
+    let refuse = |reason: String| LinalgError::InvalidArgument {
+        arg: "name",
+        reason,
+    };
+    if let Some(env) = coretype_env() {
+        return Err(refuse(format!(
+            "OPENBLAS_CORETYPE={env} is set in the environment; kappa keeps it"
+        )));
+    }
+    if !openblas::can_switch() {
+        return Err(refuse(
+            "the linked BLAS is not an OpenBLAS that can switch kernels (DYNAMIC_ARCH)".into(),
+        ));
+    }
+    let before = openblas::names().1.unwrap_or_default();
+    // SAFETY: forwarded from the caller's contract.
+    let now = unsafe { openblas::switch_to(name) }.unwrap_or_default();
+    if now.eq_ignore_ascii_case(name) {
+        record(KernelSelection::Explicit);
+        return Ok(now);
+    }
+    // SAFETY: as above.
+    let _ = unsafe { openblas::switch_to(&before) };
+    Err(refuse(format!(
+        "this OpenBLAS has no kernel `{name}` (it reported `{now}`); kept `{before}`"
+    )))
+}
+
+/// The start-up check: runs before `main` in every Linux executable that links kappa-linalg.
+#[cfg(all(feature = "openblas-system", target_os = "linux"))]
+#[used]
+#[link_section = ".init_array"]
+static CHECK_AT_START: extern "C" fn() = check_at_start;
+
+#[cfg(all(feature = "openblas-system", target_os = "linux"))]
+extern "C" fn check_at_start() {
+    // A panic must not unwind into the C runtime; the check is best-effort.
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: before `main`, after the libraries' initializers: one thread, no BLAS call.
+        unsafe { upgrade_generic_kernel() }
+    });
+}
+
 #[cfg(feature = "openblas-system")]
-#[allow(unsafe_code)]
 mod openblas {
-    use std::ffi::{c_char, CStr};
+    use std::ffi::{c_char, c_void, CStr};
 
     extern "C" {
         fn openblas_get_config() -> *const c_char;
@@ -178,6 +344,10 @@ mod openblas {
         Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
     }
 
+    pub(super) fn linked() -> bool {
+        true
+    }
+
     /// The library's build string and kernel name.
     pub(super) fn names() -> (Option<String>, Option<String>) {
         // SAFETY: both functions take no arguments and only read OpenBLAS's global state, which
@@ -185,12 +355,64 @@ mod openblas {
         let (config, core) = unsafe { (openblas_get_config(), openblas_get_corename()) };
         (owned(config), owned(core))
     }
+
+    type Hook = unsafe extern "C" fn();
+
+    /// `gotoblas_dynamic_quit` and `gotoblas_dynamic_init`, which only `DYNAMIC_ARCH` builds
+    /// export (looked up at run time, so that other builds still link).
+    fn hooks() -> Option<(Hook, Hook)> {
+        let find = |name: &CStr| {
+            // SAFETY: dlsym with RTLD_DEFAULT searches the loaded objects; `name` is NUL-terminated.
+            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+            // SAFETY: a non-null result is the address of the exported function, whose C
+            // signature is `void f(void)`.
+            (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Hook>(p) })
+        };
+        Some((
+            find(c"gotoblas_dynamic_quit")?,
+            find(c"gotoblas_dynamic_init")?,
+        ))
+    }
+
+    pub(super) fn can_switch() -> bool {
+        hooks().is_some()
+    }
+
+    /// Re-initializes OpenBLAS with `OPENBLAS_CORETYPE=kernel` for that call only; returns the
+    /// kernel it reports afterwards (OpenBLAS falls back to its default for an unknown name).
+    ///
+    /// # Safety
+    /// No BLAS call in flight on any thread; no other thread reading the environment.
+    pub(super) unsafe fn switch_to(kernel: &str) -> Option<String> {
+        let (quit, init) = hooks()?;
+        std::env::set_var("OPENBLAS_CORETYPE", kernel);
+        // SAFETY: the caller guarantees no BLAS call is in flight; `quit` clears the kernel
+        // table pointer and `init` selects and initializes a kernel from OPENBLAS_CORETYPE.
+        unsafe {
+            quit();
+            init();
+        }
+        std::env::remove_var("OPENBLAS_CORETYPE");
+        names().1
+    }
 }
 
 #[cfg(not(feature = "openblas-system"))]
 mod openblas {
+    pub(super) fn linked() -> bool {
+        false
+    }
+
     pub(super) fn names() -> (Option<String>, Option<String>) {
         (None, None)
+    }
+
+    pub(super) fn can_switch() -> bool {
+        false
+    }
+
+    pub(super) unsafe fn switch_to(_kernel: &str) -> Option<String> {
+        None
     }
 }
 
@@ -230,6 +452,7 @@ mod tests {
         let report = |core: VectorLevel, cpu: VectorLevel| BlasReport {
             library: Some("OpenBLAS".into()),
             core: Some("x".into()),
+            selection: KernelSelection::Library,
             coretype_env: None,
             core_level: core,
             cpu_level: cpu,

@@ -56,7 +56,7 @@ pub mod svd;
 #[cfg(feature = "tch")]
 pub mod tch_backend;
 
-pub use blas::{blas_report, BlasReport, VectorLevel};
+pub use blas::{blas_report, BlasReport, KernelSelection, VectorLevel};
 pub use cond::{
     condition_number, condition_number_with, conditioning, conditioning_from_singular_values,
     numerical_rank, pseudo_condition_number, Conditioning, RankTolerance,

@@ -21,6 +21,7 @@
 //! });
 //! ```
 
+pub mod binding;
 pub mod hostile;
 
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, RngSeed};
