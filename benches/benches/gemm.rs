@@ -1,0 +1,136 @@
+//! GEMM throughput of each path kappa multiplies matrices on, against libtorch's MKL (the
+//! fastest GEMM this machine has), in one run: ndarray f32/f64 (the system OpenBLAS, with the
+//! kernel kappa-linalg runs), tch f32/f64/bf16 (libtorch), and for contrast ndarray f32 on
+//! OpenBLAS's generic "Prescott" kernel (what a CPU the library does not know gets without
+//! kappa's kernel selection).
+//!
+//! Every row alternates its path with the MKL call of the same size and element type (bf16 is
+//! compared with MKL's f32) and prints the per-pair throughput ratio path/MKL: median and
+//! min–max. Goal: ≥ 0.8 at 512² and above.
+//!
+//! `KAPPA_BENCH_THREADS=1|2 cargo bench -p kappa-benches --bench gemm` (or `cargo xtask bench`).
+
+#![allow(unsafe_code)] // switching OpenBLAS's kernel for the contrast row (no BLAS call in flight)
+
+use kappa_benches::paired::{alternate, cpu_model, ratios, Spread};
+use kappa_benches::{configure_threads, gaussian};
+use ndarray::linalg::general_mat_mul;
+use ndarray::Array2;
+use tch::{Device, Kind, Tensor};
+
+const SIZES: [usize; 4] = [256, 512, 1024, 2048];
+
+/// Pairs per size: enough for a median at small sizes, bounded time at 2048².
+fn pairs(n: usize) -> usize {
+    if n >= 2048 {
+        7
+    } else {
+        15
+    }
+}
+
+fn flops(n: usize) -> f64 {
+    2.0 * (n as f64).powi(3)
+}
+
+/// Calls per timed sample: about a GFLOP, so that a sample lasts milliseconds, not microseconds.
+fn reps(n: usize) -> usize {
+    ((1e9 / flops(n)) as usize).max(1)
+}
+
+fn repeated(n: usize, mut f: impl FnMut()) -> impl FnMut() {
+    move || {
+        for _ in 0..reps(n) {
+            f();
+        }
+    }
+}
+
+/// One n×n product on ndarray (`general_mat_mul`, no allocation per call).
+fn ndarray_mm<A: kappa_linalg::Real + ndarray::LinalgScalar>(n: usize) -> impl FnMut() {
+    let (a, b) = (gaussian::<A>(n, n, 1), gaussian::<A>(n, n, 2));
+    let mut c = Array2::<A>::zeros((n, n));
+    move || general_mat_mul(A::one(), &a, &b, A::zero(), &mut c)
+}
+
+/// One n×n product on libtorch (`mm_out`, no allocation per call).
+fn torch_mm(n: usize, kind: Kind) -> impl FnMut() {
+    let a = Tensor::randn([n as i64, n as i64], (Kind::Float, Device::Cpu)).to_kind(kind);
+    let b = Tensor::randn([n as i64, n as i64], (Kind::Float, Device::Cpu)).to_kind(kind);
+    let c = Tensor::zeros([n as i64, n as i64], (kind, Device::Cpu));
+    move || {
+        let _ = Tensor::mm_out(&c, &a, &b);
+    }
+}
+
+fn row(n: usize, path: &str, ours: impl FnMut(), mkl: impl FnMut()) {
+    let (mut ours, mut mkl) = (repeated(n, ours), repeated(n, mkl));
+    let (t_ours, t_mkl) = alternate(&mut ours, &mut mkl, 2, pairs(n));
+    let gf = |t: &[f64]| reps(n) as f64 * flops(n) / Spread::of(t.to_vec()).median * 1e-9;
+    println!(
+        "{:<6} {:<26} {:>9.1} {:>9.1}   {}",
+        n,
+        path,
+        gf(&t_ours),
+        gf(&t_mkl),
+        Spread::of(ratios(&t_mkl, &t_ours))
+    );
+}
+
+fn main() {
+    let threads = configure_threads();
+    let blas = kappa_linalg::blas_report();
+    println!("==== GEMM throughput against libtorch's MKL (threads = {threads}) ====");
+    println!("CPU: {}", cpu_model());
+    println!("BLAS: {blas}");
+    println!("ratio = path GFLOP/s / MKL GFLOP/s per alternated pair: median [min–max]; goal ≥ 0.8 at n ≥ 512");
+    println!(
+        "{:<6} {:<26} {:>9} {:>9}   {}",
+        "n", "path", "GFLOP/s", "MKL", "ratio"
+    );
+    for n in SIZES {
+        row(
+            n,
+            "ndarray f32 (OpenBLAS)",
+            ndarray_mm::<f32>(n),
+            torch_mm(n, Kind::Float),
+        );
+        row(
+            n,
+            "ndarray f64 (OpenBLAS)",
+            ndarray_mm::<f64>(n),
+            torch_mm(n, Kind::Double),
+        );
+        row(
+            n,
+            "tch f32 (MKL, self)",
+            torch_mm(n, Kind::Float),
+            torch_mm(n, Kind::Float),
+        );
+        row(
+            n,
+            "tch bf16 vs MKL f32",
+            torch_mm(n, Kind::BFloat16),
+            torch_mm(n, Kind::Float),
+        );
+    }
+    let Some(original) = blas.core.clone() else {
+        return;
+    };
+    // SAFETY: single-threaded here; no BLAS call is in flight.
+    match unsafe { kappa_linalg::blas::set_openblas_kernel("Prescott") } {
+        Ok(_) => {
+            for n in SIZES {
+                row(
+                    n,
+                    "ndarray f32 (generic)",
+                    ndarray_mm::<f32>(n),
+                    torch_mm(n, Kind::Float),
+                );
+            }
+            // SAFETY: as above.
+            let _ = unsafe { kappa_linalg::blas::set_openblas_kernel(&original) };
+        }
+        Err(e) => println!("(no generic-kernel contrast: {e})"),
+    }
+}

@@ -1,0 +1,96 @@
+//! Paired, alternating timings: the ratio of two computations measured side by side in one run.
+//!
+//! Each pair times A and B back to back, in alternating order (A first on even pairs, B first on
+//! odd ones), so slow drifts of the machine (frequency, a neighbour's load) hit both sides alike
+//! and cancel in the per-pair ratio. The summary is the median ratio with the spread (min–max)
+//! over pairs.
+
+use std::time::Instant;
+
+/// Median and range of a sample.
+#[derive(Clone, Copy, Debug)]
+pub struct Spread {
+    /// The median.
+    pub median: f64,
+    /// The smallest value.
+    pub min: f64,
+    /// The largest value.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The median, min and max of `xs` (which must not be empty).
+    pub fn of(mut xs: Vec<f64>) -> Self {
+        assert!(!xs.is_empty(), "a spread of no values");
+        xs.sort_by(f64::total_cmp);
+        let n = xs.len();
+        let median = if n % 2 == 1 {
+            xs[n / 2]
+        } else {
+            0.5 * (xs[n / 2 - 1] + xs[n / 2])
+        };
+        Self {
+            median,
+            min: xs[0],
+            max: xs[n - 1],
+        }
+    }
+}
+
+impl std::fmt::Display for Spread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.3} [{:.3}–{:.3}]", self.median, self.min, self.max)
+    }
+}
+
+/// Seconds one call of `f` takes.
+pub fn seconds(f: &mut dyn FnMut()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// Times `a` and `b` in `pairs` alternating pairs after `warmup` untimed pairs; returns the
+/// seconds of each side, pair by pair.
+pub fn alternate(
+    a: &mut dyn FnMut(),
+    b: &mut dyn FnMut(),
+    warmup: usize,
+    pairs: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    for _ in 0..warmup {
+        a();
+        b();
+    }
+    let (mut ta, mut tb) = (Vec::with_capacity(pairs), Vec::with_capacity(pairs));
+    for i in 0..pairs {
+        if i % 2 == 0 {
+            ta.push(seconds(a));
+            tb.push(seconds(b));
+        } else {
+            tb.push(seconds(b));
+            ta.push(seconds(a));
+        }
+    }
+    (ta, tb)
+}
+
+/// The per-pair ratios `num[i] / den[i]`.
+pub fn ratios(num: &[f64], den: &[f64]) -> Vec<f64> {
+    num.iter().zip(den).map(|(n, d)| n / d).collect()
+}
+
+/// The CPU's model name and its vector level, for the heading of a summary (Linux; "unknown"
+/// elsewhere).
+pub fn cpu_model() -> String {
+    let name = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    format!("{name} ({:?})", kappa_linalg::VectorLevel::of_this_cpu())
+}
