@@ -85,8 +85,8 @@ fn main() {
     println!("BLAS: {blas}");
     println!("ratio = path GFLOP/s / MKL GFLOP/s per alternated pair: median [min–max]; goal ≥ 0.8 at n ≥ 512");
     println!(
-        "{:<6} {:<26} {:>9} {:>9}   {}",
-        "n", "path", "GFLOP/s", "MKL", "ratio"
+        "{:<6} {:<26} {:>9} {:>9}   ratio",
+        "n", "path", "GFLOP/s", "MKL"
     );
     for n in SIZES {
         row(

@@ -4,6 +4,8 @@ pub mod paired;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
+use std::time::SystemTime;
 
 use ndarray::Array2;
 use rand::SeedableRng;
@@ -24,6 +26,7 @@ pub const F64_SHAPES: [(usize, usize); 3] = [(256, 256), (1024, 1024), (4096, 25
 /// does not already hold the requested count the benchmark re-executes itself with it set (and
 /// `OMP_NUM_THREADS` for libtorch's OpenMP pool) and exits with the child's status.
 pub fn configure_threads() -> usize {
+    RUN_START.get_or_init(SystemTime::now);
     let threads = match std::env::var("KAPPA_BENCH_THREADS").ok().as_deref() {
         None | Some("") | Some("1") => 1,
         Some("2") => 2,
@@ -81,7 +84,12 @@ fn criterion_dir() -> Option<PathBuf> {
     Some(exe.parent()?.parent()?.parent()?.join("criterion"))
 }
 
-/// The median time in seconds criterion recorded for `group/function/parameter` in this run.
+/// When this benchmark process started ([`configure_threads`] records it): criterion results
+/// older than this are from an earlier run (or a benchmark this run's filter left out).
+static RUN_START: OnceLock<SystemTime> = OnceLock::new();
+
+/// The median time in seconds criterion recorded for `group/function/parameter` in this run:
+/// `None` when this run did not measure it (filtered out), never an earlier run's figure.
 pub fn median_seconds(group: &str, function: &str, parameter: &str) -> Option<f64> {
     let path = criterion_dir()?
         .join(group)
@@ -89,19 +97,37 @@ pub fn median_seconds(group: &str, function: &str, parameter: &str) -> Option<f6
         .join(parameter)
         .join("new")
         .join("estimates.json");
+    if let Some(start) = RUN_START.get() {
+        let written = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
+        if written < *start {
+            return None;
+        }
+    }
     let text = std::fs::read_to_string(path).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     v["median"]["point_estimate"].as_f64().map(|ns| ns * 1e-9)
 }
 
+/// What a summary cell shows for a figure this run did not measure (see [`NOT_RUN_NOTE`]).
+pub const NOT_RUN: &str = "—";
+
+/// The legend printed under a summary whose rows may be partly filtered out.
+pub const NOT_RUN_NOTE: &str = "(— : not measured in this run: its benchmark was filtered out)";
+
 /// Formats an optional ratio.
 pub fn fmt_ratio(x: Option<f64>) -> String {
-    x.map_or_else(|| "n/a".to_string(), |x| format!("{x:.3}"))
+    x.map_or_else(|| NOT_RUN.to_string(), |x| format!("{x:.3}"))
 }
 
 /// Formats optional seconds as milliseconds.
 pub fn fmt_ms(x: Option<f64>) -> String {
-    x.map_or_else(|| "n/a".to_string(), |x| format!("{:.3}", x * 1e3))
+    x.map_or_else(|| NOT_RUN.to_string(), |x| format!("{:.3}", x * 1e3))
+}
+
+/// Whether any of a summary row's figures was measured in this run (rows with none are left out
+/// of the summary rather than printed empty).
+pub fn any_measured(figures: &[Option<f64>]) -> bool {
+    figures.iter().any(Option::is_some)
 }
 
 /// One optimizer step as `kappa_models::Trainer` takes it, after `loss` (with its graph):
