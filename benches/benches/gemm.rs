@@ -8,6 +8,12 @@
 //! compared with MKL's f32) and prints the per-pair throughput ratio path/MKL: median and
 //! min–max. Goal: ≥ 0.8 at 512² and above.
 //!
+//! A second table weighs "one LAPACK per process": the singular values by `dgesdd` (what
+//! kappa-linalg's κ and SVD call) from OpenBLAS's LAPACK against MKL's (libtorch_cpu exports the
+//! same Fortran names, and in a binary that links kappa-models the dynamic linker binds
+//! kappa-linalg's LAPACK calls to libtorch's). Both libraries are in this process; each routine is
+//! looked up in its own library (`dlopen(RTLD_NOLOAD)` + `dlsym`), so the two run side by side.
+//!
 //! `KAPPA_BENCH_THREADS=1|2 cargo bench -p kappa-benches --bench gemm` (or `cargo xtask bench`).
 
 #![allow(unsafe_code)] // switching OpenBLAS's kernel for the contrast row (no BLAS call in flight)
@@ -77,6 +83,104 @@ fn row(n: usize, path: &str, ours: impl FnMut(), mkl: impl FnMut()) {
     );
 }
 
+/// LAPACK's `dgesdd_` (Fortran calling convention: every argument by reference).
+type Dgesdd = unsafe extern "C" fn(
+    jobz: *const u8,
+    m: *const i32,
+    n: *const i32,
+    a: *mut f64,
+    lda: *const i32,
+    s: *mut f64,
+    u: *mut f64,
+    ldu: *const i32,
+    vt: *mut f64,
+    ldvt: *const i32,
+    work: *mut f64,
+    lwork: *const i32,
+    iwork: *mut i32,
+    info: *mut i32,
+);
+
+/// `dgesdd_` as defined by the already-loaded library `lib` (not whichever the linker bound).
+fn dgesdd_of(lib: &std::ffi::CStr) -> Option<Dgesdd> {
+    // SAFETY: RTLD_NOLOAD only returns a handle to a library already loaded; dlsym on that handle
+    // looks the name up in it. A non-null result is LAPACK's dgesdd_, whose signature is `Dgesdd`.
+    unsafe {
+        let handle = libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if handle.is_null() {
+            return None;
+        }
+        let f = libc::dlsym(handle, c"dgesdd_".as_ptr());
+        (!f.is_null()).then(|| std::mem::transmute::<*mut libc::c_void, Dgesdd>(f))
+    }
+}
+
+/// Singular values of an m×n matrix by `f`, with its workspace allocated once.
+fn singular_values(f: Dgesdd, m: usize, n: usize) -> impl FnMut() {
+    let a0: Vec<f64> = gaussian::<f64>(m, n, 3).t().iter().copied().collect(); // column-major
+    let (mi, ni) = (m as i32, n as i32);
+    let mut a = a0.clone();
+    let mut s = vec![0.0; m.min(n)];
+    let mut iwork = vec![0i32; 8 * m.min(n)];
+    let lwork = (3 * m.min(n) + (7 * m.min(n)).max(m.max(n))) as i32 + 64;
+    let mut work = vec![0.0; lwork as usize];
+    let (mut u, mut vt, one) = ([0.0f64; 1], [0.0f64; 1], 1i32);
+    move || {
+        a.copy_from_slice(&a0);
+        let mut info = 0;
+        // SAFETY: all buffers have the sizes dgesdd documents for JOBZ='N' (lwork ≥
+        // 3·min + max(max(m,n), 7·min)); U and VT are not referenced with JOBZ='N'.
+        unsafe {
+            f(
+                b"N".as_ptr(),
+                &mi,
+                &ni,
+                a.as_mut_ptr(),
+                &mi,
+                s.as_mut_ptr(),
+                u.as_mut_ptr(),
+                &one,
+                vt.as_mut_ptr(),
+                &one,
+                work.as_mut_ptr(),
+                &lwork,
+                iwork.as_mut_ptr(),
+                &mut info,
+            );
+        }
+        assert_eq!(info, 0, "dgesdd failed");
+    }
+}
+
+fn lapack_table() {
+    let (Some(openblas), Some(mkl)) = (
+        dgesdd_of(c"libopenblas.so.0"),
+        dgesdd_of(c"libtorch_cpu.so"),
+    ) else {
+        println!("(no LAPACK comparison: OpenBLAS or libtorch_cpu not found in this process)");
+        return;
+    };
+    println!("\nSingular values (dgesdd, JOBZ='N', f64): OpenBLAS's LAPACK against MKL's");
+    println!("ratio = t(MKL) / t(OpenBLAS) per alternated pair (> 1: OpenBLAS faster)");
+    println!(
+        "{:<10} {:>14} {:>10}   ratio",
+        "shape", "OpenBLAS ms", "MKL ms"
+    );
+    for (m, n) in [(256, 256), (1024, 1024), (4096, 256)] {
+        let (mut ob, mut mk) = (singular_values(openblas, m, n), singular_values(mkl, m, n));
+        let pairs = if m * n >= 1 << 20 { 7 } else { 15 };
+        let (t_ob, t_mk) = alternate(&mut ob, &mut mk, 2, pairs);
+        let ms = |t: &[f64]| Spread::of(t.to_vec()).median * 1e3;
+        println!(
+            "{:<10} {:>14.2} {:>10.2}   {}",
+            format!("{m}x{n}"),
+            ms(&t_ob),
+            ms(&t_mk),
+            Spread::of(ratios(&t_mk, &t_ob))
+        );
+    }
+}
+
 fn main() {
     let threads = configure_threads();
     let blas = kappa_linalg::blas_report();
@@ -133,4 +237,5 @@ fn main() {
         }
         Err(e) => println!("(no generic-kernel contrast: {e})"),
     }
+    lapack_table();
 }
