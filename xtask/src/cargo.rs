@@ -16,16 +16,14 @@ use crate::workspace::{run, Workspace};
 
 /// A `cargo` command in the workspace root that finds libtorch at build and at run time.
 ///
-/// It also sets `OMP_WAIT_POLICY=PASSIVE` unless the caller chose a policy: kappa's processes
-/// hold libtorch's OpenMP pool beside OpenBLAS, and on 2 cores OpenMP's spin-waiting threads made
-/// a 2-thread training step 2–3× slower than a 1-thread one (measured; see docs/models.md).
+/// It leaves OpenMP's wait policy to the caller: with libtorch's GEMMs on libtorch's own MKL (one
+/// OpenMP pool for a training step), OpenMP's default spin-then-sleep is 20–37% faster at two
+/// threads than the passive policy xtask once set (`benches/benches/step_env.rs`,
+/// docs/architecture.md).
 fn cargo(ws: &Workspace, tc: &Toolchain) -> Command {
     let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let mut cmd = Command::new(program);
     cmd.current_dir(ws.root());
-    if env::var_os("OMP_WAIT_POLICY").is_none() {
-        cmd.env("OMP_WAIT_POLICY", "PASSIVE");
-    }
     cmd.env("LIBTORCH", &tc.libtorch.dir);
     let mut paths = vec![tc.libtorch.lib_dir()];
     if let Some(existing) = env::var_os("LD_LIBRARY_PATH") {
@@ -365,7 +363,8 @@ pub struct BenchArgs {
     /// Threads for BLAS and libtorch inside the benchmarks.
     #[arg(long, default_value_t = 1)]
     threads: u32,
-    /// Run only this benchmark target (linalg, attention, optim, models).
+    /// Run only this benchmark target (linalg, attention, optim, models, manifolds, gemm,
+    /// step_env).
     #[arg(long)]
     bench: Option<String>,
     /// Arguments passed to criterion (a filter, `--quick`, …).
