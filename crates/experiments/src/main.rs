@@ -6,6 +6,7 @@
 //!   [--resume]` runs them and writes `DIR/report.md`; `--resume` keeps finished runs and
 //!   continues interrupted ones instead of starting over.
 //! - `kappa-experiments report --scale S --results DIR` rebuilds the report from run folders.
+//! - `kappa-experiments blas` says which BLAS kernel the process runs and how it was chosen.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -65,6 +66,9 @@ enum Command {
         #[arg(long)]
         resume: bool,
     },
+    /// Say which BLAS kernel this process runs, how it was chosen, and whether it is a generic
+    /// fallback (what every run's `run.json` records).
+    Blas,
     /// Rebuild the report from existing run folders.
     Report {
         /// smoke, cpu or paper.
@@ -97,6 +101,7 @@ fn run(cli: Cli) -> Result<()> {
         eprintln!("kappa-experiments: {blas}");
     }
     match cli.command {
+        Command::Blas => println!("{blas}"),
         Command::List(selection) => {
             for e in select(&selection.only)? {
                 println!("{:<16} {}", e.name(), e.claim());
