@@ -1,8 +1,11 @@
 //! GEMM throughput of each path kappa multiplies matrices on, against libtorch's MKL (the
 //! fastest GEMM this machine has), in one run: ndarray f32/f64 (the system OpenBLAS, with the
-//! kernel kappa-linalg runs), tch f32/f64/bf16 (libtorch), and for contrast ndarray f32 on
-//! OpenBLAS's generic "Prescott" kernel (what a CPU the library does not know gets without
-//! kappa's kernel selection).
+//! kernel kappa-linalg runs), tch f32/f64/bf16 (libtorch), and for contrast: faer (pure Rust,
+//! runtime CPU dispatch; a candidate for kappa-linalg's CPU kernels), ndarray f32 on OpenBLAS's
+//! generic "Prescott" kernel (what a CPU the library does not know gets without kappa's kernel
+//! selection) and, where it is installed, a newer OpenBLAS (the `scipy-openblas32` wheel's, with
+//! prefixed symbols, so it loads beside the system one: `pip install scipy-openblas32` into the
+//! project's virtual environment).
 //!
 //! Every row alternates its path with the MKL call of the same size and element type (bf16 is
 //! compared with MKL's f32) and prints the per-pair throughput ratio path/MKL: median and
@@ -17,6 +20,8 @@
 //! `KAPPA_BENCH_THREADS=1|2 cargo bench -p kappa-benches --bench gemm` (or `cargo xtask bench`).
 
 #![allow(unsafe_code)] // switching OpenBLAS's kernel for the contrast row (no BLAS call in flight)
+
+use std::hint::black_box;
 
 use kappa_benches::paired::{alternate, cpu_model, ratios, Spread};
 use kappa_benches::{configure_threads, gaussian};
@@ -57,6 +62,119 @@ fn ndarray_mm<A: kappa_linalg::Real + ndarray::LinalgScalar>(n: usize) -> impl F
     let (a, b) = (gaussian::<A>(n, n, 1), gaussian::<A>(n, n, 2));
     let mut c = Array2::<A>::zeros((n, n));
     move || general_mat_mul(A::one(), &a, &b, A::zero(), &mut c)
+}
+
+/// The thread setting for faer: sequential at one thread, rayon's pool otherwise.
+fn faer_par(threads: usize) -> faer::Par {
+    if threads == 1 {
+        faer::Par::Seq
+    } else {
+        faer::Par::rayon(threads)
+    }
+}
+
+/// One n×n product on faer (`matmul` into a preallocated result).
+fn faer_mm<A: faer::traits::ComplexField + kappa_linalg::Real>(
+    n: usize,
+    par: faer::Par,
+) -> impl FnMut() {
+    let (a, b) = (gaussian::<A>(n, n, 1), gaussian::<A>(n, n, 2));
+    let a = faer::Mat::<A>::from_fn(n, n, |i, j| a[[i, j]]);
+    let b = faer::Mat::<A>::from_fn(n, n, |i, j| b[[i, j]]);
+    let mut c = faer::Mat::<A>::zeros(n, n);
+    move || {
+        faer::linalg::matmul::matmul(&mut c, faer::Accum::Replace, &a, &b, A::one(), par);
+    }
+}
+
+/// `cblas_sgemm` of a newer OpenBLAS with prefixed symbols (the `scipy-openblas32` wheel).
+type Sgemm = unsafe extern "C" fn(
+    layout: i32,
+    ta: i32,
+    tb: i32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    a: *const f32,
+    lda: i32,
+    b: *const f32,
+    ldb: i32,
+    beta: f32,
+    c: *mut f32,
+    ldc: i32,
+);
+
+/// The scipy-openblas32 library in the project's virtual environment, if installed: its
+/// `cblas_sgemm`, its version string and its kernel name.
+fn newer_openblas(threads: usize) -> Option<(Sgemm, String)> {
+    let venv = std::env::var("KAPPA_VENV").ok().or_else(|| {
+        std::env::var("HOME")
+            .ok()
+            .map(|h| format!("{h}/.cache/kappa/venv"))
+    })?;
+    let lib = std::fs::read_dir(format!("{venv}/lib"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            e.path()
+                .join("site-packages/scipy_openblas32/lib/libscipy_openblas.so")
+        })
+        .find(|p| p.exists())?;
+    let path = std::ffi::CString::new(lib.to_str()?).ok()?;
+    // SAFETY: dlopen of a shared library by path; dlsym of functions whose C signatures are
+    // `Sgemm`, `char *(void)` and `void (int)` in OpenBLAS's API (with the wheel's prefix).
+    unsafe {
+        let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if h.is_null() {
+            return None;
+        }
+        let sym = |name: &std::ffi::CStr| {
+            let p = libc::dlsym(h, name.as_ptr());
+            (!p.is_null()).then_some(p)
+        };
+        let sgemm = std::mem::transmute::<*mut libc::c_void, Sgemm>(sym(c"scipy_cblas_sgemm")?);
+        type Name = unsafe extern "C" fn() -> *const std::ffi::c_char;
+        type SetThreads = unsafe extern "C" fn(i32);
+        let config =
+            std::mem::transmute::<*mut libc::c_void, Name>(sym(c"scipy_openblas_get_config")?);
+        let set = std::mem::transmute::<*mut libc::c_void, SetThreads>(sym(
+            c"scipy_openblas_set_num_threads",
+        )?);
+        set(threads as i32);
+        let name = std::ffi::CStr::from_ptr(config())
+            .to_string_lossy()
+            .into_owned();
+        Some((sgemm, name))
+    }
+}
+
+/// One n×n product by a newer OpenBLAS's `cblas_sgemm` (row-major, no transposes).
+fn newer_mm(sgemm: Sgemm, n: usize) -> impl FnMut() {
+    let (a, b) = (gaussian::<f32>(n, n, 1), gaussian::<f32>(n, n, 2));
+    let mut c = vec![0.0f32; n * n];
+    let ni = n as i32;
+    move || {
+        // SAFETY: a, b are n×n row-major (standard layout), c holds n·n floats.
+        unsafe {
+            sgemm(
+                101,
+                111,
+                111,
+                ni,
+                ni,
+                ni,
+                1.0,
+                a.as_ptr(),
+                ni,
+                b.as_ptr(),
+                ni,
+                0.0,
+                c.as_mut_ptr(),
+                ni,
+            )
+        }
+    }
 }
 
 /// One n×n product on libtorch (`mm_out`, no allocation per call).
@@ -152,7 +270,16 @@ fn singular_values(f: Dgesdd, m: usize, n: usize) -> impl FnMut() {
     }
 }
 
-fn lapack_table() {
+/// Singular values of an m×n matrix by faer (its own SVD, values only).
+fn faer_singular_values(m: usize, n: usize) -> impl FnMut() {
+    let a = gaussian::<f64>(m, n, 3);
+    let a = faer::Mat::<f64>::from_fn(m, n, |i, j| a[[i, j]]);
+    move || {
+        black_box(a.singular_values().expect("faer SVD"));
+    }
+}
+
+fn lapack_table(threads: usize) {
     let (Some(openblas), Some(mkl)) = (
         dgesdd_of(c"libopenblas.so.0"),
         dgesdd_of(c"libtorch_cpu.so"),
@@ -160,24 +287,32 @@ fn lapack_table() {
         println!("(no LAPACK comparison: OpenBLAS or libtorch_cpu not found in this process)");
         return;
     };
-    println!("\nSingular values (dgesdd, JOBZ='N', f64): OpenBLAS's LAPACK against MKL's");
-    println!("ratio = t(MKL) / t(OpenBLAS) per alternated pair (> 1: OpenBLAS faster)");
+    faer::set_global_parallelism(faer_par(threads));
     println!(
-        "{:<10} {:>14} {:>10}   ratio",
-        "shape", "OpenBLAS ms", "MKL ms"
+        "\nSingular values (f64, values only): OpenBLAS's dgesdd and faer against MKL's dgesdd"
+    );
+    println!("ratio = t(MKL) / t(path) per alternated pair (> 1: the path is faster than MKL)");
+    println!(
+        "{:<10} {:<16} {:>9} {:>9}   ratio",
+        "shape", "path", "path ms", "MKL ms"
     );
     for (m, n) in [(256, 256), (1024, 1024), (4096, 256)] {
-        let (mut ob, mut mk) = (singular_values(openblas, m, n), singular_values(mkl, m, n));
         let pairs = if m * n >= 1 << 20 { 7 } else { 15 };
-        let (t_ob, t_mk) = alternate(&mut ob, &mut mk, 2, pairs);
         let ms = |t: &[f64]| Spread::of(t.to_vec()).median * 1e3;
-        println!(
-            "{:<10} {:>14.2} {:>10.2}   {}",
-            format!("{m}x{n}"),
-            ms(&t_ob),
-            ms(&t_mk),
-            Spread::of(ratios(&t_mk, &t_ob))
-        );
+        let show = |path: &str, mut ours: Box<dyn FnMut()>| {
+            let mut mk = singular_values(mkl, m, n);
+            let (t_ours, t_mk) = alternate(&mut ours, &mut mk, 2, pairs);
+            println!(
+                "{:<10} {:<16} {:>9.2} {:>9.2}   {}",
+                format!("{m}x{n}"),
+                path,
+                ms(&t_ours),
+                ms(&t_mk),
+                Spread::of(ratios(&t_mk, &t_ours))
+            );
+        };
+        show("OpenBLAS dgesdd", Box::new(singular_values(openblas, m, n)));
+        show("faer", Box::new(faer_singular_values(m, n)));
     }
 }
 
@@ -192,50 +327,59 @@ fn main() {
         "{:<6} {:<26} {:>9} {:>9}   ratio",
         "n", "path", "GFLOP/s", "MKL"
     );
+    let par = faer_par(threads);
     for n in SIZES {
-        row(
-            n,
-            "ndarray f32 (OpenBLAS)",
-            ndarray_mm::<f32>(n),
-            torch_mm(n, Kind::Float),
-        );
-        row(
-            n,
-            "ndarray f64 (OpenBLAS)",
-            ndarray_mm::<f64>(n),
-            torch_mm(n, Kind::Double),
-        );
+        let (f32_mkl, f64_mkl) = (|| torch_mm(n, Kind::Float), || torch_mm(n, Kind::Double));
+        row(n, "ndarray f32 (OpenBLAS)", ndarray_mm::<f32>(n), f32_mkl());
+        row(n, "ndarray f64 (OpenBLAS)", ndarray_mm::<f64>(n), f64_mkl());
         row(
             n,
             "tch f32 (MKL, self)",
             torch_mm(n, Kind::Float),
-            torch_mm(n, Kind::Float),
+            f32_mkl(),
         );
         row(
             n,
             "tch bf16 vs MKL f32",
             torch_mm(n, Kind::BFloat16),
-            torch_mm(n, Kind::Float),
+            f32_mkl(),
         );
+        row(n, "faer f32 (pure Rust)", faer_mm::<f32>(n, par), f32_mkl());
+        row(n, "faer f64 (pure Rust)", faer_mm::<f64>(n, par), f64_mkl());
     }
-    let Some(original) = blas.core.clone() else {
-        return;
-    };
-    // SAFETY: single-threaded here; no BLAS call is in flight.
-    match unsafe { kappa_linalg::blas::set_openblas_kernel("Prescott") } {
-        Ok(_) => {
+    match newer_openblas(threads) {
+        Some((sgemm, name)) => {
+            println!("newer OpenBLAS: {name}");
             for n in SIZES {
                 row(
                     n,
-                    "ndarray f32 (generic)",
-                    ndarray_mm::<f32>(n),
+                    "f32, newer OpenBLAS",
+                    newer_mm(sgemm, n),
                     torch_mm(n, Kind::Float),
                 );
             }
-            // SAFETY: as above.
-            let _ = unsafe { kappa_linalg::blas::set_openblas_kernel(&original) };
         }
-        Err(e) => println!("(no generic-kernel contrast: {e})"),
+        None => {
+            println!("(no newer-OpenBLAS rows: scipy-openblas32 is not in the virtual environment)")
+        }
     }
-    lapack_table();
+    if let Some(original) = blas.core.clone() {
+        // SAFETY: single-threaded here; no BLAS call is in flight.
+        match unsafe { kappa_linalg::blas::set_openblas_kernel("Prescott") } {
+            Ok(_) => {
+                for n in SIZES {
+                    row(
+                        n,
+                        "ndarray f32 (generic)",
+                        ndarray_mm::<f32>(n),
+                        torch_mm(n, Kind::Float),
+                    );
+                }
+                // SAFETY: as above.
+                let _ = unsafe { kappa_linalg::blas::set_openblas_kernel(&original) };
+            }
+            Err(e) => println!("(no generic-kernel contrast: {e})"),
+        }
+    }
+    lapack_table(threads);
 }
