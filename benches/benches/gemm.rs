@@ -9,7 +9,10 @@
 //!
 //! Every row alternates its path with the MKL call of the same size and element type (bf16 is
 //! compared with MKL's f32) and prints the per-pair throughput ratio path/MKL: median and
-//! min–max. Goal: ≥ 0.8 at 512² and above.
+//! min–max. Goal: ≥ 0.8 at 512² and above. At two threads each timed sample follows a pause, so
+//! that the other library's idle threads have gone to sleep (`paired::alternate_settled`): the
+//! table compares the libraries, not how one suffers in the other's wake (`step_env` measures
+//! that, in a training step).
 //!
 //! A second table weighs "one LAPACK per process": the singular values by `dgesdd` (what
 //! kappa-linalg's κ and SVD call) from OpenBLAS's LAPACK against MKL's (libtorch_cpu exports the
@@ -23,7 +26,7 @@
 
 use std::hint::black_box;
 
-use kappa_benches::paired::{alternate, cpu_model, ratios, Spread};
+use kappa_benches::paired::{alternate_settled, cpu_model, ratios, Spread};
 use kappa_benches::{configure_threads, gaussian};
 use ndarray::linalg::general_mat_mul;
 use ndarray::Array2;
@@ -187,9 +190,18 @@ fn torch_mm(n: usize, kind: Kind) -> impl FnMut() {
     }
 }
 
+/// The pause before each timed sample at more than one thread (OpenBLAS's idle threads spin for
+/// up to 2^28 cycles, about 0.1 s, before they sleep; see `alternate_settled`).
+fn settle() -> Option<std::time::Duration> {
+    (THREADS.load(std::sync::atomic::Ordering::Relaxed) > 1)
+        .then(|| std::time::Duration::from_millis(150))
+}
+
+static THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
 fn row(n: usize, path: &str, ours: impl FnMut(), mkl: impl FnMut()) {
     let (mut ours, mut mkl) = (repeated(n, ours), repeated(n, mkl));
-    let (t_ours, t_mkl) = alternate(&mut ours, &mut mkl, 2, pairs(n));
+    let (t_ours, t_mkl) = alternate_settled(&mut ours, &mut mkl, 2, pairs(n), settle());
     let gf = |t: &[f64]| reps(n) as f64 * flops(n) / Spread::of(t.to_vec()).median * 1e-9;
     println!(
         "{:<6} {:<26} {:>9.1} {:>9.1}   {}",
@@ -301,7 +313,7 @@ fn lapack_table(threads: usize) {
         let ms = |t: &[f64]| Spread::of(t.to_vec()).median * 1e3;
         let show = |path: &str, mut ours: Box<dyn FnMut()>| {
             let mut mk = singular_values(mkl, m, n);
-            let (t_ours, t_mk) = alternate(&mut ours, &mut mk, 2, pairs);
+            let (t_ours, t_mk) = alternate_settled(&mut ours, &mut mk, 2, pairs, settle());
             println!(
                 "{:<10} {:<16} {:>9.2} {:>9.2}   {}",
                 format!("{m}x{n}"),
@@ -318,6 +330,7 @@ fn lapack_table(threads: usize) {
 
 fn main() {
     let threads = configure_threads();
+    THREADS.store(threads, std::sync::atomic::Ordering::Relaxed);
     let blas = kappa_linalg::blas_report();
     println!("==== GEMM throughput against libtorch's MKL (threads = {threads}) ====");
     println!("CPU: {}", cpu_model());

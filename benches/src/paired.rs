@@ -58,18 +58,40 @@ pub fn alternate(
     warmup: usize,
     pairs: usize,
 ) -> (Vec<f64>, Vec<f64>) {
+    alternate_settled(a, b, warmup, pairs, None)
+}
+
+/// [`alternate`], and with `settle`, each timed call is preceded by a pause of that length and
+/// one untimed call: when A and B run on different thread pools (OpenBLAS's pthreads, libtorch's
+/// OpenMP), the pool that just worked spins idle for a while and takes cores from the other;
+/// the pause lets it go to sleep, so each side is timed on its own rather than in the other's
+/// wake (that interference is measured separately, without `settle`).
+pub fn alternate_settled(
+    a: &mut dyn FnMut(),
+    b: &mut dyn FnMut(),
+    warmup: usize,
+    pairs: usize,
+    settle: Option<std::time::Duration>,
+) -> (Vec<f64>, Vec<f64>) {
     for _ in 0..warmup {
         a();
         b();
     }
+    let timed = |f: &mut dyn FnMut()| {
+        if let Some(pause) = settle {
+            std::thread::sleep(pause);
+            f();
+        }
+        seconds(f)
+    };
     let (mut ta, mut tb) = (Vec::with_capacity(pairs), Vec::with_capacity(pairs));
     for i in 0..pairs {
         if i % 2 == 0 {
-            ta.push(seconds(a));
-            tb.push(seconds(b));
+            ta.push(timed(a));
+            tb.push(timed(b));
         } else {
-            tb.push(seconds(b));
-            ta.push(seconds(a));
+            tb.push(timed(b));
+            ta.push(timed(a));
         }
     }
     (ta, tb)
