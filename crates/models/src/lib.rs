@@ -23,6 +23,7 @@ pub mod device;
 pub mod diagnostics;
 pub mod error;
 pub mod float;
+mod fused;
 pub mod gpt;
 pub mod layers;
 mod link;
@@ -48,7 +49,8 @@ pub use modulewise::{
 };
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use train::{
-    adamw_groups, seeded, AdamW, DivergenceReference, Eval, GroupOptimizer, JsonlSink,
-    OptimizerStats, Outcome, ParamGroup, Record, Summary, Task, TrainConfig, Trainer,
+    adamw_groups, clip_grad_norm, seeded, AdamW, AdamWKernel, DivergenceReference, Eval,
+    GradientDropper, GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Record,
+    Summary, Task, TrainConfig, Trainer,
 };
 pub use vit::{Vit, VitConfig};
