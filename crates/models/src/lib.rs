@@ -18,6 +18,7 @@
 //! See `docs/models.md` for the conventions, the math next to the code and measured figures.
 
 pub mod attention;
+pub mod autocast;
 pub mod data;
 pub mod device;
 pub mod diagnostics;
@@ -50,7 +51,7 @@ pub use modulewise::{
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use train::{
     adamw_groups, clip_grad_norm, seeded, AdamW, AdamWKernel, DivergenceReference, Eval,
-    GradientDropper, GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Record,
-    Summary, Task, TrainConfig, Trainer,
+    GradientDropper, GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Precision,
+    Record, Summary, Task, TrainConfig, Trainer,
 };
 pub use vit::{Vit, VitConfig};

@@ -118,6 +118,10 @@ pub struct TrainConfig {
     pub threads: usize,
     /// `cpu`, `cuda` or `cuda:N`.
     pub device: String,
+    /// The precision of the training forward passes (weights, gradients and optimizer state
+    /// are f32 either way; evaluations run in f32).
+    #[serde(default)]
+    pub precision: Precision,
     /// Show a progress bar on stderr.
     pub progress: bool,
     /// Diagnostics at every evaluation.
@@ -148,10 +152,26 @@ impl Default for TrainConfig {
             seed: 0,
             threads: 0,
             device: "cpu".into(),
+            precision: Precision::F32,
             progress: true,
             diagnostics: DiagnosticsConfig::default(),
         }
     }
+}
+
+/// The arithmetic of the training forward passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// f32 throughout.
+    #[default]
+    F32,
+    /// bf16 mixed precision in the style of `torch.autocast` ([`crate::autocast`]): the
+    /// forward pass of every training step runs under libtorch's bf16 autocast (matmuls,
+    /// linear layers and attention on bf16 copies, reductions and the loss in f32). Only on a
+    /// device with native bf16 ([`crate::autocast::native_bf16`]): the trainer refuses it
+    /// elsewhere.
+    Bf16,
 }
 
 /// The loss that `divergence_factor` multiplies.
@@ -829,6 +849,16 @@ impl<'a> Trainer<'a> {
                 ));
             }
         }
+        if config.precision == Precision::Bf16 && !crate::autocast::native_bf16(vs.device()) {
+            return Err(ModelsError::config(
+                "train.precision",
+                format!(
+                    "bf16 needs native bf16 arithmetic (avx512_bf16 or amx_bf16 on x86-64, \
+                     bf16 on aarch64, or CUDA), which {:?} lacks",
+                    vs.device()
+                ),
+            ));
+        }
         if config.threads > 0 {
             tch::set_num_threads(config.threads as i32);
         }
@@ -1120,7 +1150,13 @@ impl<'a> Trainer<'a> {
             let t0 = Instant::now();
             let lr = self.config.lr_at(i);
             dropper.drop_gradients()?;
-            let (loss, units) = task.train_loss(i, self.config.batch_size)?;
+            let batch = self.config.batch_size;
+            let (loss, units) = match self.config.precision {
+                Precision::F32 => task.train_loss(i, batch)?,
+                Precision::Bf16 => {
+                    crate::autocast::autocast(self.vs.device(), || task.train_loss(i, batch))?
+                }
+            };
             let loss_value = loss.double_value(&[]);
             if let Some(reason) = self.check_loss(loss_value) {
                 return diverge(&bar, sink, i, reason, &clock, last_eval);
