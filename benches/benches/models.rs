@@ -49,8 +49,8 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, Criterion};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with};
 use kappa_models::{
-    adamw_groups, seeded, Conditioning, Gpt, GptConfig, GradientDropper, Layout, ParamGroup,
-    TrainConfig, Vit, VitConfig,
+    adamw_groups, autocast::autocast, autocast::native_bf16, seeded, Conditioning, Gpt, GptConfig,
+    GradientDropper, Layout, ParamGroup, Precision, TrainConfig, Vit, VitConfig,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -111,11 +111,13 @@ fn gpt_step(lambda: f64) -> impl FnMut() {
     gpt_step_of(
         gpt_config().with_conditioning(conditioning(lambda)),
         GPT_BATCH,
+        Precision::F32,
     )
 }
 
-/// A training step of the GPT `cfg` on batches of `batch` sequences, owning its model.
-fn gpt_step_of(cfg: GptConfig, batch: i64) -> impl FnMut() {
+/// A training step of the GPT `cfg` on batches of `batch` sequences, owning its model, with
+/// the forward pass at `precision` (as the `Trainer` runs it).
+fn gpt_step_of(cfg: GptConfig, batch: i64, precision: Precision) -> impl FnMut() {
     let vs = nn::VarStore::new(Device::Cpu);
     let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
     let idx = seeded(1, || {
@@ -128,7 +130,13 @@ fn gpt_step_of(cfg: GptConfig, batch: i64) -> impl FnMut() {
     let mut stepper = Stepper::new(&vs);
     move || {
         let _keep = &vs;
-        stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss")))
+        stepper.step(|| {
+            let loss = || gpt.loss(&idx, &idx).expect("loss");
+            black_box(match precision {
+                Precision::F32 => loss(),
+                Precision::Bf16 => autocast(Device::Cpu, loss),
+            })
+        })
     }
 }
 
@@ -334,8 +342,18 @@ struct ReferenceServer {
 }
 
 impl ReferenceServer {
-    fn start(model: &str, config: &str, batch: i64, threads: usize) -> Result<Self, String> {
-        let mut child = reference_command(model, config, batch, 0.0, threads)
+    fn start(
+        model: &str,
+        config: &str,
+        batch: i64,
+        threads: usize,
+        precision: Precision,
+    ) -> Result<Self, String> {
+        let mut cmd = reference_command(model, config, batch, 0.0, threads);
+        if precision == Precision::Bf16 {
+            cmd.arg("--bf16");
+        }
+        let mut child = cmd
             .arg("--serve")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -470,30 +488,54 @@ fn gpt_versus_pytorch(pairs: usize) {
     println!("\nGPT training step, kappa / PyTorch eager, {pairs} alternating pairs (goal ≤ 0.95)");
     println!("| model | threads | kappa ms | PyTorch ms | wall ratio, median (IQR) | min–max | CPU-time ratio, median (IQR) |");
     println!("|---|---|---|---|---|---|---|");
+    let mut precisions = vec![Precision::F32];
+    if native_bf16(Device::Cpu) {
+        precisions.push(Precision::Bf16);
+    } else {
+        println!("(no bf16 rows: this CPU has no native bf16, avx512_bf16 or amx_bf16)");
+    }
     let restore = tch::get_num_threads();
     for threads in [1usize, 2] {
         tch::set_num_threads(threads as i32);
         for (label, cfg, batch) in versus_models() {
-            let config = serde_json::to_string(&cfg).unwrap_or_default();
-            let result = ReferenceServer::start("gpt", &config, batch, threads)
-                .and_then(|mut torch| versus_pytorch(gpt_step_of(cfg, batch), &mut torch, pairs));
-            match result {
-                Ok(r) => println!(
-                    "| {label} | {threads} | {:.2} | {:.2} | {} | {:.3}–{:.3} | {} |",
-                    r.kappa_ms,
-                    r.torch_ms,
-                    r.wall,
-                    r.min,
-                    r.max,
-                    r.cpu.map_or("n/a".to_string(), |q| q.to_string()),
-                ),
-                Err(e) => {
-                    println!("| {label} | {threads} | n/a | n/a | reference failed: {e} | | |")
-                }
+            for &precision in &precisions {
+                let label = match precision {
+                    Precision::F32 => format!("{label}, f32"),
+                    Precision::Bf16 => format!("{label}, bf16 autocast"),
+                };
+                versus_row(&label, cfg, batch, threads, precision, pairs);
             }
         }
     }
     tch::set_num_threads(restore);
+}
+
+/// One row of the kappa-vs-PyTorch table.
+fn versus_row(
+    label: &str,
+    cfg: GptConfig,
+    batch: i64,
+    threads: usize,
+    precision: Precision,
+    pairs: usize,
+) {
+    let config = serde_json::to_string(&cfg).unwrap_or_default();
+    let result =
+        ReferenceServer::start("gpt", &config, batch, threads, precision).and_then(|mut torch| {
+            versus_pytorch(gpt_step_of(cfg, batch, precision), &mut torch, pairs)
+        });
+    match result {
+        Ok(r) => println!(
+            "| {label} | {threads} | {:.2} | {:.2} | {} | {:.3}–{:.3} | {} |",
+            r.kappa_ms,
+            r.torch_ms,
+            r.wall,
+            r.min,
+            r.max,
+            r.cpu.map_or("n/a".to_string(), |q| q.to_string()),
+        ),
+        Err(e) => println!("| {label} | {threads} | n/a | n/a | reference failed: {e} | | |"),
+    }
 }
 
 fn main() {

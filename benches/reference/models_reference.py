@@ -161,6 +161,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--bf16", action="store_true", help="forward pass under bf16 autocast")
     ap.add_argument("--serve", action="store_true", help="step on command (see the module docs)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -176,9 +177,17 @@ def main():
         y = torch.randint(c["num_classes"], (a.batch,))
     opt = torch.optim.AdamW(groups(model, 0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
 
+    def loss():
+        if a.bf16:
+            # What torch.autocast users write: the forward pass under bf16 autocast, the
+            # backward pass outside it.
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model.loss(x, y)
+        return model.loss(x, y)
+
     def step():
         opt.zero_grad()
-        model.loss(x, y).backward()
+        loss().backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 

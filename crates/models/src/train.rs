@@ -9,16 +9,21 @@
 //!
 //! 1. lr(i) = lr·(i+1)/(w+1) for i < w (warmup); then
 //!    lr(i) = lr_min + ½(1 + cos(π·(i−w)/(S−w)))·(lr − lr_min) (cosine to lr_min at step S).
-//! 2. loss = task loss on the batch of step i (a pure function of (seed, i)); a non-finite loss
-//!    stops the run as diverged, and so does a loss above `divergence_factor` × its reference
-//!    ([`DivergenceReference`]: the first step's loss, or the best smoothed loss so far).
-//! 3. Backward; ‖g‖ = (Σ‖g_p‖²)^{1/2} over every trainable tensor; if `grad_clip` > 0 and
-//!    ‖g‖ > clip, every gradient is scaled by clip/(‖g‖ + 1e-6) (PyTorch's `clip_grad_norm_`).
-//!    A non-finite ‖g‖ stops the run as diverged.
+//! 2. Gradients are dropped ([`GradientDropper`], PyTorch's `zero_grad(set_to_none=True)`); the
+//!    forward pass runs in f32, or under bf16 autocast with [`Precision::Bf16`]
+//!    ([`crate::autocast`]). loss = task loss on the batch of step i (a pure function of
+//!    (seed, i)); a non-finite loss stops the run as diverged, and so does a loss above
+//!    `divergence_factor` × its reference ([`DivergenceReference`]: the first step's loss, or the
+//!    best smoothed loss so far).
+//! 3. Backward; ‖g‖ = (Σ‖g_p‖²)^{1/2} over every trainable tensor, in f64; if `grad_clip` > 0
+//!    and ‖g‖ > clip, every gradient is scaled by clip/(‖g‖ + 1e-6) (PyTorch's
+//!    `clip_grad_norm_`; [`clip_grad_norm`]). A non-finite ‖g‖ stops the run as diverged.
 //! 4. Each [`ParamGroup`]'s [`GroupOptimizer`] updates its tensors in place under `no_grad`
-//!    (the tch-rs custom-optimizer pattern). [`AdamW`] is PyTorch's `torch.optim.AdamW`
-//!    (single-tensor form): p ← p(1 − lr·wd); m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²;
-//!    p ← p − (lr/(1−β₁ᵗ))·m/(√v/√(1−β₂ᵗ) + ε).
+//!    (the tch-rs custom-optimizer pattern). [`AdamW`] is PyTorch's `torch.optim.AdamW`:
+//!    p ← p(1 − lr·wd); m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²;
+//!    p ← p − (lr/(1−β₁ᵗ))·m/(√v/√(1−β₂ᵗ) + ε), by default in one pass over the raw data of
+//!    contiguous CPU f32 tensors ([`AdamWKernel::Fused`]), each element in f64 and rounded
+//!    once per stored value; with libtorch operations elsewhere ([`AdamWKernel::Ops`]).
 //! 5. The task refreshes its spectral corrections (SVD, scale-aware λ) for the new weights.
 //!
 //! Training records carry each group's [`OptimizerStats`] (dual-ascent iterations and
