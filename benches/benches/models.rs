@@ -11,6 +11,9 @@
 //! * `KAPPA_VENV` — the virtual environment holding torch (default `<workspace>/.venv`).
 //! * `KAPPA_BENCH_REFERENCE_STEPS` — timed steps of the PyTorch script (default 30).
 //! * `KAPPA_BENCH_PAIRS` — pairs of the paired overhead measurement (default 60; 0 skips it).
+//! * `KAPPA_BENCH_VERSUS_PAIRS` — pairs of the paired kappa-vs-PyTorch GPT measurement
+//!   (default 40; 0 skips it).
+//! * `KAPPA_BENCH_VERSUS_ONLY` — when set, run only that measurement (no criterion).
 //!
 //! After the criterion output a summary prints, per model: kappa's step time, PyTorch's, the
 //! ratio kappa / PyTorch (goal ≤ 0.95), the conditioned step over the baseline step (the paper
@@ -24,16 +27,30 @@
 //! wall time and of CPU time (summed over the process's threads): drift slower than a step
 //! cancels within a pair, and time spent waiting for a core held by another process is not CPU
 //! time.
+//!
+//! Last, the GPT training step of kappa against PyTorch eager, alternating in one run: the
+//! reference script runs as a child process (`--serve`) that takes one step per command and
+//! reports its wall and CPU time measured in Python, so single steps of the two alternate
+//! (kappa first in even pairs, PyTorch first in odd ones) on the same load. Both run the same
+//! nanoGPT-style model with biases at 4 layers × 4 heads × 256 wide, context 128, batch 8, and
+//! at the CPU preset (2 × 4 × 64, context 64, batch 32), at 1 and then 2 threads set in the
+//! process; the table gives the medians of the step times, the median, interquartile range and
+//! extremes of the per-pair ratios kappa / PyTorch, and the CPU-time ratio. The PyTorch step is
+//! the default one (`AdamW` without foreach/fused arguments, `zero_grad()` dropping gradients,
+//! `clip_grad_norm_` at 1); kappa's is the `Trainer`'s (fused AdamW, dropped gradients, the
+//! same clipping). Only that section:
+//! `KAPPA_BENCH_VERSUS_ONLY=1 cargo bench -p kappa-benches --bench models`.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
-use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step};
+use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with};
 use kappa_models::{
-    adamw_groups, seeded, Conditioning, Gpt, GptConfig, Layout, ParamGroup, TrainConfig, Vit,
-    VitConfig,
+    adamw_groups, autocast::autocast, autocast::native_bf16, seeded, Conditioning, Gpt, GptConfig,
+    GradientDropper, Layout, ParamGroup, Precision, TrainConfig, Vit, VitConfig,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -53,25 +70,31 @@ fn conditioning(lambda: f64) -> Conditioning {
     }
 }
 
-/// One training step as the `Trainer` takes it: zero gradients, loss, backward, global
+/// One training step as the `Trainer` takes it: gradients dropped, loss, backward, global
 /// gradient norm and clipping at 1, AdamW on the decay / no-decay groups.
 struct Stepper {
     groups: Vec<ParamGroup>,
     params: Vec<Tensor>,
+    dropper: GradientDropper,
 }
 
 impl Stepper {
     fn new(vs: &nn::VarStore) -> Self {
         let groups = adamw_groups(vs, &TrainConfig::default());
-        let params = groups
+        let params: Vec<Tensor> = groups
             .iter()
             .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
             .collect();
-        Self { groups, params }
+        let dropper = GradientDropper::new(&params).expect("gradient dropper");
+        Self {
+            groups,
+            params,
+            dropper,
+        }
     }
 
     fn step(&mut self, loss: impl FnOnce() -> Tensor) {
-        train_step(&mut self.groups, &self.params, 1e-3, loss);
+        train_step_with(&self.dropper, &mut self.groups, &self.params, 1e-3, loss);
     }
 }
 
@@ -85,20 +108,35 @@ fn vit_config() -> VitConfig {
 
 /// A training step of the cpu GPT (B = 32, T = 64) with the given λ, owning its model.
 fn gpt_step(lambda: f64) -> impl FnMut() {
+    gpt_step_of(
+        gpt_config().with_conditioning(conditioning(lambda)),
+        GPT_BATCH,
+        Precision::F32,
+    )
+}
+
+/// A training step of the GPT `cfg` on batches of `batch` sequences, owning its model, with
+/// the forward pass at `precision` (as the `Trainer` runs it).
+fn gpt_step_of(cfg: GptConfig, batch: i64, precision: Precision) -> impl FnMut() {
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = gpt_config().with_conditioning(conditioning(lambda));
     let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
     let idx = seeded(1, || {
         Tensor::randint(
-            98,
-            [GPT_BATCH, cfg.block_size as i64],
+            cfg.vocab_size as i64,
+            [batch, cfg.block_size as i64],
             (Kind::Int64, Device::Cpu),
         )
     });
     let mut stepper = Stepper::new(&vs);
     move || {
         let _keep = &vs;
-        stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss")))
+        stepper.step(|| {
+            let loss = || gpt.loss(&idx, &idx).expect("loss");
+            black_box(match precision {
+                Precision::F32 => loss(),
+                Precision::Bf16 => autocast(Device::Cpu, loss),
+            })
+        })
     }
 }
 
@@ -245,6 +283,29 @@ fn workspace() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// The command running `benches/reference/models_reference.py` with the virtual environment's
+/// Python (`KAPPA_VENV`, default `<workspace>/.venv`) for a model, config, batch, λ and thread
+/// count.
+fn reference_command(
+    model: &str,
+    config: &str,
+    batch: i64,
+    lambda: f64,
+    threads: usize,
+) -> Command {
+    let venv = std::env::var_os("KAPPA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".venv"));
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.arg(workspace().join("benches/reference/models_reference.py"))
+        .args(["--model", model, "--config", config])
+        .args(["--batch", &batch.to_string(), "--lam", &lambda.to_string()])
+        .args(["--threads", &threads.to_string()])
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .env("OPENBLAS_NUM_THREADS", threads.to_string());
+    cmd
+}
+
 /// Seconds per step of the PyTorch reference, or the reason it could not run.
 fn reference(
     model: &str,
@@ -253,21 +314,11 @@ fn reference(
     lambda: f64,
     threads: usize,
 ) -> Result<f64, String> {
-    let venv = std::env::var_os("KAPPA_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join(".venv"));
-    let python = venv.join("bin/python");
-    let script = workspace().join("benches/reference/models_reference.py");
     let steps = std::env::var("KAPPA_BENCH_REFERENCE_STEPS").unwrap_or_else(|_| "30".into());
-    let out = Command::new(&python)
-        .arg(&script)
-        .args(["--model", model, "--config", config])
-        .args(["--batch", &batch.to_string(), "--lam", &lambda.to_string()])
-        .args(["--threads", &threads.to_string(), "--steps", &steps])
-        .env("OMP_NUM_THREADS", threads.to_string())
-        .env("OPENBLAS_NUM_THREADS", threads.to_string())
+    let out = reference_command(model, config, batch, lambda, threads)
+        .args(["--steps", &steps])
         .output()
-        .map_err(|e| format!("{}: {e}", python.display()))?;
+        .map_err(|e| format!("the reference script: {e}"))?;
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr)
             .lines()
@@ -281,8 +332,222 @@ fn reference(
         .ok_or_else(|| "no seconds_per_step in the output".into())
 }
 
+/// The PyTorch reference as a child process stepping on command (`models_reference.py
+/// --serve`): it builds the same model, then runs one training step per `step` line and answers
+/// with that step's wall and CPU seconds, measured inside Python.
+struct ReferenceServer {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl ReferenceServer {
+    fn start(
+        model: &str,
+        config: &str,
+        batch: i64,
+        threads: usize,
+        precision: Precision,
+    ) -> Result<Self, String> {
+        let mut cmd = reference_command(model, config, batch, 0.0, threads);
+        if precision == Precision::Bf16 {
+            cmd.arg("--bf16");
+        }
+        let mut child = cmd
+            .arg("--serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let input = child.stdin.take().ok_or("no stdin")?;
+        let output = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let mut server = Self {
+            child,
+            input,
+            output,
+        };
+        match server.line()?.as_str() {
+            "ready" => Ok(server),
+            other => Err(format!("expected `ready`, got {other:?}")),
+        }
+    }
+
+    fn line(&mut self) -> Result<String, String> {
+        let mut line = String::new();
+        match self.output.read_line(&mut line) {
+            Ok(0) => Err("the reference exited".into()),
+            Ok(_) => Ok(line.trim().to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// One step: (wall seconds, CPU seconds).
+    fn step(&mut self) -> Result<(f64, f64), String> {
+        writeln!(self.input, "step").map_err(|e| e.to_string())?;
+        self.input.flush().map_err(|e| e.to_string())?;
+        let line = self.line()?;
+        let mut it = line.split(' ').map(str::parse::<f64>);
+        match (it.next(), it.next()) {
+            (Some(Ok(w)), Some(Ok(c))) => Ok((w, c)),
+            _ => Err(format!("unexpected answer {line:?}")),
+        }
+    }
+}
+
+impl Drop for ReferenceServer {
+    fn drop(&mut self) {
+        let _ = writeln!(self.input, "quit");
+        let _ = self.input.flush();
+        let _ = self.child.wait();
+    }
+}
+
+/// Paired single steps of kappa and of the PyTorch reference (kappa first in even pairs,
+/// PyTorch first in odd ones), after 3 warm-up steps of each.
+struct VersusPyTorch {
+    kappa_ms: f64,
+    torch_ms: f64,
+    wall: Quartiles,
+    cpu: Option<Quartiles>,
+    min: f64,
+    max: f64,
+}
+
+fn versus_pytorch(
+    mut kappa: impl FnMut(),
+    torch: &mut ReferenceServer,
+    pairs: usize,
+) -> Result<VersusPyTorch, String> {
+    let mut ours = || {
+        let (t, cpu) = (Instant::now(), process_cpu_ns());
+        kappa();
+        let cpu = cpu
+            .zip(process_cpu_ns())
+            .map(|(a, b)| (b - a) as f64 * 1e-9);
+        (t.elapsed().as_secs_f64(), cpu)
+    };
+    for _ in 0..3 {
+        ours();
+        torch.step()?;
+    }
+    let (mut k, mut p, mut wall, mut cpu) = (vec![], vec![], vec![], vec![]);
+    for i in 0..pairs {
+        let (a, b) = if i % 2 == 0 {
+            let a = ours();
+            (a, torch.step()?)
+        } else {
+            let b = torch.step()?;
+            (ours(), b)
+        };
+        k.push(a.0);
+        p.push(b.0);
+        wall.push(a.0 / b.0);
+        if let Some(c) = a.1 {
+            cpu.push(c / b.1);
+        }
+    }
+    let (min, max) = wall
+        .iter()
+        .fold((f64::INFINITY, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    Ok(VersusPyTorch {
+        kappa_ms: Quartiles::of(k).median * 1e3,
+        torch_ms: Quartiles::of(p).median * 1e3,
+        wall: Quartiles::of(wall),
+        cpu: (cpu.len() == pairs && pairs > 0).then(|| Quartiles::of(cpu)),
+        min,
+        max,
+    })
+}
+
+/// The GPTs of the kappa-vs-PyTorch comparison: nanoGPT-style sizes with biases (the issue's
+/// 4 layers × 4 heads × 256 wide, context 128, batch 8, and the CPU preset at the bench's batch).
+fn versus_models() -> [(&'static str, GptConfig, i64); 2] {
+    let wide = GptConfig {
+        block_size: 128,
+        n_layer: 4,
+        n_head: 4,
+        n_embd: 256,
+        bias: true,
+        ..GptConfig::cpu(98)
+    };
+    let preset = GptConfig {
+        bias: true,
+        ..GptConfig::cpu(98)
+    };
+    [
+        ("4×4×256, T=128, B=8", wide, 8),
+        ("cpu preset 2×4×64, T=64, B=32", preset, GPT_BATCH),
+    ]
+}
+
+/// The GPT training step of kappa against PyTorch eager, alternating single steps in one run,
+/// at 1 and 2 libtorch threads (set in this process with `tch::set_num_threads`; the PyTorch
+/// child gets the same count).
+fn gpt_versus_pytorch(pairs: usize) {
+    println!("\nGPT training step, kappa / PyTorch eager, {pairs} alternating pairs (goal ≤ 0.95)");
+    println!("| model | threads | kappa ms | PyTorch ms | wall ratio, median (IQR) | min–max | CPU-time ratio, median (IQR) |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut precisions = vec![Precision::F32];
+    if native_bf16(Device::Cpu) {
+        precisions.push(Precision::Bf16);
+    } else {
+        println!("(no bf16 rows: this CPU has no native bf16, avx512_bf16 or amx_bf16)");
+    }
+    let restore = tch::get_num_threads();
+    for threads in [1usize, 2] {
+        tch::set_num_threads(threads as i32);
+        for (label, cfg, batch) in versus_models() {
+            for &precision in &precisions {
+                let label = match precision {
+                    Precision::F32 => format!("{label}, f32"),
+                    Precision::Bf16 => format!("{label}, bf16 autocast"),
+                };
+                versus_row(&label, cfg, batch, threads, precision, pairs);
+            }
+        }
+    }
+    tch::set_num_threads(restore);
+}
+
+/// One row of the kappa-vs-PyTorch table.
+fn versus_row(
+    label: &str,
+    cfg: GptConfig,
+    batch: i64,
+    threads: usize,
+    precision: Precision,
+    pairs: usize,
+) {
+    let config = serde_json::to_string(&cfg).unwrap_or_default();
+    let result =
+        ReferenceServer::start("gpt", &config, batch, threads, precision).and_then(|mut torch| {
+            versus_pytorch(gpt_step_of(cfg, batch, precision), &mut torch, pairs)
+        });
+    match result {
+        Ok(r) => println!(
+            "| {label} | {threads} | {:.2} | {:.2} | {} | {:.3}–{:.3} | {} |",
+            r.kappa_ms,
+            r.torch_ms,
+            r.wall,
+            r.min,
+            r.max,
+            r.cpu.map_or("n/a".to_string(), |q| q.to_string()),
+        ),
+        Err(e) => println!("| {label} | {threads} | n/a | n/a | reference failed: {e} | | |"),
+    }
+}
+
 fn main() {
     let threads = configure_threads();
+    let versus_pairs: usize = std::env::var("KAPPA_BENCH_VERSUS_PAIRS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    if std::env::var_os("KAPPA_BENCH_VERSUS_ONLY").is_some() {
+        gpt_versus_pytorch(versus_pairs);
+        return;
+    }
     let seconds: u64 = std::env::var("KAPPA_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -379,5 +644,8 @@ fn main() {
                 ours.map_or("n/a".into(), |s| format!("{:.3}", flops / s / peak)),
             );
         }
+    }
+    if versus_pairs > 0 {
+        gpt_versus_pytorch(versus_pairs);
     }
 }

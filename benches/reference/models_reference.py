@@ -5,16 +5,27 @@ lambda*I shift folded into the weight as W + lambda*E (E = [I; I; I], the "shift
 addcmul per forward, as kappa does), pre-LN
 blocks, exact GELU MLP, learned positions, tied GPT head, ViT patch convolution and class token,
 and one training step = zero_grad, forward, backward, clip_grad_norm_(1.0), AdamW (decay and
-no-decay parameter groups) -- timed with time.perf_counter, median over steps.
+no-decay parameter groups, nanoGPT's) -- timed with time.perf_counter, median over steps.
+
+The step is what a PyTorch user gets by default: torch.optim.AdamW with no foreach/fused
+argument (on the CPU PyTorch picks its single-tensor loop), optimizer.zero_grad() with its
+default set_to_none=True (gradients dropped), clip_grad_norm_ with its default (foreach on the
+CPU).
 
 Usage: python models_reference.py --model gpt|vit --config JSON --lam L --threads N --steps S
 Prints one JSON object: {"seconds_per_step": ..., "steps": ..., "threads": ...}.
+
+With --serve it builds the model, prints "ready", then reads commands from stdin, one a line:
+"step" runs one training step and prints "<wall seconds> <process CPU seconds>" of it;
+"quit" (or the end of stdin) exits. The benchmark uses this to alternate single steps of
+kappa and PyTorch in one run.
 """
 
 import argparse
 import json
 import math
 import statistics
+import sys
 import time
 
 import torch
@@ -150,6 +161,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--bf16", action="store_true", help="forward pass under bf16 autocast")
+    ap.add_argument("--serve", action="store_true", help="step on command (see the module docs)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -162,16 +175,33 @@ def main():
         model = ViT(c, a.lam)
         x = torch.randn(a.batch, c["channels"], c["image_size"], c["image_size"])
         y = torch.randint(c["num_classes"], (a.batch,))
-    opt = torch.optim.AdamW(groups(model, 0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    opt = torch.optim.AdamW(groups(model, 0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+
+    def loss():
+        if a.bf16:
+            # What torch.autocast users write: the forward pass under bf16 autocast, the
+            # backward pass outside it.
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model.loss(x, y)
+        return model.loss(x, y)
 
     def step():
-        opt.zero_grad(set_to_none=False)
-        model.loss(x, y).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
+        opt.zero_grad()
+        loss().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
     for _ in range(a.warmup):
         step()
+    if a.serve:
+        print("ready", flush=True)
+        for line in sys.stdin:
+            if line.strip() != "step":
+                break
+            t0, c0 = time.perf_counter(), time.process_time()
+            step()
+            print(f"{time.perf_counter() - t0} {time.process_time() - c0}", flush=True)
+        return
     times = []
     for _ in range(a.steps):
         t0 = time.perf_counter()

@@ -131,30 +131,32 @@ pub fn any_measured(figures: &[Option<f64>]) -> bool {
 }
 
 /// One optimizer step as `kappa_models::Trainer` takes it, after `loss` (with its graph):
-/// zero gradients first (`params` are every group's tensors), backward, the global gradient norm
-/// clipped at 1, then every group's optimizer at `lr × lr_scale`.
+/// gradients dropped first (`params` are every group's tensors), backward, the global gradient
+/// norm clipped at 1 ([`kappa_models::clip_grad_norm`]), then every group's optimizer at
+/// `lr × lr_scale`. Builds a [`kappa_models::GradientDropper`] per call; hold one and call
+/// [`train_step_with`] to time the step alone.
 pub fn train_step(
     groups: &mut [kappa_models::ParamGroup],
     params: &[tch::Tensor],
     lr: f64,
     loss: impl FnOnce() -> tch::Tensor,
 ) {
-    use tch::{Device, Kind, Tensor};
-    for p in params {
-        p.shallow_clone().zero_grad();
-    }
+    let dropper = kappa_models::GradientDropper::new(params).expect("gradient dropper");
+    train_step_with(&dropper, groups, params, lr, loss);
+}
+
+/// [`train_step`] with a [`kappa_models::GradientDropper`] over `params` built once.
+pub fn train_step_with(
+    dropper: &kappa_models::GradientDropper,
+    groups: &mut [kappa_models::ParamGroup],
+    params: &[tch::Tensor],
+    lr: f64,
+    loss: impl FnOnce() -> tch::Tensor,
+) {
+    dropper.drop_gradients().expect("dropping gradients");
     loss().backward();
     tch::no_grad(|| {
-        let mut total = Tensor::zeros([], (Kind::Double, Device::Cpu));
-        for p in params {
-            total += p.grad().to_kind(Kind::Double).square().sum(Kind::Double);
-        }
-        let norm = total.sqrt().double_value(&[]);
-        if norm > 1.0 {
-            for p in params {
-                let _ = p.grad().g_mul_scalar_(1.0 / (norm + 1e-6));
-            }
-        }
+        kappa_models::clip_grad_norm(params, 1.0).expect("gradient norm");
         for g in groups {
             g.optimizer
                 .step(&g.params, lr * g.lr_scale)

@@ -1,4 +1,4 @@
-//! Times training steps (forward, backward, AdamW) of the CPU-sized GPT and ViT on random data.
+//! Times training steps (gradients dropped, forward, backward, AdamW) of the CPU-sized GPT and ViT on random data.
 //!
 //! `cargo run --release -p kappa-models --example step_time -- [threads] [steps]`
 
@@ -17,10 +17,9 @@ fn time_steps(vs: &nn::VarStore, steps: usize, mut loss: impl FnMut() -> Tensor)
         .iter()
         .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
         .collect();
+    let dropper = kappa_models::GradientDropper::new(&params).unwrap();
     let mut run = || {
-        for p in &params {
-            p.shallow_clone().zero_grad();
-        }
+        dropper.drop_gradients().unwrap();
         loss().backward();
         tch::no_grad(|| {
             for g in &mut groups {

@@ -18,11 +18,13 @@
 //! See `docs/models.md` for the conventions, the math next to the code and measured figures.
 
 pub mod attention;
+pub mod autocast;
 pub mod data;
 pub mod device;
 pub mod diagnostics;
 pub mod error;
 pub mod float;
+mod fused;
 pub mod gpt;
 pub mod layers;
 mod link;
@@ -48,7 +50,8 @@ pub use modulewise::{
 };
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use train::{
-    adamw_groups, seeded, AdamW, DivergenceReference, Eval, GroupOptimizer, JsonlSink,
-    OptimizerStats, Outcome, ParamGroup, Record, Summary, Task, TrainConfig, Trainer,
+    adamw_groups, clip_grad_norm, seeded, AdamW, AdamWKernel, DivergenceReference, Eval,
+    GradientDropper, GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Precision,
+    Record, Summary, Task, TrainConfig, Trainer,
 };
 pub use vit::{Vit, VitConfig};

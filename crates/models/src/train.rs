@@ -9,16 +9,21 @@
 //!
 //! 1. lr(i) = lr·(i+1)/(w+1) for i < w (warmup); then
 //!    lr(i) = lr_min + ½(1 + cos(π·(i−w)/(S−w)))·(lr − lr_min) (cosine to lr_min at step S).
-//! 2. loss = task loss on the batch of step i (a pure function of (seed, i)); a non-finite loss
-//!    stops the run as diverged, and so does a loss above `divergence_factor` × its reference
-//!    ([`DivergenceReference`]: the first step's loss, or the best smoothed loss so far).
-//! 3. Backward; ‖g‖ = (Σ‖g_p‖²)^{1/2} over every trainable tensor; if `grad_clip` > 0 and
-//!    ‖g‖ > clip, every gradient is scaled by clip/(‖g‖ + 1e-6) (PyTorch's `clip_grad_norm_`).
-//!    A non-finite ‖g‖ stops the run as diverged.
+//! 2. Gradients are dropped ([`GradientDropper`], PyTorch's `zero_grad(set_to_none=True)`); the
+//!    forward pass runs in f32, or under bf16 autocast with [`Precision::Bf16`]
+//!    ([`crate::autocast`]). loss = task loss on the batch of step i (a pure function of
+//!    (seed, i)); a non-finite loss stops the run as diverged, and so does a loss above
+//!    `divergence_factor` × its reference ([`DivergenceReference`]: the first step's loss, or the
+//!    best smoothed loss so far).
+//! 3. Backward; ‖g‖ = (Σ‖g_p‖²)^{1/2} over every trainable tensor, in f64; if `grad_clip` > 0
+//!    and ‖g‖ > clip, every gradient is scaled by clip/(‖g‖ + 1e-6) (PyTorch's
+//!    `clip_grad_norm_`; [`clip_grad_norm`]). A non-finite ‖g‖ stops the run as diverged.
 //! 4. Each [`ParamGroup`]'s [`GroupOptimizer`] updates its tensors in place under `no_grad`
-//!    (the tch-rs custom-optimizer pattern). [`AdamW`] is PyTorch's `torch.optim.AdamW`
-//!    (single-tensor form): p ← p(1 − lr·wd); m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²;
-//!    p ← p − (lr/(1−β₁ᵗ))·m/(√v/√(1−β₂ᵗ) + ε).
+//!    (the tch-rs custom-optimizer pattern). [`AdamW`] is PyTorch's `torch.optim.AdamW`:
+//!    p ← p(1 − lr·wd); m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²;
+//!    p ← p − (lr/(1−β₁ᵗ))·m/(√v/√(1−β₂ᵗ) + ε), by default in one pass over the raw data of
+//!    contiguous CPU f32 tensors ([`AdamWKernel::Fused`]), each element in f64 and rounded
+//!    once per stored value; with libtorch operations elsewhere ([`AdamWKernel::Ops`]).
 //! 5. The task refreshes its spectral corrections (SVD, scale-aware λ) for the new weights.
 //!
 //! Training records carry each group's [`OptimizerStats`] (dual-ascent iterations and
@@ -47,6 +52,7 @@ use crate::diagnostics::{
     matrix_diagnostics, summarize, DiagnosticsConfig, HeadDiagnostics, MatrixDiagnostics,
 };
 use crate::error::{ModelsError, Result};
+use crate::fused::AdamWScalars;
 
 static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -117,6 +123,10 @@ pub struct TrainConfig {
     pub threads: usize,
     /// `cpu`, `cuda` or `cuda:N`.
     pub device: String,
+    /// The precision of the training forward passes (weights, gradients and optimizer state
+    /// are f32 either way; evaluations run in f32).
+    #[serde(default)]
+    pub precision: Precision,
     /// Show a progress bar on stderr.
     pub progress: bool,
     /// Diagnostics at every evaluation.
@@ -147,10 +157,26 @@ impl Default for TrainConfig {
             seed: 0,
             threads: 0,
             device: "cpu".into(),
+            precision: Precision::F32,
             progress: true,
             diagnostics: DiagnosticsConfig::default(),
         }
     }
+}
+
+/// The arithmetic of the training forward passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// f32 throughout.
+    #[default]
+    F32,
+    /// bf16 mixed precision in the style of `torch.autocast` ([`crate::autocast`]): the
+    /// forward pass of every training step runs under libtorch's bf16 autocast (matmuls,
+    /// linear layers and attention on bf16 copies, reductions and the loss in f32). Only on a
+    /// device with native bf16 ([`crate::autocast::native_bf16`]): the trainer refuses it
+    /// elsewhere.
+    Bf16,
 }
 
 /// The loss that `divergence_factor` multiplies.
@@ -322,6 +348,21 @@ pub struct OptimizerStats {
     pub manifold_violation_max: Option<f64>,
 }
 
+/// How [`AdamW`] runs its update.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdamWKernel {
+    /// One pass in Rust over the raw data when every tensor of the group (parameter, gradient,
+    /// both moments) is a contiguous CPU f32 tensor, each element computed in f64 and rounded
+    /// once per stored value (7 passes over parameter-sized memory instead of about 25); the
+    /// libtorch operations of [`AdamWKernel::Ops`] otherwise (other devices and kinds).
+    #[default]
+    Fused,
+    /// libtorch operations on whole tensors (`mul_`, `lerp_`, …), each rounding to the tensor's
+    /// kind: the same math, a few roundings per element more.
+    Ops,
+}
+
 /// PyTorch's AdamW (decoupled weight decay, bias-corrected moments), state allocated lazily.
 #[derive(Debug)]
 pub struct AdamW {
@@ -329,23 +370,62 @@ pub struct AdamW {
     beta2: f64,
     eps: f64,
     weight_decay: f64,
+    kernel: AdamWKernel,
     t: i64,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
 }
 
 impl AdamW {
-    /// AdamW with the given hyper-parameters.
+    /// AdamW with the given hyper-parameters and the default kernel ([`AdamWKernel::Fused`]).
     pub fn new(beta1: f64, beta2: f64, eps: f64, weight_decay: f64) -> Self {
         Self {
             beta1,
             beta2,
             eps,
             weight_decay,
+            kernel: AdamWKernel::default(),
             t: 0,
             exp_avg: Vec::new(),
             exp_avg_sq: Vec::new(),
         }
+    }
+
+    /// The same optimizer with another kernel.
+    ///
+    /// ```
+    /// use kappa_models::{AdamW, AdamWKernel};
+    /// let opt = AdamW::new(0.9, 0.95, 1e-8, 0.1).with_kernel(AdamWKernel::Ops);
+    /// assert_eq!(opt.kernel(), AdamWKernel::Ops);
+    /// ```
+    pub fn with_kernel(self, kernel: AdamWKernel) -> Self {
+        Self { kernel, ..self }
+    }
+
+    /// The kernel.
+    pub fn kernel(&self) -> AdamWKernel {
+        self.kernel
+    }
+
+    /// The op-by-op update of one tensor (p, its gradient g, the moments m and v).
+    fn step_ops(
+        &self,
+        p: &Tensor,
+        g: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        c: &AdamWScalars,
+    ) -> Result<()> {
+        let mut p = p.shallow_clone();
+        if self.weight_decay != 0.0 {
+            let _ = p.f_mul_scalar_(c.decay)?;
+        }
+        let _ = m.f_lerp_(g, 1.0 - self.beta1)?;
+        let _ = v.f_mul_scalar_(self.beta2)?;
+        let _ = v.f_add_(&(g.square() * (1.0 - self.beta2)))?;
+        let denom = v.sqrt() / c.bc2_sqrt + self.eps;
+        let _ = p.f_sub_(&(&*m / denom * c.step_size))?;
+        Ok(())
     }
 }
 
@@ -359,29 +439,46 @@ impl GroupOptimizer for AdamW {
             self.exp_avg = params.iter().map(Tensor::zeros_like).collect();
             self.exp_avg_sq = params.iter().map(Tensor::zeros_like).collect();
         }
+        if self.exp_avg.len() != params.len() || self.exp_avg_sq.len() != params.len() {
+            return Err(ModelsError::config(
+                "adamw",
+                format!(
+                    "the state holds {} moments for {} parameters",
+                    self.exp_avg.len(),
+                    params.len()
+                ),
+            ));
+        }
         self.t += 1;
         let bc1 = 1.0 - self.beta1.powi(self.t as i32);
         let bc2 = 1.0 - self.beta2.powi(self.t as i32);
-        let step_size = lr / bc1;
-        let bc2_sqrt = bc2.sqrt();
-        for ((p, m), v) in params
-            .iter()
-            .zip(self.exp_avg.iter_mut())
-            .zip(self.exp_avg_sq.iter_mut())
-        {
-            let g = p.grad();
-            if !g.defined() {
-                continue;
+        let c = AdamWScalars {
+            decay: 1.0 - lr * self.weight_decay,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            step_size: lr / bc1,
+            bc2_sqrt: bc2.sqrt(),
+            eps: self.eps,
+        };
+        // Parameters without a gradient (unused in this step's graph, gradients dropped) are
+        // skipped, moments included, as PyTorch does.
+        let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+        let live: Vec<usize> = (0..params.len()).filter(|&i| grads[i].defined()).collect();
+        if self.kernel == AdamWKernel::Fused {
+            let items: Vec<_> = live
+                .iter()
+                .map(|&i| (&params[i], &grads[i], &self.exp_avg[i], &self.exp_avg_sq[i]))
+                .collect();
+            if crate::fused::adamw(&items, c).is_some() {
+                return Ok(());
             }
-            let mut p = p.shallow_clone();
-            if self.weight_decay != 0.0 {
-                let _ = p.f_mul_scalar_(1.0 - lr * self.weight_decay)?;
-            }
-            let _ = m.f_lerp_(&g, 1.0 - self.beta1)?;
-            let _ = v.f_mul_scalar_(self.beta2)?;
-            let _ = v.f_add_(&(g.square() * (1.0 - self.beta2)))?;
-            let denom = v.sqrt() / bc2_sqrt + self.eps;
-            let _ = p.f_sub_(&(&*m / denom * step_size))?;
+        }
+        for i in live {
+            let (mut m, mut v) = (
+                self.exp_avg[i].shallow_clone(),
+                self.exp_avg_sq[i].shallow_clone(),
+            );
+            self.step_ops(&params[i], &grads[i], &mut m, &mut v, &c)?;
         }
         Ok(())
     }
@@ -416,6 +513,88 @@ impl GroupOptimizer for AdamW {
         }
         Ok(())
     }
+}
+
+/// Drops gradients (sets them undefined, as PyTorch's `zero_grad(set_to_none=True)`) rather
+/// than zeroing them in place: the next backward pass then stores each gradient as computed
+/// instead of adding it to zeros (one write and one read-modify-write of parameter-sized
+/// memory saved per step).
+///
+/// tch exposes no way to reset a tensor's gradient, but libtorch's C++ optimizers do:
+/// `Optimizer::zero_grad(bool set_to_none = true)` (libtorch ≥ 2.0). This holds a C++ SGD
+/// optimizer over the parameters that is never stepped; [`GradientDropper::drop_gradients`]
+/// calls its `zero_grad()`.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// let w = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+/// let dropper = kappa_models::GradientDropper::new(&[w.shallow_clone()])?;
+/// (&w * 2.0).sum(Kind::Float).backward();
+/// assert!(w.grad().defined());
+/// dropper.drop_gradients()?;
+/// assert!(!w.grad().defined());
+/// # Ok::<(), kappa_models::ModelsError>(())
+/// ```
+pub struct GradientDropper {
+    optimizer: tch::COptimizer,
+}
+
+impl std::fmt::Debug for GradientDropper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GradientDropper")
+    }
+}
+
+impl GradientDropper {
+    /// A dropper over `params`.
+    pub fn new(params: &[Tensor]) -> Result<Self> {
+        let mut optimizer = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false)?;
+        for p in params {
+            optimizer.add_parameters(p, 0)?;
+        }
+        Ok(Self { optimizer })
+    }
+
+    /// Sets every parameter's gradient undefined.
+    pub fn drop_gradients(&self) -> Result<()> {
+        Ok(self.optimizer.zero_grad()?)
+    }
+}
+
+/// The global gradient norm ‖g‖ = (Σ_p ‖g_p‖²)^{1/2} over the defined gradients of `params`,
+/// accumulated in f64; when `clip` > 0 and ‖g‖ > clip (and finite), every gradient is scaled by
+/// clip/(‖g‖ + 10⁻⁶) (PyTorch's `clip_grad_norm_`). Returns ‖g‖ before clipping. Call it
+/// inside `no_grad`.
+///
+/// Contiguous CPU f32 gradients are summed in one pass over their raw data (each square exact
+/// in f64, fixed chunks added in order: the value does not depend on the thread count); other
+/// gradients through libtorch (`to_kind(Double).square().sum()`).
+pub fn clip_grad_norm(params: &[Tensor], clip: f64) -> Result<f64> {
+    let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+    let total = match crate::fused::sum_of_squares(&grads) {
+        Some(sum) => sum,
+        None => {
+            let mut total: Option<Tensor> = None;
+            for g in grads.iter().filter(|g| g.defined()) {
+                let sq = g.f_to_kind(Kind::Double)?.f_square()?.f_sum(Kind::Double)?;
+                total = Some(match total {
+                    Some(t) => t.f_add(&sq.f_to_device(t.device())?)?,
+                    None => sq,
+                });
+            }
+            total.map_or(Ok(0.0), |t| t.f_double_value(&[]))?
+        }
+    };
+    let norm = total.sqrt();
+    if clip > 0.0 && norm.is_finite() && norm > clip {
+        let scale = clip / (norm + 1e-6);
+        for g in &grads {
+            if g.defined() {
+                let _ = g.shallow_clone().f_mul_scalar_(scale)?;
+            }
+        }
+    }
+    Ok(norm)
 }
 
 /// Named trainable tensors updated by one optimizer.
@@ -674,6 +853,16 @@ impl<'a> Trainer<'a> {
                     format!("trainable variable `{n}` is in no group"),
                 ));
             }
+        }
+        if config.precision == Precision::Bf16 && !crate::autocast::native_bf16(vs.device()) {
+            return Err(ModelsError::config(
+                "train.precision",
+                format!(
+                    "bf16 needs native bf16 arithmetic (avx512_bf16 or amx_bf16 on x86-64, \
+                     bf16 on aarch64, or CUDA), which {:?} lacks",
+                    vs.device()
+                ),
+            ));
         }
         if config.threads > 0 {
             tch::set_num_threads(config.threads as i32);
@@ -957,6 +1146,7 @@ impl<'a> Trainer<'a> {
             .iter()
             .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
             .collect();
+        let dropper = GradientDropper::new(&params)?;
         if self.config.eval_at_start && self.step == 0 && end > 0 {
             last_eval = Some(self.evaluate(task, &bar, sink)?);
         }
@@ -964,36 +1154,20 @@ impl<'a> Trainer<'a> {
             let i = self.step;
             let t0 = Instant::now();
             let lr = self.config.lr_at(i);
-            for p in &params {
-                let mut p = p.shallow_clone();
-                p.zero_grad();
-            }
-            let (loss, units) = task.train_loss(i, self.config.batch_size)?;
+            dropper.drop_gradients()?;
+            let batch = self.config.batch_size;
+            let (loss, units) = match self.config.precision {
+                Precision::F32 => task.train_loss(i, batch)?,
+                Precision::Bf16 => {
+                    crate::autocast::autocast(self.vs.device(), || task.train_loss(i, batch))?
+                }
+            };
             let loss_value = loss.double_value(&[]);
             if let Some(reason) = self.check_loss(loss_value) {
                 return diverge(&bar, sink, i, reason, &clock, last_eval);
             }
             loss.f_backward()?;
-            let grad_norm = tch::no_grad(|| -> Result<f64> {
-                let mut total = Tensor::zeros([], (Kind::Double, self.vs.device()));
-                for p in &params {
-                    let g = p.grad();
-                    if g.defined() {
-                        total += g.to_kind(Kind::Double).square().sum(Kind::Double);
-                    }
-                }
-                let norm = total.sqrt().double_value(&[]);
-                if self.config.grad_clip > 0.0 && norm.is_finite() && norm > self.config.grad_clip {
-                    let scale = self.config.grad_clip / (norm + 1e-6);
-                    for p in &params {
-                        let mut g = p.grad();
-                        if g.defined() {
-                            let _ = g.f_mul_scalar_(scale)?;
-                        }
-                    }
-                }
-                Ok(norm)
-            })?;
+            let grad_norm = tch::no_grad(|| clip_grad_norm(&params, self.config.grad_clip))?;
             if !grad_norm.is_finite() {
                 let reason = format!("gradient norm is {grad_norm}");
                 return diverge(&bar, sink, i, reason, &clock, last_eval);
@@ -1144,5 +1318,226 @@ impl JsonlSink {
             .write_all(b"\n")
             .and_then(|_| self.out.flush())
             .map_err(|e| ModelsError::io(&self.path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    /// A leaf parameter equal to `p` whose gradient is exactly `g` (the gradient of ⟨p, g⟩).
+    fn param_with_grad(p: &Tensor, g: &Tensor) -> Tensor {
+        let p = p.copy().set_requires_grad(true);
+        (&p * g).sum(p.kind()).backward();
+        p
+    }
+
+    /// An AdamW of the given kernel with step count `t` and moments m, v.
+    fn adamw_at(kernel: AdamWKernel, wd: f64, t: i64, m: &[Tensor], v: &[Tensor]) -> AdamW {
+        let mut opt = AdamW::new(0.9, 0.95, 1e-8, wd).with_kernel(kernel);
+        let mut state = HashMap::new();
+        state.insert("t".to_string(), Tensor::from_slice(&[t]));
+        for (i, (m, v)) in m.iter().zip(v).enumerate() {
+            state.insert(format!("exp_avg.{i}"), m.copy());
+            state.insert(format!("exp_avg_sq.{i}"), v.copy());
+        }
+        opt.load_state(&state).unwrap();
+        opt
+    }
+
+    fn max64(t: &Tensor) -> f64 {
+        t.max().double_value(&[])
+    }
+
+    /// One step of the fused kernel against one step of the op-by-op kernel from the same
+    /// state, element by element, within a bound derived from the roundings of each path
+    /// (u = 2⁻²⁴, first order; the second-order terms, at most ~50u² relative, are covered by
+    /// the factor 1 + 10⁻⁶, and f64 rounding inside the fused kernel by 2⁻⁴⁸ of the inputs):
+    ///
+    /// * m = β₁m + (1−β₁)g: the op path (`lerp_`: the weight cast to f32, g − m, the product
+    ///   and the sum, or one fma) is off by ≤ 3u·w|g − m| + u|m'| (w = 1 − β₁), the fused one
+    ///   by ≤ u|m'| (one rounding): tol_m = u(3w|g − m| + 2|m'|).
+    /// * v = β₂v + (1−β₂)g² (non-negative terms): the op path rounds the first term 3 times
+    ///   (cast, product, sum) and the second 4 (square, cast, product, sum): ≤ 4u·v'; fused
+    ///   ≤ u·v': tol_v = 5u·v'.
+    /// * p' = p·decay − Δ, Δ = step·m'/d, d = √v'/√c₂ + ε. The op path rounds p·decay twice
+    ///   (cast, product), d 4 times relative (sqrt, cast and division by √c₂, the sum with ε and
+    ///   ε's cast), Δ 3 more (the division, the cast of step and the product), p' once: ≤
+    ///   2u|p·decay| + 7u|Δ| + u|p'|; fused ≤ u|p'|. The two paths also start from different m'
+    ///   and v': |δΔ| ≤ (step/d)·tol_m + |Δ|·tol_v/(2v') (√ halves a relative error, and
+    ///   √v'/√c₂ ≤ d): tol_p = 2u|p·decay| + 9.5u|Δ| + 2u|p'| + (step/d)·tol_m.
+    #[test]
+    fn the_fused_adamw_matches_the_op_by_op_kernel_within_the_derived_rounding_bound() {
+        let cpu = (Kind::Float, Device::Cpu);
+        // Large enough for the fused kernel's parallel path, with odd sizes for the tails.
+        let shapes: [&[i64]; 3] = [&[300, 701], &[37], &[5, 3]];
+        let u = f64::from(f32::EPSILON) / 2.0;
+        for (t, wd, lr, scale) in [
+            (0, 0.1, 1e-2, 1.0),
+            (4, 0.0, 3e-3, 1e-3),
+            (9, 0.1, 1.0, 30.0),
+        ] {
+            let (p0, g, m0, v0): (Vec<_>, Vec<_>, Vec<_>, Vec<_>) = seeded(7 + t as u64, || {
+                let mut out = (vec![], vec![], vec![], vec![]);
+                for s in shapes {
+                    out.0.push(Tensor::randn(s, cpu));
+                    out.1.push(Tensor::randn(s, cpu) * scale);
+                    let (m, v) = if t == 0 {
+                        (Tensor::zeros(s, cpu), Tensor::zeros(s, cpu))
+                    } else {
+                        let m = Tensor::randn(s, cpu) * (0.3 * scale);
+                        (m, (Tensor::randn(s, cpu) * scale).square())
+                    };
+                    out.2.push(m);
+                    out.3.push(v);
+                }
+                out
+            });
+            let run = |kernel| {
+                let params: Vec<Tensor> = p0
+                    .iter()
+                    .zip(&g)
+                    .map(|(p, g)| param_with_grad(p, g))
+                    .collect();
+                let mut opt = adamw_at(kernel, wd, t, &m0, &v0);
+                tch::no_grad(|| opt.step(&params, lr)).unwrap();
+                let state: HashMap<String, Tensor> = opt.state().into_iter().collect();
+                (params, state)
+            };
+            let (pf, sf) = run(AdamWKernel::Fused);
+            let (po, so) = run(AdamWKernel::Ops);
+            let (b1, b2, eps) = (0.9f64, 0.95f64, 1e-8f64);
+            let (c1, c2) = (1.0 - b1.powi(t as i32 + 1), 1.0 - b2.powi(t as i32 + 1));
+            let step = lr / c1;
+            for i in 0..shapes.len() {
+                let d = |x: &Tensor| x.to_kind(Kind::Double);
+                let (p, g, m, v) = (d(&p0[i]), d(&g[i]), d(&m0[i]), d(&v0[i]));
+                let (mf, vf) = (
+                    d(&sf[&format!("exp_avg.{i}")]),
+                    d(&sf[&format!("exp_avg_sq.{i}")]),
+                );
+                let (mo, vo) = (
+                    d(&so[&format!("exp_avg.{i}")]),
+                    d(&so[&format!("exp_avg_sq.{i}")]),
+                );
+                let slack = f64::powi(2.0, -48);
+                let w = 1.0 - b1;
+                let tol_m = ((&g - &m).abs() * (3.0 * w) + mf.abs() * 2.0) * u
+                    + (m.abs() + g.abs()) * slack;
+                let tol_v = &vf * (5.0 * u) + (&v + g.square()) * slack;
+                let denom = vf.sqrt() / c2.sqrt() + eps;
+                let delta = (&mf * step / &denom).abs();
+                let p_new = d(&pf[i]);
+                let tol_p = (&p * (1.0 - lr * wd)).abs() * (2.0 * u)
+                    + &delta * (9.5 * u)
+                    + p_new.abs() * (2.0 * u)
+                    + &tol_m * step / &denom
+                    + (p.abs() + &delta) * slack;
+                for (name, a, b, tol) in [
+                    ("m", &mf, &mo, &tol_m),
+                    ("v", &vf, &vo, &tol_v),
+                    ("p", &p_new, &d(&po[i]), &tol_p),
+                ] {
+                    let excess = max64(&((a - b).abs() - tol * (1.0 + 1e-6)));
+                    assert!(
+                        excess <= 0.0,
+                        "t={t} tensor {i} {name}: exceeds the bound by {excess:e}"
+                    );
+                }
+                // The step did something: the bound is far below the update itself.
+                assert!(max64(&(&p_new - &p).abs()) > 1e3 * max64(&tol_p));
+            }
+        }
+    }
+
+    #[test]
+    fn the_fused_adamw_does_not_depend_on_the_thread_count() {
+        let cpu = (Kind::Float, Device::Cpu);
+        let (p, g, m, v) = seeded(3, || {
+            let s = [3 * crate::fused::CHUNK as i64 + 11];
+            (
+                Tensor::randn(s, cpu),
+                Tensor::randn(s, cpu),
+                Tensor::randn(s, cpu) * 0.1,
+                Tensor::randn(s, cpu).square(),
+            )
+        });
+        let c = AdamWScalars {
+            decay: 1.0 - 1e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            step_size: 1e-2,
+            bc2_sqrt: 0.3,
+            eps: 1e-8,
+        };
+        let run = |threads| {
+            let (p, m, v) = (p.copy(), m.copy(), v.copy());
+            crate::fused::adamw_on(&[(&p, &g, &m, &v)], c, Some(threads)).unwrap();
+            (p, m, v)
+        };
+        let one = run(1);
+        for threads in [2, 3, 5] {
+            let other = run(threads);
+            assert!(one.0.equal(&other.0) && one.1.equal(&other.1) && one.2.equal(&other.2));
+        }
+    }
+
+    #[test]
+    fn the_fused_kernel_falls_back_to_libtorch_outside_contiguous_cpu_f32() {
+        // f64 parameters: the fused kernel declines and the op-by-op path runs, bit for bit.
+        let cpu = (Kind::Double, Device::Cpu);
+        let (p0, g) = seeded(5, || {
+            (Tensor::randn([4, 6], cpu), Tensor::randn([4, 6], cpu))
+        });
+        let run = |kernel| {
+            let p = param_with_grad(&p0, &g);
+            let mut opt = AdamW::new(0.9, 0.95, 1e-8, 0.1).with_kernel(kernel);
+            tch::no_grad(|| opt.step(&[p.shallow_clone()], 1e-2)).unwrap();
+            p
+        };
+        let (fused, ops) = (run(AdamWKernel::Fused), run(AdamWKernel::Ops));
+        assert!(fused.equal(&ops));
+        assert!(!fused.equal(&p0));
+    }
+
+    #[test]
+    fn dropped_gradients_are_undefined_and_the_clip_norm_matches_libtorch() {
+        let cpu = (Kind::Float, Device::Cpu);
+        let (a, b) = seeded(2, || {
+            (Tensor::randn([300, 70], cpu), Tensor::randn([9], cpu))
+        });
+        let params = [param_with_grad(&a, &(&a * 3.0)), param_with_grad(&b, &b)];
+        let want = tch::no_grad(|| {
+            let g: f64 = params
+                .iter()
+                .map(|p| {
+                    p.grad()
+                        .to_kind(Kind::Double)
+                        .square()
+                        .sum(Kind::Double)
+                        .double_value(&[])
+                })
+                .sum();
+            g.sqrt()
+        });
+        let before: Vec<Tensor> = params.iter().map(|p| p.grad().copy()).collect();
+        let norm = tch::no_grad(|| clip_grad_norm(&params, 1.0)).unwrap();
+        // Two f64 sums of the same exact squares in different orders: ≤ n·2⁻⁵³ relative each.
+        let n = (300 * 70 + 9) as f64;
+        assert!(
+            (norm - want).abs() <= 2.0 * n * f64::powi(2.0, -53) * want,
+            "{norm} {want}"
+        );
+        let scale = 1.0 / (norm + 1e-6);
+        for (p, g) in params.iter().zip(&before) {
+            assert!(p.grad().equal(&(g * scale)));
+        }
+        let dropper = GradientDropper::new(&params).unwrap();
+        dropper.drop_gradients().unwrap();
+        assert!(params.iter().all(|p| !p.grad().defined()));
+        // The next backward pass stores a fresh gradient (not added to an old one).
+        (&params[1] * 2.0).sum(Kind::Float).backward();
+        assert!(params[1].grad().equal(&Tensor::full([9], 2.0, cpu)));
     }
 }

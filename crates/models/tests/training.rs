@@ -488,3 +488,59 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
     let data = FashionMnist::load(&dir, 20, None, Device::Cpu).unwrap();
     assert!(ImageClassification::new(Vit::new(&vs3.root(), wrong).unwrap(), data, 0).is_err());
 }
+
+/// The first training losses of a 4-step run of the tiny GPT at `precision` (`None` when the
+/// trainer refuses it).
+fn first_losses(dir: &std::path::Path, precision: kappa_models::Precision) -> Option<Vec<f64>> {
+    let (vs, mut task) = lm_task(dir, Conditioning::None, 1);
+    let cfg = TrainConfig {
+        precision,
+        ..config(4)
+    };
+    let mut trainer = match Trainer::new(&vs, cfg) {
+        Ok(t) => t,
+        Err(e) => {
+            assert!(e.to_string().contains("train.precision"), "{e}");
+            return None;
+        }
+    };
+    let mut records = Vec::new();
+    let s = trainer
+        .run(&mut task, &mut collect(&mut records), None)
+        .unwrap();
+    assert_eq!(s.outcome, Outcome::Completed);
+    // The weights stay f32 whatever the forward pass computed in.
+    assert!(named_trainable(&vs)
+        .iter()
+        .all(|(_, t)| t.kind() == Kind::Float));
+    Some(
+        records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Train { loss, .. } => Some(*loss),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn bf16_training_runs_under_autocast_where_native_and_is_refused_elsewhere() {
+    use kappa_models::Precision;
+    let dir = temp("bf16");
+    fixtures::write_sotu(&dir).unwrap();
+    let f32_losses = first_losses(&dir, Precision::F32).unwrap();
+    let native = kappa_models::autocast::native_bf16(Device::Cpu);
+    match first_losses(&dir, Precision::Bf16) {
+        None => assert!(!native, "refused on a CPU with native bf16"),
+        Some(bf16) => {
+            assert!(native, "accepted on a CPU without native bf16");
+            // The same initial weights and batch: the first loss differs only by bf16 rounding
+            // of the matmul inputs (8 significant bits: relative 2⁻⁹ per input, a few 10⁻³ on
+            // the logits of this width) — but it does differ, or autocast was not on.
+            let (a, b) = (f32_losses[0], bf16[0]);
+            assert!(a != b, "bf16 gave the f32 loss {a} bit for bit");
+            assert!((a - b).abs() < 0.02 * a, "{a} vs {b}");
+        }
+    }
+}
