@@ -71,7 +71,7 @@ pub use diagnostics::{
     ProjectionStats, SATURATION_THRESHOLD,
 };
 pub use error::{AttentionError, Result};
-pub use jacobian::{WeightJacobian, WeightSet};
+pub use jacobian::{JacobianWorkspace, WeightJacobian, WeightSet};
 pub use multihead::{HeadLayout, MultiHeadAttention};
 pub use softmax::{
     softmax_jacobian_apply, softmax_jacobian_conditioning, softmax_jacobian_dense,
