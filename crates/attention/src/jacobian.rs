@@ -807,6 +807,8 @@ fn fill<A: Real>(
 #[derive(Debug, Default)]
 pub struct JacobianWorkspace<A> {
     out: Option<WeightJacobian<A>>,
+    /// (N, D, k) of `out`.
+    dims: (usize, usize, usize),
     factors: Factors<A>,
     threads: Threads,
 }
@@ -817,6 +819,7 @@ impl<A: Real> JacobianWorkspace<A> {
     pub fn new() -> Self {
         Self {
             out: None,
+            dims: (0, 0, 0),
             factors: Factors::default(),
             threads: Threads::Current,
         }
@@ -864,8 +867,11 @@ impl<A: Real> JacobianWorkspace<A> {
         let (nk, dk) = (n * k, d * k);
         check_dense("jacobian", nk, dk)?;
         self.factors.compute(fwd)?;
+        // Reuse needs the same (N, D, k), not only the same block shape: J_V's diagonal blocks
+        // sit at columns c·D.., so (N, D, k) = (4, 6, 2) and (2, 3, 4), both 8 × 12, differ in
+        // where J_V's zeros are.
         let out = match self.out.take() {
-            Some(j) if j.q.dim() == (nk, dk) => j,
+            Some(j) if self.dims == (n, d, k) => j,
             other => {
                 // Release the old blocks before allocating the new ones.
                 drop(other);
@@ -879,6 +885,7 @@ impl<A: Real> JacobianWorkspace<A> {
         };
         // Invariant: J_V's off-diagonal blocks are zero — set by the zeroed allocation and
         // never written since (the fill skips them and the blocks are lent out only as `&`).
+        self.dims = (n, d, k);
         let out = self.out.insert(out);
         fill(fwd, &self.factors, out, true, &self.threads);
         Ok(out)
