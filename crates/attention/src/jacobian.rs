@@ -34,9 +34,11 @@
 //! J_V[i + cN, d + eD] = δ_ce · (P X)[i, d]
 //! ```
 //!
-//! where G_i\[c, e\] = (Σ_j P\[i,j\] V\[j,c\] K\[j,e\] − A\[i,c\] (PK)\[i,e\]) / s is computed for all i at
-//! once by k products (P diag(V[:, c])) K (and likewise H with X): O(N²k(k + D)) flops plus the
-//! N·k·3D·k entries of the result.
+//! where G_i\[c, e\] = (Σ_j P\[i,j\] V\[j,c\] K\[j,e\] − A\[i,c\] (PK)\[i,e\]) / s is computed for all
+//! (i, c, e) at once by one product P·VK with VK\[j, c·k + e\] = V\[j,c\] K\[j,e\] (and H by P·VX):
+//! O(N²k(k + D)) flops, after which each of the N·k·3D·k entries of J is one multiplication.
+//! Writing those entries is the cost at model sizes, so they are written in parallel, into
+//! reusable blocks ([`JacobianWorkspace`]); see "The dense weight Jacobian" below.
 //!
 //! The input Jacobian J_X = ∂vec A/∂vec X ∈ ℝ^{Nk × ND} (column m + d·N for X[m, d]) is
 //!
@@ -51,6 +53,16 @@
 //! gS = P ⊙ (gP − rowsum(P ⊙ gP)), ∂L/∂W_Q = Xᵀ gS K / s, ∂L/∂W_K = Xᵀ gSᵀ Q / s,
 //! ∂L/∂W_V = Xᵀ Pᵀ G. For the input the same chain ends in
 //! ∂L/∂X = (gS K/s) W_Qᵀ + (gSᵀ Q/s) W_Kᵀ + Pᵀ G W_Vᵀ. Each costs a few N×N×(k or D) products.
+//!
+//! # The dense weight Jacobian: cost and threads
+//!
+//! The 3·N·k·D·k entries (3.7 GB of f64 at N = 197, D = 192, k = 64) are written by 3k
+//! independent jobs, one per block and output column c, on rayon threads; each entry is the same
+//! single product whichever thread writes it, so the result is bit-identical for every thread
+//! count. A fresh result's pages are first touched by the threads that write them, and J_V's
+//! off-diagonal blocks, zero in a fresh allocation, are never touched. [`JacobianWorkspace`]
+//! keeps its blocks between calls (and knows their J_V zeros are intact), so repeated
+//! evaluations pay neither the page faults nor the zeros.
 
 use std::sync::Arc;
 
