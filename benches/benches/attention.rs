@@ -1,29 +1,51 @@
-//! Criterion benchmarks of kappa-attention: the exact weight Jacobian of one attention head
-//! (dense, and the matrix-free products) against the same Jacobian built by reverse-mode
-//! autograd through tch (one backward per output entry), in f64.
+//! Benchmarks of kappa-attention: the exact weight Jacobian of one attention head (dense, and the
+//! matrix-free VJP/JVP) against PyTorch, in f64.
 //!
-//! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench attention` (and again with
-//! 2). Settings (environment):
+//! Run (both thread counts, one after the other, in one command):
 //!
-//! * `KAPPA_BENCH_THREADS` — 1 or 2 (OpenBLAS and libtorch threads; default 1).
+//! ```text
+//! KAPPA_PYTHON=/path/to/venv/bin/python KAPPA_BENCH_THREADS=1,2 \
+//!     cargo bench -p kappa-benches --bench attention
+//! ```
+//!
+//! Settings (environment):
+//!
+//! * `KAPPA_BENCH_THREADS` — 1, 2 or `1,2` (each count in its own process, in turn; default 1).
+//!   It sets OpenBLAS's and libtorch's threads, kappa's fill threads
+//!   ([`kappa_attention::JacobianWorkspace::with_threads`]) and PyTorch's in the reference.
 //! * `KAPPA_BENCH_ATTENTION_SHAPES` — `small` (N=64, D=64, k=16), `large` (N=197, D=192,
 //!   k=64) or `all` (default).
 //! * `KAPPA_BENCH_SECONDS` — criterion measurement time per function (default 5).
+//! * `KAPPA_BENCH_CRITERION` — `0` skips the criterion part (the paired ratios still run).
+//! * `KAPPA_BENCH_JAC_PAIRS` — alternating (kappa, jacrev) rounds per shape (default 5; a
+//!   jacrev Jacobian at the large shape takes tens of seconds).
+//! * `KAPPA_BENCH_VJP_PAIRS` — alternating (kappa, autograd) VJP rounds (default 40, each of
+//!   `KAPPA_BENCH_VJP_REPS` = 20 calls per side).
+//! * `KAPPA_PYTHON` — the Python with torch that runs `benches/reference/jacobian_reference.py`
+//!   (default: `$KAPPA_VENV/bin/python`, else the workspace's `.venv/bin/python`).
 //!
-//! After the criterion output a summary prints, per shape: the medians, the speedup of kappa's
-//! dense Jacobian over the autograd Jacobian (goal ≥ 20×; "reuse" writes into preallocated
-//! blocks, "kappa" allocates them fresh each time), the matrix-free VJP against one
-//! autograd backward, and the max abs difference between the two Jacobians (goal ≤ 1e-10
-//! relative to max |J|).
+//! Two parts. (1) Criterion timings of each function, and the largest difference between
+//! kappa's Jacobian and the autograd one (rows by tch `run_backward`; goal ≤ 1e-10 relative to
+//! max |J|). (2) The headline ratios, measured in alternating rounds so that both sides see the
+//! same machine load, reported as the median and the min–max over rounds of the per-round
+//! ratio:
 //!
-//! The autograd Jacobian computes every row (N·k backward passes through a retained graph) and
-//! copies it into a reused row buffer, so its memory stays at one row; kappa's dense Jacobian is
-//! materialized in full (3 blocks of N·k × D·k: 3.7 GB of f64 at the large shape).
+//! * Jacobian: seconds of `torch.func.jacrev` (the reference script, a child process) over
+//!   kappa's, forward included on both sides; kappa "fresh" allocates its result each time
+//!   ([`kappa_attention::JacobianWorkspace::take`] hands it out; goal ≥ 20×), "workspace"
+//!   reuses it ([`kappa_attention::JacobianWorkspace::compute`]; goal ≥ 50×). Dropping kappa's
+//!   fresh result and releasing jacrev's happen outside the timed regions.
+//! * VJP: kappa's [`kappa_attention::Forward::vjp_weights`] from a cached forward pass over one
+//!   tch autograd backward through a retained graph (goal ≤ 1.0), and forward + VJP over
+//!   forward + backward.
 
-use std::time::Duration;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use criterion::{black_box, BenchmarkId, Criterion};
-use kappa_attention::{AttentionOptions, ScoreScale, SelfAttention};
+use kappa_attention::{AttentionOptions, JacobianWorkspace, ScoreScale, SelfAttention};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds};
 use kappa_linalg::tch_backend::tensor_from_array;
 use ndarray::Array2;
@@ -107,12 +129,31 @@ fn autograd_jacobian(inp: &Inputs) -> f64 {
     acc
 }
 
-/// One autograd VJP: the gradients of ⟨G, A⟩.
-fn autograd_vjp(inp: &Inputs) -> Vec<Tensor> {
+/// ⟨G, A⟩ on a tch forward pass (graph kept): one backward of it is the autograd VJP.
+struct TorchLoss {
+    weights: [Tensor; 3],
+    loss: Tensor,
+}
+
+fn torch_loss(inp: &Inputs) -> TorchLoss {
     let t = torch_forward(inp);
     let g = tensor_from_array(inp.g.view(), Kind::Double, Device::Cpu).expect("tensor");
     let loss = (&t.output * &g).sum(Kind::Double);
-    Tensor::run_backward(&[&loss], &t.weights, false, false)
+    TorchLoss {
+        weights: t.weights,
+        loss,
+    }
+}
+
+/// One autograd backward through the retained graph: the gradients of ⟨G, A⟩.
+fn autograd_backward(t: &TorchLoss) -> Vec<Tensor> {
+    Tensor::run_backward(&[&t.loss], &t.weights, true, false)
+}
+
+/// Forward and one backward.
+fn autograd_forward_backward(inp: &Inputs) -> Vec<Tensor> {
+    let t = torch_loss(inp);
+    Tensor::run_backward(&[&t.loss], &t.weights, false, false)
 }
 
 /// max |J_kappa − J_autograd| and max |J_kappa|, row by row.
@@ -149,118 +190,445 @@ fn id(n: usize, d: usize, k: usize) -> String {
     format!("N{n}_D{d}_k{k}")
 }
 
-fn bench(c: &mut Criterion) {
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn bench(c: &mut Criterion, threads: usize) {
     let mut g = c.benchmark_group(GROUP);
-    for (_, n, d, k) in selected_shapes() {
+    for (name, n, d, k) in selected_shapes() {
         let inp = inputs(n, d, k);
         let p = id(n, d, k);
+        // A fresh result every time (the workspace only holds the thread pool here).
+        let mut fresh = JacobianWorkspace::with_threads(threads).expect("pool");
         g.bench_function(BenchmarkId::new("kappa_dense", &p), |b| {
             b.iter(|| {
                 let fwd = inp.head.forward(black_box(inp.x.view())).expect("forward");
-                black_box(fwd.jacobian_weights().expect("jacobian"))
+                fresh.compute(&fwd).expect("jacobian");
+                black_box(fresh.take())
             })
         });
-        // The same, writing into reused blocks (as repeated evaluations would).
+        // The documented reuse path: the workspace keeps its blocks.
+        let mut ws = JacobianWorkspace::with_threads(threads).expect("pool");
+        g.bench_function(BenchmarkId::new("kappa_dense_workspace", &p), |b| {
+            b.iter(|| {
+                let fwd = inp.head.forward(black_box(inp.x.view())).expect("forward");
+                black_box(ws.compute(&fwd).expect("jacobian"));
+            })
+        });
+        drop(ws);
+        // Caller-owned blocks (every entry written, J_V's zeros included).
         let mut reuse = inp
             .head
             .forward(inp.x.view())
             .and_then(|f| f.jacobian_weights())
             .expect("jacobian");
-        g.bench_function(BenchmarkId::new("kappa_dense_reuse", &p), |b| {
+        let pool = rayon_pool(threads);
+        g.bench_function(BenchmarkId::new("kappa_dense_into", &p), |b| {
             b.iter(|| {
                 let fwd = inp.head.forward(black_box(inp.x.view())).expect("forward");
-                fwd.jacobian_weights_into(&mut reuse).expect("jacobian");
+                pool.install(|| fwd.jacobian_weights_into(&mut reuse))
+                    .expect("jacobian");
                 black_box(&reuse);
             })
         });
+        drop(reuse);
+        let fwd = inp.head.forward(inp.x.view()).expect("forward");
         g.bench_function(BenchmarkId::new("kappa_vjp", &p), |b| {
+            b.iter(|| black_box(fwd.vjp_weights(black_box(inp.g.view())).expect("vjp")))
+        });
+        g.bench_function(BenchmarkId::new("kappa_forward_vjp", &p), |b| {
             b.iter(|| {
                 let fwd = inp.head.forward(black_box(inp.x.view())).expect("forward");
                 black_box(fwd.vjp_weights(inp.g.view()).expect("vjp"))
             })
         });
-        g.bench_function(BenchmarkId::new("kappa_jvp", &p), |b| {
+        g.bench_function(BenchmarkId::new("kappa_forward_jvp", &p), |b| {
             let (wq, wk, wv) = inp.head.weights();
             b.iter(|| {
                 let fwd = inp.head.forward(black_box(inp.x.view())).expect("forward");
                 black_box(fwd.jvp_weights(wq, wk, wv).expect("jvp"))
             })
         });
-        g.bench_function(BenchmarkId::new("autograd_vjp", &p), |b| {
-            b.iter(|| black_box(autograd_vjp(&inp)))
+        let tl = torch_loss(&inp);
+        g.bench_function(BenchmarkId::new("autograd_backward", &p), |b| {
+            b.iter(|| black_box(autograd_backward(&tl)))
         });
-        g.bench_function(BenchmarkId::new("autograd_jacobian", &p), |b| {
-            b.iter(|| black_box(autograd_jacobian(&inp)))
+        g.bench_function(BenchmarkId::new("autograd_forward_backward", &p), |b| {
+            b.iter(|| black_box(autograd_forward_backward(&inp)))
         });
+        // N·k backward passes: about 20 s per Jacobian at the large shape, so small only.
+        if name == "small" {
+            g.bench_function(BenchmarkId::new("autograd_rows_jacobian", &p), |b| {
+                b.iter(|| black_box(autograd_jacobian(&inp)))
+            });
+        }
     }
     g.finish();
+}
+
+/// A rayon pool of `threads` threads (for the `_into` path, which runs on the current pool).
+fn rayon_pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("rayon pool")
 }
 
 fn ratio(num: Option<f64>, den: Option<f64>) -> Option<f64> {
     Some(num? / den?)
 }
 
+/// Criterion's medians, per shape; a function the run did not measure (filtered out on the
+/// command line) is left out rather than shown as missing.
 fn summary(threads: usize) {
-    println!("\n==== kappa-attention benchmark summary (f64, threads = {threads}, medians) ====");
-    println!("Exact weight Jacobian [J_Q J_K J_V] (forward included) against autograd through tch");
-    println!("(one backward per output entry); goal: speedup ≥ 20, max |ΔJ| ≤ 1e-10·max |J|.");
-    println!(
-        "{:<16} {:>9} {:>9} {:>12} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>11} {:>11} {:>5}",
-        "shape",
-        "kappa ms",
-        "reuse ms",
-        "autograd ms",
-        "speedup",
-        "reuse x",
-        "vjp ms",
-        "jvp ms",
-        "autograd vjp ms",
-        "vjp x",
-        "max |ΔJ|",
-        "relative",
-        "ok"
-    );
+    println!("\n==== kappa-attention criterion medians (f64, threads = {threads}) ====");
+    let rows = [
+        (
+            "kappa_dense",
+            "kappa Jacobian, fresh result (forward included)",
+        ),
+        (
+            "kappa_dense_workspace",
+            "kappa Jacobian, JacobianWorkspace reuse",
+        ),
+        ("kappa_dense_into", "kappa Jacobian, jacobian_weights_into"),
+        (
+            "autograd_rows_jacobian",
+            "tch autograd Jacobian, one backward per row",
+        ),
+        ("kappa_vjp", "kappa VJP (cached forward)"),
+        (
+            "autograd_backward",
+            "tch autograd backward (retained graph)",
+        ),
+        ("kappa_forward_vjp", "kappa forward + VJP"),
+        ("autograd_forward_backward", "tch forward + backward"),
+        ("kappa_forward_jvp", "kappa forward + JVP"),
+    ];
     for (_, n, d, k) in selected_shapes() {
         let p = id(n, d, k);
-        let dense = median_seconds(GROUP, "kappa_dense", &p);
-        let dense_reuse = median_seconds(GROUP, "kappa_dense_reuse", &p);
-        let auto = median_seconds(GROUP, "autograd_jacobian", &p);
+        println!("{p}:");
+        for (f, what) in rows {
+            if let Some(t) = median_seconds(GROUP, f, &p) {
+                println!("  {what:<48} {:>12} ms", fmt_ms(Some(t)));
+            }
+        }
         let vjp = median_seconds(GROUP, "kappa_vjp", &p);
-        let jvp = median_seconds(GROUP, "kappa_jvp", &p);
-        let avjp = median_seconds(GROUP, "autograd_vjp", &p);
+        let bwd = median_seconds(GROUP, "autograd_backward", &p);
+        if let Some(r) = ratio(vjp, bwd) {
+            println!(
+                "  kappa VJP / autograd backward (medians)          {:>12}",
+                fmt_ratio(Some(r))
+            );
+        }
+    }
+    for (_, n, d, k) in selected_shapes() {
         let (diff, scale) = compare(&inputs(n, d, k));
         let rel = diff / scale;
         println!(
-            "{:<16} {:>9} {:>9} {:>12} {:>8} {:>8} {:>8} {:>8} {:>14} {:>8} {:>11.3e} {:>11.3e} {:>5}",
-            p,
-            fmt_ms(dense),
-            fmt_ms(dense_reuse),
-            fmt_ms(auto),
-            fmt_ratio(ratio(auto, dense)),
-            fmt_ratio(ratio(auto, dense_reuse)),
-            fmt_ms(vjp),
-            fmt_ms(jvp),
-            fmt_ms(avjp),
-            fmt_ratio(ratio(avjp, vjp)),
-            diff,
-            rel,
+            "{}: max |J_kappa − J_autograd| = {diff:.3e}, relative {rel:.3e} (goal ≤ 1e-10): {}",
+            id(n, d, k),
             if rel <= 1e-10 { "yes" } else { "NO" }
         );
     }
 }
 
+/// The median and the range of a sample.
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+    count: usize,
+}
+
+impl Spread {
+    fn of(mut xs: Vec<f64>) -> Self {
+        xs.sort_by(f64::total_cmp);
+        let m = xs.len();
+        let median = if m % 2 == 1 {
+            xs[m / 2]
+        } else {
+            (xs[m / 2 - 1] + xs[m / 2]) / 2.0
+        };
+        Spread {
+            median,
+            min: xs[0],
+            max: xs[m - 1],
+            count: m,
+        }
+    }
+}
+
+impl std::fmt::Display for Spread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.3} ({:.3}–{:.3}, {} rounds)",
+            self.median, self.min, self.max, self.count
+        )
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("KAPPA_PYTHON") {
+        return PathBuf::from(p);
+    }
+    std::env::var_os("KAPPA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv"))
+        .join("bin/python")
+}
+
+/// The jacrev reference as a child process (`benches/reference/jacobian_reference.py`).
+struct Jacrev {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Jacrev {
+    fn start(n: usize, d: usize, k: usize, threads: usize) -> Result<Self, String> {
+        let py = python();
+        let script = workspace_root().join("benches/reference/jacobian_reference.py");
+        let mut child = Command::new(&py)
+            .arg(&script)
+            .args(["--n", &n.to_string(), "--d", &d.to_string()])
+            .args(["--k", &k.to_string(), "--threads", &threads.to_string()])
+            .env("OMP_NUM_THREADS", threads.to_string())
+            .env("OPENBLAS_NUM_THREADS", threads.to_string())
+            .env("MKL_NUM_THREADS", threads.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", py.display()))?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let mut me = Jacrev {
+            child,
+            stdin,
+            stdout,
+        };
+        let line = me.line()?;
+        let want = format!("ready {} {}", n * k, 3 * d * k);
+        if line != want {
+            return Err(format!(
+                "expected {want:?} from {}, got {line:?}",
+                script.display()
+            ));
+        }
+        Ok(me)
+    }
+
+    fn line(&mut self) -> Result<String, String> {
+        let mut s = String::new();
+        let got = self.stdout.read_line(&mut s).map_err(|e| e.to_string())?;
+        if got == 0 {
+            return Err("the reference exited (run it by hand to see why)".into());
+        }
+        Ok(s.trim().to_string())
+    }
+
+    /// Seconds of one jacrev Jacobian, as the script measured it.
+    fn time(&mut self) -> Result<f64, String> {
+        writeln!(self.stdin, "jac").map_err(|e| e.to_string())?;
+        let line = self.line()?;
+        line.parse()
+            .map_err(|_| format!("unexpected reply {line:?}"))
+    }
+}
+
+impl Drop for Jacrev {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.child.wait();
+    }
+}
+
+fn seconds(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// Alternating rounds of kappa's Jacobian (fresh and workspace) and jacrev; the order within a
+/// round flips every round.
+fn paired_jacobian(
+    inp: &Inputs,
+    threads: usize,
+    rounds: usize,
+) -> Result<(Spread, Spread), String> {
+    let (n, d, k) = (inp.x.nrows(), inp.x.ncols(), inp.g.ncols());
+    let mut jr = Jacrev::start(n, d, k, threads)?;
+    let mut fresh = JacobianWorkspace::with_threads(threads).map_err(|e| e.to_string())?;
+    let mut ws = JacobianWorkspace::with_threads(threads).map_err(|e| e.to_string())?;
+    let mut kappa_fresh = || {
+        let mut out = None;
+        let t = seconds(|| {
+            let fwd = inp.head.forward(inp.x.view()).expect("forward");
+            fresh.compute(&fwd).expect("jacobian");
+            out = fresh.take();
+        });
+        drop(black_box(out));
+        t
+    };
+    let mut kappa_ws = || {
+        seconds(|| {
+            let fwd = inp.head.forward(inp.x.view()).expect("forward");
+            black_box(ws.compute(&fwd).expect("jacobian"));
+        })
+    };
+    // Warm-up: the workspace allocates here.
+    kappa_fresh();
+    kappa_ws();
+    let (mut rf, mut rw) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (tf, tw, tj);
+        if round % 2 == 0 {
+            tf = kappa_fresh();
+            tw = kappa_ws();
+            tj = jr.time()?;
+        } else {
+            tj = jr.time()?;
+            tw = kappa_ws();
+            tf = kappa_fresh();
+        }
+        rf.push(tj / tf);
+        rw.push(tj / tw);
+        eprintln!(
+            "round {round}: jacrev {:.1} ms, kappa fresh {:.1} ms, workspace {:.1} ms",
+            tj * 1e3,
+            tf * 1e3,
+            tw * 1e3
+        );
+    }
+    Ok((Spread::of(rf), Spread::of(rw)))
+}
+
+/// Alternating blocks of `reps` kappa VJPs and `reps` autograd backwards (then the same with
+/// the forward pass included); per block, kappa's time over tch's.
+fn paired_vjp(inp: &Inputs, rounds: usize, reps: usize) -> (Spread, Spread) {
+    let fwd = inp.head.forward(inp.x.view()).expect("forward");
+    let tl = torch_loss(inp);
+    let kappa = || {
+        seconds(|| {
+            for _ in 0..reps {
+                black_box(fwd.vjp_weights(black_box(inp.g.view())).expect("vjp"));
+            }
+        })
+    };
+    let torch = || {
+        seconds(|| {
+            for _ in 0..reps {
+                black_box(autograd_backward(&tl));
+            }
+        })
+    };
+    let kappa_fb = || {
+        seconds(|| {
+            for _ in 0..reps {
+                let f = inp.head.forward(black_box(inp.x.view())).expect("forward");
+                black_box(f.vjp_weights(inp.g.view()).expect("vjp"));
+            }
+        })
+    };
+    let torch_fb = || {
+        seconds(|| {
+            for _ in 0..reps {
+                black_box(autograd_forward_backward(inp));
+            }
+        })
+    };
+    let pairs = |a: &dyn Fn() -> f64, b: &dyn Fn() -> f64| {
+        a();
+        b();
+        let mut r = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            let (ta, tb) = if round % 2 == 0 {
+                let ta = a();
+                (ta, b())
+            } else {
+                let tb = b();
+                (a(), tb)
+            };
+            r.push(ta / tb);
+        }
+        Spread::of(r)
+    };
+    (pairs(&kappa, &torch), pairs(&kappa_fb, &torch_fb))
+}
+
+fn paired(threads: usize) {
+    let jac_rounds = env_usize("KAPPA_BENCH_JAC_PAIRS", 5).max(1);
+    let vjp_rounds = env_usize("KAPPA_BENCH_VJP_PAIRS", 40).max(1);
+    let reps = env_usize("KAPPA_BENCH_VJP_REPS", 20).max(1);
+    println!(
+        "\n==== kappa-attention paired ratios (f64, threads = {threads}; median (min–max) over \
+         alternating rounds) ===="
+    );
+    for (_, n, d, k) in selected_shapes() {
+        let inp = inputs(n, d, k);
+        let p = id(n, d, k);
+        let (vjp, fb) = paired_vjp(&inp, vjp_rounds, reps);
+        println!("{p}: kappa VJP / autograd backward:            {vjp}  (goal ≤ 1.0)");
+        println!("{p}: kappa forward+VJP / forward+backward:     {fb}");
+        match paired_jacobian(&inp, threads, jac_rounds) {
+            Ok((fresh, ws)) => {
+                println!("{p}: jacrev / kappa Jacobian, fresh result:   {fresh}  (goal ≥ 20)");
+                println!("{p}: jacrev / kappa Jacobian, workspace:      {ws}  (goal ≥ 50)");
+            }
+            Err(e) => println!(
+                "{p}: jacrev reference did not run ({e}); set KAPPA_PYTHON to a Python with \
+                 torch"
+            ),
+        }
+    }
+}
+
 fn main() {
+    // `KAPPA_BENCH_THREADS=1,2`: this benchmark once per count, each in its own process
+    // (OpenBLAS fixes its thread count when it loads).
+    if let Ok(list) = std::env::var("KAPPA_BENCH_THREADS") {
+        if list.contains(',') {
+            let exe = std::env::current_exe().expect("the benchmark's own path");
+            let mut code = 0;
+            for t in list.split(',').map(str::trim) {
+                let status = Command::new(&exe)
+                    .args(std::env::args_os().skip(1))
+                    .env("KAPPA_BENCH_THREADS", t)
+                    .env_remove("OPENBLAS_NUM_THREADS")
+                    .status()
+                    .expect("running the benchmark for one thread count");
+                code = code.max(status.code().unwrap_or(1));
+            }
+            std::process::exit(code);
+        }
+    }
     let threads = configure_threads();
-    let seconds: u64 = std::env::var("KAPPA_BENCH_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    let mut c = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(seconds))
-        .configure_from_args();
-    bench(&mut c);
-    c.final_summary();
-    summary(threads);
+    if env_usize("KAPPA_BENCH_CRITERION", 1) != 0 {
+        let seconds: u64 = std::env::var("KAPPA_BENCH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5);
+        let mut c = Criterion::default()
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(seconds))
+            .configure_from_args();
+        bench(&mut c, threads);
+        c.final_summary();
+        summary(threads);
+    }
+    paired(threads);
 }

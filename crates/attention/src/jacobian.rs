@@ -34,9 +34,11 @@
 //! J_V[i + cN, d + eD] = δ_ce · (P X)[i, d]
 //! ```
 //!
-//! where G_i\[c, e\] = (Σ_j P\[i,j\] V\[j,c\] K\[j,e\] − A\[i,c\] (PK)\[i,e\]) / s is computed for all i at
-//! once by k products (P diag(V[:, c])) K (and likewise H with X): O(N²k(k + D)) flops plus the
-//! N·k·3D·k entries of the result.
+//! where G_i\[c, e\] = (Σ_j P\[i,j\] V\[j,c\] K\[j,e\] − A\[i,c\] (PK)\[i,e\]) / s is computed for all
+//! (i, c, e) at once by one product P·VK with VK\[j, c·k + e\] = V\[j,c\] K\[j,e\] (and H by P·VX):
+//! O(N²k(k + D)) flops, after which each of the N·k·3D·k entries of J is one multiplication.
+//! Writing those entries is the cost at model sizes, so they are written in parallel, into
+//! reusable blocks ([`JacobianWorkspace`]); see "The dense weight Jacobian" below.
 //!
 //! The input Jacobian J_X = ∂vec A/∂vec X ∈ ℝ^{Nk × ND} (column m + d·N for X[m, d]) is
 //!
@@ -51,9 +53,23 @@
 //! gS = P ⊙ (gP − rowsum(P ⊙ gP)), ∂L/∂W_Q = Xᵀ gS K / s, ∂L/∂W_K = Xᵀ gSᵀ Q / s,
 //! ∂L/∂W_V = Xᵀ Pᵀ G. For the input the same chain ends in
 //! ∂L/∂X = (gS K/s) W_Qᵀ + (gSᵀ Q/s) W_Kᵀ + Pᵀ G W_Vᵀ. Each costs a few N×N×(k or D) products.
+//!
+//! # The dense weight Jacobian: cost and threads
+//!
+//! The 3·N·k·D·k entries (3.7 GB of f64 at N = 197, D = 192, k = 64) are written by 3k
+//! independent jobs, one per block and output column c, on rayon threads; each entry is the same
+//! single product whichever thread writes it, so the result is bit-identical for every thread
+//! count. A fresh result's pages are first touched by the threads that write them, and J_V's
+//! off-diagonal blocks, zero in a fresh allocation, are never touched. [`JacobianWorkspace`]
+//! keeps its blocks between calls (and knows their J_V zeros are intact), so repeated
+//! evaluations pay neither the page faults nor the zeros.
+
+use std::sync::Arc;
 
 use kappa_linalg::{commutation_matrix, kron, unvec, Real};
-use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, Axis, Zip};
+use ndarray::linalg::general_mat_mul;
+use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, Zip};
+use rayon::prelude::*;
 
 use crate::attention::Forward;
 use crate::error::{check_computed, check_dense, check_shape, check_vector, shape_str, Result};
@@ -167,13 +183,24 @@ impl<A: Real> Forward<A> {
 
     /// The dense weight Jacobian J = [J_Q J_K J_V] (Theorem 3.3), built entrywise from the
     /// closed forms in the module docs, column-major vec (row i + c·N ↔ A[i, c], column
-    /// d + e·D ↔ W[d, e]).
+    /// d + e·D ↔ W[d, e]), in freshly allocated blocks.
     ///
-    /// Cost: O(N²k(k + D)) flops plus 3·N·k·D·k entries. Errors: a block above
-    /// [`kappa_linalg::MAX_DENSE_ENTRIES`] entries ([`crate::AttentionError::TooLarge`],
-    /// argument `jacobian`); [`crate::AttentionError::Overflow`] (argument `self`) when an entry
-    /// of J overflows (possible for a forward pass whose X, Q, K, V are all near the range's
-    /// square root; see `docs/attention.md`, "Scale behaviour").
+    /// This allocates 3·N·k·D·k entries each call (3.7 GB of f64 at N = 197, D = 192, k = 64),
+    /// and at such sizes touching fresh pages costs more than computing the entries. To
+    /// evaluate repeatedly, keep a [`JacobianWorkspace`] and call
+    /// [`JacobianWorkspace::compute`]: it reuses the blocks and its scratch. The blocks are
+    /// filled in parallel on rayon's current pool (all its threads; `rayon::ThreadPool::install`
+    /// or `RAYON_NUM_THREADS` choose how many; [`JacobianWorkspace::with_threads`] sets a count
+    /// explicitly), and every entry is the same product whatever the thread count, so the result
+    /// is bit-identical across thread counts.
+    ///
+    /// Cost: O(N²k(k + D)) flops in two matrix products, plus 2·N·k·D·k written entries and
+    /// N·k·D more for J_V's diagonal blocks (its other blocks are zero, and a fresh zeroed
+    /// block never touches them). Errors: a block above [`kappa_linalg::MAX_DENSE_ENTRIES`]
+    /// entries ([`crate::AttentionError::TooLarge`], argument `jacobian`);
+    /// [`crate::AttentionError::Overflow`] (argument `self`) when an entry of J overflows
+    /// (possible for a forward pass whose X, Q, K, V are all near the range's square root; see
+    /// `docs/attention.md`, "Scale behaviour").
     ///
     /// ```
     /// use kappa_attention::{AttentionOptions, SelfAttention};
@@ -187,25 +214,26 @@ impl<A: Real> Forward<A> {
     /// # Ok::<(), kappa_attention::AttentionError>(())
     /// ```
     pub fn jacobian_weights(&self) -> Result<WeightJacobian<A>> {
-        let (n, d, k) = self.dims();
-        check_dense("jacobian", n * k, d * k)?;
-        let zeros = || Array2::<A>::zeros((n * k, d * k));
-        let mut out = WeightJacobian {
-            q: zeros(),
-            k: zeros(),
-            v: zeros(),
-        };
-        self.jacobian_weights_into(&mut out)?;
-        Ok(out)
+        let mut ws = JacobianWorkspace::new();
+        ws.compute(self)?;
+        ws.take()
+            .ok_or_else(|| crate::AttentionError::InvalidArgument {
+                arg: "self",
+                reason: "the workspace returned no Jacobian (a kappa bug)".into(),
+            })
     }
 
-    /// [`Forward::jacobian_weights`] into existing blocks (each Nk × Dk, any layout), so repeated
-    /// evaluations reuse their memory: every entry of `out` is overwritten. At model sizes a
-    /// fresh multi-GB allocation costs more in page faults than filling it.
+    /// [`Forward::jacobian_weights`] into existing blocks (each Nk × Dk, any layout): every
+    /// entry of `out` is overwritten, J_V's zero blocks included, on rayon's current pool. The
+    /// values are bit-identical to [`Forward::jacobian_weights`]'s.
+    ///
+    /// Prefer [`JacobianWorkspace`], which owns its blocks and so knows that J_V's off-diagonal
+    /// blocks are still zero (it writes 2/3 + 1/(3k) of the entries this writes) and also keeps
+    /// the O(N·k·(k + D)) scratch.
     ///
     /// Errors: a block of `out` not Nk × Dk (argument `out`); an entry of J overflows
-    /// ([`crate::AttentionError::Overflow`], argument `self`; `out` then holds the partial
-    /// values).
+    /// ([`crate::AttentionError::Overflow`], argument `self`). Both are detected before any entry
+    /// is written, so `out` is unchanged on error.
     pub fn jacobian_weights_into(&self, out: &mut WeightJacobian<A>) -> Result<()> {
         let (n, d, k) = self.dims();
         let (nk, dk) = (n * k, d * k);
@@ -218,36 +246,9 @@ impl<A: Real> Forward<A> {
                 });
             }
         }
-        let pk = self.p.dot(&self.k);
-        let px = self.p.dot(&self.x);
-        for c in 0..k {
-            let (g, h) = self.gh(c, &pk, &px);
-            for i in 0..n {
-                let r = i + c * n;
-                let xi = self.x.row(i);
-                let hi = h.row(i);
-                let mut rq = out.q.row_mut(r);
-                for e in 0..k {
-                    let gie = g[[i, e]];
-                    Zip::from(rq.slice_mut(s![e * d..(e + 1) * d]))
-                        .and(&xi)
-                        .for_each(|o, &xv| *o = xv * gie);
-                }
-                let mut rk = out.k.row_mut(r);
-                for e in 0..k {
-                    let qie = self.q[[i, e]];
-                    Zip::from(rk.slice_mut(s![e * d..(e + 1) * d]))
-                        .and(&hi)
-                        .for_each(|o, &hv| *o = qie * hv);
-                }
-                let mut rv = out.v.row_mut(r);
-                rv.fill(A::zero());
-                rv.slice_mut(s![c * d..(c + 1) * d]).assign(&px.row(i));
-            }
-        }
-        for b in [&out.q, &out.k, &out.v] {
-            check_computed("self", &b.view(), "the weight Jacobian")?;
-        }
+        let mut scratch = Factors::default();
+        scratch.compute(self)?;
+        fill(self, &scratch, out, false, &Threads::Current);
         Ok(())
     }
 
@@ -375,16 +376,45 @@ impl<A: Real> Forward<A> {
         let (n, _, k) = self.dims();
         check_shape("g", &g, n, k, "N×k like the output")?;
         let [q, k, v] = linear([g], ("self", "g"), "Jᵀ·g", |[g]| {
-            let gs = self.score_cotangent(g);
-            let inv_s = A::one() / self.s;
-            let xt = self.x.t();
-            [
-                xt.dot(&gs.dot(&self.k)).mapv(|e| e * inv_s),
-                xt.dot(&gs.t().dot(&self.q)).mapv(|e| e * inv_s),
-                xt.dot(&self.p.t().dot(&g)),
-            ]
+            self.vjp_weights_unchecked(g)
         })?;
         Ok(WeightSet { q, k, v })
+    }
+
+    /// The weight VJP as five matrix products and one O(N²) pass, with no N²k temporary:
+    ///
+    /// ```text
+    /// gS = G Vᵀ                                   N×N   (2N²k flops)
+    /// gS ← P ⊙ (gS − rowsum(P ⊙ gS))              in place: the softmax backward, O(N²)
+    /// Y  = [gS K/s | gSᵀ Q/s | Pᵀ G]              N×3k  (three N×N×k products, 6N²k)
+    /// [∂L/∂W_Q ∂L/∂W_K ∂L/∂W_V] = Xᵀ Y            D×3k  (one product, 6NDk)
+    /// ```
+    ///
+    /// The columns of Y are the cotangents of Q, K and V (∂L/∂Q = gS K/s, ∂L/∂K = gSᵀ Q/s,
+    /// ∂L/∂V = Pᵀ G), and W_• enters only through X W_•, so ∂L/∂W_• = Xᵀ ∂L/∂•: one product
+    /// for all three.
+    fn vjp_weights_unchecked(&self, g: ArrayView2<'_, A>) -> [Array2<A>; 3] {
+        let (n, d, k) = self.dims();
+        let (one, zero) = (A::one(), A::zero());
+        let inv_s = one / self.s;
+        let mut gs = Array2::<A>::zeros((n, n));
+        general_mat_mul(one, &g, &self.v.t(), zero, &mut gs);
+        softmax_backward_in_place(self.p.view(), &mut gs);
+        // Each cotangent Y_• (N×k) becomes its gradient Xᵀ Y_• (D×k) and is dropped before the
+        // next is formed, so at most gS and one N×k temporary are alive.
+        let xt = self.x.t();
+        let grad = |alpha: A, a: ArrayView2<'_, A>, b: ArrayView2<'_, A>| {
+            let mut y = Array2::<A>::zeros((n, k));
+            general_mat_mul(alpha, &a, &b, zero, &mut y);
+            let mut w = Array2::<A>::zeros((d, k));
+            general_mat_mul(one, &xt, &y, zero, &mut w);
+            w
+        };
+        [
+            grad(inv_s, gs.view(), self.k.view()),
+            grad(inv_s, gs.t(), self.q.view()),
+            grad(one, self.p.t(), g),
+        ]
     }
 
     /// gS = P ⊙ (gP − rowsum(P ⊙ gP)), gP = G Vᵀ.
@@ -499,5 +529,387 @@ impl<A: Real> Forward<A> {
         check_vector("u", &u, n * k, "N·k: vec of an N×k output cotangent")?;
         let g = unvec(u, n, k)?;
         Ok(colmajor(&self.vjp_input(g.view())?))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dense weight Jacobian: its factors, the parallel fill, and the workspace
+// ---------------------------------------------------------------------------------------------
+
+/// Below this many entries of J the fill runs on the calling thread: splitting it costs more
+/// than it saves. (The entries are the same products either way.)
+const PARALLEL_MIN_ENTRIES: usize = 1 << 16;
+
+/// The factors every entry of J is a single product of (module docs):
+///
+/// ```text
+/// J_Q[i + cN, d + eD] = X[i, d] · g[i, c·k + e],   g[i, c·k + e] = G_i[c, e]
+/// J_K[i + cN, d + eD] = Q[i, e] · h[i, c·D + d],   h[i, c·D + d] = H_i[c, d]
+/// J_V[i + cN, d + cD] = (P X)[i, d]
+/// ```
+///
+/// with G_i[c, e] = (Σ_j P[i,j] V[j,c] K[j,e] − A[i,c] (PK)[i,e]) / s: the sum is row i of
+/// P·VK for the N × k² matrix VK[j, c·k + e] = V[j,c] K[j,e], one matrix product for all
+/// (i, c, e) (2N²k² flops); likewise H_i[c, d] = (Σ_j P[i,j] V[j,c] X[j,d] − A[i,c] (PX)[i,d])/s
+/// from P·VX, VX[j, c·D + d] = V[j,c] X[j,d] (2N²kD flops).
+#[derive(Debug, Clone, Default)]
+struct Factors<A> {
+    /// N × k²: V[j, c] K[j, e] at column c·k + e.
+    vk: Array2<A>,
+    /// N × kD: V[j, c] X[j, d] at column c·D + d.
+    vx: Array2<A>,
+    /// N × k²: G_i[c, e] at (i, c·k + e).
+    g: Array2<A>,
+    /// N × kD: H_i[c, d] at (i, c·D + d).
+    h: Array2<A>,
+    /// P K, N × k.
+    pk: Array2<A>,
+    /// P X, N × D (also J_V's diagonal blocks).
+    px: Array2<A>,
+}
+
+/// `a` as a `rows × cols` array, reusing its memory when the shape already matches (the
+/// contents are then stale; every caller overwrites them).
+fn reshape_scratch<A: Real>(a: &mut Array2<A>, rows: usize, cols: usize) {
+    if a.dim() != (rows, cols) {
+        *a = Array2::zeros((rows, cols));
+    }
+}
+
+impl<A: Real> Factors<A> {
+    /// Computes g, h, P K and P X for `f`, then checks that every entry of J is finite.
+    ///
+    /// Errors: [`crate::AttentionError::Overflow`] (argument `self`) when an entry of J
+    /// overflows; nothing of J has been written then.
+    fn compute(&mut self, f: &Forward<A>) -> Result<()> {
+        let (n, d, k) = f.dims();
+        let (one, zero) = (A::one(), A::zero());
+        let inv_s = one / f.s;
+        reshape_scratch(&mut self.vk, n, k * k);
+        reshape_scratch(&mut self.vx, n, k * d);
+        reshape_scratch(&mut self.g, n, k * k);
+        reshape_scratch(&mut self.h, n, k * d);
+        reshape_scratch(&mut self.pk, n, k);
+        reshape_scratch(&mut self.px, n, d);
+        // VK[j, c·k + e] = V[j, c] K[j, e] and VX[j, c·D + d] = V[j, c] X[j, d].
+        for j in 0..n {
+            let (vj, kj, xj) = (f.v.row(j), f.k.row(j), f.x.row(j));
+            let mut vkr = self.vk.row_mut(j);
+            let mut vxr = self.vx.row_mut(j);
+            for (c, &vjc) in vj.iter().enumerate() {
+                Zip::from(vkr.slice_mut(s![c * k..(c + 1) * k]))
+                    .and(&kj)
+                    .for_each(|o, &x| *o = vjc * x);
+                Zip::from(vxr.slice_mut(s![c * d..(c + 1) * d]))
+                    .and(&xj)
+                    .for_each(|o, &x| *o = vjc * x);
+            }
+        }
+        general_mat_mul(one, &f.p, &self.vk, zero, &mut self.g);
+        general_mat_mul(one, &f.p, &self.vx, zero, &mut self.h);
+        general_mat_mul(one, &f.p, &f.k, zero, &mut self.pk);
+        general_mat_mul(one, &f.p, &f.x, zero, &mut self.px);
+        // G_i[c, e] = (row i of P·VK − A[i, c] (PK)[i, e]) / s, and H likewise with P X.
+        for i in 0..n {
+            let (pki, pxi) = (self.pk.row(i), self.px.row(i));
+            let mut gi = self.g.row_mut(i);
+            let mut hi = self.h.row_mut(i);
+            for c in 0..k {
+                let a = f.output[[i, c]];
+                Zip::from(gi.slice_mut(s![c * k..(c + 1) * k]))
+                    .and(&pki)
+                    .for_each(|x, &y| *x = (*x - a * y) * inv_s);
+                Zip::from(hi.slice_mut(s![c * d..(c + 1) * d]))
+                    .and(&pxi)
+                    .for_each(|x, &y| *x = (*x - a * y) * inv_s);
+            }
+        }
+        self.check_finite(f)
+    }
+
+    /// Every entry of J finite, checked in O(N·k·(k + D)) instead of reading J's 3N·k·D·k
+    /// entries: row block (i, c) of J_Q is the outer product of X[i, :] and g[i, c·k..], whose
+    /// largest magnitude is max|X[i, :]|·max|g[i, c·k..]|, and rounding is monotone, so
+    /// fl(|x|·|y|) ≤ fl(max|x|·max|y|) with equality at the maximizing pair: some entry of the
+    /// block overflows exactly when that one product does. Likewise J_K with Q[i, :] and
+    /// h[i, c·D..]; J_V's entries are those of P X. A non-finite factor gives ±∞ or NaN
+    /// entries (0·∞ = NaN), so the factors themselves must be finite.
+    fn check_finite(&self, f: &Forward<A>) -> Result<()> {
+        let (n, d, k) = f.dims();
+        let overflow = || crate::AttentionError::Overflow {
+            arg: "self",
+            reason: format!(
+                "the weight Jacobian has entries beyond the largest finite {} ({:e}); scale the \
+                 input down",
+                A::NAME,
+                A::max_value().to_f64_lossy()
+            ),
+        };
+        let finite = |a: &Array2<A>| a.iter().all(|x| x.is_finite());
+        if !(finite(&self.g) && finite(&self.h) && finite(&self.px)) {
+            return Err(overflow());
+        }
+        let amax = |v: ArrayView1<'_, A>| v.iter().fold(A::zero(), |m, x| m.max(x.fabs()));
+        for i in 0..n {
+            let (xm, qm) = (amax(f.x.row(i)), amax(f.q.row(i)));
+            let (gi, hi) = (self.g.row(i), self.h.row(i));
+            for c in 0..k {
+                let gm = amax(gi.slice(s![c * k..(c + 1) * k]));
+                let hm = amax(hi.slice(s![c * d..(c + 1) * d]));
+                if !(xm * gm).is_finite() || !(qm * hm).is_finite() {
+                    return Err(overflow());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// M ← P ⊙ (M − rowsum(P ⊙ M)) row by row: the softmax backward (= forward, Λ is symmetric;
+/// [`crate::softmax`]) in place, r_i = Σ_j P[i,j] M[i,j] then M[i,j] ← P[i,j]·(M[i,j] − r_i).
+fn softmax_backward_in_place<A: Real>(p: ArrayView2<'_, A>, m: &mut Array2<A>) {
+    Zip::from(m.rows_mut())
+        .and(p.rows())
+        .for_each(|mut mr, pr| {
+            let r = pr.dot(&mr);
+            Zip::from(&mut mr)
+                .and(&pr)
+                .for_each(|x, &pij| *x = pij * (*x - r));
+        });
+}
+
+/// Which of the three blocks a row range belongs to.
+#[derive(Debug, Clone, Copy)]
+enum Block {
+    Q,
+    K,
+    V,
+}
+
+/// Rows c·N .. (c + 1)·N of one block: the entries for output column c.
+fn fill_rows<A: Real>(
+    f: &Forward<A>,
+    fac: &Factors<A>,
+    block: Block,
+    c: usize,
+    mut rows: ArrayViewMut2<'_, A>,
+    v_zero: bool,
+) {
+    let (_, d, k) = f.dims();
+    for (i, mut row) in rows.rows_mut().into_iter().enumerate() {
+        match block {
+            Block::Q => {
+                let xi = f.x.row(i);
+                let gi = fac.g.slice(s![i, c * k..(c + 1) * k]);
+                for (e, &gie) in gi.iter().enumerate() {
+                    Zip::from(row.slice_mut(s![e * d..(e + 1) * d]))
+                        .and(&xi)
+                        .for_each(|o, &x| *o = x * gie);
+                }
+            }
+            Block::K => {
+                let hi = fac.h.slice(s![i, c * d..(c + 1) * d]);
+                for (e, &qie) in f.q.row(i).iter().enumerate() {
+                    Zip::from(row.slice_mut(s![e * d..(e + 1) * d]))
+                        .and(&hi)
+                        .for_each(|o, &h| *o = qie * h);
+                }
+            }
+            Block::V => {
+                if !v_zero {
+                    row.slice_mut(s![..c * d]).fill(A::zero());
+                    row.slice_mut(s![(c + 1) * d..]).fill(A::zero());
+                }
+                row.slice_mut(s![c * d..(c + 1) * d]).assign(&fac.px.row(i));
+            }
+        }
+    }
+}
+
+/// Where the fill runs.
+#[derive(Debug, Clone, Default)]
+enum Threads {
+    /// rayon's current pool (the global one, or the one a caller `install`ed).
+    #[default]
+    Current,
+    /// The calling thread only.
+    Serial,
+    /// A pool of its own.
+    Pool(Arc<rayon::ThreadPool>),
+}
+
+impl Threads {
+    fn count(&self) -> usize {
+        match self {
+            Threads::Current => rayon::current_num_threads(),
+            Threads::Serial => 1,
+            Threads::Pool(p) => p.current_num_threads(),
+        }
+    }
+}
+
+/// Writes every entry of J into `out` (each block Nk × Dk; the caller checked), skipping
+/// J_V's off-diagonal blocks when `v_zero` says they already hold zeros.
+///
+/// The work is split into 3k independent jobs, one per block and output column c (rows
+/// c·N .. (c + 1)·N), and each entry is the one product of [`Factors`]' doc whichever thread
+/// writes it, so the result is bit-identical for every thread count. A fresh block's pages are
+/// first touched here, by the threads that write them.
+fn fill<A: Real>(
+    f: &Forward<A>,
+    fac: &Factors<A>,
+    out: &mut WeightJacobian<A>,
+    v_zero: bool,
+    threads: &Threads,
+) {
+    let (n, d, k) = f.dims();
+    let mut jobs = Vec::with_capacity(3 * k);
+    for (block, m) in [
+        (Block::Q, &mut out.q),
+        (Block::K, &mut out.k),
+        (Block::V, &mut out.v),
+    ] {
+        for (c, rows) in m.axis_chunks_iter_mut(Axis(0), n).enumerate() {
+            jobs.push((block, c, rows));
+        }
+    }
+    let run = |(block, c, rows): (Block, usize, ArrayViewMut2<'_, A>)| {
+        fill_rows(f, fac, block, c, rows, v_zero)
+    };
+    let serial = 3 * n * k * d * k < PARALLEL_MIN_ENTRIES;
+    match threads {
+        _ if serial => jobs.into_iter().for_each(run),
+        Threads::Serial => jobs.into_iter().for_each(run),
+        Threads::Current => jobs.into_par_iter().for_each(run),
+        Threads::Pool(pool) => pool.install(|| jobs.into_par_iter().for_each(run)),
+    }
+}
+
+/// The output blocks and scratch of the dense weight Jacobian, kept between evaluations: the
+/// easy way to evaluate J repeatedly.
+///
+/// [`JacobianWorkspace::compute`] writes J for a forward pass into blocks the workspace owns,
+/// allocating them only when the shape changes, and returns them. Because only the workspace
+/// writes its blocks, it knows that J_V's off-diagonal blocks (all but N·k·D of its N·k·D·k
+/// entries) are still zero and skips them. At N = 197, D = 192, k = 64 (3.7 GB of f64) a fresh
+/// allocation's first touch costs more than computing the entries; reuse skips both that and
+/// the zeros.
+///
+/// The fill runs on rayon threads ([`JacobianWorkspace::with_threads`]; by default rayon's
+/// current pool) and gives bit-identical results for every thread count.
+///
+/// ```
+/// use kappa_attention::{AttentionOptions, JacobianWorkspace, SelfAttention};
+/// use ndarray::Array2;
+/// let x = Array2::from_shape_fn((5, 4), |(i, j)| ((i + 2 * j) as f64).sin());
+/// let w = |o: usize| Array2::from_shape_fn((4, 3), |(i, j)| ((3 * i + j + o) as f64).cos());
+/// let head = SelfAttention::new(w(0), w(1), w(2), AttentionOptions::default())?;
+/// let mut ws = JacobianWorkspace::with_threads(2)?;
+/// for step in 0..3 {
+///     let xs = x.mapv(|v| v * (1.0 + step as f64 / 10.0));
+///     let fwd = head.forward(xs.view())?;
+///     let j = ws.compute(&fwd)?; // the same memory every step
+///     assert_eq!(j.q.dim(), (5 * 3, 4 * 3));
+///     assert_eq!(j, &fwd.jacobian_weights()?); // equal to a fresh one, bit for bit
+/// }
+/// let owned = ws.take(); // hand the blocks out (the next compute allocates anew)
+/// assert!(owned.is_some() && ws.jacobian().is_none());
+/// # Ok::<(), kappa_attention::AttentionError>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct JacobianWorkspace<A> {
+    out: Option<WeightJacobian<A>>,
+    /// (N, D, k) of `out`.
+    dims: (usize, usize, usize),
+    factors: Factors<A>,
+    threads: Threads,
+}
+
+impl<A: Real> JacobianWorkspace<A> {
+    /// An empty workspace that fills on rayon's current pool; it allocates at the first
+    /// [`JacobianWorkspace::compute`].
+    pub fn new() -> Self {
+        Self {
+            out: None,
+            dims: (0, 0, 0),
+            factors: Factors::default(),
+            threads: Threads::Current,
+        }
+    }
+
+    /// An empty workspace that fills with `threads` threads: 0 for rayon's current pool (as
+    /// [`JacobianWorkspace::new`]), 1 for the calling thread only, n ≥ 2 for a pool of n
+    /// threads owned by the workspace. The thread count changes only the time, never a bit of
+    /// the result.
+    ///
+    /// Errors: [`crate::AttentionError::InvalidArgument`] (argument `threads`) when the
+    /// operating system refuses to start the pool's threads.
+    pub fn with_threads(threads: usize) -> Result<Self> {
+        let threads = match threads {
+            0 => Threads::Current,
+            1 => Threads::Serial,
+            t => Threads::Pool(Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .map_err(|e| crate::AttentionError::InvalidArgument {
+                        arg: "threads",
+                        reason: format!("could not start {t} threads: {e}"),
+                    })?,
+            )),
+        };
+        Ok(Self {
+            threads,
+            ..Self::new()
+        })
+    }
+
+    /// The number of threads a fill uses.
+    pub fn threads(&self) -> usize {
+        self.threads.count()
+    }
+
+    /// The weight Jacobian of `fwd` (exactly [`Forward::jacobian_weights`]' value), written into
+    /// the workspace's blocks. The blocks are allocated (zeroed) only when their shape changes.
+    ///
+    /// Errors: as [`Forward::jacobian_weights`]; both are detected before any entry is written,
+    /// and the workspace then keeps its previous result.
+    pub fn compute(&mut self, fwd: &Forward<A>) -> Result<&WeightJacobian<A>> {
+        let (n, d, k) = fwd.dims();
+        let (nk, dk) = (n * k, d * k);
+        check_dense("jacobian", nk, dk)?;
+        self.factors.compute(fwd)?;
+        // Reuse needs the same (N, D, k), not only the same block shape: J_V's diagonal blocks
+        // sit at columns c·D.., so (N, D, k) = (4, 6, 2) and (2, 3, 4), both 8 × 12, differ in
+        // where J_V's zeros are.
+        let out = match self.out.take() {
+            Some(j) if self.dims == (n, d, k) => j,
+            other => {
+                // Release the old blocks before allocating the new ones.
+                drop(other);
+                let zeros = || Array2::<A>::zeros((nk, dk));
+                WeightJacobian {
+                    q: zeros(),
+                    k: zeros(),
+                    v: zeros(),
+                }
+            }
+        };
+        // Invariant: J_V's off-diagonal blocks are zero — set by the zeroed allocation and
+        // never written since (the fill skips them and the blocks are lent out only as `&`).
+        self.dims = (n, d, k);
+        let out = self.out.insert(out);
+        fill(fwd, &self.factors, out, true, &self.threads);
+        Ok(out)
+    }
+
+    /// The last result of [`JacobianWorkspace::compute`], if any (and not taken).
+    pub fn jacobian(&self) -> Option<&WeightJacobian<A>> {
+        self.out.as_ref()
+    }
+
+    /// Moves the last result out; the next [`JacobianWorkspace::compute`] allocates new blocks.
+    pub fn take(&mut self) -> Option<WeightJacobian<A>> {
+        self.out.take()
     }
 }

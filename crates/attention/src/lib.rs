@@ -5,7 +5,7 @@
 //! | module | items |
 //! |---|---|
 //! | [`attention`](mod@attention) | [`SelfAttention`] (one head), [`Forward`] (the forward cache), [`attention()`], [`AttentionOptions`], [`ScoreScale`] |
-//! | [`jacobian`] | [`Forward::jacobian_weights`], [`Forward::jacobian_input`], `jvp_*`/`vjp_*`, [`WeightJacobian`], [`WeightSet`] |
+//! | [`jacobian`] | [`Forward::jacobian_weights`], [`JacobianWorkspace`] (reused blocks, threads), [`Forward::jacobian_input`], `jvp_*`/`vjp_*`, [`WeightJacobian`], [`WeightSet`] |
 //! | [`softmax`] | [`softmax_rows`], Λ: [`softmax_jacobian_dense`], [`softmax_jacobian_apply`], [`softmax_jacobian_singular_values`] |
 //! | [`conditioning`] | [`theorem_3_4`], [`Theorem34`], [`JacobianConditioning`], [`Kappa`], [`full_rank_bound`] |
 //! | [`correction`] | [`SvdCorrection`] (Thm 3.5), [`IdentityShift`] (Thm 3.8), [`LambdaPolicy`], [`rect_identity`], [`identity_shift_flops`] |
@@ -71,7 +71,7 @@ pub use diagnostics::{
     ProjectionStats, SATURATION_THRESHOLD,
 };
 pub use error::{AttentionError, Result};
-pub use jacobian::{WeightJacobian, WeightSet};
+pub use jacobian::{JacobianWorkspace, WeightJacobian, WeightSet};
 pub use multihead::{HeadLayout, MultiHeadAttention};
 pub use softmax::{
     softmax_jacobian_apply, softmax_jacobian_conditioning, softmax_jacobian_dense,

@@ -109,8 +109,13 @@ pub(crate) fn linear<'a, A: Real, const N: usize, const M: usize>(
     let (inner, outer) = names;
     let amax = ts.iter().fold(0.0f64, |m, t| m.max(max_abs(t)));
     let e = exponent_for::<A>(amax);
-    let owned = ts.map(|t| scaled_copy(&t, e));
-    let mut out = f(owned.each_ref().map(|a| a.view()));
+    // In the normal range (e = 0) f sees the arguments themselves: no copy.
+    let mut out = if e == 0 {
+        f(ts)
+    } else {
+        let owned = ts.map(|t| scaled_copy(&t, e));
+        f(owned.each_ref().map(|a| a.view()))
+    };
     for o in out.iter_mut() {
         check_computed(inner, &o.view(), what)?;
         if e != 0 {

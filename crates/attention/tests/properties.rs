@@ -1678,3 +1678,167 @@ proptest! {
         prop_assert!((got - want).abs() <= tol, "{got} vs {want}, tol {tol:e}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The dense Jacobian's workspace, `_into` and thread counts; the VJP against the direct formula
+// ---------------------------------------------------------------------------------------------
+
+/// Shapes with at least 3·N·k·D·k = 73 728 entries, above the size below which the fill runs
+/// on the calling thread (2^16), so a thread count above one really splits the work.
+fn parallel_dims() -> impl Strategy<Value = (usize, usize, usize)> {
+    (24usize..=36, 16usize..=22, 8usize..=11)
+}
+
+proptest! {
+    #![proptest_config(cfg(12))]
+
+    /// The workspace and `jacobian_weights_into` give exactly the fresh Jacobian: through
+    /// reuse, through a change of (N, D, k) that keeps the block shape (8 × 12 for both
+    /// (4, 6, 2) and (2, 3, 4), where J_V's zero blocks move), and into blocks that held
+    /// other values (every entry overwritten).
+    #[test]
+    fn workspace_and_into_equal_the_fresh_jacobian(
+        (n, d, k) in dims(), seed in any::<u64>(), scaled in any::<bool>(), causal in any::<bool>()
+    ) {
+        let mut ws = kappa_attention::JacobianWorkspace::new();
+        let shapes = [(n, d, k), (4, 6, 2), (2, 3, 4), (n, d, k), (n, d, k)];
+        for (round, &(n, d, k)) in shapes.iter().enumerate() {
+            let inst = instance(n, d, k, seed.wrapping_add(round as u64), 0.7, options(scaled, causal));
+            let fwd = inst.head.forward(inst.x.view()).unwrap();
+            let fresh = fwd.jacobian_weights().unwrap();
+            prop_assert_eq!(ws.compute(&fwd).unwrap(), &fresh, "workspace, round {}", round);
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ round as u64);
+            let mut junk = kappa_attention::WeightJacobian {
+                q: gaussian(&mut rng, n * k, d * k, 1.0),
+                k: gaussian(&mut rng, n * k, d * k, 1.0),
+                v: gaussian(&mut rng, n * k, d * k, 1.0),
+            };
+            fwd.jacobian_weights_into(&mut junk).unwrap();
+            prop_assert_eq!(&junk, &fresh, "into, round {}", round);
+        }
+        prop_assert!(ws.take().is_some() && ws.jacobian().is_none());
+    }
+
+    /// Bit-identical results for 1, 2, 3 fill threads and rayon's current pool: each entry is
+    /// the same product whoever writes it. Checked at shapes large enough to be split.
+    #[test]
+    fn thread_counts_give_bit_identical_jacobians(
+        (n, d, k) in parallel_dims(), seed in any::<u64>(), causal in any::<bool>()
+    ) {
+        let inst = instance(n, d, k, seed, 0.5, options(true, causal));
+        let fwd = inst.head.forward(inst.x.view()).unwrap();
+        let mut one = kappa_attention::JacobianWorkspace::with_threads(1).unwrap();
+        prop_assert_eq!(one.threads(), 1);
+        let want = one.compute(&fwd).unwrap().clone();
+        for t in [2usize, 3, 0] {
+            let mut ws = kappa_attention::JacobianWorkspace::with_threads(t).unwrap();
+            if t > 0 {
+                prop_assert_eq!(ws.threads(), t);
+            }
+            // Twice: the fresh blocks, then the reused ones.
+            for pass in 0..2 {
+                let got = ws.compute(&fwd).unwrap();
+                for (b, (x, y)) in got.blocks().iter().zip(want.blocks()).enumerate() {
+                    let same = x.iter().zip(y.iter()).all(|(a, b)| a.to_bits() == b.to_bits());
+                    prop_assert!(same, "{} threads, pass {}, block {}", t, pass, b);
+                }
+            }
+        }
+        prop_assert_eq!(&fwd.jacobian_weights().unwrap(), &want);
+    }
+}
+
+proptest! {
+    #![proptest_config(cfg(96))]
+
+    /// The weight VJP (five matrix products, softmax backward in place) against the direct
+    /// formula written out with the public softmax product: gS = Λ·(G Vᵀ),
+    /// ∂W_Q = Xᵀ(gS K)/s, ∂W_K = Xᵀ(gSᵀ Q)/s, ∂W_V = Xᵀ(Pᵀ G).
+    #[test]
+    fn vjp_matches_the_direct_formula(
+        (n, d, k) in dims(), seed in any::<u64>(), scaled in any::<bool>(), causal in any::<bool>()
+    ) {
+        let inst = instance(n, d, k, seed, 0.7, options(scaled, causal));
+        let fwd = inst.head.forward(inst.x.view()).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7a);
+        let g = gaussian(&mut rng, n, k, 1.0);
+        let got = fwd.vjp_weights(g.view()).unwrap();
+        let (x, p, q, kk, v) = (
+            fwd.tokens().to_owned(),
+            fwd.attention_matrix().to_owned(),
+            fwd.queries().to_owned(),
+            fwd.keys().to_owned(),
+            fwd.values().to_owned(),
+        );
+        let inv_s = 1.0 / fwd.score_divisor();
+        let gs = softmax_jacobian_apply(p.view(), g.dot(&v.t()).view()).unwrap();
+        let want = [
+            x.t().dot(&gs.dot(&kk)) * inv_s,
+            x.t().dot(&gs.t().dot(&q)) * inv_s,
+            x.t().dot(&p.t().dot(&g)),
+        ];
+        // Both evaluate the same polynomial of the cached (X, P, Q, K, V), G and fl(1/s) (the
+        // same number on both sides). Roundings along any path: G Vᵀ (k), the softmax product
+        // P ⊙ (gP − Σ_j P ⊙ gP) (the product, N − 1 additions, the subtraction and the outer
+        // product: N + 2), the N-term product with K, Q or G (N), the scaling by 1/s (1) and the
+        // N-term product with Xᵀ (N): m = 3N + k + 3 for both, so |Δ| ≤ 2γ_m·magnitude, the
+        // magnitude being the same expression in absolute values:
+        // |gS|~ = P ⊙ (|G||V|ᵀ + rowsum(P ⊙ |G||V|ᵀ)), then |X|ᵀ(|gS|~ |K|)/s and so on.
+        let m = 3 * n + k + 3;
+        let g2 = 2.0 * gamma(m, U);
+        let gp = absm(g.view()).dot(&absm(v.view()).t());
+        let r = (&p * &gp).sum_axis(ndarray::Axis(1)).insert_axis(ndarray::Axis(1));
+        let gsm = &p * &(&gp + &r);
+        let ax = absm(x.view());
+        let mag = [
+            ax.t().dot(&gsm.dot(&absm(kk.view()))) * inv_s,
+            ax.t().dot(&gsm.t().dot(&absm(q.view()))) * inv_s,
+            ax.t().dot(&p.t().dot(&absm(g.view()))),
+        ];
+        for (b, (got, (want, mag))) in [&got.q, &got.k, &got.v].into_iter().zip(want.iter().zip(mag.iter())).enumerate() {
+            let r = within(got, want, &(mag * g2));
+            prop_assert!(r.is_ok(), "block {b}: {}", r.unwrap_err());
+        }
+    }
+}
+
+/// Overflow of J is detected before anything is written: `jacobian_weights_into` leaves its
+/// blocks as they were and the workspace keeps its previous result. With W_Q = 0 the scores
+/// vanish, P is uniform and J_Q[i + cN, d + eD] = X[i, d]·cov_j(V[j, c], K[j, e])/s, which grows
+/// like |X|³: finite for |X| ~ 1e90 (≈ 1e270), beyond f64 for |X| ~ 1e110 (≈ 1e330) although
+/// the forward pass (|V| ~ |X|, scores 0) is finite.
+#[test]
+fn jacobian_overflow_is_refused_before_writing() {
+    let (n, d, k) = (5, 4, 3);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let x = gaussian(&mut rng, n, d, 1.0);
+    let (wk, wv) = (gaussian(&mut rng, d, k, 1.0), gaussian(&mut rng, d, k, 1.0));
+    let head =
+        SelfAttention::new(Array2::zeros((d, k)), wk, wv, AttentionOptions::default()).unwrap();
+    let ok = head.forward((&x * 1e90).view()).unwrap();
+    let j = ok.jacobian_weights().unwrap();
+    assert!(j.q.iter().all(|e| e.is_finite()));
+    assert!(
+        j.q.iter().any(|e| e.abs() > 1e250),
+        "the test's scale is off"
+    );
+    let mut ws = kappa_attention::JacobianWorkspace::new();
+    ws.compute(&ok).unwrap();
+
+    let bad = head.forward((&x * 1e110).view()).unwrap();
+    let mut out = j.clone();
+    match bad.jacobian_weights_into(&mut out) {
+        Err(AttentionError::Overflow { arg: "self", .. }) => {}
+        other => panic!("expected Overflow naming self, got {other:?}"),
+    }
+    assert_eq!(out, j, "the blocks changed although the call failed");
+    assert!(matches!(
+        ws.compute(&bad),
+        Err(AttentionError::Overflow { arg: "self", .. })
+    ));
+    assert_eq!(ws.jacobian(), Some(&j));
+    assert!(matches!(
+        bad.jacobian_weights(),
+        Err(AttentionError::Overflow { arg: "self", .. })
+    ));
+}
