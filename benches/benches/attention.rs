@@ -518,55 +518,44 @@ fn paired_jacobian(
 
 /// Alternating blocks of `reps` kappa VJPs and `reps` autograd backwards (then the same with
 /// the forward pass included); per block, kappa's time over tch's.
-fn paired_vjp(inp: &Inputs, rounds: usize, reps: usize) -> (Spread, Spread) {
+/// Alternating rounds of kappa's VJP and one autograd backward (and of forward + VJP against
+/// forward + backward). At more than one thread each timed round follows a pause and one untimed
+/// call (`paired::alternate_settled`): kappa's products run on OpenBLAS's threads and
+/// libtorch's on its OpenMP pool, and whichever pool just worked spins idle for a while and
+/// takes the cores from the other.
+fn paired_vjp(inp: &Inputs, rounds: usize, reps: usize, threads: usize) -> (Spread, Spread) {
     let fwd = inp.head.forward(inp.x.view()).expect("forward");
     let tl = torch_loss(inp);
-    let kappa = || {
-        seconds(|| {
-            for _ in 0..reps {
-                black_box(fwd.vjp_weights(black_box(inp.g.view())).expect("vjp"));
-            }
-        })
-    };
-    let torch = || {
-        seconds(|| {
-            for _ in 0..reps {
-                black_box(autograd_backward(&tl));
-            }
-        })
-    };
-    let kappa_fb = || {
-        seconds(|| {
-            for _ in 0..reps {
-                let f = inp.head.forward(black_box(inp.x.view())).expect("forward");
-                black_box(f.vjp_weights(inp.g.view()).expect("vjp"));
-            }
-        })
-    };
-    let torch_fb = || {
-        seconds(|| {
-            for _ in 0..reps {
-                black_box(autograd_forward_backward(inp));
-            }
-        })
-    };
-    let pairs = |a: &dyn Fn() -> f64, b: &dyn Fn() -> f64| {
-        a();
-        b();
-        let mut r = Vec::with_capacity(rounds);
-        for round in 0..rounds {
-            let (ta, tb) = if round % 2 == 0 {
-                let ta = a();
-                (ta, b())
-            } else {
-                let tb = b();
-                (a(), tb)
-            };
-            r.push(ta / tb);
+    let mut kappa = || {
+        for _ in 0..reps {
+            black_box(fwd.vjp_weights(black_box(inp.g.view())).expect("vjp"));
         }
-        Spread::of(r)
     };
-    (pairs(&kappa, &torch), pairs(&kappa_fb, &torch_fb))
+    let mut torch = || {
+        for _ in 0..reps {
+            black_box(autograd_backward(&tl));
+        }
+    };
+    let mut kappa_fb = || {
+        for _ in 0..reps {
+            let f = inp.head.forward(black_box(inp.x.view())).expect("forward");
+            black_box(f.vjp_weights(inp.g.view()).expect("vjp"));
+        }
+    };
+    let mut torch_fb = || {
+        for _ in 0..reps {
+            black_box(autograd_forward_backward(inp));
+        }
+    };
+    let settle = (threads > 1).then(|| Duration::from_millis(150));
+    let pairs = |a: &mut dyn FnMut(), b: &mut dyn FnMut()| {
+        let (ta, tb) = kappa_benches::paired::alternate_settled(a, b, 1, rounds, settle);
+        Spread::of(ta.iter().zip(&tb).map(|(a, b)| a / b).collect())
+    };
+    (
+        pairs(&mut kappa, &mut torch),
+        pairs(&mut kappa_fb, &mut torch_fb),
+    )
 }
 
 fn paired(threads: usize) {
@@ -580,7 +569,7 @@ fn paired(threads: usize) {
     for (_, n, d, k) in selected_shapes() {
         let inp = inputs(n, d, k);
         let p = id(n, d, k);
-        let (vjp, fb) = paired_vjp(&inp, vjp_rounds, reps);
+        let (vjp, fb) = paired_vjp(&inp, vjp_rounds, reps, threads);
         println!("{p}: kappa VJP / autograd backward:            {vjp}  (goal ≤ 1.0)");
         println!("{p}: kappa forward+VJP / forward+backward:     {fb}");
         match paired_jacobian(&inp, threads, jac_rounds) {
