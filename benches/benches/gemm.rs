@@ -308,7 +308,8 @@ fn lapack_table(threads: usize) {
         "{:<10} {:<16} {:>9} {:>9}   ratio",
         "shape", "path", "path ms", "MKL ms"
     );
-    for (m, n) in [(256, 256), (1024, 1024), (4096, 256)] {
+    // 256×4096 is how LAPACK sees a row-major 4096×256 array (kappa-linalg passes the transpose).
+    for (m, n) in [(256, 256), (1024, 1024), (4096, 256), (256, 4096)] {
         let pairs = if m * n >= 1 << 20 { 7 } else { 15 };
         let ms = |t: &[f64]| Spread::of(t.to_vec()).median * 1e3;
         let show = |path: &str, mut ours: Box<dyn FnMut()>| {

@@ -21,7 +21,10 @@
 //! subnormal entries to entries near `MAX` (unscaled, `?gesvd` after a QR of such a matrix sees an
 //! ∞/NaN bidiagonal and `?bdsqr` does not return). The copy also gives LAPACK a layout it
 //! accepts whatever the input view's strides: column-major stays column-major, anything else
-//! (strided, negative strides) becomes row-major.
+//! (strided, negative strides) becomes row-major — except for singular values alone, where the
+//! copy's layout follows the shape so that LAPACK always sees the tall orientation (σ(A) =
+//! σ(Aᵀ); a wide matrix is several times slower in LAPACK's drivers), whatever the input's
+//! layout.
 //!
 //! Only the σ that are *returned* are scaled back. When 2^−k·σ₁ exceeds the element type's
 //! `MAX` (possible for entries near `MAX`: σ₁ ≤ √(mn)·max |a_ij|), the functions that return
@@ -39,7 +42,7 @@ use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 use ndarray_linalg::{JobSvd, SVDDCInto, SVDInto, QR};
 
 use crate::error::{check_finite, check_matrix, lapack_err, shape_str, LinalgError, Result};
-use crate::scalar::{scaled_copy, Pow2, Real};
+use crate::scalar::{scaled_copy, scaled_copy_tall, Pow2, Real};
 
 /// Which LAPACK SVD driver to use.
 ///
@@ -150,7 +153,8 @@ pub(crate) fn scaled_singular_values<A: Real>(
     driver: SvdDriver,
 ) -> Result<(Array1<A>, Pow2)> {
     check_matrix("a", &a)?;
-    let (owned, p) = scaled_copy(a);
+    // σ(A) = σ(Aᵀ): hand LAPACK whichever orientation is tall for it (`scaled_copy_tall`).
+    let (owned, p) = scaled_copy_tall(a);
     let mut s = match driver {
         SvdDriver::QrIteration => {
             owned
