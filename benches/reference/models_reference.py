@@ -28,6 +28,11 @@ import statistics
 import sys
 import time
 
+import warnings
+
+# The project's environment has no NumPy (nothing here needs it); torch warns about that on import.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

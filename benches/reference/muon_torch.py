@@ -13,6 +13,11 @@ import math
 import sys
 import time
 
+import warnings
+
+# The project's environment has no NumPy (nothing here needs it); torch warns about that on import.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
 import torch
 
 
