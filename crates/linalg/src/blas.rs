@@ -287,6 +287,11 @@ pub unsafe fn set_openblas_kernel(name: &str) -> Result<String> {
         arg: "name",
         reason,
     };
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(refuse(format!(
+            "`{name}` is not a kernel name (letters, digits and `_`, e.g. `Haswell`)"
+        )));
+    }
     if let Some(env) = coretype_env() {
         return Err(refuse(format!(
             "OPENBLAS_CORETYPE={env} is set in the environment; kappa keeps it"

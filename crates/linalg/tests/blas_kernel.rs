@@ -72,10 +72,22 @@ fn the_kernel_is_never_a_generic_fallback() {
         !start.is_generic_fallback(),
         "a generic kernel runs on this CPU: {start}"
     );
-    let Some(best) = kernels_for_this_cpu().first() else {
+    if kernels_for_this_cpu().is_empty() {
         eprintln!("skipped: this CPU is below AVX2; no fallback to emulate");
         return;
-    };
+    }
+    // The kernel the upgrade must pick: the first candidate for this CPU that this OpenBLAS
+    // build has (an older build may lack Cooperlake, say).
+    let best = kernels_for_this_cpu()
+        .iter()
+        // SAFETY: this is the binary's only test; no other thread calls BLAS.
+        .find(|k| unsafe { set_openblas_kernel(k) }.is_ok())
+        .expect("this OpenBLAS has none of the kernels for this CPU");
+    for bad in ["", "Has\0well", "Haswell; rm"] {
+        // SAFETY: as above.
+        let refused = unsafe { set_openblas_kernel(bad) };
+        assert!(refused.is_err(), "{bad:?} accepted: {refused:?}");
+    }
 
     let (a, b) = (gaussian(M, K, 1), gaussian(K, N, 2));
     let abs_ab = a.mapv(f64::abs).dot(&b.mapv(f64::abs));

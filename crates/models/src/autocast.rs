@@ -18,9 +18,10 @@
 //! `at_autocast_clear_cache`), as `torch.autocast` does: the cache would otherwise keep bf16
 //! copies of weights from before the optimizer step.
 //!
-//! [`native_bf16`] says whether a device computes bf16 natively: on x86-64 CPUs the
-//! `avx512_bf16` or `amx_bf16` flag of `/proc/cpuinfo` (Linux), on aarch64 the `bf16` feature;
-//! CUDA devices are taken as native (Ampere and later; older GPUs emulate it).
+//! [`native_bf16`] says whether a device computes bf16 natively: on the CPU, kappa-optim's
+//! [`kappa_optim::cpu_has_native_bf16`] (the same answer that picks Muon's msign precision,
+//! `KAPPA_CPU_BF16` override included); CUDA devices are taken as native (Ampere and later;
+//! older GPUs emulate it).
 
 use tch::Device;
 
@@ -106,26 +107,10 @@ pub fn autocast<T>(device: Device, f: impl FnOnce() -> T) -> T {
 /// Whether `device` computes bf16 natively (see the module docs).
 pub fn native_bf16(device: Device) -> bool {
     match device {
-        Device::Cpu => cpu_flags().is_some_and(|flags| {
-            flags
-                .iter()
-                .any(|f| matches!(f.as_str(), "avx512_bf16" | "amx_bf16" | "bf16"))
-        }),
+        Device::Cpu => kappa_optim::cpu_has_native_bf16(),
         Device::Cuda(_) => true,
         _ => false,
     }
-}
-
-/// The feature flags of the first processor in `/proc/cpuinfo` (`flags` on x86, `Features` on
-/// ARM).
-fn cpu_flags() -> Option<Vec<String>> {
-    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let line = text.lines().find(|l| {
-        let key = l.split(':').next().unwrap_or("").trim();
-        key == "flags" || key == "Features"
-    })?;
-    let (_, flags) = line.split_once(':')?;
-    Some(flags.split_whitespace().map(str::to_string).collect())
 }
 
 #[cfg(test)]

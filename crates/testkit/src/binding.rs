@@ -75,6 +75,23 @@ pub fn assert_libtorch_keeps_its_gemms(command: Command) {
     }
 }
 
+/// Set in the child that [`assert_this_test_binary_keeps_libtorchs_gemms`] starts.
+pub const CHILD_VAR: &str = "KAPPA_BLAS_BINDING_CHILD";
+
+/// [`assert_libtorch_keeps_its_gemms`] for the running test binary: re-runs it with only the
+/// test `idle` (which should touch the libraries and do nothing else, so the child's bindings
+/// are start-up bindings). Does nothing inside that child.
+pub fn assert_this_test_binary_keeps_libtorchs_gemms(idle: &str) {
+    if std::env::var_os(CHILD_VAR).is_some() {
+        return;
+    }
+    let mut child = Command::new(std::env::current_exe().expect("the test binary's path"));
+    child
+        .args(["--exact", idle, "--test-threads", "1"])
+        .env(CHILD_VAR, "1");
+    assert_libtorch_keeps_its_gemms(child);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
