@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, BenchmarkId, Criterion};
 use kappa_attention::{AttentionOptions, JacobianWorkspace, ScoreScale, SelfAttention};
+use kappa_benches::paired::Spread;
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds};
 use kappa_linalg::tch_backend::tensor_from_array;
 use ndarray::Array2;
@@ -337,38 +338,16 @@ fn summary(threads: usize) {
     }
 }
 
-/// The median and the range of a sample.
-struct Spread {
-    median: f64,
-    min: f64,
-    max: f64,
-    count: usize,
-}
+/// A paired-ratio summary with its number of rounds, as the summary prints it.
+struct Rounds(Spread);
 
-impl Spread {
-    fn of(mut xs: Vec<f64>) -> Self {
-        xs.sort_by(f64::total_cmp);
-        let m = xs.len();
-        let median = if m % 2 == 1 {
-            xs[m / 2]
-        } else {
-            (xs[m / 2 - 1] + xs[m / 2]) / 2.0
-        };
-        Spread {
-            median,
-            min: xs[0],
-            max: xs[m - 1],
-            count: m,
-        }
-    }
-}
-
-impl std::fmt::Display for Spread {
+impl std::fmt::Display for Rounds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.0;
         write!(
             f,
             "{:.3} ({:.3}–{:.3}, {} rounds)",
-            self.median, self.min, self.max, self.count
+            s.median, s.min, s.max, s.count
         )
     }
 }
@@ -468,7 +447,7 @@ fn paired_jacobian(
     inp: &Inputs,
     threads: usize,
     rounds: usize,
-) -> Result<(Spread, Spread), String> {
+) -> Result<(Rounds, Rounds), String> {
     let (n, d, k) = (inp.x.nrows(), inp.x.ncols(), inp.g.ncols());
     let mut jr = Jacrev::start(n, d, k, threads)?;
     let mut fresh = JacobianWorkspace::with_threads(threads).map_err(|e| e.to_string())?;
@@ -513,7 +492,7 @@ fn paired_jacobian(
             tw * 1e3
         );
     }
-    Ok((Spread::of(rf), Spread::of(rw)))
+    Ok((Rounds(Spread::of(rf)), Rounds(Spread::of(rw))))
 }
 
 /// Alternating blocks of `reps` kappa VJPs and `reps` autograd backwards (then the same with
@@ -523,7 +502,7 @@ fn paired_jacobian(
 /// call (`paired::alternate_settled`): kappa's products run on OpenBLAS's threads and
 /// libtorch's on its OpenMP pool, and whichever pool just worked spins idle for a while and
 /// takes the cores from the other.
-fn paired_vjp(inp: &Inputs, rounds: usize, reps: usize, threads: usize) -> (Spread, Spread) {
+fn paired_vjp(inp: &Inputs, rounds: usize, reps: usize, threads: usize) -> (Rounds, Rounds) {
     let fwd = inp.head.forward(inp.x.view()).expect("forward");
     let tl = torch_loss(inp);
     let mut kappa = || {
@@ -550,7 +529,7 @@ fn paired_vjp(inp: &Inputs, rounds: usize, reps: usize, threads: usize) -> (Spre
     let settle = (threads > 1).then(|| Duration::from_millis(150));
     let pairs = |a: &mut dyn FnMut(), b: &mut dyn FnMut()| {
         let (ta, tb) = kappa_benches::paired::alternate_settled(a, b, 1, rounds, settle);
-        Spread::of(ta.iter().zip(&tb).map(|(a, b)| a / b).collect())
+        Rounds(Spread::of(kappa_benches::paired::ratios(&ta, &tb)))
     };
     (
         pairs(&mut kappa, &mut torch),

@@ -16,6 +16,8 @@ pub struct Spread {
     pub min: f64,
     /// The largest value.
     pub max: f64,
+    /// How many values.
+    pub count: usize,
 }
 
 impl Spread {
@@ -33,6 +35,7 @@ impl Spread {
             median,
             min: xs[0],
             max: xs[n - 1],
+            count: n,
         }
     }
 }
