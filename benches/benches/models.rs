@@ -50,7 +50,7 @@ use criterion::{black_box, Criterion};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with};
 use kappa_models::{
     adamw_groups, autocast::autocast, autocast::native_bf16, seeded, Conditioning, Gpt, GptConfig,
-    GradientDropper, Layout, ParamGroup, Precision, TrainConfig, Vit, VitConfig,
+    GradientDropper, Layout, ParamGroup, TrainConfig, TrainPrecision, Vit, VitConfig,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -111,13 +111,13 @@ fn gpt_step(lambda: f64) -> impl FnMut() {
     gpt_step_of(
         gpt_config().with_conditioning(conditioning(lambda)),
         GPT_BATCH,
-        Precision::F32,
+        TrainPrecision::F32,
     )
 }
 
 /// A training step of the GPT `cfg` on batches of `batch` sequences, owning its model, with
 /// the forward pass at `precision` (as the `Trainer` runs it).
-fn gpt_step_of(cfg: GptConfig, batch: i64, precision: Precision) -> impl FnMut() {
+fn gpt_step_of(cfg: GptConfig, batch: i64, precision: TrainPrecision) -> impl FnMut() {
     let vs = nn::VarStore::new(Device::Cpu);
     let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
     let idx = seeded(1, || {
@@ -133,8 +133,8 @@ fn gpt_step_of(cfg: GptConfig, batch: i64, precision: Precision) -> impl FnMut()
         stepper.step(|| {
             let loss = || gpt.loss(&idx, &idx).expect("loss");
             black_box(match precision {
-                Precision::F32 => loss(),
-                Precision::Bf16 => autocast(Device::Cpu, loss),
+                TrainPrecision::F32 => loss(),
+                TrainPrecision::Bf16 => autocast(Device::Cpu, loss),
             })
         })
     }
@@ -347,10 +347,10 @@ impl ReferenceServer {
         config: &str,
         batch: i64,
         threads: usize,
-        precision: Precision,
+        precision: TrainPrecision,
     ) -> Result<Self, String> {
         let mut cmd = reference_command(model, config, batch, 0.0, threads);
-        if precision == Precision::Bf16 {
+        if precision == TrainPrecision::Bf16 {
             cmd.arg("--bf16");
         }
         let mut child = cmd
@@ -488,9 +488,9 @@ fn gpt_versus_pytorch(pairs: usize) {
     println!("\nGPT training step, kappa / PyTorch eager, {pairs} alternating pairs (goal ≤ 0.95)");
     println!("| model | threads | kappa ms | PyTorch ms | wall ratio, median (IQR) | min–max | CPU-time ratio, median (IQR) |");
     println!("|---|---|---|---|---|---|---|");
-    let mut precisions = vec![Precision::F32];
+    let mut precisions = vec![TrainPrecision::F32];
     if native_bf16(Device::Cpu) {
-        precisions.push(Precision::Bf16);
+        precisions.push(TrainPrecision::Bf16);
     } else {
         println!("(no bf16 rows: this CPU has no native bf16, avx512_bf16 or amx_bf16)");
     }
@@ -500,8 +500,8 @@ fn gpt_versus_pytorch(pairs: usize) {
         for (label, cfg, batch) in versus_models() {
             for &precision in &precisions {
                 let label = match precision {
-                    Precision::F32 => format!("{label}, f32"),
-                    Precision::Bf16 => format!("{label}, bf16 autocast"),
+                    TrainPrecision::F32 => format!("{label}, f32"),
+                    TrainPrecision::Bf16 => format!("{label}, bf16 autocast"),
                 };
                 versus_row(&label, cfg, batch, threads, precision, pairs);
             }
@@ -516,7 +516,7 @@ fn versus_row(
     cfg: GptConfig,
     batch: i64,
     threads: usize,
-    precision: Precision,
+    precision: TrainPrecision,
     pairs: usize,
 ) {
     let config = serde_json::to_string(&cfg).unwrap_or_default();

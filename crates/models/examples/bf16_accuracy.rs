@@ -13,8 +13,8 @@
 use std::path::PathBuf;
 
 use kappa_models::{
-    seeded, Gpt, GptConfig, LanguageModeling, Precision, Task, TextCorpus, TokenizerKind,
-    TrainConfig, Trainer,
+    seeded, Gpt, GptConfig, LanguageModeling, Task, TextCorpus, TokenizerKind, TrainConfig,
+    TrainPrecision, Trainer,
 };
 use tch::Device;
 
@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut diffs = Vec::new();
     for seed in 0..seeds {
         let mut out = Vec::new();
-        for precision in [Precision::F32, Precision::Bf16] {
+        for precision in [TrainPrecision::F32, TrainPrecision::Bf16] {
             let vs = tch::nn::VarStore::new(Device::Cpu);
             let gpt = seeded(seed, || Gpt::new(&vs.root(), GptConfig::cpu(vocab)))?;
             let corpus = TextCorpus::load_sotu(&dir, TokenizerKind::Char, None, Device::Cpu)?;

@@ -51,7 +51,7 @@ pub use modulewise::{
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use train::{
     adamw_groups, clip_grad_norm, seeded, AdamW, AdamWKernel, DivergenceReference, Eval,
-    GradientDropper, GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Precision,
-    Record, Summary, Task, TrainConfig, Trainer,
+    GradientDropper, GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Record,
+    Summary, Task, TrainConfig, TrainPrecision, Trainer,
 };
 pub use vit::{Vit, VitConfig};

@@ -10,7 +10,7 @@
 //! 1. lr(i) = lr·(i+1)/(w+1) for i < w (warmup); then
 //!    lr(i) = lr_min + ½(1 + cos(π·(i−w)/(S−w)))·(lr − lr_min) (cosine to lr_min at step S).
 //! 2. Gradients are dropped ([`GradientDropper`], PyTorch's `zero_grad(set_to_none=True)`); the
-//!    forward pass runs in f32, or under bf16 autocast with [`Precision::Bf16`]
+//!    forward pass runs in f32, or under bf16 autocast with [`TrainPrecision::Bf16`]
 //!    ([`crate::autocast`]). loss = task loss on the batch of step i (a pure function of
 //!    (seed, i)); a non-finite loss stops the run as diverged, and so does a loss above
 //!    `divergence_factor` × its reference ([`DivergenceReference`]: the first step's loss, or the
@@ -126,7 +126,7 @@ pub struct TrainConfig {
     /// The precision of the training forward passes (weights, gradients and optimizer state
     /// are f32 either way; evaluations run in f32).
     #[serde(default)]
-    pub precision: Precision,
+    pub precision: TrainPrecision,
     /// Show a progress bar on stderr.
     pub progress: bool,
     /// Diagnostics at every evaluation.
@@ -157,7 +157,7 @@ impl Default for TrainConfig {
             seed: 0,
             threads: 0,
             device: "cpu".into(),
-            precision: Precision::F32,
+            precision: TrainPrecision::F32,
             progress: true,
             diagnostics: DiagnosticsConfig::default(),
         }
@@ -167,7 +167,7 @@ impl Default for TrainConfig {
 /// The arithmetic of the training forward passes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Precision {
+pub enum TrainPrecision {
     /// f32 throughout.
     #[default]
     F32,
@@ -854,7 +854,7 @@ impl<'a> Trainer<'a> {
                 ));
             }
         }
-        if config.precision == Precision::Bf16 && !crate::autocast::native_bf16(vs.device()) {
+        if config.precision == TrainPrecision::Bf16 && !crate::autocast::native_bf16(vs.device()) {
             return Err(ModelsError::config(
                 "train.precision",
                 format!(
@@ -1157,8 +1157,8 @@ impl<'a> Trainer<'a> {
             dropper.drop_gradients()?;
             let batch = self.config.batch_size;
             let (loss, units) = match self.config.precision {
-                Precision::F32 => task.train_loss(i, batch)?,
-                Precision::Bf16 => {
+                TrainPrecision::F32 => task.train_loss(i, batch)?,
+                TrainPrecision::Bf16 => {
                     crate::autocast::autocast(self.vs.device(), || task.train_loss(i, batch))?
                 }
             };

@@ -491,7 +491,10 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
 
 /// The first training losses of a 4-step run of the tiny GPT at `precision` (`None` when the
 /// trainer refuses it).
-fn first_losses(dir: &std::path::Path, precision: kappa_models::Precision) -> Option<Vec<f64>> {
+fn first_losses(
+    dir: &std::path::Path,
+    precision: kappa_models::TrainPrecision,
+) -> Option<Vec<f64>> {
     let (vs, mut task) = lm_task(dir, Conditioning::None, 1);
     let cfg = TrainConfig {
         precision,
@@ -526,12 +529,12 @@ fn first_losses(dir: &std::path::Path, precision: kappa_models::Precision) -> Op
 
 #[test]
 fn bf16_training_runs_under_autocast_where_native_and_is_refused_elsewhere() {
-    use kappa_models::Precision;
+    use kappa_models::TrainPrecision;
     let dir = temp("bf16");
     fixtures::write_sotu(&dir).unwrap();
-    let f32_losses = first_losses(&dir, Precision::F32).unwrap();
+    let f32_losses = first_losses(&dir, TrainPrecision::F32).unwrap();
     let native = kappa_models::autocast::native_bf16(Device::Cpu);
-    match first_losses(&dir, Precision::Bf16) {
+    match first_losses(&dir, TrainPrecision::Bf16) {
         None => assert!(!native, "refused on a CPU with native bf16"),
         Some(bf16) => {
             assert!(native, "accepted on a CPU without native bf16");
