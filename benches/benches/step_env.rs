@@ -20,7 +20,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use kappa_benches::paired::{cpu_model, ratios, Spread};
-use kappa_models::{adamw_groups, seeded, Gpt, GptConfig, TrainConfig};
+use kappa_models::{Gpt, GptConfig};
+use kappa_train::{adamw_groups, seeded, TrainConfig};
 use tch::{nn, Device, Kind, Tensor};
 
 const PAIRS: usize = 7;

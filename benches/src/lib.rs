@@ -130,25 +130,25 @@ pub fn any_measured(figures: &[Option<f64>]) -> bool {
     figures.iter().any(Option::is_some)
 }
 
-/// One optimizer step as `kappa_models::Trainer` takes it, after `loss` (with its graph):
+/// One optimizer step as `kappa_train::Trainer` takes it, after `loss` (with its graph):
 /// gradients dropped first (`params` are every group's tensors), backward, the global gradient
-/// norm clipped at 1 ([`kappa_models::clip_grad_norm`]), then every group's optimizer at
-/// `lr × lr_scale`. Builds a [`kappa_models::GradientDropper`] per call; hold one and call
+/// norm clipped at 1 ([`kappa_train::clip_grad_norm`]), then every group's optimizer at
+/// `lr × lr_scale`. Builds a [`kappa_train::GradientDropper`] per call; hold one and call
 /// [`train_step_with`] to time the step alone.
 pub fn train_step(
-    groups: &mut [kappa_models::ParamGroup],
+    groups: &mut [kappa_train::ParamGroup],
     params: &[tch::Tensor],
     lr: f64,
     loss: impl FnOnce() -> tch::Tensor,
 ) {
-    let dropper = kappa_models::GradientDropper::new(params).expect("gradient dropper");
+    let dropper = kappa_train::GradientDropper::new(params).expect("gradient dropper");
     train_step_with(&dropper, groups, params, lr, loss);
 }
 
-/// [`train_step`] with a [`kappa_models::GradientDropper`] over `params` built once.
+/// [`train_step`] with a [`kappa_train::GradientDropper`] over `params` built once.
 pub fn train_step_with(
-    dropper: &kappa_models::GradientDropper,
-    groups: &mut [kappa_models::ParamGroup],
+    dropper: &kappa_train::GradientDropper,
+    groups: &mut [kappa_train::ParamGroup],
     params: &[tch::Tensor],
     lr: f64,
     loss: impl FnOnce() -> tch::Tensor,
@@ -156,7 +156,7 @@ pub fn train_step_with(
     dropper.drop_gradients().expect("dropping gradients");
     loss().backward();
     tch::no_grad(|| {
-        kappa_models::clip_grad_norm(params, 1.0).expect("gradient norm");
+        kappa_train::clip_grad_norm(params, 1.0).expect("gradient norm");
         for g in groups {
             g.optimizer
                 .step(&g.params, lr * g.lr_scale)

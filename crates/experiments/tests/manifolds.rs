@@ -9,10 +9,8 @@ use kappa_experiments::experiments::manifolds::{Config, Manifolds};
 use kappa_experiments::experiments::vit_fmnist::Line;
 use kappa_experiments::run::RunContext;
 use kappa_experiments::{Experiment, Run, RunRecord, RunStatus, Scale};
-use kappa_models::{
-    modulewise_groups, seeded, Gpt, LanguageModeling, Outcome, Preset, Record, TextCorpus,
-    TrainConfig, Trainer,
-};
+use kappa_models::{Gpt, TextCorpus};
+use kappa_train::{modulewise_groups, seeded, LanguageModeling, Outcome, Preset, Record, TrainConfig, Trainer};
 use kappa_optim::MuonConfig;
 use tch::{nn, Device};
 

@@ -11,7 +11,7 @@ use kappa_experiments::experiments::vit_fmnist::{Line, VitFmnist};
 use kappa_experiments::registry::Resumption;
 use kappa_experiments::run::{ResumeError, Resumed, Run, RunContext, RunRecord, RunStatus};
 use kappa_experiments::{Experiment, RegisteredExperiment, Scale};
-use kappa_models::Record;
+use kappa_train::Record;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kappa-resume-{name}-{}", std::process::id()));

@@ -29,15 +29,15 @@
 use tch::{Device, Kind, Tensor};
 
 /// Elements per work unit (and per partial sum of [`sum_of_squares`]).
-pub(crate) const CHUNK: usize = 1 << 14;
+pub const CHUNK: usize = 1 << 14;
 /// Interleaved accumulators of one partial sum (independent chains the compiler vectorizes).
-pub(crate) const LANES: usize = 8;
+pub const LANES: usize = 8;
 /// Below this many elements in total a call runs on the calling thread only.
 const PARALLEL_MIN: usize = 1 << 17;
 
 /// The scalars of one AdamW step, in f64.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct AdamWScalars {
+pub struct AdamWScalars {
     /// 1 − lr·wd (decoupled weight decay).
     pub decay: f64,
     /// β₁.
@@ -220,13 +220,13 @@ fn workers(total: usize) -> usize {
 
 /// One AdamW step over `(param, grad, exp_avg, exp_avg_sq)` quadruples, in place, in one pass;
 /// `None` (nothing written) when some tensor is not eligible (see the module docs).
-pub(crate) fn adamw(items: &[(&Tensor, &Tensor, &Tensor, &Tensor)], c: AdamWScalars) -> Option<()> {
+pub fn adamw(items: &[(&Tensor, &Tensor, &Tensor, &Tensor)], c: AdamWScalars) -> Option<()> {
     adamw_on(items, c, None)
 }
 
 /// [`adamw`] on `threads` workers (libtorch's thread count when `None`).
 #[allow(unsafe_code)]
-pub(crate) fn adamw_on(
+pub fn adamw_on(
     items: &[(&Tensor, &Tensor, &Tensor, &Tensor)],
     c: AdamWScalars,
     threads: Option<usize>,
@@ -290,7 +290,7 @@ pub(crate) fn adamw_on(
 /// Σ g² over every element of `tensors`, in f64; `None` when some tensor is not eligible.
 /// Undefined tensors (parameters without a gradient) count as empty.
 #[allow(unsafe_code)]
-pub(crate) fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
+pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
     let defined: Vec<&Tensor> = tensors.iter().filter(|t| t.defined()).collect();
     if !defined.iter().all(|t| eligible(t)) {
         return None;

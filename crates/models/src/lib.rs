@@ -10,10 +10,9 @@
 //! | [`vit`] | [`Vit`], [`VitConfig`] (`tiny`, `cpu`, `vit_b16`) |
 //! | [`data`] | [`FashionMnist`] (IDX), [`TextCorpus`] (SOTU; characters or GPT-2 BPE), deterministic batches, `fixtures` |
 //! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy, saturation and softmax-Jacobian norm, exact κ(J); [`matrix_diagnostics`] (spectrum, Gram off-diagonal, column norms) |
-//! | [`train`] | [`TrainConfig`], [`Trainer`] (AdamW groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`] |
-//! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
-//! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
 //! | [`device`], [`error`] | [`parse_device`], [`ModelsError`] |
+//!
+//! Training (the loop, optimizer groups, checkpoints, run folders) is the `kappa-train` crate.
 //!
 //! See `docs/models.md` for the conventions, the math next to the code and measured figures.
 
@@ -24,13 +23,11 @@ pub mod device;
 pub mod diagnostics;
 pub mod error;
 pub mod float;
-mod fused;
+#[doc(hidden)]
+pub mod fused;
 pub mod gpt;
 pub mod layers;
 mod link;
-pub mod modulewise;
-pub mod tasks;
-pub mod train;
 pub mod vit;
 
 pub use attention::{
@@ -44,14 +41,4 @@ pub use diagnostics::{
 pub use error::{ModelsError, Result};
 pub use gpt::{Gpt, GptConfig};
 pub use layers::{Block, Transformer};
-pub use modulewise::{
-    modulewise_groups, Assignment, Geometry, ManifoldGroup, ModuleLabel, ModulewiseConfig,
-    MuonGroup, Preset,
-};
-pub use tasks::{ImageClassification, LanguageModeling};
-pub use train::{
-    adamw_groups, clip_grad_norm, seeded, AdamW, AdamWKernel, DivergenceReference, Eval,
-    GradientDropper, GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Record,
-    Summary, Task, TrainConfig, TrainPrecision, Trainer,
-};
 pub use vit::{Vit, VitConfig};

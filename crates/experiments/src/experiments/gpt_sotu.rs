@@ -5,10 +5,8 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use kappa_models::{
-    Conditioning, DiagnosticsConfig, Gpt, GptConfig, LanguageModeling, Layout, Outcome, Task,
-    TextCorpus, TokenizerKind, TrainConfig,
-};
+use kappa_models::{Conditioning, DiagnosticsConfig, Gpt, GptConfig, Layout, TextCorpus, TokenizerKind};
+use kappa_train::{LanguageModeling, Outcome, Task, TrainConfig};
 use serde::{Deserialize, Serialize};
 
 use super::vit_fmnist::{conditioning_report, train_config, train_variant, ReportSpec, Variant};

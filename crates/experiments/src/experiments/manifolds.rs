@@ -13,11 +13,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use kappa_models::{
-    modulewise_groups, DiagnosticsConfig, DivergenceReference, Gpt, GptConfig, LanguageModeling,
-    ModuleLabel, ModulewiseConfig, OptimizerStats, Outcome, Preset, Record, Task, TextCorpus,
-    TokenizerKind, TrainConfig,
-};
+use kappa_models::{DiagnosticsConfig, Gpt, GptConfig, TextCorpus, TokenizerKind};
+use kappa_train::{modulewise_groups, DivergenceReference, LanguageModeling, ModuleLabel, ModulewiseConfig, OptimizerStats, Outcome, Preset, Record, Task, TrainConfig};
 use kappa_optim::{DGramRetraction, DualAscent};
 use serde::{Deserialize, Serialize};
 

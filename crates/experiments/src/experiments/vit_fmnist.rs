@@ -21,11 +21,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use kappa_models::{
-    adamw_groups, seeded, summarize, Conditioning, DiagnosticsConfig, FashionMnist,
-    ImageClassification, Layout, Outcome, ParamGroup, Record, Split, Summary, Task, TrainConfig,
-    Trainer, Vit, VitConfig,
-};
+use kappa_models::{summarize, Conditioning, DiagnosticsConfig, FashionMnist, Layout, Split, Vit, VitConfig};
+use kappa_train::{adamw_groups, seeded, ImageClassification, Outcome, ParamGroup, Record, Summary, Task, TrainConfig, Trainer};
 use serde::{Deserialize, Serialize};
 use tch::nn;
 

@@ -7,13 +7,13 @@
 
 use tch::{Kind, Tensor};
 
-use crate::data::{FashionMnist, ImageSet, Split, TextCorpus};
-use crate::diagnostics::{diagnose, DiagnosticsConfig, HeadDiagnostics};
-use crate::error::{ModelsError, Result};
-use crate::gpt::Gpt;
-use crate::layers::Transformer;
-use crate::train::{Eval, Task};
-use crate::vit::Vit;
+use kappa_models::data::{FashionMnist, ImageSet, Split, TextCorpus};
+use kappa_models::diagnostics::{diagnose, DiagnosticsConfig, HeadDiagnostics};
+use kappa_models::error::{ModelsError, Result};
+use kappa_models::gpt::Gpt;
+use kappa_models::layers::Transformer;
+use crate::trainer::{Eval, Task};
+use kappa_models::vit::Vit;
 
 /// The seed of the validation windows (shared by every run).
 pub const EVAL_SEED: u64 = 0x5eed_e7a1;

@@ -12,10 +12,8 @@
 
 use std::path::PathBuf;
 
-use kappa_models::{
-    seeded, Gpt, GptConfig, LanguageModeling, Task, TextCorpus, TokenizerKind, TrainConfig,
-    TrainPrecision, Trainer,
-};
+use kappa_models::{Gpt, GptConfig, TextCorpus, TokenizerKind};
+use kappa_train::{seeded, LanguageModeling, Task, TrainConfig, TrainPrecision, Trainer};
 use tch::Device;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

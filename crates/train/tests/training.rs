@@ -4,12 +4,9 @@
 use std::path::PathBuf;
 
 use kappa_models::data::fixtures;
-use kappa_models::train::{adamw_groups, named_trainable};
-use kappa_models::{
-    seeded, Conditioning, FashionMnist, Gpt, GptConfig, ImageClassification, LanguageModeling,
-    Layout, ModelsError, Outcome, Record, Task, TextCorpus, TokenizerKind, TrainConfig, Trainer,
-    Vit, VitConfig,
-};
+use kappa_train::trainer::{adamw_groups, named_trainable};
+use kappa_models::{Conditioning, FashionMnist, Gpt, GptConfig, Layout, ModelsError, TextCorpus, TokenizerKind, Vit, VitConfig};
+use kappa_train::{seeded, ImageClassification, LanguageModeling, Outcome, Record, Task, TrainConfig, Trainer};
 use tch::{nn, Device, Kind, Tensor};
 
 fn temp(name: &str) -> PathBuf {
@@ -220,7 +217,7 @@ impl Task for Poisoned {
         let (l, n) = self.0.train_loss(step, b)?;
         Ok((if step == 3 { l * f64::NAN } else { l }, n))
     }
-    fn evaluate(&mut self, n: usize, b: usize) -> kappa_models::Result<kappa_models::Eval> {
+    fn evaluate(&mut self, n: usize, b: usize) -> kappa_models::Result<kappa_train::Eval> {
         self.0.evaluate(n, b)
     }
     fn diagnostics(
@@ -360,7 +357,7 @@ fn adamw_groups_and_updates_match_libtorch_adamw() {
     let mut vs2m = vs2;
     vs2m.copy(&vs).unwrap();
     let wd = 0.1;
-    let mut ours = kappa_models::AdamW::new(0.9, 0.95, 1e-8, wd);
+    let mut ours = kappa_train::AdamW::new(0.9, 0.95, 1e-8, wd);
     let names = named_trainable(&vs);
     let params: Vec<Tensor> = names.iter().map(|(_, t)| t.shallow_clone()).collect();
     use tch::nn::OptimizerConfig;
@@ -396,7 +393,7 @@ fn adamw_groups_and_updates_match_libtorch_adamw() {
                 v2[name].grad().copy_(&t.grad());
             }
         });
-        tch::no_grad(|| kappa_models::GroupOptimizer::step(&mut ours, &params, 1e-2)).unwrap();
+        tch::no_grad(|| kappa_train::GroupOptimizer::step(&mut ours, &params, 1e-2)).unwrap();
         theirs.step();
     }
     // Tolerance: each step computes w ← w(1 − lr·wd) − lr·m̂/(√v̂ + ε) in f32 with a different
@@ -493,7 +490,7 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
 /// trainer refuses it).
 fn first_losses(
     dir: &std::path::Path,
-    precision: kappa_models::TrainPrecision,
+    precision: kappa_train::TrainPrecision,
 ) -> Option<Vec<f64>> {
     let (vs, mut task) = lm_task(dir, Conditioning::None, 1);
     let cfg = TrainConfig {
@@ -529,7 +526,7 @@ fn first_losses(
 
 #[test]
 fn bf16_training_runs_under_autocast_where_native_and_is_refused_elsewhere() {
-    use kappa_models::TrainPrecision;
+    use kappa_train::TrainPrecision;
     let dir = temp("bf16");
     fixtures::write_sotu(&dir).unwrap();
     let f32_losses = first_losses(&dir, TrainPrecision::F32).unwrap();

@@ -5,12 +5,9 @@
 use std::path::PathBuf;
 
 use kappa_models::data::fixtures;
-use kappa_models::train::named_trainable;
-use kappa_models::{
-    matrix_diagnostics, modulewise_groups, seeded, DivergenceReference, Eval, Geometry, Gpt,
-    GptConfig, HeadDiagnostics, LanguageModeling, ModelsError, ModuleLabel, ModulewiseConfig,
-    Outcome, Preset, Record, Task, TextCorpus, TokenizerKind, TrainConfig, Trainer,
-};
+use kappa_train::trainer::named_trainable;
+use kappa_models::{matrix_diagnostics, Gpt, GptConfig, HeadDiagnostics, ModelsError, TextCorpus, TokenizerKind};
+use kappa_train::{modulewise_groups, seeded, DivergenceReference, Eval, Geometry, LanguageModeling, ModuleLabel, ModulewiseConfig, Outcome, Preset, Record, Task, TrainConfig, Trainer};
 use kappa_optim::Precision;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -152,7 +149,7 @@ fn lm(dir: &std::path::Path) -> (nn::VarStore, LanguageModeling) {
     (vs, LanguageModeling::new(gpt, corpus, 3).unwrap())
 }
 
-fn run(trainer: &mut Trainer<'_>, task: &mut impl Task) -> (kappa_models::Summary, Vec<Record>) {
+fn run(trainer: &mut Trainer<'_>, task: &mut impl Task) -> (kappa_train::Summary, Vec<Record>) {
     let mut records = Vec::new();
     let mut sink = |r: &Record| -> Result<(), ModelsError> {
         records.push(r.clone());

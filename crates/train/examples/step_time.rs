@@ -4,7 +4,8 @@
 
 use std::time::Instant;
 
-use kappa_models::{seeded, Conditioning, Gpt, GptConfig, Layout, TrainConfig, Vit, VitConfig};
+use kappa_models::{Conditioning, Gpt, GptConfig, Layout, Vit, VitConfig};
+use kappa_train::{seeded, TrainConfig};
 use tch::{nn, Device, Kind, Tensor};
 
 fn time_steps(vs: &nn::VarStore, steps: usize, mut loss: impl FnMut() -> Tensor) -> f64 {
@@ -12,12 +13,12 @@ fn time_steps(vs: &nn::VarStore, steps: usize, mut loss: impl FnMut() -> Tensor)
         progress: false,
         ..TrainConfig::default()
     };
-    let mut groups = kappa_models::adamw_groups(vs, &cfg);
+    let mut groups = kappa_train::adamw_groups(vs, &cfg);
     let params: Vec<Tensor> = groups
         .iter()
         .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
         .collect();
-    let dropper = kappa_models::GradientDropper::new(&params).unwrap();
+    let dropper = kappa_train::GradientDropper::new(&params).unwrap();
     let mut run = || {
         dropper.drop_gradients().unwrap();
         loss().backward();

@@ -33,8 +33,8 @@ use kappa_optim::{
 use serde::{Deserialize, Serialize};
 use tch::{nn, Tensor};
 
-use crate::error::{ModelsError, Result};
-use crate::train::{
+use kappa_models::error::{ModelsError, Result};
+use crate::trainer::{
     named_trainable, AdamW, GroupOptimizer, OptimizerStats, ParamGroup, TrainConfig,
 };
 
@@ -62,7 +62,7 @@ impl ModuleLabel {
     /// The label of the variable `name`, or `None` for a name this GPT does not have.
     ///
     /// ```
-    /// use kappa_models::ModuleLabel;
+    /// use kappa_train::ModuleLabel;
     /// assert_eq!(ModuleLabel::of("h.3.attn.c_attn.weight"), Some(ModuleLabel::AttentionQkv));
     /// assert_eq!(ModuleLabel::of("h.0.mlp.c_proj.weight"), Some(ModuleLabel::MlpOut));
     /// assert_eq!(ModuleLabel::of("ln_f.weight"), Some(ModuleLabel::NormGain));

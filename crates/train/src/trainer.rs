@@ -11,7 +11,7 @@
 //!    lr(i) = lr_min + ½(1 + cos(π·(i−w)/(S−w)))·(lr − lr_min) (cosine to lr_min at step S).
 //! 2. Gradients are dropped ([`GradientDropper`], PyTorch's `zero_grad(set_to_none=True)`); the
 //!    forward pass runs in f32, or under bf16 autocast with [`TrainPrecision::Bf16`]
-//!    ([`crate::autocast`]). loss = task loss on the batch of step i (a pure function of
+//!    ([`kappa_models::autocast`]). loss = task loss on the batch of step i (a pure function of
 //!    (seed, i)); a non-finite loss stops the run as diverged, and so does a loss above
 //!    `divergence_factor` × its reference ([`DivergenceReference`]: the first step's loss, or the
 //!    best smoothed loss so far).
@@ -33,7 +33,7 @@
 //! # Determinism and resume
 //!
 //! Initialization uses libtorch's generator seeded by the caller (`tch::manual_seed`); the data
-//! order is counter-based (see [`crate::data`]); no other randomness is used (no dropout). With
+//! order is counter-based (see [`kappa_models::data`]); no other randomness is used (no dropout). With
 //! the same seed and thread count on the CPU, two runs give bit-identical losses. A checkpoint
 //! holds every variable of the var store (weights and buffers such as λ and C), each group's
 //! optimizer state, the step, the first loss (the divergence reference) and the data RNG's
@@ -47,12 +47,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tch::{nn, Kind, Tensor};
 
-use crate::device::parse_device;
-use crate::diagnostics::{
+use kappa_models::device::parse_device;
+use kappa_models::diagnostics::{
     matrix_diagnostics, summarize, DiagnosticsConfig, HeadDiagnostics, MatrixDiagnostics,
 };
-use crate::error::{ModelsError, Result};
-use crate::fused::AdamWScalars;
+use kappa_models::error::{ModelsError, Result};
+use kappa_models::fused::AdamWScalars;
 
 static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -63,8 +63,8 @@ static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
 ///
 /// ```
 /// use tch::{Device, Kind, Tensor};
-/// let a = kappa_models::seeded(3, || Tensor::randn([4], (Kind::Float, Device::Cpu)));
-/// let b = kappa_models::seeded(3, || Tensor::randn([4], (Kind::Float, Device::Cpu)));
+/// let a = kappa_train::seeded(3, || Tensor::randn([4], (Kind::Float, Device::Cpu)));
+/// let b = kappa_train::seeded(3, || Tensor::randn([4], (Kind::Float, Device::Cpu)));
 /// assert!(a.equal(&b));
 /// ```
 pub fn seeded<T>(seed: u64, f: impl FnOnce() -> T) -> T {
@@ -171,10 +171,10 @@ pub enum TrainPrecision {
     /// f32 throughout.
     #[default]
     F32,
-    /// bf16 mixed precision in the style of `torch.autocast` ([`crate::autocast`]): the
+    /// bf16 mixed precision in the style of `torch.autocast` ([`kappa_models::autocast`]): the
     /// forward pass of every training step runs under libtorch's bf16 autocast (matmuls,
     /// linear layers and attention on bf16 copies, reductions and the loss in f32). Only on a
-    /// device with native bf16 ([`crate::autocast::native_bf16`]): the trainer refuses it
+    /// device with native bf16 ([`kappa_models::autocast::native_bf16`]): the trainer refuses it
     /// elsewhere.
     Bf16,
 }
@@ -199,14 +199,14 @@ impl TrainConfig {
     /// Parses a `TrainConfig` from TOML and validates it.
     ///
     /// ```
-    /// let cfg = kappa_models::TrainConfig::from_toml("steps = 10\nbatch_size = 4\nlr = 0.01\n\
+    /// let cfg = kappa_train::TrainConfig::from_toml("steps = 10\nbatch_size = 4\nlr = 0.01\n\
     ///     min_lr = 0.001\nwarmup_steps = 2\nweight_decay = 0.1\nbeta1 = 0.9\nbeta2 = 0.95\n\
     ///     eps = 1e-8\ngrad_clip = 1.0\neval_every = 5\neval_batches = 2\nlog_every = 1\n\
     ///     checkpoint_every = 0\ndivergence_factor = 4.0\nseed = 1\nthreads = 1\n\
     ///     device = \"cpu\"\nprogress = false\n\
     ///     diagnostics = { enabled = true, samples = 2, jacobian_max_tokens = 16 }\n")?;
     /// assert_eq!(cfg.steps, 10);
-    /// let err = kappa_models::TrainConfig::from_toml("steps = 0").unwrap_err();
+    /// let err = kappa_train::TrainConfig::from_toml("steps = 0").unwrap_err();
     /// # Ok::<(), kappa_models::ModelsError>(())
     /// ```
     pub fn from_toml(text: &str) -> Result<Self> {
@@ -394,7 +394,7 @@ impl AdamW {
     /// The same optimizer with another kernel.
     ///
     /// ```
-    /// use kappa_models::{AdamW, AdamWKernel};
+    /// use kappa_train::{AdamW, AdamWKernel};
     /// let opt = AdamW::new(0.9, 0.95, 1e-8, 0.1).with_kernel(AdamWKernel::Ops);
     /// assert_eq!(opt.kernel(), AdamWKernel::Ops);
     /// ```
@@ -469,7 +469,7 @@ impl GroupOptimizer for AdamW {
                 .iter()
                 .map(|&i| (&params[i], &grads[i], &self.exp_avg[i], &self.exp_avg_sq[i]))
                 .collect();
-            if crate::fused::adamw(&items, c).is_some() {
+            if kappa_models::fused::adamw(&items, c).is_some() {
                 return Ok(());
             }
         }
@@ -528,7 +528,7 @@ impl GroupOptimizer for AdamW {
 /// ```
 /// use tch::{Device, Kind, Tensor};
 /// let w = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-/// let dropper = kappa_models::GradientDropper::new(&[w.shallow_clone()])?;
+/// let dropper = kappa_train::GradientDropper::new(&[w.shallow_clone()])?;
 /// (&w * 2.0).sum(Kind::Float).backward();
 /// assert!(w.grad().defined());
 /// dropper.drop_gradients()?;
@@ -571,7 +571,7 @@ impl GradientDropper {
 /// gradients through libtorch (`to_kind(Double).square().sum()`).
 pub fn clip_grad_norm(params: &[Tensor], clip: f64) -> Result<f64> {
     let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
-    let total = match crate::fused::sum_of_squares(&grads) {
+    let total = match kappa_models::fused::sum_of_squares(&grads) {
         Some(sum) => sum,
         None => {
             let mut total: Option<Tensor> = None;
@@ -663,7 +663,7 @@ pub fn adamw_groups(vs: &nn::VarStore, cfg: &TrainConfig) -> Vec<ParamGroup> {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Eval {
     /// Mean loss.
-    #[serde(with = "crate::float")]
+    #[serde(with = "kappa_models::float")]
     pub loss: f64,
     /// Accuracy in [0, 1] (classification).
     pub accuracy: Option<f64>,
@@ -696,12 +696,12 @@ pub enum Record {
         /// Finished steps.
         step: u64,
         /// The step's training loss.
-        #[serde(with = "crate::float")]
+        #[serde(with = "kappa_models::float")]
         loss: f64,
         /// The step's learning rate.
         lr: f64,
         /// Gradient norm before clipping.
-        #[serde(with = "crate::float")]
+        #[serde(with = "kappa_models::float")]
         grad_norm: f64,
         /// Units (tokens or images) per second since the previous training record.
         units_per_second: f64,
@@ -854,7 +854,7 @@ impl<'a> Trainer<'a> {
                 ));
             }
         }
-        if config.precision == TrainPrecision::Bf16 && !crate::autocast::native_bf16(vs.device()) {
+        if config.precision == TrainPrecision::Bf16 && !kappa_models::autocast::native_bf16(vs.device()) {
             return Err(ModelsError::config(
                 "train.precision",
                 format!(
@@ -1159,7 +1159,7 @@ impl<'a> Trainer<'a> {
             let (loss, units) = match self.config.precision {
                 TrainPrecision::F32 => task.train_loss(i, batch)?,
                 TrainPrecision::Bf16 => {
-                    crate::autocast::autocast(self.vs.device(), || task.train_loss(i, batch))?
+                    kappa_models::autocast::autocast(self.vs.device(), || task.train_loss(i, batch))?
                 }
             };
             let loss_value = loss.double_value(&[]);
@@ -1455,7 +1455,7 @@ mod tests {
     fn the_fused_adamw_does_not_depend_on_the_thread_count() {
         let cpu = (Kind::Float, Device::Cpu);
         let (p, g, m, v) = seeded(3, || {
-            let s = [3 * crate::fused::CHUNK as i64 + 11];
+            let s = [3 * kappa_models::fused::CHUNK as i64 + 11];
             (
                 Tensor::randn(s, cpu),
                 Tensor::randn(s, cpu),
@@ -1473,7 +1473,7 @@ mod tests {
         };
         let run = |threads| {
             let (p, m, v) = (p.copy(), m.copy(), v.copy());
-            crate::fused::adamw_on(&[(&p, &g, &m, &v)], c, Some(threads)).unwrap();
+            kappa_models::fused::adamw_on(&[(&p, &g, &m, &v)], c, Some(threads)).unwrap();
             (p, m, v)
         };
         let one = run(1);
