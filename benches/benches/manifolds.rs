@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, Criterion};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step};
 use kappa_models::{Gpt, GptConfig};
-use kappa_train::{modulewise_groups, seeded, ModulewiseConfig, ParamGroup, Preset, TrainConfig};
 use kappa_optim::{msign, Msign, Precision};
+use kappa_train::{modulewise_groups, seeded, ModulewiseConfig, ParamGroup, Preset, TrainConfig};
 use tch::{nn, Device, Kind, Tensor};
 
 const GROUP: &str = "manifolds_train_step";

@@ -48,7 +48,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with};
-use kappa_models::{autocast::autocast, autocast::native_bf16, Conditioning, Gpt, GptConfig, Layout, Vit, VitConfig};
+use kappa_models::{
+    autocast::autocast, autocast::native_bf16, Conditioning, Gpt, GptConfig, Layout, Vit, VitConfig,
+};
 use kappa_train::{adamw_groups, seeded, GradientDropper, ParamGroup, TrainConfig, TrainPrecision};
 use tch::{nn, Device, Kind, Tensor};
 

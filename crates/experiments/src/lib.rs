@@ -9,11 +9,12 @@
 //! being written), [`RunRecord`] (a finished run folder read back), [`plot::LinePlot`] and
 //! [`report::Section`].
 
+pub mod conditioning;
 pub mod experiments;
 pub mod plot;
 pub mod registry;
 pub mod report;
-pub mod run;
+pub use kappa_train::run;
 pub mod runner;
 pub mod scale;
 pub mod stats;

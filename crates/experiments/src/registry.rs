@@ -85,12 +85,12 @@ impl<E: Experiment> RegisteredExperiment for E {
         Experiment::default_seeds(self, scale)
     }
     fn execute(&self, dir: &Path, context: RunContext) -> Result<RunInfo> {
-        let config = self.config(context.scale);
+        let config = self.config(scale_of(&context)?);
         let run = Run::create(dir, context, &config)?;
         run_to_the_end(self, &config, run)
     }
     fn resume(&self, dir: &Path, context: RunContext) -> Result<Resumption> {
-        let config = self.config(context.scale);
+        let config = self.config(scale_of(&context)?);
         Ok(match Run::resume(dir, context.clone(), &config)? {
             Resumed::Started(run) => Resumption::Started(run_to_the_end(self, &config, run)?),
             Resumed::Continued(run) if self.continues_interrupted_runs() => {
@@ -121,7 +121,12 @@ fn run_to_the_end<E: Experiment>(
             error: format!("{e:#}"),
         },
     };
-    run.finish(status)
+    Ok(run.finish(status)?)
+}
+
+/// The scale a run context names (the runner writes one of [`Scale`]'s names).
+fn scale_of(context: &RunContext) -> Result<Scale> {
+    context.scale.parse().map_err(anyhow::Error::msg)
 }
 
 /// What [`RegisteredExperiment::resume`] did with a run folder.

@@ -84,12 +84,13 @@ pub fn reproduce(
             done += 1;
             eprintln!("[{done}/{total}] {} seed {seed} ({scale})", e.name());
             let context = RunContext {
-                experiment: e.name().to_string(),
-                scale,
+                name: e.name().to_string(),
+                scale: scale.name().to_string(),
                 seed: u64::from(seed),
                 threads,
                 device: device.to_string(),
                 data_dir: data.to_path_buf(),
+                progress: true,
             };
             let dir = scale_dir.join(format!("seed-{seed}"));
             let (info, how) = if resume {

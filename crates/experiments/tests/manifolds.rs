@@ -6,12 +6,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use kappa_experiments::experiments::manifolds::{Config, Manifolds};
-use kappa_experiments::experiments::vit_fmnist::Line;
 use kappa_experiments::run::RunContext;
 use kappa_experiments::{Experiment, Run, RunRecord, RunStatus, Scale};
 use kappa_models::{Gpt, TextCorpus};
-use kappa_train::{modulewise_groups, seeded, LanguageModeling, Outcome, Preset, Record, TrainConfig, Trainer};
 use kappa_optim::MuonConfig;
+use kappa_train::{
+    modulewise_groups, seeded, LanguageModeling, Line, Outcome, Preset, Record, TrainConfig,
+    Trainer,
+};
 use tch::{nn, Device};
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -23,12 +25,13 @@ fn fixture_dir(name: &str) -> PathBuf {
 
 fn execute(dir: &Path, config: &Config) -> RunStatus {
     let context = RunContext {
-        experiment: "manifolds".into(),
-        scale: Scale::Smoke,
+        name: "manifolds".into(),
+        scale: Scale::Smoke.name().into(),
         seed: 0,
         threads: 1,
         device: "cpu".into(),
         data_dir: dir.join("data"),
+        progress: false,
     };
     let mut run = Run::create(&dir.join("seed-0"), context, config).unwrap();
     let status = Manifolds.run(config, &mut run).unwrap();
@@ -119,10 +122,13 @@ fn the_paper_scale_config_starts_logs_checkpoints_and_resumes() {
         eval_every: 1,
         log_every: 1,
         eval_at_start: false,
-        progress: false,
-        device: device_name.clone(),
         ..config.train.clone()
     };
+    let context = RunContext {
+        device: device_name.clone(),
+        ..RunContext::default()
+    }
+    .quiet();
     let mut modulewise = config
         .variants
         .iter()
@@ -152,7 +158,7 @@ fn the_paper_scale_config_starts_logs_checkpoints_and_resumes() {
         let vs = nn::VarStore::new(device);
         let mut task = build(&vs);
         let groups = modulewise_groups(&vs, &modulewise, &train).unwrap();
-        let mut trainer = Trainer::with_groups(&vs, train.clone(), groups).unwrap();
+        let mut trainer = Trainer::with_groups(&vs, train.clone(), groups, &context).unwrap();
         trainer.stop_after(1);
         let mut sink = |r: &Record| {
             first.push(r.clone());
@@ -167,7 +173,7 @@ fn the_paper_scale_config_starts_logs_checkpoints_and_resumes() {
         let vs = nn::VarStore::new(device);
         let mut task = build(&vs);
         let groups = modulewise_groups(&vs, &modulewise, &train).unwrap();
-        let mut trainer = Trainer::with_groups(&vs, train.clone(), groups).unwrap();
+        let mut trainer = Trainer::with_groups(&vs, train.clone(), groups, &context).unwrap();
         trainer.load_checkpoint(&ckpt).unwrap();
         trainer.stop_after(2);
         let mut sink = |r: &Record| {

@@ -7,11 +7,11 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use kappa_experiments::experiments::random_spectra::RandomSpectra;
-use kappa_experiments::experiments::vit_fmnist::{Line, VitFmnist};
+use kappa_experiments::experiments::vit_fmnist::VitFmnist;
 use kappa_experiments::registry::Resumption;
-use kappa_experiments::run::{ResumeError, Resumed, Run, RunContext, RunRecord, RunStatus};
+use kappa_experiments::run::{Resumed, Run, RunContext, RunRecord, RunStatus};
 use kappa_experiments::{Experiment, RegisteredExperiment, Scale};
-use kappa_train::Record;
+use kappa_train::{Line, Record, RunError};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kappa-resume-{name}-{}", std::process::id()));
@@ -22,12 +22,13 @@ fn scratch(name: &str) -> PathBuf {
 
 fn context(data: &Path) -> RunContext {
     RunContext {
-        experiment: "vit-fmnist".into(),
-        scale: Scale::Smoke,
+        name: "vit-fmnist".into(),
+        scale: Scale::Smoke.name().into(),
         seed: 0,
         threads: 1,
         device: "cpu".into(),
         data_dir: data.to_path_buf(),
+        progress: false,
     }
 }
 
@@ -169,11 +170,11 @@ fn a_changed_config_is_an_error_that_names_the_change() {
         let Err(error) = Run::resume(&dir, ctx, cfg) else {
             panic!("a changed config resumed");
         };
-        match error.downcast_ref::<ResumeError>() {
-            Some(ResumeError::ConfigChanged { differences, .. }) => {
+        match &error {
+            RunError::ConfigChanged { differences, .. } => {
                 assert_eq!(differences, &vec![key.to_string()]);
             }
-            other => panic!("expected ConfigChanged, got {other:?} ({error:#})"),
+            other => panic!("expected ConfigChanged, got {other:?} ({error})"),
         }
         assert!(format!("{error}").contains("without --resume"), "{error}");
     }
@@ -190,7 +191,7 @@ fn an_experiment_that_cannot_continue_a_run_reruns_it_from_the_start() {
     let root = scratch("restart");
     let dir = root.join("seed-0");
     let context = RunContext {
-        experiment: "random-spectra".into(),
+        name: "random-spectra".into(),
         ..context(&root)
     };
     RandomSpectra.execute(&dir, context.clone()).unwrap();

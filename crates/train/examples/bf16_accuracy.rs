@@ -3,7 +3,7 @@
 //! same initialization and data order, for several seeds; prints each run's final validation
 //! loss (evaluated in f32) and the per-seed difference bf16 − f32.
 //!
-//! `cargo run --release -p kappa-models --example bf16_accuracy -- SOTU_DIR [steps] [seeds] [threads]`
+//! `cargo run --release -p kappa-train --example bf16_accuracy -- SOTU_DIR [steps] [seeds] [threads]`
 //!
 //! `SOTU_DIR` holds `train.txt` and `val.txt` (what `cargo xtask setup --data sotu` writes).
 //! The schedule is gpt-sotu's CPU one (lr 3·10⁻³ to 3·10⁻⁴, batch 32, weight decay 0.1) over
@@ -13,7 +13,9 @@
 use std::path::PathBuf;
 
 use kappa_models::{Gpt, GptConfig, TextCorpus, TokenizerKind};
-use kappa_train::{seeded, LanguageModeling, Task, TrainConfig, TrainPrecision, Trainer};
+use kappa_train::{
+    seeded, LanguageModeling, RunContext, Task, TrainConfig, TrainPrecision, Trainer,
+};
 use tch::Device;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -52,17 +54,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 eval_every: steps,
                 eval_batches: 1,
                 log_every: steps,
-                seed,
-                threads,
                 precision,
-                progress: false,
                 diagnostics: kappa_models::DiagnosticsConfig {
                     enabled: false,
                     ..Default::default()
                 },
                 ..TrainConfig::default()
             };
-            let mut trainer = Trainer::new(&vs, cfg)?;
+            let context = RunContext {
+                seed,
+                threads,
+                ..RunContext::default()
+            }
+            .quiet();
+            let mut trainer = Trainer::new(&vs, cfg, &context)?;
             let summary = trainer.run(&mut task, &mut |_| Ok(()), None)?;
             let eval = tch::no_grad(|| task.evaluate(40, 32))?;
             out.push((eval.loss, summary.seconds_per_step));

@@ -1,6 +1,6 @@
 //! Times training steps (gradients dropped, forward, backward, AdamW) of the CPU-sized GPT and ViT on random data.
 //!
-//! `cargo run --release -p kappa-models --example step_time -- [threads] [steps]`
+//! `cargo run --release -p kappa-train --example step_time -- [threads] [steps]`
 
 use std::time::Instant;
 
@@ -10,7 +10,6 @@ use tch::{nn, Device, Kind, Tensor};
 
 fn time_steps(vs: &nn::VarStore, steps: usize, mut loss: impl FnMut() -> Tensor) -> f64 {
     let cfg = TrainConfig {
-        progress: false,
         ..TrainConfig::default()
     };
     let mut groups = kappa_train::adamw_groups(vs, &cfg);

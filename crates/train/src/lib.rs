@@ -7,20 +7,33 @@
 //! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`], [`AdamW`] |
 //! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
 //! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
+//! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress |
+//! | [`run`] | [`Run`]: a run folder (`config.toml`, `metrics.jsonl`, `run.json`), resume, [`RunRecord`] to read one back |
+//! | [`variants`] | [`train_variant`]: the variants of a run trained in turn, each resumable |
+//! | [`error`] | [`RunError`] (run folders; training errors are [`kappa_models::ModelsError`]) |
 //!
 //! See `docs/models.md` for the training loop's conventions and measured figures.
 
+pub mod context;
+pub mod error;
 pub mod modulewise;
+pub mod run;
 pub mod tasks;
 pub mod trainer;
+pub mod variants;
+
+pub use context::RunContext;
+pub use error::{RunError, RunResult};
 
 pub use modulewise::{
     modulewise_groups, Assignment, Geometry, ManifoldGroup, ModuleLabel, ModulewiseConfig,
     MuonGroup, Preset,
 };
+pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use trainer::{
     adamw_groups, clip_grad_norm, seeded, AdamW, AdamWKernel, DivergenceReference, Eval,
-    GradientDropper, GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Record,
-    Summary, Task, TrainConfig, TrainPrecision, Trainer,
+    GradientDropper, GroupOptimizer, OptimizerStats, Outcome, ParamGroup, Record, Summary, Task,
+    TrainConfig, TrainPrecision, Trainer,
 };
+pub use variants::{train_variant, Final, Line, VariantId};

@@ -33,10 +33,10 @@ use kappa_optim::{
 use serde::{Deserialize, Serialize};
 use tch::{nn, Tensor};
 
-use kappa_models::error::{ModelsError, Result};
 use crate::trainer::{
     named_trainable, AdamW, GroupOptimizer, OptimizerStats, ParamGroup, TrainConfig,
 };
+use kappa_models::error::{ModelsError, Result};
 
 /// What a GPT variable is, from its var-store name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -7,12 +7,12 @@
 
 use tch::{Kind, Tensor};
 
+use crate::trainer::{Eval, Task};
 use kappa_models::data::{FashionMnist, ImageSet, Split, TextCorpus};
 use kappa_models::diagnostics::{diagnose, DiagnosticsConfig, HeadDiagnostics};
 use kappa_models::error::{ModelsError, Result};
 use kappa_models::gpt::Gpt;
 use kappa_models::layers::Transformer;
-use crate::trainer::{Eval, Task};
 use kappa_models::vit::Vit;
 
 /// The seed of the validation windows (shared by every run).

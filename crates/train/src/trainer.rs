@@ -47,7 +47,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tch::{nn, Kind, Tensor};
 
-use kappa_models::device::parse_device;
+use crate::context::RunContext;
 use kappa_models::diagnostics::{
     matrix_diagnostics, summarize, DiagnosticsConfig, HeadDiagnostics, MatrixDiagnostics,
 };
@@ -73,7 +73,8 @@ pub fn seeded<T>(seed: u64, f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// Training settings (the `[train]` table of an experiment's TOML config).
+/// Training settings (the `[train]` table of an experiment's TOML config). The seed, threads,
+/// device and progress bar of a run are not here: they come from the [`RunContext`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
@@ -117,18 +118,10 @@ pub struct TrainConfig {
     /// non-embedding parameter): singular values, Gram off-diagonal, column norms.
     #[serde(default)]
     pub matrix_diagnostics: bool,
-    /// The seed of the data order (and, by convention, of the initialization).
-    pub seed: u64,
-    /// libtorch intra-op threads (0 leaves libtorch's default).
-    pub threads: usize,
-    /// `cpu`, `cuda` or `cuda:N`.
-    pub device: String,
     /// The precision of the training forward passes (weights, gradients and optimizer state
     /// are f32 either way; evaluations run in f32).
     #[serde(default)]
     pub precision: TrainPrecision,
-    /// Show a progress bar on stderr.
-    pub progress: bool,
     /// Diagnostics at every evaluation.
     pub diagnostics: DiagnosticsConfig,
 }
@@ -154,11 +147,7 @@ impl Default for TrainConfig {
             divergence_reference: DivergenceReference::First,
             eval_at_start: false,
             matrix_diagnostics: false,
-            seed: 0,
-            threads: 0,
-            device: "cpu".into(),
             precision: TrainPrecision::F32,
-            progress: true,
             diagnostics: DiagnosticsConfig::default(),
         }
     }
@@ -202,8 +191,7 @@ impl TrainConfig {
     /// let cfg = kappa_train::TrainConfig::from_toml("steps = 10\nbatch_size = 4\nlr = 0.01\n\
     ///     min_lr = 0.001\nwarmup_steps = 2\nweight_decay = 0.1\nbeta1 = 0.9\nbeta2 = 0.95\n\
     ///     eps = 1e-8\ngrad_clip = 1.0\neval_every = 5\neval_batches = 2\nlog_every = 1\n\
-    ///     checkpoint_every = 0\ndivergence_factor = 4.0\nseed = 1\nthreads = 1\n\
-    ///     device = \"cpu\"\nprogress = false\n\
+    ///     checkpoint_every = 0\ndivergence_factor = 4.0\n\
     ///     diagnostics = { enabled = true, samples = 2, jacobian_max_tokens = 16 }\n")?;
     /// assert_eq!(cfg.steps, 10);
     /// let err = kappa_train::TrainConfig::from_toml("steps = 0").unwrap_err();
@@ -278,7 +266,7 @@ impl TrainConfig {
         if self.diagnostics.enabled && self.diagnostics.samples == 0 {
             return bad("diagnostics.samples", "must be ≥ 1".into());
         }
-        parse_device(&self.device).map(|_| ())
+        Ok(())
     }
 
     /// The learning rate of step index `i` (0-based): linear warmup, then cosine to `min_lr`.
@@ -772,6 +760,8 @@ pub struct Summary {
 pub struct Trainer<'a> {
     vs: &'a nn::VarStore,
     config: TrainConfig,
+    seed: u64,
+    progress: bool,
     groups: Vec<ParamGroup>,
     step: u64,
     first_loss: Option<f64>,
@@ -816,10 +806,11 @@ impl Clock {
 
 impl<'a> Trainer<'a> {
     /// A trainer with the default AdamW groups ([`adamw_groups`]); validates the config and
-    /// applies its thread count.
-    pub fn new(vs: &'a nn::VarStore, config: TrainConfig) -> Result<Self> {
+    /// applies the context's thread count. The context's seed is the run's identity in
+    /// checkpoints (a checkpoint of another seed is refused); its device is the var store's.
+    pub fn new(vs: &'a nn::VarStore, config: TrainConfig, context: &RunContext) -> Result<Self> {
         let groups = adamw_groups(vs, &config);
-        Self::with_groups(vs, config, groups)
+        Self::with_groups(vs, config, groups, context)
     }
 
     /// A trainer with custom groups; every trainable variable must be in exactly one group.
@@ -827,6 +818,7 @@ impl<'a> Trainer<'a> {
         vs: &'a nn::VarStore,
         config: TrainConfig,
         groups: Vec<ParamGroup>,
+        context: &RunContext,
     ) -> Result<Self> {
         config.validate()?;
         let mut seen = BTreeMap::new();
@@ -854,7 +846,9 @@ impl<'a> Trainer<'a> {
                 ));
             }
         }
-        if config.precision == TrainPrecision::Bf16 && !kappa_models::autocast::native_bf16(vs.device()) {
+        if config.precision == TrainPrecision::Bf16
+            && !kappa_models::autocast::native_bf16(vs.device())
+        {
             return Err(ModelsError::config(
                 "train.precision",
                 format!(
@@ -864,12 +858,14 @@ impl<'a> Trainer<'a> {
                 ),
             ));
         }
-        if config.threads > 0 {
-            tch::set_num_threads(config.threads as i32);
+        if context.threads > 0 {
+            tch::set_num_threads(context.threads as i32);
         }
         Ok(Self {
             vs,
             config,
+            seed: context.seed,
+            progress: context.progress,
             groups,
             step: 0,
             first_loss: None,
@@ -930,10 +926,7 @@ impl<'a> Trainer<'a> {
         ] {
             named.push((key.into(), Tensor::from_slice(&[value.unwrap_or(f64::NAN)])));
         }
-        named.push((
-            "rng/seed".into(),
-            Tensor::from_slice(&[self.config.seed as i64]),
-        ));
+        named.push(("rng/seed".into(), Tensor::from_slice(&[self.seed as i64])));
         named.push((
             "rng/counter".into(),
             Tensor::from_slice(&[self.step as i64]),
@@ -978,10 +971,10 @@ impl<'a> Trainer<'a> {
                 .ok_or_else(|| err(format!("`{k}` is missing")))
         };
         let seed = get("rng/seed")?.int64_value(&[0]) as u64;
-        if seed != self.config.seed {
+        if seed != self.seed {
             return Err(err(format!(
                 "it was written by a run with seed {seed}, this run has seed {}",
-                self.config.seed
+                self.seed
             )));
         }
         let vars = self.vs.variables();
@@ -1038,7 +1031,7 @@ impl<'a> Trainer<'a> {
     }
 
     fn progress_bar(&self, unit: &str) -> ProgressBar {
-        if !self.config.progress {
+        if !self.progress {
             return ProgressBar::hidden();
         }
         let bar = ProgressBar::new(self.config.steps);
@@ -1158,9 +1151,9 @@ impl<'a> Trainer<'a> {
             let batch = self.config.batch_size;
             let (loss, units) = match self.config.precision {
                 TrainPrecision::F32 => task.train_loss(i, batch)?,
-                TrainPrecision::Bf16 => {
-                    kappa_models::autocast::autocast(self.vs.device(), || task.train_loss(i, batch))?
-                }
+                TrainPrecision::Bf16 => kappa_models::autocast::autocast(self.vs.device(), || {
+                    task.train_loss(i, batch)
+                })?,
             };
             let loss_value = loss.double_value(&[]);
             if let Some(reason) = self.check_loss(loss_value) {
@@ -1285,39 +1278,6 @@ fn human(x: f64) -> String {
         format!("{:.1}k", x / 1e3)
     } else {
         format!("{x:.0}")
-    }
-}
-
-/// Appends records to a `metrics.jsonl` file (for library users outside the experiment
-/// framework).
-pub struct JsonlSink {
-    path: PathBuf,
-    out: std::io::BufWriter<std::fs::File>,
-}
-
-impl JsonlSink {
-    /// Opens `path` for appending (created if missing).
-    pub fn append(path: &Path) -> Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| ModelsError::io(path, e))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            out: std::io::BufWriter::new(file),
-        })
-    }
-
-    /// Writes one record as a JSON line.
-    pub fn write(&mut self, record: &Record) -> Result<()> {
-        use std::io::Write;
-        serde_json::to_writer(&mut self.out, record)
-            .map_err(|e| ModelsError::Sink(e.to_string()))?;
-        self.out
-            .write_all(b"\n")
-            .and_then(|_| self.out.flush())
-            .map_err(|e| ModelsError::io(&self.path, e))
     }
 }
 

@@ -5,10 +5,15 @@
 use std::path::PathBuf;
 
 use kappa_models::data::fixtures;
-use kappa_train::trainer::named_trainable;
-use kappa_models::{matrix_diagnostics, Gpt, GptConfig, HeadDiagnostics, ModelsError, TextCorpus, TokenizerKind};
-use kappa_train::{modulewise_groups, seeded, DivergenceReference, Eval, Geometry, LanguageModeling, ModuleLabel, ModulewiseConfig, Outcome, Preset, Record, Task, TrainConfig, Trainer};
+use kappa_models::{
+    matrix_diagnostics, Gpt, GptConfig, HeadDiagnostics, ModelsError, TextCorpus, TokenizerKind,
+};
 use kappa_optim::Precision;
+use kappa_train::trainer::named_trainable;
+use kappa_train::{
+    modulewise_groups, seeded, DivergenceReference, Eval, Geometry, LanguageModeling, ModuleLabel,
+    ModulewiseConfig, Outcome, Preset, Record, RunContext, Task, TrainConfig, Trainer,
+};
 use tch::{nn, Device, Kind, Tensor};
 
 fn temp(name: &str) -> PathBuf {
@@ -17,6 +22,16 @@ fn temp(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     fixtures::write_sotu(&dir).unwrap();
     dir
+}
+
+/// Seed 3, one libtorch thread, no progress bar.
+fn context() -> RunContext {
+    RunContext {
+        seed: 3,
+        threads: 1,
+        ..RunContext::default()
+    }
+    .quiet()
 }
 
 fn train_config(steps: u64) -> TrainConfig {
@@ -29,9 +44,6 @@ fn train_config(steps: u64) -> TrainConfig {
         eval_every: 2,
         eval_batches: 1,
         log_every: 1,
-        threads: 1,
-        progress: false,
-        seed: 3,
         matrix_diagnostics: true,
         diagnostics: kappa_models::DiagnosticsConfig {
             enabled: true,
@@ -286,7 +298,7 @@ fn training_keeps_every_constraint_and_logs_the_dual_ascent() {
     let dir = temp("train");
     let (vs, mut task) = lm(&dir);
     let groups = modulewise_groups(&vs, &modulewise(Preset::Hetero), &train_config(4)).unwrap();
-    let mut trainer = Trainer::with_groups(&vs, train_config(4), groups).unwrap();
+    let mut trainer = Trainer::with_groups(&vs, train_config(4), groups, &context()).unwrap();
     let (s, records) = run(&mut trainer, &mut task);
     assert_eq!(s.outcome, Outcome::Completed);
     let mut saw_stats = false;
@@ -413,13 +425,13 @@ fn a_resumed_modulewise_run_matches_the_uninterrupted_one() {
     let full = {
         let (vs, mut task) = lm(&dir);
         let groups = modulewise_groups(&vs, &cfg, &train_config(5)).unwrap();
-        let mut t = Trainer::with_groups(&vs, train_config(5), groups).unwrap();
+        let mut t = Trainer::with_groups(&vs, train_config(5), groups, &context()).unwrap();
         losses(&run(&mut t, &mut task).1)
     };
     let first = {
         let (vs, mut task) = lm(&dir);
         let groups = modulewise_groups(&vs, &cfg, &train_config(5)).unwrap();
-        let mut t = Trainer::with_groups(&vs, train_config(5), groups).unwrap();
+        let mut t = Trainer::with_groups(&vs, train_config(5), groups, &context()).unwrap();
         t.stop_after(2);
         let mut records = Vec::new();
         let mut sink = |r: &Record| -> Result<(), ModelsError> {
@@ -433,7 +445,7 @@ fn a_resumed_modulewise_run_matches_the_uninterrupted_one() {
     let second = {
         let (vs, mut task) = lm(&dir);
         let groups = modulewise_groups(&vs, &cfg, &train_config(5)).unwrap();
-        let mut t = Trainer::with_groups(&vs, train_config(5), groups).unwrap();
+        let mut t = Trainer::with_groups(&vs, train_config(5), groups, &context()).unwrap();
         t.load_checkpoint(&ckpt).unwrap();
         assert_eq!(t.step(), 2);
         losses(&run(&mut t, &mut task).1)
@@ -483,7 +495,6 @@ fn a_loss_that_climbs_back_from_its_best_is_divergence_against_the_best() {
             warmup_steps: 0,
             eval_every: 100,
             log_every: 100,
-            progress: false,
             divergence_factor: 1.5,
             divergence_reference: reference,
             diagnostics: kappa_models::DiagnosticsConfig {
@@ -492,7 +503,7 @@ fn a_loss_that_climbs_back_from_its_best_is_divergence_against_the_best() {
             },
             ..TrainConfig::default()
         };
-        let mut trainer = Trainer::new(&vs, cfg).unwrap();
+        let mut trainer = Trainer::new(&vs, cfg, &context()).unwrap();
         run(&mut trainer, &mut Scripted { w }).0.outcome
     };
     // Against the first loss (2.0) the climb to 3.9 only exceeds 1.5 × 2.0 = 3.0 at step 40.

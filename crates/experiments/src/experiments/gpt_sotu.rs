@@ -5,11 +5,13 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use kappa_models::{Conditioning, DiagnosticsConfig, Gpt, GptConfig, Layout, TextCorpus, TokenizerKind};
+use kappa_models::{
+    Conditioning, DiagnosticsConfig, Gpt, GptConfig, Layout, TextCorpus, TokenizerKind,
+};
 use kappa_train::{LanguageModeling, Outcome, Task, TrainConfig};
 use serde::{Deserialize, Serialize};
 
-use super::vit_fmnist::{conditioning_report, train_config, train_variant, ReportSpec, Variant};
+use crate::conditioning::{conditioning_report, train_conditioned, ReportSpec, Variant};
 use crate::report::{runs_table, Section};
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::scale::Scale;
@@ -100,7 +102,6 @@ impl Experiment for GptSotu {
                     checkpoint_every: 2,
                     eval_batches: 2,
                     log_every: 1,
-                    progress: false,
                     diagnostics: DiagnosticsConfig {
                         jacobian_max_tokens: 8,
                         ..diagnostics
@@ -162,8 +163,9 @@ impl Experiment for GptSotu {
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {
-        let train = train_config(&config.train, run);
-        let device = kappa_models::parse_device(&train.device)?;
+        let train = &config.train;
+        let seed = run.context().seed;
+        let device = kappa_models::parse_device(&run.context().device)?;
         let dir = run.context().data_dir.join(TextCorpus::SOTU);
         for (i, variant) in config.variants.iter().enumerate() {
             let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
@@ -173,16 +175,16 @@ impl Experiment for GptSotu {
                 .with_conditioning(variant.conditioning);
             let batches = config.final_eval_batches;
             let batch_size = train.batch_size;
-            let outcome = train_variant(
+            let outcome = train_conditioned(
                 run,
                 i,
                 variant,
-                &train,
+                train,
                 |vs| {
                     Ok(LanguageModeling::new(
                         Gpt::new(&vs.root(), model)?,
                         corpus,
-                        train.seed,
+                        seed,
                     )?)
                 },
                 |task| Ok(tch::no_grad(|| task.evaluate(batches, batch_size))?.loss),

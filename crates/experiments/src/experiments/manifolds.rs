@@ -14,11 +14,13 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use kappa_models::{DiagnosticsConfig, Gpt, GptConfig, TextCorpus, TokenizerKind};
-use kappa_train::{modulewise_groups, DivergenceReference, LanguageModeling, ModuleLabel, ModulewiseConfig, OptimizerStats, Outcome, Preset, Record, Task, TrainConfig};
 use kappa_optim::{DGramRetraction, DualAscent};
+use kappa_train::{
+    modulewise_groups, train_variant, DivergenceReference, LanguageModeling, Line, ModuleLabel,
+    ModulewiseConfig, OptimizerStats, Outcome, Preset, Record, Task, TrainConfig, VariantId,
+};
 use serde::{Deserialize, Serialize};
 
-use super::vit_fmnist::{train_config, train_variant_with, Line};
 use crate::plot::{LinePlot, Mark};
 use crate::report::{runs_table, Section};
 use crate::run::{Run, RunRecord, RunStatus};
@@ -174,7 +176,6 @@ impl Experiment for Manifolds {
                     eval_every: 2,
                     eval_batches: 1,
                     log_every: 1,
-                    progress: false,
                     ..base_train
                 },
                 variants: variants(ModulewiseConfig::paper),
@@ -242,15 +243,16 @@ impl Experiment for Manifolds {
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {
-        let mut train = TrainConfig {
+        let train = TrainConfig {
             // The embeddings' decay is the assignment's; gains never decay.
             weight_decay: 0.0,
-            ..train_config(&config.train, run)
+            ..config.train.clone()
         };
         if config.libtorch_threads > 0 {
-            train.threads = config.libtorch_threads;
+            run.pin_threads(config.libtorch_threads);
         }
-        let device = kappa_models::parse_device(&train.device)?;
+        let seed = run.context().seed;
+        let device = kappa_models::parse_device(&run.context().device)?;
         let dir = run.context().data_dir.join(TextCorpus::SOTU);
         let first_seed = run.context().seed == 0;
         for (i, variant) in config.variants.iter().enumerate() {
@@ -260,16 +262,19 @@ impl Experiment for Manifolds {
             let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
             let model = config.model.or_vocab(corpus.tokenizer.vocab_size());
             let (batches, batch_size) = (config.final_eval_batches, train.batch_size);
-            train_variant_with(
+            let id = VariantId {
+                index: i,
+                name: &variant.name,
+            };
+            train_variant::<_, anyhow::Error>(
                 run,
-                i,
-                &variant.name,
+                id,
                 &train,
                 |vs| {
                     Ok(LanguageModeling::new(
                         Gpt::new(&vs.root(), model)?,
                         corpus,
-                        train.seed,
+                        seed,
                     )?)
                 },
                 |vs| Ok(modulewise_groups(vs, &variant.modulewise, &train)?),

@@ -7,24 +7,24 @@
 //! one. A folder whose `run.json` says completed or diverged is [`Resumed::Finished`] and is not
 //! run again; a folder without `run.json` (the process was killed) or whose run failed is
 //! [`Resumed::Continued`]: `metrics.jsonl` is kept (minus a torn last line) and appended to, and
-//! the experiment decides what to skip and where to continue (see
-//! [`crate::experiments::vit_fmnist::train_variant`] and [`Run::retain_metrics`]); the registry
-//! reruns the folder from the start instead for an experiment that cannot continue a run
-//! ([`crate::Experiment::continues_interrupted_runs`]). Either way the
-//! folder's `config.toml` must equal the config this build would write, or the resume stops with
-//! [`ResumeError::ConfigChanged`], naming the keys that differ: a run folder never mixes configs.
+//! the caller decides what to skip and where to continue (see [`crate::variants`] and
+//! [`Run::retain_metrics`]). Either way the folder's `config.toml` must equal the config of this
+//! attempt, or the resume stops with [`RunError::ConfigChanged`], naming the keys that differ: a
+//! run folder never mixes configs.
+//!
+//! `metrics.jsonl` has one writer, [`Run::log`]: one JSON object per line, flushed per line.
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::scale::Scale;
+pub use crate::context::RunContext;
+use crate::error::{RunError, RunResult as Result};
 
 /// How a run ended. A diverged run is a result, not an error.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,23 +44,6 @@ pub enum RunStatus {
         /// The error, with its causes.
         error: String,
     },
-}
-
-/// Who ran what, where: the header of `config.toml` and the body of `run.json`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RunContext {
-    /// The experiment's registry name.
-    pub experiment: String,
-    /// The scale it ran at.
-    pub scale: Scale,
-    /// The seed of this run.
-    pub seed: u64,
-    /// BLAS / libtorch threads.
-    pub threads: usize,
-    /// `cpu`, `cuda` or `cuda:N`.
-    pub device: String,
-    /// Where the data sets are.
-    pub data_dir: PathBuf,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -95,24 +78,6 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// Why a run folder cannot be resumed.
-#[derive(Debug, thiserror::Error)]
-pub enum ResumeError {
-    /// The folder's `config.toml` differs from the config of this build and these settings.
-    #[error(
-        "{path} was written with a different config ({differences}); run without --resume to \
-         start the experiment over, or restore the settings it was run with",
-        path = path.display(),
-        differences = differences.join("; ")
-    )]
-    ConfigChanged {
-        /// The `config.toml` that differs.
-        path: PathBuf,
-        /// One `key: old → new` entry per differing key (dotted TOML paths).
-        differences: Vec<String>,
-    },
-}
-
 /// What [`Run::resume`] found in a run folder.
 pub enum Resumed {
     /// The folder holds no run (or no `config.toml`): it was created afresh.
@@ -139,11 +104,14 @@ impl Run {
     /// Creates (or empties) `dir` and writes `config.toml`.
     pub fn create<C: Serialize>(dir: &Path, context: RunContext, config: &C) -> Result<Self> {
         if dir.exists() {
-            fs::remove_dir_all(dir).with_context(|| format!("emptying {}", dir.display()))?;
+            fs::remove_dir_all(dir).map_err(|e| RunError::io(dir, e))?;
         }
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        fs::write(dir.join("config.toml"), config_text(&context, config)?)?;
-        let metrics = File::create(dir.join("metrics.jsonl"))?;
+        fs::create_dir_all(dir).map_err(|e| RunError::io(dir, e))?;
+        let config_path = dir.join("config.toml");
+        fs::write(&config_path, config_text(&context, config)?)
+            .map_err(|e| RunError::io(&config_path, e))?;
+        let metrics_path = dir.join("metrics.jsonl");
+        let metrics = File::create(&metrics_path).map_err(|e| RunError::io(&metrics_path, e))?;
         Ok(Self::open(dir, context, metrics))
     }
 
@@ -151,17 +119,16 @@ impl Run {
     /// [`Resumed::Finished`] (nothing is written), an interrupted or failed one is
     /// [`Resumed::Continued`] (its `run.json` is removed until the run finishes again, and a
     /// torn last line of `metrics.jsonl` is dropped). A folder without `config.toml` is created
-    /// afresh. A different config is a [`ResumeError::ConfigChanged`].
+    /// afresh. A different config is a [`RunError::ConfigChanged`].
     ///
     /// ```
     /// use std::collections::BTreeMap;
-    /// use kappa_experiments::run::{ResumeError, Resumed, Run, RunContext, RunStatus};
-    /// use kappa_experiments::Scale;
+    /// use kappa_train::run::{Resumed, Run, RunContext, RunStatus};
+    /// use kappa_train::RunError;
     ///
     /// let dir = std::env::temp_dir().join(format!("kappa-doc-resume-{}", std::process::id()));
     /// let context = RunContext {
-    ///     experiment: "demo".into(), scale: Scale::Smoke, seed: 0, threads: 1,
-    ///     device: "cpu".into(), data_dir: "data".into(),
+    ///     name: "demo".into(), scale: "smoke".into(), ..RunContext::default()
     /// };
     /// let config = BTreeMap::from([("steps", 4)]);
     /// Run::create(&dir, context.clone(), &config)?.finish(RunStatus::Completed)?;
@@ -169,10 +136,10 @@ impl Run {
     /// assert!(matches!(Run::resume(&dir, context.clone(), &config)?, Resumed::Finished(_)));
     /// // Another config: an error naming the change, and the folder is left alone.
     /// let err = Run::resume(&dir, context, &BTreeMap::from([("steps", 5)])).err().unwrap();
-    /// assert!(matches!(err.downcast_ref(), Some(ResumeError::ConfigChanged { .. })));
+    /// assert!(matches!(err, RunError::ConfigChanged { .. }));
     /// assert!(err.to_string().contains("config.steps: 4 → 5"));
     /// # std::fs::remove_dir_all(&dir)?;
-    /// # Ok::<(), anyhow::Error>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn resume<C: Serialize>(dir: &Path, context: RunContext, config: &C) -> Result<Resumed> {
         let config_path = dir.join("config.toml");
@@ -185,7 +152,8 @@ impl Run {
             if !matches!(info.status, RunStatus::Failed { .. }) {
                 return Ok(Resumed::Finished(info.clone()));
             }
-            fs::remove_file(dir.join("run.json"))?;
+            let info = dir.join("run.json");
+            fs::remove_file(&info).map_err(|e| RunError::io(&info, e))?;
         }
         let metrics_path = dir.join("metrics.jsonl");
         drop_torn_last_line(&metrics_path)?;
@@ -193,7 +161,7 @@ impl Run {
             .create(true)
             .append(true)
             .open(&metrics_path)
-            .with_context(|| format!("opening {}", metrics_path.display()))?;
+            .map_err(|e| RunError::io(&metrics_path, e))?;
         let mut run = Self::open(dir, context, metrics);
         if let Some(info) = previous {
             run.earlier_seconds = info.wall_seconds;
@@ -223,9 +191,9 @@ impl Run {
         self.resumes > 0
     }
 
-    /// A test hook that stands in for killing the process: the training of variant `index`
-    /// stops once `step` steps are done, right after its checkpoint is written, and
-    /// [`crate::experiments::vit_fmnist::train_variant`] returns an error.
+    /// A stand-in for killing the process (tests of resume use it): the training of variant
+    /// `index` ([`crate::variants`]) stops once `step` steps are done, right after its
+    /// checkpoint is written, and the driver returns [`RunError::Interrupted`].
     pub fn interrupt_variant_at(&mut self, index: usize, step: u64) {
         self.interruption = Some((index, step));
     }
@@ -234,6 +202,14 @@ impl Run {
     pub fn interruption_of(&self, index: usize) -> Option<u64> {
         self.interruption
             .and_then(|(i, step)| (i == index).then_some(step))
+    }
+
+    /// Pins the libtorch threads of this run's training to `threads` (an experiment whose config
+    /// knows better than the command line, e.g. one OpenMP thread beside its own worker pool);
+    /// `run.json` records the pinned count. `config.toml` keeps the requested one, so resuming
+    /// with the same command line matches.
+    pub fn pin_threads(&mut self, threads: usize) {
+        self.context.threads = threads;
     }
 
     /// The run folder (for plots and checkpoints of this run).
@@ -249,16 +225,21 @@ impl Run {
     /// Appends one record to `metrics.jsonl` and flushes it, so that the file always holds
     /// every record logged before a checkpoint that was written after it (what resume needs).
     pub fn log<T: Serialize>(&mut self, record: &T) -> Result<()> {
-        serde_json::to_writer(&mut self.metrics, record)?;
-        self.metrics.write_all(b"\n")?;
-        self.metrics.flush()?;
-        Ok(())
+        let path = self.dir.join("metrics.jsonl");
+        let line = serde_json::to_vec(record).map_err(|e| RunError::format(&path, 0, e))?;
+        (|| {
+            self.metrics.write_all(&line)?;
+            self.metrics.write_all(b"\n")?;
+            self.metrics.flush()
+        })()
+        .map_err(|e| RunError::io(&path, e))
     }
 
     /// Every record of this run's `metrics.jsonl` so far, parsed as `T`.
     pub fn metrics<T: DeserializeOwned>(&mut self) -> Result<Vec<T>> {
-        self.metrics.flush()?;
-        read_metrics(&self.dir.join("metrics.jsonl"))
+        let path = self.dir.join("metrics.jsonl");
+        self.metrics.flush().map_err(|e| RunError::io(&path, e))?;
+        read_metrics(&path)
     }
 
     /// Rewrites `metrics.jsonl` with only the records for which `keep` is true (in order), and
@@ -277,20 +258,18 @@ impl Run {
         }
         let path = self.dir.join("metrics.jsonl");
         let tmp = path.with_extension("jsonl.tmp");
-        {
-            let mut out = BufWriter::new(File::create(&tmp)?);
-            for record in &kept {
-                serde_json::to_writer(&mut out, record)?;
-                out.write_all(b"\n")?;
-            }
-            out.flush()?;
-        }
-        fs::rename(&tmp, &path).with_context(|| format!("replacing {}", path.display()))?;
-        self.metrics = BufWriter::new(fs::OpenOptions::new().append(true).open(&path)?);
+        write_lines(&tmp, &kept)?;
+        fs::rename(&tmp, &path).map_err(|e| RunError::io(&path, e))?;
+        let file = fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| RunError::io(&path, e))?;
+        self.metrics = BufWriter::new(file);
         Ok(dropped)
     }
 
-    /// A progress bar for `len` units of work, labelled with the experiment and seed.
+    /// A progress bar for `len` units of work, labelled with the run's name and seed; hidden
+    /// when the context asks for no progress.
     pub fn progress(&self, len: u64, unit: &str) -> ProgressBar {
         let bar = ProgressBar::new(len);
         let template = format!(
@@ -299,16 +278,19 @@ impl Run {
         if let Ok(style) = ProgressStyle::with_template(&template) {
             bar.set_style(style.progress_chars("=> "));
         }
-        bar.set_prefix(format!(
-            "{} seed {}",
-            self.context.experiment, self.context.seed
-        ));
+        bar.set_prefix(format!("{} seed {}", self.context.name, self.context.seed));
+        if !self.context.progress {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
         bar
     }
 
     /// Flushes the metrics and writes `run.json`.
     pub fn finish(mut self, status: RunStatus) -> Result<RunInfo> {
-        self.metrics.flush()?;
+        let metrics = self.dir.join("metrics.jsonl");
+        self.metrics
+            .flush()
+            .map_err(|e| RunError::io(&metrics, e))?;
         let info = RunInfo {
             run: self.context,
             status,
@@ -317,41 +299,39 @@ impl Run {
             resumes: self.resumes,
             blas: kappa_linalg::blas_report().to_string(),
         };
-        fs::write(
-            self.dir.join("run.json"),
-            serde_json::to_string_pretty(&info)?,
-        )?;
+        let path = self.dir.join("run.json");
+        let text =
+            serde_json::to_string_pretty(&info).map_err(|e| RunError::format(&path, 0, e))?;
+        fs::write(&path, text).map_err(|e| RunError::io(&path, e))?;
         Ok(info)
     }
 }
 
-/// The text of `config.toml`: the run context and the experiment's config.
+/// The text of `config.toml`: the run context and the config.
 fn config_text<C: Serialize>(context: &RunContext, config: &C) -> Result<String> {
     let file = ConfigFile {
         run: context.clone(),
         config,
     };
-    toml::to_string_pretty(&file).context("serializing the config to TOML")
+    toml::to_string_pretty(&file).map_err(|e| RunError::format("config.toml", 0, e))
 }
 
-/// Fails with [`ResumeError::ConfigChanged`] unless the TOML at `path` equals `expected` as a
+/// Fails with [`RunError::ConfigChanged`] unless the TOML at `path` equals `expected` as a
 /// TOML value (formatting aside).
 fn ensure_same_config(path: &Path, expected: &str) -> Result<()> {
-    let on_disk: toml::Value = toml::from_str(
-        &fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-    )
-    .with_context(|| format!("parsing {}", path.display()))?;
-    let wanted: toml::Value = toml::from_str(expected).context("parsing the new config")?;
+    let text = fs::read_to_string(path).map_err(|e| RunError::io(path, e))?;
+    let on_disk: toml::Value = toml::from_str(&text).map_err(|e| RunError::format(path, 0, e))?;
+    let wanted: toml::Value =
+        toml::from_str(expected).map_err(|e| RunError::format("the new config", 0, e))?;
     let mut differences = Vec::new();
     toml_differences("", &on_disk, &wanted, &mut differences);
     if differences.is_empty() {
         Ok(())
     } else {
-        Err(ResumeError::ConfigChanged {
+        Err(RunError::ConfigChanged {
             path: path.to_path_buf(),
             differences,
-        }
-        .into())
+        })
     }
 }
 
@@ -385,9 +365,8 @@ fn read_run_info(dir: &Path) -> Result<Option<RunInfo>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let info =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let text = fs::read_to_string(&path).map_err(|e| RunError::io(&path, e))?;
+    let info = serde_json::from_str(&text).map_err(|e| RunError::format(&path, 0, e))?;
     Ok(Some(info))
 }
 
@@ -399,23 +378,33 @@ fn drop_torn_last_line(path: &Path) -> Result<()> {
     };
     let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
     if keep < bytes.len() {
-        fs::write(path, &bytes[..keep]).with_context(|| format!("repairing {}", path.display()))?;
+        fs::write(path, &bytes[..keep]).map_err(|e| RunError::io(path, e))?;
     }
     Ok(())
 }
 
 /// Every line of a `metrics.jsonl`, parsed as `T`.
 fn read_metrics<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = File::open(path).map_err(|e| RunError::io(path, e))?;
     BufReader::new(file)
         .lines()
         .enumerate()
         .map(|(i, line)| {
-            let line = line?;
-            serde_json::from_str(&line)
-                .with_context(|| format!("{}:{}: bad record", path.display(), i + 1))
+            let line = line.map_err(|e| RunError::io(path, e))?;
+            serde_json::from_str(&line).map_err(|e| RunError::format(path, i + 1, e))
         })
         .collect()
+}
+
+/// Writes `records` to `path`, one JSON object per line.
+fn write_lines<T: Serialize>(path: &Path, records: &[T]) -> Result<()> {
+    let file = File::create(path).map_err(|e| RunError::io(path, e))?;
+    let mut out = BufWriter::new(file);
+    for record in records {
+        serde_json::to_writer(&mut out, record).map_err(|e| RunError::format(path, 0, e))?;
+        out.write_all(b"\n").map_err(|e| RunError::io(path, e))?;
+    }
+    out.flush().map_err(|e| RunError::io(path, e))
 }
 
 /// A finished run folder, read back from disk.
@@ -431,12 +420,12 @@ impl RunRecord {
     /// Reads `run.json` and `config.toml` from a run folder.
     pub fn read(dir: &Path) -> Result<Self> {
         let info_path = dir.join("run.json");
-        let info: RunInfo = serde_json::from_str(
-            &fs::read_to_string(&info_path)
-                .with_context(|| format!("reading {}", info_path.display()))?,
-        )
-        .with_context(|| format!("parsing {}", info_path.display()))?;
-        let config_text = fs::read_to_string(dir.join("config.toml"))?;
+        let text = fs::read_to_string(&info_path).map_err(|e| RunError::io(&info_path, e))?;
+        let info: RunInfo =
+            serde_json::from_str(&text).map_err(|e| RunError::format(&info_path, 0, e))?;
+        let config_path = dir.join("config.toml");
+        let config_text =
+            fs::read_to_string(&config_path).map_err(|e| RunError::io(&config_path, e))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             info,
@@ -444,7 +433,8 @@ impl RunRecord {
         })
     }
 
-    /// All run folders (`seed-*` with a `run.json`) under `results/<experiment>/<scale>/`.
+    /// All run folders (sub-folders with a `run.json`) of `scale_dir`, in name order (the
+    /// experiments keep `seed-*` folders under `results/<experiment>/<scale>/`).
     pub fn read_all(scale_dir: &Path) -> Result<Vec<Self>> {
         let mut runs = Vec::new();
         let Ok(entries) = fs::read_dir(scale_dir) else {
@@ -461,10 +451,10 @@ impl RunRecord {
         Ok(runs)
     }
 
-    /// The experiment config this run used.
+    /// The config this run used.
     pub fn config<C: DeserializeOwned>(&self) -> Result<C> {
         let file: ConfigFile<C> = toml::from_str(&self.config_text)
-            .with_context(|| format!("parsing {}/config.toml", self.dir.display()))?;
+            .map_err(|e| RunError::format(self.dir.join("config.toml"), 0, e))?;
         Ok(file.config)
     }
 
@@ -494,12 +484,11 @@ mod tests {
     fn a_run_folder_round_trips() {
         let dir = std::env::temp_dir().join(format!("kappa-run-{}", std::process::id()));
         let context = RunContext {
-            experiment: "demo".into(),
-            scale: Scale::Smoke,
+            name: "demo".into(),
+            scale: "smoke".into(),
             seed: 3,
             threads: 1,
-            device: "cpu".into(),
-            data_dir: "data".into(),
+            ..RunContext::default()
         };
         let cfg = Cfg {
             sizes: vec![1, 2],
