@@ -89,4 +89,87 @@ mod tests {
             hits.join("\n")
         );
     }
+
+    /// The layers of the workspace, lowest first (docs/architecture.md, "Crates and the direction
+    /// of dependencies"): a crate depends only on crates of lower layers, so dependencies flow one
+    /// way and each library can be used without the ones above it. `kappa-testkit` is dev-only:
+    /// any crate may use it in tests, none in its library.
+    const LAYERS: &[(&str, u32)] = &[
+        ("kappa-testkit", 0),
+        ("kappa-cli", 0),
+        ("kappa-linalg", 1),
+        ("kappa-attention", 2),
+        ("kappa-optim", 2),
+        ("kappa-models", 3),
+        ("kappa-train", 4),
+        ("kappa-experiments", 5),
+        ("kappa-benches", 6),
+        ("xtask", 6),
+    ];
+
+    /// The kappa crates named in one dependency table of a `Cargo.toml` (`[dependencies]`,
+    /// `[dev-dependencies]`, `[build-dependencies]`, or a target-specific one ending so).
+    fn kappa_dependencies(manifest: &str, table: &str) -> Vec<String> {
+        let mut inside = false;
+        let mut out = Vec::new();
+        for line in manifest.lines().map(str::trim) {
+            if line.starts_with('[') {
+                let header = line.trim_matches(|c| c == '[' || c == ']');
+                inside = header == table || header.ends_with(&format!(".{table}"));
+                continue;
+            }
+            let name = line.split(['=', '.', ' ']).next().unwrap_or("");
+            if inside && name.starts_with("kappa-") {
+                out.push(name.to_string());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn dependencies_flow_from_higher_layers_to_lower_ones() {
+        let ws = Workspace::locate().unwrap();
+        let level = |name: &str| LAYERS.iter().find(|(n, _)| *n == name).map(|(_, l)| *l);
+        let mut manifests = Vec::new();
+        for dir in ["crates", "benches", "xtask"] {
+            files_with(&ws.root().join(dir), &["toml"], &mut manifests);
+        }
+        manifests.retain(|m| m.file_name().is_some_and(|n| n == "Cargo.toml"));
+        let mut wrong = Vec::new();
+        for manifest in &manifests {
+            let text = fs::read_to_string(manifest).unwrap();
+            let Some(name) = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("name = "))
+                .map(|n| n.trim_matches('"').to_string())
+            else {
+                continue;
+            };
+            let Some(own) = level(&name) else {
+                wrong.push(format!(
+                    "{name} is in no layer: add it to LAYERS and the doc"
+                ));
+                continue;
+            };
+            for table in ["dependencies", "build-dependencies"] {
+                for dep in kappa_dependencies(&text, table) {
+                    match level(&dep) {
+                        _ if dep == "kappa-testkit" && !name.ends_with("benches") => {
+                            wrong.push(format!("{name} uses the dev-only kappa-testkit"))
+                        }
+                        Some(l) if l < own || dep == "kappa-testkit" => {}
+                        _ => wrong.push(format!("{name} (layer {own}) depends on {dep}")),
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        let doc = fs::read_to_string(ws.root().join("docs/architecture.md")).unwrap();
+        for (name, _) in LAYERS.iter().filter(|(n, _)| *n != "kappa-cli") {
+            assert!(
+                doc.contains(&format!("| `{name}` |")),
+                "docs/architecture.md's table lacks {name}"
+            );
+        }
+    }
 }
