@@ -436,16 +436,68 @@ impl TextCorpus {
             Ok(text)
         };
         let (train, val) = (read("train.txt")?, read("val.txt")?);
+        Self::from_texts(&train, &val, tokenizer, device)
+    }
+
+    /// Loads one plain-text file (UTF-8) as nanoGPT does: the first 1 − `validation_fraction`
+    /// of its characters are the training split, the rest the validation split; tokenized onto
+    /// `device` (a character vocabulary is built from the whole file).
+    ///
+    /// Errors: [`ModelsError::Io`] for a file that cannot be read; [`ModelsError::InvalidConfig`]
+    /// for a fraction outside (0, 1); [`ModelsError::BadData`] when either split would hold
+    /// fewer than 2 characters.
+    ///
+    /// ```
+    /// use kappa_models::{Split, TextCorpus, TokenizerKind};
+    /// let path = std::env::temp_dir().join(format!("kappa-corpus-{}.txt", std::process::id()));
+    /// std::fs::write(&path, "abcdefghij")?;
+    /// let corpus = TextCorpus::from_file(&path, TokenizerKind::Char, 0.2, tch::Device::Cpu)?;
+    /// assert_eq!(corpus.tokens(Split::Train).size(), vec![8]);
+    /// assert_eq!(corpus.tokens(Split::Validation).size(), vec![2]);
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_file(
+        path: &Path,
+        tokenizer: TokenizerKind,
+        validation_fraction: f64,
+        device: Device,
+    ) -> Result<Self> {
+        if !(validation_fraction > 0.0 && validation_fraction < 1.0) {
+            return Err(ModelsError::config(
+                "data.validation_fraction",
+                format!("must lie in (0, 1), found {validation_fraction}"),
+            ));
+        }
+        let text = fs::read_to_string(path).map_err(|e| ModelsError::io(path, e))?;
+        let chars = text.chars().count();
+        let cut = ((1.0 - validation_fraction) * chars as f64).round() as usize;
+        if cut < 2 || chars - cut < 2 {
+            return Err(ModelsError::BadData {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "{chars} characters leave fewer than 2 in a split at validation fraction \
+                     {validation_fraction}"
+                ),
+            });
+        }
+        let at = text.char_indices().nth(cut).map_or(text.len(), |(i, _)| i);
+        let (train, val) = text.split_at(at);
+        Self::from_texts(train, val, tokenizer, device)
+    }
+
+    /// Tokenizes a training and a validation text onto `device`.
+    fn from_texts(train: &str, val: &str, tokenizer: TokenizerKind, device: Device) -> Result<Self> {
         let tok = match tokenizer {
-            TokenizerKind::Char => Tokenizer::chars_of(&[&train, &val]),
+            TokenizerKind::Char => Tokenizer::chars_of(&[train, val]),
             TokenizerKind::Gpt2Bpe => Tokenizer::gpt2()?,
         };
         let ids = |t: &str| -> Result<Tensor> {
             Ok(Tensor::from_slice(&tok.encode(t)?).to_device(device))
         };
         Ok(Self {
-            train: ids(&train)?,
-            validation: ids(&val)?,
+            train: ids(train)?,
+            validation: ids(val)?,
             tokenizer: tok,
         })
     }
