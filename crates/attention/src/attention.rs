@@ -16,13 +16,12 @@
 //! gradients evaluated at W + C, and no parameter is added. The λ·I_k correction is applied
 //! without forming W + λ I_k: X (W + λ E) = X W + λ X[:, offset..offset + k].
 
+use kappa_linalg::input::{check_matrix, check_positive, check_shape, shape_str};
 use kappa_linalg::Real;
 use ndarray::{s, Array2, ArrayView2};
 
 use crate::correction::{Correction, IdentityShift, SvdCorrection};
-use crate::error::{
-    check_computed, check_matrix, check_scalar, check_shape, shape_str, AttentionError, Result,
-};
+use crate::error::{check_computed, AttentionError, Result};
 use crate::softmax::softmax_unchecked;
 
 /// The score scale s in S = X W_Q W_Kᵀ Xᵀ / s.
@@ -51,7 +50,7 @@ impl ScoreScale {
             }),
             ScoreScale::InvSqrtK => Ok((k as f64).sqrt()),
             ScoreScale::Custom(s) => {
-                check_scalar("scale", s, true)?;
+                check_positive("scale", s)?;
                 Ok(s)
             }
         }

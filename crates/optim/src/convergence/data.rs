@@ -144,7 +144,7 @@ impl ModelSpec {
                 reason: "must be positive".into(),
             });
         }
-        check_range("noise_std", self.noise_std, 0.0, 1e6)
+        Ok(check_range("noise_std", self.noise_std, 0.0, 1e6)?)
     }
 
     /// The eigenvalues of Σ, descending.
