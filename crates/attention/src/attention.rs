@@ -25,7 +25,13 @@ use crate::error::{check_computed, AttentionError, Result};
 use crate::softmax::softmax_unchecked;
 
 /// The score scale s in S = X W_Q W_Kᵀ Xᵀ / s.
+///
+/// With the `serde` feature it is written `"one"`, `"inv_sqrt_k"` or `{ custom = s }` (TOML:
+/// `scale = "inv_sqrt_k"`, `scale = { custom = 2.0 }`); a custom s is checked where it is used
+/// ([`ScoreScale::divisor`]), not when it is read.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum ScoreScale {
     /// s = 1, as the paper writes attention (the default).
     #[default]
@@ -83,6 +89,7 @@ impl ScoreScale {
 
 /// How a head computes its scores.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AttentionOptions {
     /// The score scale s (default: s = 1, the paper's form).
     pub scale: ScoreScale,

@@ -364,7 +364,12 @@ fn decrease_threshold(a: f64, kappa: f64) -> Option<f64> {
 ///
 /// The paper fixes λ = 10 whatever the weight scale; the other two policies choose λ from
 /// σ_max(W) so that a guarantee of [`IdentityShift`] holds.
+///
+/// With the `serde` feature it is written `{ fixed = λ }`, `{ target_kappa = κ_t }` or
+/// `{ sufficient_decrease = { margin = m } }`; the parameter is checked when λ is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum LambdaPolicy {
     /// A fixed λ ≥ 0 (the paper: 10). No guarantee.
     Fixed(f64),

@@ -22,6 +22,13 @@
 //! * κ follows kappa-linalg's rule: σ₁/σ_min(m,n) at full numerical rank, +∞ otherwise; κ⁺ is the
 //!   pseudo condition number over the singular values above numpy's threshold.
 //!
+//! # Features
+//!
+//! * `serde`: `Serialize`/`Deserialize` for the config-like types [`ScoreScale`]
+//!   (`"one"`, `"inv_sqrt_k"`, `{ custom = s }`), [`AttentionOptions`], [`HeadLayout`]
+//!   (`"same_block"`, `"shifted"`) and [`LambdaPolicy`], in snake_case.
+//! * `openblas-system` (default): LAPACK from the system OpenBLAS, through kappa-linalg.
+//!
 //! # Error contract
 //!
 //! Every public function validates its input and returns [`AttentionError`] or a documented
