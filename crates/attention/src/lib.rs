@@ -11,6 +11,7 @@
 //! | [`correction`] | [`SvdCorrection`] (Thm 3.5), [`IdentityShift`] (Thm 3.8), [`LambdaPolicy`], [`rect_identity`], [`identity_shift_flops`] |
 //! | [`multihead`] | [`MultiHeadAttention`], [`HeadLayout`] |
 //! | [`diagnostics`] | [`attention_diagnostics`], [`AttentionDiagnostics`], [`projection_stats`] |
+//! | [`instances`] | [`Theorem34Instance`] (random instances of Theorem 3.4, as the tests and the `theory` experiment draw them), [`TokenRegime`] |
 //! | [`error`] | [`AttentionError`], [`Result`] |
 //!
 //! # Conventions
@@ -59,6 +60,7 @@ pub mod conditioning;
 pub mod correction;
 pub mod diagnostics;
 pub mod error;
+pub mod instances;
 pub mod jacobian;
 pub mod multihead;
 mod scale;
@@ -78,6 +80,7 @@ pub use diagnostics::{
     ProjectionStats, SATURATION_THRESHOLD,
 };
 pub use error::{AttentionError, Result};
+pub use instances::{Theorem34Instance, TokenRegime};
 pub use jacobian::{JacobianWorkspace, WeightJacobian, WeightSet};
 pub use multihead::{HeadLayout, MultiHeadAttention};
 pub use softmax::{
