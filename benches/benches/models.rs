@@ -50,7 +50,7 @@ use criterion::{black_box, Criterion};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with};
 use kappa_models::{
     adamw_groups, autocast::autocast, autocast::native_bf16, seeded, Conditioning, Gpt, GptConfig,
-    GradientDropper, Layout, ParamGroup, TrainConfig, TrainPrecision, Vit, VitConfig,
+    GradientDropper, HeadLayout, ParamGroup, TrainConfig, TrainPrecision, Vit, VitConfig,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -63,7 +63,7 @@ fn conditioning(lambda: f64) -> Conditioning {
     if lambda > 0.0 {
         Conditioning::Identity {
             lambda,
-            layout: Layout::Shifted,
+            layout: HeadLayout::Shifted,
         }
     } else {
         Conditioning::None

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kappa_models::{seeded, Conditioning, Gpt, GptConfig, Layout, TrainConfig, Vit, VitConfig};
+use kappa_models::{seeded, Conditioning, Gpt, GptConfig, HeadLayout, TrainConfig, Vit, VitConfig};
 use tch::{nn, Device, Kind, Tensor};
 
 fn time_steps(vs: &nn::VarStore, steps: usize, mut loss: impl FnMut() -> Tensor) -> f64 {
@@ -44,7 +44,7 @@ fn main() {
         Conditioning::None,
         Conditioning::Identity {
             lambda: 10.0,
-            layout: Layout::Shifted,
+            layout: HeadLayout::Shifted,
         },
         Conditioning::Svd { every: 1 },
     ];

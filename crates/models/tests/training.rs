@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use kappa_models::data::fixtures;
 use kappa_models::train::{adamw_groups, named_trainable};
 use kappa_models::{
-    seeded, Conditioning, FashionMnist, Gpt, GptConfig, ImageClassification, LanguageModeling,
-    Layout, ModelsError, Outcome, Record, Task, TextCorpus, TokenizerKind, TrainConfig, Trainer,
-    Vit, VitConfig,
+    seeded, Conditioning, FashionMnist, Gpt, GptConfig, HeadLayout, ImageClassification,
+    LanguageModeling, ModelsError, Outcome, Record, Task, TextCorpus, TokenizerKind, TrainConfig,
+    Trainer, Vit, VitConfig,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -110,7 +110,7 @@ fn checkpoints_round_trip_and_a_resumed_run_matches_the_uninterrupted_one() {
     fixtures::write_sotu(&dir).unwrap();
     let conditioning = Conditioning::ScaleAware {
         target_kappa: 1.5,
-        layout: Layout::SameBlock,
+        layout: HeadLayout::SameBlock,
         every: 2,
     };
     // Uninterrupted: 7 steps.
@@ -439,7 +439,7 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
     // attention onto itself and the model stays at chance on this fixture (docs/models.md, "Why a large λ collapses attention").
     let c = Conditioning::Identity {
         lambda: 0.3,
-        layout: Layout::Shifted,
+        layout: HeadLayout::Shifted,
     };
     let vit = seeded(0, || {
         Vit::new(&vs.root(), VitConfig::tiny().with_conditioning(c))

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use kappa_models::{
-    adamw_groups, seeded, summarize, Conditioning, DiagnosticsConfig, FashionMnist,
-    ImageClassification, Layout, Outcome, ParamGroup, Record, Split, Summary, Task, TrainConfig,
-    Trainer, Vit, VitConfig,
+    adamw_groups, seeded, summarize, Conditioning, DiagnosticsConfig, FashionMnist, HeadLayout,
+    ImageClassification, Outcome, ParamGroup, Record, Split, Summary, Task, TrainConfig, Trainer,
+    Vit, VitConfig,
 };
 use serde::{Deserialize, Serialize};
 use tch::nn;
@@ -107,21 +107,21 @@ pub fn standard_variants(every: u64) -> Vec<Variant> {
             "λ=1",
             Conditioning::Identity {
                 lambda: 1.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
         ),
         v(
             "λ=10 (paper default)",
             Conditioning::Identity {
                 lambda: 10.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
         ),
         v(
             "scale-aware κ≤1.5",
             Conditioning::ScaleAware {
                 target_kappa: 1.5,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
                 every,
             },
         ),
