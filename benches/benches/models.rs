@@ -49,7 +49,8 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, Criterion};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with};
 use kappa_models::{
-    autocast::autocast, autocast::native_bf16, Conditioning, Gpt, GptConfig, Layout, Vit, VitConfig,
+    autocast::autocast, autocast::native_bf16, Conditioning, Gpt, GptConfig, HeadLayout, Vit,
+    VitConfig,
 };
 use kappa_train::{adamw_groups, seeded, GradientDropper, ParamGroup, TrainConfig, TrainPrecision};
 use tch::{nn, Device, Kind, Tensor};
@@ -63,7 +64,7 @@ fn conditioning(lambda: f64) -> Conditioning {
     if lambda > 0.0 {
         Conditioning::Identity {
             lambda,
-            layout: Layout::Shifted,
+            layout: HeadLayout::Shifted,
         }
     } else {
         Conditioning::None

@@ -16,17 +16,22 @@
 //! gradients evaluated at W + C, and no parameter is added. The λ·I_k correction is applied
 //! without forming W + λ I_k: X (W + λ E) = X W + λ X[:, offset..offset + k].
 
+use kappa_linalg::input::{check_matrix, check_positive, check_shape, shape_str};
 use kappa_linalg::Real;
 use ndarray::{s, Array2, ArrayView2};
 
 use crate::correction::{Correction, IdentityShift, SvdCorrection};
-use crate::error::{
-    check_computed, check_matrix, check_scalar, check_shape, shape_str, AttentionError, Result,
-};
+use crate::error::{check_computed, AttentionError, Result};
 use crate::softmax::softmax_unchecked;
 
 /// The score scale s in S = X W_Q W_Kᵀ Xᵀ / s.
+///
+/// With the `serde` feature it is written `"one"`, `"inv_sqrt_k"` or `{ custom = s }` (TOML:
+/// `scale = "inv_sqrt_k"`, `scale = { custom = 2.0 }`); a custom s is checked where it is used
+/// ([`ScoreScale::divisor`]), not when it is read.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum ScoreScale {
     /// s = 1, as the paper writes attention (the default).
     #[default]
@@ -51,7 +56,7 @@ impl ScoreScale {
             }),
             ScoreScale::InvSqrtK => Ok((k as f64).sqrt()),
             ScoreScale::Custom(s) => {
-                check_scalar("scale", s, true)?;
+                check_positive("scale", s)?;
                 Ok(s)
             }
         }
@@ -84,6 +89,7 @@ impl ScoreScale {
 
 /// How a head computes its scores.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AttentionOptions {
     /// The score scale s (default: s = 1, the paper's form).
     pub scale: ScoreScale,

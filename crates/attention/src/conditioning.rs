@@ -78,7 +78,7 @@ impl Kappa {
     ///
     /// Errors: `a` empty or non-finite; LAPACK failures.
     pub fn of<A: Real>(a: ndarray::ArrayView2<'_, A>) -> Result<Self> {
-        crate::error::check_matrix("a", &a)?;
+        kappa_linalg::input::check_matrix("a", &a)?;
         let (m, n) = a.dim();
         let (s, e) = singular_values_scaled(a)?;
         let c = conditioning_from_singular_values(s.view(), m, n, RankTolerance::Numpy)?;

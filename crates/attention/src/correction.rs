@@ -23,12 +23,11 @@
 //!
 //! All corrections are constants: they carry no gradient and add no parameter.
 
+use kappa_linalg::input::{check_matrix, check_nonneg, check_positive, check_shape};
 use kappa_linalg::{conditioning_from_singular_values, RankTolerance, Real};
 use ndarray::{s, Array2, ArrayView2};
 
-use crate::error::{
-    check_computed, check_dense, check_matrix, check_scalar, check_shape, AttentionError, Result,
-};
+use crate::error::{check_computed, check_dense, AttentionError, Result};
 use crate::scale::{singular_values_scaled, svd_scaled, times_pow2, times_pow2_f64};
 
 /// The D×k "rectangular identity" I_k = [I_{k×k}; 0] (ones at (i, i), i < min(D, k)).
@@ -198,7 +197,7 @@ impl IdentityShift {
     ///
     /// Errors: λ not finite or negative (argument `lambda`).
     pub fn at_offset(lambda: f64, offset: usize) -> Result<Self> {
-        check_scalar("lambda", lambda, false)?;
+        check_nonneg("lambda", lambda)?;
         Ok(Self { lambda, offset })
     }
 
@@ -365,7 +364,12 @@ fn decrease_threshold(a: f64, kappa: f64) -> Option<f64> {
 ///
 /// The paper fixes λ = 10 whatever the weight scale; the other two policies choose λ from
 /// σ_max(W) so that a guarantee of [`IdentityShift`] holds.
+///
+/// With the `serde` feature it is written `{ fixed = λ }`, `{ target_kappa = κ_t }` or
+/// `{ sufficient_decrease = { margin = m } }`; the parameter is checked when λ is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum LambdaPolicy {
     /// A fixed λ ≥ 0 (the paper: 10). No guarantee.
     Fixed(f64),
@@ -402,12 +406,12 @@ impl LambdaPolicy {
     pub fn choose<A: Real>(&self, w: ArrayView2<'_, A>) -> Result<f64> {
         match *self {
             LambdaPolicy::Fixed(l) => {
-                check_scalar("policy", l, false)?;
+                check_nonneg("policy", l)?;
                 check_matrix("w", &w)?;
                 Ok(l)
             }
             LambdaPolicy::SufficientDecrease { margin } => {
-                check_scalar("policy", margin, true)?;
+                check_positive("policy", margin)?;
                 check_matrix("w", &w)?;
                 let (a, kappa) = sigma_max_and_kappa(w)?;
                 finite_lambda("w", a)?;

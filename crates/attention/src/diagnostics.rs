@@ -21,11 +21,12 @@
 //! [`attention_diagnostics`] validates its inputs (an attention matrix has entries in [0, 1]),
 //! and [`Forward::diagnostics`] returns its result rather than swallowing an error.
 
+use kappa_linalg::input::{check_matrix, check_shape};
 use kappa_linalg::Real;
 use ndarray::ArrayView2;
 
 use crate::attention::Forward;
-use crate::error::{check_matrix, check_probabilities, check_shape, AttentionError, Result};
+use crate::error::{check_probabilities, AttentionError, Result};
 use crate::scale::{singular_values_scaled, times_pow2_f64};
 
 /// Row-wise statistics of an attention matrix.

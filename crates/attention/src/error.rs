@@ -3,9 +3,15 @@
 //! Every error names the argument it is about (the parameter name as written in the function's
 //! signature, or `field.name` for a field of a struct argument), so a message such as
 //! ``argument `x` has a non-finite entry NaN at (2, 0)`` points straight at the bad value.
+//!
+//! The checks of empty, non-finite and mis-shaped arguments and of scalar domains are
+//! kappa-linalg's ([`kappa_linalg::input`], one copy for the workspace): their
+//! [`InputError`] converts into the variant of the same name and message here, so
+//! `check_matrix("x", &x)?` reports an [`AttentionError`]. The checks below are this crate's own.
 
+use kappa_linalg::input::{check_matrix, InputError};
 use kappa_linalg::{LinalgError, Real};
-use ndarray::{ArrayView1, ArrayView2};
+use ndarray::ArrayView2;
 
 /// Everything that can go wrong in `kappa-attention`.
 ///
@@ -91,97 +97,37 @@ pub enum AttentionError {
 /// `Result` with [`AttentionError`].
 pub type Result<T> = std::result::Result<T, AttentionError>;
 
-/// Formats a shape as `rows×cols`.
-pub(crate) fn shape_str(rows: usize, cols: usize) -> String {
-    format!("{rows}×{cols}")
-}
-
-/// Checks that a matrix is non-empty and finite.
-pub(crate) fn check_matrix<A: Real>(arg: &'static str, a: &ArrayView2<'_, A>) -> Result<()> {
-    let (rows, cols) = a.dim();
-    if rows == 0 || cols == 0 {
-        return Err(AttentionError::Empty { arg, rows, cols });
-    }
-    if a.iter().all(|x| x.is_finite()) {
-        return Ok(());
-    }
-    let ((row, col), value) = a
-        .indexed_iter()
-        .find(|(_, x)| !x.is_finite())
-        .map(|(ij, x)| (ij, x.to_f64_lossy()))
-        .unwrap_or(((0, 0), f64::NAN));
-    Err(AttentionError::NonFinite {
-        arg,
-        row,
-        col,
-        value,
-    })
-}
-
-/// Checks that a matrix is non-empty, finite and of the given shape.
-pub(crate) fn check_shape<A: Real>(
-    arg: &'static str,
-    a: &ArrayView2<'_, A>,
-    rows: usize,
-    cols: usize,
-    why: &str,
-) -> Result<()> {
-    check_matrix(arg, a)?;
-    if a.dim() != (rows, cols) {
-        return Err(AttentionError::ShapeMismatch {
-            arg,
-            expected: format!("{} ({why})", shape_str(rows, cols)),
-            found: shape_str(a.nrows(), a.ncols()),
-        });
-    }
-    Ok(())
-}
-
-/// Checks that a vector is non-empty, finite and of the given length.
-pub(crate) fn check_vector<A: Real>(
-    arg: &'static str,
-    v: &ArrayView1<'_, A>,
-    len: usize,
-    why: &str,
-) -> Result<()> {
-    if v.is_empty() {
-        return Err(AttentionError::Empty {
-            arg,
-            rows: 0,
-            cols: 1,
-        });
-    }
-    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-        return Err(AttentionError::NonFinite {
-            arg,
-            row: i,
-            col: 0,
-            value: v[i].to_f64_lossy(),
-        });
-    }
-    if v.len() != len {
-        return Err(AttentionError::ShapeMismatch {
-            arg,
-            expected: format!("length {len} ({why})"),
-            found: format!("length {}", v.len()),
-        });
-    }
-    Ok(())
-}
-
-/// Checks that a scalar is finite (and, with `positive`, > 0; otherwise ≥ 0).
-pub(crate) fn check_scalar(arg: &'static str, x: f64, positive: bool) -> Result<()> {
-    let ok = x.is_finite() && if positive { x > 0.0 } else { x >= 0.0 };
-    if ok {
-        Ok(())
-    } else {
-        Err(AttentionError::InvalidArgument {
-            arg,
-            reason: format!(
-                "must be finite and {} 0, found {x}",
-                if positive { ">" } else { "≥" }
-            ),
-        })
+impl From<InputError> for AttentionError {
+    fn from(e: InputError) -> Self {
+        match e {
+            InputError::Empty { arg, rows, cols } => AttentionError::Empty { arg, rows, cols },
+            InputError::NonFinite {
+                arg,
+                row,
+                col,
+                value,
+            } => AttentionError::NonFinite {
+                arg,
+                row,
+                col,
+                value,
+            },
+            InputError::ShapeMismatch {
+                arg,
+                expected,
+                found,
+            } => AttentionError::ShapeMismatch {
+                arg,
+                expected,
+                found,
+            },
+            InputError::InvalidArgument { arg, reason } => {
+                AttentionError::InvalidArgument { arg, reason }
+            }
+            // `InputError` is non-exhaustive: a later check kappa-attention does not know yet
+            // is reported as kappa-linalg's error.
+            other => AttentionError::Linalg(other.into()),
+        }
     }
 }
 
@@ -232,5 +178,46 @@ pub(crate) fn check_dense(arg: &'static str, rows: usize, cols: usize) -> Result
                  = 2^28 entries; use the matrix-free products (jvp/vjp)"
             ),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kappa_linalg::input::{check_length, check_nonneg, check_shape};
+    use ndarray::{array, Array2};
+
+    /// Each input error becomes the variant of the same name, with the same message.
+    #[test]
+    fn input_errors_convert_to_the_same_variant_and_message() {
+        let cases = [
+            check_matrix("w", &Array2::<f32>::zeros((0, 2)).view()).unwrap_err(),
+            check_matrix("x", &array![[1.0, f64::NAN]].view()).unwrap_err(),
+            check_shape("wk", &array![[1.0]].view(), 2, 2, "the shape of wq").unwrap_err(),
+            check_length("t", &array![1.0].view(), 3, "3·D·k").unwrap_err(),
+            check_nonneg("lambda", -1.0).unwrap_err(),
+        ];
+        for e in cases {
+            let text = e.to_string();
+            let converted = AttentionError::from(e.clone());
+            assert_eq!(converted.to_string(), text);
+            let same = matches!(
+                (&e, &converted),
+                (InputError::Empty { .. }, AttentionError::Empty { .. })
+                    | (
+                        InputError::NonFinite { .. },
+                        AttentionError::NonFinite { .. }
+                    )
+                    | (
+                        InputError::ShapeMismatch { .. },
+                        AttentionError::ShapeMismatch { .. }
+                    )
+                    | (
+                        InputError::InvalidArgument { .. },
+                        AttentionError::InvalidArgument { .. }
+                    )
+            );
+            assert!(same, "{e:?} became {converted:?}");
+        }
     }
 }

@@ -66,13 +66,14 @@
 
 use std::sync::Arc;
 
+use kappa_linalg::input::{check_length, check_shape, shape_str};
 use kappa_linalg::{commutation_matrix, kron, unvec, Real};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, Zip};
 use rayon::prelude::*;
 
 use crate::attention::Forward;
-use crate::error::{check_computed, check_dense, check_shape, check_vector, shape_str, Result};
+use crate::error::{check_computed, check_dense, Result};
 use crate::scale::linear;
 use crate::softmax::{softmax_jacobian_dense, softmax_jvp_unchecked};
 
@@ -242,7 +243,7 @@ impl<A: Real> Forward<A> {
                 return Err(crate::AttentionError::ShapeMismatch {
                     arg: "out",
                     expected: format!("three {nk}×{dk} blocks (N·k × D·k)"),
-                    found: crate::error::shape_str(b.nrows(), b.ncols()),
+                    found: shape_str(b.nrows(), b.ncols()),
                 });
             }
         }
@@ -488,7 +489,7 @@ impl<A: Real> Forward<A> {
     /// Errors: `t` empty, non-finite or not of length 3Dk.
     pub fn jvp_weights_vec(&self, t: ArrayView1<'_, A>) -> Result<Array1<A>> {
         let (_, d, k) = self.dims();
-        check_vector("t", &t, 3 * d * k, "3·D·k: [vec dW_Q; vec dW_K; vec dW_V]")?;
+        check_length("t", &t, 3 * d * k, "3·D·k: [vec dW_Q; vec dW_K; vec dW_V]")?;
         let dk = d * k;
         let dq = unvec(t.slice(s![..dk]), d, k)?;
         let dkk = unvec(t.slice(s![dk..2 * dk]), d, k)?;
@@ -506,7 +507,7 @@ impl<A: Real> Forward<A> {
     /// Errors: `u` empty, non-finite or not of length Nk.
     pub fn vjp_weights_vec(&self, u: ArrayView1<'_, A>) -> Result<Array1<A>> {
         let (n, _, k) = self.dims();
-        check_vector("u", &u, n * k, "N·k: vec of an N×k output cotangent")?;
+        check_length("u", &u, n * k, "N·k: vec of an N×k output cotangent")?;
         let g = unvec(u, n, k)?;
         Ok(self.vjp_weights(g.view())?.to_vec())
     }
@@ -516,7 +517,7 @@ impl<A: Real> Forward<A> {
     /// Errors: `t` empty, non-finite or not of length ND.
     pub fn jvp_input_vec(&self, t: ArrayView1<'_, A>) -> Result<Array1<A>> {
         let (n, d, _) = self.dims();
-        check_vector("t", &t, n * d, "N·D: vec of an N×D token tangent")?;
+        check_length("t", &t, n * d, "N·D: vec of an N×D token tangent")?;
         let dx = unvec(t, n, d)?;
         Ok(colmajor(&self.jvp_input(dx.view())?))
     }
@@ -526,7 +527,7 @@ impl<A: Real> Forward<A> {
     /// Errors: `u` empty, non-finite or not of length Nk.
     pub fn vjp_input_vec(&self, u: ArrayView1<'_, A>) -> Result<Array1<A>> {
         let (n, _, k) = self.dims();
-        check_vector("u", &u, n * k, "N·k: vec of an N×k output cotangent")?;
+        check_length("u", &u, n * k, "N·k: vec of an N×k output cotangent")?;
         let g = unvec(u, n, k)?;
         Ok(colmajor(&self.vjp_input(g.view())?))
     }

@@ -11,6 +11,7 @@
 //! | [`correction`] | [`SvdCorrection`] (Thm 3.5), [`IdentityShift`] (Thm 3.8), [`LambdaPolicy`], [`rect_identity`], [`identity_shift_flops`] |
 //! | [`multihead`] | [`MultiHeadAttention`], [`HeadLayout`] |
 //! | [`diagnostics`] | [`attention_diagnostics`], [`AttentionDiagnostics`], [`projection_stats`] |
+//! | [`instances`] | [`Theorem34Instance`] (random instances of Theorem 3.4, as the tests and the `theory` experiment draw them), [`TokenRegime`] |
 //! | [`error`] | [`AttentionError`], [`Result`] |
 //!
 //! # Conventions
@@ -21,6 +22,13 @@
 //!   i + c·N is output entry A[i, c] and column d + e·D is W[d, e].
 //! * κ follows kappa-linalg's rule: σ₁/σ_min(m,n) at full numerical rank, +∞ otherwise; κ⁺ is the
 //!   pseudo condition number over the singular values above numpy's threshold.
+//!
+//! # Features
+//!
+//! * `serde`: `Serialize`/`Deserialize` for the config-like types [`ScoreScale`]
+//!   (`"one"`, `"inv_sqrt_k"`, `{ custom = s }`), [`AttentionOptions`], [`HeadLayout`]
+//!   (`"same_block"`, `"shifted"`) and [`LambdaPolicy`], in snake_case.
+//! * `openblas-system` (default): LAPACK from the system OpenBLAS, through kappa-linalg.
 //!
 //! # Error contract
 //!
@@ -52,6 +60,7 @@ pub mod conditioning;
 pub mod correction;
 pub mod diagnostics;
 pub mod error;
+pub mod instances;
 pub mod jacobian;
 pub mod multihead;
 mod scale;
@@ -71,6 +80,7 @@ pub use diagnostics::{
     ProjectionStats, SATURATION_THRESHOLD,
 };
 pub use error::{AttentionError, Result};
+pub use instances::{Theorem34Instance, TokenRegime};
 pub use jacobian::{JacobianWorkspace, WeightJacobian, WeightSet};
 pub use multihead::{HeadLayout, MultiHeadAttention};
 pub use softmax::{

@@ -20,15 +20,19 @@
 //! Every κ statement transfers between the two: a row permutation Π maps E_h onto I_k and
 //! κ(Π M) = κ(M) (T12).
 
+use kappa_linalg::input::{check_matrix, check_shape};
 use kappa_linalg::Real;
 use ndarray::{concatenate, s, Array2, ArrayView2, Axis};
 
 use crate::attention::{AttentionOptions, SelfAttention};
 use crate::correction::IdentityShift;
-use crate::error::{check_computed, check_matrix, check_shape, AttentionError, Result};
+use crate::error::{check_computed, AttentionError, Result};
 
-/// Where head h's λ·I_k block sits (see the module docs).
+/// Where head h's λ·I_k block sits (see the module docs). With the `serde` feature it is written
+/// `"same_block"` or `"shifted"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum HeadLayout {
     /// Every head adds λ·X[:, 0..k].
     #[default]

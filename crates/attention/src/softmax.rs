@@ -19,12 +19,11 @@
 //!
 //! The matrix-free product needs no N⁴ storage: dP = P ⊙ (dS − (P ⊙ dS) 1 1ᵀ), O(N²).
 
+use kappa_linalg::input::{check_matrix, check_shape, shape_str};
 use kappa_linalg::{conditioning_from_singular_values, singular_values, Real, SvdDriver};
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 
-use crate::error::{
-    check_dense, check_matrix, check_probabilities, check_shape, AttentionError, Result,
-};
+use crate::error::{check_dense, check_probabilities, AttentionError, Result};
 use crate::scale::linear;
 
 /// The row-wise softmax of `scores` (N×M), optionally with a causal mask (entry (i, j) masked
@@ -167,7 +166,7 @@ pub fn softmax_jacobian_dense<A: Real>(p: ArrayView2<'_, A>) -> Result<Array2<A>
         return Err(AttentionError::ShapeMismatch {
             arg: "p",
             expected: "a square N×N attention matrix".into(),
-            found: crate::error::shape_str(p.nrows(), p.ncols()),
+            found: shape_str(p.nrows(), p.ncols()),
         });
     }
     let nn = n.checked_mul(n).ok_or_else(|| AttentionError::TooLarge {
@@ -203,7 +202,7 @@ pub fn softmax_jacobian_singular_values<A: Real>(p: ArrayView2<'_, A>) -> Result
         return Err(AttentionError::ShapeMismatch {
             arg: "p",
             expected: "a square N×N attention matrix".into(),
-            found: crate::error::shape_str(p.nrows(), p.ncols()),
+            found: shape_str(p.nrows(), p.ncols()),
         });
     }
     let mut all = Vec::with_capacity(n * n);

@@ -10,7 +10,7 @@ use kappa_attention::{
     rect_identity, softmax_jacobian_apply, softmax_jacobian_dense, softmax_jacobian_frobenius,
     softmax_jacobian_singular_values, softmax_rows, theorem_3_4, AttentionError, AttentionOptions,
     Forward, HeadLayout, IdentityShift, LambdaPolicy, MultiHeadAttention, ScoreScale,
-    SelfAttention, SvdCorrection,
+    SelfAttention, SvdCorrection, Theorem34Instance, TokenRegime,
 };
 use kappa_linalg::{condition_number, singular_values, svd_thin, SvdDriver};
 use ndarray::{s, Array1, Array2, ArrayView2};
@@ -1496,36 +1496,25 @@ struct T6Stats {
     structural_singular: usize,
 }
 
-/// Draws the T6 instances: X ~ N(0, 1), W_• ~ N(0, σ²) with σ log-uniform in [0.1, 1], s = 1,
-/// no mask. Regime "N ≤ D": D ∈ 3..=10, N ∈ 2..=D; regime "N > D": D ∈ 2..=6, N ∈ D+1..=2D+2;
-/// k ∈ 1..=min(D, 4) in both.
+/// Draws the T6 instances from one seeded stream with [`Theorem34Instance::sample`] (the
+/// `theory` experiment's sampler): X ~ N(0, 1), W_• ~ N(0, σ²) with σ log-uniform in [0.1, 1],
+/// s = 1, no mask. Regime "N ≤ D": D ∈ 3..=10, N ∈ 2..=D; regime "N > D": D ∈ 2..=6,
+/// N ∈ D+1..=2D+2; k ∈ 1..=min(D, 4) in both (`max_d` = 10).
 fn t6_pass_rate(n_le_d: bool, trials: usize, seed: u64) -> T6Stats {
-    use rand::Rng;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut st = T6Stats {
         trials,
         ..T6Stats::default()
     };
+    let regime = if n_le_d {
+        TokenRegime::AtMostD
+    } else {
+        TokenRegime::AboveD
+    };
     for _ in 0..trials {
-        let (n, d) = if n_le_d {
-            let d = rng.gen_range(3..=10);
-            (rng.gen_range(2..=d), d)
-        } else {
-            let d = rng.gen_range(2..=6);
-            (rng.gen_range(d + 1..=2 * d + 2), d)
-        };
-        let k = rng.gen_range(1..=d.min(4));
-        let std = 10f64.powf(rng.gen_range(-1.0..0.0));
-        let x = gaussian(&mut rng, n, d, 1.0);
-        let ws: Vec<Array2<f64>> = (0..3).map(|_| gaussian(&mut rng, d, k, std)).collect();
-        let head = SelfAttention::new(
-            ws[0].clone(),
-            ws[1].clone(),
-            ws[2].clone(),
-            AttentionOptions::default(),
-        )
-        .unwrap();
-        let fwd: Forward<f64> = head.forward(x.view()).unwrap();
+        let inst = Theorem34Instance::sample(&mut rng, regime, 10).unwrap();
+        let (n, d, k) = (inst.n, inst.d, inst.k);
+        let fwd: Forward<f64> = inst.forward().unwrap();
         let t = theorem_3_4(&fwd).unwrap();
         let structural = n * k > full_rank_bound(n, d, k);
         // Resolution of κ(J): σ̂ within τ = 2‖Ĵ − J*‖_F bound (`jac_err`) + svd_err of J*'s.

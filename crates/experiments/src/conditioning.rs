@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
-use kappa_models::{summarize, Conditioning, Layout};
+use kappa_models::{summarize, Conditioning, HeadLayout};
 use kappa_train::{
     adamw_groups, train_variant, Final, Line, Outcome, Record, Run, RunRecord, RunStatus, Task,
     TrainConfig, VariantId,
@@ -41,21 +41,21 @@ pub fn standard_variants(every: u64) -> Vec<Variant> {
             "λ=1",
             Conditioning::Identity {
                 lambda: 1.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
         ),
         v(
             "λ=10 (paper default)",
             Conditioning::Identity {
                 lambda: 10.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
         ),
         v(
             "scale-aware κ≤1.5",
             Conditioning::ScaleAware {
                 target_kappa: 1.5,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
                 every,
             },
         ),

@@ -32,7 +32,8 @@
 
 use ndarray::{ArrayView1, ArrayView2};
 
-use crate::error::{check_nonneg, check_vector, LinalgError, Result};
+use crate::error::{LinalgError, Result};
+use crate::input::{check_nonneg, check_vector};
 use crate::scalar::{Pow2, Real};
 use crate::svd::{scaled_singular_values, SvdDriver};
 
@@ -154,7 +155,7 @@ fn scaled_conditioning<A: Real>(
     tol: RankTolerance,
 ) -> Result<(Conditioning<A>, Pow2)> {
     // Arguments in signature order (`a`, then `tol`), both before the expensive part.
-    crate::error::check_matrix("a", &a)?;
+    crate::input::check_matrix("a", &a)?;
     tol.threshold::<A>(1.0, 1, 1)?;
     let (s, p) = scaled_singular_values(a, SvdDriver::QrIteration)?;
     let (m, n) = a.dim();

@@ -9,8 +9,8 @@
 //! * Every public entry point returns a `LinalgError` or a documented value on any input: it
 //!   never panics, never runs without end (iteration and step counts are capped:
 //!   [`MAX_ITERATIONS`](crate::MAX_ITERATIONS), [`MAX_NS_STEPS`](crate::MAX_NS_STEPS)) and never
-//!   aborts on allocation (dense results beyond [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES)
-//!   are [`LinalgError::TooLarge`]).
+//!   aborts on allocation (dense results beyond [`MAX_DENSE_ENTRIES`] are
+//!   [`LinalgError::TooLarge`]).
 //! * `arg` is the caller's parameter as written in the signature (`a`, `tol`, `opts.max_iter`,
 //!   `schedule.steps`, `self` for trait methods, `self.u` for a field of `self`).
 //! * When several arguments are bad, the first one in signature order is reported; checks of
@@ -18,8 +18,16 @@
 //! * Finite input of any magnitude, subnormal to near `MAX`, is valid input. Scale-safe
 //!   algorithms rescale exactly by powers of two, and only a result that is itself not
 //!   representable is an error ([`LinalgError::Overflow`]).
+//! * The checks of empty, non-finite and mis-shaped arguments and of scalar domains are
+//!   [`crate::input`]'s, shared with the workspace's other crates; their [`InputError`]
+//!   converts into the variant of the same name here.
 
-use ndarray::{ArrayView1, ArrayView2};
+use crate::input::InputError;
+
+/// Largest dense result the crate builds (2²⁸ entries = 2 GiB of f64); beyond it, use the
+/// implicit forms ([`Commutation`](crate::Commutation), [`kron_matvec`](crate::kron_matvec)).
+/// A larger one is [`LinalgError::TooLarge`].
+pub const MAX_DENSE_ENTRIES: usize = 1 << 28;
 
 /// Everything that can go wrong in `kappa-linalg`.
 ///
@@ -155,9 +163,35 @@ pub enum LinalgError {
 /// `Result` with [`LinalgError`].
 pub type Result<T> = std::result::Result<T, LinalgError>;
 
-/// Formats a shape as `rows×cols`.
-pub(crate) fn shape_str(rows: usize, cols: usize) -> String {
-    format!("{rows}×{cols}")
+impl From<InputError> for LinalgError {
+    fn from(e: InputError) -> Self {
+        match e {
+            InputError::Empty { arg, rows, cols } => LinalgError::Empty { arg, rows, cols },
+            InputError::NonFinite {
+                arg,
+                row,
+                col,
+                value,
+            } => LinalgError::NonFinite {
+                arg,
+                row,
+                col,
+                value,
+            },
+            InputError::ShapeMismatch {
+                arg,
+                expected,
+                found,
+            } => LinalgError::ShapeMismatch {
+                arg,
+                expected,
+                found,
+            },
+            InputError::InvalidArgument { arg, reason } => {
+                LinalgError::InvalidArgument { arg, reason }
+            }
+        }
+    }
 }
 
 /// Wraps an `ndarray-linalg` error.
@@ -199,11 +233,11 @@ pub(crate) fn rename(e: LinalgError, from: &'static str, to: &'static str) -> Li
     e
 }
 
-/// Checks that a dense `rows`×`cols` result fits [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES)
+/// Checks that a dense `rows`×`cols` result fits [`MAX_DENSE_ENTRIES`]
 /// (so building it can neither overflow `usize` nor abort on allocation).
 pub(crate) fn check_dense(arg: &'static str, rows: usize, cols: usize) -> Result<()> {
     match rows.checked_mul(cols) {
-        Some(n) if n <= crate::MAX_DENSE_ENTRIES => Ok(()),
+        Some(n) if n <= MAX_DENSE_ENTRIES => Ok(()),
         _ => Err(LinalgError::TooLarge {
             arg,
             reason: format!(
@@ -214,97 +248,49 @@ pub(crate) fn check_dense(arg: &'static str, rows: usize, cols: usize) -> Result
     }
 }
 
-/// Checks that a matrix is non-empty and finite.
-pub(crate) fn check_matrix<A: crate::Real>(arg: &'static str, a: &ArrayView2<'_, A>) -> Result<()> {
-    let (rows, cols) = a.dim();
-    if rows == 0 || cols == 0 {
-        return Err(LinalgError::Empty { arg, rows, cols });
-    }
-    check_finite(arg, a)
-}
-
-/// Checks that every entry of a matrix is finite (allows empty matrices).
-pub(crate) fn check_finite<A: crate::Real>(arg: &'static str, a: &ArrayView2<'_, A>) -> Result<()> {
-    if a.iter().all(|x| x.is_finite()) {
-        return Ok(());
-    }
-    let ((row, col), value) = a
-        .indexed_iter()
-        .find(|(_, x)| !x.is_finite())
-        .map(|(ij, x)| (ij, x.to_f64_lossy()))
-        .unwrap_or(((0, 0), f64::NAN));
-    Err(LinalgError::NonFinite {
-        arg,
-        row,
-        col,
-        value,
-    })
-}
-
-/// Checks that a vector is non-empty and finite.
-pub(crate) fn check_vector<A: crate::Real>(arg: &'static str, v: &ArrayView1<'_, A>) -> Result<()> {
-    if v.is_empty() {
-        return Err(LinalgError::Empty {
-            arg,
-            rows: 0,
-            cols: 1,
-        });
-    }
-    match v.iter().position(|x| !x.is_finite()) {
-        None => Ok(()),
-        Some(i) => Err(LinalgError::NonFinite {
-            arg,
-            row: i,
-            col: 0,
-            value: v[i].to_f64_lossy(),
-        }),
-    }
-}
-
-/// Checks that a scalar parameter is finite and `>= 0`.
-pub(crate) fn check_nonneg(arg: &'static str, x: f64) -> Result<()> {
-    if x.is_finite() && x >= 0.0 {
-        Ok(())
-    } else {
-        Err(LinalgError::InvalidArgument {
-            arg,
-            reason: format!("must be finite and ≥ 0, found {x}"),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ndarray::array;
+    use crate::input::{check_matrix, check_nonneg, check_shape, check_vector};
+    use ndarray::{array, Array2};
 
+    /// Each input error becomes the variant of the same name, with the same message.
     #[test]
-    fn checks_name_the_argument_and_the_entry() {
-        let a = array![[1.0, 2.0], [f64::NEG_INFINITY, 0.0]];
-        let e = check_matrix("w", &a.view()).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "argument `w` has a non-finite entry -inf at (1, 0)"
-        );
-        let z = ndarray::Array2::<f32>::zeros((0, 2));
+    fn input_errors_convert_to_the_same_variant_and_message() {
+        let nan = array![[1.0, f64::NAN]];
+        let cases = [
+            check_matrix("w", &Array2::<f32>::zeros((0, 2)).view()).unwrap_err(),
+            check_vector("v", &array![1.0f32, f32::NAN].view()).unwrap_err(),
+            check_shape("x", &array![[1.0]].view(), 2, 2, "D×D").unwrap_err(),
+            check_nonneg("tol", f64::NAN).unwrap_err(),
+        ];
+        for e in cases {
+            let text = e.to_string();
+            let converted = LinalgError::from(e.clone());
+            assert_eq!(converted.to_string(), text);
+            let same = matches!(
+                (&e, &converted),
+                (InputError::Empty { .. }, LinalgError::Empty { .. })
+                    | (InputError::NonFinite { .. }, LinalgError::NonFinite { .. })
+                    | (
+                        InputError::ShapeMismatch { .. },
+                        LinalgError::ShapeMismatch { .. }
+                    )
+                    | (
+                        InputError::InvalidArgument { .. },
+                        LinalgError::InvalidArgument { .. }
+                    )
+            );
+            assert!(same, "{e:?} became {converted:?}");
+        }
         assert!(matches!(
-            check_matrix("w", &z.view()),
-            Err(LinalgError::Empty {
-                arg: "w",
-                rows: 0,
-                cols: 2
-            })
-        ));
-        let v = array![1.0f32, f32::NAN];
-        assert!(matches!(
-            check_vector("v", &v.view()),
-            Err(LinalgError::NonFinite {
-                arg: "v",
-                row: 1,
+            LinalgError::from(check_matrix("a", &nan.view()).unwrap_err()),
+            LinalgError::NonFinite {
+                arg: "a",
+                row: 0,
+                col: 1,
                 ..
-            })
+            }
         ));
-        assert!(check_nonneg("tol", -0.0).is_ok());
-        assert!(check_nonneg("tol", f64::NAN).is_err());
     }
 }

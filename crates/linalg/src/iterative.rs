@@ -29,7 +29,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::error::{check_finite, lapack_err, LinalgError, Result};
+use crate::error::{lapack_err, LinalgError, Result};
+use crate::input::check_finite;
 use crate::scalar::{scaled_copy, Pow2, Real};
 
 /// The largest accepted [`IterativeOptions::max_iter`]: 2²⁰. An iteration whose tolerance is below

@@ -16,12 +16,9 @@
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ShapeBuilder};
 
-use crate::error::{check_matrix, check_vector, shape_str, LinalgError, Result};
+use crate::error::{LinalgError, Result};
+use crate::input::{check_matrix, check_vector, shape_str};
 use crate::scalar::{max_abs, scale_f64, scaled_copy, Pow2, Real};
-
-/// Largest dense result this module builds (2²⁸ entries = 2 GiB of f64); beyond it use the
-/// implicit forms.
-pub const MAX_DENSE_ENTRIES: usize = 1 << 28;
 
 fn dense_size(arg: &'static str, rows: usize, cols: usize) -> Result<()> {
     crate::error::check_dense(arg, rows, cols)
@@ -75,8 +72,9 @@ pub fn unvec<A: Real>(v: ArrayView1<'_, A>, rows: usize, cols: usize) -> Result<
 /// Cost: pqrs multiplications and as many entries of memory.
 ///
 /// Errors: `a` or `b` empty or non-finite; [`LinalgError::TooLarge`] (argument `a`) when the
-/// result would exceed [`MAX_DENSE_ENTRIES`]; [`LinalgError::Overflow`] (argument `b`) when an
-/// entry a_ij·b_kl would exceed the element type's `MAX`.
+/// result would exceed [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES);
+/// [`LinalgError::Overflow`] (argument `b`) when an entry a_ij·b_kl would exceed the element
+/// type's `MAX`.
 ///
 /// ```
 /// let a = ndarray::array![[1.0, 2.0]];
@@ -264,7 +262,8 @@ impl Commutation {
         }))
     }
 
-    /// The dense mn×mn matrix. Errors: [`LinalgError::TooLarge`] beyond [`MAX_DENSE_ENTRIES`].
+    /// The dense mn×mn matrix. Errors: [`LinalgError::TooLarge`] beyond
+    /// [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES).
     pub fn to_dense<A: Real>(&self) -> Result<Array2<A>> {
         let s = self.size();
         dense_size("m", s, s)?;
@@ -290,7 +289,8 @@ impl Commutation {
 
 /// The dense commutation matrix K_{m,n} ∈ ℝ^{mn×mn}, K vec(M) = vec(Mᵀ) (see the module docs).
 ///
-/// Errors: `m` or `n` zero; [`LinalgError::TooLarge`] beyond [`MAX_DENSE_ENTRIES`] entries.
+/// Errors: `m` or `n` zero; [`LinalgError::TooLarge`] beyond
+/// [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES) entries.
 ///
 /// ```
 /// let k = kappa_linalg::commutation_matrix::<f64>(2, 2).unwrap();

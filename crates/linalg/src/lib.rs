@@ -4,7 +4,8 @@
 //!
 //! | module | items |
 //! |---|---|
-//! | [`error`] | [`LinalgError`], [`Result`] — every entry point validates its input |
+//! | [`error`] | [`LinalgError`], [`Result`], [`MAX_DENSE_ENTRIES`] — every entry point validates its input |
+//! | [`input`] | [`InputError`] and the input checks (`check_matrix`, `check_shape`, `check_vector`, `check_range`, …) that kappa-attention and kappa-optim use too |
 //! | [`matrix`] | [`Matrix`], the backend trait (`ndarray::Array2<f32 \| f64>`; `tch::Tensor` with the `tch` feature) |
 //! | [`svd`] | [`singular_values`], [`svd_thin`], [`svd_full`], [`polar_factor`] (zero σ ↦ 1), [`matrix_sign`] (zero σ ↦ 0), [`SvdDriver`], [`Svd`] |
 //! | [`cond`] | [`condition_number`], [`pseudo_condition_number`], [`numerical_rank`], [`conditioning`], [`RankTolerance`] |
@@ -46,6 +47,7 @@ use openblas_src as _;
 pub mod blas;
 pub mod cond;
 pub mod error;
+pub mod input;
 pub mod iterative;
 pub mod kron;
 pub mod matrix;
@@ -61,12 +63,13 @@ pub use cond::{
     condition_number, condition_number_with, conditioning, conditioning_from_singular_values,
     numerical_rank, pseudo_condition_number, Conditioning, RankTolerance,
 };
-pub use error::{LinalgError, Result};
+pub use error::{LinalgError, Result, MAX_DENSE_ENTRIES};
+pub use input::InputError;
 pub use iterative::{
     condition_number_estimate, sigma_max_power, sigma_min_inverse, IterativeOptions, KappaEstimate,
     SigmaEstimate, StopRule, MAX_ITERATIONS,
 };
-pub use kron::{commutation_matrix, kron, kron_matvec, unvec, vec, Commutation, MAX_DENSE_ENTRIES};
+pub use kron::{commutation_matrix, kron, kron_matvec, unvec, vec, Commutation};
 pub use matrix::Matrix;
 pub use newton_schulz::{
     newton_schulz, newton_schulz_cubic, newton_schulz_muon, NsSchedule, PolyStep, CUBIC,

@@ -20,7 +20,8 @@
 
 use ndarray::{linalg::general_mat_mul, Array2, ShapeBuilder};
 
-use crate::error::{rename, shape_str, LinalgError, Result};
+use crate::error::{rename, LinalgError, Result};
+use crate::input::shape_str;
 use crate::scalar::{array_norm, Pow2, Real};
 use crate::svd::{polar_factor, scaled_singular_values, scaled_thin, SvdDriver};
 
@@ -177,7 +178,7 @@ impl<A: Real> Matrix for Array2<A> {
     }
 
     fn validate(&self, arg: &'static str) -> Result<()> {
-        crate::error::check_matrix(arg, &self.view())
+        Ok(crate::input::check_matrix(arg, &self.view())?)
     }
 
     fn into_transpose(self) -> Self {

@@ -29,7 +29,8 @@ use ndarray::{Array1, Array2, ArrayView2, Axis};
 use ndarray_linalg::{EighInto, UPLO};
 
 use crate::cond::RankTolerance;
-use crate::error::{check_matrix, lapack_err, LinalgError, Result};
+use crate::error::{lapack_err, LinalgError, Result};
+use crate::input::check_matrix;
 use crate::scalar::{max_abs, Pow2, Real};
 
 /// The eigendecomposition of the rescaled P_s = 2^{2j}·P (values and τ in P_s's units).

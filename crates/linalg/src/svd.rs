@@ -41,7 +41,8 @@
 use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 use ndarray_linalg::{JobSvd, SVDDCInto, SVDInto, QR};
 
-use crate::error::{check_finite, check_matrix, lapack_err, shape_str, LinalgError, Result};
+use crate::error::{lapack_err, LinalgError, Result};
+use crate::input::{check_finite, check_matrix, shape_str};
 use crate::scalar::{scaled_copy, scaled_copy_tall, Pow2, Real};
 
 /// Which LAPACK SVD driver to use.

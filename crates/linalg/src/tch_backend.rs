@@ -94,7 +94,7 @@ fn shape_err(arg: &'static str, expected: String, found: (usize, usize)) -> Lina
     LinalgError::ShapeMismatch {
         arg,
         expected,
-        found: crate::error::shape_str(found.0, found.1),
+        found: crate::input::shape_str(found.0, found.1),
     }
 }
 
@@ -113,7 +113,7 @@ pub fn tensor_from_array<A: Real>(
     kind: Kind,
     device: Device,
 ) -> Result<Tensor> {
-    crate::error::check_matrix("a", &a)?;
+    crate::input::check_matrix("a", &a)?;
     check_kind("kind", kind)?;
     let (m, n) = a.dim();
     let data: Vec<f64> = a.iter().map(|x| x.to_f64_lossy()).collect();
@@ -268,7 +268,7 @@ impl Matrix for Tensor {
             return Err(shape_err("b", format!("{} rows", sa.1), sb));
         }
         if sc != (sa.0, sb.1) {
-            return Err(shape_err("self", crate::error::shape_str(sa.0, sb.1), sc));
+            return Err(shape_err("self", crate::input::shape_str(sa.0, sb.1), sc));
         }
         check_operands(&[("self", self), ("a", a), ("b", b)])?;
         let _g = tch::no_grad_guard();
@@ -289,7 +289,7 @@ impl Matrix for Tensor {
             return Err(shape_err("b", format!("{} rows", sa.1), sb));
         }
         if sc != (sa.0, sb.1) {
-            return Err(shape_err("self", crate::error::shape_str(sa.0, sb.1), sc));
+            return Err(shape_err("self", crate::input::shape_str(sa.0, sb.1), sc));
         }
         check_operands(&[("self", self), ("a", a), ("b", b)])?;
         let _g = tch::no_grad_guard();
@@ -310,7 +310,7 @@ impl Matrix for Tensor {
         let s = check_2d("self", self)?;
         let sx = check_2d("x", x)?;
         if s != sx {
-            return Err(shape_err("x", crate::error::shape_str(s.0, s.1), sx));
+            return Err(shape_err("x", crate::input::shape_str(s.0, s.1), sx));
         }
         check_operands(&[("self", self), ("x", x)])?;
         let _g = tch::no_grad_guard();
@@ -378,7 +378,7 @@ impl Matrix for Tensor {
         let s = check_2d("self", self)?;
         let so = check_2d("other", other)?;
         if s != so {
-            return Err(shape_err("other", crate::error::shape_str(s.0, s.1), so));
+            return Err(shape_err("other", crate::input::shape_str(s.0, s.1), so));
         }
         let _g = tch::no_grad_guard();
         // Products and the sum in f64 on the device: no bf16/f32 rounding in the reduction.
@@ -444,7 +444,7 @@ impl Matrix for Tensor {
         let s = check_2d("self", self)?;
         let ss = check_2d("src", src)?;
         if s != ss {
-            return Err(shape_err("src", crate::error::shape_str(s.0, s.1), ss));
+            return Err(shape_err("src", crate::input::shape_str(s.0, s.1), ss));
         }
         let _g = tch::no_grad_guard();
         self.f_copy_(src).map_err(backend("src"))?;

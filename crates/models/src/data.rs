@@ -487,7 +487,12 @@ impl TextCorpus {
     }
 
     /// Tokenizes a training and a validation text onto `device`.
-    fn from_texts(train: &str, val: &str, tokenizer: TokenizerKind, device: Device) -> Result<Self> {
+    fn from_texts(
+        train: &str,
+        val: &str,
+        tokenizer: TokenizerKind,
+        device: Device,
+    ) -> Result<Self> {
         let tok = match tokenizer {
             TokenizerKind::Char => Tokenizer::chars_of(&[train, val]),
             TokenizerKind::Gpt2Bpe => Tokenizer::gpt2()?,

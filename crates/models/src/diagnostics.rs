@@ -26,7 +26,7 @@ use ndarray::{concatenate, Array2, Axis};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use crate::attention::AttentionTrace;
+use crate::conditioned_attention::AttentionTrace;
 use crate::error::{ModelsError, Result};
 use crate::layers::Transformer;
 
@@ -228,7 +228,7 @@ pub fn diagnose<M: Transformer + ?Sized>(
                         with_bias(wk, 1)?,
                         with_bias(wv, 2)?,
                         AttentionOptions {
-                            scale: cfg.scaling.to_attention(),
+                            scale: cfg.scaling,
                             causal: cfg.causal,
                         },
                     )?;
@@ -414,9 +414,10 @@ pub fn summarize(heads: &[HeadDiagnostics]) -> DiagnosticsSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::{Conditioning, Layout};
+    use crate::conditioned_attention::Conditioning;
     use crate::gpt::{Gpt, GptConfig};
     use crate::vit::{Vit, VitConfig};
+    use kappa_attention::HeadLayout;
     use tch::{nn, Device, Kind};
 
     #[test]
@@ -464,7 +465,7 @@ mod tests {
         let base = run(Conditioning::None);
         let ten = run(Conditioning::Identity {
             lambda: 10.0,
-            layout: Layout::Shifted,
+            layout: HeadLayout::Shifted,
         });
         assert!(base.saturated_fraction < 0.1, "{base:?}");
         assert!(ten.saturated_fraction > 0.9, "{ten:?}");

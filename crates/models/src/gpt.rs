@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
 use tch::{nn, Kind, Tensor};
 
-use crate::attention::{AttentionConfig, AttentionTrace, Conditioning, ScoreScaling};
+use kappa_attention::ScoreScale;
+
+use crate::conditioned_attention::{AttentionConfig, AttentionTrace, Conditioning};
 use crate::error::{ModelsError, Result};
 use crate::layers::{Block, LayerNorm, Transformer};
 
@@ -32,8 +34,8 @@ pub struct GptConfig {
     pub mlp_ratio: usize,
     /// Biases in linear layers and LayerNorms.
     pub bias: bool,
-    /// Score scale.
-    pub scaling: ScoreScaling,
+    /// The score scale s (every preset names it: `"inv_sqrt_k"`).
+    pub scaling: ScoreScale,
     /// The spectral correction of every attention layer.
     pub conditioning: Conditioning,
     /// Use libtorch's fused attention kernel.
@@ -51,7 +53,7 @@ impl GptConfig {
             n_embd: 16,
             mlp_ratio: 4,
             bias: false,
-            scaling: ScoreScaling::InvSqrtK,
+            scaling: ScoreScale::InvSqrtK,
             conditioning: Conditioning::None,
             fused_kernel: true,
         }
@@ -80,7 +82,7 @@ impl GptConfig {
             n_embd: 768,
             mlp_ratio: 4,
             bias: true,
-            scaling: ScoreScaling::InvSqrtK,
+            scaling: ScoreScale::InvSqrtK,
             conditioning: Conditioning::None,
             fused_kernel: true,
         }
@@ -348,7 +350,7 @@ mod tests {
             &vs.root(),
             GptConfig::tiny(20).with_conditioning(Conditioning::Identity {
                 lambda: 1.0,
-                layout: crate::attention::Layout::Shifted,
+                layout: kappa_attention::HeadLayout::Shifted,
             }),
         )
         .unwrap();

@@ -1,5 +1,5 @@
-//! The building blocks shared by GPT and ViT: `Linear` (N(0, σ²) init, optional bias),
-//! `LayerNorm` (optional bias), the GELU MLP and the pre-LN transformer block.
+//! The building blocks shared by GPT and ViT: `LayerNorm` (optional bias), the GELU MLP and the
+//! pre-LN transformer block (the projections are [`crate::linear::Linear`]).
 //!
 //! Block: x ← x + Attn(LN₁(x)); x ← x + MLP(LN₂(x)), with MLP(x) = W₂ GELU(W₁x + b₁) + b₂ and
 //! exact (erf) GELU, as in nanoGPT and ViT.
@@ -7,43 +7,9 @@
 use tch::nn::Module as _;
 use tch::{nn, Tensor};
 
-use crate::attention::{AttentionConfig, AttentionTrace, ConditionedAttention};
+use crate::conditioned_attention::{AttentionConfig, AttentionTrace, ConditionedAttention};
 use crate::error::Result;
-
-/// y = x Wᵀ + b with W ∈ ℝ^{out×in} initialized N(0, std²) and b = 0.
-#[derive(Debug)]
-pub struct Linear {
-    /// out × in.
-    pub weight: Tensor,
-    /// out, when the layer has a bias.
-    pub bias: Option<Tensor>,
-}
-
-impl Linear {
-    /// Creates `weight` (and `bias`) under `p`.
-    pub fn new(p: &nn::Path<'_>, input: i64, output: i64, bias: bool, std: f64) -> Result<Self> {
-        let weight = p.f_var(
-            "weight",
-            &[output, input],
-            nn::Init::Randn {
-                mean: 0.0,
-                stdev: std,
-            },
-        )?;
-        let bias = if bias {
-            Some(p.f_zeros("bias", &[output])?)
-        } else {
-            None
-        };
-        Ok(Self { weight, bias })
-    }
-}
-
-impl nn::Module for Linear {
-    fn forward(&self, xs: &Tensor) -> Tensor {
-        xs.linear(&self.weight, self.bias.as_ref())
-    }
-}
+use crate::linear::Linear;
 
 /// LayerNorm over the last dimension (ε = 1e-5) with gain 1 and, optionally, bias 0.
 #[derive(Debug)]

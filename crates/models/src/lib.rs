@@ -4,8 +4,9 @@
 //!
 //! | module | principal items |
 //! |---|---|
-//! | [`attention`] | [`ConditionedAttention`] (an `nn::Module`), [`AttentionConfig`], [`Conditioning`] (none, λ·I_k, scale-aware λ, exact SVD), [`Layout`], [`ScoreScaling`] |
-//! | [`layers`] | `Linear`, `LayerNorm`, `Mlp`, [`Block`] (pre-LN), the [`Transformer`] trait |
+//! | [`conditioned_attention`] | [`ConditionedAttention`] (an `nn::Module`), [`AttentionConfig`], [`Conditioning`] (none, λ·I_k, scale-aware λ, exact SVD); the layouts and score scales are kappa-attention's [`HeadLayout`] and [`ScoreScale`] (re-exported) |
+//! | [`linear`] | `Linear` (N(0, σ²) init, optional bias) |
+//! | [`layers`] | `LayerNorm`, `Mlp`, [`Block`] (pre-LN), the [`Transformer`] trait |
 //! | [`gpt`] | [`Gpt`], [`GptConfig`] (`tiny`, `cpu`, `gpt2_small`) |
 //! | [`vit`] | [`Vit`], [`VitConfig`] (`tiny`, `cpu`, `vit_b16`) |
 //! | [`data`] | [`FashionMnist`] (IDX), [`TextCorpus`] (SOTU; characters or GPT-2 BPE), deterministic batches, `fixtures` |
@@ -16,8 +17,8 @@
 //!
 //! See `docs/models.md` for the conventions, the math next to the code and measured figures.
 
-pub mod attention;
 pub mod autocast;
+pub mod conditioned_attention;
 pub mod data;
 pub mod device;
 pub mod diagnostics;
@@ -27,11 +28,12 @@ pub mod float;
 pub mod fused;
 pub mod gpt;
 pub mod layers;
+pub mod linear;
 mod link;
 pub mod vit;
 
-pub use attention::{
-    AttentionConfig, AttentionTrace, ConditionedAttention, Conditioning, Layout, ScoreScaling,
+pub use conditioned_attention::{
+    AttentionConfig, AttentionTrace, ConditionedAttention, Conditioning,
 };
 pub use data::{FashionMnist, Split, TextCorpus, Tokenizer, TokenizerKind};
 pub use device::parse_device;
@@ -40,5 +42,8 @@ pub use diagnostics::{
 };
 pub use error::{ModelsError, Result};
 pub use gpt::{Gpt, GptConfig};
+/// The per-head layout of λ·I_k and the score scale of a model config: kappa-attention's types
+/// (one type each for the workspace), re-exported.
+pub use kappa_attention::{HeadLayout, ScoreScale};
 pub use layers::{Block, Transformer};
 pub use vit::{Vit, VitConfig};

@@ -10,9 +10,12 @@ use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
 use tch::{nn, Kind, Tensor};
 
-use crate::attention::{AttentionConfig, AttentionTrace, Conditioning, ScoreScaling};
+use kappa_attention::ScoreScale;
+
+use crate::conditioned_attention::{AttentionConfig, AttentionTrace, Conditioning};
 use crate::error::{ModelsError, Result};
-use crate::layers::{Block, LayerNorm, Linear, Transformer};
+use crate::layers::{Block, LayerNorm, Transformer};
+use crate::linear::Linear;
 
 /// The size and the attention settings of a [`Vit`].
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,8 +39,8 @@ pub struct VitConfig {
     pub mlp_ratio: usize,
     /// Biases in linear layers and LayerNorms.
     pub bias: bool,
-    /// Score scale.
-    pub scaling: ScoreScaling,
+    /// The score scale s (every preset names it: `"inv_sqrt_k"`).
+    pub scaling: ScoreScale,
     /// The spectral correction of every attention layer.
     pub conditioning: Conditioning,
     /// Use libtorch's fused attention kernel.
@@ -57,7 +60,7 @@ impl VitConfig {
             n_embd: 16,
             mlp_ratio: 4,
             bias: false,
-            scaling: ScoreScaling::InvSqrtK,
+            scaling: ScoreScale::InvSqrtK,
             conditioning: Conditioning::None,
             fused_kernel: true,
         }
@@ -88,7 +91,7 @@ impl VitConfig {
             n_embd: 768,
             mlp_ratio: 4,
             bias: true,
-            scaling: ScoreScaling::InvSqrtK,
+            scaling: ScoreScale::InvSqrtK,
             conditioning: Conditioning::None,
             fused_kernel: true,
         }

@@ -4,7 +4,13 @@
 //! NaN or ±∞ entries, parameters out of their domain, too few samples) is always reported through
 //! this enum; no public function of `kappa-optim` panics on user input. Further modules (Muon,
 //! manifold Muon) add their variants here.
+//!
+//! The checks of non-finite and mis-shaped arguments and of scalar ranges are kappa-linalg's
+//! ([`kappa_linalg::input`], one copy for the workspace): their [`InputError`] converts into
+//! the variant of the same name and message here (an empty matrix into
+//! `Linalg(LinalgError::Empty)`).
 
+use kappa_linalg::input::{check_dims, InputError};
 use ndarray::ArrayView2;
 
 /// Everything that can go wrong in `kappa-optim`.
@@ -182,25 +188,12 @@ pub(crate) fn overflow_as(
 /// `Result` with [`OptimError`].
 pub type Result<T> = std::result::Result<T, OptimError>;
 
-/// Formats a shape as `rows×cols`.
-pub(crate) fn shape_str(rows: usize, cols: usize) -> String {
-    format!("{rows}×{cols}")
-}
+// The workspace's input checks (kappa-linalg's, written once), for this crate's modules; their
+// `InputError` converts into `OptimError` below.
+pub(crate) use kappa_linalg::input::{check_finite, check_range, shape_str};
 
-/// Checks that every entry is finite.
-pub(crate) fn check_finite(arg: &'static str, a: &ArrayView2<'_, f64>) -> Result<()> {
-    match a.indexed_iter().find(|(_, x)| !x.is_finite()) {
-        None => Ok(()),
-        Some(((row, col), &value)) => Err(OptimError::NonFinite {
-            arg,
-            row,
-            col,
-            value,
-        }),
-    }
-}
-
-/// Checks that `a` is `rows×cols` (with the expectation spelled out for the message) and finite.
+/// Checks that `a` is `rows×cols` (with the expectation spelled out for the message), then that
+/// it is finite; an empty matrix of that shape passes (unlike kappa-linalg's `check_matrix`).
 pub(crate) fn check_matrix(
     arg: &'static str,
     a: &ArrayView2<'_, f64>,
@@ -208,14 +201,41 @@ pub(crate) fn check_matrix(
     cols: usize,
     why: &str,
 ) -> Result<()> {
-    if a.dim() != (rows, cols) {
-        return Err(OptimError::ShapeMismatch {
-            arg,
-            expected: format!("{} ({why})", shape_str(rows, cols)),
-            found: shape_str(a.nrows(), a.ncols()),
-        });
+    check_dims(arg, a, rows, cols, why)?;
+    Ok(check_finite(arg, a)?)
+}
+
+impl From<InputError> for OptimError {
+    fn from(e: InputError) -> Self {
+        match e {
+            InputError::NonFinite {
+                arg,
+                row,
+                col,
+                value,
+            } => OptimError::NonFinite {
+                arg,
+                row,
+                col,
+                value,
+            },
+            InputError::ShapeMismatch {
+                arg,
+                expected,
+                found,
+            } => OptimError::ShapeMismatch {
+                arg,
+                expected,
+                found,
+            },
+            InputError::InvalidArgument { arg, reason } => {
+                OptimError::InvalidArgument { arg, reason }
+            }
+            // An empty matrix is reported as kappa-linalg reports it (what `Matrix::validate`
+            // gives every entry point of this crate): `OptimError::Linalg(LinalgError::Empty)`.
+            other => OptimError::Linalg(other.into()),
+        }
     }
-    check_finite(arg, a)
 }
 
 /// Checks that a computed matrix is finite (after finite inputs): [`OptimError::Overflow`] if not.
@@ -244,14 +264,50 @@ pub(crate) fn check_output_scalar(
     }
 }
 
-/// Checks that a scalar is finite and in `[lo, hi]`.
-pub(crate) fn check_range(arg: &'static str, x: f64, lo: f64, hi: f64) -> Result<()> {
-    if x.is_finite() && x >= lo && x <= hi {
-        Ok(())
-    } else {
-        Err(OptimError::InvalidArgument {
-            arg,
-            reason: format!("must be finite and in [{lo}, {hi}], found {x}"),
-        })
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kappa_linalg::input::check_matrix as check_non_empty;
+    use kappa_linalg::LinalgError;
+    use ndarray::{array, Array2};
+
+    /// Each input error becomes the variant of the same name, with the same message.
+    #[test]
+    fn input_errors_convert_to_the_same_variant_and_message() {
+        let cases = [
+            check_finite("grad", &array![[1.0, f64::NAN]].view()).unwrap_err(),
+            check_dims("b", &array![[1.0]].view(), 2, 2, "d×d").unwrap_err(),
+            check_range("lr", -1.0, 0.0, 1.0).unwrap_err(),
+            check_non_empty("w", &Array2::<f64>::zeros((0, 3)).view()).unwrap_err(),
+        ];
+        for e in cases {
+            let text = e.to_string();
+            let converted = OptimError::from(e.clone());
+            assert_eq!(converted.to_string(), text);
+            let same = matches!(
+                (&e, &converted),
+                (InputError::NonFinite { .. }, OptimError::NonFinite { .. })
+                    | (
+                        InputError::ShapeMismatch { .. },
+                        OptimError::ShapeMismatch { .. }
+                    )
+                    | (
+                        InputError::InvalidArgument { .. },
+                        OptimError::InvalidArgument { .. }
+                    )
+                    | (
+                        InputError::Empty { .. },
+                        OptimError::Linalg(LinalgError::Empty { .. })
+                    )
+            );
+            assert!(same, "{e:?} became {converted:?}");
+        }
+        // The shape is checked before the entries, and an empty matrix of the shape passes.
+        let nan = array![[f64::NAN]];
+        assert!(matches!(
+            check_matrix("m", &nan.view(), 2, 1, "k×d"),
+            Err(OptimError::ShapeMismatch { arg: "m", .. })
+        ));
+        assert!(check_matrix("m", &Array2::zeros((0, 3)).view(), 0, 3, "k×d").is_ok());
     }
 }

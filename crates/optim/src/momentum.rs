@@ -69,7 +69,12 @@ impl Momentum {
 
     /// Checks β ∈ [0, 1).
     pub fn validate(&self) -> Result<()> {
-        check_range("momentum.beta", self.beta, 0.0, 1.0 - f64::EPSILON)
+        Ok(check_range(
+            "momentum.beta",
+            self.beta,
+            0.0,
+            1.0 - f64::EPSILON,
+        )?)
     }
 
     /// One step: returns the new buffer and the input U for msign, leaving `buffer` untouched

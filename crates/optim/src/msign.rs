@@ -126,7 +126,7 @@ impl Msign {
                 arg: "msign",
                 reason: "Polar Express needs at least 1 step".into(),
             }),
-            Msign::MuonQuinticEps { eps } => check_range("msign.eps", eps, 0.0, f64::MAX),
+            Msign::MuonQuinticEps { eps } => Ok(check_range("msign.eps", eps, 0.0, f64::MAX)?),
             Msign::PolarExpress { steps } if steps > kappa_linalg::MAX_NS_STEPS => {
                 Err(OptimError::InvalidArgument {
                     arg: "msign",

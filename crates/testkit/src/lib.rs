@@ -20,9 +20,14 @@
 //!     prop_assert_eq!(a + b, b + a);
 //! });
 //! ```
+//!
+//! Besides the configuration: [`hostile`] (the bad-input harness), [`binding`] (which library
+//! the dynamic linker binds a symbol to) and [`imports`] (import circles between a crate's
+//! modules).
 
 pub mod binding;
 pub mod hostile;
+pub mod imports;
 
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, RngSeed};
 

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kappa_models::{Conditioning, Gpt, GptConfig, Layout, Vit, VitConfig};
+use kappa_models::{Conditioning, Gpt, GptConfig, HeadLayout, Vit, VitConfig};
 use kappa_train::{seeded, TrainConfig};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -44,7 +44,7 @@ fn main() {
         Conditioning::None,
         Conditioning::Identity {
             lambda: 10.0,
-            layout: Layout::Shifted,
+            layout: HeadLayout::Shifted,
         },
         Conditioning::Svd { every: 1 },
     ];

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use kappa_models::data::fixtures;
 use kappa_models::{
-    Conditioning, FashionMnist, Gpt, GptConfig, Layout, ModelsError, TextCorpus, TokenizerKind,
+    Conditioning, FashionMnist, Gpt, GptConfig, HeadLayout, ModelsError, TextCorpus, TokenizerKind,
     Vit, VitConfig,
 };
 use kappa_train::trainer::{adamw_groups, named_trainable};
@@ -120,7 +120,7 @@ fn checkpoints_round_trip_and_a_resumed_run_matches_the_uninterrupted_one() {
     fixtures::write_sotu(&dir).unwrap();
     let conditioning = Conditioning::ScaleAware {
         target_kappa: 1.5,
-        layout: Layout::SameBlock,
+        layout: HeadLayout::SameBlock,
         every: 2,
     };
     // Uninterrupted: 7 steps.
@@ -447,7 +447,7 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
     // attention onto itself and the model stays at chance on this fixture (docs/models.md, "Why a large λ collapses attention").
     let c = Conditioning::Identity {
         lambda: 0.3,
-        layout: Layout::Shifted,
+        layout: HeadLayout::Shifted,
     };
     let vit = seeded(0, || {
         Vit::new(&vs.root(), VitConfig::tiny().with_conditioning(c))

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use kappa_models::{
-    Conditioning, DiagnosticsConfig, Gpt, GptConfig, Layout, TextCorpus, TokenizerKind,
+    Conditioning, DiagnosticsConfig, Gpt, GptConfig, HeadLayout, TextCorpus, TokenizerKind,
 };
 use kappa_train::{LanguageModeling, Outcome, Task, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -47,14 +47,14 @@ fn variants(every: u64) -> Vec<Variant> {
             name: "λ=10 (paper default)".into(),
             conditioning: Conditioning::Identity {
                 lambda: 10.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
         },
         Variant {
             name: "scale-aware κ≤1.5".into(),
             conditioning: Conditioning::ScaleAware {
                 target_kappa: 1.5,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
                 every,
             },
         },

@@ -11,11 +11,11 @@ use std::path::Path;
 use anyhow::Result;
 use kappa_attention::{
     theorem_3_4, AttentionOptions, IdentityShift, LambdaPolicy, ScoreScale, SelfAttention,
-    SvdCorrection,
+    SvdCorrection, Theorem34Instance, TokenRegime,
 };
 use kappa_linalg::{condition_number, singular_values, SvdDriver};
 use ndarray::Array2;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
@@ -309,35 +309,19 @@ impl Experiment for Theory {
         let bar = run.progress(total as u64, "instances");
 
         // (a) Theorem 3.4 in both regimes.
-        for (part, n_le_d) in [(1u64, true), (2, false)] {
+        for (part, regime) in [(1u64, TokenRegime::AtMostD), (2, TokenRegime::AboveD)] {
+            let n_le_d = regime == TokenRegime::AtMostD;
             bar.set_message(if n_le_d { "(a) N ≤ D" } else { "(a) N > D" });
             for t in 0..config.bound_trials {
                 let mut rng = stream(seed, part, t as u64);
-                let max_d = config.bound_max_d.max(3);
-                let (n, d) = if n_le_d {
-                    let d = rng.gen_range(3..=max_d);
-                    (rng.gen_range(2..=d), d)
-                } else {
-                    let d = rng.gen_range(2..=(max_d / 2 + 1).max(2));
-                    (rng.gen_range(d + 1..=2 * d + 2), d)
-                };
-                let k = rng.gen_range(1..=d.min(4));
-                let std = 10f64.powf(rng.gen_range(-1.0..0.0));
-                let x = gaussian(&mut rng, n, d, 1.0);
-                let ws: Vec<Array2<f64>> = (0..3).map(|_| gaussian(&mut rng, d, k, std)).collect();
-                let head = SelfAttention::new(
-                    ws[0].clone(),
-                    ws[1].clone(),
-                    ws[2].clone(),
-                    AttentionOptions::default(),
-                )?;
-                let b = theorem_3_4(&head.forward(x.view())?)?;
+                let inst = Theorem34Instance::sample(&mut rng, regime, config.bound_max_d)?;
+                let b = theorem_3_4(&inst.forward()?)?;
                 run.log(&Record::Bound {
                     n_le_d,
-                    n,
-                    d,
-                    k,
-                    std,
+                    n: inst.n,
+                    d: inst.d,
+                    k: inst.k,
+                    std: inst.std,
                     kappa_j: fin(b.jacobian.full.kappa),
                     rhs: fin(b.rhs),
                     rank: b.jacobian.full.rank,

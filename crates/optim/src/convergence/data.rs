@@ -14,21 +14,17 @@
 //! finite-context error grows like exp of it (docs/convergence.md, §The attention limit and
 //! §Whitened coordinates), so it is the knob of the softmax-scale stress test.
 
-use kappa_linalg::{
-    condition_number, polar_factor, psd_inv_sqrt, psd_sqrt, LinalgError, RankTolerance, SvdDriver,
-};
+use kappa_linalg::{polar_factor, psd_inv_sqrt, RankTolerance, SvdDriver};
 use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 use rand::Rng;
 use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 
+use super::covariance::MAX_CONDITION;
 use super::population::PopulationProblem;
 use crate::error::{
     check_finite, check_matrix, check_output, check_range, shape_str, OptimError, Result,
 };
-
-/// Largest κ(Σ) a [`DataModel`] accepts (beyond it Σ^{-1/2} has no correct digits to speak of).
-pub const MAX_CONDITION: f64 = 1e12;
 
 /// The most entries (2³⁰, 8 GiB of f64) of any matrix this module allocates on a caller's behalf
 /// ([`gaussian`], [`DataModel::sample`], [`default_stiefel`](super::default_stiefel), …). A
@@ -144,7 +140,7 @@ impl ModelSpec {
                 reason: "must be positive".into(),
             });
         }
-        check_range("noise_std", self.noise_std, 0.0, 1e6)
+        Ok(check_range("noise_std", self.noise_std, 0.0, 1e6)?)
     }
 
     /// The eigenvalues of Σ, descending.
@@ -374,73 +370,4 @@ impl Sample {
         };
         Ok((part(0, first), part(first, n)))
     }
-}
-
-/// Checks a covariance-like matrix: square d×d, finite, symmetric PSD with κ ≤ [`MAX_CONDITION`];
-/// returns (Σ^{1/2}, Σ^{-1/2}, κ).
-pub(crate) fn covariance_roots(
-    arg: &'static str,
-    sigma: &ArrayView2<'_, f64>,
-) -> Result<(Array2<f64>, Array2<f64>, f64)> {
-    let d = sigma.nrows();
-    check_matrix(arg, sigma, d, d, "square")?;
-    if d == 0 {
-        return Err(OptimError::InvalidArgument {
-            arg,
-            reason: "is empty".into(),
-        });
-    }
-    // LAPACK takes standard layouts only: copy strided and negative-stride views.
-    // (A fresh row-major copy: `as_standard_layout` keeps a 1×1 view's odd strides.)
-    let sigma = Array2::from_shape_fn(sigma.dim(), |ij| sigma[ij]);
-    let half = psd_sqrt(sigma.view(), RankTolerance::default()).map_err(|e| rename(e, arg))?;
-    let kappa = condition_number(sigma.view()).map_err(|e| rename(e, arg))?;
-    if !(kappa.is_finite() && kappa <= MAX_CONDITION) {
-        return Err(OptimError::InvalidArgument {
-            arg,
-            reason: format!(
-                "must be positive definite with κ ≤ {MAX_CONDITION:e}, found κ = {kappa:e}"
-            ),
-        });
-    }
-    let inv_half =
-        psd_inv_sqrt(sigma.view(), RankTolerance::default()).map_err(|e| rename(e, arg))?;
-    check_output("Σ^{1/2}", arg, &half.view())?;
-    check_output("Σ^{-1/2}", arg, &inv_half.view())?;
-    Ok((half, inv_half, kappa))
-}
-
-/// A `kappa-linalg` error about its own argument (`p`, `a`, `s`) restated for the caller's
-/// argument `arg`.
-fn rename(e: LinalgError, arg: &'static str) -> OptimError {
-    let reason = match &e {
-        LinalgError::NotSymmetric {
-            asymmetry,
-            tolerance,
-            ..
-        } => {
-            format!("is not symmetric: max |a_ij − a_ji| = {asymmetry:e} > {tolerance:e}")
-        }
-        LinalgError::NotPositiveSemidefinite {
-            eigenvalue,
-            tolerance,
-            ..
-        } => format!(
-            "must be positive definite, found the eigenvalue {eigenvalue:e} (below −{tolerance:e})"
-        ),
-        LinalgError::NotSquare { rows, cols, .. } => format!("must be square, found {rows}×{cols}"),
-        LinalgError::InvalidArgument { reason, .. } => reason.clone(),
-        LinalgError::NonFinite {
-            row, col, value, ..
-        } => {
-            return OptimError::NonFinite {
-                arg,
-                row: *row,
-                col: *col,
-                value: *value,
-            }
-        }
-        _ => return OptimError::Linalg(e),
-    };
-    OptimError::InvalidArgument { arg, reason }
 }

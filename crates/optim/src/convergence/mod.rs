@@ -49,6 +49,7 @@
 use ndarray::Array2;
 
 mod attention;
+mod covariance;
 mod data;
 mod moments;
 mod population;
@@ -58,9 +59,10 @@ mod train;
 pub use attention::{
     attend, finite_context_excess, ContextMode, EmpiricalProblem, KeyMask, DEFAULT_QUERY_CHUNK,
 };
+pub use covariance::MAX_CONDITION;
 pub use data::{
     gaussian, haar_orthonormal, CovarianceSpec, DataModel, ModelSpec, Sample, TargetSpec,
-    MAX_CONDITION, MAX_ELEMENTS,
+    MAX_ELEMENTS,
 };
 pub use moments::{default_stiefel, spectral_init, spectral_init_with, Moments};
 pub use population::{limit_predict_with, PopulationProblem};

@@ -21,7 +21,8 @@
 use kappa_linalg::{condition_number, svd_thin, Svd, SvdDriver};
 use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 
-use super::data::{check_size, covariance_roots, DataModel, Sample, MAX_CONDITION};
+use super::covariance::{covariance_roots, MAX_CONDITION};
+use super::data::{check_size, DataModel, Sample};
 use crate::error::{check_matrix, check_output, overflow_as, OptimError, Result};
 
 /// The plug-in moments of a training set and everything derived from them: Σ̂^{±1/2}, Σ̂^{-1},

@@ -16,7 +16,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use super::data::covariance_roots;
+use super::covariance::covariance_roots;
 use super::LossGrad;
 use crate::error::{check_matrix, check_output, check_output_scalar, check_range, Result};
 

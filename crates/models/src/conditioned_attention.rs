@@ -17,7 +17,7 @@
 //!   per forward, against B·T·3D for adding `λ·X[:, block]` to the projection output (the
 //!   algebraically equal `XWᵀ + λ·shift(X)`), and the backward pass is plain linear's: since
 //!   ∂(W + λE)/∂W = I, W's gradient is the gradient at W + λE and λ gets none. Two per-head
-//!   layouts ([`Layout`]; docs/models.md, "Two per-head layouts"):
+//!   layouts (kappa-attention's [`HeadLayout`]; docs/models.md, "Two per-head layouts"):
 //!   - `Shifted` (the fused `W + λI_D` reading): head h of Q, K and V receives λ·X[:, hk..hk+k],
 //!     so the shift of the whole projection is `λ·[X X X]`;
 //!   - `SameBlock`: every head receives λ·X[:, 0..k] (the paper's single-head I_k repeated).
@@ -36,27 +36,21 @@
 //!
 //! # Score scale
 //!
-//! S = Q Kᵀ / s with s = √k ([`ScoreScaling::InvSqrtK`], the usual transformer) or s = 1
-//! ([`ScoreScaling::One`], the paper's formulas). Folding 1/s into W_Q leaves κ unchanged but
-//! changes the size of λ relative to the weights (docs/models.md, "λ and the weight scale").
+//! S = Q Kᵀ / s with kappa-attention's [`ScoreScale`]: s = √k ([`ScoreScale::InvSqrtK`], the
+//! usual transformer, what every preset of this crate names), s = 1 ([`ScoreScale::One`], the
+//! paper's formulas) or a custom s > 0 ([`ScoreScale::Custom`]; it must be a normal f32 number
+//! so that neither s nor 1/s rounds to 0 or ∞ in the f32/bf16 scores). Folding 1/s into W_Q
+//! leaves κ unchanged but changes the size of λ relative to the weights (docs/models.md, "λ and
+//! the weight scale"). The per-head layouts are kappa-attention's [`HeadLayout`], the same type
+//! its `MultiHeadAttention` uses.
 
+use kappa_attention::{HeadLayout, ScoreScale};
 use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
 use tch::{nn, Kind, Tensor};
 
 use crate::error::{ModelsError, Result};
-use crate::layers::Linear;
-
-/// Which k input columns head h's λ·I_k shift adds (docs/models.md, "Two per-head layouts").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Layout {
-    /// Head h gets λ·X[:, hk..hk+k]: the fused `W + λ·I_D` on the D×D projection.
-    #[default]
-    Shifted,
-    /// Every head gets λ·X[:, 0..k]: the single-head `W^h + λ·I_k` repeated per head.
-    SameBlock,
-}
+use crate::linear::Linear;
 
 /// The spectral correction added to W_Q, W_K and W_V.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -69,15 +63,15 @@ pub enum Conditioning {
     Identity {
         /// λ ≥ 0.
         lambda: f64,
-        /// The per-head layout.
-        layout: Layout,
+        /// The per-head layout (`"shifted"` or `"same_block"`).
+        layout: HeadLayout,
     },
     /// C = λ·E with λ = σ_max·(κ_t+1)/(κ_t−1) chosen from the layer's current weights.
     ScaleAware {
         /// The κ bound the chosen λ guarantees (> 1).
         target_kappa: f64,
-        /// The per-head layout.
-        layout: Layout,
+        /// The per-head layout (`"shifted"` or `"same_block"`).
+        layout: HeadLayout,
         /// Re-choose λ every this many optimizer steps; 0 chooses it once at initialization.
         every: u64,
     },
@@ -94,8 +88,8 @@ impl Conditioning {
         match *self {
             Conditioning::None => "baseline".into(),
             Conditioning::Identity { lambda, layout } => match layout {
-                Layout::Shifted => format!("λ={lambda}"),
-                Layout::SameBlock => format!("λ={lambda} (same block)"),
+                HeadLayout::Shifted => format!("λ={lambda}"),
+                HeadLayout::SameBlock => format!("λ={lambda} (same block)"),
             },
             Conditioning::ScaleAware {
                 target_kappa,
@@ -143,35 +137,6 @@ impl Conditioning {
     }
 }
 
-/// S = Q Kᵀ / s: s = √k or s = 1.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScoreScaling {
-    /// s = √k (the usual transformer).
-    #[default]
-    InvSqrtK,
-    /// s = 1 (the paper's formulas).
-    One,
-}
-
-impl ScoreScaling {
-    /// The multiplier 1/s for head dimension k.
-    pub fn factor(self, head_dim: usize) -> f64 {
-        match self {
-            ScoreScaling::InvSqrtK => 1.0 / (head_dim as f64).sqrt(),
-            ScoreScaling::One => 1.0,
-        }
-    }
-
-    /// The same convention in kappa-attention's terms.
-    pub fn to_attention(self) -> kappa_attention::ScoreScale {
-        match self {
-            ScoreScaling::InvSqrtK => kappa_attention::ScoreScale::InvSqrtK,
-            ScoreScaling::One => kappa_attention::ScoreScale::One,
-        }
-    }
-}
-
 /// Everything an attention layer needs.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionConfig {
@@ -183,8 +148,9 @@ pub struct AttentionConfig {
     pub bias: bool,
     /// Causal mask (GPT) or none (ViT).
     pub causal: bool,
-    /// Score scale 1/s.
-    pub scaling: ScoreScaling,
+    /// The score scale s (`"inv_sqrt_k"`, `"one"` or `{ custom = s }`); the layer multiplies
+    /// the scores by 1/s.
+    pub scaling: ScoreScale,
     /// The spectral correction.
     pub conditioning: Conditioning,
     /// Use libtorch's fused `scaled_dot_product_attention` when no probabilities are requested.
@@ -209,12 +175,30 @@ impl AttentionConfig {
                 ),
             ));
         }
+        self.score_factor().map_err(|e| {
+            let reason = match e {
+                kappa_attention::AttentionError::InvalidArgument { reason, .. } => reason,
+                other => other.to_string(),
+            };
+            ModelsError::config(format!("{field}.scaling"), reason)
+        })?;
         self.conditioning.validate(&format!("{field}.conditioning"))
     }
 
     /// k = D/H.
     pub fn head_dim(&self) -> usize {
         self.n_embd / self.n_head.max(1)
+    }
+
+    /// The multiplier 1/s of the scores for head dimension k: 1/√k, 1 or 1/s for a custom s.
+    ///
+    /// Errors: a custom s that is not a positive normal f32 (the scores are computed in f32 or
+    /// bf16, so s and 1/s must both be finite and non-zero there), as kappa-attention's
+    /// [`ScoreScale::divisor_in`] reports it.
+    pub fn score_factor(&self) -> std::result::Result<f64, kappa_attention::AttentionError> {
+        let k = self.head_dim();
+        self.scaling.divisor_in::<f32>(k)?;
+        Ok(1.0 / self.scaling.divisor(k)?)
     }
 }
 
@@ -232,12 +216,13 @@ pub struct AttentionTrace {
 /// Multi-head self-attention with a spectral correction (an `nn::Module`).
 ///
 /// ```
-/// use kappa_models::attention::{AttentionConfig, Conditioning, ConditionedAttention, Layout, ScoreScaling};
+/// use kappa_attention::{HeadLayout, ScoreScale};
+/// use kappa_models::conditioned_attention::{AttentionConfig, Conditioning, ConditionedAttention};
 /// use tch::{nn, Device, Kind, Tensor};
 /// let vs = nn::VarStore::new(Device::Cpu);
 /// let cfg = AttentionConfig {
-///     n_embd: 16, n_head: 4, bias: false, causal: true, scaling: ScoreScaling::InvSqrtK,
-///     conditioning: Conditioning::Identity { lambda: 1.0, layout: Layout::Shifted },
+///     n_embd: 16, n_head: 4, bias: false, causal: true, scaling: ScoreScale::InvSqrtK,
+///     conditioning: Conditioning::Identity { lambda: 1.0, layout: HeadLayout::Shifted },
 ///     fused_kernel: true,
 /// };
 /// let attn = ConditionedAttention::new(vs.root() / "attn", cfg, 0.02)?;
@@ -251,6 +236,8 @@ pub struct AttentionTrace {
 #[derive(Debug)]
 pub struct ConditionedAttention {
     cfg: AttentionConfig,
+    /// 1/s, from the validated config.
+    score_factor: f64,
     c_attn: Linear,
     c_proj: Linear,
     /// Scalar λ buffer (Identity, ScaleAware).
@@ -268,6 +255,7 @@ impl ConditionedAttention {
     /// are computed from the initial weights.
     pub fn new(p: nn::Path<'_>, cfg: AttentionConfig, proj_std: f64) -> Result<Self> {
         cfg.validate("attention")?;
+        let score_factor = cfg.score_factor()?;
         let d = cfg.n_embd as i64;
         let c_attn = Linear::new(&(&p / "c_attn"), d, 3 * d, cfg.bias, 0.02)?;
         let c_proj = Linear::new(&(&p / "c_proj"), d, d, cfg.bias, proj_std)?;
@@ -283,6 +271,7 @@ impl ConditionedAttention {
         };
         let mut layer = Self {
             cfg,
+            score_factor,
             c_attn,
             c_proj,
             lambda,
@@ -328,14 +317,14 @@ impl ConditionedAttention {
         let h = self.cfg.n_head as i64;
         let opts = (self.c_attn.weight.kind(), self.c_attn.weight.device());
         Some(match layout {
-            Layout::Shifted => Tensor::eye(d, opts).repeat([3, 1]),
-            Layout::SameBlock => Tensor::eye(k, opts)
+            HeadLayout::Shifted => Tensor::eye(d, opts).repeat([3, 1]),
+            HeadLayout::SameBlock => Tensor::eye(k, opts)
                 .constant_pad_nd([0, d - k])
                 .repeat([3 * h, 1]),
         })
     }
 
-    fn layout(&self) -> Option<Layout> {
+    fn layout(&self) -> Option<HeadLayout> {
         match self.cfg.conditioning {
             Conditioning::Identity { layout, .. } | Conditioning::ScaleAware { layout, .. } => {
                 Some(layout)
@@ -486,7 +475,7 @@ impl ConditionedAttention {
         let (b, t, d) = (size[0], size[1], size[2]);
         let h = self.cfg.n_head as i64;
         let k = d / h;
-        let scale = self.cfg.scaling.factor(k as usize);
+        let scale = self.score_factor;
         let qkv = self.project(x);
         let heads = |m: &Tensor| m.view([b, t, h, k]).transpose(1, 2);
         let parts = qkv.split(d, -1);
@@ -542,7 +531,7 @@ mod tests {
             n_head: 3,
             bias,
             causal,
-            scaling: ScoreScaling::InvSqrtK,
+            scaling: ScoreScale::InvSqrtK,
             conditioning,
             fused_kernel: true,
         }
@@ -578,7 +567,7 @@ mod tests {
         let parts = qkv.split(d, -1);
         let heads = |m: &Tensor| m.view([b, t, h, k]).transpose(1, 2);
         let s = heads(&parts[0]).matmul(&heads(&parts[1]).transpose(-2, -1))
-            * c.scaling.factor(k as usize);
+            * c.score_factor().unwrap();
         let s = if c.causal {
             s.masked_fill(
                 &Tensor::ones([t, t], (Kind::Bool, Device::Cpu)).triu(1),
@@ -598,15 +587,15 @@ mod tests {
             Conditioning::None,
             Conditioning::Identity {
                 lambda: 2.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
             Conditioning::Identity {
                 lambda: 2.0,
-                layout: Layout::SameBlock,
+                layout: HeadLayout::SameBlock,
             },
             Conditioning::ScaleAware {
                 target_kappa: 1.5,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
                 every: 1,
             },
             Conditioning::Svd { every: 1 },
@@ -652,11 +641,11 @@ mod tests {
         for c in [
             Conditioning::Identity {
                 lambda: 10.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
             Conditioning::ScaleAware {
                 target_kappa: 2.0,
-                layout: Layout::SameBlock,
+                layout: HeadLayout::SameBlock,
                 every: 0,
             },
             Conditioning::Svd { every: 5 },
@@ -670,15 +659,15 @@ mod tests {
         for conditioning in [
             Conditioning::Identity {
                 lambda: 3.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
             Conditioning::Identity {
                 lambda: 3.0,
-                layout: Layout::SameBlock,
+                layout: HeadLayout::SameBlock,
             },
             Conditioning::ScaleAware {
                 target_kappa: 1.5,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
                 every: 0,
             },
             Conditioning::Svd { every: 1 },
@@ -704,7 +693,7 @@ mod tests {
             cfg(
                 Conditioning::Identity {
                     lambda: 2.5,
-                    layout: Layout::SameBlock,
+                    layout: HeadLayout::SameBlock,
                 },
                 false,
                 false,
@@ -725,7 +714,7 @@ mod tests {
         for conditioning in [
             Conditioning::Identity {
                 lambda: 3.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
             Conditioning::Svd { every: 1 },
         ] {
@@ -751,7 +740,11 @@ mod tests {
     #[test]
     fn the_fused_kernel_matches_the_explicit_softmax() {
         for causal in [false, true] {
-            for scaling in [ScoreScaling::InvSqrtK, ScoreScaling::One] {
+            for scaling in [
+                ScoreScale::InvSqrtK,
+                ScoreScale::One,
+                ScoreScale::Custom(2.5),
+            ] {
                 let mut c = cfg(Conditioning::None, causal, true);
                 c.scaling = scaling;
                 let (_vs, attn) = build(c, 9);
@@ -789,7 +782,7 @@ mod tests {
             cfg(
                 Conditioning::ScaleAware {
                     target_kappa: 1.5,
-                    layout: Layout::Shifted,
+                    layout: HeadLayout::Shifted,
                     every: 1,
                 },
                 false,
@@ -819,7 +812,7 @@ mod tests {
         let mut c = cfg(
             Conditioning::Identity {
                 lambda: -1.0,
-                layout: Layout::Shifted,
+                layout: HeadLayout::Shifted,
             },
             false,
             false,
@@ -827,6 +820,15 @@ mod tests {
         let err = c.validate("model").unwrap_err().to_string();
         assert!(err.contains("model.conditioning.lambda"), "{err}");
         c.conditioning = Conditioning::None;
+        for bad in [0.0, -1.0, f64::NAN, 1e-300, 1e300] {
+            c.scaling = ScoreScale::Custom(bad);
+            let err = c.validate("model").unwrap_err().to_string();
+            assert!(err.contains("`model.scaling`"), "{bad}: {err}");
+        }
+        c.scaling = ScoreScale::Custom(4.0);
+        assert!(c.validate("model").is_ok());
+        assert_eq!(c.score_factor().unwrap(), 0.25);
+        c.scaling = ScoreScale::InvSqrtK;
         c.n_head = 5;
         assert!(c
             .validate("m")
