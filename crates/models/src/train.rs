@@ -118,16 +118,20 @@ pub struct TrainConfig {
     #[serde(default)]
     pub matrix_diagnostics: bool,
     /// The seed of the data order (and, by convention, of the initialization).
+    #[serde(default)]
     pub seed: u64,
     /// libtorch intra-op threads (0 leaves libtorch's default).
+    #[serde(default)]
     pub threads: usize,
     /// `cpu`, `cuda` or `cuda:N`.
+    #[serde(default)]
     pub device: String,
     /// The precision of the training forward passes (weights, gradients and optimizer state
     /// are f32 either way; evaluations run in f32).
     #[serde(default)]
     pub precision: TrainPrecision,
     /// Show a progress bar on stderr.
+    #[serde(default)]
     pub progress: bool,
     /// Diagnostics at every evaluation.
     pub diagnostics: DiagnosticsConfig,

@@ -51,6 +51,7 @@ pub struct Convergence;
 
 /// Part 1 and 4: the grid of curves.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CurvesConfig {
     /// Covariate dimensions d.
     pub dims: Vec<usize>,
@@ -80,6 +81,7 @@ pub struct CurvesConfig {
 
 /// One model of the sample-size sweep.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SweepCase {
     /// d.
     pub d: usize,
@@ -91,6 +93,7 @@ pub struct SweepCase {
 
 /// Part 2: the sample-size sweep.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SweepConfig {
     /// The models.
     pub cases: Vec<SweepCase>,
@@ -114,6 +117,7 @@ pub struct SweepConfig {
 
 /// Part 3: μ against conditioning.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RatesConfig {
     /// d = k.
     pub d: usize,
@@ -133,6 +137,7 @@ pub struct RatesConfig {
 
 /// Everything `convergence` reads from `config.toml`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// Parts 1 and 4.
     pub curves: CurvesConfig,

@@ -22,6 +22,7 @@ pub struct GptSotu;
 
 /// What `gpt-sotu` runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// The model; `vocab_size` is set from the tokenizer and `conditioning` per variant.
     pub model: GptConfig,

@@ -34,6 +34,7 @@ pub struct Manifolds;
 
 /// One trained configuration: a preset's assignment, possibly modified (an ablation).
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Variant {
     /// Table label.
     pub name: String,
@@ -47,6 +48,7 @@ pub struct Variant {
 
 /// What `manifolds` runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// The model; `vocab_size` 0 takes the tokenizer's.
     pub model: GptConfig,

@@ -57,6 +57,7 @@ fn is_manifold(name: &str) -> bool {
 
 /// What `optim-geometry` runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// Input dimension (rows of W).
     pub d_in: usize,

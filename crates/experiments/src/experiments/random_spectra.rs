@@ -34,6 +34,7 @@ pub struct RandomSpectra;
 
 /// What `random-spectra` measures.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// Row counts D.
     pub rows: Vec<usize>,

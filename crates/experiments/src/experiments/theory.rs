@@ -31,6 +31,7 @@ pub struct Theory;
 
 /// What `theory` measures.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// (a) Random instances per regime (N ≤ D and N > D) per seed.
     pub bound_trials: usize,

@@ -41,6 +41,7 @@ pub struct VitFmnist;
 
 /// One model variant: a name (a label in tables) and its conditioning.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Variant {
     /// Table label.
     pub name: String,
@@ -50,6 +51,7 @@ pub struct Variant {
 
 /// What `vit-fmnist` runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// The model (its `conditioning` is replaced by each variant's).
     pub model: VitConfig,
