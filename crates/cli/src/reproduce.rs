@@ -153,8 +153,12 @@ pub fn config_experiment(
 ) -> Result<ExperimentName, String> {
     let from_key = key
         .map(|k| {
-            k.parse::<ExperimentName>()
-                .map_err(|_| format!("`experiment = \"{k}\"`: {}", unknown(k, EXPERIMENTS, "experiment")))
+            k.parse::<ExperimentName>().map_err(|_| {
+                format!(
+                    "`experiment = \"{k}\"`: {}",
+                    unknown(k, EXPERIMENTS, "experiment")
+                )
+            })
         })
         .transpose()?;
     match (only, from_key) {
@@ -197,9 +201,27 @@ mod tests {
     #[test]
     fn every_option_survives_forwarding() {
         let args = parse(&[
-            "--scale", "smoke", "--only", "theory", "--only", "manifolds", "--seeds", "2",
-            "--threads", "1", "--device", "cuda:1", "--config", "my dir/a.toml", "--set",
-            "train.lr=3e-4", "--set", "variants=[\"a = b\"]", "--resume", "--publish", "--list",
+            "--scale",
+            "smoke",
+            "--only",
+            "theory",
+            "--only",
+            "manifolds",
+            "--seeds",
+            "2",
+            "--threads",
+            "1",
+            "--device",
+            "cuda:1",
+            "--config",
+            "my dir/a.toml",
+            "--set",
+            "train.lr=3e-4",
+            "--set",
+            "variants=[\"a = b\"]",
+            "--resume",
+            "--publish",
+            "--list",
         ])
         .unwrap();
         let forwarded: Vec<String> = args
@@ -224,11 +246,19 @@ mod tests {
 
     #[test]
     fn typos_fail_while_parsing() {
-        assert!(parse(&["--scale", "smok"]).unwrap_err().contains("did you mean `smoke`"));
-        assert!(parse(&["--only", "manifold"]).unwrap_err().contains("did you mean `manifolds`"));
+        assert!(parse(&["--scale", "smok"])
+            .unwrap_err()
+            .contains("did you mean `smoke`"));
+        assert!(parse(&["--only", "manifold"])
+            .unwrap_err()
+            .contains("did you mean `manifolds`"));
         assert!(parse(&["--device", "tpu"]).is_err());
-        assert!(parse(&["--set", "train.lr"]).unwrap_err().contains("KEY=VALUE"));
-        assert!(parse(&["--set", "train..lr=1"]).unwrap_err().contains("dotted key"));
+        assert!(parse(&["--set", "train.lr"])
+            .unwrap_err()
+            .contains("KEY=VALUE"));
+        assert!(parse(&["--set", "train..lr=1"])
+            .unwrap_err()
+            .contains("dotted key"));
         assert!(parse(&["--sett", "a=1"]).is_err());
     }
 
