@@ -52,7 +52,7 @@ macro_rules! builtin_files {
     };
 }
 
-/// Every experiment's built-in files, one per [`Scale::ALL`] entry.
+/// Every experiment's built-in files: smoke, cpu, paper.
 pub const BUILTIN: &[(&str, [&str; 3])] = builtin_files![
     "random-spectra",
     "theory",
@@ -133,7 +133,11 @@ pub struct ConfigSource {
 impl ConfigSource {
     /// The built-in file of `experiment` at `scale`.
     pub fn builtin(experiment: &str, scale: Scale) -> Result<Self, ConfigError> {
-        let index = Scale::ALL.iter().position(|s| *s == scale).unwrap_or(0);
+        let index = match scale {
+            Scale::Smoke => 0,
+            Scale::Cpu => 1,
+            Scale::Paper => 2,
+        };
         BUILTIN
             .iter()
             .find(|(name, _)| *name == experiment)
