@@ -1,5 +1,5 @@
-//! The commands that drive cargo: `test`, `reproduce` and `bench`, each after setup, each with
-//! `LIBTORCH` and the runtime library path set.
+//! The commands that drive cargo: `test` and `bench` (and, through [`cargo`], `reproduce`), each
+//! after setup, each with `LIBTORCH` and the runtime library path set.
 
 use std::env;
 use std::ffi::OsString;
@@ -10,7 +10,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::data::DataSelection;
-use crate::names::{DeviceName, ExperimentName, ScaleName};
 use crate::setup::{self, Toolchain};
 use crate::workspace::{run, Workspace};
 
@@ -20,7 +19,7 @@ use crate::workspace::{run, Workspace};
 /// OpenMP pool for a training step), OpenMP's default spin-then-sleep is 20–37% faster at two
 /// threads than the passive policy xtask once set (`benches/benches/step_env.rs`,
 /// docs/architecture.md).
-fn cargo(ws: &Workspace, tc: &Toolchain) -> Command {
+pub(crate) fn cargo(ws: &Workspace, tc: &Toolchain) -> Command {
     let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let mut cmd = Command::new(program);
     cmd.current_dir(ws.root());
@@ -219,142 +218,6 @@ fn target_dir(ws: &Workspace) -> std::path::PathBuf {
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| ws.root().join("target"))
-}
-
-/// Arguments of `cargo xtask reproduce`.
-#[derive(Args)]
-pub struct ReproduceArgs {
-    /// smoke (seconds, used by tests), cpu (the default: the suite in about an hour on 2 cores),
-    /// or paper (the papers' sizes, for a GPU machine).
-    #[arg(long, default_value = "cpu")]
-    scale: ScaleName,
-    /// Run only these experiments (repeatable); `--list` shows the names.
-    #[arg(long)]
-    only: Vec<ExperimentName>,
-    /// Number of seeds per experiment (default: the experiment's own, usually 3).
-    #[arg(long)]
-    seeds: Option<u32>,
-    /// Threads for BLAS and libtorch.
-    #[arg(long, default_value_t = 2)]
-    threads: u32,
-    /// cpu, cuda or cuda:N (experiments that train models).
-    #[arg(long, default_value = "cpu")]
-    device: DeviceName,
-    /// List the experiments and the paper claims they test, then stop.
-    #[arg(long)]
-    list: bool,
-    /// Afterwards, copy the report and its plots into `docs/results/` (tracked by git), so the
-    /// repository shows the figures of the last run.
-    #[arg(long)]
-    publish: bool,
-    /// Keep earlier run folders of this scale: skip runs that completed or diverged, continue
-    /// interrupted or failed runs from their checkpoints (a changed config is an error).
-    #[arg(long)]
-    resume: bool,
-}
-
-/// `cargo xtask reproduce`: setup, build the experiment runner, install the data it needs, run.
-pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
-    let tc = setup::setup(ws, &DataSelection::default())?;
-    let runner = |extra: &[&str]| {
-        let mut cmd = cargo(ws, &tc);
-        cmd.args([
-            "run",
-            "--release",
-            "--locked",
-            "--quiet",
-            "-p",
-            "kappa-experiments",
-            "--",
-        ]);
-        cmd.args(extra);
-        let threads = args.threads.to_string();
-        cmd.env("OPENBLAS_NUM_THREADS", &threads)
-            .env("RAYON_NUM_THREADS", &threads);
-        cmd
-    };
-    let mut selection: Vec<String> = Vec::new();
-    for name in &args.only {
-        selection.extend(["--only".to_string(), name.0.clone()]);
-    }
-    let selection: Vec<&str> = selection.iter().map(String::as_str).collect();
-
-    if args.list {
-        return run(runner(&["list"]).args(&selection));
-    }
-
-    // The runner says which data sets the selected experiments read; setup installs those.
-    let needs = runner(&["data-needs"])
-        .args(&selection)
-        .output()
-        .context("could not run the experiment runner")?;
-    if !needs.status.success() {
-        anyhow::bail!(
-            "the experiment runner failed:\n{}",
-            String::from_utf8_lossy(&needs.stderr)
-        );
-    }
-    let needs = String::from_utf8_lossy(&needs.stdout);
-    let data: DataSelection = needs
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(",")
-        .parse()
-        .map_err(anyhow::Error::msg)?;
-    setup::data_only(ws, &data)?;
-
-    let mut cmd = runner(&["reproduce"]);
-    cmd.args(&selection)
-        .arg("--scale")
-        .arg(&args.scale.0)
-        .arg("--threads")
-        .arg(args.threads.to_string())
-        .arg("--device")
-        .arg(&args.device.0)
-        .arg("--results")
-        .arg(ws.results_dir())
-        .arg("--data")
-        .arg(ws.data_dir());
-    if let Some(seeds) = args.seeds {
-        cmd.arg("--seeds").arg(seeds.to_string());
-    }
-    if args.resume {
-        cmd.arg("--resume");
-    }
-    run(&mut cmd)?;
-    if args.publish {
-        publish(ws)?;
-    }
-    Ok(())
-}
-
-/// Copies `results/report.md` and every PNG it embeds into `docs/results/`, replacing what was
-/// there, so links keep working relative to the copied report.
-fn publish(ws: &Workspace) -> Result<()> {
-    let results = ws.results_dir();
-    let docs = ws.root().join("docs/results");
-    let report = fs::read_to_string(results.join("report.md")).context("reading the report")?;
-    if docs.exists() {
-        fs::remove_dir_all(&docs)?;
-    }
-    fs::create_dir_all(&docs)?;
-    for line in report.lines() {
-        let Some((_, rest)) = line.strip_prefix("![").and_then(|l| l.split_once("](")) else {
-            continue;
-        };
-        let rel = rest.trim_end_matches(')');
-        let target = docs.join(rel);
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        fs::copy(results.join(rel), &target).with_context(|| format!("copying {rel}"))?;
-    }
-    fs::write(docs.join("report.md"), report)?;
-    eprintln!(
-        "xtask reproduce: published the report to {}",
-        docs.display()
-    );
-    Ok(())
 }
 
 /// Arguments of `cargo xtask bench`.

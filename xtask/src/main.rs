@@ -4,8 +4,9 @@
 //!   (OpenBLAS, libtorch through PyPI's torch, the data sets), idempotently.
 //! - `cargo xtask test` runs setup, then `fmt --check`, `clippy -D warnings` and the whole test
 //!   suite. This is the README's test command and what CI runs.
-//! - `cargo xtask reproduce [--scale S] [--only NAME]… [--resume]` runs the experiments and
-//!   writes `results/report.md`; `--resume` keeps finished runs and continues interrupted ones.
+//! - `cargo xtask reproduce [--scale S] [--only NAME]… [--config FILE] [--set KEY=VALUE]…
+//!   [--resume] [--publish]` runs the experiments and writes `results/report.md`; the options
+//!   are kappa-cli's, checked before anything is installed or built.
 //! - `cargo xtask bench [--threads N]` runs the criterion benchmarks.
 //!
 //! Every cargo call made from here gets `LIBTORCH` and the runtime library path, so nobody has
@@ -13,7 +14,7 @@
 
 mod cargo;
 mod data;
-mod names;
+mod reproduce;
 mod setup;
 mod tidy;
 mod torch;
@@ -53,7 +54,7 @@ enum Command {
     /// Setup, then formatting, lints, every test, the standalone libraries, docs and packages.
     Test(cargo::TestArgs),
     /// Run the experiments and write `results/report.md`.
-    Reproduce(cargo::ReproduceArgs),
+    Reproduce(kappa_cli::ReproduceArgs),
     /// Run the criterion benchmarks (nothing else should run on the machine meanwhile).
     Bench(cargo::BenchArgs),
 }
@@ -80,7 +81,7 @@ fn run(cli: Cli) -> Result<()> {
             setup::setup(&ws, &data)?;
         }
         Command::Test(args) => cargo::test(&ws, &args)?,
-        Command::Reproduce(args) => cargo::reproduce(&ws, &args)?,
+        Command::Reproduce(args) => reproduce::reproduce(&ws, &args)?,
         Command::Bench(args) => cargo::bench(&ws, &args)?,
     }
     Ok(())

@@ -1,5 +1,5 @@
 //! What `vit-fmnist` and `gpt-sotu` share: a variant (a name and a spectral correction), the
-//! standard variants, their training through [`kappa_train::train_variant`] with AdamW groups,
+//! their training through [`kappa_train::train_variant`] with AdamW groups,
 //! and the report (tables over seeds, plots of κ(W_Q), σ_min(W_Q), attention entropy and κ(J)
 //! over training, and a verdict per claim computed from the data).
 
@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
-use kappa_models::{summarize, Conditioning, HeadLayout};
+use kappa_models::{summarize, Conditioning};
 use kappa_train::{
     adamw_groups, train_variant, Final, Line, Outcome, Record, Run, RunRecord, RunStatus, Task,
     TrainConfig, VariantId,
@@ -21,46 +21,12 @@ use crate::stats::mean_std;
 
 /// One model variant: a name (a label in tables) and its conditioning.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Variant {
     /// Table label.
     pub name: String,
     /// The correction.
     pub conditioning: Conditioning,
-}
-
-/// The standard variants: baseline, λ = 1, λ = 10 (the paper's default), scale-aware λ
-/// (κ ≤ 1.5, re-chosen every `every` steps) and the exact SVD correction (every step).
-pub fn standard_variants(every: u64) -> Vec<Variant> {
-    let v = |name: &str, conditioning| Variant {
-        name: name.into(),
-        conditioning,
-    };
-    vec![
-        v("baseline", Conditioning::None),
-        v(
-            "λ=1",
-            Conditioning::Identity {
-                lambda: 1.0,
-                layout: HeadLayout::Shifted,
-            },
-        ),
-        v(
-            "λ=10 (paper default)",
-            Conditioning::Identity {
-                lambda: 10.0,
-                layout: HeadLayout::Shifted,
-            },
-        ),
-        v(
-            "scale-aware κ≤1.5",
-            Conditioning::ScaleAware {
-                target_kappa: 1.5,
-                layout: HeadLayout::Shifted,
-                every,
-            },
-        ),
-        v("exact SVD", Conditioning::Svd { every: 1 }),
-    ]
 }
 
 /// Trains variant `index` of a run with kappa-train's AdamW groups ([`adamw_groups`]): see

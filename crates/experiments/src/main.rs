@@ -2,19 +2,24 @@
 //!
 //! - `kappa-experiments list [--only NAME]…` names the experiments and the claims they test.
 //! - `kappa-experiments data-needs [--only NAME]…` prints the data sets they read.
-//! - `kappa-experiments reproduce --scale S --results DIR --data DIR [--only NAME]… [--seeds N]
-//!   [--resume]` runs them and writes `DIR/report.md`; `--resume` keeps finished runs and
-//!   continues interrupted ones instead of starting over.
+//! - `kappa-experiments reproduce [OPTIONS] [--results DIR] [--data DIR] [--docs DIR]` runs
+//!   them and writes `DIR/report.md`. The options are kappa-cli's [`ReproduceArgs`], the very
+//!   ones `cargo xtask reproduce` parses and forwards: `--scale`, `--only`, `--seeds`,
+//!   `--threads`, `--device`, `--config FILE`, `--set KEY=VALUE`, `--resume`, `--publish` (into
+//!   `--docs`, default `docs/results`), `--list`.
 //! - `kappa-experiments report --scale S --results DIR` rebuilds the report from run folders.
 //! - `kappa-experiments blas` says which BLAS kernel the process runs and how it was chosen.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use kappa_cli::{config_experiment, ExperimentName, ReproduceArgs};
+use kappa_experiments::config::ConfigSource;
+use kappa_experiments::publish::publish;
 use kappa_experiments::runner::{report, reproduce, select, Settings};
-use kappa_experiments::Scale;
+use kappa_experiments::{RegisteredExperiment, Scale};
 
 #[derive(Parser)]
 #[command(
@@ -30,7 +35,21 @@ struct Cli {
 struct Selection {
     /// Only these experiments (repeatable).
     #[arg(long)]
-    only: Vec<String>,
+    only: Vec<ExperimentName>,
+}
+
+/// Where the runs read and write (xtask passes the workspace's folders).
+#[derive(clap::Args)]
+struct Places {
+    /// The results folder.
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    /// The data folder that `cargo xtask setup` fills.
+    #[arg(long, default_value = "data")]
+    data: PathBuf,
+    /// Where `--publish` puts the report.
+    #[arg(long, default_value = "docs/results")]
+    docs: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -42,29 +61,9 @@ enum Command {
     /// Run the selected experiments, then write the report.
     Reproduce {
         #[command(flatten)]
-        selection: Selection,
-        /// smoke, cpu or paper.
-        #[arg(long, default_value = "cpu")]
-        scale: Scale,
-        /// Seeds per experiment (default: each experiment's own).
-        #[arg(long)]
-        seeds: Option<u32>,
-        /// BLAS and libtorch threads.
-        #[arg(long, default_value_t = 2)]
-        threads: usize,
-        /// cpu, cuda or cuda:N.
-        #[arg(long, default_value = "cpu")]
-        device: String,
-        /// The results folder.
-        #[arg(long, default_value = "results")]
-        results: PathBuf,
-        /// The data folder that `cargo xtask setup` fills.
-        #[arg(long, default_value = "data")]
-        data: PathBuf,
-        /// Keep the run folders already there: skip runs that completed or diverged, continue
-        /// interrupted or failed ones from their checkpoints; a changed config is an error.
-        #[arg(long)]
-        resume: bool,
+        args: ReproduceArgs,
+        #[command(flatten)]
+        places: Places,
     },
     /// Say which BLAS kernel this process runs, how it was chosen, and whether it is a generic
     /// fallback (what every run's `run.json` records).
@@ -102,13 +101,9 @@ fn run(cli: Cli) -> Result<()> {
     }
     match cli.command {
         Command::Blas => println!("{blas}"),
-        Command::List(selection) => {
-            for e in select(&selection.only)? {
-                println!("{:<16} {}", e.name(), e.claim());
-            }
-        }
+        Command::List(selection) => list(&select(&names(&selection.only))?),
         Command::DataNeeds(selection) => {
-            let needs: BTreeSet<&str> = select(&selection.only)?
+            let needs: BTreeSet<&str> = select(&names(&selection.only))?
                 .iter()
                 .flat_map(|e| e.data_needs().iter().copied())
                 .collect();
@@ -116,30 +111,63 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{need}");
             }
         }
-        Command::Reproduce {
-            selection,
-            scale,
-            seeds,
-            threads,
-            device,
-            results,
-            data,
-            resume,
-        } => {
-            let experiments = select(&selection.only)?;
-            let settings = Settings {
-                scale,
-                seeds,
-                threads,
-                device: &device,
-                results: &results,
-                data: &data,
-                resume,
-            };
-            reproduce(&experiments, &settings)?;
-            report(scale, &results)?;
-        }
+        Command::Reproduce { args, places } => run_reproduce(&args, &places)?,
         Command::Report { scale, results } => report(scale, &results)?,
     }
     Ok(())
+}
+
+/// `reproduce`: resolve every config, run, write the report, and publish it when asked.
+fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
+    let experiments = select(&selected(args)?)?;
+    if args.list {
+        list(&experiments);
+        return Ok(());
+    }
+    let settings = Settings {
+        scale: args.scale,
+        seeds: args.seeds,
+        threads: args.threads,
+        device: &args.device.0,
+        results: &places.results,
+        data: &places.data,
+        resume: args.resume,
+        config: args.config.as_deref(),
+        sets: &args.set,
+    };
+    reproduce(&experiments, &settings)?;
+    report(args.scale, &places.results)?;
+    if args.publish {
+        let ran: Vec<&str> = experiments.iter().map(|e| e.name()).collect();
+        publish(&places.results, &places.docs, &ran)?;
+        eprintln!(
+            "reproduce: published {} into {}",
+            ran.join(", "),
+            places.docs.display()
+        );
+    }
+    Ok(())
+}
+
+/// The experiments `reproduce` runs: `--only`, or with `--config` the one experiment the file
+/// configures (`--only NAME` or its `experiment = "NAME"` key).
+fn selected(args: &ReproduceArgs) -> Result<Vec<String>> {
+    let Some(path) = &args.config else {
+        return Ok(names(&args.only));
+    };
+    let key = ConfigSource::file(path)?.experiment_key()?;
+    let name = config_experiment(&args.only, key.as_deref())
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("--config {}", path.display()))?;
+    Ok(vec![name.0])
+}
+
+fn names(only: &[ExperimentName]) -> Vec<String> {
+    only.iter().map(|n| n.0.clone()).collect()
+}
+
+fn list(experiments: &[Box<dyn RegisteredExperiment>]) {
+    for e in experiments {
+        println!("{:<16} {}", e.name(), e.claim());
+    }
 }

@@ -2,18 +2,26 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use kappa_cli::Set;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::config::{ConfigError, ConfigSource};
 use crate::experiments;
 use crate::report::Section;
 use crate::run::{Resumed, Run, RunContext, RunInfo, RunRecord, RunStatus};
 use crate::scale::Scale;
 
 /// An experiment: a config per scale, a run per seed, and a report section made from run folders.
+///
+/// The configs are data: the built-in one of each scale is the file
+/// `experiments/<name>/<scale>.toml` ([`crate::config`]), and `reproduce --config`/`--set`
+/// change it without a rebuild. Every config is read and checked ([`Experiment::load`]) before
+/// anything runs.
 pub trait Experiment: Sync {
-    /// Everything the experiment reads from `config.toml`.
+    /// Everything the experiment reads from its config file; recorded in each run's
+    /// `config.toml`. Its structs deny unknown fields, so a misspelt key is an error.
     type Config: Serialize + DeserializeOwned;
 
     /// The registry name (`--only NAME`), also the results folder name.
@@ -32,8 +40,27 @@ pub trait Experiment: Sync {
         3
     }
 
-    /// The config for a scale.
-    fn config(&self, scale: Scale) -> Self::Config;
+    /// Checks the values of a config, before anything runs: whatever would otherwise fail only
+    /// later in a run, or silently give a meaningless one. Errors name the dotted key
+    /// (`train.lr: …`). The default accepts every config that parses.
+    fn validate(&self, _config: &Self::Config) -> Result<()> {
+        Ok(())
+    }
+
+    /// The config of `source` with `sets` applied, parsed and [validated](Experiment::validate).
+    fn load(&self, source: &ConfigSource, sets: &[Set]) -> Result<Self::Config, ConfigError> {
+        let config = source.resolve(self.name(), sets)?;
+        self.validate(&config).map_err(|e| ConfigError::Invalid {
+            origin: source.origin().to_string(),
+            message: format!("{e:#}"),
+        })?;
+        Ok(config)
+    }
+
+    /// The built-in config of a scale (the file `experiments/<name>/<scale>.toml`), checked.
+    fn config(&self, scale: Scale) -> Result<Self::Config, ConfigError> {
+        self.load(&ConfigSource::builtin(self.name(), scale)?, &[])
+    }
 
     /// Whether [`Experiment::run`] can continue a run folder left by an interrupted or failed
     /// attempt (`reproduce --resume`): it skips what that attempt finished and continues from
@@ -62,11 +89,20 @@ pub trait RegisteredExperiment: Sync {
     fn data_needs(&self) -> &'static [&'static str];
     /// See [`Experiment::default_seeds`].
     fn default_seeds(&self, scale: Scale) -> u32;
-    /// Writes `config.toml` into a fresh run folder, runs, and writes `run.json`.
-    fn execute(&self, dir: &Path, context: RunContext) -> Result<RunInfo>;
+    /// Reads and checks the config of `source` with `sets` applied ([`Experiment::load`]).
+    fn resolve(&self, source: &ConfigSource, sets: &[Set]) -> Result<ResolvedConfig, ConfigError>;
+    /// Writes `config.toml` (the context and `config`) into a fresh run folder, runs, and
+    /// writes `run.json`.
+    fn execute(&self, dir: &Path, context: RunContext, config: &ResolvedConfig) -> Result<RunInfo>;
     /// Like [`RegisteredExperiment::execute`], but reuses the folder ([`Run::resume`]): a
-    /// finished run is returned as it is, an unfinished one continues.
-    fn resume(&self, dir: &Path, context: RunContext) -> Result<Resumption>;
+    /// finished run is returned as it is, an unfinished one continues; a folder written with
+    /// another config than `config` is an error.
+    fn resume(
+        &self,
+        dir: &Path,
+        context: RunContext,
+        config: &ResolvedConfig,
+    ) -> Result<Resumption>;
     /// See [`Experiment::report`].
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section>;
 }
@@ -84,13 +120,30 @@ impl<E: Experiment> RegisteredExperiment for E {
     fn default_seeds(&self, scale: Scale) -> u32 {
         Experiment::default_seeds(self, scale)
     }
-    fn execute(&self, dir: &Path, context: RunContext) -> Result<RunInfo> {
-        let config = self.config(scale_of(&context)?);
+    fn resolve(&self, source: &ConfigSource, sets: &[Set]) -> Result<ResolvedConfig, ConfigError> {
+        let config = self.load(source, sets)?;
+        let table = toml::Table::try_from(&config).map_err(|e| ConfigError::Invalid {
+            origin: source.origin().to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(ResolvedConfig {
+            experiment: Experiment::name(self),
+            origin: source.origin().to_string(),
+            table,
+        })
+    }
+    fn execute(&self, dir: &Path, context: RunContext, config: &ResolvedConfig) -> Result<RunInfo> {
+        let config: E::Config = config.decode(Experiment::name(self))?;
         let run = Run::create(dir, context, &config)?;
         run_to_the_end(self, &config, run)
     }
-    fn resume(&self, dir: &Path, context: RunContext) -> Result<Resumption> {
-        let config = self.config(scale_of(&context)?);
+    fn resume(
+        &self,
+        dir: &Path,
+        context: RunContext,
+        config: &ResolvedConfig,
+    ) -> Result<Resumption> {
+        let config: E::Config = config.decode(Experiment::name(self))?;
         Ok(match Run::resume(dir, context.clone(), &config)? {
             Resumed::Started(run) => Resumption::Started(run_to_the_end(self, &config, run)?),
             Resumed::Continued(run) if self.continues_interrupted_runs() => {
@@ -124,9 +177,43 @@ fn run_to_the_end<E: Experiment>(
     Ok(run.finish(status)?)
 }
 
-/// The scale a run context names (the runner writes one of [`Scale`]'s names).
-fn scale_of(context: &RunContext) -> Result<Scale> {
-    context.scale.parse().map_err(anyhow::Error::msg)
+/// An experiment's config after `--config`, `--set` and [`Experiment::validate`]: the table
+/// its runs record under `[config]` in `config.toml` (every field, defaults included).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedConfig {
+    experiment: &'static str,
+    origin: String,
+    table: toml::Table,
+}
+
+impl ResolvedConfig {
+    /// The experiment it configures.
+    pub fn experiment(&self) -> &'static str {
+        self.experiment
+    }
+
+    /// Where it was read from (`experiments/<name>/<scale>.toml` or the `--config` path).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The config as TOML.
+    pub fn table(&self) -> &toml::Table {
+        &self.table
+    }
+
+    /// The typed config again (it was read from this very table, so this fails only when
+    /// `experiment` is not the one it was resolved for).
+    fn decode<C: DeserializeOwned>(&self, experiment: &str) -> Result<C> {
+        anyhow::ensure!(
+            experiment == self.experiment,
+            "the config of {} was given to {experiment}",
+            self.experiment
+        );
+        toml::Value::Table(self.table.clone())
+            .try_into()
+            .with_context(|| format!("{}: re-reading the resolved config", self.origin))
+    }
 }
 
 /// What [`RegisteredExperiment::resume`] did with a run folder.
@@ -172,23 +259,28 @@ pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
 mod tests {
     use super::*;
 
-    /// `cargo xtask reproduce` checks `--only` against its own list before it builds this crate;
-    /// that list must name exactly the registry's experiments, in order.
+    /// `cargo xtask reproduce` checks `--only` against kappa-cli's list before it builds this
+    /// crate; that list must name exactly the registry's experiments, in order.
     #[test]
-    fn xtask_knows_every_experiment() {
-        let names_rs = concat!(env!("CARGO_MANIFEST_DIR"), "/../../xtask/src/names.rs");
-        let text = std::fs::read_to_string(names_rs).expect("xtask/src/names.rs");
-        let list = text
-            .split("pub const EXPERIMENTS: &[&str] = &[")
-            .nth(1)
-            .and_then(|rest| rest.split("];").next())
-            .expect("the EXPERIMENTS list in xtask/src/names.rs");
-        let xtask: Vec<&str> = list
-            .split(',')
-            .map(|s| s.trim().trim_matches('"'))
-            .filter(|s| !s.is_empty())
-            .collect();
+    fn the_command_line_knows_every_experiment() {
         let ours: Vec<&str> = registry().iter().map(|e| e.name()).collect();
-        assert_eq!(xtask, ours, "update EXPERIMENTS in xtask/src/names.rs");
+        assert_eq!(
+            kappa_cli::EXPERIMENTS,
+            ours,
+            "update EXPERIMENTS in crates/cli/src/names.rs"
+        );
+    }
+
+    /// Every built-in file parses into its experiment's config and passes its checks.
+    #[test]
+    fn every_builtin_config_loads() {
+        for e in registry() {
+            for scale in Scale::ALL {
+                let source = ConfigSource::builtin(e.name(), scale).unwrap();
+                if let Err(err) = e.resolve(&source, &[]) {
+                    panic!("{err}");
+                }
+            }
+        }
     }
 }

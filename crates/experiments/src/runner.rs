@@ -6,9 +6,11 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use kappa_cli::Set;
 
-use crate::registry::Resumption;
-use crate::report::write_report;
+use crate::config::ConfigSource;
+use crate::registry::{ResolvedConfig, Resumption};
+use crate::report::{Part, Report};
 use crate::run::{RunContext, RunRecord, RunStatus};
 use crate::{registry, RegisteredExperiment, Scale};
 
@@ -47,16 +49,48 @@ pub struct Settings<'a> {
     /// Reuse existing run folders instead of replacing them: finished runs are skipped,
     /// interrupted or failed ones continue ([`crate::run::Run::resume`]).
     pub resume: bool,
+    /// A config file to run instead of the built-in one (`--config`); only for a single
+    /// experiment.
+    pub config: Option<&'a Path>,
+    /// `--set KEY=VALUE` changes, applied to every selected experiment's config.
+    pub sets: &'a [Set],
+}
+
+/// Reads and checks the config of every selected experiment — the built-in file of the scale,
+/// or `settings.config` — with `settings.sets` applied, before anything runs: a bad key or
+/// value anywhere stops the command here, naming the file and the key.
+pub fn resolve_configs(
+    experiments: &[Box<dyn RegisteredExperiment>],
+    settings: &Settings<'_>,
+) -> Result<Vec<ResolvedConfig>> {
+    if settings.config.is_some() && experiments.len() != 1 {
+        bail!(
+            "--config configures one experiment, but {} are selected",
+            experiments.len()
+        );
+    }
+    experiments
+        .iter()
+        .map(|e| {
+            let source = match settings.config {
+                Some(path) => ConfigSource::file(path)?,
+                None => ConfigSource::builtin(e.name(), settings.scale)?,
+            };
+            Ok(e.resolve(&source, settings.sets)?)
+        })
+        .collect()
 }
 
 /// Runs every selected experiment once per seed into `results/<name>/<scale>/seed-<n>/`,
 /// replacing earlier runs of that experiment at that scale, or, with `resume`, reusing them:
 /// completed and diverged runs are skipped, interrupted and failed runs continue, and a run
-/// folder written with a different config stops the command with an error.
+/// folder written with a different config stops the command with an error. Every config is
+/// resolved first ([`resolve_configs`]), so a bad one stops the command before any run.
 pub fn reproduce(
     experiments: &[Box<dyn RegisteredExperiment>],
     settings: &Settings<'_>,
 ) -> Result<()> {
+    let configs = resolve_configs(experiments, settings)?;
     let Settings {
         scale,
         seeds,
@@ -65,6 +99,7 @@ pub fn reproduce(
         results,
         data,
         resume,
+        ..
     } = *settings;
     let total: u32 = experiments
         .iter()
@@ -72,7 +107,7 @@ pub fn reproduce(
         .sum();
     let mut done = 0;
     let started = Instant::now();
-    for e in experiments {
+    for (e, config) in experiments.iter().zip(&configs) {
         let scale_dir = results.join(e.name()).join(scale.name());
         // A rerun replaces the experiment's previous runs at this scale, so the report never
         // mixes configs; a resumed one checks each folder's config instead.
@@ -94,14 +129,14 @@ pub fn reproduce(
             };
             let dir = scale_dir.join(format!("seed-{seed}"));
             let (info, how) = if resume {
-                match e.resume(&dir, context)? {
+                match e.resume(&dir, context, config)? {
                     Resumption::Skipped(info) => (info, "kept from an earlier run"),
                     Resumption::Continued(info) => (info, "resumed"),
                     Resumption::Restarted(info) => (info, "rerun from the start"),
                     Resumption::Started(info) => (info, "started"),
                 }
             } else {
-                (e.execute(&dir, context)?, "started")
+                (e.execute(&dir, context, config)?, "started")
             };
             eprintln!(
                 "      {} ({how}) in {:.1} s",
@@ -129,8 +164,7 @@ fn describe(status: &RunStatus) -> String {
 /// Writes `results/report.md` for one scale from every experiment's run folders; fails (after
 /// writing) when a run failed.
 pub fn report(scale: Scale, results: &Path) -> Result<()> {
-    let mut sections = Vec::new();
-    let mut total_seconds = 0.0;
+    let mut parts = Vec::new();
     let mut failures = Vec::new();
     for e in registry() {
         let scale_dir = results.join(e.name()).join(scale.name());
@@ -138,7 +172,6 @@ pub fn report(scale: Scale, results: &Path) -> Result<()> {
         if runs.is_empty() {
             continue;
         }
-        total_seconds += runs.iter().map(|r| r.info.wall_seconds).sum::<f64>();
         failures.extend(
             runs.iter()
                 .filter(|r| matches!(r.info.status, RunStatus::Failed { .. }))
@@ -147,9 +180,14 @@ pub fn report(scale: Scale, results: &Path) -> Result<()> {
         let section = e
             .report(&runs, &scale_dir, results)
             .with_context(|| format!("building the report section of {}", e.name()))?;
-        sections.push(section);
+        parts.push(Part {
+            name: e.name().to_string(),
+            scale,
+            seconds: runs.iter().map(|r| r.info.wall_seconds).sum(),
+            markdown: section.to_markdown(),
+        });
     }
-    if sections.is_empty() {
+    if parts.is_empty() {
         bail!(
             "no run folders for scale `{scale}` under {}; run `cargo xtask reproduce --scale \
              {scale}` first",
@@ -157,7 +195,8 @@ pub fn report(scale: Scale, results: &Path) -> Result<()> {
         );
     }
     let path = results.join("report.md");
-    write_report(&path, scale, &sections, total_seconds)?;
+    fs::write(&path, Report { parts }.render())
+        .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("report: wrote {}", path.display());
     if !failures.is_empty() {
         bail!(

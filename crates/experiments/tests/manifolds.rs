@@ -42,7 +42,7 @@ fn execute(dir: &Path, config: &Config) -> RunStatus {
 #[test]
 fn a_diverged_variant_is_recorded_and_reported_as_a_result() {
     let dir = fixture_dir("diverge");
-    let mut config = Manifolds.config(Scale::Smoke);
+    let mut config = Manifolds.config(Scale::Smoke).unwrap();
     config.train.steps = 8;
     config.variants.truncate(3); // UNCONSTRAINED, ALL-STIEFEL, ALL-DGRAM
                                  // DGram puts no ceiling on σ: with a spectral step of 1e30 the logits overflow at once.
@@ -96,7 +96,7 @@ fn a_diverged_variant_is_recorded_and_reported_as_a_result() {
 #[ignore = "GPT-2 small: minutes on a CPU; run on a GPU machine"]
 fn the_paper_scale_config_starts_logs_checkpoints_and_resumes() {
     let dir = fixture_dir("paper");
-    let config = Manifolds.config(Scale::Paper);
+    let config = Manifolds.config(Scale::Paper).unwrap();
     assert_eq!(config.model.n_layer, 12);
     assert_eq!(
         (config.train.batch_size, config.model.block_size),

@@ -6,9 +6,10 @@ use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use kappa_experiments::config::ConfigSource;
 use kappa_experiments::experiments::random_spectra::RandomSpectra;
 use kappa_experiments::experiments::vit_fmnist::VitFmnist;
-use kappa_experiments::registry::Resumption;
+use kappa_experiments::registry::{ResolvedConfig, Resumption};
 use kappa_experiments::run::{Resumed, Run, RunContext, RunRecord, RunStatus};
 use kappa_experiments::{Experiment, RegisteredExperiment, Scale};
 use kappa_train::{Line, Record, RunError};
@@ -30,6 +31,12 @@ fn context(data: &Path) -> RunContext {
         data_dir: data.to_path_buf(),
         progress: false,
     }
+}
+
+/// The built-in smoke config of `experiment`, as the runner hands it to the registry.
+fn smoke_config(experiment: &dyn RegisteredExperiment) -> ResolvedConfig {
+    let source = ConfigSource::builtin(experiment.name(), Scale::Smoke).unwrap();
+    experiment.resolve(&source, &[]).unwrap()
 }
 
 /// The records of a run folder with the wall-clock fields zeroed (they differ between any two
@@ -87,11 +94,14 @@ fn an_interrupted_run_resumes_to_the_records_of_an_uninterrupted_one() {
     kappa_models::data::fixtures::write_fashion_mnist(&data.join("fashion-mnist"), 80, 30, 0)
         .unwrap();
     let experiment = VitFmnist;
-    let config = Experiment::config(&experiment, Scale::Smoke);
+    let config = Experiment::config(&experiment, Scale::Smoke).unwrap();
     assert!(config.variants.len() >= 3 && config.train.steps == 4);
+    let resolved = smoke_config(&experiment);
 
     let whole = root.join("whole");
-    let info = experiment.execute(&whole, context(&data)).unwrap();
+    let info = experiment
+        .execute(&whole, context(&data), &resolved)
+        .unwrap();
     assert_eq!(info.status, RunStatus::Completed);
 
     // Variant 0 finishes, variant 1 stops after 3 of its 4 steps (checkpoint written), and the
@@ -110,7 +120,7 @@ fn an_interrupted_run_resumes_to_the_records_of_an_uninterrupted_one() {
     assert!(!dir.join("variant-2").exists());
     append_orphan_and_torn_lines(&dir.join("metrics.jsonl"), &config.variants[1].name, 4);
 
-    let resumed = experiment.resume(&dir, context(&data)).unwrap();
+    let resumed = experiment.resume(&dir, context(&data), &resolved).unwrap();
     let Resumption::Continued(info) = &resumed else {
         panic!("expected a continued run, got {resumed:?}");
     };
@@ -142,7 +152,7 @@ fn an_interrupted_run_resumes_to_the_records_of_an_uninterrupted_one() {
 
     // A finished run is kept as it is.
     let before = fs::read(dir.join("metrics.jsonl")).unwrap();
-    let again = experiment.resume(&dir, context(&data)).unwrap();
+    let again = experiment.resume(&dir, context(&data), &resolved).unwrap();
     assert!(matches!(again, Resumption::Skipped(_)), "{again:?}");
     assert_eq!(fs::read(dir.join("metrics.jsonl")).unwrap(), before);
     fs::remove_dir_all(&root).unwrap();
@@ -152,7 +162,7 @@ fn an_interrupted_run_resumes_to_the_records_of_an_uninterrupted_one() {
 fn a_changed_config_is_an_error_that_names_the_change() {
     let root = scratch("config");
     let dir = root.join("seed-0");
-    let config = Experiment::config(&VitFmnist, Scale::Smoke);
+    let config = Experiment::config(&VitFmnist, Scale::Smoke).unwrap();
     let run = Run::create(&dir, context(&root), &config).unwrap();
     run.finish(RunStatus::Failed {
         error: "stopped".into(),
@@ -194,13 +204,16 @@ fn an_experiment_that_cannot_continue_a_run_reruns_it_from_the_start() {
         name: "random-spectra".into(),
         ..context(&root)
     };
-    RandomSpectra.execute(&dir, context.clone()).unwrap();
+    let config = smoke_config(&RandomSpectra);
+    RandomSpectra
+        .execute(&dir, context.clone(), &config)
+        .unwrap();
     let lines = |dir: &Path| fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     let complete = lines(&dir);
     assert!(!complete.is_empty());
     // Killed after it had logged everything: no run.json.
     fs::remove_file(dir.join("run.json")).unwrap();
-    let resumed = RandomSpectra.resume(&dir, context).unwrap();
+    let resumed = RandomSpectra.resume(&dir, context, &config).unwrap();
     assert!(matches!(resumed, Resumption::Restarted(_)), "{resumed:?}");
     assert_eq!(resumed.info().status, RunStatus::Completed);
     assert_eq!(lines(&dir).lines().count(), complete.lines().count());

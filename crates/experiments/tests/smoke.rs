@@ -23,6 +23,8 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
         results: &results,
         data: &data,
         resume: false,
+        config: None,
+        sets: &[],
     };
     reproduce(&experiments, &settings).unwrap();
     report(Scale::Smoke, &results).unwrap();

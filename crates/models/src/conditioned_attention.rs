@@ -55,6 +55,7 @@ use crate::linear::Linear;
 /// The spectral correction added to W_Q, W_K and W_V.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(deny_unknown_fields)]
 pub enum Conditioning {
     /// Plain attention.
     #[default]

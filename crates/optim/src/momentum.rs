@@ -30,6 +30,7 @@ pub enum MomentumKind {
 
 /// Momentum settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Momentum {
     /// β ∈ [0, 1).
     pub beta: f64,

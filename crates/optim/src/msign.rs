@@ -72,6 +72,7 @@ pub const MUON_REFERENCE_EPS: f64 = 1e-7;
 /// How msign is computed (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[serde(deny_unknown_fields)]
 pub enum Msign {
     /// The polar factor U·Vᵀ of the SVD with zero singular values kept at 0 (exact; for tests and
     /// f64 work).

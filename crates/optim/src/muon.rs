@@ -85,6 +85,7 @@ impl UpdateScale {
 
 /// Muon's settings. Two named presets: [`MuonConfig::keller`] and [`MuonConfig::paper`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MuonConfig {
     /// Learning rate (> 0; the spectral norm of the step when `scale` is `None`).
     pub lr: f64,

@@ -51,6 +51,7 @@ pub struct Convergence;
 
 /// Part 1 and 4: the grid of curves.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CurvesConfig {
     /// Covariate dimensions d.
     pub dims: Vec<usize>,
@@ -80,6 +81,7 @@ pub struct CurvesConfig {
 
 /// One model of the sample-size sweep.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SweepCase {
     /// d.
     pub d: usize,
@@ -91,6 +93,7 @@ pub struct SweepCase {
 
 /// Part 2: the sample-size sweep.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SweepConfig {
     /// The models.
     pub cases: Vec<SweepCase>,
@@ -114,6 +117,7 @@ pub struct SweepConfig {
 
 /// Part 3: μ against conditioning.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RatesConfig {
     /// d = k.
     pub d: usize,
@@ -133,6 +137,7 @@ pub struct RatesConfig {
 
 /// Everything `convergence` reads from `config.toml`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// Parts 1 and 4.
     pub curves: CurvesConfig,
@@ -607,153 +612,47 @@ impl Experiment for Convergence {
         }
     }
 
-    fn config(&self, scale: Scale) -> Config {
-        match scale {
-            Scale::Smoke => Config {
-                curves: CurvesConfig {
-                    dims: vec![3],
-                    k_equals_d: vec![true],
-                    kappa_sigma: vec![1.0, 100.0],
-                    noise: vec![0.1],
-                    kappa_t: 2.0,
-                    nuclear_norm: 1.0,
-                    n_init: 200,
-                    algorithm_steps: 60,
-                    baseline_factor: 10,
-                    adam_lrs: vec![0.01],
-                    random_init_scale: 0.01,
-                    target_excess: 1e-8,
-                },
-                sweep: SweepConfig {
-                    cases: vec![SweepCase {
-                        d: 3,
-                        k: 3,
-                        nuclear_norm: 1.0,
-                    }],
-                    n: vec![100, 200, 400],
-                    reps: 1,
-                    steps: 3,
-                    mode: ContextMode::SelfExcluded,
-                    test_queries: 100,
-                    kappa_sigma: 10.0,
-                    kappa_t: 2.0,
-                    noise: 0.1,
-                },
-                rates: RatesConfig {
-                    d: 3,
-                    kappa_t: vec![1.0, 4.0],
-                    kappa_sigma: vec![1.0, 100.0],
-                    n_init: 300,
-                    steps: 60,
-                    plain_steps: 200,
-                    nuclear_norm: 1.0,
-                },
-            },
-            Scale::Cpu => Config {
-                curves: CurvesConfig {
-                    dims: vec![5, 10, 20],
-                    k_equals_d: vec![false, true],
-                    kappa_sigma: vec![1.0, 10.0, 100.0],
-                    noise: vec![0.0, 0.1],
-                    kappa_t: 2.0,
-                    nuclear_norm: 1.0,
-                    n_init: 1000,
-                    algorithm_steps: 200,
-                    baseline_factor: 100,
-                    adam_lrs: vec![0.003, 0.01, 0.03],
-                    random_init_scale: 0.01,
-                    target_excess: 1e-8,
-                },
-                sweep: SweepConfig {
-                    cases: vec![
-                        SweepCase {
-                            d: 5,
-                            k: 5,
-                            nuclear_norm: 1.0,
-                        },
-                        SweepCase {
-                            d: 5,
-                            k: 1,
-                            nuclear_norm: 1.0,
-                        },
-                    ],
-                    n: vec![250, 500, 1000, 2000, 4000, 8000, 16000],
-                    reps: 1,
-                    steps: 30,
-                    mode: ContextMode::SelfExcluded,
-                    test_queries: 1000,
-                    kappa_sigma: 10.0,
-                    kappa_t: 2.0,
-                    noise: 0.1,
-                },
-                rates: RatesConfig {
-                    d: 5,
-                    kappa_t: vec![1.0, 2.0, 4.0, 8.0, 16.0],
-                    kappa_sigma: vec![1.0, 10.0, 100.0],
-                    n_init: 2000,
-                    steps: 400,
-                    plain_steps: 4000,
-                    nuclear_norm: 1.0,
-                },
-            },
-            Scale::Paper => Config {
-                curves: CurvesConfig {
-                    dims: vec![5, 10, 20],
-                    k_equals_d: vec![false, true],
-                    kappa_sigma: vec![1.0, 10.0, 100.0],
-                    noise: vec![0.0, 0.1],
-                    kappa_t: 2.0,
-                    nuclear_norm: 1.0,
-                    n_init: 4000,
-                    algorithm_steps: 300,
-                    baseline_factor: 100,
-                    adam_lrs: vec![0.001, 0.003, 0.01, 0.03, 0.1],
-                    random_init_scale: 0.01,
-                    target_excess: 1e-8,
-                },
-                sweep: SweepConfig {
-                    cases: vec![
-                        SweepCase {
-                            d: 5,
-                            k: 5,
-                            nuclear_norm: 1.0,
-                        },
-                        SweepCase {
-                            d: 5,
-                            k: 1,
-                            nuclear_norm: 1.0,
-                        },
-                        SweepCase {
-                            d: 5,
-                            k: 1,
-                            nuclear_norm: 0.4,
-                        },
-                        SweepCase {
-                            d: 10,
-                            k: 10,
-                            nuclear_norm: 1.0,
-                        },
-                    ],
-                    n: vec![250, 500, 1000, 2000, 4000, 8000, 16000],
-                    reps: 3,
-                    steps: 60,
-                    mode: ContextMode::SelfExcluded,
-                    test_queries: 4000,
-                    kappa_sigma: 10.0,
-                    kappa_t: 2.0,
-                    noise: 0.1,
-                },
-                rates: RatesConfig {
-                    d: 10,
-                    kappa_t: vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
-                    kappa_sigma: vec![1.0, 10.0, 100.0, 1000.0],
-                    n_init: 10000,
-                    steps: 600,
-                    plain_steps: 20000,
-                    nuclear_norm: 1.0,
-                },
-            },
+    fn validate(&self, c: &Config) -> Result<()> {
+        let (curves, sweep, rates) = (&c.curves, &c.sweep, &c.rates);
+        let kappas = |v: &[f64]| !v.is_empty() && v.iter().all(|&k| k.is_finite() && k >= 1.0);
+        anyhow::ensure!(
+            !curves.dims.is_empty() && curves.dims.iter().all(|&d| d >= 1),
+            "curves.dims: need at least one d ≥ 1, found {:?}",
+            curves.dims
+        );
+        anyhow::ensure!(
+            !curves.k_equals_d.is_empty(),
+            "curves.k_equals_d: need at least one"
+        );
+        anyhow::ensure!(
+            kappas(&curves.kappa_sigma),
+            "curves.kappa_sigma: need at least one κ ≥ 1, found {:?}",
+            curves.kappa_sigma
+        );
+        anyhow::ensure!(
+            !curves.noise.is_empty() && curves.noise.iter().all(|&s| s.is_finite() && s >= 0.0),
+            "curves.noise: need at least one σ ≥ 0, found {:?}",
+            curves.noise
+        );
+        anyhow::ensure!(
+            curves.algorithm_steps >= 1 && curves.baseline_factor >= 1,
+            "curves.algorithm_steps and curves.baseline_factor: must be ≥ 1"
+        );
+        for (i, case) in sweep.cases.iter().enumerate() {
+            anyhow::ensure!(
+                case.d >= 1 && case.k >= 1,
+                "sweep.cases.{i}: need d ≥ 1 and k ≥ 1"
+            );
         }
+        anyhow::ensure!(
+            !sweep.n.is_empty() && sweep.reps >= 1 && sweep.steps >= 1,
+            "sweep: need at least one n, reps ≥ 1 and steps ≥ 1"
+        );
+        anyhow::ensure!(
+            rates.d >= 1 && kappas(&rates.kappa_t) && kappas(&rates.kappa_sigma),
+            "rates: need d ≥ 1 and at least one κ ≥ 1 in kappa_t and in kappa_sigma"
+        );
+        Ok(())
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {

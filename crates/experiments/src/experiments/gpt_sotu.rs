@@ -5,16 +5,13 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use kappa_models::{
-    Conditioning, DiagnosticsConfig, Gpt, GptConfig, HeadLayout, TextCorpus, TokenizerKind,
-};
+use kappa_models::{Gpt, GptConfig, TextCorpus, TokenizerKind};
 use kappa_train::{LanguageModeling, Outcome, Task, TrainConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::conditioning::{conditioning_report, train_conditioned, ReportSpec, Variant};
 use crate::report::{runs_table, Section};
 use crate::run::{Run, RunRecord, RunStatus};
-use crate::scale::Scale;
 use crate::Experiment;
 
 /// The experiment (registered as `gpt-sotu`).
@@ -22,6 +19,7 @@ pub struct GptSotu;
 
 /// What `gpt-sotu` runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// The model; `vocab_size` is set from the tokenizer and `conditioning` per variant.
     pub model: GptConfig,
@@ -35,30 +33,6 @@ pub struct Config {
     pub max_chars: Option<usize>,
     /// Validation batches for the final validation loss.
     pub final_eval_batches: usize,
-}
-
-fn variants(every: u64) -> Vec<Variant> {
-    vec![
-        Variant {
-            name: "baseline".into(),
-            conditioning: Conditioning::None,
-        },
-        Variant {
-            name: "λ=10 (paper default)".into(),
-            conditioning: Conditioning::Identity {
-                lambda: 10.0,
-                layout: HeadLayout::Shifted,
-            },
-        },
-        Variant {
-            name: "scale-aware κ≤1.5".into(),
-            conditioning: Conditioning::ScaleAware {
-                target_kappa: 1.5,
-                layout: HeadLayout::Shifted,
-                every,
-            },
-        },
-    ]
 }
 
 impl Experiment for GptSotu {
@@ -81,85 +55,22 @@ impl Experiment for GptSotu {
         &["sotu"]
     }
 
-    fn config(&self, scale: Scale) -> Config {
-        let diagnostics = DiagnosticsConfig {
-            enabled: true,
-            samples: 4,
-            jacobian_max_tokens: 16,
+    fn validate(&self, c: &Config) -> Result<()> {
+        anyhow::ensure!(!c.variants.is_empty(), "variants: need at least one");
+        // The tokenizer sets the vocabulary; any size stands in for it here.
+        let model = GptConfig {
+            vocab_size: c.model.vocab_size.max(1),
+            ..c.model
         };
-        match scale {
-            Scale::Smoke => Config {
-                model: GptConfig::tiny(0),
-                variants: variants(2),
-                train: TrainConfig {
-                    steps: 4,
-                    batch_size: 4,
-                    lr: 3e-3,
-                    min_lr: 3e-4,
-                    warmup_steps: 1,
-                    eval_every: 2,
-                    // What `--resume` loses when a process is killed: at most this many steps.
-                    checkpoint_every: 2,
-                    eval_batches: 2,
-                    log_every: 1,
-                    diagnostics: DiagnosticsConfig {
-                        jacobian_max_tokens: 8,
-                        ..diagnostics
-                    },
-                    ..TrainConfig::default()
-                },
-                tokenizer: TokenizerKind::Char,
-                max_chars: None,
-                final_eval_batches: 2,
-            },
-            Scale::Cpu => Config {
-                model: GptConfig::cpu(0),
-                variants: variants(100),
-                train: TrainConfig {
-                    steps: 2500,
-                    batch_size: 32,
-                    lr: 3e-3,
-                    min_lr: 3e-4,
-                    warmup_steps: 100,
-                    weight_decay: 0.1,
-                    eval_every: 625,
-                    // What `--resume` loses when a process is killed: at most this many steps.
-                    checkpoint_every: 625,
-                    eval_batches: 8,
-                    log_every: 10,
-                    diagnostics,
-                    ..TrainConfig::default()
-                },
-                tokenizer: TokenizerKind::Char,
-                max_chars: None,
-                final_eval_batches: 40,
-            },
-            Scale::Paper => Config {
-                model: GptConfig::gpt2_small(),
-                variants: variants(100),
-                train: TrainConfig {
-                    steps: 20_000,
-                    batch_size: 32,
-                    lr: 6e-4,
-                    min_lr: 6e-5,
-                    warmup_steps: 1000,
-                    weight_decay: 0.1,
-                    eval_every: 1000,
-                    // What `--resume` loses when a process is killed: at most this many steps.
-                    checkpoint_every: 1000,
-                    eval_batches: 20,
-                    log_every: 50,
-                    diagnostics: DiagnosticsConfig {
-                        jacobian_max_tokens: 0,
-                        ..diagnostics
-                    },
-                    ..TrainConfig::default()
-                },
-                tokenizer: TokenizerKind::Gpt2Bpe,
-                max_chars: None,
-                final_eval_batches: 100,
-            },
+        for variant in &c.variants {
+            model
+                .with_conditioning(variant.conditioning)
+                .validate()
+                .with_context(|| format!("variant {:?}", variant.name))?;
         }
+        c.train.validate()?;
+        anyhow::ensure!(c.final_eval_batches >= 1, "final_eval_batches: must be ≥ 1");
+        Ok(())
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {

@@ -13,18 +13,16 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use kappa_models::{DiagnosticsConfig, Gpt, GptConfig, TextCorpus, TokenizerKind};
-use kappa_optim::{DGramRetraction, DualAscent};
+use kappa_models::{Gpt, GptConfig, TextCorpus, TokenizerKind};
 use kappa_train::{
-    modulewise_groups, train_variant, DivergenceReference, LanguageModeling, Line, ModuleLabel,
-    ModulewiseConfig, OptimizerStats, Outcome, Preset, Record, Task, TrainConfig, VariantId,
+    modulewise_groups, train_variant, LanguageModeling, Line, ModuleLabel, ModulewiseConfig,
+    OptimizerStats, Outcome, Preset, Record, Task, TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::plot::{LinePlot, Mark};
 use crate::report::{runs_table, Section};
 use crate::run::{Run, RunRecord, RunStatus};
-use crate::scale::Scale;
 use crate::stats::mean_std;
 use crate::Experiment;
 
@@ -33,6 +31,7 @@ pub struct Manifolds;
 
 /// One trained configuration: a preset's assignment, possibly modified (an ablation).
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Variant {
     /// Table label.
     pub name: String,
@@ -46,6 +45,7 @@ pub struct Variant {
 
 /// What `manifolds` runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// The model; `vocab_size` 0 takes the tokenizer's.
     pub model: GptConfig,
@@ -67,59 +67,6 @@ pub struct Config {
     /// of a 256×64 matrix), while one OpenMP thread per worker keeps both cores busy.
     #[serde(default)]
     pub libtorch_threads: usize,
-}
-
-/// The five presets, the three DGram-attention ablations (HETERO-INV with the dual normalized,
-/// with a quarter of the Muon lr, with the column-norm retraction), and HETERO-INV and HETERO at
-/// four times the Muon lr.
-fn variants(base: impl Fn(Preset) -> ModulewiseConfig) -> Vec<Variant> {
-    let mut out: Vec<Variant> = Preset::ALL
-        .iter()
-        .map(|&p| Variant {
-            name: p.name().into(),
-            preset: p,
-            modulewise: base(p),
-            ablation: false,
-        })
-        .collect();
-    let inv = base(Preset::HeteroInv);
-    let ablation = |name: &str, modulewise| Variant {
-        name: name.into(),
-        preset: Preset::HeteroInv,
-        modulewise,
-        ablation: true,
-    };
-    let mut normalized = inv;
-    normalized.manifold.dual = DualAscent {
-        on_divergence: inv.manifold.dual.on_divergence,
-        ..DualAscent::paper().normalized()
-    };
-    let low_lr = ModulewiseConfig {
-        muon_lr: inv.muon_lr / 4.0,
-        ..inv
-    };
-    let colnorm = ModulewiseConfig {
-        dgram_retraction: DGramRetraction::ColumnNorms,
-        ..inv
-    };
-    out.push(ablation("HETERO-INV, dual normalized", normalized));
-    out.push(ablation("HETERO-INV, lr/4", low_lr));
-    out.push(ablation("HETERO-INV, column-norm retraction", colnorm));
-    // A short run accumulates little spectral step (Σ η): four times the lr lets DGram's σ grow
-    // further, with the Stiefel-attention twin as the control.
-    for preset in [Preset::HeteroInv, Preset::Hetero] {
-        let base = base(preset);
-        out.push(Variant {
-            name: format!("{}, lr×4", preset.name()),
-            preset,
-            modulewise: ModulewiseConfig {
-                muon_lr: base.muon_lr * 4.0,
-                ..base
-            },
-            ablation: true,
-        });
-    }
-    out
 }
 
 impl Experiment for Manifolds {
@@ -144,102 +91,23 @@ impl Experiment for Manifolds {
         true
     }
 
-    fn config(&self, scale: Scale) -> Config {
-        let diagnostics = DiagnosticsConfig {
-            enabled: true,
-            samples: 2,
-            jacobian_max_tokens: 0,
-        };
-        let base_train = TrainConfig {
-            weight_decay: 0.0,
-            beta1: 0.9,
-            beta2: 0.95,
-            grad_clip: 1.0,
-            divergence_factor: 1.5,
-            divergence_reference: DivergenceReference::Best,
-            eval_at_start: true,
-            matrix_diagnostics: true,
-            diagnostics,
-            ..TrainConfig::default()
-        };
-        match scale {
-            Scale::Smoke => Config {
-                model: GptConfig::tiny(0),
-                tokenizer: TokenizerKind::Char,
-                max_chars: None,
-                train: TrainConfig {
-                    steps: 4,
-                    batch_size: 4,
-                    lr: 2e-3,
-                    min_lr: 2e-4,
-                    warmup_steps: 1,
-                    eval_every: 2,
-                    eval_batches: 1,
-                    log_every: 1,
-                    ..base_train
-                },
-                variants: variants(ModulewiseConfig::paper),
-                final_eval_batches: 1,
-                libtorch_threads: 0,
-            },
-            Scale::Cpu => Config {
-                model: GptConfig {
-                    block_size: 128,
-                    n_layer: 4,
-                    n_head: 2,
-                    n_embd: 64,
-                    ..GptConfig::tiny(0)
-                },
-                tokenizer: TokenizerKind::Char,
-                max_chars: None,
-                train: TrainConfig {
-                    steps: 300,
-                    batch_size: 16,
-                    lr: 2e-3,
-                    min_lr: 2e-4,
-                    warmup_steps: 20,
-                    eval_every: 50,
-                    eval_batches: 8,
-                    log_every: 10,
-                    checkpoint_every: 50,
-                    ..base_train
-                },
-                variants: variants(|p| ModulewiseConfig {
-                    optimizer_threads: 2,
-                    ..ModulewiseConfig::paper(p)
-                }),
-                final_eval_batches: 40,
-                libtorch_threads: 1,
-            },
-            Scale::Paper => Config {
-                model: GptConfig {
-                    vocab_size: 50304,
-                    bias: false,
-                    ..GptConfig::gpt2_small()
-                },
-                tokenizer: TokenizerKind::Gpt2Bpe,
-                max_chars: None,
-                train: TrainConfig {
-                    steps: 50_000,
-                    batch_size: 64,
-                    lr: 6e-4,
-                    min_lr: 6e-5,
-                    warmup_steps: 1000,
-                    eval_every: 1000,
-                    eval_batches: 200,
-                    log_every: 50,
-                    checkpoint_every: 1000,
-                    diagnostics: DiagnosticsConfig {
-                        samples: 1,
-                        ..diagnostics
-                    },
-                    ..base_train
-                },
-                variants: variants(ModulewiseConfig::paper),
-                final_eval_batches: 200,
-                libtorch_threads: 0,
-            },
+    fn validate(&self, c: &Config) -> Result<()> {
+        anyhow::ensure!(!c.variants.is_empty(), "variants: need at least one");
+        // The tokenizer sets the vocabulary when `vocab_size` is 0.
+        GptConfig {
+            vocab_size: c.model.vocab_size.max(1),
+            ..c.model
         }
+        .validate()?;
+        c.train.validate()?;
+        for (i, variant) in c.variants.iter().enumerate() {
+            variant
+                .modulewise
+                .validate()
+                .with_context(|| format!("variants.{i} ({:?})", variant.name))?;
+        }
+        anyhow::ensure!(c.final_eval_batches >= 1, "final_eval_batches: must be ≥ 1");
+        Ok(())
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {

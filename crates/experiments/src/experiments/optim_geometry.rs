@@ -57,6 +57,7 @@ fn is_manifold(name: &str) -> bool {
 
 /// What `optim-geometry` runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// Input dimension (rows of W).
     pub d_in: usize,
@@ -223,45 +224,46 @@ impl Experiment for OptimGeometry {
         3
     }
 
-    fn config(&self, scale: Scale) -> Config {
-        let base = Config {
-            d_in: 32,
-            d_out: 16,
-            samples: 256,
-            batch: 64,
-            steps: 40,
-            data_kappa: 30.0,
-            teacher_kappa: 4.0,
-            noise: 0.05,
-            adamw_lr: 0.01,
-            muon_lr: 0.05,
-            manifold_lr: 0.05,
-            normalize_dual: false,
-            log_every: 1,
-        };
-        match scale {
-            Scale::Smoke => base,
-            Scale::Cpu => Config {
-                d_in: 128,
-                d_out: 48,
-                samples: 4096,
-                batch: 256,
-                steps: 1500,
-                data_kappa: 100.0,
-                log_every: 5,
-                ..base
-            },
-            Scale::Paper => Config {
-                d_in: 384,
-                d_out: 128,
-                samples: 16384,
-                batch: 512,
-                steps: 5000,
-                data_kappa: 100.0,
-                log_every: 10,
-                ..base
-            },
+    fn validate(&self, c: &Config) -> Result<()> {
+        anyhow::ensure!(
+            1 <= c.d_out && c.d_out <= c.d_in,
+            "d_out: need 1 ≤ d_out ≤ d_in = {}, found {}",
+            c.d_in,
+            c.d_out
+        );
+        anyhow::ensure!(
+            1 <= c.batch && c.batch <= c.samples,
+            "batch: need 1 ≤ batch ≤ samples = {}, found {}",
+            c.samples,
+            c.batch
+        );
+        anyhow::ensure!(c.steps >= 1, "steps: must be ≥ 1");
+        anyhow::ensure!(c.log_every >= 1, "log_every: must be ≥ 1");
+        for (key, lr) in [
+            ("adamw_lr", c.adamw_lr),
+            ("muon_lr", c.muon_lr),
+            ("manifold_lr", c.manifold_lr),
+        ] {
+            anyhow::ensure!(
+                lr.is_finite() && lr > 0.0,
+                "{key}: must be finite and > 0, found {lr}"
+            );
         }
+        for (key, kappa) in [
+            ("data_kappa", c.data_kappa),
+            ("teacher_kappa", c.teacher_kappa),
+        ] {
+            anyhow::ensure!(
+                kappa.is_finite() && kappa >= 1.0,
+                "{key}: must be finite and ≥ 1, found {kappa}"
+            );
+        }
+        anyhow::ensure!(
+            c.noise.is_finite() && c.noise >= 0.0,
+            "noise: must be finite and ≥ 0, found {}",
+            c.noise
+        );
+        Ok(())
     }
 
     fn run(&self, c: &Config, run: &mut Run) -> Result<RunStatus> {
@@ -605,7 +607,7 @@ mod tests {
 
     #[test]
     fn the_problem_has_the_requested_conditioning() {
-        let c = OptimGeometry.config(Scale::Smoke);
+        let c = OptimGeometry.config(Scale::Smoke).unwrap();
         let p = problem(&c, &mut ChaCha8Rng::seed_from_u64(1)).unwrap();
         let k = kappa_linalg::condition_number(p.x.view()).unwrap();
         assert!(

@@ -25,7 +25,6 @@ use serde::{Deserialize, Serialize};
 use crate::plot::{LinePlot, Mark};
 use crate::report::{runs_table, Section};
 use crate::run::{Run, RunRecord, RunStatus};
-use crate::scale::Scale;
 use crate::stats::mean_std;
 use crate::Experiment;
 
@@ -34,6 +33,7 @@ pub struct RandomSpectra;
 
 /// What `random-spectra` measures.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// Row counts D.
     pub rows: Vec<usize>,
@@ -126,27 +126,24 @@ impl Experiment for RandomSpectra {
          every κ in the spectral-conditioning paper is measured against."
     }
 
-    fn config(&self, scale: Scale) -> Config {
-        match scale {
-            Scale::Smoke => Config {
-                rows: vec![64, 128],
-                ratios: vec![0.125, 0.5],
-                trials: 3,
-                density_shape: [128, 32],
-            },
-            Scale::Cpu => Config {
-                rows: vec![128, 512, 2048],
-                ratios: vec![1.0 / 64.0, 1.0 / 16.0, 1.0 / 8.0, 0.25, 0.5, 0.75],
-                trials: 8,
-                density_shape: [2048, 512],
-            },
-            Scale::Paper => Config {
-                rows: vec![768, 3072, 8192],
-                ratios: vec![1.0 / 64.0, 1.0 / 12.0, 0.25, 0.5, 0.75, 0.9],
-                trials: 16,
-                density_shape: [8192, 2048],
-            },
-        }
+    fn validate(&self, c: &Config) -> Result<()> {
+        anyhow::ensure!(
+            !c.rows.is_empty() && c.rows.iter().all(|&d| d >= 1),
+            "rows: need at least one row count D ≥ 1, found {:?}",
+            c.rows
+        );
+        anyhow::ensure!(
+            !c.ratios.is_empty() && c.ratios.iter().all(|&r| r > 0.0 && r < 1.0),
+            "ratios: need at least one ratio k/D in (0, 1), found {:?}",
+            c.ratios
+        );
+        anyhow::ensure!(c.trials >= 1, "trials: must be ≥ 1");
+        let [d, k] = c.density_shape;
+        anyhow::ensure!(
+            1 <= k && k <= d,
+            "density_shape: need [D, k] with 1 ≤ k ≤ D, found [{d}, {k}]"
+        );
+        Ok(())
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {

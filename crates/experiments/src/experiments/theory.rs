@@ -31,6 +31,7 @@ pub struct Theory;
 
 /// What `theory` measures.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// (a) Random instances per regime (N ≤ D and N > D) per seed.
     pub bound_trials: usize,
@@ -243,51 +244,34 @@ impl Experiment for Theory {
         }
     }
 
-    fn config(&self, scale: Scale) -> Config {
-        match scale {
-            Scale::Smoke => Config {
-                bound_trials: 12,
-                bound_max_d: 6,
-                weight_shape: [96, 16],
-                weight_stds: vec![0.02, 1.0],
-                lambdas: vec![0.0, 1.0, 10.0],
-                curve_points_per_decade: 1,
-                weight_trials: 1,
-                tokens: 24,
-                init_std: 0.02,
-                jacobian_shapes: vec![[4, 8, 2]],
-                jacobian_std: 0.1,
-                jacobian_trials: 3,
-            },
-            Scale::Cpu => Config {
-                bound_trials: 1000,
-                bound_max_d: 10,
-                weight_shape: [768, 64],
-                weight_stds: vec![0.02, 0.1, 0.5, 1.0],
-                lambdas: vec![0.0, 0.1, 1.0, 2.0, 10.0],
-                curve_points_per_decade: 6,
-                weight_trials: 8,
-                tokens: 197,
-                init_std: 0.02,
-                jacobian_shapes: vec![[6, 12, 3], [16, 32, 8], [24, 96, 8]],
-                jacobian_std: 0.1,
-                jacobian_trials: 40,
-            },
-            Scale::Paper => Config {
-                bound_trials: 1500,
-                bound_max_d: 16,
-                weight_shape: [768, 64],
-                weight_stds: vec![0.02, 0.05, 0.1, 0.2, 0.5, 1.0],
-                lambdas: vec![0.0, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0],
-                curve_points_per_decade: 12,
-                weight_trials: 16,
-                tokens: 197,
-                init_std: 0.02,
-                jacobian_shapes: vec![[6, 12, 3], [16, 32, 8], [32, 64, 16]],
-                jacobian_std: 0.1,
-                jacobian_trials: 100,
-            },
+    fn validate(&self, c: &Config) -> Result<()> {
+        let [d, k] = c.weight_shape;
+        anyhow::ensure!(
+            1 <= k && k <= d,
+            "weight_shape: need [D, k] with 1 ≤ k ≤ D, found [{d}, {k}]"
+        );
+        for (i, &[n, d, k]) in c.jacobian_shapes.iter().enumerate() {
+            anyhow::ensure!(
+                n >= 1 && 1 <= k && k <= d,
+                "jacobian_shapes.{i}: need [N, D, k] with N ≥ 1 and 1 ≤ k ≤ D, found [{n}, {d}, {k}]"
+            );
         }
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        anyhow::ensure!(
+            !c.weight_stds.is_empty() && c.weight_stds.iter().all(|&s| positive(s)),
+            "weight_stds: need at least one, each finite and > 0, found {:?}",
+            c.weight_stds
+        );
+        anyhow::ensure!(
+            !c.lambdas.is_empty() && c.lambdas.iter().all(|&l| l.is_finite() && l >= 0.0),
+            "lambdas: need at least one, each finite and ≥ 0, found {:?}",
+            c.lambdas
+        );
+        for (key, std) in [("init_std", c.init_std), ("jacobian_std", c.jacobian_std)] {
+            anyhow::ensure!(positive(std), "{key}: must be finite and > 0, found {std}");
+        }
+        anyhow::ensure!(c.tokens >= 1, "tokens: must be ≥ 1");
+        Ok(())
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {

@@ -7,16 +7,13 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use kappa_models::{DiagnosticsConfig, FashionMnist, Split, Vit, VitConfig};
+use kappa_models::{FashionMnist, Split, Vit, VitConfig};
 use kappa_train::{ImageClassification, Outcome, TrainConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::conditioning::{
-    conditioning_report, standard_variants, train_conditioned, ReportSpec, Variant,
-};
+use crate::conditioning::{conditioning_report, train_conditioned, ReportSpec, Variant};
 use crate::report::{runs_table, Section};
 use crate::run::{Run, RunRecord, RunStatus};
-use crate::scale::Scale;
 use crate::Experiment;
 
 /// The experiment (registered as `vit-fmnist`).
@@ -24,6 +21,7 @@ pub struct VitFmnist;
 
 /// What `vit-fmnist` runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// The model (its `conditioning` is replaced by each variant's).
     pub model: VitConfig,
@@ -58,89 +56,23 @@ impl Experiment for VitFmnist {
         &["fashion-mnist"]
     }
 
-    fn config(&self, scale: Scale) -> Config {
-        let diagnostics = DiagnosticsConfig {
-            enabled: true,
-            samples: 4,
-            jacobian_max_tokens: 17,
-        };
-        match scale {
-            Scale::Smoke => Config {
-                model: VitConfig::tiny(),
-                variants: standard_variants(2),
-                train: TrainConfig {
-                    steps: 4,
-                    batch_size: 8,
-                    lr: 2e-3,
-                    min_lr: 2e-4,
-                    warmup_steps: 1,
-                    eval_every: 2,
-                    // What `--resume` loses when a process is killed: at most this many steps.
-                    checkpoint_every: 2,
-                    eval_batches: 2,
-                    log_every: 1,
-                    diagnostics,
-                    ..TrainConfig::default()
-                },
-                validation: 20,
-                train_limit: Some(40),
-            },
-            Scale::Cpu => Config {
-                model: VitConfig::cpu(),
-                variants: standard_variants(50),
-                // About 10 ms per step at 2 threads (measured, baseline): 2000 steps, 4
-                // evaluations and the 10 000 test images take about 35 s per variant.
-                train: TrainConfig {
-                    steps: 2000,
-                    batch_size: 64,
-                    lr: 2e-3,
-                    min_lr: 2e-4,
-                    warmup_steps: 100,
-                    weight_decay: 0.05,
-                    eval_every: 500,
-                    // What `--resume` loses when a process is killed: at most this many steps.
-                    checkpoint_every: 500,
-                    eval_batches: 32,
-                    log_every: 10,
-                    diagnostics,
-                    ..TrainConfig::default()
-                },
-                validation: 5000,
-                train_limit: None,
-            },
-            Scale::Paper => Config {
-                // The ViT-B/16 layout at Fashion-MNIST's resolution (28×28, P = 4: 50 tokens);
-                // ImageNet itself is not installable from package registries.
-                model: VitConfig {
-                    image_size: 28,
-                    channels: 1,
-                    patch_size: 4,
-                    num_classes: 10,
-                    ..VitConfig::vit_b16()
-                },
-                variants: standard_variants(100),
-                train: TrainConfig {
-                    steps: 20_000,
-                    batch_size: 256,
-                    lr: 5e-4,
-                    min_lr: 1e-5,
-                    warmup_steps: 1000,
-                    weight_decay: 0.05,
-                    eval_every: 1000,
-                    // What `--resume` loses when a process is killed: at most this many steps.
-                    checkpoint_every: 1000,
-                    eval_batches: 20,
-                    log_every: 50,
-                    diagnostics: DiagnosticsConfig {
-                        jacobian_max_tokens: 0,
-                        ..diagnostics
-                    },
-                    ..TrainConfig::default()
-                },
-                validation: 5000,
-                train_limit: None,
-            },
+    fn validate(&self, c: &Config) -> Result<()> {
+        anyhow::ensure!(!c.variants.is_empty(), "variants: need at least one");
+        for variant in &c.variants {
+            c.model
+                .with_conditioning(variant.conditioning)
+                .validate()
+                .with_context(|| format!("variant {:?}", variant.name))?;
         }
+        c.train.validate()?;
+        if let Some(limit) = c.train_limit {
+            anyhow::ensure!(
+                limit > c.validation,
+                "train_limit: must exceed validation = {} (the validation images come out of it), found {limit}",
+                c.validation
+            );
+        }
+        Ok(())
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {

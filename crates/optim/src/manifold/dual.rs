@@ -147,6 +147,7 @@ pub enum OnDivergence {
 
 /// Dual-ascent settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DualAscent {
     /// The dual step α > 0 (decayed linearly: α·(1 − k/K) at step k).
     pub alpha: f64,

@@ -61,6 +61,7 @@ use retraction::{retract, violation_of};
 
 /// Manifold Muon's settings. The named preset [`ManifoldMuonConfig::paper`] is the paper's.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ManifoldMuonConfig {
     /// η > 0: the spectral norm of the tangent step.
     pub lr: f64,

@@ -1,6 +1,6 @@
-//! What `cargo xtask reproduce` accepts, checked before any install or build: the scales and the
-//! experiment names of the registry in `kappa-experiments` (a test there keeps this list equal to
-//! the registry, so a typo fails in milliseconds, not after setup and a libtorch build).
+//! The names `reproduce` accepts, checked while the command line is parsed: the experiments of
+//! the registry in kappa-experiments (a test there keeps [`EXPERIMENTS`] equal to the registry)
+//! and the devices. A near miss is answered with a suggestion.
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,9 +16,6 @@ pub const EXPERIMENTS: &[&str] = &[
     "manifolds",
 ];
 
-/// The scale names.
-pub const SCALES: &[&str] = &["smoke", "cpu", "paper"];
-
 /// An experiment name that is in the registry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExperimentName(pub String);
@@ -30,18 +27,7 @@ impl FromStr for ExperimentName {
     }
 }
 
-/// A scale name: smoke, cpu or paper.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScaleName(pub String);
-
-impl FromStr for ScaleName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        one_of(s, SCALES, "scale").map(|s| Self(s.to_string()))
-    }
-}
-
-impl fmt::Display for ScaleName {
+impl fmt::Display for ExperimentName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
@@ -63,17 +49,31 @@ impl FromStr for DeviceName {
     }
 }
 
+impl fmt::Display for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `s` if it is one of `allowed`, else [`unknown`]'s error.
 fn one_of<'a>(s: &'a str, allowed: &[&str], what: &str) -> Result<&'a str, String> {
     if allowed.contains(&s) {
-        return Ok(s);
+        Ok(s)
+    } else {
+        Err(unknown(s, allowed, what))
     }
+}
+
+/// The error for a name `s` that is not one of `allowed`: it names `what`, the allowed names,
+/// and the closest one.
+pub(crate) fn unknown(s: &str, allowed: &[&str], what: &str) -> String {
     let hint = closest(s, allowed)
         .map(|c| format!(" (did you mean `{c}`?)"))
         .unwrap_or_default();
-    Err(format!(
+    format!(
         "unknown {what} `{s}`{hint}; the {what}s are: {}",
         allowed.join(", ")
-    ))
+    )
 }
 
 /// The allowed name within edit distance 2 of `s`, if any.
@@ -86,6 +86,7 @@ fn closest<'a>(s: &str, allowed: &[&'a str]) -> Option<&'a str> {
         .map(|(_, a)| a)
 }
 
+/// The Levenshtein distance (insertions, deletions, substitutions) between `a` and `b`.
 fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
@@ -118,12 +119,7 @@ mod tests {
     }
 
     #[test]
-    fn scales_and_devices() {
-        assert!("cpu".parse::<ScaleName>().is_ok());
-        assert!("gpu"
-            .parse::<ScaleName>()
-            .unwrap_err()
-            .contains("smoke, cpu, paper"));
+    fn devices() {
         for ok in ["cpu", "cuda", "cuda:1"] {
             assert!(ok.parse::<DeviceName>().is_ok(), "{ok}");
         }

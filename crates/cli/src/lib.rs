@@ -1,0 +1,37 @@
+//! kappa-cli: the `reproduce` command line, defined once for `cargo xtask reproduce` and the
+//! `kappa-experiments` binary.
+//!
+//! xtask parses [`ReproduceArgs`] before it installs or builds anything, so a typo in `--scale`,
+//! `--only`, `--device` or `--set` fails in milliseconds; it then forwards exactly what it parsed
+//! ([`ReproduceArgs::to_args`]) to the binary, which parses the same struct again. This crate
+//! depends on clap alone (serde behind the `serde` feature): no libtorch, nothing slow to build.
+//!
+//! ```
+//! use clap::Parser;
+//! use kappa_cli::{ReproduceArgs, Scale};
+//!
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     reproduce: ReproduceArgs,
+//! }
+//!
+//! let cli = Cli::try_parse_from(["x", "--scale", "smoke", "--only", "theory", "--set", "train.lr=3e-4"])
+//!     .unwrap();
+//! assert_eq!(cli.reproduce.scale, Scale::Smoke);
+//! // What xtask forwards parses to the same options.
+//! let again = Cli::try_parse_from(
+//!     std::iter::once("x".into()).chain(cli.reproduce.to_args()),
+//! )
+//! .unwrap();
+//! assert_eq!(again.reproduce, cli.reproduce);
+//! assert!(Cli::try_parse_from(["x", "--scale", "smok"]).is_err());
+//! ```
+
+mod names;
+mod reproduce;
+mod scale;
+
+pub use names::{DeviceName, ExperimentName, EXPERIMENTS};
+pub use reproduce::{config_experiment, ReproduceArgs, Set};
+pub use scale::Scale;

@@ -1,0 +1,179 @@
+//! `cargo xtask reproduce`: check the command line, set up, build the experiment runner, install
+//! the data it needs, run it.
+//!
+//! The options are kappa-cli's [`ReproduceArgs`], the same struct the `kappa-experiments` binary
+//! parses, so a typo in `--scale`, `--only`, `--device` or `--set` fails here in milliseconds.
+//! `--config FILE` is checked here too before any install or build — that it exists, is TOML,
+//! and names one experiment (`--only` or its `experiment` key) — and its keys and values in the
+//! binary, before any run. xtask then forwards exactly what it parsed
+//! ([`ReproduceArgs::to_args`]); the binary writes the report and, with `--publish`, splices it
+//! into `docs/results/`.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use kappa_cli::{config_experiment, ExperimentName, ReproduceArgs};
+
+use crate::cargo::cargo;
+use crate::data::DataSelection;
+use crate::setup;
+use crate::workspace::{run, Workspace};
+
+/// `cargo xtask reproduce`.
+pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
+    let (args, selection) = check(args)?;
+    let tc = setup::setup(ws, &DataSelection::default())?;
+    let runner = |extra: &[&str]| {
+        let mut cmd = cargo(ws, &tc);
+        cmd.args([
+            "run",
+            "--release",
+            "--locked",
+            "--quiet",
+            "-p",
+            "kappa-experiments",
+            "--",
+        ]);
+        cmd.args(extra);
+        let threads = args.threads.to_string();
+        cmd.env("OPENBLAS_NUM_THREADS", &threads)
+            .env("RAYON_NUM_THREADS", &threads);
+        cmd
+    };
+    let mut forwarded = runner(&["reproduce"]);
+    forwarded
+        .args(args.to_args())
+        .arg("--results")
+        .arg(ws.results_dir())
+        .arg("--data")
+        .arg(ws.data_dir())
+        .arg("--docs")
+        .arg(ws.root().join("docs/results"));
+    if args.list {
+        return run(&mut forwarded);
+    }
+
+    // The runner says which data sets the selected experiments read; setup installs those.
+    let mut needs = runner(&["data-needs"]);
+    for name in &selection {
+        needs.args(["--only", &name.0]);
+    }
+    let needs = needs
+        .output()
+        .context("could not run the experiment runner")?;
+    if !needs.status.success() {
+        bail!(
+            "the experiment runner failed:\n{}",
+            String::from_utf8_lossy(&needs.stderr)
+        );
+    }
+    let needs = String::from_utf8_lossy(&needs.stdout);
+    let data: DataSelection = needs
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(",")
+        .parse()
+        .map_err(anyhow::Error::msg)?;
+    setup::data_only(ws, &data)?;
+    run(&mut forwarded)
+}
+
+/// What can be checked before setup beyond parsing: a `--config` file exists, is TOML, and
+/// configures one experiment. Returns the arguments to forward (the file's path made absolute,
+/// since the runner starts in the workspace root) and the selected experiments.
+fn check(args: &ReproduceArgs) -> Result<(ReproduceArgs, Vec<ExperimentName>)> {
+    let Some(path) = &args.config else {
+        return Ok((args.clone(), args.only.clone()));
+    };
+    let absolute = path
+        .canonicalize()
+        .with_context(|| format!("--config {}", path.display()))?;
+    let name = config_file_experiment(path, &args.only)?;
+    let forwarded = ReproduceArgs {
+        config: Some(absolute),
+        ..args.clone()
+    };
+    Ok((forwarded, vec![name]))
+}
+
+/// The experiment the TOML file at `path` configures ([`config_experiment`]).
+fn config_file_experiment(path: &Path, only: &[ExperimentName]) -> Result<ExperimentName> {
+    let text = fs::read_to_string(path).with_context(|| format!("--config {}", path.display()))?;
+    let table: toml::Table = toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}: not valid TOML: {e}", path.display()))?;
+    let key = match table.get("experiment") {
+        None => None,
+        Some(toml::Value::String(name)) => Some(name.as_str()),
+        Some(other) => bail!(
+            "{}: experiment: expected a string, found {other}",
+            path.display()
+        ),
+    };
+    config_experiment(only, key)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("--config {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ReproduceArgs,
+    }
+
+    fn scratch(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-config-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn checked(args: &[&str]) -> Result<(ReproduceArgs, Vec<ExperimentName>), String> {
+        let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        check(&cli.args).map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn a_config_file_is_checked_before_setup() {
+        let good = scratch("good.toml", "experiment = \"theory\"\nbound_trials = 3\n");
+        let (forwarded, selection) = checked(&["--config", good.to_str().unwrap()]).unwrap();
+        assert_eq!(selection, [ExperimentName("theory".into())]);
+        assert!(forwarded.config.unwrap().is_absolute());
+
+        let err = checked(&["--config", "/no/such/file.toml"]).unwrap_err();
+        assert!(err.contains("--config /no/such/file.toml"), "{err}");
+        let bad = scratch("bad.toml", "experiment = \"theory\"\nbound_trials = \n");
+        let err = checked(&["--config", bad.to_str().unwrap()]).unwrap_err();
+        assert!(
+            err.contains("bad.toml: not valid TOML") && err.contains("line 2"),
+            "{err}"
+        );
+        let err =
+            checked(&["--config", good.to_str().unwrap(), "--only", "manifolds"]).unwrap_err();
+        assert!(
+            err.contains("--only manifolds but the config file says"),
+            "{err}"
+        );
+        let anonymous = scratch("anonymous.toml", "bound_trials = 3\n");
+        let err = checked(&["--config", anonymous.to_str().unwrap()]).unwrap_err();
+        assert!(err.contains("--config needs the experiment"), "{err}");
+    }
+
+    #[test]
+    fn without_a_config_file_the_selection_is_only() {
+        let (forwarded, selection) = checked(&["--only", "theory", "--set", "a.b=1"]).unwrap();
+        assert_eq!(selection, [ExperimentName("theory".into())]);
+        assert_eq!(forwarded.set[0].key, "a.b");
+        assert!(checked(&["--only", "theroy"]).is_err());
+    }
+}
