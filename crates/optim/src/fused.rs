@@ -1,0 +1,399 @@
+//! One-pass kernels over the raw f32 data of contiguous CPU tensors (the `tch` feature), for the
+//! two memory-bound parts of a training step that libtorch runs as chains of whole-tensor
+//! operations:
+//!
+//! * the AdamW update ([`AdamWKernel::Fused`](crate::AdamWKernel::Fused), run by
+//!   [`AdamW::step_tensors`](crate::AdamW::step_tensors)). libtorch's op-by-op form (PyTorch's
+//!   default on the CPU, its single-tensor loop) makes about 20 passes over parameter-sized
+//!   memory per step (each of `mul_`, `lerp_`, `mul_`, `addcmul_`, `sqrt`, `div`, `add_`,
+//!   `addcdiv_` reads one to three tensors and writes one, some of them temporaries); this kernel
+//!   reads p, g, m, v once and writes p, m, v once: 7 passes.
+//! * [`sum_of_squares`]: Σ g² over every gradient, for the clipping norm, in one read
+//!   (libtorch's `to_kind(Double).square().sum()` reads and writes f64 copies: about 9 passes
+//!   in units of the f32 tensor).
+//!
+//! Both compute each element in f64 from the f32 inputs and round once when they store, so the
+//! result of every element is a pure function of that element's inputs: the work can be split
+//! among threads in any way without changing a bit, and the result does not depend on the
+//! thread count. The sum adds squares (exact in f64) in fixed chunks of `CHUNK` = 2¹⁴ elements
+//! with 8 interleaved accumulators and adds the chunk sums in order; the chunking does not
+//! depend on the thread count either.
+//!
+//! Eligibility is checked, never assumed: every tensor must be defined, `Float`, on the CPU and
+//! contiguous, the tensors of one parameter must have equal element counts, and no tensor that
+//! is written may share memory with any other tensor of the call. Callers fall back to
+//! libtorch's operations when a check fails (`None`).
+//!
+//! The kernels write through `data_ptr`, which bypasses autograd's version counter: a graph
+//! still holding a parameter from before the step would not notice that it changed. A training
+//! loop frees the graph at every backward pass, as the tch-rs optimizers assume too.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::adamw::AdamWScalars;
+
+/// Elements per work unit (and per partial sum of [`sum_of_squares`]).
+pub(crate) const CHUNK: usize = 1 << 14;
+/// Interleaved accumulators of one partial sum (independent chains the compiler vectorizes).
+pub(crate) const LANES: usize = 8;
+/// Below this many elements in total a call runs on the calling thread only.
+const PARALLEL_MIN: usize = 1 << 17;
+
+/// One element of AdamW, in f64 from f32 inputs, each stored value rounded once (the formulas of
+/// [`AdamWScalars::moments`] and [`AdamWScalars::param`]); p is updated with the stored (rounded)
+/// m and v, as libtorch's op-by-op form uses them.
+#[inline(always)]
+fn adamw_element(p: &mut f32, g: f32, m: &mut f32, v: &mut f32, c: &AdamWScalars) {
+    let (m1, v1) = c.moments(f64::from(*m), f64::from(*v), f64::from(g));
+    let (m1, v1) = (m1 as f32, v1 as f32);
+    *p = c.param(f64::from(*p), f64::from(m1), f64::from(v1)) as f32;
+    *m = m1;
+    *v = v1;
+}
+
+/// AdamW on slices of equal length, in the widest vector instructions this CPU has.
+///
+/// f64 sqrt and division dominate the element's cost, so the loop is compiled again with
+/// AVX-512F and with AVX2 enabled (the compiler vectorizes it 8 or 4 lanes wide instead of
+/// SSE2's 2) and the widest one the CPU supports runs. Every version computes the same IEEE
+/// f64 operations, each correctly rounded whatever the vector width, and Rust never contracts
+/// a product and a sum into an fma: the results are identical bit for bit.
+#[allow(unsafe_code)]
+fn adamw_slices(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: &AdamWScalars) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above), the only requirement of
+            // a `target_feature(enable = "avx512f")` function.
+            return unsafe { adamw_slices_avx512(p, g, m, v, c) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { adamw_slices_avx2(p, g, m, v, c) };
+        }
+    }
+    adamw_slices_portable(p, g, m, v, c);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn adamw_slices_avx512(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: &AdamWScalars) {
+    adamw_slices_portable(p, g, m, v, c);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn adamw_slices_avx2(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: &AdamWScalars) {
+    adamw_slices_portable(p, g, m, v, c);
+}
+
+/// The loop itself, inlined into each instruction-set version.
+#[inline(always)]
+fn adamw_slices_portable(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: &AdamWScalars) {
+    for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        adamw_element(p, *g, m, v, c);
+    }
+}
+
+/// Σ x² of one chunk in f64: [`LANES`] accumulators over the interleaved elements, then the
+/// lanes and the tail added in order.
+fn chunk_sum_of_squares(x: &[f32]) -> f64 {
+    let mut acc = [0f64; LANES];
+    let mut it = x.chunks_exact(LANES);
+    for block in &mut it {
+        for (a, &x) in acc.iter_mut().zip(block) {
+            *a += f64::from(x) * f64::from(x);
+        }
+    }
+    let tail: f64 = it
+        .remainder()
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+/// Whether `t` is a defined, contiguous CPU f32 tensor.
+fn eligible(t: &Tensor) -> bool {
+    t.defined() && t.kind() == Kind::Float && t.device() == Device::Cpu && t.is_contiguous()
+}
+
+/// The byte range of a contiguous f32 tensor's elements.
+fn byte_range(t: &Tensor) -> (usize, usize) {
+    let start = t.data_ptr() as usize;
+    (start, start + t.numel() * std::mem::size_of::<f32>())
+}
+
+/// Whether any of the `written` ranges overlaps another range of `written` or of `read`.
+fn overlapping(written: &[(usize, usize)], read: &[(usize, usize)]) -> bool {
+    let mut all: Vec<(usize, usize, bool)> = written
+        .iter()
+        .map(|&(a, b)| (a, b, true))
+        .chain(read.iter().map(|&(a, b)| (a, b, false)))
+        .filter(|&(a, b, _)| b > a)
+        .collect();
+    all.sort_unstable();
+    // After sorting by start, a range overlaps some earlier one iff it starts before the
+    // largest end so far; track that end and whether a written range reaches it.
+    let mut reach: Option<(usize, bool)> = None;
+    for (a, b, w) in all {
+        if let Some((end, end_written)) = reach {
+            if a < end && (w || end_written) {
+                return true;
+            }
+            // Two read ranges may overlap (a gradient read twice is harmless); keep the
+            // furthest end, marked written if any range reaching that far is.
+            if b > end {
+                reach = Some((b, w));
+            } else if b == end {
+                reach = Some((end, end_written || w));
+            }
+        } else {
+            reach = Some((b, w));
+        }
+    }
+    false
+}
+
+/// Contiguous runs of at most [`CHUNK`] elements, split among `workers` lists of about equal
+/// total length, in order.
+fn split_work<T>(items: Vec<(usize, T)>, workers: usize) -> Vec<Vec<T>> {
+    let total: usize = items.iter().map(|(n, _)| n).sum();
+    let share = total.div_ceil(workers.max(1)).max(1);
+    let mut out: Vec<Vec<T>> = vec![Vec::new()];
+    let mut filled = 0usize;
+    for (n, item) in items {
+        if filled >= share && out.len() < workers {
+            out.push(Vec::new());
+            filled = 0;
+        }
+        filled += n;
+        if let Some(last) = out.last_mut() {
+            last.push(item);
+        }
+    }
+    out
+}
+
+/// Runs `work` on every list, the first on the calling thread and the others on scoped
+/// threads.
+fn run_parallel<T: Send>(mut lists: Vec<Vec<T>>, work: impl Fn(Vec<T>) + Sync) {
+    if lists.len() <= 1 {
+        if let Some(list) = lists.pop() {
+            work(list);
+        }
+        return;
+    }
+    let first = lists.remove(0);
+    std::thread::scope(|scope| {
+        let work = &work;
+        for list in lists {
+            scope.spawn(move || work(list));
+        }
+        work(first);
+    });
+}
+
+/// Workers for `total` elements: libtorch's intra-op thread count, 1 for small calls.
+fn workers(total: usize) -> usize {
+    if total < PARALLEL_MIN {
+        1
+    } else {
+        usize::try_from(tch::get_num_threads()).unwrap_or(1).max(1)
+    }
+}
+
+/// One AdamW step over `(param, grad, exp_avg, exp_avg_sq, scalars)` items, in place, in one
+/// pass; `None` (nothing written) when some tensor is not eligible (see the module docs).
+pub(crate) fn adamw(items: &[AdamWItem<'_>]) -> Option<()> {
+    adamw_on(items, None)
+}
+
+/// One parameter of an AdamW step: p, g, m, v and the step's scalars.
+pub(crate) type AdamWItem<'a> = (&'a Tensor, &'a Tensor, &'a Tensor, &'a Tensor, AdamWScalars);
+
+/// [`adamw`] on `threads` workers (libtorch's thread count when `None`).
+#[allow(unsafe_code)]
+pub(crate) fn adamw_on(items: &[AdamWItem<'_>], threads: Option<usize>) -> Option<()> {
+    let mut written = Vec::with_capacity(3 * items.len());
+    let mut read = Vec::with_capacity(items.len());
+    for (p, g, m, v, _) in items {
+        if ![p, g, m, v].iter().all(|t| eligible(t)) {
+            return None;
+        }
+        let n = p.numel();
+        if g.numel() != n || m.numel() != n || v.numel() != n {
+            return None;
+        }
+        written.extend([byte_range(p), byte_range(m), byte_range(v)]);
+        read.push(byte_range(g));
+    }
+    if overlapping(&written, &read) {
+        return None;
+    }
+    let mut runs = Vec::new();
+    for (p, g, m, v, c) in items {
+        let n = p.numel();
+        if n == 0 {
+            continue;
+        }
+        // SAFETY: each tensor is a defined, contiguous CPU f32 tensor of n elements (checked
+        // above), so its data pointer addresses n initialized, aligned f32 values that stay
+        // alive while the caller borrows the tensors (for this whole call). No written range
+        // overlaps any other range of the call (checked above), so the mutable slices are
+        // exclusive and the shared ones are not written while they live. libtorch does not
+        // touch these tensors meanwhile: the caller holds them and runs no libtorch operation
+        // on them until this function returns.
+        let (p, g, m, v) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(p.data_ptr().cast::<f32>(), n),
+                std::slice::from_raw_parts(g.data_ptr().cast::<f32>(), n),
+                std::slice::from_raw_parts_mut(m.data_ptr().cast::<f32>(), n),
+                std::slice::from_raw_parts_mut(v.data_ptr().cast::<f32>(), n),
+            )
+        };
+        let pieces = p
+            .chunks_mut(CHUNK)
+            .zip(g.chunks(CHUNK))
+            .zip(m.chunks_mut(CHUNK))
+            .zip(v.chunks_mut(CHUNK));
+        for (((p, g), m), v) in pieces {
+            runs.push((p.len(), (p, g, m, v, *c)));
+        }
+    }
+    let total = runs.iter().map(|(n, _)| n).sum();
+    let lists = split_work(runs, threads.unwrap_or_else(|| workers(total)));
+    run_parallel(lists, |list| {
+        for (p, g, m, v, c) in list {
+            adamw_slices(p, g, m, v, &c);
+        }
+    });
+    Some(())
+}
+
+/// Σ g² over every element of `tensors`, in f64; `None` when some tensor is not eligible (not a
+/// contiguous CPU f32 tensor). Undefined tensors (parameters without a gradient) count as
+/// empty. Each square is exact in f64 and fixed chunks are added in order, so the value does not
+/// depend on the thread count.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// let g = Tensor::from_slice(&[3.0f32, 4.0]);
+/// assert_eq!(kappa_optim::fused::sum_of_squares(&[g, Tensor::new()]), Some(25.0));
+/// let strided = Tensor::arange(4, (Kind::Float, Device::Cpu)).slice(0, 0, None, 2);
+/// assert_eq!(kappa_optim::fused::sum_of_squares(&[strided]), None);
+/// ```
+#[allow(unsafe_code)]
+pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
+    let defined: Vec<&Tensor> = tensors.iter().filter(|t| t.defined()).collect();
+    if !defined.iter().all(|t| eligible(t)) {
+        return None;
+    }
+    let mut chunks: Vec<&[f32]> = Vec::new();
+    for t in defined {
+        let n = t.numel();
+        if n == 0 {
+            continue;
+        }
+        // SAFETY: a defined, contiguous CPU f32 tensor of n elements (checked above): its data
+        // pointer addresses n initialized, aligned f32 values, alive while the caller borrows
+        // `tensors`, and only read here (no libtorch operation runs on them meanwhile).
+        let x = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f32>(), n) };
+        chunks.extend(x.chunks(CHUNK));
+    }
+    let mut partial = vec![0f64; chunks.len()];
+    let total: usize = chunks.iter().map(|c| c.len()).sum();
+    {
+        let units: Vec<(usize, (&[f32], &mut f64))> = chunks
+            .iter()
+            .zip(partial.iter_mut())
+            .map(|(c, s)| (c.len(), (*c, s)))
+            .collect();
+        run_parallel(split_work(units, workers(total)), |list| {
+            for (c, s) in list {
+                *s = chunk_sum_of_squares(c);
+            }
+        });
+    }
+    Some(partial.iter().sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_detection() {
+        // Disjoint written ranges, a read range shared twice: fine.
+        assert!(!overlapping(&[(0, 8), (8, 16)], &[(16, 24), (16, 24)]));
+        // A written range inside another written one, or inside a read one.
+        assert!(overlapping(&[(0, 16), (4, 8)], &[]));
+        assert!(overlapping(&[(20, 24)], &[(16, 32)]));
+        assert!(overlapping(&[(0, 16)], &[(8, 24)]));
+        // The same written range twice (a parameter listed twice).
+        assert!(overlapping(&[(0, 8), (0, 8)], &[]));
+        // Empty ranges never overlap.
+        assert!(!overlapping(&[(4, 4)], &[(0, 8)]));
+    }
+
+    #[test]
+    fn work_splits_keep_order_and_cover_everything() {
+        let items: Vec<(usize, usize)> = (0..10).map(|i| (i + 1, i)).collect();
+        for w in 1..5 {
+            let lists = split_work(items.clone(), w);
+            assert!(lists.len() <= w);
+            let flat: Vec<usize> = lists.into_iter().flatten().collect();
+            assert_eq!(flat, (0..10).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn the_fused_adamw_does_not_depend_on_the_thread_count() {
+        let cpu = (Kind::Float, Device::Cpu);
+        let (p, g, m, v) = {
+            tch::manual_seed(3);
+            let s = [3 * CHUNK as i64 + 11];
+            (
+                Tensor::randn(s, cpu),
+                Tensor::randn(s, cpu),
+                Tensor::randn(s, cpu) * 0.1,
+                Tensor::randn(s, cpu).square(),
+            )
+        };
+        let c = AdamWScalars {
+            decay: 1.0 - 1e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            step_size: 1e-2,
+            bc2_sqrt: 0.3,
+            eps: 1e-8,
+        };
+        let run = |threads| {
+            let (p, m, v) = (p.copy(), m.copy(), v.copy());
+            adamw_on(&[(&p, &g, &m, &v, c)], Some(threads)).unwrap();
+            (p, m, v)
+        };
+        let one = run(1);
+        for threads in [2, 3, 5] {
+            let other = run(threads);
+            assert!(one.0.equal(&other.0) && one.1.equal(&other.1) && one.2.equal(&other.2));
+        }
+    }
+
+    #[test]
+    fn the_sum_of_squares_is_exact_on_integers_and_independent_of_threads() {
+        // Integers below 2^13 square exactly and their sums below 2^53 are exact in f64, so
+        // any order gives the same value: the closed form.
+        let n = 3 * CHUNK + 5;
+        let x = Tensor::arange(n as i64, (Kind::Float, Device::Cpu)).remainder(8191);
+        let want: f64 = (0..n).map(|i| ((i % 8191) as f64).powi(2)).sum();
+        let parts = [
+            x.narrow(0, 0, 7).copy(),
+            x.narrow(0, 7, n as i64 - 7).copy(),
+        ];
+        assert_eq!(sum_of_squares(&parts), Some(want));
+        // A strided view is refused, not misread.
+        assert_eq!(sum_of_squares(&[x.slice(0, 0, None, 2)]), None);
+        assert_eq!(sum_of_squares(&[x.to_kind(Kind::Double)]), None);
+    }
+}
