@@ -10,7 +10,7 @@
 //! | [`vit`] | [`Vit`], [`VitConfig`] (`tiny`, `cpu`, `vit_b16`) |
 //! | [`data`] | [`FashionMnist`] (IDX), [`TextCorpus`] (SOTU; characters or GPT-2 BPE), deterministic batches, `fixtures` |
 //! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy, saturation and softmax-Jacobian norm, exact κ(J); [`matrix_diagnostics`] (spectrum, Gram off-diagonal, column norms) |
-//! | [`train`] | [`TrainConfig`], [`Trainer`] (AdamW groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`] |
+//! | [`train`] | [`TrainConfig`], [`Trainer`] (AdamW groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`], [`AdamWGroup`] |
 //! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
 //! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
 //! | [`device`], [`error`] | [`parse_device`], [`ModelsError`] |
@@ -24,7 +24,6 @@ pub mod device;
 pub mod diagnostics;
 pub mod error;
 pub mod float;
-mod fused;
 pub mod gpt;
 pub mod layers;
 mod link;
@@ -43,6 +42,7 @@ pub use diagnostics::{
 };
 pub use error::{ModelsError, Result};
 pub use gpt::{Gpt, GptConfig};
+pub use kappa_optim::AdamWKernel;
 pub use layers::{Block, Transformer};
 pub use modulewise::{
     modulewise_groups, Assignment, Geometry, ManifoldGroup, ModuleLabel, ModulewiseConfig,
@@ -50,8 +50,8 @@ pub use modulewise::{
 };
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use train::{
-    adamw_groups, clip_grad_norm, seeded, AdamW, AdamWKernel, DivergenceReference, Eval,
-    GradientDropper, GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Record,
-    Summary, Task, TrainConfig, TrainPrecision, Trainer,
+    adamw_groups, clip_grad_norm, seeded, AdamWGroup, DivergenceReference, Eval, GradientDropper,
+    GroupOptimizer, JsonlSink, OptimizerStats, Outcome, ParamGroup, Record, Summary, Task,
+    TrainConfig, TrainPrecision, Trainer,
 };
 pub use vit::{Vit, VitConfig};
