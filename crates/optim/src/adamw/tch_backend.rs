@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn the_tensor_step_is_the_ndarray_step_and_skips_parameters_without_gradient() {
         // f64 tensors through libtorch's operations against the f64 ndarray backend: the same
-        // math in another order of the same roundings, so ≤ a few ulps apart.
+        // math in two orders of evaluation (module docs of `adamw`), a few roundings apart.
         let cpu = (Kind::Double, Device::Cpu);
         tch::manual_seed(11);
         let (p0, g) = (Tensor::randn([3, 4], cpu), Tensor::randn([3, 4], cpu));

@@ -85,8 +85,7 @@ pub enum UpdateRule {
     /// θ ← θ − η g.
     Gd,
     /// Adam with bias correction: m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g²,
-    /// θ ← θ − η m̂/(√v̂ + ε) ([`AdamW`](crate::AdamW) with weight decay 0, evaluated in its
-    /// order).
+    /// θ ← θ − η m̂/(√v̂ + ε) ([`AdamW`](crate::AdamW) with weight decay 0).
     Adam {
         /// β₁ ∈ [0, 1).
         beta1: f64,
