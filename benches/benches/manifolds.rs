@@ -62,7 +62,7 @@ impl Stepper {
     }
 
     fn step(&mut self, loss: impl FnOnce() -> Tensor) {
-        train_step(&mut self.groups, &self.params, LR, loss);
+        train_step(&mut self.groups, &self.params, 1.0, loss);
     }
 
     /// Drops the statistics gathered so far.

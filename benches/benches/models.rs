@@ -95,7 +95,7 @@ impl Stepper {
     }
 
     fn step(&mut self, loss: impl FnOnce() -> Tensor) {
-        train_step_with(&self.dropper, &mut self.groups, &self.params, 1e-3, loss);
+        train_step_with(&self.dropper, &mut self.groups, &self.params, 1.0, loss);
     }
 }
 

@@ -49,7 +49,7 @@ fn child(threads: i32, mixed: bool) -> f64 {
         kappa_benches::gaussian::<f32>(384, 384, 2),
     );
     let mut step = || {
-        kappa_benches::train_step(&mut groups, &params, 1e-3, || {
+        kappa_benches::train_step(&mut groups, &params, 1.0, || {
             black_box(gpt.loss(&idx, &idx).expect("loss"))
         });
         if mixed {

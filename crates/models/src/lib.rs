@@ -24,8 +24,6 @@ pub mod device;
 pub mod diagnostics;
 pub mod error;
 pub mod float;
-#[doc(hidden)]
-pub mod fused;
 pub mod gpt;
 pub mod layers;
 pub mod linear;

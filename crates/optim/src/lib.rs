@@ -5,23 +5,33 @@
 //! | module | items |
 //! |---|---|
 //! | [`error`] | [`OptimError`], [`Result`]: the crate's one error enum |
+//! | [`adamw`] | [`AdamW`], [`AdamWConfig`] (presets `torch`, `adam`), [`AdamWState`]; with `tch`: `AdamW::step_tensors`, `AdamWKernel` |
+//! | [`schedule`] | [`WarmupCosine`]: linear warmup, then cosine, as a factor of each group's peak lr |
 //! | [`muon`] | [`Muon`], [`MuonConfig`] (presets `keller`, `paper`), [`MuonState`], [`UpdateScale`], [`Layout`] |
 //! | [`manifold`] | [`ManifoldMuon`], [`ManifoldMuonConfig`] (preset `paper`), [`ManifoldState`], [`Manifold`], [`DGramRetraction`], [`DualAscent`], [`DualReport`] |
 //! | [`msign`](mod@msign) | [`msign()`], [`Msign`] (exact, Muon quintic, Polar Express) |
 //! | [`momentum`] | [`Momentum`], [`MomentumKind`] (EMA and SGD forms, Nesterov) |
 //! | [`precision`] | [`Precision`], [`WorkingPrecision`], [`cpu_has_native_bf16`] (msign's precision per device) |
+//! | `fused` (with `tch`) | one-pass CPU f32 kernels: AdamW's update, `sum_of_squares` (the clipping norm) |
 //! | [`convergence`] | [`DataModel`](convergence::DataModel), [`Sample`](convergence::Sample), [`EmpiricalProblem`](convergence::EmpiricalProblem), [`PopulationProblem`](convergence::PopulationProblem), [`Moments`](convergence::Moments), [`spectral_init`](convergence::spectral_init), [`Trainer`](convergence::Trainer), [`Settings`](convergence::Settings) |
 //!
 //! The convergence code is `f64` on `ndarray`, on top of `kappa-linalg` (PSD square roots, SVD, κ).
 
+pub mod adamw;
 pub mod convergence;
 pub mod error;
+#[cfg(feature = "tch")]
+pub mod fused;
 pub mod manifold;
 pub mod momentum;
 pub mod msign;
 pub mod muon;
 pub mod precision;
+pub mod schedule;
 
+#[cfg(feature = "tch")]
+pub use adamw::AdamWKernel;
+pub use adamw::{AdamW, AdamWConfig, AdamWState};
 pub use error::{OptimError, Result};
 pub use manifold::{
     DGramRetraction, DualAscent, DualReport, Manifold, ManifoldMuon, ManifoldMuonConfig,
@@ -31,3 +41,4 @@ pub use momentum::{Momentum, MomentumKind, MomentumState};
 pub use msign::{msign, Msign, MUON_REFERENCE_EPS};
 pub use muon::{Layout, Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
 pub use precision::{cpu_has_native_bf16, Precision, WorkingPrecision};
+pub use schedule::WarmupCosine;

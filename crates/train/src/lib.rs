@@ -4,7 +4,7 @@
 //!
 //! | module | principal items |
 //! |---|---|
-//! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`], [`AdamW`] |
+//! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`], [`AdamWGroup`] |
 //! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
 //! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
 //! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress |
@@ -24,6 +24,7 @@ pub mod variants;
 
 pub use context::RunContext;
 pub use error::{RunError, RunResult};
+pub use kappa_optim::AdamWKernel;
 
 pub use modulewise::{
     modulewise_groups, Assignment, Geometry, ManifoldGroup, ModuleLabel, ModulewiseConfig,
@@ -32,8 +33,8 @@ pub use modulewise::{
 pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use trainer::{
-    adamw_groups, clip_grad_norm, seeded, AdamW, AdamWKernel, DivergenceReference, Eval,
-    GradientDropper, GroupOptimizer, OptimizerStats, Outcome, ParamGroup, Record, Summary, Task,
-    TrainConfig, TrainPrecision, Trainer,
+    adamw_groups, clip_grad_norm, seeded, AdamWGroup, DivergenceReference, Eval, GradientDropper,
+    GroupOptimizer, OptimizerStats, Outcome, ParamGroup, Record, Summary, Task, TrainConfig,
+    TrainPrecision, Trainer,
 };
 pub use variants::{train_variant, Final, Line, VariantId};

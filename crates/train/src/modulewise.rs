@@ -9,9 +9,10 @@
 //! * Hidden matrices — `attn.c_attn` (fused QKV, 3d×d), `attn.c_proj`, `mlp.c_fc`,
 //!   `mlp.c_proj` — go to Muon or manifold Muon; embeddings (AdamW with weight decay) and
 //!   LayerNorm gains (AdamW without) never do. Biases (the paper has none) join the gains.
-//! * The Muon learning rate follows the AdamW schedule: lr_Muon(t) = `muon_lr` · lr(t)/lr, so it
-//!   peaks at 0.02 when the AdamW peak is 6e-4 and ends at a tenth of that (the group's
-//!   `lr_scale` is `muon_lr`/lr).
+//! * The Muon learning rate follows the AdamW schedule: every group runs at its own peak times
+//!   the schedule's factor f(t) ([`TrainConfig::schedule`]), so Muon and manifold groups run at
+//!   lr_Muon(t) = `muon_lr`·f(t) = `muon_lr`·lr(t)/lr: a peak of 0.02 (whatever the AdamW peak)
+//!   and an end at min_lr/lr of that (a tenth in the paper). The groups' `lr` is `muon_lr`.
 //! * The fused QKV block is constrained as one matrix, so under Stiefel only
 //!   W_qᵀW_q + W_kᵀW_k + W_vᵀW_v = I holds; [`Assignment::split_qkv`] constrains each d×d slice
 //!   instead.
@@ -34,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use tch::{nn, Tensor};
 
 use crate::trainer::{
-    named_trainable, AdamW, GroupOptimizer, OptimizerStats, ParamGroup, TrainConfig,
+    named_trainable, optim_err, AdamWGroup, GroupOptimizer, OptimizerStats, ParamGroup, TrainConfig,
 };
 use kappa_models::error::{ModelsError, Result};
 
@@ -255,7 +256,7 @@ pub struct ModulewiseConfig {
     /// Labels → geometries.
     pub assignment: Assignment,
     /// The peak Muon / manifold-Muon learning rate (the spectral norm of a step). It follows
-    /// the AdamW schedule: lr_Muon(t) = `muon_lr`·lr(t)/lr.
+    /// the AdamW schedule's factor f(t): lr_Muon(t) = `muon_lr`·f(t) = `muon_lr`·lr(t)/lr.
     pub muon_lr: f64,
     /// Settings of [`Geometry::Muon`] (its `lr` is replaced by the schedule).
     pub muon: MuonConfig,
@@ -335,7 +336,7 @@ impl ModulewiseConfig {
 /// decay `embedding_weight_decay`) and `gain_bias` (AdamW, no decay). Constrained matrices are
 /// retracted onto their manifold here, in place.
 ///
-/// Errors: an invalid config or train config (the Muon `lr_scale` divides by its lr); a
+/// Errors: an invalid config or train config (the schedule's floor divides by its lr); a
 /// trainable variable without a label (not a GPT of this crate);
 /// a hidden matrix that is not 2-D, or a QKV matrix whose rows do not split into 3 when
 /// `split_qkv` is on.
@@ -360,8 +361,7 @@ pub fn modulewise_groups(
         }
     }
     by_label.sort_by_key(|(l, _)| *l);
-    let adamw = |wd: f64| Box::new(AdamW::new(train.beta1, train.beta2, train.eps, wd));
-    let muon_scale = config.muon_lr / train.lr;
+    let adamw = |wd: f64| Box::new(AdamWGroup::new(train.adamw(wd)));
     let mut groups = Vec::new();
     let mut gain_bias = (Vec::new(), Vec::new());
     for (label, items) in by_label {
@@ -373,7 +373,7 @@ pub fn modulewise_groups(
                     name: label.name().into(),
                     names,
                     params,
-                    lr_scale: 1.0,
+                    lr: train.lr,
                     optimizer: adamw(config.embedding_weight_decay),
                 });
                 continue;
@@ -390,9 +390,12 @@ pub fn modulewise_groups(
             1
         };
         let blocks = blocks_of(&names, &params, parts)?;
-        let (optimizer, lr_scale): (Box<dyn GroupOptimizer>, f64) = match geometry {
-            Geometry::AdamW => (adamw(train.weight_decay), 1.0),
-            Geometry::Muon => (Box::new(MuonGroup::new(config.muon, blocks)?), muon_scale),
+        let (optimizer, lr): (Box<dyn GroupOptimizer>, f64) = match geometry {
+            Geometry::AdamW => (adamw(train.weight_decay), train.lr),
+            Geometry::Muon => (
+                Box::new(MuonGroup::new(config.muon, blocks)?),
+                config.muon_lr,
+            ),
             Geometry::Stiefel | Geometry::DGram => {
                 let manifold = geometry
                     .manifold(config.dgram_retraction)
@@ -403,14 +406,14 @@ pub fn modulewise_groups(
                 };
                 let group = ManifoldGroup::new(cfg, blocks, &params)?
                     .with_threads(config.optimizer_threads);
-                (Box::new(group), muon_scale)
+                (Box::new(group), config.muon_lr)
             }
         };
         groups.push(ParamGroup {
             name: label.name().into(),
             names,
             params,
-            lr_scale,
+            lr,
             optimizer,
         });
     }
@@ -418,7 +421,7 @@ pub fn modulewise_groups(
         name: "gain_bias".into(),
         names: gain_bias.0,
         params: gain_bias.1,
-        lr_scale: 1.0,
+        lr: train.lr,
         optimizer: adamw(0.0),
     });
     Ok(groups)
@@ -492,10 +495,6 @@ fn block_jobs<'s, S>(
         }
     }
     Ok(jobs)
-}
-
-fn optim_err(e: kappa_optim::OptimError) -> ModelsError {
-    ModelsError::Optimizer(e.to_string())
 }
 
 /// Saves one momentum state per block: `buffer.<i>` (when a step was taken) and `steps`.

@@ -368,7 +368,12 @@ fn adamw_groups_and_updates_match_libtorch_adamw() {
     let mut vs2m = vs2;
     vs2m.copy(&vs).unwrap();
     let wd = 0.1;
-    let mut ours = kappa_train::AdamW::new(0.9, 0.95, 1e-8, wd);
+    let mut ours = kappa_train::AdamWGroup::new(kappa_optim::AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: wd,
+    });
     let names = named_trainable(&vs);
     let params: Vec<Tensor> = names.iter().map(|(_, t)| t.shallow_clone()).collect();
     use tch::nn::OptimizerConfig;

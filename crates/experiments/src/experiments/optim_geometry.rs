@@ -21,8 +21,8 @@ use std::path::Path;
 use anyhow::Result;
 use kappa_linalg::{singular_values, svd_thin, SvdDriver};
 use kappa_optim::{
-    DualAscent, Layout, Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState, Muon,
-    MuonConfig, MuonState, OnDivergence,
+    AdamW, AdamWConfig, AdamWState, DualAscent, Layout, Manifold, ManifoldMuon, ManifoldMuonConfig,
+    ManifoldState, Muon, MuonConfig, MuonState, OnDivergence,
 };
 use ndarray::{Array1, Array2, Axis};
 use rand::seq::SliceRandom;
@@ -156,48 +156,19 @@ fn loss_and_grad(w: &Array2<f64>, x: &Array2<f64>, y: &Array2<f64>) -> (f64, Arr
     (loss, x.t().dot(&r) / n)
 }
 
-/// AdamW on ndarray (reference optimizer for this experiment): torch's update with bias
-/// correction, decoupled weight decay.
-struct AdamW {
-    lr: f64,
-    betas: (f64, f64),
-    eps: f64,
-    m: Array2<f64>,
-    v: Array2<f64>,
-    t: i32,
-}
-
-impl AdamW {
-    fn new(lr: f64, shape: (usize, usize)) -> Self {
-        Self {
-            lr,
-            betas: (0.9, 0.95),
-            eps: 1e-8,
-            m: Array2::zeros(shape),
-            v: Array2::zeros(shape),
-            t: 0,
-        }
-    }
-
-    fn step(&mut self, w: &mut Array2<f64>, g: &Array2<f64>, lr_factor: f64) {
-        let (b1, b2) = self.betas;
-        self.t += 1;
-        self.m
-            .zip_mut_with(g, |m, &g| *m = b1 * *m + (1.0 - b1) * g);
-        self.v
-            .zip_mut_with(g, |v, &g| *v = b2 * *v + (1.0 - b2) * g * g);
-        let c1 = 1.0 - b1.powi(self.t);
-        let c2 = 1.0 - b2.powi(self.t);
-        let lr = self.lr * lr_factor;
-        ndarray::Zip::from(w)
-            .and(&self.m)
-            .and(&self.v)
-            .for_each(|w, &m, &v| *w -= lr * (m / c1) / ((v / c2).sqrt() + self.eps));
-    }
+/// The experiment's AdamW (kappa-optim's, torch's update): β = (0.9, 0.95), ε = 1e-8, no
+/// weight decay.
+fn adamw() -> kappa_optim::Result<AdamW> {
+    AdamW::new(AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    })
 }
 
 enum Opt {
-    AdamW(AdamW),
+    AdamW(AdamW, AdamWState<Array2<f64>>),
     Muon(Muon, MuonState<Array2<f64>>),
     Manifold(ManifoldMuon, ManifoldState<Array2<f64>>),
 }
@@ -293,7 +264,7 @@ impl Experiment for OptimGeometry {
                 ..ManifoldMuonConfig::paper(manifold)
             };
             let mut opt = match *name {
-                "adamw" => Opt::AdamW(AdamW::new(c.adamw_lr, w.dim())),
+                "adamw" => Opt::AdamW(adamw()?, AdamWState::new()),
                 "muon" => Opt::Muon(
                     Muon::new(MuonConfig {
                         lr: c.muon_lr,
@@ -363,7 +334,7 @@ impl Experiment for OptimGeometry {
                 let (_, g) = loss_and_grad(&w, &xb, &yb);
                 let f = lr_factor(step, c.steps);
                 match &mut opt {
-                    Opt::AdamW(a) => a.step(&mut w, &g, f),
+                    Opt::AdamW(a, st) => a.step(&mut w, &g, c.adamw_lr * f, st)?,
                     Opt::Muon(m, st) => {
                         m.set_lr(c.muon_lr * f)?;
                         m.step(&mut w, &g, st)?;
@@ -599,9 +570,10 @@ mod tests {
     #[test]
     fn adamw_matches_the_torch_update_on_its_first_step() {
         // First step of Adam with bias correction: Δ = −lr·g/(|g| + ε) = −lr·sign(g).
-        let mut a = AdamW::new(0.1, (1, 2));
+        let (a, mut state) = (adamw().unwrap(), AdamWState::new());
         let mut w = ndarray::array![[1.0, 1.0]];
-        a.step(&mut w, &ndarray::array![[2.0, -3.0]], 1.0);
+        a.step(&mut w, &ndarray::array![[2.0, -3.0]], 0.1, &mut state)
+            .unwrap();
         assert!((w[[0, 0]] - 0.9).abs() < 1e-6 && (w[[0, 1]] - 1.1).abs() < 1e-6);
     }
 

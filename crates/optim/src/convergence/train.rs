@@ -19,7 +19,9 @@
 //!
 //! followed by the renormalization ([`Renormalization`]). Without the preconditioner the step
 //! uses the Euclidean gradients (∇_A L + λAΣ̂CΣ̂, ∇_B L − λΣ̂BΣ̂CΣ̂). Adam ([`UpdateRule::Adam`])
-//! applies to the same direction.
+//! applies to the same direction: it is the crate's [`AdamW`](crate::AdamW) without weight
+//! decay, one state per matrix. Adam acts element by element with one step count for all, so
+//! one state for A and one for B is the same as one state for the pair (A, B).
 //!
 //! Step size ([`StepSize::Relative`]): η = c / s with the smoothness scale s = d̂₁ = σ_max(T̂)
 //! with the preconditioner (the whitened problem ½‖UV − T̂‖² has curvature ≈ d̂₁ near its
@@ -40,6 +42,7 @@ use super::moments::Moments;
 use super::population::PopulationProblem;
 use super::rate::RateTracker;
 use super::LossGrad;
+use crate::adamw::{AdamW, AdamWConfig, AdamWState};
 use crate::error::{check_matrix, check_range, overflow_as, OptimError, Result};
 
 /// What keeps the softmax scale bounded (docs/convergence.md, §Renormalization: two reconstructions).
@@ -82,7 +85,7 @@ pub enum UpdateRule {
     /// θ ← θ − η g.
     Gd,
     /// Adam with bias correction: m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g²,
-    /// θ ← θ − η m̂/(√v̂ + ε).
+    /// θ ← θ − η m̂/(√v̂ + ε) ([`AdamW`](crate::AdamW) with weight decay 0).
     Adam {
         /// β₁ ∈ [0, 1).
         beta1: f64,
@@ -276,12 +279,11 @@ pub struct StepRecord {
     pub rate: Option<f64>,
 }
 
+/// Adam on (A, B): the crate's AdamW (no weight decay) with one state per matrix.
 struct AdamState {
-    m_a: Array2<f64>,
-    v_a: Array2<f64>,
-    m_b: Array2<f64>,
-    v_b: Array2<f64>,
-    t: i32,
+    adam: AdamW,
+    a: AdamWState<Array2<f64>>,
+    b: AdamWState<Array2<f64>>,
 }
 
 /// Runs one of the methods (algorithm, baseline or ablation) step by step.
@@ -334,16 +336,25 @@ impl Trainer {
         settings: Settings,
     ) -> Result<Self> {
         settings.validate()?;
-        let (k, d) = objective.dims();
         check_params(&objective, moments, &a0.view(), &b0.view(), ("a0", "b0"))?;
         let eta = step_size(&settings, moments)?;
-        let adam = matches!(settings.update, UpdateRule::Adam { .. }).then(|| AdamState {
-            m_a: Array2::zeros((k, d)),
-            v_a: Array2::zeros((k, d)),
-            m_b: Array2::zeros((d, d)),
-            v_b: Array2::zeros((d, d)),
-            t: 0,
-        });
+        let adam = match settings.update {
+            UpdateRule::Adam {
+                beta1,
+                beta2,
+                epsilon,
+            } => Some(AdamState {
+                adam: AdamW::new(AdamWConfig {
+                    beta1,
+                    beta2,
+                    eps: epsilon,
+                    weight_decay: 0.0,
+                })?,
+                a: AdamWState::new(),
+                b: AdamWState::new(),
+            }),
+            UpdateRule::Gd => None,
+        };
         Ok(Self {
             objective,
             moments: moments.clone(),
@@ -431,16 +442,9 @@ impl Trainer {
         }
         let (da, db) = ev.direction;
         let (a, b) = (self.a.view(), self.b.view());
-        let (mut new_a, mut new_b) = match (&mut self.adam, self.settings.update) {
-            (
-                Some(st),
-                UpdateRule::Adam {
-                    beta1,
-                    beta2,
-                    epsilon,
-                },
-            ) => st.step(self.eta, (beta1, beta2, epsilon), a, b, &da, &db),
-            _ => gd_update(a, b, &da, &db, self.eta),
+        let (mut new_a, mut new_b) = match &mut self.adam {
+            Some(st) => st.step(self.eta, a, b, &da, &db),
+            None => gd_update(a, b, &da, &db, self.eta),
         };
         renormalize(
             &mut new_a,
@@ -504,31 +508,20 @@ impl Trainer {
 }
 
 impl AdamState {
-    /// One bias-corrected Adam update of (A, B) along the direction (G_A, G_B).
+    /// One bias-corrected Adam update of (A, B) along the direction (G_A, G_B). Unchecked: a
+    /// non-finite direction gives non-finite parameters, which the caller reports as divergence.
     fn step(
         &mut self,
         eta: f64,
-        (beta1, beta2, epsilon): (f64, f64, f64),
         a: ArrayView2<'_, f64>,
         b: ArrayView2<'_, f64>,
         da: &Array2<f64>,
         db: &Array2<f64>,
     ) -> (Array2<f64>, Array2<f64>) {
-        self.t = self.t.saturating_add(1);
-        let c1 = 1.0 - beta1.powi(self.t);
-        let c2 = 1.0 - beta2.powi(self.t);
-        let step_of = |m: &mut Array2<f64>, v: &mut Array2<f64>, g: &Array2<f64>| {
-            m.zip_mut_with(g, |mi, gi| *mi = beta1 * *mi + (1.0 - beta1) * gi);
-            v.zip_mut_with(g, |vi, gi| *vi = beta2 * *vi + (1.0 - beta2) * gi * gi);
-            let mut out = m.clone();
-            out.zip_mut_with(v, |mi, vi| {
-                *mi = eta * (*mi / c1) / ((vi / c2).sqrt() + epsilon)
-            });
-            out
-        };
-        let sa = step_of(&mut self.m_a, &mut self.v_a, da);
-        let sb = step_of(&mut self.m_b, &mut self.v_b, db);
-        (&a - &sa, &b - &sb)
+        let (mut new_a, mut new_b) = (a.to_owned(), b.to_owned());
+        self.adam.step_unchecked(&mut new_a, da, eta, &mut self.a);
+        self.adam.step_unchecked(&mut new_b, db, eta, &mut self.b);
+        (new_a, new_b)
     }
 }
 

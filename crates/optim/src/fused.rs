@@ -1,11 +1,13 @@
-//! One-pass kernels over the raw f32 data of contiguous CPU tensors, for the two memory-bound
-//! parts of a training step that libtorch runs as chains of whole-tensor operations:
+//! One-pass kernels over the raw f32 data of contiguous CPU tensors (the `tch` feature), for the
+//! two memory-bound parts of a training step that libtorch runs as chains of whole-tensor
+//! operations:
 //!
-//! * [`adamw`]: the AdamW update. libtorch's op-by-op form (PyTorch's default on the CPU, its
-//!   single-tensor loop) makes about 20 passes over parameter-sized memory per step (each of
-//!   `mul_`, `lerp_`, `mul_`, `addcmul_`, `sqrt`, `div`, `add_`, `addcdiv_` reads one to three
-//!   tensors and writes one, some of them temporaries); this kernel reads p, g, m, v once and
-//!   writes p, m, v once: 7 passes.
+//! * the AdamW update ([`AdamWKernel::Fused`](crate::AdamWKernel::Fused), run by
+//!   [`AdamW::step_tensors`](crate::AdamW::step_tensors)). libtorch's op-by-op form (PyTorch's
+//!   default on the CPU, its single-tensor loop) makes about 20 passes over parameter-sized
+//!   memory per step (each of `mul_`, `lerp_`, `mul_`, `addcmul_`, `sqrt`, `div`, `add_`,
+//!   `addcdiv_` reads one to three tensors and writes one, some of them temporaries); this kernel
+//!   reads p, g, m, v once and writes p, m, v once: 7 passes.
 //! * [`sum_of_squares`]: Σ g² over every gradient, for the clipping norm, in one read
 //!   (libtorch's `to_kind(Double).square().sum()` reads and writes f64 copies: about 9 passes
 //!   in units of the f32 tensor).
@@ -13,9 +15,9 @@
 //! Both compute each element in f64 from the f32 inputs and round once when they store, so the
 //! result of every element is a pure function of that element's inputs: the work can be split
 //! among threads in any way without changing a bit, and the result does not depend on the
-//! thread count. The sum adds squares (exact in f64) in fixed chunks of [`CHUNK`] elements
-//! with [`LANES`] interleaved accumulators and adds the chunk sums in order; the chunking does
-//! not depend on the thread count either.
+//! thread count. The sum adds squares (exact in f64) in fixed chunks of `CHUNK` = 2¹⁴ elements
+//! with 8 interleaved accumulators and adds the chunk sums in order; the chunking does not
+//! depend on the thread count either.
 //!
 //! Eligibility is checked, never assumed: every tensor must be defined, `Float`, on the CPU and
 //! contiguous, the tensors of one parameter must have equal element counts, and no tensor that
@@ -23,10 +25,12 @@
 //! libtorch's operations when a check fails (`None`).
 //!
 //! The kernels write through `data_ptr`, which bypasses autograd's version counter: a graph
-//! still holding a parameter from before the step would not notice that it changed. The
-//! trainer frees the graph at every backward pass, as the tch-rs optimizers assume too.
+//! still holding a parameter from before the step would not notice that it changed. A training
+//! loop frees the graph at every backward pass, as the tch-rs optimizers assume too.
 
 use tch::{Device, Kind, Tensor};
+
+use crate::adamw::AdamWScalars;
 
 /// Elements per work unit (and per partial sum of [`sum_of_squares`]).
 pub const CHUNK: usize = 1 << 14;
@@ -35,33 +39,14 @@ pub const LANES: usize = 8;
 /// Below this many elements in total a call runs on the calling thread only.
 const PARALLEL_MIN: usize = 1 << 17;
 
-/// The scalars of one AdamW step, in f64.
-#[derive(Clone, Copy, Debug)]
-pub struct AdamWScalars {
-    /// 1 − lr·wd (decoupled weight decay).
-    pub decay: f64,
-    /// β₁.
-    pub beta1: f64,
-    /// β₂.
-    pub beta2: f64,
-    /// lr / (1 − β₁ᵗ).
-    pub step_size: f64,
-    /// √(1 − β₂ᵗ).
-    pub bc2_sqrt: f64,
-    /// ε.
-    pub eps: f64,
-}
-
-/// One element of AdamW, in f64 from f32 inputs, each stored value rounded once:
-/// m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²; p ← p(1 − lr·wd) − step_size·m/(√v/√(1−β₂ᵗ) + ε),
-/// the last with the stored (rounded) m and v, as libtorch's op-by-op form uses them.
+/// One element of AdamW, in f64 from f32 inputs, each stored value rounded once (the formulas of
+/// [`AdamWScalars::moments`] and [`AdamWScalars::param`]); p is updated with the stored (rounded)
+/// m and v, as libtorch's op-by-op form uses them.
 #[inline(always)]
 fn adamw_element(p: &mut f32, g: f32, m: &mut f32, v: &mut f32, c: &AdamWScalars) {
-    let g = f64::from(g);
-    let m1 = (c.beta1 * f64::from(*m) + (1.0 - c.beta1) * g) as f32;
-    let v1 = (c.beta2 * f64::from(*v) + (1.0 - c.beta2) * (g * g)) as f32;
-    let denom = f64::from(v1).sqrt() / c.bc2_sqrt + c.eps;
-    *p = (c.decay * f64::from(*p) - c.step_size * f64::from(m1) / denom) as f32;
+    let (m1, v1) = c.moments(f64::from(*m), f64::from(*v), f64::from(g));
+    let (m1, v1) = (m1 as f32, v1 as f32);
+    *p = c.param(f64::from(*p), f64::from(m1), f64::from(v1)) as f32;
     *m = m1;
     *v = v1;
 }
@@ -218,22 +203,21 @@ fn workers(total: usize) -> usize {
     }
 }
 
-/// One AdamW step over `(param, grad, exp_avg, exp_avg_sq)` quadruples, in place, in one pass;
-/// `None` (nothing written) when some tensor is not eligible (see the module docs).
-pub fn adamw(items: &[(&Tensor, &Tensor, &Tensor, &Tensor)], c: AdamWScalars) -> Option<()> {
-    adamw_on(items, c, None)
+/// One AdamW step over `(param, grad, exp_avg, exp_avg_sq, scalars)` items, in place, in one
+/// pass; `None` (nothing written) when some tensor is not eligible (see the module docs).
+pub(crate) fn adamw(items: &[AdamWItem<'_>]) -> Option<()> {
+    adamw_on(items, None)
 }
+
+/// One parameter of an AdamW step: p, g, m, v and the step's scalars.
+pub(crate) type AdamWItem<'a> = (&'a Tensor, &'a Tensor, &'a Tensor, &'a Tensor, AdamWScalars);
 
 /// [`adamw`] on `threads` workers (libtorch's thread count when `None`).
 #[allow(unsafe_code)]
-pub fn adamw_on(
-    items: &[(&Tensor, &Tensor, &Tensor, &Tensor)],
-    c: AdamWScalars,
-    threads: Option<usize>,
-) -> Option<()> {
+pub(crate) fn adamw_on(items: &[AdamWItem<'_>], threads: Option<usize>) -> Option<()> {
     let mut written = Vec::with_capacity(3 * items.len());
     let mut read = Vec::with_capacity(items.len());
-    for (p, g, m, v) in items {
+    for (p, g, m, v, _) in items {
         if ![p, g, m, v].iter().all(|t| eligible(t)) {
             return None;
         }
@@ -248,7 +232,7 @@ pub fn adamw_on(
         return None;
     }
     let mut runs = Vec::new();
-    for (p, g, m, v) in items {
+    for (p, g, m, v, c) in items {
         let n = p.numel();
         if n == 0 {
             continue;
@@ -274,21 +258,31 @@ pub fn adamw_on(
             .zip(m.chunks_mut(CHUNK))
             .zip(v.chunks_mut(CHUNK));
         for (((p, g), m), v) in pieces {
-            runs.push((p.len(), (p, g, m, v)));
+            runs.push((p.len(), (p, g, m, v, *c)));
         }
     }
     let total = runs.iter().map(|(n, _)| n).sum();
     let lists = split_work(runs, threads.unwrap_or_else(|| workers(total)));
     run_parallel(lists, |list| {
-        for (p, g, m, v) in list {
+        for (p, g, m, v, c) in list {
             adamw_slices(p, g, m, v, &c);
         }
     });
     Some(())
 }
 
-/// Σ g² over every element of `tensors`, in f64; `None` when some tensor is not eligible.
-/// Undefined tensors (parameters without a gradient) count as empty.
+/// Σ g² over every element of `tensors`, in f64; `None` when some tensor is not eligible (not a
+/// contiguous CPU f32 tensor). Undefined tensors (parameters without a gradient) count as
+/// empty. Each square is exact in f64 and fixed chunks are added in order, so the value does not
+/// depend on the thread count.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// let g = Tensor::from_slice(&[3.0f32, 4.0]);
+/// assert_eq!(kappa_optim::fused::sum_of_squares(&[g, Tensor::new()]), Some(25.0));
+/// let strided = Tensor::arange(4, (Kind::Float, Device::Cpu)).slice(0, 0, None, 2);
+/// assert_eq!(kappa_optim::fused::sum_of_squares(&[strided]), None);
+/// ```
 #[allow(unsafe_code)]
 pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
     let defined: Vec<&Tensor> = tensors.iter().filter(|t| t.defined()).collect();
@@ -350,6 +344,39 @@ mod tests {
             assert!(lists.len() <= w);
             let flat: Vec<usize> = lists.into_iter().flatten().collect();
             assert_eq!(flat, (0..10).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn the_fused_adamw_does_not_depend_on_the_thread_count() {
+        let cpu = (Kind::Float, Device::Cpu);
+        let (p, g, m, v) = {
+            tch::manual_seed(3);
+            let s = [3 * CHUNK as i64 + 11];
+            (
+                Tensor::randn(s, cpu),
+                Tensor::randn(s, cpu),
+                Tensor::randn(s, cpu) * 0.1,
+                Tensor::randn(s, cpu).square(),
+            )
+        };
+        let c = AdamWScalars {
+            decay: 1.0 - 1e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            step_size: 1e-2,
+            bc2_sqrt: 0.3,
+            eps: 1e-8,
+        };
+        let run = |threads| {
+            let (p, m, v) = (p.copy(), m.copy(), v.copy());
+            adamw_on(&[(&p, &g, &m, &v, c)], Some(threads)).unwrap();
+            (p, m, v)
+        };
+        let one = run(1);
+        for threads in [2, 3, 5] {
+            let other = run(threads);
+            assert!(one.0.equal(&other.0) && one.1.equal(&other.1) && one.2.equal(&other.2));
         }
     }
 
