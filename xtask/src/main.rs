@@ -18,6 +18,7 @@ mod reproduce;
 mod setup;
 mod tidy;
 mod torch;
+mod train;
 mod workspace;
 
 use std::process::ExitCode;
@@ -55,6 +56,8 @@ enum Command {
     Test(cargo::TestArgs),
     /// Run the experiments and write `results/report.md`.
     Reproduce(kappa_cli::ReproduceArgs),
+    /// Train one model on your own data from a TOML job file (see `examples/train/`).
+    Train(kappa_cli::TrainArgs),
     /// Run the criterion benchmarks (nothing else should run on the machine meanwhile).
     Bench(cargo::BenchArgs),
 }
@@ -82,6 +85,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Test(args) => cargo::test(&ws, &args)?,
         Command::Reproduce(args) => reproduce::reproduce(&ws, &args)?,
+        Command::Train(args) => train::train(&ws, &args)?,
         Command::Bench(args) => cargo::bench(&ws, &args)?,
     }
     Ok(())

@@ -31,7 +31,9 @@
 mod names;
 mod reproduce;
 mod scale;
+mod train;
 
 pub use names::{DeviceName, ExperimentName, EXPERIMENTS};
 pub use reproduce::{config_experiment, ReproduceArgs, Set};
 pub use scale::Scale;
+pub use train::TrainArgs;

@@ -24,6 +24,7 @@ pub use kappa_train::run;
 pub mod runner;
 pub mod scale;
 pub mod stats;
+pub mod train;
 
 pub use registry::{registry, Experiment, RegisteredExperiment};
 pub use report::Section;

@@ -8,6 +8,9 @@
 //!   `--threads`, `--device`, `--config FILE`, `--set KEY=VALUE`, `--resume`, `--publish` (into
 //!   `--docs`, default `docs/results`), `--list`.
 //! - `kappa-experiments report --scale S --results DIR` rebuilds the report from run folders.
+//! - `kappa-experiments train --config FILE [--set KEY=VALUE]… [--seed N] [--threads N]
+//!   [--device D] [--out DIR] [--resume]` trains one model on a user's data (kappa-cli's
+//!   [`TrainArgs`]; see `kappa_experiments::train`).
 //! - `kappa-experiments blas` says which BLAS kernel the process runs and how it was chosen.
 
 use std::collections::BTreeSet;
@@ -15,7 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use kappa_cli::{config_experiment, ExperimentName, ReproduceArgs};
+use kappa_cli::{config_experiment, ExperimentName, ReproduceArgs, TrainArgs};
 use kappa_experiments::config::ConfigSource;
 use kappa_experiments::publish::publish;
 use kappa_experiments::runner::{report, reproduce, select, Settings};
@@ -68,6 +71,8 @@ enum Command {
     /// Say which BLAS kernel this process runs, how it was chosen, and whether it is a generic
     /// fallback (what every run's `run.json` records).
     Blas,
+    /// Train one model on your own data from a TOML job file.
+    Train(TrainArgs),
     /// Rebuild the report from existing run folders.
     Report {
         /// smoke, cpu or paper.
@@ -113,6 +118,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Reproduce { args, places } => run_reproduce(&args, &places)?,
         Command::Report { scale, results } => report(scale, &results)?,
+        Command::Train(args) => run_train(&args)?,
     }
     Ok(())
 }
@@ -170,4 +176,22 @@ fn list(experiments: &[Box<dyn RegisteredExperiment>]) {
     for e in experiments {
         println!("{:<16} {}", e.name(), e.claim());
     }
+}
+
+fn run_train(args: &TrainArgs) -> Result<()> {
+    let context = kappa_train::RunContext {
+        seed: args.seed,
+        threads: args.threads,
+        device: args.device.0.clone(),
+        ..kappa_train::RunContext::default()
+    };
+    let dir = kappa_experiments::train::run_train_command(
+        &args.config,
+        &args.set,
+        context,
+        &args.out,
+        args.resume,
+    )?;
+    eprintln!("train: wrote {}", dir.join("report.md").display());
+    Ok(())
 }

@@ -64,7 +64,7 @@ pub trait Experiment: Sync {
 
     /// Whether [`Experiment::run`] can continue a run folder left by an interrupted or failed
     /// attempt (`reproduce --resume`): it skips what that attempt finished and continues from
-    /// its checkpoints, as [`crate::experiments::vit_fmnist::train_variant`] does when
+    /// its checkpoints, as [`kappa_train::train_variant`] does when
     /// [`Run::is_resumed`]. When false (the default), `--resume` reruns such a folder from the
     /// start; finished runs are kept either way.
     fn continues_interrupted_runs(&self) -> bool {

@@ -1,0 +1,99 @@
+//! The options of `train`: a user's own training job (`cargo xtask train` and the
+//! `kappa-experiments train` subcommand parse this one definition).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::names::DeviceName;
+use crate::reproduce::Set;
+
+/// `train --config FILE [--set KEY=VALUE]… [--seed N] [--threads N] [--device D] [--out DIR]
+/// [--resume]`.
+#[derive(Args, Clone, Debug, PartialEq)]
+pub struct TrainArgs {
+    /// The job: a TOML file with `name`, `[data]`, `[model]`, `[optimizer]` and `[train]` (see
+    /// `examples/train/` in the repository).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Override a field of the file (repeatable), e.g. `--set train.lr=3e-4`.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub set: Vec<Set>,
+    /// The seed: initialization and data order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// BLAS and libtorch threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceName,
+    /// The folder of run folders (the run goes to `<out>/<name>/`).
+    #[arg(long, default_value = "runs")]
+    pub out: PathBuf,
+    /// Continue the run folder of an interrupted run from its checkpoint (a finished run is
+    /// kept; a changed config is an error).
+    #[arg(long)]
+    pub resume: bool,
+}
+
+impl TrainArgs {
+    /// The arguments that parse back into `self` (what xtask forwards to the binary).
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut out: Vec<OsString> = vec!["--config".into(), self.config.clone().into()];
+        for set in &self.set {
+            out.extend(["--set".into(), set.to_string().into()]);
+        }
+        out.extend([
+            "--seed".into(),
+            self.seed.to_string().into(),
+            "--threads".into(),
+            self.threads.to_string().into(),
+            "--device".into(),
+            self.device.0.clone().into(),
+            "--out".into(),
+            self.out.clone().into(),
+        ]);
+        if self.resume {
+            out.push("--resume".into());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    #[test]
+    fn the_forwarded_arguments_parse_back_to_the_same_options() {
+        let args = Cli::parse_from([
+            "x",
+            "--config",
+            "my.toml",
+            "--set",
+            "train.lr=3e-4",
+            "--seed",
+            "3",
+            "--resume",
+        ])
+        .args;
+        let again =
+            Cli::parse_from(std::iter::once(OsString::from("x")).chain(args.to_args())).args;
+        assert_eq!(args, again);
+        assert_eq!(again.set[0].key, "train.lr");
+        assert!(
+            Cli::try_parse_from(["x", "--seed", "1"]).is_err(),
+            "--config is required"
+        );
+        assert!(Cli::try_parse_from(["x", "--config", "a", "--device", "tpu"]).is_err());
+    }
+}

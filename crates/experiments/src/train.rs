@@ -1,0 +1,457 @@
+//! `train --config FILE`: one model trained on a user's own data, the way nanoGPT is used — a
+//! GPT on a plain-text file (characters or GPT-2 BPE) or a ViT on a folder of IDX files, with any
+//! of kappa's conditionings and optimizers, live progress, evaluations with attention
+//! diagnostics, checkpoints, `--resume`, and a run folder with a small report (loss curves and
+//! κ(W_Q), σ_min(W_Q), entropy over training).
+//!
+//! The config is a TOML file read into [`TrainJob`] (unknown keys and bad values are errors that
+//! name them, `--set KEY=VALUE` overrides a field); relative data paths are read from the
+//! config file's folder. The run folder `<out>/<name>/` holds the resolved config
+//! (`config.toml`), `metrics.jsonl`, `run.json`, the checkpoint
+//! (`variant-0/checkpoint.safetensors`, the trained weights at the end), `report.md` and its
+//! plots.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use kappa_cli::Set;
+use kappa_models::{
+    parse_device, summarize, FashionMnist, Gpt, GptConfig, Split, TextCorpus, TokenizerKind, Vit,
+    VitConfig,
+};
+use kappa_train::{
+    adamw_groups, modulewise_groups, train_variant, ImageClassification, LanguageModeling, Line,
+    ModulewiseConfig, Outcome, ParamGroup, Preset, Record, Resumed, Run, RunContext, RunRecord,
+    RunStatus, TrainConfig, VariantId,
+};
+use serde::{Deserialize, Serialize};
+use tch::nn;
+
+use crate::config::ConfigSource;
+use crate::plot::{LinePlot, Mark};
+use crate::report::Section;
+
+/// A training job: what is trained on what, and how (the TOML file of `train --config`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainJob {
+    /// The run's name: its folder under `--out`.
+    pub name: String,
+    /// The data.
+    pub data: DataSpec,
+    /// The model (its kind must fit the data: a GPT reads text, a ViT images).
+    pub model: ModelSpec,
+    /// The optimizer (AdamW unless set).
+    #[serde(default)]
+    pub optimizer: OptimizerSpec,
+    /// The training loop.
+    pub train: TrainConfig,
+}
+
+/// Where the data is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DataSpec {
+    /// One plain-text file; the last `validation_fraction` of its characters is the validation
+    /// split (nanoGPT's split).
+    Text {
+        /// The file.
+        path: PathBuf,
+        /// `char` or `gpt2_bpe`.
+        tokenizer: TokenizerKind,
+        /// In (0, 1); 0.1 unless set.
+        #[serde(default = "a_tenth")]
+        validation_fraction: f64,
+    },
+    /// A folder of IDX files in the MNIST layout (`train-images-idx3-ubyte`,
+    /// `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte`, `t10k-labels-idx1-ubyte`).
+    Idx {
+        /// The folder.
+        dir: PathBuf,
+        /// Training images held out for validation.
+        validation: usize,
+        /// At most this many training images.
+        #[serde(default)]
+        train_limit: Option<usize>,
+    },
+}
+
+fn a_tenth() -> f64 {
+    0.1
+}
+
+/// The model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ModelSpec {
+    /// A GPT (`vocab_size = 0` takes the tokenizer's).
+    Gpt(GptConfig),
+    /// A ViT.
+    Vit(VitConfig),
+}
+
+/// The optimizer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OptimizerSpec {
+    /// AdamW on every parameter (`train.lr`, `train.weight_decay`, β and ε from `[train]`).
+    #[default]
+    Adamw,
+    /// A module-wise assignment of *Different Layers, Different Manifolds* (GPT only): the
+    /// preset's paper settings, with Muon's peak lr replaced when `muon_lr` is set.
+    Modulewise {
+        /// `UNCONSTRAINED`, `ALL-STIEFEL`, `ALL-DGRAM`, `HETERO` or `HETERO-INV`.
+        preset: Preset,
+        /// Muon's peak learning rate (the paper's 0.02 unless set).
+        #[serde(default)]
+        muon_lr: Option<f64>,
+    },
+}
+
+impl TrainJob {
+    /// Reads `path`, applies `sets`, checks every field, and reads relative data paths from the
+    /// file's folder.
+    pub fn load(path: &Path, sets: &[Set]) -> Result<Self> {
+        let mut job: TrainJob = ConfigSource::file(path)?.resolve("train", sets)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        job.data.resolve_paths(base);
+        job.validate()
+            .with_context(|| format!("{}", path.display()))?;
+        Ok(job)
+    }
+
+    /// Checks that the parts fit together and each is valid; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        anyhow::ensure!(
+            !self.name.is_empty() && !self.name.contains(['/', '\\']),
+            "name: must be a non-empty folder name, found {:?}",
+            self.name
+        );
+        self.train.validate()?;
+        match (&self.model, &self.data) {
+            (ModelSpec::Gpt(g), DataSpec::Text { .. }) => GptConfig {
+                vocab_size: g.vocab_size.max(1),
+                ..*g
+            }
+            .validate()?,
+            (ModelSpec::Vit(v), DataSpec::Idx { .. }) => v.validate()?,
+            (ModelSpec::Gpt(_), _) => anyhow::bail!("data.kind: a GPT reads `text`"),
+            (ModelSpec::Vit(_), _) => anyhow::bail!("data.kind: a ViT reads `idx` images"),
+        }
+        if let (ModelSpec::Vit(_), OptimizerSpec::Modulewise { .. }) =
+            (&self.model, &self.optimizer)
+        {
+            anyhow::bail!(
+                "optimizer.kind: the module-wise assignments label GPT weights; use adamw"
+            );
+        }
+        Ok(())
+    }
+}
+
+impl DataSpec {
+    fn resolve_paths(&mut self, base: &Path) {
+        let path = match self {
+            DataSpec::Text { path, .. } => path,
+            DataSpec::Idx { dir, .. } => dir,
+        };
+        if path.is_relative() {
+            *path = base.join(&*path);
+        }
+    }
+}
+
+/// Trains `job` into `run` (a fresh or a resumed run folder) and returns how it ended.
+pub fn train_job(job: &TrainJob, run: &mut Run) -> Result<RunStatus> {
+    let device = parse_device(&run.context().device)?;
+    let seed = run.context().seed;
+    let id = VariantId {
+        index: 0,
+        name: &job.name,
+    };
+    let outcome = match (&job.model, &job.data) {
+        (
+            ModelSpec::Gpt(model),
+            DataSpec::Text {
+                path,
+                tokenizer,
+                validation_fraction,
+            },
+        ) => {
+            let corpus = TextCorpus::from_file(path, *tokenizer, *validation_fraction, device)?;
+            let model = model.or_vocab(corpus.tokenizer.vocab_size());
+            let (batches, batch) = (job.train.eval_batches.max(1), job.train.batch_size);
+            train_variant::<_, anyhow::Error>(
+                run,
+                id,
+                &job.train,
+                |vs| {
+                    Ok(LanguageModeling::new(
+                        Gpt::new(&vs.root(), model)?,
+                        corpus,
+                        seed,
+                    )?)
+                },
+                |vs| optimizer_groups(vs, &job.optimizer, &job.train),
+                |task| Ok(tch::no_grad(|| kappa_train::Task::evaluate(task, batches, batch))?.loss),
+            )?
+        }
+        (
+            ModelSpec::Vit(model),
+            DataSpec::Idx {
+                dir,
+                validation,
+                train_limit,
+            },
+        ) => {
+            let data = FashionMnist::load(dir, *validation, *train_limit, device)?;
+            train_variant::<_, anyhow::Error>(
+                run,
+                id,
+                &job.train,
+                |vs| {
+                    Ok(ImageClassification::new(
+                        Vit::new(&vs.root(), *model)?,
+                        data,
+                        seed,
+                    )?)
+                },
+                |vs| optimizer_groups(vs, &job.optimizer, &job.train),
+                |task| {
+                    let eval = task.evaluate_split(Split::Test, None, 256)?;
+                    Ok(eval.accuracy.unwrap_or(f64::NAN))
+                },
+            )?
+        }
+        _ => anyhow::bail!("the model's kind does not fit the data's (see TrainJob::validate)"),
+    };
+    Ok(match outcome {
+        Outcome::Diverged { step, reason } => RunStatus::Diverged { step, reason },
+        _ => RunStatus::Completed,
+    })
+}
+
+fn optimizer_groups(
+    vs: &nn::VarStore,
+    optimizer: &OptimizerSpec,
+    train: &TrainConfig,
+) -> Result<Vec<ParamGroup>> {
+    Ok(match optimizer {
+        OptimizerSpec::Adamw => adamw_groups(vs, train),
+        OptimizerSpec::Modulewise { preset, muon_lr } => {
+            let paper = ModulewiseConfig::paper(*preset);
+            let config = ModulewiseConfig {
+                muon_lr: muon_lr.unwrap_or(paper.muon_lr),
+                ..paper
+            };
+            modulewise_groups(vs, &config, train)?
+        }
+    })
+}
+
+/// `train --config FILE`: loads the job, trains it in `<out>/<name>/` (continuing an
+/// interrupted run there with `resume`; a finished one is kept), writes the report, and returns
+/// the run folder.
+pub fn run_train_command(
+    config: &Path,
+    sets: &[Set],
+    context: RunContext,
+    out: &Path,
+    resume: bool,
+) -> Result<PathBuf> {
+    let job = TrainJob::load(config, sets)?;
+    let context = RunContext {
+        name: job.name.clone(),
+        scale: "train".into(),
+        data_dir: config.parent().unwrap_or(Path::new(".")).to_path_buf(),
+        ..context
+    };
+    let dir = out.join(&job.name);
+    let run = if resume {
+        match Run::resume(&dir, context, &job)? {
+            Resumed::Started(run) | Resumed::Continued(run) => Some(run),
+            Resumed::Finished(_) => None,
+        }
+    } else {
+        Some(Run::create(&dir, context, &job)?)
+    };
+    if let Some(mut run) = run {
+        let status = train_job(&job, &mut run).unwrap_or_else(|e| RunStatus::Failed {
+            error: format!("{e:#}"),
+        });
+        let info = run.finish(status)?;
+        if let RunStatus::Failed { error } = info.status {
+            anyhow::bail!(
+                "{error} (the run folder {} keeps what was done; --resume continues it)",
+                dir.display()
+            );
+        }
+    }
+    write_report(&dir)?;
+    Ok(dir)
+}
+
+/// One evaluation's numbers for the report.
+struct EvalPoint {
+    step: u64,
+    loss: f64,
+    accuracy: Option<f64>,
+    kappa_wq: f64,
+    sigma_min_wq: f64,
+    entropy: f64,
+}
+
+/// Writes `report.md` and its plots into the run folder from `metrics.jsonl`.
+pub fn write_report(dir: &Path) -> Result<()> {
+    let record = RunRecord::read(dir)?;
+    let job: TrainJob = record.config()?;
+    let lines: Vec<Line> = record.metrics()?;
+    let train: Vec<(f64, f64)> = lines
+        .iter()
+        .filter_map(|l| match &l.record {
+            Some(Record::Train { step, loss, .. }) => Some((*step as f64, *loss)),
+            _ => None,
+        })
+        .collect();
+    let evals = eval_points(&lines);
+    let mut section = Section::new(&format!("{}: training report", job.name));
+    section.paragraph(&summary_paragraph(&job, &record, &lines));
+    let rows: Vec<Vec<String>> = evals.iter().map(eval_row).collect();
+    section.table(
+        &[
+            "step",
+            "val loss",
+            "accuracy",
+            "κ(W_Q)",
+            "σ_min(W_Q)",
+            "entropy",
+        ],
+        &rows,
+    );
+    plot_curves(&mut section, dir, &train, &evals)?;
+    let path = dir.join("report.md");
+    std::fs::write(&path, section.to_markdown())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn eval_points(lines: &[Line]) -> Vec<EvalPoint> {
+    lines
+        .iter()
+        .filter_map(|l| match &l.record {
+            Some(Record::Eval {
+                step, eval, heads, ..
+            }) => {
+                let s = summarize(heads);
+                let known = !heads.is_empty();
+                let or_nan = |x: f64| if known { x } else { f64::NAN };
+                Some(EvalPoint {
+                    step: *step,
+                    loss: eval.loss,
+                    accuracy: eval.accuracy,
+                    kappa_wq: or_nan(s.kappa_wq),
+                    sigma_min_wq: or_nan(s.sigma_min_wq),
+                    entropy: or_nan(s.entropy),
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn eval_row(e: &EvalPoint) -> Vec<String> {
+    let num = |x: f64| {
+        if x.is_nan() {
+            "—".to_string()
+        } else {
+            format!("{x:.4}")
+        }
+    };
+    vec![
+        e.step.to_string(),
+        num(e.loss),
+        e.accuracy
+            .map_or("—".into(), |a| format!("{:.2}%", 100.0 * a)),
+        num(e.kappa_wq),
+        num(e.sigma_min_wq),
+        num(e.entropy),
+    ]
+}
+
+fn summary_paragraph(job: &TrainJob, record: &RunRecord, lines: &[Line]) -> String {
+    let model = match &job.model {
+        ModelSpec::Gpt(g) => format!(
+            "GPT ({} layers, {} heads, width {})",
+            g.n_layer, g.n_head, g.n_embd
+        ),
+        ModelSpec::Vit(v) => format!(
+            "ViT ({} layers, {} heads, width {})",
+            v.n_layer, v.n_head, v.n_embd
+        ),
+    };
+    let conditioning = match &job.model {
+        ModelSpec::Gpt(g) => g.conditioning.label(),
+        ModelSpec::Vit(v) => v.conditioning.label(),
+    };
+    let last = lines.iter().rev().find_map(|l| l.summary.as_ref());
+    let end = match (&record.info.status, last) {
+        (RunStatus::Completed, Some(f)) => format!("completed; final metric {:.4}", f.metric),
+        (RunStatus::Diverged { step, reason }, _) => format!("diverged at step {step}: {reason}"),
+        (status, _) => format!("{status:?}"),
+    };
+    format!(
+        "{model}, attention {conditioning}, optimizer {}, {} steps of batch {} at peak lr {}, \
+         seed {}, {} thread(s) on {}: {end}. Wall time {:.1} s. The trained weights are \
+         `variant-0/checkpoint.safetensors`.",
+        optimizer_label(&job.optimizer),
+        job.train.steps,
+        job.train.batch_size,
+        job.train.lr,
+        record.info.run.seed,
+        record.info.run.threads,
+        record.info.run.device,
+        record.info.wall_seconds
+    )
+}
+
+fn optimizer_label(optimizer: &OptimizerSpec) -> String {
+    match optimizer {
+        OptimizerSpec::Adamw => "AdamW".into(),
+        OptimizerSpec::Modulewise { preset, muon_lr } => match muon_lr {
+            Some(lr) => format!("module-wise {preset:?} (Muon lr {lr})"),
+            None => format!("module-wise {preset:?}"),
+        },
+    }
+}
+
+fn plot_curves(
+    section: &mut Section,
+    dir: &Path,
+    train: &[(f64, f64)],
+    evals: &[EvalPoint],
+) -> Result<()> {
+    let points = |f: &dyn Fn(&EvalPoint) -> f64| -> Vec<(f64, f64)> {
+        evals
+            .iter()
+            .map(|e| (e.step as f64, f(e)))
+            .filter(|(_, y)| y.is_finite())
+            .collect()
+    };
+    let loss = LinePlot::new("loss", "step", "loss")
+        .series("train", train.to_vec(), Mark::Line)
+        .series("validation", points(&|e| e.loss), Mark::Points);
+    let file = dir.join("loss.png");
+    loss.save(&file)?;
+    section.image_file("loss curves", &file, dir);
+    let kappa = points(&|e| e.kappa_wq);
+    if !kappa.is_empty() {
+        let spectra = LinePlot::new("attention spectra (mean over heads)", "step", "value")
+            .log_y()
+            .series("κ(W_Q)", kappa, Mark::Line)
+            .series("σ_min(W_Q)", points(&|e| e.sigma_min_wq), Mark::Line)
+            .series("entropy", points(&|e| e.entropy), Mark::Line);
+        let file = dir.join("spectra.png");
+        spectra.save(&file)?;
+        section.image_file("κ, σ_min and entropy over training", &file, dir);
+    }
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! `cargo xtask train --config FILE`: check the command line and the file (it exists and is
+//! TOML) before any install or build, set up, build the `kappa-experiments` binary and forward
+//! the options to its `train` subcommand, which checks every key and trains. The options are
+//! kappa-cli's [`TrainArgs`], the struct the binary parses.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use kappa_cli::TrainArgs;
+
+use crate::cargo::cargo;
+use crate::data::DataSelection;
+use crate::setup;
+use crate::workspace::{run, Workspace};
+
+/// `cargo xtask train`.
+pub fn train(ws: &Workspace, args: &TrainArgs) -> Result<()> {
+    let args = check(args)?;
+    let tc = setup::setup(ws, &DataSelection::default())?;
+    let mut cmd = cargo(ws, &tc);
+    cmd.args([
+        "run",
+        "--release",
+        "--locked",
+        "--quiet",
+        "-p",
+        "kappa-experiments",
+        "--",
+        "train",
+    ])
+    .args(args.to_args());
+    let threads = args.threads.to_string();
+    cmd.env("OPENBLAS_NUM_THREADS", &threads)
+        .env("RAYON_NUM_THREADS", &threads);
+    run(&mut cmd)
+}
+
+/// The file exists and is TOML; the paths are made absolute (the binary starts in the
+/// workspace root, the user gave them relative to where they are).
+fn check(args: &TrainArgs) -> Result<TrainArgs> {
+    let path = &args.config;
+    let text = fs::read_to_string(path).with_context(|| format!("--config {}", path.display()))?;
+    toml::from_str::<toml::Table>(&text)
+        .map_err(|e| anyhow::anyhow!("{}: not valid TOML: {e}", path.display()))?;
+    let absolute =
+        |p: &Path| -> Result<std::path::PathBuf> { Ok(std::env::current_dir()?.join(p)) };
+    Ok(TrainArgs {
+        config: absolute(path)?,
+        out: absolute(&args.out)?,
+        ..args.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    #[test]
+    fn a_missing_or_malformed_file_fails_before_setup() {
+        let dir = std::env::temp_dir().join(format!("kappa-xtask-train-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let parse = |p: &Path| Cli::parse_from(["x", "--config", p.to_str().unwrap()]).args;
+        let missing = check(&parse(&dir.join("none.toml"))).unwrap_err();
+        assert!(format!("{missing:#}").contains("none.toml"), "{missing:#}");
+        let bad = dir.join("bad.toml");
+        fs::write(&bad, "name = ").unwrap();
+        let err = check(&parse(&bad)).unwrap_err();
+        assert!(format!("{err:#}").contains("not valid TOML"), "{err:#}");
+        let good = dir.join("good.toml");
+        fs::write(&good, "name = \"x\"").unwrap();
+        let args = check(&parse(&good)).unwrap();
+        assert!(args.config.is_absolute() && args.out.is_absolute());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
