@@ -394,7 +394,10 @@ fn summary_paragraph(job: &TrainJob, record: &RunRecord, lines: &[Line]) -> Stri
     };
     let last = lines.iter().rev().find_map(|l| l.summary.as_ref());
     let end = match (&record.info.status, last) {
-        (RunStatus::Completed, Some(f)) => format!("completed; final metric {:.4}", f.metric),
+        (RunStatus::Completed, Some(f)) => match &job.model {
+            ModelSpec::Gpt(_) => format!("completed; validation loss {:.4}", f.metric),
+            ModelSpec::Vit(_) => format!("completed; test accuracy {:.2}%", 100.0 * f.metric),
+        },
         (RunStatus::Diverged { step, reason }, _) => format!("diverged at step {step}: {reason}"),
         (status, _) => format!("{status:?}"),
     };
