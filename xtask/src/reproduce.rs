@@ -11,6 +11,7 @@
 
 use std::fs;
 use std::path::Path;
+use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use kappa_cli::{config_experiment, ExperimentName, ReproduceArgs};
@@ -25,20 +26,8 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
     let (args, selection) = check(args)?;
     let tc = setup::setup(ws, &DataSelection::default())?;
     let runner = |extra: &[&str]| {
-        let mut cmd = cargo(ws, &tc);
-        cmd.args([
-            "run",
-            "--release",
-            "--locked",
-            "--quiet",
-            "-p",
-            "kappa-experiments",
-            "--",
-        ]);
+        let mut cmd = experiments_binary(ws, &tc, args.threads);
         cmd.args(extra);
-        let threads = args.threads.to_string();
-        cmd.env("OPENBLAS_NUM_THREADS", &threads)
-            .env("RAYON_NUM_THREADS", &threads);
         cmd
     };
     let mut forwarded = runner(&["reproduce"]);
@@ -77,6 +66,25 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     setup::data_only(ws, &data)?;
     run(&mut forwarded)
+}
+
+/// `cargo run` of the `kappa-experiments` binary (built in release, with the lock file) with
+/// its BLAS and rayon pools at `threads`; the subcommand and its options follow.
+pub fn experiments_binary(ws: &Workspace, tc: &setup::Toolchain, threads: usize) -> Command {
+    let mut cmd = cargo(ws, tc);
+    cmd.args([
+        "run",
+        "--release",
+        "--locked",
+        "--quiet",
+        "-p",
+        "kappa-experiments",
+        "--",
+    ]);
+    let threads = threads.to_string();
+    cmd.env("OPENBLAS_NUM_THREADS", &threads)
+        .env("RAYON_NUM_THREADS", &threads);
+    cmd
 }
 
 /// What can be checked before setup beyond parsing: a `--config` file exists, is TOML, and

@@ -9,8 +9,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use kappa_cli::TrainArgs;
 
-use crate::cargo::cargo;
 use crate::data::DataSelection;
+use crate::reproduce::experiments_binary;
 use crate::setup;
 use crate::workspace::{run, Workspace};
 
@@ -18,21 +18,8 @@ use crate::workspace::{run, Workspace};
 pub fn train(ws: &Workspace, args: &TrainArgs) -> Result<()> {
     let args = check(args)?;
     let tc = setup::setup(ws, &DataSelection::default())?;
-    let mut cmd = cargo(ws, &tc);
-    cmd.args([
-        "run",
-        "--release",
-        "--locked",
-        "--quiet",
-        "-p",
-        "kappa-experiments",
-        "--",
-        "train",
-    ])
-    .args(args.to_args());
-    let threads = args.threads.to_string();
-    cmd.env("OPENBLAS_NUM_THREADS", &threads)
-        .env("RAYON_NUM_THREADS", &threads);
+    let mut cmd = experiments_binary(ws, &tc, args.threads);
+    cmd.arg("train").args(args.to_args());
     run(&mut cmd)
 }
 
