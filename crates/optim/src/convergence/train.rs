@@ -31,6 +31,7 @@
 //! Every step is checked: a non-finite loss or parameter, or a loss above `divergence_factor`
 //! times the first one, is [`OptimError::Diverged`] with the step at which it happened.
 
+use kappa_linalg::input::check_positive;
 use kappa_linalg::{singular_values, SvdDriver};
 use ndarray::{Array2, ArrayView2};
 use rand::Rng;
@@ -189,17 +190,6 @@ impl Settings {
             });
         }
         Ok(())
-    }
-}
-
-fn check_positive(arg: &'static str, x: f64) -> Result<()> {
-    if x.is_finite() && x > 0.0 {
-        Ok(())
-    } else {
-        Err(OptimError::InvalidArgument {
-            arg,
-            reason: format!("must be finite and > 0, found {x}"),
-        })
     }
 }
 
