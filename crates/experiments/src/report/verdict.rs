@@ -23,3 +23,8 @@ pub fn claim(claim: &str, ok: bool, failed: &str, evidence: &str) -> String {
     let verdict = if ok { "Held." } else { failed };
     format!("*Claim: {claim}* **{verdict}** {evidence}")
 }
+
+/// A verdict cell: [`held`] with the two numbers compared, `held (ours vs theirs)`.
+pub fn versus(ok: bool, ours: String, theirs: String) -> String {
+    format!("{} ({ours} vs {theirs})", held(ok))
+}
