@@ -19,6 +19,7 @@
 use std::path::Path;
 
 use anyhow::Result;
+use indicatif::ProgressBar;
 use kappa_linalg::{singular_values, svd_thin, SvdDriver};
 use kappa_optim::{
     AdamW, AdamWConfig, AdamWState, DualAscent, Layout, Manifold, ManifoldMuon, ManifoldMuonConfig,
@@ -32,10 +33,12 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::plot::{LinePlot, Mark};
-use crate::report::{runs_table, Section};
+use crate::report::cells::{self, or_missing, sci, MISSING};
+use crate::report::runs::completed;
+use crate::report::{self, opened, Figures, Section};
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::scale::Scale;
-use crate::stats::mean_std;
+use crate::stats::{mean, mean_std, per_step, upper_median};
 use crate::Experiment;
 
 /// The experiment (registered as `optim-geometry`).
@@ -173,6 +176,222 @@ enum Opt {
     Manifold(ManifoldMuon, ManifoldState<Array2<f64>>),
 }
 
+/// The dual ascent of a manifold run: kappa's option for the `-feasible` runs, the paper's
+/// (normalized when the config says so) for the others; a diverged ascent is applied, as the
+/// paper's code did.
+fn dual_ascent(name: &str, c: &Config) -> DualAscent {
+    let mut dual = if name.ends_with("-feasible") {
+        DualAscent::feasible()
+    } else if c.normalize_dual {
+        DualAscent::paper().normalized()
+    } else {
+        DualAscent::paper()
+    };
+    dual.on_divergence = OnDivergence::Apply;
+    dual
+}
+
+/// The last manifold step's dual-ascent statistics, logged with the next record.
+#[derive(Clone, Copy, Default)]
+struct DualStats {
+    violation: Option<f64>,
+    ascent_violation: Option<f64>,
+    gap: Option<f64>,
+    descent_ratio: Option<f64>,
+    /// Ascents flagged as diverged so far.
+    diverged: usize,
+}
+
+impl Opt {
+    /// The optimizer `name` of [`OPTIMIZERS`] with the config's learning rate.
+    fn new(name: &str, c: &Config) -> Result<Self> {
+        let manifold = |manifold| -> Result<Self> {
+            let config = ManifoldMuonConfig {
+                lr: c.manifold_lr,
+                layout: Layout::InOut,
+                dual: dual_ascent(name, c),
+                ..ManifoldMuonConfig::paper(manifold)
+            };
+            Ok(Opt::Manifold(
+                ManifoldMuon::new(config)?,
+                ManifoldState::new(),
+            ))
+        };
+        Ok(match name {
+            "adamw" => Opt::AdamW(adamw()?, AdamWState::new()),
+            "muon" => Opt::Muon(
+                Muon::new(MuonConfig {
+                    lr: c.muon_lr,
+                    layout: Layout::InOut,
+                    ..MuonConfig::keller()
+                })?,
+                MuonState::new(),
+            ),
+            "stiefel" | "stiefel-feasible" => manifold(Manifold::Stiefel)?,
+            _ => manifold(Manifold::dgram())?,
+        })
+    }
+
+    /// One step on `w` with gradient `g` at `factor` times the configured learning rate; a
+    /// manifold step records its dual ascent in `dual`.
+    fn step(
+        &mut self,
+        w: &mut Array2<f64>,
+        g: &Array2<f64>,
+        factor: f64,
+        c: &Config,
+        dual: &mut DualStats,
+    ) -> Result<()> {
+        match self {
+            Opt::AdamW(a, st) => a.step(w, g, c.adamw_lr * factor, st)?,
+            Opt::Muon(m, st) => {
+                m.set_lr(c.muon_lr * factor)?;
+                m.step(w, g, st)?;
+            }
+            Opt::Manifold(m, st) => {
+                m.set_lr(c.manifold_lr * factor)?;
+                let r = m.step(w, g, st)?;
+                dual.violation = Some(r.dual.violation);
+                dual.ascent_violation = Some(r.dual.ascent_violation);
+                dual.gap = r.dual.gap;
+                dual.descent_ratio = r.dual.descent_ratio;
+                dual.diverged += usize::from(r.dual.diverged);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Minibatch indices: a fresh permutation of the samples each epoch.
+struct Batches {
+    order: Vec<usize>,
+    cursor: usize,
+    size: usize,
+    rng: ChaCha8Rng,
+}
+
+impl Batches {
+    /// Batches of `size` out of `samples`, shuffled by stream `stream` of `seed`.
+    fn new(samples: usize, size: usize, seed: u64, stream: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(stream);
+        Self {
+            order: (0..samples).collect(),
+            cursor: samples,
+            size,
+            rng,
+        }
+    }
+
+    /// The next batch's indices.
+    fn next_batch(&mut self) -> &[usize] {
+        if self.cursor + self.size > self.order.len() {
+            self.order.shuffle(&mut self.rng);
+            self.cursor = 0;
+        }
+        let batch = &self.order[self.cursor..self.cursor + self.size];
+        self.cursor += self.size;
+        batch
+    }
+}
+
+/// One optimizer's run: the weight, the optimizer and its last dual statistics.
+struct Training<'a> {
+    name: &'a str,
+    c: &'a Config,
+    w: Array2<f64>,
+    opt: Opt,
+    dual: DualStats,
+}
+
+impl<'a> Training<'a> {
+    /// Optimizer `name` from `w` (retracted onto the manifold for the manifold runs).
+    fn new(name: &'a str, c: &'a Config, mut w: Array2<f64>) -> Result<Self> {
+        let opt = Opt::new(name, c)?;
+        if let Opt::Manifold(m, _) = &opt {
+            m.retract_onto(&mut w)?;
+        }
+        Ok(Self {
+            name,
+            c,
+            w,
+            opt,
+            dual: DualStats::default(),
+        })
+    }
+
+    /// Logs the state after `step` steps; false (and nothing logged) when the loss is no
+    /// longer finite.
+    fn log(&self, step: usize, data: &Problem, run: &mut Run, bar: &ProgressBar) -> Result<bool> {
+        let (name, w) = (self.name, &self.w);
+        let (loss, _) = loss_and_grad(w, &data.x, &data.y);
+        if !loss.is_finite() {
+            bar.println(format!("{name}: loss became non-finite at step {step}"));
+            return Ok(false);
+        }
+        let sv = singular_values(w.view(), SvdDriver::QrIteration)?;
+        let kappa = kappa_linalg::condition_number(w.view())?;
+        let manifold_violation = match &self.opt {
+            Opt::Manifold(m, _) => Some(m.violation(w)?),
+            _ => None,
+        };
+        let dual = self.dual;
+        run.log(&Record {
+            optimizer: name.to_string(),
+            step,
+            loss,
+            kappa: kappa.is_finite().then_some(kappa),
+            sigma_max: sv[0],
+            sigma_min: sv[sv.len() - 1],
+            manifold_violation,
+            dual_violation: dual.violation,
+            ascent_violation: dual.ascent_violation,
+            dual_gap: dual.gap,
+            descent_ratio: dual.descent_ratio,
+            diverged_ascents: manifold_violation.map(|_| dual.diverged),
+        })?;
+        bar.set_message(format!("{name} loss {loss:.4} κ {kappa:.3}"));
+        Ok(true)
+    }
+
+    /// Step `step` on the next minibatch, at the cosine-decayed learning rate.
+    fn step(&mut self, step: usize, batches: &mut Batches, data: &Problem) -> Result<()> {
+        let idx = batches.next_batch();
+        let xb = data.x.select(Axis(0), idx);
+        let yb = data.y.select(Axis(0), idx);
+        let (_, g) = loss_and_grad(&self.w, &xb, &yb);
+        let factor = lr_factor(step, self.c.steps);
+        self.opt
+            .step(&mut self.w, &g, factor, self.c, &mut self.dual)
+    }
+}
+
+/// Trains optimizer `k` of [`OPTIMIZERS`] from `w`, logging every `log_every` steps and the
+/// last; stops early when the loss is no longer finite.
+fn train(
+    k: usize,
+    c: &Config,
+    data: &Problem,
+    w: Array2<f64>,
+    run: &mut Run,
+    bar: &ProgressBar,
+) -> Result<()> {
+    let mut training = Training::new(OPTIMIZERS[k], c, w)?;
+    let mut batches = Batches::new(c.samples, c.batch, run.context().seed, k as u64 + 1);
+    for step in 0..=c.steps {
+        let logged = step % c.log_every == 0 || step == c.steps;
+        if logged && !training.log(step, data, run, bar)? {
+            break;
+        }
+        if step == c.steps {
+            break;
+        }
+        training.step(step, &mut batches, data)?;
+        bar.inc(1);
+    }
+    Ok(())
+}
+
 /// Cosine decay from 1 to 0.1 over the run.
 fn lr_factor(step: usize, steps: usize) -> f64 {
     let p = step as f64 / steps.max(1) as f64;
@@ -247,311 +466,61 @@ impl Experiment for OptimGeometry {
         let data = problem(c, &mut rng)?;
         let w_init = gaussian(c.d_in, c.d_out, &mut rng) / (c.d_in as f64).sqrt();
         let bar = run.progress((OPTIMIZERS.len() * c.steps) as u64, "steps");
-        for (k, name) in OPTIMIZERS.iter().enumerate() {
-            let mut w = w_init.clone();
-            let mut dual = if name.ends_with("-feasible") {
-                DualAscent::feasible()
-            } else if c.normalize_dual {
-                DualAscent::paper().normalized()
-            } else {
-                DualAscent::paper()
-            };
-            dual.on_divergence = OnDivergence::Apply;
-            let manifold_cfg = |manifold| ManifoldMuonConfig {
-                lr: c.manifold_lr,
-                layout: Layout::InOut,
-                dual,
-                ..ManifoldMuonConfig::paper(manifold)
-            };
-            let mut opt = match *name {
-                "adamw" => Opt::AdamW(adamw()?, AdamWState::new()),
-                "muon" => Opt::Muon(
-                    Muon::new(MuonConfig {
-                        lr: c.muon_lr,
-                        layout: Layout::InOut,
-                        ..MuonConfig::keller()
-                    })?,
-                    MuonState::new(),
-                ),
-                "stiefel" | "stiefel-feasible" => Opt::Manifold(
-                    ManifoldMuon::new(manifold_cfg(Manifold::Stiefel))?,
-                    ManifoldState::new(),
-                ),
-                _ => Opt::Manifold(
-                    ManifoldMuon::new(manifold_cfg(Manifold::dgram()))?,
-                    ManifoldState::new(),
-                ),
-            };
-            if let Opt::Manifold(m, _) = &opt {
-                m.retract_onto(&mut w)?;
-            }
-            let mut batch_rng = ChaCha8Rng::seed_from_u64(seed);
-            batch_rng.set_stream(k as u64 + 1);
-            let mut order: Vec<usize> = (0..c.samples).collect();
-            let mut cursor = c.samples;
-            let (mut dual_violation, mut descent_ratio, mut diverged) = (None, None, 0usize);
-            let (mut ascent_violation, mut dual_gap) = (None, None);
-            for step in 0..=c.steps {
-                if step % c.log_every == 0 || step == c.steps {
-                    let (loss, _) = loss_and_grad(&w, &data.x, &data.y);
-                    if !loss.is_finite() {
-                        bar.println(format!("{name}: loss became non-finite at step {step}"));
-                        break;
-                    }
-                    let sv = singular_values(w.view(), SvdDriver::QrIteration)?;
-                    let kappa = kappa_linalg::condition_number(w.view())?;
-                    let manifold_violation = match &opt {
-                        Opt::Manifold(m, _) => Some(m.violation(&w)?),
-                        _ => None,
-                    };
-                    run.log(&Record {
-                        optimizer: name.to_string(),
-                        step,
-                        loss,
-                        kappa: kappa.is_finite().then_some(kappa),
-                        sigma_max: sv[0],
-                        sigma_min: sv[sv.len() - 1],
-                        manifold_violation,
-                        dual_violation,
-                        ascent_violation,
-                        dual_gap,
-                        descent_ratio,
-                        diverged_ascents: manifold_violation.map(|_| diverged),
-                    })?;
-                    bar.set_message(format!("{name} loss {loss:.4} κ {kappa:.3}"));
-                }
-                if step == c.steps {
-                    break;
-                }
-                if cursor + c.batch > c.samples {
-                    order.shuffle(&mut batch_rng);
-                    cursor = 0;
-                }
-                let idx = &order[cursor..cursor + c.batch];
-                cursor += c.batch;
-                let xb = data.x.select(Axis(0), idx);
-                let yb = data.y.select(Axis(0), idx);
-                let (_, g) = loss_and_grad(&w, &xb, &yb);
-                let f = lr_factor(step, c.steps);
-                match &mut opt {
-                    Opt::AdamW(a, st) => a.step(&mut w, &g, c.adamw_lr * f, st)?,
-                    Opt::Muon(m, st) => {
-                        m.set_lr(c.muon_lr * f)?;
-                        m.step(&mut w, &g, st)?;
-                    }
-                    Opt::Manifold(m, st) => {
-                        m.set_lr(c.manifold_lr * f)?;
-                        let r = m.step(&mut w, &g, st)?;
-                        dual_violation = Some(r.dual.violation);
-                        ascent_violation = Some(r.dual.ascent_violation);
-                        dual_gap = r.dual.gap;
-                        descent_ratio = r.dual.descent_ratio;
-                        diverged += usize::from(r.dual.diverged);
-                    }
-                }
-                bar.inc(1);
-            }
+        for k in 0..OPTIMIZERS.len() {
+            train(k, c, &data, w_init.clone(), run, &bar)?;
         }
         bar.finish_and_clear();
         Ok(RunStatus::Completed)
     }
 
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
-        let mut section = Section::new("optim-geometry: κ(W) under AdamW, Muon and manifold Muon");
-        section.paragraph(Experiment::claim(self));
-        runs_table(&mut section, runs);
-        let mut records: Vec<Record> = Vec::new();
-        let mut config: Option<Config> = None;
-        for run in runs
-            .iter()
-            .filter(|r| r.info.status == RunStatus::Completed)
-        {
-            records.extend(run.metrics::<Record>()?);
-            if config.is_none() {
-                config = run.config::<Config>().ok();
-            }
-        }
+        let mut section = opened(
+            "optim-geometry: κ(W) under AdamW, Muon and manifold Muon",
+            Experiment::claim(self),
+            runs,
+        );
+        let done = completed(runs);
+        let records: Vec<Record> = report::runs::records(&done)?;
         if records.is_empty() {
             section.paragraph("No completed runs.");
             return Ok(section);
         }
-        if let Some(c) = &config {
-            section.paragraph(&format!(
-                "Least squares y = Wᵀx, W ∈ ℝ^{{{}×{}}}, {} samples with κ(X) ≈ {}, teacher κ(W*) = {}, \
-                 noise {}, batch {}, {} steps, cosine decay to 0.1×; lr: AdamW {}, Muon {}, manifold η {} \
-                 (paper preset: SGD-Nesterov 0.95, α = 0.1, K = 20, Polar Express; problem normalized \
-                 in the paper-default runs: {}; the -feasible runs use DualAscent::feasible()). f64 on \
-                 ndarray.",
-                c.d_in, c.d_out, c.samples, c.data_kappa, c.teacher_kappa, c.noise, c.batch,
-                c.steps, c.adamw_lr, c.muon_lr, c.manifold_lr, c.normalize_dual
-            ));
+        if let Some(c) = done.iter().find_map(|r| r.config::<Config>().ok()) {
+            section.paragraph(&setup(&c));
         }
-        // Mean over seeds per (optimizer, step).
-        let series = |name: &str, f: &dyn Fn(&Record) -> Option<f64>| -> Vec<(f64, f64)> {
-            let mut steps: Vec<usize> = records
-                .iter()
-                .filter(|r| r.optimizer == name)
-                .map(|r| r.step)
-                .collect();
-            steps.sort_unstable();
-            steps.dedup();
-            steps
-                .into_iter()
-                .filter_map(|s| {
-                    let v: Vec<f64> = records
-                        .iter()
-                        .filter(|r| r.optimizer == name && r.step == s)
-                        .filter_map(f)
-                        .collect();
-                    (!v.is_empty()).then(|| (s as f64, mean_std(&v).0))
-                })
-                .collect()
-        };
-        let plots: [PlotSpec<'_>; 3] = [
-            ("loss.png", "Training loss", "loss", true, &|r| Some(r.loss)),
-            ("kappa.png", "Condition number of W", "κ(W)", true, &|r| {
-                r.kappa
-            }),
-            (
-                "sigma_max.png",
-                "Largest singular value of W",
-                "σmax(W)",
-                false,
-                &|r| Some(r.sigma_max),
-            ),
-        ];
-        for (file, title, ylabel, log, f) in plots {
-            let mut plot = LinePlot::new(&format!("{title} (mean over seeds)"), "step", ylabel);
-            if log {
-                plot = plot.log_y();
-            }
-            for name in OPTIMIZERS {
-                plot = plot.series(name, series(name, f), Mark::Line);
-            }
-            let path = out_dir.join(file);
-            plot.save(&path)?;
-            section.image_file(title, &path, report_dir);
-        }
-        // Table and verdicts.
-        let mut rows = Vec::new();
-        let mut stiefel_dev = 0.0f64;
-        let mut dgram_off = 0.0f64;
-        let mut drift = Vec::new();
-        let mut dual_rows = Vec::new();
-        for name in OPTIMIZERS {
-            let mine: Vec<&Record> = records.iter().filter(|r| r.optimizer == name).collect();
-            let last_step = mine.iter().map(|r| r.step).max().unwrap_or(0);
-            let last: Vec<&&Record> = mine.iter().filter(|r| r.step == last_step).collect();
-            let first: Vec<&&Record> = mine.iter().filter(|r| r.step == 0).collect();
-            let stat = |v: Vec<f64>| {
-                let (m, s) = mean_std(&v);
-                format!("{m:.4} ± {s:.4}")
-            };
-            let kappa_dev = mine
-                .iter()
-                .map(|r| r.kappa.map_or(f64::INFINITY, |k| (k - 1.0).abs()))
-                .fold(0.0, f64::max);
-            let max_violation = mine
-                .iter()
-                .filter_map(|r| r.manifold_violation)
-                .fold(0.0, f64::max);
-            let dual: Vec<f64> = last.iter().filter_map(|r| r.dual_violation).collect();
-            // Over every logged step (all seeds): the median tangent violation of the applied
-            // direction, of the ascent's candidate, and the median certified gap.
-            let median = |f: &dyn Fn(&Record) -> Option<f64>| {
-                let mut v: Vec<f64> = mine.iter().filter_map(|r| f(r)).collect();
-                v.sort_by(f64::total_cmp);
-                v.get(v.len() / 2).copied()
-            };
-            let med_dir = median(&|r| r.dual_violation);
-            let med_ascent = median(&|r| r.ascent_violation.or(r.dual_violation));
-            let med_gap = median(&|r| r.dual_gap);
-            if is_manifold(name) {
-                dual_rows.push((name, med_dir, med_ascent, med_gap));
-            }
-            let diverged: usize = last.iter().filter_map(|r| r.diverged_ascents).sum();
-            if name.starts_with("stiefel") {
-                stiefel_dev = stiefel_dev.max(kappa_dev);
-            }
-            if name.starts_with("dgram") {
-                dgram_off = dgram_off.max(max_violation);
-            }
-            let k0 = mean_std(&first.iter().filter_map(|r| r.kappa).collect::<Vec<_>>()).0;
-            let k1 = mean_std(&last.iter().filter_map(|r| r.kappa).collect::<Vec<_>>()).0;
-            drift.push((name, k0, k1));
-            rows.push(vec![
-                name.to_string(),
-                stat(last.iter().map(|r| r.loss).collect()),
-                format!("{k0:.4}"),
-                stat(last.iter().filter_map(|r| r.kappa).collect()),
-                format!("{kappa_dev:.2e}"),
-                stat(last.iter().map(|r| r.sigma_max).collect()),
-                if is_manifold(name) {
-                    format!("{max_violation:.2e}")
-                } else {
-                    "—".into()
-                },
-                if dual.is_empty() {
-                    "—".into()
-                } else {
-                    format!("{:.2e}", mean_std(&dual).0)
-                },
-                if is_manifold(name) {
-                    diverged.to_string()
-                } else {
-                    "—".into()
-                },
-            ]);
-        }
-        section.table(
-            &[
-                "optimizer",
-                "final loss",
-                "κ at step 0",
-                "final κ(W)",
-                "max |κ − 1| over steps",
-                "final σmax",
-                "max manifold violation",
-                "final dual violation",
-                "diverged ascents",
-            ],
-            &rows,
-        );
-        let fmt = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.2e}"));
-        section.paragraph(
-            "Dual ascent, paper default against DualAscent::feasible (median over every logged \
-             step and seed): tangent violation ‖P(WᵀA + AᵀW)‖_F/n of the applied direction, of the \
-             ascent's last candidate, and the certified duality gap 1 − ⟨G, A⟩/min_k‖Z_k‖_* (a \
-             bound on the lost descent only when the direction is tangent).",
-        );
-        section.table(
-            &[
-                "run",
-                "direction violation",
-                "ascent violation",
-                "duality gap",
-            ],
-            &dual_rows
-                .iter()
-                .map(|(n, d, a, g)| vec![n.to_string(), fmt(*d), fmt(*a), fmt(*g)])
-                .collect::<Vec<_>>(),
-        );
-        let holds = stiefel_dev <= 1e-5;
-        let drifted: Vec<String> = drift
+        plots(&mut section, &records, &Figures::new(out_dir, report_dir))?;
+        let summaries: Vec<Summary<'_>> = OPTIMIZERS
             .iter()
-            .filter(|(n, _, _)| !n.starts_with("stiefel"))
-            .map(|(n, k0, k1)| format!("{n} {k0:.3} → {k1:.3}"))
+            .map(|name| Summary::new(name, &records))
             .collect();
-        section.paragraph(&format!(
-            "Verdict: Stiefel {} κ = 1 — the largest |κ(W) − 1| over every logged step and seed is \
-             {stiefel_dev:.2e} (Polar Express in f64 maps σ to 1 ± 1e-6). DGram kept its columns \
-             orthogonal to a largest ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂ of {dgram_off:.2e} while κ moved \
-             freely. κ(W) from the first to the last step, mean over seeds: {}.",
-            if holds { "holds" } else { "does NOT hold" },
-            drifted.join("; ")
-        ));
+        summary_table(&mut section, &summaries);
+        dual_table(&mut section, &summaries);
+        verdict(&mut section, &summaries);
         Ok(section)
     }
+}
+
+/// The problem and the optimizers' settings.
+fn setup(c: &Config) -> String {
+    format!(
+        "Least squares y = Wᵀx, W ∈ ℝ^{{{}×{}}}, {} samples with κ(X) ≈ {}, teacher κ(W*) = {}, \
+         noise {}, batch {}, {} steps, cosine decay to 0.1×; lr: AdamW {}, Muon {}, manifold η {} \
+         (paper preset: SGD-Nesterov 0.95, α = 0.1, K = 20, Polar Express; problem normalized \
+         in the paper-default runs: {}; the -feasible runs use DualAscent::feasible()). f64 on \
+         ndarray.",
+        c.d_in,
+        c.d_out,
+        c.samples,
+        c.data_kappa,
+        c.teacher_kappa,
+        c.noise,
+        c.batch,
+        c.steps,
+        c.adamw_lr,
+        c.muon_lr,
+        c.manifold_lr,
+        c.normalize_dual
+    )
 }
 
 /// (file, title, y label, log y, value of a record).
@@ -562,6 +531,199 @@ type PlotSpec<'a> = (
     bool,
     &'a dyn Fn(&Record) -> Option<f64>,
 );
+
+/// Loss, κ(W) and σmax(W) over training, mean over seeds, one line per optimizer.
+fn plots(section: &mut Section, records: &[Record], figures: &Figures<'_>) -> Result<()> {
+    let plots: [PlotSpec<'_>; 3] = [
+        ("loss.png", "Training loss", "loss", true, &|r| Some(r.loss)),
+        ("kappa.png", "Condition number of W", "κ(W)", true, &|r| {
+            r.kappa
+        }),
+        (
+            "sigma_max.png",
+            "Largest singular value of W",
+            "σmax(W)",
+            false,
+            &|r| Some(r.sigma_max),
+        ),
+    ];
+    for (file, title, ylabel, log, f) in plots {
+        let mut plot = LinePlot::new(&format!("{title} (mean over seeds)"), "step", ylabel);
+        if log {
+            plot = plot.log_y();
+        }
+        for name in OPTIMIZERS {
+            let values = records
+                .iter()
+                .filter(|r| r.optimizer == name)
+                .filter_map(|r| Some((r.step as u64, f(r)?)));
+            plot = plot.series(name, per_step(values, mean), Mark::Line);
+        }
+        figures.add(section, title, &plot, file)?;
+    }
+    Ok(())
+}
+
+/// One optimizer's records over every seed.
+struct Summary<'a> {
+    name: &'static str,
+    /// Every logged step.
+    all: Vec<&'a Record>,
+    /// The first step.
+    first: Vec<&'a Record>,
+    /// The last step.
+    last: Vec<&'a Record>,
+}
+
+impl<'a> Summary<'a> {
+    fn new(name: &'static str, records: &'a [Record]) -> Self {
+        let all: Vec<&Record> = records.iter().filter(|r| r.optimizer == name).collect();
+        let last_step = all.iter().map(|r| r.step).max().unwrap_or(0);
+        let at = |step: usize| all.iter().copied().filter(|r| r.step == step).collect();
+        Self {
+            name,
+            first: at(0),
+            last: at(last_step),
+            all,
+        }
+    }
+
+    /// The largest |κ(W) − 1| over every logged step (∞ where W was rank-deficient).
+    fn kappa_deviation(&self) -> f64 {
+        self.all
+            .iter()
+            .map(|r| r.kappa.map_or(f64::INFINITY, |k| (k - 1.0).abs()))
+            .fold(0.0, f64::max)
+    }
+
+    /// The largest manifold violation over every logged step.
+    fn max_violation(&self) -> f64 {
+        self.all
+            .iter()
+            .filter_map(|r| r.manifold_violation)
+            .fold(0.0, f64::max)
+    }
+
+    /// Mean κ(W) over seeds at the first and at the last step.
+    fn kappa_drift(&self) -> (f64, f64) {
+        let kappa = |rs: &[&Record]| mean(&rs.iter().filter_map(|r| r.kappa).collect::<Vec<_>>());
+        (kappa(&self.first), kappa(&self.last))
+    }
+
+    /// The upper median of `f` over every logged step and seed.
+    fn median(&self, f: impl Fn(&Record) -> Option<f64>) -> Option<f64> {
+        upper_median(&self.all.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
+    }
+}
+
+/// Final values per optimizer, and how far κ and the manifold constraint moved.
+fn summary_table(section: &mut Section, summaries: &[Summary<'_>]) {
+    let stat = |v: Vec<f64>| cells::mean_std(mean_std(&v), 4);
+    let rows: Vec<Vec<String>> = summaries
+        .iter()
+        .map(|s| {
+            let manifold = is_manifold(s.name);
+            let last = &s.last;
+            let dual: Vec<f64> = last.iter().filter_map(|r| r.dual_violation).collect();
+            let diverged: usize = last.iter().filter_map(|r| r.diverged_ascents).sum();
+            vec![
+                s.name.to_string(),
+                stat(last.iter().map(|r| r.loss).collect()),
+                format!("{:.4}", s.kappa_drift().0),
+                stat(last.iter().filter_map(|r| r.kappa).collect()),
+                sci(s.kappa_deviation(), 2),
+                stat(last.iter().map(|r| r.sigma_max).collect()),
+                only_if(manifold, || sci(s.max_violation(), 2)),
+                only_if(!dual.is_empty(), || sci(mean(&dual), 2)),
+                only_if(manifold, || diverged.to_string()),
+            ]
+        })
+        .collect();
+    section.table(
+        &[
+            "optimizer",
+            "final loss",
+            "κ at step 0",
+            "final κ(W)",
+            "max |κ − 1| over steps",
+            "final σmax",
+            "max manifold violation",
+            "final dual violation",
+            "diverged ascents",
+        ],
+        &rows,
+    );
+}
+
+/// `cell()` when `applies`, else [`MISSING`].
+fn only_if(applies: bool, cell: impl FnOnce() -> String) -> String {
+    if applies {
+        cell()
+    } else {
+        MISSING.into()
+    }
+}
+
+/// The dual ascent of each manifold run: paper default against `DualAscent::feasible`.
+fn dual_table(section: &mut Section, summaries: &[Summary<'_>]) {
+    let fmt = |v: Option<f64>| or_missing(v, |v| sci(v, 2));
+    let rows: Vec<Vec<String>> = summaries
+        .iter()
+        .filter(|s| is_manifold(s.name))
+        .map(|s| {
+            vec![
+                s.name.to_string(),
+                fmt(s.median(|r| r.dual_violation)),
+                fmt(s.median(|r| r.ascent_violation.or(r.dual_violation))),
+                fmt(s.median(|r| r.dual_gap)),
+            ]
+        })
+        .collect();
+    section.paragraph(
+        "Dual ascent, paper default against DualAscent::feasible (median over every logged \
+         step and seed): tangent violation ‖P(WᵀA + AᵀW)‖_F/n of the applied direction, of the \
+         ascent's last candidate, and the certified duality gap 1 − ⟨G, A⟩/min_k‖Z_k‖_* (a \
+         bound on the lost descent only when the direction is tangent).",
+    );
+    section.table(
+        &[
+            "run",
+            "direction violation",
+            "ascent violation",
+            "duality gap",
+        ],
+        &rows,
+    );
+}
+
+/// Stiefel holds κ = 1; DGram keeps its columns orthogonal while κ moves, as for the others.
+fn verdict(section: &mut Section, summaries: &[Summary<'_>]) {
+    let of = |prefix: &'static str| summaries.iter().filter(move |s| s.name.starts_with(prefix));
+    let stiefel_dev = of("stiefel")
+        .map(Summary::kappa_deviation)
+        .fold(0.0, f64::max);
+    let dgram_off = of("dgram").map(Summary::max_violation).fold(0.0, f64::max);
+    let drifted: Vec<String> = summaries
+        .iter()
+        .filter(|s| !s.name.starts_with("stiefel"))
+        .map(|s| {
+            let (k0, k1) = s.kappa_drift();
+            format!("{} {k0:.3} → {k1:.3}", s.name)
+        })
+        .collect();
+    section.paragraph(&format!(
+        "Verdict: Stiefel {} κ = 1 — the largest |κ(W) − 1| over every logged step and seed is \
+         {stiefel_dev:.2e} (Polar Express in f64 maps σ to 1 ± 1e-6). DGram kept its columns \
+         orthogonal to a largest ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂ of {dgram_off:.2e} while κ moved \
+         freely. κ(W) from the first to the last step, mean over seeds: {}.",
+        if stiefel_dev <= 1e-5 {
+            "holds"
+        } else {
+            "does NOT hold"
+        },
+        drifted.join("; ")
+    ));
+}
 
 #[cfg(test)]
 mod tests {

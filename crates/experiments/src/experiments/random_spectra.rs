@@ -23,9 +23,11 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::plot::{LinePlot, Mark};
-use crate::report::{runs_table, Section};
+use crate::report::cells;
+use crate::report::runs::{completed, records};
+use crate::report::{opened, Figures, Section};
 use crate::run::{Run, RunRecord, RunStatus};
-use crate::stats::mean_std;
+use crate::stats::{mean, mean_std};
 use crate::Experiment;
 
 /// The experiment (registered as `random-spectra`).
@@ -189,199 +191,262 @@ impl Experiment for RandomSpectra {
     }
 
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
-        let mut section =
-            Section::new("random-spectra: κ of Gaussian matrices vs Marchenko–Pastur");
-        section.paragraph(Experiment::claim(self));
-        runs_table(&mut section, runs);
-
-        let mut extremes = Vec::new();
-        let mut spectra = Vec::new();
-        for run in runs
-            .iter()
-            .filter(|r| r.info.status == RunStatus::Completed)
-        {
-            for record in run.metrics::<Record>()? {
-                match record {
-                    Record::Extremes { .. } => extremes.push(record),
-                    Record::Spectrum { .. } => spectra.push(record),
-                }
-            }
-        }
-        let mut shapes: Vec<(usize, usize)> = extremes
-            .iter()
-            .filter_map(|r| match r {
-                Record::Extremes { d, k, .. } => Some((*d, *k)),
-                Record::Spectrum { .. } => None,
-            })
-            .collect();
-        shapes.sort_unstable();
-        shapes.dedup();
-
-        let mut rows = Vec::new();
-        let mut measured_by_d: Vec<(usize, Vec<(f64, f64)>)> = Vec::new();
-        // Per D: the largest |mean κ / limit − 1| over the aspect ratios, and how many means lie
-        // below their limit.
-        let mut deviation_by_d: Vec<(usize, f64, usize, usize)> = Vec::new();
-        for &(d, k) in &shapes {
-            let pick = |f: fn(&Record) -> Option<f64>| -> Vec<f64> {
-                extremes
-                    .iter()
-                    .filter(|r| matches!(r, Record::Extremes { d: rd, k: rk, .. } if *rd == d && *rk == k))
-                    .filter_map(f)
-                    .collect()
-            };
-            let kappas = pick(|r| match r {
-                Record::Extremes { kappa, .. } => Some(*kappa),
-                Record::Spectrum { .. } => None,
-            });
-            let smax = pick(|r| match r {
-                Record::Extremes { d, sigma_max, .. } => Some(sigma_max / (*d as f64).sqrt()),
-                Record::Spectrum { .. } => None,
-            });
-            let smin = pick(|r| match r {
-                Record::Extremes { d, sigma_min, .. } => Some(sigma_min / (*d as f64).sqrt()),
-                Record::Spectrum { .. } => None,
-            });
-            let c = k as f64 / d as f64;
-            let limit = kappa_limit(c);
-            let (km, ks) = mean_std(&kappas);
-            let rel = km / limit - 1.0;
-            match deviation_by_d.iter_mut().find(|e| e.0 == d) {
-                Some(e) => {
-                    e.1 = e.1.max(rel.abs());
-                    e.2 += usize::from(rel < 0.0);
-                    e.3 += 1;
-                }
-                None => deviation_by_d.push((d, rel.abs(), usize::from(rel < 0.0), 1)),
-            }
-            rows.push(vec![
-                d.to_string(),
-                k.to_string(),
-                format!("{c:.4}"),
-                kappas.len().to_string(),
-                format!("{km:.4} ± {ks:.4}"),
-                format!("{limit:.4}"),
-                format!("{:+.2}%", 100.0 * rel),
-                format!("{:.4} / {:.4}", mean_std(&smax).0, 1.0 + c.sqrt()),
-                format!("{:.4} / {:.4}", mean_std(&smin).0, 1.0 - c.sqrt()),
-            ]);
-            match measured_by_d.iter_mut().find(|(dd, _)| *dd == d) {
-                Some((_, pts)) => pts.push((c, km)),
-                None => measured_by_d.push((d, vec![(c, km)])),
-            }
-        }
-        section.table(
-            &[
-                "D",
-                "k",
-                "k/D",
-                "matrices",
-                "κ measured (mean ± std)",
-                "κ limit",
-                "mean vs limit",
-                "σmax/√D (measured / limit)",
-                "σmin/√D (measured / limit)",
-            ],
-            &rows,
+        let mut section = opened(
+            "random-spectra: κ of Gaussian matrices vs Marchenko–Pastur",
+            Experiment::claim(self),
+            runs,
         );
-        let per_d: Vec<String> = deviation_by_d
-            .iter()
-            .map(|(d, worst, below, n)| {
-                format!(
-                    "D = {d}: within {:.2}% ({below} of {n} means below the limit)",
-                    100.0 * worst
-                )
-            })
-            .collect();
-        let shrinking = deviation_by_d.windows(2).all(|w| w[1].1 <= w[0].1);
-        section.paragraph(&format!(
-            "Largest deviation of the mean κ from its limit, per D: {}. Gordon's inequality \
-             (√D − √k ≤ E σ_min ≤ E σ_max ≤ √D + √k) says finite matrices sit inside the limiting \
-             edges, so the mean κ approaches the limit from below. {}",
-            per_d.join("; "),
-            if shrinking {
-                "Here the deviation shrinks as D grows, as the asymptotics predict."
-            } else {
-                "Here the deviation does not shrink monotonically with D: read the table before \
-                 relying on the limit at these sizes."
+        let figures = Figures::new(out_dir, report_dir);
+        let mut draws = Vec::new();
+        let mut spectra = Vec::new();
+        for record in records::<Record>(&completed(runs))? {
+            match record {
+                Record::Extremes {
+                    d,
+                    k,
+                    sigma_max,
+                    sigma_min,
+                    kappa,
+                    ..
+                } => draws.push(Draw {
+                    d,
+                    k,
+                    sigma_max,
+                    sigma_min,
+                    kappa,
+                }),
+                Record::Spectrum {
+                    d,
+                    k,
+                    singular_values,
+                } => spectra.push((d, k, singular_values)),
             }
-        ));
-
-        // κ against k/D: theory curve and one point series per D.
-        let max_c = shapes
-            .iter()
-            .map(|&(d, k)| k as f64 / d as f64)
-            .fold(0.0, f64::max);
-        if max_c > 0.0 {
-            let theory: Vec<(f64, f64)> = (1..=200)
-                .map(|i| {
-                    let c = max_c * 1.02 * i as f64 / 200.0;
-                    (c, kappa_limit(c))
-                })
-                .collect();
-            let mut plot = LinePlot::new("Condition number of Gaussian D×k matrices", "k/D", "κ")
-                .log_y()
-                .series("limit (1+√c)/(1−√c)", theory, Mark::Line);
-            for (d, pts) in &measured_by_d {
-                plot = plot.series(&format!("measured, D = {d}"), pts.clone(), Mark::Points);
-            }
-            let file = out_dir.join("kappa_vs_ratio.png");
-            plot.save(&file)?;
-            section.image_file("κ against k/D", &file, report_dir);
         }
-
-        // The spectrum of the density shape against Marchenko–Pastur, as a CDF (with a KS distance).
-        if let Some(Record::Spectrum {
-            d,
-            k,
-            singular_values,
-        }) = spectra.first()
-        {
-            let c = *k as f64 / *d as f64;
-            let mut eig: Vec<f64> = singular_values.iter().map(|s| s * s / *d as f64).collect();
-            eig.sort_by(f64::total_cmp);
-            let n = eig.len() as f64;
-            let mut ks = 0.0f64;
-            let empirical: Vec<(f64, f64)> = eig
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| {
-                    let f = marchenko_pastur_cdf(l, c, 4000);
-                    ks = ks
-                        .max((f - i as f64 / n).abs())
-                        .max((f - (i + 1) as f64 / n).abs());
-                    (l, (i + 1) as f64 / n)
-                })
-                .collect();
-            let (lo, hi) = ((1.0 - c.sqrt()).powi(2), (1.0 + c.sqrt()).powi(2));
-            let theory: Vec<(f64, f64)> = (0..=200)
-                .map(|i| {
-                    let l = lo + (hi - lo) * i as f64 / 200.0;
-                    (l, marchenko_pastur_cdf(l, c, 4000))
-                })
-                .collect();
-            let file = out_dir.join("marchenko_pastur_cdf.png");
-            LinePlot::new(
-                &format!(
-                    "Eigenvalues of WᵀW/D, D = {d}, k = {k} (seed {})",
-                    runs[0].info.run.seed
-                ),
-                "λ",
-                "CDF",
-            )
-            .series("Marchenko–Pastur", theory, Mark::Line)
-            .series("measured", empirical, Mark::Reference)
-            .save(&file)?;
-            section.paragraph(&format!(
-                "The eigenvalues of WᵀW/D for one {d}×{k} matrix follow the Marchenko–Pastur law \
-                 with c = {c:.3}: the Kolmogorov–Smirnov distance between the empirical and the \
-                 limiting CDF is {ks:.4} (for comparison, 1/√k = {:.4}).",
-                1.0 / (*k as f64).sqrt()
-            ));
-            section.image_file("Marchenko–Pastur CDF", &file, report_dir);
+        let shapes = shape_stats(&draws);
+        kappa_table(&mut section, &shapes);
+        deviation(&mut section, &shapes);
+        kappa_plot(&mut section, &shapes, &figures)?;
+        if let Some((d, k, singular_values)) = spectra.first() {
+            let seed = runs[0].info.run.seed;
+            spectrum(&mut section, (*d, *k), singular_values, seed, &figures)?;
         }
         Ok(section)
     }
+}
+
+/// The extremes of one drawn matrix.
+struct Draw {
+    d: usize,
+    k: usize,
+    sigma_max: f64,
+    sigma_min: f64,
+    kappa: f64,
+}
+
+/// One shape D×k over every draw and seed.
+struct ShapeStats {
+    d: usize,
+    k: usize,
+    /// k/D.
+    c: f64,
+    matrices: usize,
+    /// Mean and std of κ.
+    kappa: (f64, f64),
+    /// Mean σ_max/√D.
+    sigma_max: f64,
+    /// Mean σ_min/√D.
+    sigma_min: f64,
+}
+
+impl ShapeStats {
+    /// The relative deviation of the mean κ from its limit.
+    fn deviation(&self) -> f64 {
+        self.kappa.0 / kappa_limit(self.c) - 1.0
+    }
+}
+
+/// Every shape drawn, in (D, k) order.
+fn shape_stats(draws: &[Draw]) -> Vec<ShapeStats> {
+    let mut shapes: Vec<(usize, usize)> = draws.iter().map(|r| (r.d, r.k)).collect();
+    shapes.sort_unstable();
+    shapes.dedup();
+    shapes
+        .into_iter()
+        .map(|(d, k)| {
+            let mine: Vec<&Draw> = draws.iter().filter(|r| (r.d, r.k) == (d, k)).collect();
+            let scaled = |s: f64| s / (d as f64).sqrt();
+            let kappas: Vec<f64> = mine.iter().map(|r| r.kappa).collect();
+            let smax: Vec<f64> = mine.iter().map(|r| scaled(r.sigma_max)).collect();
+            let smin: Vec<f64> = mine.iter().map(|r| scaled(r.sigma_min)).collect();
+            ShapeStats {
+                d,
+                k,
+                c: k as f64 / d as f64,
+                matrices: kappas.len(),
+                kappa: mean_std(&kappas),
+                sigma_max: mean(&smax),
+                sigma_min: mean(&smin),
+            }
+        })
+        .collect()
+}
+
+/// The shapes grouped by D, in order.
+fn by_rows(shapes: &[ShapeStats]) -> Vec<(usize, Vec<&ShapeStats>)> {
+    let mut groups: Vec<(usize, Vec<&ShapeStats>)> = Vec::new();
+    for s in shapes {
+        match groups.iter_mut().find(|(d, _)| *d == s.d) {
+            Some((_, group)) => group.push(s),
+            None => groups.push((s.d, vec![s])),
+        }
+    }
+    groups
+}
+
+/// Measured κ, σ_max and σ_min per shape beside their limits.
+fn kappa_table(section: &mut Section, shapes: &[ShapeStats]) {
+    let rows: Vec<Vec<String>> = shapes
+        .iter()
+        .map(|s| {
+            let c = s.c;
+            vec![
+                s.d.to_string(),
+                s.k.to_string(),
+                format!("{c:.4}"),
+                s.matrices.to_string(),
+                cells::mean_std(s.kappa, 4),
+                format!("{:.4}", kappa_limit(c)),
+                format!("{:+.2}%", 100.0 * s.deviation()),
+                format!("{:.4} / {:.4}", s.sigma_max, 1.0 + c.sqrt()),
+                format!("{:.4} / {:.4}", s.sigma_min, 1.0 - c.sqrt()),
+            ]
+        })
+        .collect();
+    section.table(
+        &[
+            "D",
+            "k",
+            "k/D",
+            "matrices",
+            "κ measured (mean ± std)",
+            "κ limit",
+            "mean vs limit",
+            "σmax/√D (measured / limit)",
+            "σmin/√D (measured / limit)",
+        ],
+        &rows,
+    );
+}
+
+/// Per D, the largest |mean κ / limit − 1| over the aspect ratios and how many means lie below
+/// their limit; whether that deviation shrinks as D grows.
+fn deviation(section: &mut Section, shapes: &[ShapeStats]) {
+    let per_d: Vec<(usize, f64, usize, usize)> = by_rows(shapes)
+        .into_iter()
+        .map(|(d, group)| {
+            let worst = group
+                .iter()
+                .map(|s| s.deviation().abs())
+                .reduce(f64::max)
+                .unwrap_or(f64::NAN);
+            let below = group.iter().filter(|s| s.deviation() < 0.0).count();
+            (d, worst, below, group.len())
+        })
+        .collect();
+    let text: Vec<String> = per_d
+        .iter()
+        .map(|(d, worst, below, n)| {
+            format!(
+                "D = {d}: within {:.2}% ({below} of {n} means below the limit)",
+                100.0 * worst
+            )
+        })
+        .collect();
+    let shrinking = per_d.windows(2).all(|w| w[1].1 <= w[0].1);
+    section.paragraph(&format!(
+        "Largest deviation of the mean κ from its limit, per D: {}. Gordon's inequality \
+         (√D − √k ≤ E σ_min ≤ E σ_max ≤ √D + √k) says finite matrices sit inside the limiting \
+         edges, so the mean κ approaches the limit from below. {}",
+        text.join("; "),
+        if shrinking {
+            "Here the deviation shrinks as D grows, as the asymptotics predict."
+        } else {
+            "Here the deviation does not shrink monotonically with D: read the table before \
+             relying on the limit at these sizes."
+        }
+    ));
+}
+
+/// κ against k/D: the limit curve and one point series per D.
+fn kappa_plot(section: &mut Section, shapes: &[ShapeStats], figures: &Figures<'_>) -> Result<()> {
+    let max_c = shapes.iter().map(|s| s.c).fold(0.0, f64::max);
+    if max_c <= 0.0 {
+        return Ok(());
+    }
+    let theory: Vec<(f64, f64)> = (1..=200)
+        .map(|i| {
+            let c = max_c * 1.02 * i as f64 / 200.0;
+            (c, kappa_limit(c))
+        })
+        .collect();
+    let mut plot = LinePlot::new("Condition number of Gaussian D×k matrices", "k/D", "κ")
+        .log_y()
+        .series("limit (1+√c)/(1−√c)", theory, Mark::Line);
+    for (d, group) in by_rows(shapes) {
+        let pts = group.iter().map(|s| (s.c, s.kappa.0)).collect();
+        plot = plot.series(&format!("measured, D = {d}"), pts, Mark::Points);
+    }
+    figures.add(section, "κ against k/D", &plot, "kappa_vs_ratio.png")
+}
+
+/// The eigenvalues of WᵀW/D of one matrix against the Marchenko–Pastur CDF, with the
+/// Kolmogorov–Smirnov distance between the two.
+fn spectrum(
+    section: &mut Section,
+    (d, k): (usize, usize),
+    singular_values: &[f64],
+    seed: u64,
+    figures: &Figures<'_>,
+) -> Result<()> {
+    let c = k as f64 / d as f64;
+    let mut eig: Vec<f64> = singular_values.iter().map(|s| s * s / d as f64).collect();
+    eig.sort_by(f64::total_cmp);
+    let n = eig.len() as f64;
+    let mut ks = 0.0f64;
+    let empirical: Vec<(f64, f64)> = eig
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            let f = marchenko_pastur_cdf(l, c, 4000);
+            ks = ks
+                .max((f - i as f64 / n).abs())
+                .max((f - (i + 1) as f64 / n).abs());
+            (l, (i + 1) as f64 / n)
+        })
+        .collect();
+    let (lo, hi) = ((1.0 - c.sqrt()).powi(2), (1.0 + c.sqrt()).powi(2));
+    let theory: Vec<(f64, f64)> = (0..=200)
+        .map(|i| {
+            let l = lo + (hi - lo) * i as f64 / 200.0;
+            (l, marchenko_pastur_cdf(l, c, 4000))
+        })
+        .collect();
+    let plot = LinePlot::new(
+        &format!("Eigenvalues of WᵀW/D, D = {d}, k = {k} (seed {seed})"),
+        "λ",
+        "CDF",
+    )
+    .series("Marchenko–Pastur", theory, Mark::Line)
+    .series("measured", empirical, Mark::Reference);
+    let file = figures.save(&plot, "marchenko_pastur_cdf.png")?;
+    section.paragraph(&format!(
+        "The eigenvalues of WᵀW/D for one {d}×{k} matrix follow the Marchenko–Pastur law \
+         with c = {c:.3}: the Kolmogorov–Smirnov distance between the empirical and the \
+         limiting CDF is {ks:.4} (for comparison, 1/√k = {:.4}).",
+        1.0 / (k as f64).sqrt()
+    ));
+    figures.embed(section, "Marchenko–Pastur CDF", &file);
+    Ok(())
 }
 
 #[cfg(test)]
