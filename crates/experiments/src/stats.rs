@@ -1,5 +1,5 @@
-//! Small statistics for reports: means, sample standard deviations, medians and per-step
-//! summaries over seeds.
+//! Small statistics for reports: means, sample standard deviations, medians, per-step summaries
+//! over seeds, and least-squares lines with a 95% interval on the slope.
 
 use std::collections::BTreeMap;
 
@@ -74,6 +74,63 @@ pub fn per_step(
         .collect()
 }
 
+/// Two-sided 97.5% quantile of Student's t with `df` degrees of freedom (tabulated to 30, then
+/// 1.96 + 2.4/df).
+pub fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    match df {
+        0 => f64::INFINITY,
+        1..=30 => T[df - 1],
+        _ => 1.96 + 2.4 / df as f64,
+    }
+}
+
+/// A least-squares line y = a + s·x with the slope's 95% interval half-width.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LineFit {
+    /// a.
+    pub intercept: f64,
+    /// s.
+    pub slope: f64,
+    /// t₀.₉₇₅(m − 2)·se(s): the slope's 95% interval is s ± this.
+    pub half_width: f64,
+}
+
+/// The least-squares line through the finite points (`None` for fewer than 3, or all at one x).
+pub fn fit_line(points: &[(f64, f64)]) -> Option<LineFit> {
+    let pts: Vec<(f64, f64)> = points
+        .iter()
+        .copied()
+        .filter(|p| p.0.is_finite() && p.1.is_finite())
+        .collect();
+    let m = pts.len();
+    if m < 3 {
+        return None;
+    }
+    let xm = pts.iter().map(|p| p.0).sum::<f64>() / m as f64;
+    let ym = pts.iter().map(|p| p.1).sum::<f64>() / m as f64;
+    let sxx: f64 = pts.iter().map(|p| (p.0 - xm).powi(2)).sum();
+    if sxx <= 0.0 {
+        return None;
+    }
+    let slope = pts.iter().map(|p| (p.0 - xm) * (p.1 - ym)).sum::<f64>() / sxx;
+    let intercept = ym - slope * xm;
+    let sse: f64 = pts
+        .iter()
+        .map(|p| (p.1 - intercept - slope * p.0).powi(2))
+        .sum();
+    let se = (sse / (m - 2) as f64 / sxx).sqrt();
+    Some(LineFit {
+        intercept,
+        slope,
+        half_width: t975(m - 2) * se,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +157,22 @@ mod tests {
         assert_eq!(upper_median(&[4.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(upper_median(&[]), None);
         assert_eq!(min_max(&[2.0, -1.0, 5.0]), (-1.0, 5.0));
+    }
+
+    #[test]
+    fn line_fit_recovers_a_slope_and_covers_it() {
+        let pts: Vec<(f64, f64)> = (0..20)
+            .map(|i| {
+                (
+                    i as f64,
+                    2.0 - 0.5 * i as f64 + 0.01 * ((i * 7 % 5) as f64 - 2.0),
+                )
+            })
+            .collect();
+        let l = fit_line(&pts).unwrap();
+        assert!((l.slope + 0.5).abs() < 0.01 && l.half_width < 0.01);
+        assert!((l.slope - l.half_width..=l.slope + l.half_width).contains(&-0.5));
+        assert_eq!(fit_line(&pts[..2]), None);
     }
 
     #[test]

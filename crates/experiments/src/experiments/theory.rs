@@ -21,13 +21,13 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
-mod report;
-
 use crate::report::runs::{completed, records};
 use crate::report::{opened, Figures, Section};
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::scale::Scale;
 use crate::Experiment;
+
+mod report;
 
 /// The experiment (registered as `theory`).
 pub struct Theory;
