@@ -353,82 +353,7 @@ impl Convergence {
                         stream += 1;
                         bar.set_message(format!("curves d={d} k={k} κΣ={ks} σ={noise}"));
                         let mut rng = stream_rng(seed, stream);
-                        let model = model_spec(d, k, ks, c.kappa_t, c.nuclear_norm, noise)
-                            .build(&mut rng)?;
-                        let moments = Moments::estimate(&model.sample(c.n_init, &mut rng)?)?;
-                        let (a0, b0) = spectral_init(&moments)?;
-                        let (ar, br) = random_init(k, d, c.random_init_scale, &mut rng)?;
-                        let truth = Truth {
-                            population: model.population().clone(),
-                            probe: None,
-                        };
-                        let objective = Objective::Population(model.population().clone());
-                        let mut methods: Vec<MethodSpec<'_>> = vec![
-                            ("algorithm".into(), &a0, &b0, Settings::algorithm(), false),
-                            (
-                                "no-preconditioner".into(),
-                                &a0,
-                                &b0,
-                                Settings {
-                                    preconditioner: false,
-                                    ..Settings::algorithm()
-                                },
-                                false,
-                            ),
-                            (
-                                "no-regularizer".into(),
-                                &a0,
-                                &b0,
-                                Settings {
-                                    lambda: 0.0,
-                                    ..Settings::algorithm()
-                                },
-                                false,
-                            ),
-                            ("random-init".into(), &ar, &br, Settings::algorithm(), false),
-                            ("gd-spectral".into(), &a0, &b0, Settings::plain_gd(), true),
-                            ("gd-random".into(), &ar, &br, Settings::plain_gd(), true),
-                        ];
-                        for &lr in &c.adam_lrs {
-                            methods.push((
-                                format!("adam-random lr={lr}"),
-                                &ar,
-                                &br,
-                                Settings::adam(lr),
-                                true,
-                            ));
-                        }
-                        for (method, a, b, settings, baseline) in methods {
-                            let budget = if baseline {
-                                c.algorithm_steps * c.baseline_factor
-                            } else {
-                                c.algorithm_steps
-                            };
-                            let mut trainer = Trainer::new(
-                                objective.clone(),
-                                &moments,
-                                a.clone(),
-                                b.clone(),
-                                settings,
-                            )?
-                            .with_truth(truth.clone());
-                            let out = drive(&mut trainer, budget, c.target_excess, baseline)?;
-                            let fit = if baseline { None } else { fit_mu(&out.full) };
-                            run.log(&Record::Curve {
-                                d,
-                                k,
-                                kappa_sigma: ks,
-                                noise,
-                                method,
-                                budget,
-                                reached: out.reached,
-                                final_excess: out.final_excess,
-                                mu: fit.map(|f| f.mu),
-                                mu_r2: fit.map(|f| f.r_squared),
-                                status: out.status,
-                                trace: out.trace,
-                            })?;
-                        }
+                        curve_case(c, (d, k, ks, noise), &mut rng, run)?;
                         bar.inc(1);
                     }
                 }
@@ -452,77 +377,11 @@ impl Convergence {
                         stream_rng(seed, 1_000_000 + (ci * 10_000 + ni * 100 + rep) as u64);
                     // The same model for every n and rep of a case (per seed).
                     let mut model_rng = stream_rng(seed, 2_000_000 + ci as u64);
-                    let model = model_spec(
-                        case.d,
-                        case.k,
-                        c.kappa_sigma,
-                        c.kappa_t,
-                        case.nuclear_norm,
-                        c.noise,
-                    )
-                    .build(&mut model_rng)?;
-                    let sample = model.sample(n, &mut rng)?;
-                    let test = model.sample_covariates(c.test_queries, &mut rng)?;
-                    let moments = Moments::estimate(&sample)?;
-                    let (a0, b0) = spectral_init(&moments)?;
-                    let truth = Truth {
-                        population: model.population().clone(),
-                        probe: Some(Probe {
-                            context: sample.x().to_owned(),
-                            queries: test,
-                            every: c.steps.max(1),
-                        }),
-                    };
-                    let objective = Objective::Empirical(EmpiricalProblem::new(&sample, c.mode)?);
-                    let mut trainer =
-                        Trainer::new(objective, &moments, a0, b0, Settings::algorithm())?
-                            .with_truth(truth);
-                    let mut records = Vec::new();
-                    let mut status = "completed".to_string();
-                    for t in 0..=c.steps {
-                        let r = if t == c.steps {
-                            trainer.record()
-                        } else {
-                            trainer.step()
-                        };
-                        match r {
-                            Ok(r) => records.push(r),
-                            Err(OptimError::Diverged { step, .. }) => {
-                                status = format!("diverged at step {step}");
-                                break;
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
+                    let (records, status) = sweep_draw(c, case, n, &mut model_rng, &mut rng)?;
                     if records.is_empty() {
                         continue;
                     }
-                    let (first, last) = (&records[0], &records[records.len() - 1]);
-                    let last_finite = records
-                        .iter()
-                        .rev()
-                        .find_map(|r| r.finite_excess)
-                        .unwrap_or(f64::NAN);
-                    run.log(&Record::Sweep {
-                        case: ci,
-                        n,
-                        rep,
-                        init_excess: first.excess.unwrap_or(f64::NAN),
-                        final_excess: last.excess.unwrap_or(f64::NAN),
-                        init_finite: first.finite_excess.unwrap_or(f64::NAN),
-                        final_finite: last_finite,
-                        max_weight: last.max_weight.unwrap_or(f64::NAN),
-                        status,
-                    })?;
-                    if rep == 0 {
-                        for r in records {
-                            run.log(&Record::Step {
-                                case: ci,
-                                n,
-                                record: r,
-                            })?;
-                        }
-                    }
+                    log_sweep(run, (ci, n, rep), records, status)?;
                     bar.inc(1);
                 }
             }
@@ -577,6 +436,183 @@ impl Convergence {
         }
         Ok(())
     }
+}
+
+/// The methods of part 1: the algorithm and its ablations from the spectral initialization
+/// (random-init from the random one), then the baselines (plain GD from both, Adam from the
+/// random one at each learning rate).
+fn methods<'a>(
+    c: &CurvesConfig,
+    (a0, b0): (&'a Array2<f64>, &'a Array2<f64>),
+    (ar, br): (&'a Array2<f64>, &'a Array2<f64>),
+) -> Vec<MethodSpec<'a>> {
+    let mut methods: Vec<MethodSpec<'a>> = vec![
+        ("algorithm".into(), a0, b0, Settings::algorithm(), false),
+        (
+            "no-preconditioner".into(),
+            a0,
+            b0,
+            Settings {
+                preconditioner: false,
+                ..Settings::algorithm()
+            },
+            false,
+        ),
+        (
+            "no-regularizer".into(),
+            a0,
+            b0,
+            Settings {
+                lambda: 0.0,
+                ..Settings::algorithm()
+            },
+            false,
+        ),
+        ("random-init".into(), ar, br, Settings::algorithm(), false),
+        ("gd-spectral".into(), a0, b0, Settings::plain_gd(), true),
+        ("gd-random".into(), ar, br, Settings::plain_gd(), true),
+    ];
+    for &lr in &c.adam_lrs {
+        methods.push((
+            format!("adam-random lr={lr}"),
+            ar,
+            br,
+            Settings::adam(lr),
+            true,
+        ));
+    }
+    methods
+}
+
+/// Part 1 at one grid point (d, k, κ(Σ), σ): every method on the population loss, from the
+/// moments and initializations of one draw.
+fn curve_case(
+    c: &CurvesConfig,
+    (d, k, ks, noise): (usize, usize, f64, f64),
+    rng: &mut ChaCha8Rng,
+    run: &mut Run,
+) -> Result<()> {
+    let model = model_spec(d, k, ks, c.kappa_t, c.nuclear_norm, noise).build(rng)?;
+    let moments = Moments::estimate(&model.sample(c.n_init, rng)?)?;
+    let (a0, b0) = spectral_init(&moments)?;
+    let (ar, br) = random_init(k, d, c.random_init_scale, rng)?;
+    let truth = Truth {
+        population: model.population().clone(),
+        probe: None,
+    };
+    let objective = Objective::Population(model.population().clone());
+    for (method, a, b, settings, baseline) in methods(c, (&a0, &b0), (&ar, &br)) {
+        let budget = if baseline {
+            c.algorithm_steps * c.baseline_factor
+        } else {
+            c.algorithm_steps
+        };
+        let mut trainer =
+            Trainer::new(objective.clone(), &moments, a.clone(), b.clone(), settings)?
+                .with_truth(truth.clone());
+        let out = drive(&mut trainer, budget, c.target_excess, baseline)?;
+        let fit = if baseline { None } else { fit_mu(&out.full) };
+        run.log(&Record::Curve {
+            d,
+            k,
+            kappa_sigma: ks,
+            noise,
+            method,
+            budget,
+            reached: out.reached,
+            final_excess: out.final_excess,
+            mu: fit.map(|f| f.mu),
+            mu_r2: fit.map(|f| f.r_squared),
+            status: out.status,
+            trace: out.trace,
+        })?;
+    }
+    Ok(())
+}
+
+/// One draw of part 2: the algorithm on L̂_n for `n` samples of the case's model (drawn from
+/// `model_rng`; the samples and test queries from `rng`). Returns every step's record and how
+/// the run ended.
+fn sweep_draw(
+    c: &SweepConfig,
+    case: &SweepCase,
+    n: usize,
+    model_rng: &mut ChaCha8Rng,
+    rng: &mut ChaCha8Rng,
+) -> Result<(Vec<StepRecord>, String)> {
+    let model = model_spec(
+        case.d,
+        case.k,
+        c.kappa_sigma,
+        c.kappa_t,
+        case.nuclear_norm,
+        c.noise,
+    )
+    .build(model_rng)?;
+    let sample = model.sample(n, rng)?;
+    let test = model.sample_covariates(c.test_queries, rng)?;
+    let moments = Moments::estimate(&sample)?;
+    let (a0, b0) = spectral_init(&moments)?;
+    let truth = Truth {
+        population: model.population().clone(),
+        probe: Some(Probe {
+            context: sample.x().to_owned(),
+            queries: test,
+            every: c.steps.max(1),
+        }),
+    };
+    let objective = Objective::Empirical(EmpiricalProblem::new(&sample, c.mode)?);
+    let mut trainer =
+        Trainer::new(objective, &moments, a0, b0, Settings::algorithm())?.with_truth(truth);
+    let mut records = Vec::new();
+    for t in 0..=c.steps {
+        let r = if t == c.steps {
+            trainer.record()
+        } else {
+            trainer.step()
+        };
+        match r {
+            Ok(r) => records.push(r),
+            Err(OptimError::Diverged { step, .. }) => {
+                return Ok((records, format!("diverged at step {step}")));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok((records, "completed".to_string()))
+}
+
+/// Logs one draw of part 2 (case, n, rep): its errors at the start and the end, and for the
+/// first draw of each n every step.
+fn log_sweep(
+    run: &mut Run,
+    (case, n, rep): (usize, usize, usize),
+    records: Vec<StepRecord>,
+    status: String,
+) -> Result<()> {
+    let (first, last) = (&records[0], &records[records.len() - 1]);
+    let last_finite = records
+        .iter()
+        .rev()
+        .find_map(|r| r.finite_excess)
+        .unwrap_or(f64::NAN);
+    run.log(&Record::Sweep {
+        case,
+        n,
+        rep,
+        init_excess: first.excess.unwrap_or(f64::NAN),
+        final_excess: last.excess.unwrap_or(f64::NAN),
+        init_finite: first.finite_excess.unwrap_or(f64::NAN),
+        final_finite: last_finite,
+        max_weight: last.max_weight.unwrap_or(f64::NAN),
+        status,
+    })?;
+    if rep == 0 {
+        for record in records {
+            run.log(&Record::Step { case, n, record })?;
+        }
+    }
+    Ok(())
 }
 
 impl Experiment for Convergence {
