@@ -910,42 +910,51 @@ fn rates_part(
 
 /// Part 3's plots: 1 − μ against κ(T) (a line per κ(Σ)) and against κ(Σ) (a line per κ(T)).
 fn rate_plots(section: &mut Section, rc: &RatesConfig, rates: &Rates, figures: &Figures<'_>) {
-    let mark = |pre: bool| if pre { Mark::Line } else { Mark::Points };
-    let mut p_t = LinePlot::new("1 − μ against κ(T)", "κ(T)", "1 − μ")
-        .log_x()
-        .log_y();
-    for &ks in &rc.kappa_sigma {
-        for pre in [true, false] {
-            let pts: Vec<(f64, f64)> = rc
-                .kappa_t
-                .iter()
-                .filter_map(|&kt| rates.mean_gap(kt, ks, pre).map(|g| (kt, g)))
-                .collect();
-            let kind = if pre { "preconditioned" } else { "plain" };
-            p_t = p_t.series(&format!("κ(Σ) = {ks}, {kind}"), pts, mark(pre));
-        }
-    }
-    figures.add_if_drawn(section, "1 − μ against κ(T)", &p_t, "rate_vs_kappa_t.png");
-    let mut p_s = LinePlot::new("1 − μ against κ(Σ)", "κ(Σ)", "1 − μ")
-        .log_x()
-        .log_y();
-    for &kt in &rc.kappa_t {
-        for pre in [true, false] {
-            let pts: Vec<(f64, f64)> = rc
-                .kappa_sigma
-                .iter()
-                .filter_map(|&ks| rates.mean_gap(kt, ks, pre).map(|g| (ks, g)))
-                .collect();
-            let kind = if pre { "precond." } else { "plain" };
-            p_s = p_s.series(&format!("κ(T) = {kt}, {kind}"), pts, mark(pre));
-        }
-    }
+    let against_t = rate_plot(
+        ("κ(T)", &rc.kappa_t),
+        ("κ(Σ)", &rc.kappa_sigma),
+        ["preconditioned", "plain"],
+        |kt, ks, pre| rates.mean_gap(kt, ks, pre),
+    );
     figures.add_if_drawn(
         section,
-        "1 − μ against κ(Σ)",
-        &p_s,
-        "rate_vs_kappa_sigma.png",
+        "1 − μ against κ(T)",
+        &against_t,
+        "rate_vs_kappa_t.png",
     );
+    let against_sigma = rate_plot(
+        ("κ(Σ)", &rc.kappa_sigma),
+        ("κ(T)", &rc.kappa_t),
+        ["precond.", "plain"],
+        |ks, kt, pre| rates.mean_gap(kt, ks, pre),
+    );
+    let file = "rate_vs_kappa_sigma.png";
+    figures.add_if_drawn(section, "1 − μ against κ(Σ)", &against_sigma, file);
+}
+
+/// 1 − μ (`gap(x, line, preconditioned)`) against the values `x` of one conditioning, a line
+/// per value of the other and per preconditioner setting (`kinds`: the names of with and
+/// without), log-log.
+fn rate_plot(
+    (x_name, xs): (&str, &[f64]),
+    (line_name, lines): (&str, &[f64]),
+    kinds: [&str; 2],
+    gap: impl Fn(f64, f64, bool) -> Option<f64>,
+) -> LinePlot {
+    let mut plot = LinePlot::new(&format!("1 − μ against {x_name}"), x_name, "1 − μ")
+        .log_x()
+        .log_y();
+    for &line in lines {
+        for (pre, kind) in [(true, kinds[0]), (false, kinds[1])] {
+            let pts: Vec<(f64, f64)> = xs
+                .iter()
+                .filter_map(|&x| gap(x, line, pre).map(|g| (x, g)))
+                .collect();
+            let mark = if pre { Mark::Line } else { Mark::Points };
+            plot = plot.series(&format!("{line_name} = {line}, {kind}"), pts, mark);
+        }
+    }
+    plot
 }
 
 /// T8: with the preconditioner, 1 − μ barely moves across κ(Σ); without it, it moves a lot.

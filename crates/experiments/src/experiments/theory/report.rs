@@ -253,8 +253,8 @@ fn bound_scatter(
     )
 }
 
-/// (b) The medians over draws of one weight std's projection records.
-struct ProjectionStats {
+/// (b) One projection record, κ = ∞ where it was rank-deficient.
+struct Projection {
     sigma_max: f64,
     kappa_w: f64,
     kappa_svd: f64,
@@ -262,53 +262,63 @@ struct ProjectionStats {
     kappa_target: f64,
     lambda_decrease: f64,
     kappa_decrease: f64,
+}
+
+impl Projection {
+    /// The record if it is a projection of weight std `std`.
+    fn of(r: &Record, std: f64) -> Option<Self> {
+        let Record::Projection {
+            std: s,
+            sigma_max,
+            kappa_w,
+            kappa_svd,
+            lambda_decrease,
+            kappa_decrease,
+            lambda_target,
+            kappa_target,
+            ..
+        } = r
+        else {
+            return None;
+        };
+        (*s == std).then(|| Self {
+            sigma_max: *sigma_max,
+            kappa_w: inf(*kappa_w),
+            kappa_svd: inf(*kappa_svd),
+            lambda_target: *lambda_target,
+            kappa_target: inf(*kappa_target),
+            lambda_decrease: inf(*lambda_decrease),
+            kappa_decrease: inf(*kappa_decrease),
+        })
+    }
+}
+
+/// (b) The medians over the draws of one weight std.
+struct ProjectionStats {
+    /// Median of each field.
+    median: Projection,
     /// Whether κ(W + C_svd) < 2 in every draw.
     svd_below_two: bool,
 }
 
 impl ProjectionStats {
     fn of(records: &[Record], std: f64) -> Self {
-        let projs: Vec<&Record> = records
+        let projs: Vec<Projection> = records
             .iter()
-            .filter(|r| matches!(r, Record::Projection { std: s, .. } if *s == std))
+            .filter_map(|r| Projection::of(r, std))
             .collect();
-        let pick = |f: fn(&Record) -> Option<f64>| {
-            median(&projs.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
-        };
+        let pick = |f: fn(&Projection) -> f64| median(&projs.iter().map(f).collect::<Vec<_>>());
         Self {
-            sigma_max: pick(|r| match r {
-                Record::Projection { sigma_max, .. } => Some(*sigma_max),
-                _ => None,
-            }),
-            kappa_w: pick(|r| match r {
-                Record::Projection { kappa_w, .. } => Some(inf(*kappa_w)),
-                _ => None,
-            }),
-            kappa_svd: pick(|r| match r {
-                Record::Projection { kappa_svd, .. } => Some(inf(*kappa_svd)),
-                _ => None,
-            }),
-            lambda_target: pick(|r| match r {
-                Record::Projection { lambda_target, .. } => Some(*lambda_target),
-                _ => None,
-            }),
-            kappa_target: pick(|r| match r {
-                Record::Projection { kappa_target, .. } => Some(inf(*kappa_target)),
-                _ => None,
-            }),
-            lambda_decrease: pick(|r| match r {
-                Record::Projection {
-                    lambda_decrease, ..
-                } => Some(inf(*lambda_decrease)),
-                _ => None,
-            }),
-            kappa_decrease: pick(|r| match r {
-                Record::Projection { kappa_decrease, .. } => Some(inf(*kappa_decrease)),
-                _ => None,
-            }),
-            svd_below_two: projs
-                .iter()
-                .all(|r| matches!(r, Record::Projection { kappa_svd: Some(x), .. } if *x < 2.0)),
+            median: Projection {
+                sigma_max: pick(|p| p.sigma_max),
+                kappa_w: pick(|p| p.kappa_w),
+                kappa_svd: pick(|p| p.kappa_svd),
+                lambda_target: pick(|p| p.lambda_target),
+                kappa_target: pick(|p| p.kappa_target),
+                lambda_decrease: pick(|p| p.lambda_decrease),
+                kappa_decrease: pick(|p| p.kappa_decrease),
+            },
+            svd_below_two: projs.iter().all(|p| p.kappa_svd < 2.0),
         }
     }
 }
@@ -427,6 +437,7 @@ fn projection_row(
     std: f64,
     p: &ProjectionStats,
 ) -> Vec<String> {
+    let p = &p.median;
     let mut row = vec![
         format!("{std}"),
         fmt_k(p.sigma_max),
@@ -449,7 +460,7 @@ fn projection_row(
 
 /// (b) What the paper's λ = 10 did at one weight std, against Theorem 3.8's condition.
 fn lambda_ten(std: f64, p: &ProjectionStats, k10: f64) -> String {
-    let (smax, kw) = (p.sigma_max, p.kappa_w);
+    let (smax, kw) = (p.median.sigma_max, p.median.kappa_w);
     let threshold = smax * (kw + 1.0) / (kw - 1.0);
     format!(
         "At std {std}, λ = 10 takes κ from {} to {} ({}; Theorem 3.8's sufficient \
@@ -599,13 +610,49 @@ fn collapse_at_ten(name: &str, e: &EntropyMeans) -> String {
     )
 }
 
-/// (d) The medians over draws of one (shape, scaling, λ)'s Jacobian records.
-struct JacobianMedians {
+/// (d) One Jacobian record's values, κ = ∞ where numerically singular.
+#[derive(Clone, Copy)]
+struct Jacobian {
     kappa_j: f64,
     kappa_raw: f64,
     rhs: f64,
     kappa_w: f64,
     diagonal: f64,
+}
+
+impl Jacobian {
+    /// The record if it is a Jacobian of `shape` [N, D, k] at (scaling, λ).
+    fn of(r: &Record, shape: [usize; 3], scaled: bool, lambda: f64) -> Option<Self> {
+        let Record::Jacobian {
+            n,
+            d,
+            k,
+            scaled: s,
+            lambda: l,
+            kappa_j,
+            kappa_raw,
+            rhs,
+            mean_diagonal,
+            kappa_w,
+            ..
+        } = r
+        else {
+            return None;
+        };
+        ([*n, *d, *k] == shape && *s == scaled && *l == lambda).then(|| Self {
+            kappa_j: inf(*kappa_j),
+            kappa_raw: inf(*kappa_raw),
+            rhs: inf(*rhs),
+            kappa_w: inf(*kappa_w),
+            diagonal: *mean_diagonal,
+        })
+    }
+}
+
+/// (d) The medians over the draws of one (shape, scaling, λ).
+struct JacobianMedians {
+    /// Median of each value.
+    median: Jacobian,
     /// Draws with a numerically singular J, and all draws.
     singular: (usize, usize),
 }
@@ -613,42 +660,24 @@ struct JacobianMedians {
 impl JacobianMedians {
     /// `None` when no run measured this (shape, scaling, λ).
     fn of(records: &[Record], shape: [usize; 3], scaled: bool, lambda: f64) -> Option<Self> {
-        let rs: Vec<&Record> = records
+        let rs: Vec<Jacobian> = records
             .iter()
-            .filter(|r| {
-                matches!(r, Record::Jacobian { n: a, d: b, k: c, scaled: s, lambda: l, .. }
-                if [*a, *b, *c] == shape && *s == scaled && *l == lambda)
-            })
+            .filter_map(|r| Jacobian::of(r, shape, scaled, lambda))
             .collect();
         if rs.is_empty() {
             return None;
         }
-        let get = |f: fn(&Record) -> f64| median(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let get = |f: fn(&Jacobian) -> f64| median(&rs.iter().map(f).collect::<Vec<_>>());
         Some(Self {
-            kappa_j: get(|r| match r {
-                Record::Jacobian { kappa_j, .. } => inf(*kappa_j),
-                _ => f64::NAN,
-            }),
-            kappa_raw: get(|r| match r {
-                Record::Jacobian { kappa_raw, .. } => inf(*kappa_raw),
-                _ => f64::NAN,
-            }),
-            rhs: get(|r| match r {
-                Record::Jacobian { rhs, .. } => inf(*rhs),
-                _ => f64::NAN,
-            }),
-            kappa_w: get(|r| match r {
-                Record::Jacobian { kappa_w, .. } => inf(*kappa_w),
-                _ => f64::NAN,
-            }),
-            diagonal: get(|r| match r {
-                Record::Jacobian { mean_diagonal, .. } => *mean_diagonal,
-                _ => f64::NAN,
-            }),
+            median: Jacobian {
+                kappa_j: get(|j| j.kappa_j),
+                kappa_raw: get(|j| j.kappa_raw),
+                rhs: get(|j| j.rhs),
+                kappa_w: get(|j| j.kappa_w),
+                diagonal: get(|j| j.diagonal),
+            },
             singular: (
-                rs.iter()
-                    .filter(|r| matches!(r, Record::Jacobian { kappa_j: None, .. }))
-                    .count(),
+                rs.iter().filter(|j| j.kappa_j.is_infinite()).count(),
                 rs.len(),
             ),
         })
@@ -689,8 +718,10 @@ fn report_jacobian(
             rows.extend(per_lambda.iter().map(|(l, j)| jacobian_row(&name, *l, j)));
             sentences.extend(best_lambda(&name, &per_lambda));
             let tag = if scaled { "S/√k" } else { "s = 1" };
-            let curve = per_lambda.iter().map(|(l, j)| (*l, j.kappa_raw.log10()));
-            let bound = per_lambda.iter().map(|(l, j)| (*l, j.rhs.log10()));
+            let curve = per_lambda
+                .iter()
+                .map(|(l, j)| (*l, j.median.kappa_raw.log10()));
+            let bound = per_lambda.iter().map(|(l, j)| (*l, j.median.rhs.log10()));
             plot = plot
                 .series(
                     &format!("σ₁/σ_min of J, {tag}"),
@@ -731,22 +762,26 @@ fn report_jacobian(
 
 /// (d) One (shape, scaling, λ)'s row of the Jacobian table.
 fn jacobian_row(name: &str, lambda: f64, j: &JacobianMedians) -> Vec<String> {
+    let (m, (singular, draws)) = (&j.median, j.singular);
     vec![
         name.to_string(),
         format!("{lambda}"),
-        fmt_k(j.kappa_j),
-        fmt_k(j.kappa_raw),
-        pct(j.singular.0, j.singular.1),
-        fmt_k(j.kappa_w),
-        fmt_k(j.rhs),
-        format!("{:.3}", j.diagonal),
+        fmt_k(m.kappa_j),
+        fmt_k(m.kappa_raw),
+        pct(singular, draws),
+        fmt_k(m.kappa_w),
+        fmt_k(m.rhs),
+        format!("{:.3}", m.diagonal),
     ]
 }
 
 /// (d) Where along λ the median σ₁/σ_min of J is smallest, and how λ = 10 compares with the
 /// first λ.
 fn best_lambda(name: &str, per_lambda: &[(f64, JacobianMedians)]) -> Option<String> {
-    let raw: Vec<(f64, f64)> = per_lambda.iter().map(|(l, j)| (*l, j.kappa_raw)).collect();
+    let raw: Vec<(f64, f64)> = per_lambda
+        .iter()
+        .map(|(l, j)| (*l, j.median.kappa_raw))
+        .collect();
     let first = raw.first().copied()?;
     let best = raw.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))?;
     let at10 = raw.iter().find(|p| p.0 == 10.0).map(|p| p.1);
