@@ -8,10 +8,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::config::{ConfigError, ConfigSource};
-use crate::experiments;
 use crate::report::Section;
 use crate::run::{Resumed, Run, RunContext, RunInfo, RunRecord, RunStatus};
 use crate::scale::Scale;
+use crate::suite;
 
 /// An experiment: a config per scale, a run per seed, and a report section made from run folders.
 ///
@@ -64,7 +64,7 @@ pub trait Experiment: Sync {
 
     /// Whether [`Experiment::run`] can continue a run folder left by an interrupted or failed
     /// attempt (`reproduce --resume`): it skips what that attempt finished and continues from
-    /// its checkpoints, as [`crate::experiments::vit_fmnist::train_variant`] does when
+    /// its checkpoints, as [`kappa_train::train_variant`] does when
     /// [`Run::is_resumed`]. When false (the default), `--resume` reruns such a folder from the
     /// start; finished runs are kept either way.
     fn continues_interrupted_runs(&self) -> bool {
@@ -245,13 +245,13 @@ impl Resumption {
 /// Every experiment, in report order.
 pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
     vec![
-        Box::new(experiments::random_spectra::RandomSpectra),
-        Box::new(experiments::theory::Theory),
-        Box::new(experiments::convergence::Convergence),
-        Box::new(experiments::optim_geometry::OptimGeometry),
-        Box::new(experiments::vit_fmnist::VitFmnist),
-        Box::new(experiments::gpt_sotu::GptSotu),
-        Box::new(experiments::manifolds::Manifolds),
+        Box::new(suite::random_spectra::RandomSpectra),
+        Box::new(suite::theory::Theory),
+        Box::new(suite::convergence::Convergence),
+        Box::new(suite::optim_geometry::OptimGeometry),
+        Box::new(suite::vit_fmnist::VitFmnist),
+        Box::new(suite::gpt_sotu::GptSotu),
+        Box::new(suite::manifolds::Manifolds),
     ]
 }
 
