@@ -1,23 +1,24 @@
-//! What `vit-fmnist` and `gpt-sotu` share: a variant (a name and a spectral correction), the
-//! their training through [`kappa_train::train_variant`] with AdamW groups,
-//! and the report (tables over seeds, plots of κ(W_Q), σ_min(W_Q), attention entropy and κ(J)
+//! What `vit-fmnist` and `gpt-sotu` share: a variant (a name and a spectral correction), its
+//! training through [`kappa_train::train_variant`] with AdamW groups, and the report (tables over seeds, plots of κ(W_Q), σ_min(W_Q), attention entropy and κ(J)
 //! over training, and a verdict per claim computed from the data).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
-use kappa_models::{summarize, Conditioning};
+use kappa_models::{summarize, Conditioning, HeadDiagnostics};
 use kappa_train::{
-    adamw_groups, train_variant, Final, Line, Outcome, Record, Run, RunRecord, RunStatus, Task,
-    TrainConfig, VariantId,
+    adamw_groups, train_variant, Final, Line, Outcome, Record, Run, RunRecord, Task, TrainConfig,
+    VariantId,
 };
 use serde::{Deserialize, Serialize};
 use tch::nn;
 
 use crate::plot::{LinePlot, Mark};
-use crate::report::Section;
-use crate::stats::mean_std;
+use crate::report::cells::{fixed, mean_std_or, sci};
+use crate::report::variants::read_variants;
+use crate::report::verdict::{held, versus};
+use crate::report::{Figures, Section};
+use crate::stats::{mean, mean_std, median, per_step};
 
 /// One model variant: a name (a label in tables) and its conditioning.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -70,36 +71,120 @@ pub struct ReportSpec {
     pub paper: &'static str,
 }
 
-/// Per variant, per seed: the final summary and the diagnostic trajectory.
+/// The diagnostics of one evaluation, averaged over layers and heads ([`summarize`]).
+#[derive(Clone, Copy, Debug)]
+struct Diagnostics {
+    kappa_wq: f64,
+    sigma_min_wq: f64,
+    entropy: f64,
+    jacobian_kappa: f64,
+    saturated: f64,
+    /// The entropy of uniform attention, for comparison.
+    uniform_entropy: f64,
+}
+
+impl Diagnostics {
+    fn of(heads: &[HeadDiagnostics]) -> Self {
+        let s = summarize(heads);
+        Self {
+            kappa_wq: s.kappa_wq,
+            sigma_min_wq: s.sigma_min_wq,
+            entropy: s.entropy,
+            jacobian_kappa: s.jacobian_kappa,
+            saturated: s.saturated_fraction,
+            uniform_entropy: heads.iter().map(|h| h.uniform_entropy).sum::<f64>()
+                / heads.len() as f64,
+        }
+    }
+}
+
+/// What one variant logged in one run.
 #[derive(Default)]
-struct VariantData {
+struct VariantRun {
     finals: Vec<Final>,
-    /// step → per-seed (κ(W_Q), σ_min(W_Q), entropy, κ(J), saturated).
-    curves: BTreeMap<u64, Vec<[f64; 5]>>,
-    /// The last eval of each seed: (κ(W_Q), σ_min(W_Q), entropy, κ(J), saturated, uniform H).
-    last: Vec<[f64; 6]>,
+    /// (step, diagnostics) of every evaluation.
+    curve: Vec<(u64, Diagnostics)>,
 }
 
-fn fmt_ms((m, s): (f64, f64), scale: f64) -> String {
-    if m.is_nan() {
-        "n/a".into()
-    } else {
-        format!("{:.2} ± {:.2}", m * scale, s * scale)
+impl VariantRun {
+    fn add(&mut self, line: Line) {
+        if let Some(f) = line.summary {
+            self.finals.push(f);
+        }
+        if let Some(Record::Eval { step, heads, .. }) = line.record {
+            if !heads.is_empty() {
+                self.curve.push((step, Diagnostics::of(&heads)));
+            }
+        }
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| !x.is_nan());
-    if v.is_empty() {
-        return f64::NAN;
+/// One variant over every seed.
+struct VariantData {
+    name: String,
+    finals: Vec<Final>,
+    /// Every seed's (step, diagnostics), run by run.
+    curve: Vec<(u64, Diagnostics)>,
+    /// Each seed's last evaluation.
+    last: Vec<Diagnostics>,
+}
+
+impl VariantData {
+    fn new(name: String, runs: Vec<VariantRun>) -> Self {
+        let mut data = Self {
+            name,
+            finals: Vec::new(),
+            curve: Vec::new(),
+            last: Vec::new(),
+        };
+        for run in runs {
+            data.last.extend(run.curve.last().map(|(_, d)| *d));
+            data.finals.extend(run.finals);
+            data.curve.extend(run.curve);
+        }
+        data
     }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
+
+    /// The headline metric of every completed seed.
+    fn completed_metrics(&self) -> Vec<f64> {
+        self.finals
+            .iter()
+            .filter(|f| f.outcome == Outcome::Completed)
+            .map(|f| f.metric)
+            .collect()
     }
+
+    fn last(&self, value: fn(&Diagnostics) -> f64) -> Vec<f64> {
+        self.last.iter().map(value).collect()
+    }
+
+    /// Mean and std over seeds of a diagnostic at the last evaluation.
+    fn last_mean_std(&self, value: fn(&Diagnostics) -> f64) -> (f64, f64) {
+        mean_std(&self.last(value))
+    }
+
+    /// Mean over seeds of a diagnostic at the last evaluation.
+    fn last_mean(&self, value: fn(&Diagnostics) -> f64) -> f64 {
+        mean(&self.last(value))
+    }
+
+    /// Median over seeds of κ(J) at the last evaluation.
+    fn last_kappa_j(&self) -> f64 {
+        median(&self.last(|d| d.jacobian_kappa))
+    }
+}
+
+/// Every variant's data over the runs that did not fail, in the configured order.
+fn read_data(runs: &[RunRecord]) -> Result<Vec<VariantData>> {
+    let mut variants = read_variants(runs, VariantRun::add)?;
+    Ok(variants
+        .order
+        .into_iter()
+        .map(|name| {
+            let runs = variants.runs.remove(&name).unwrap_or_default();
+            VariantData::new(name, runs)
+        })
+        .collect())
 }
 
 /// The tables, plots and verdicts shared by `vit-fmnist` and `gpt-sotu`.
@@ -110,93 +195,54 @@ pub fn conditioning_report(
     report_dir: &Path,
     spec: &ReportSpec,
 ) -> Result<()> {
-    let mut order: Vec<String> = Vec::new();
-    let mut data: BTreeMap<String, VariantData> = BTreeMap::new();
-    for run in runs {
-        if matches!(run.info.status, RunStatus::Failed { .. }) {
-            continue;
-        }
-        let mut last: BTreeMap<String, [f64; 6]> = BTreeMap::new();
-        for line in run.metrics::<Line>()? {
-            if !order.contains(&line.variant) {
-                order.push(line.variant.clone());
-            }
-            let entry = data.entry(line.variant.clone()).or_default();
-            if let Some(f) = line.summary {
-                entry.finals.push(f);
-            }
-            if let Some(Record::Eval { step, heads, .. }) = line.record {
-                if heads.is_empty() {
-                    continue;
-                }
-                let s = summarize(&heads);
-                let uniform =
-                    heads.iter().map(|h| h.uniform_entropy).sum::<f64>() / heads.len() as f64;
-                entry.curves.entry(step).or_default().push([
-                    s.kappa_wq,
-                    s.sigma_min_wq,
-                    s.entropy,
-                    s.jacobian_kappa,
-                    s.saturated_fraction,
-                ]);
-                last.insert(
-                    line.variant.clone(),
-                    [
-                        s.kappa_wq,
-                        s.sigma_min_wq,
-                        s.entropy,
-                        s.jacobian_kappa,
-                        s.saturated_fraction,
-                        uniform,
-                    ],
-                );
-            }
-        }
-        for (v, l) in last {
-            data.entry(v).or_default().last.push(l);
-        }
-    }
-    if order.is_empty() {
+    let data = read_data(runs)?;
+    if data.is_empty() {
         section.paragraph("No completed runs to report.");
         return Ok(());
     }
-    let base_name = order[0].clone();
-    let base_step = mean_step_seconds(&data[&base_name].finals);
+    final_table(section, &data, spec);
+    plots(section, &data, &Figures::new(out_dir, report_dir))?;
+    verdict_table(section, &data, spec);
+    collapse(section, &data);
+    Ok(())
+}
 
-    // The main table.
-    let mut rows = Vec::new();
-    for name in &order {
-        let d = &data[name];
-        let completed: Vec<f64> = d
-            .finals
-            .iter()
-            .filter(|f| f.outcome == Outcome::Completed)
-            .map(|f| f.metric)
-            .collect();
-        let diverged = d
-            .finals
-            .iter()
-            .filter(|f| matches!(f.outcome, Outcome::Diverged { .. }))
-            .count();
-        let col = |i: usize| mean_std(&d.last.iter().map(|l| l[i]).collect::<Vec<_>>());
-        let step = mean_step_seconds(&d.finals);
-        rows.push(vec![
-            name.clone(),
-            format!("{}/{}", completed.len(), d.finals.len()),
-            diverged.to_string(),
-            fmt_ms(mean_std(&completed), spec.scale),
-            fmt_ms(col(0), 1.0),
-            fmt_ms(col(1), 1.0),
-            format!("{:.3e}", median(d.last.iter().map(|l| l[3]).collect())),
-            format!("{:.3} / {:.3}", col(2).0, col(5).0),
-            format!("{:.1}%", 100.0 * col(4).0),
-            format!(
-                "{:.1} ({:+.1}%)",
-                1e3 * step,
-                100.0 * (step / base_step - 1.0)
-            ),
-        ]);
-    }
+/// Final values per variant, beside the paper's numbers.
+fn final_table(section: &mut Section, data: &[VariantData], spec: &ReportSpec) {
+    let base_step = mean_step_seconds(&data[0].finals);
+    let scaled = |(m, s): (f64, f64), scale: f64| mean_std_or((m * scale, s * scale), 2, "n/a");
+    let rows: Vec<Vec<String>> = data
+        .iter()
+        .map(|d| {
+            let completed = d.completed_metrics();
+            let diverged = d
+                .finals
+                .iter()
+                .filter(|f| matches!(f.outcome, Outcome::Diverged { .. }))
+                .count();
+            let step = mean_step_seconds(&d.finals);
+            vec![
+                d.name.clone(),
+                format!("{}/{}", completed.len(), d.finals.len()),
+                diverged.to_string(),
+                scaled(mean_std(&completed), spec.scale),
+                scaled(d.last_mean_std(|d| d.kappa_wq), 1.0),
+                scaled(d.last_mean_std(|d| d.sigma_min_wq), 1.0),
+                sci(d.last_kappa_j(), 3),
+                format!(
+                    "{:.3} / {:.3}",
+                    d.last_mean(|d| d.entropy),
+                    d.last_mean(|d| d.uniform_entropy)
+                ),
+                format!("{:.1}%", 100.0 * d.last_mean(|d| d.saturated)),
+                format!(
+                    "{:.1} ({:+.1}%)",
+                    1e3 * step,
+                    100.0 * (step / base_step - 1.0)
+                ),
+            ]
+        })
+        .collect();
     section.paragraph(
         "Final values per variant, mean ± sample std over seeds (diagnostics: mean \
                        over layers and heads at the last evaluation; κ(J): median over seeds of \
@@ -218,110 +264,62 @@ pub fn conditioning_report(
         &rows,
     );
     section.paragraph(spec.paper);
+}
 
-    // Plots over training.
-    let titles = [
-        ("kappa_wq", "κ(W_Q), mean over heads", true),
-        ("sigma_min_wq", "σ_min(W_Q), mean over heads", true),
+/// A diagnostic plotted over training: file stem, title, log axis, value.
+type Diagnostic = (&'static str, &'static str, bool, fn(&Diagnostics) -> f64);
+
+/// The diagnostics over training, median over seeds per step, one line per variant.
+fn plots(section: &mut Section, data: &[VariantData], figures: &Figures<'_>) -> Result<()> {
+    let diagnostics: [Diagnostic; 4] = [
+        ("kappa_wq", "κ(W_Q), mean over heads", true, |d| d.kappa_wq),
+        ("sigma_min_wq", "σ_min(W_Q), mean over heads", true, |d| {
+            d.sigma_min_wq
+        }),
         (
             "entropy",
             "attention entropy (nats), mean over heads",
             false,
+            |d| d.entropy,
         ),
         (
             "kappa_j",
             "κ(J) of the attention weight Jacobian, median over heads",
             true,
+            |d| d.jacobian_kappa,
         ),
     ];
-    for (i, (file, title, log)) in titles.iter().enumerate() {
+    for (file, title, log, value) in diagnostics {
         let mut plot = LinePlot::new(title, "step", title.split(',').next().unwrap_or(title));
-        if *log {
+        if log {
             plot = plot.log_y();
         }
         let mut any = false;
-        for name in &order {
-            let pts: Vec<(f64, f64)> = data[name]
-                .curves
-                .iter()
-                .map(|(s, v)| (*s as f64, median(v.iter().map(|x| x[i]).collect())))
-                .filter(|(_, y)| y.is_finite() && (!*log || *y > 0.0))
-                .collect();
+        for d in data {
+            let pts: Vec<(f64, f64)> =
+                per_step(d.curve.iter().map(|(s, x)| (*s, value(x))), median)
+                    .into_iter()
+                    .filter(|(_, y)| y.is_finite() && (!log || *y > 0.0))
+                    .collect();
             if !pts.is_empty() {
                 any = true;
-                plot = plot.series(name, pts, Mark::Line);
+                plot = plot.series(&d.name, pts, Mark::Line);
             }
         }
         if any {
-            let path = out_dir.join(format!("{file}.png"));
-            plot.save(&path)?;
-            section.image_file(title, &path, report_dir);
+            figures.add(section, title, &plot, &format!("{file}.png"))?;
         }
     }
+    Ok(())
+}
 
-    // Verdicts per claim, conditioned variants against the baseline.
-    let base = &data[&base_name];
-    let bcol = |i: usize| mean_std(&base.last.iter().map(|l| l[i]).collect::<Vec<_>>()).0;
-    let bmetric: Vec<f64> = base
-        .finals
+/// Verdicts per claim, each conditioned variant against the baseline (the first variant).
+fn verdict_table(section: &mut Section, data: &[VariantData], spec: &ReportSpec) {
+    let base = &data[0];
+    let rows: Vec<Vec<String>> = data[1..]
         .iter()
-        .filter(|f| f.outcome == Outcome::Completed)
-        .map(|f| f.metric)
+        .map(|d| verdict_row(d, base, spec))
         .collect();
-    let (bm, bs) = mean_std(&bmetric);
-    let bj = median(base.last.iter().map(|l| l[3]).collect());
-    let mut verdicts = Vec::new();
-    for name in order.iter().skip(1) {
-        let d = &data[name];
-        let col = |i: usize| mean_std(&d.last.iter().map(|l| l[i]).collect::<Vec<_>>()).0;
-        let m: Vec<f64> = d
-            .finals
-            .iter()
-            .filter(|f| f.outcome == Outcome::Completed)
-            .map(|f| f.metric)
-            .collect();
-        let (mm, ms) = mean_std(&m);
-        let j = median(d.last.iter().map(|l| l[3]).collect());
-        let held = |ok: bool| if ok { "held" } else { "did not hold" };
-        let better = if spec.higher_is_better {
-            mm > bm
-        } else {
-            mm < bm
-        };
-        let margin = (mm - bm).abs() > (bs.powi(2) + ms.powi(2)).sqrt();
-        verdicts.push(vec![
-            name.clone(),
-            format!(
-                "{} ({:.4} vs {:.4})",
-                held(col(1) > bcol(1)),
-                col(1),
-                bcol(1)
-            ),
-            format!(
-                "{} ({:.3} vs {:.3})",
-                held(col(0) < bcol(0)),
-                col(0),
-                bcol(0)
-            ),
-            if j.is_nan() || bj.is_nan() {
-                "not measured".into()
-            } else {
-                format!("{} ({:.3e} vs {:.3e})", held(j < bj), j, bj)
-            },
-            if mm.is_nan() || bm.is_nan() {
-                "no completed runs".into()
-            } else {
-                format!(
-                    "{}{} ({:.2} vs {:.2}, Δ = {:+.2})",
-                    held(better),
-                    if margin { "" } else { ", within noise" },
-                    mm * spec.scale,
-                    bm * spec.scale,
-                    (mm - bm) * spec.scale
-                )
-            },
-        ]);
-    }
     section.paragraph(
         "Verdicts at this scale, each conditioned variant against the baseline \
                        (final evaluation, means over seeds; \"within noise\" when the difference \
@@ -335,20 +333,70 @@ pub fn conditioning_report(
             "lower κ(J)",
             &format!("better {}", spec.metric),
         ],
-        &verdicts,
+        &rows,
     );
-    // Collapse of attention onto the diagonal (docs/models.md, "Why a large λ collapses attention").
-    let collapsed: Vec<String> = order
+}
+
+/// One variant's verdicts against the baseline.
+fn verdict_row(d: &VariantData, base: &VariantData, spec: &ReportSpec) -> Vec<String> {
+    let sigma = (
+        d.last_mean(|d| d.sigma_min_wq),
+        base.last_mean(|d| d.sigma_min_wq),
+    );
+    let kappa = (d.last_mean(|d| d.kappa_wq), base.last_mean(|d| d.kappa_wq));
+    let (j, bj) = (d.last_kappa_j(), base.last_kappa_j());
+    vec![
+        d.name.clone(),
+        versus(sigma.0 > sigma.1, fixed(sigma.0, 4), fixed(sigma.1, 4)),
+        versus(kappa.0 < kappa.1, fixed(kappa.0, 3), fixed(kappa.1, 3)),
+        if j.is_nan() || bj.is_nan() {
+            "not measured".into()
+        } else {
+            versus(j < bj, sci(j, 3), sci(bj, 3))
+        },
+        metric_verdict(
+            mean_std(&d.completed_metrics()),
+            mean_std(&base.completed_metrics()),
+            spec,
+        ),
+    ]
+}
+
+/// Whether the headline metric improved on the baseline's, and whether by more than the noise.
+fn metric_verdict((mm, ms): (f64, f64), (bm, bs): (f64, f64), spec: &ReportSpec) -> String {
+    if mm.is_nan() || bm.is_nan() {
+        return "no completed runs".into();
+    }
+    let better = if spec.higher_is_better {
+        mm > bm
+    } else {
+        mm < bm
+    };
+    let margin = (mm - bm).abs() > (bs.powi(2) + ms.powi(2)).sqrt();
+    format!(
+        "{}{} ({:.2} vs {:.2}, Δ = {:+.2})",
+        held(better),
+        if margin { "" } else { ", within noise" },
+        mm * spec.scale,
+        bm * spec.scale,
+        (mm - bm) * spec.scale
+    )
+}
+
+/// Collapse of attention onto the diagonal (docs/models.md, "Why a large λ collapses
+/// attention"): the variants where most attention rows saturated.
+fn collapse(section: &mut Section, data: &[VariantData]) {
+    let collapsed: Vec<String> = data
         .iter()
-        .filter_map(|name| {
-            let d = &data[name];
-            let sat = mean_std(&d.last.iter().map(|l| l[4]).collect::<Vec<_>>()).0;
-            let h = mean_std(&d.last.iter().map(|l| l[2]).collect::<Vec<_>>()).0;
-            let u = mean_std(&d.last.iter().map(|l| l[5]).collect::<Vec<_>>()).0;
+        .filter_map(|d| {
+            let sat = d.last_mean(|d| d.saturated);
+            let h = d.last_mean(|d| d.entropy);
+            let u = d.last_mean(|d| d.uniform_entropy);
             (sat > 0.5).then(|| {
                 format!(
-                    "{name}: {:.1}% of attention rows put more than 0.99 of their mass on one \
+                    "{}: {:.1}% of attention rows put more than 0.99 of their mass on one \
                      token (entropy {h:.3} against {u:.3} for uniform attention)",
+                    d.name,
                     100.0 * sat
                 )
             })
@@ -364,5 +412,4 @@ pub fn conditioning_report(
             collapsed.join("; ")
         )
     });
-    Ok(())
 }

@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use kappa_experiments::config::ConfigSource;
-//! use kappa_experiments::experiments::optim_geometry::Config;
+//! use kappa_experiments::suite::optim_geometry::Config;
 //! use kappa_experiments::Scale;
 //!
 //! let source = ConfigSource::builtin("optim-geometry", Scale::Smoke)?;

@@ -15,7 +15,6 @@
 
 pub mod conditioning;
 pub mod config;
-pub mod experiments;
 pub mod plot;
 pub mod publish;
 pub mod registry;
@@ -24,6 +23,7 @@ pub use kappa_train::run;
 pub mod runner;
 pub mod scale;
 pub mod stats;
+pub mod suite;
 pub mod train;
 
 pub use registry::{registry, Experiment, RegisteredExperiment};

@@ -8,10 +8,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::config::{ConfigError, ConfigSource};
-use crate::experiments;
 use crate::report::Section;
 use crate::run::{Resumed, Run, RunContext, RunInfo, RunRecord, RunStatus};
 use crate::scale::Scale;
+use crate::suite;
 
 /// An experiment: a config per scale, a run per seed, and a report section made from run folders.
 ///
@@ -245,13 +245,13 @@ impl Resumption {
 /// Every experiment, in report order.
 pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
     vec![
-        Box::new(experiments::random_spectra::RandomSpectra),
-        Box::new(experiments::theory::Theory),
-        Box::new(experiments::convergence::Convergence),
-        Box::new(experiments::optim_geometry::OptimGeometry),
-        Box::new(experiments::vit_fmnist::VitFmnist),
-        Box::new(experiments::gpt_sotu::GptSotu),
-        Box::new(experiments::manifolds::Manifolds),
+        Box::new(suite::random_spectra::RandomSpectra),
+        Box::new(suite::theory::Theory),
+        Box::new(suite::convergence::Convergence),
+        Box::new(suite::optim_geometry::OptimGeometry),
+        Box::new(suite::vit_fmnist::VitFmnist),
+        Box::new(suite::gpt_sotu::GptSotu),
+        Box::new(suite::manifolds::Manifolds),
     ]
 }
 

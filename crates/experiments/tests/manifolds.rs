@@ -5,8 +5,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kappa_experiments::experiments::manifolds::{Config, Manifolds};
 use kappa_experiments::run::RunContext;
+use kappa_experiments::suite::manifolds::{Config, Manifolds};
 use kappa_experiments::{Experiment, Run, RunRecord, RunStatus, Scale};
 use kappa_models::{Gpt, TextCorpus};
 use kappa_optim::MuonConfig;

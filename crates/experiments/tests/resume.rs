@@ -7,10 +7,10 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use kappa_experiments::config::ConfigSource;
-use kappa_experiments::experiments::random_spectra::RandomSpectra;
-use kappa_experiments::experiments::vit_fmnist::VitFmnist;
 use kappa_experiments::registry::{ResolvedConfig, Resumption};
 use kappa_experiments::run::{Resumed, Run, RunContext, RunRecord, RunStatus};
+use kappa_experiments::suite::random_spectra::RandomSpectra;
+use kappa_experiments::suite::vit_fmnist::VitFmnist;
 use kappa_experiments::{Experiment, RegisteredExperiment, Scale};
 use kappa_train::{Line, Record, RunError};
 

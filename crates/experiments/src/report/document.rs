@@ -1,90 +1,11 @@
-//! `results/report.md`: one section per experiment, each built from run folders, each between
-//! markers (`<!-- kappa:section NAME … -->` … `<!-- kappa:end NAME -->`) so that `--publish`
-//! can replace the sections of the experiments that ran and keep the others
-//! ([`Report::splice`], [`crate::publish`]).
+//! The document `report.md`: a header, then one [`Part`] per experiment between markers
+//! (`<!-- kappa:section NAME … -->` … `<!-- kappa:end NAME -->`), so that `--publish` can
+//! replace the sections of the experiments that ran and keep the others ([`Report::splice`],
+//! [`crate::publish`]).
 
 use std::fmt::Write as _;
-use std::path::Path;
 
-use crate::run::{RunRecord, RunStatus};
 use crate::scale::Scale;
-
-/// One experiment's part of the report, in Markdown.
-#[derive(Default)]
-pub struct Section {
-    title: String,
-    body: String,
-}
-
-impl Section {
-    /// A section with a title (the experiment name).
-    pub fn new(title: &str) -> Self {
-        Self {
-            title: title.to_string(),
-            body: String::new(),
-        }
-    }
-
-    /// A paragraph of text.
-    pub fn paragraph(&mut self, text: &str) -> &mut Self {
-        let _ = write!(self.body, "{}\n\n", text.trim());
-        self
-    }
-
-    /// A Markdown table.
-    pub fn table<S: AsRef<str>>(&mut self, headers: &[&str], rows: &[Vec<S>]) -> &mut Self {
-        let _ = writeln!(self.body, "| {} |", headers.join(" | "));
-        let _ = writeln!(self.body, "|{}", "---|".repeat(headers.len()));
-        for row in rows {
-            let cells: Vec<&str> = row.iter().map(AsRef::as_ref).collect();
-            let _ = writeln!(self.body, "| {} |", cells.join(" | "));
-        }
-        self.body.push('\n');
-        self
-    }
-
-    /// An embedded image; `path` is relative to the report.
-    pub fn image(&mut self, alt: &str, path: &str) -> &mut Self {
-        let _ = write!(self.body, "![{alt}]({path})\n\n");
-        self
-    }
-
-    /// An embedded image file, linked relative to `report_dir` when it lies below it (so links
-    /// stay valid when the results folder moves, e.g. when `--publish` copies it).
-    pub fn image_file(&mut self, alt: &str, file: &Path, report_dir: &Path) -> &mut Self {
-        let link = file.strip_prefix(report_dir).unwrap_or(file);
-        self.image(alt, &link.to_string_lossy())
-    }
-
-    /// The rendered Markdown.
-    pub fn to_markdown(&self) -> String {
-        format!("## {}\n\n{}", self.title, self.body)
-    }
-}
-
-/// One line per run: seed, status and wall time, so a report says what it was made from.
-pub fn runs_table(section: &mut Section, runs: &[RunRecord]) {
-    let rows: Vec<Vec<String>> = runs
-        .iter()
-        .map(|r| {
-            let status = match &r.info.status {
-                RunStatus::Completed => "completed".to_string(),
-                RunStatus::Diverged { step, reason } => {
-                    format!("diverged at step {step} ({reason})")
-                }
-                RunStatus::Failed { error } => format!("failed: {}", error.replace('\n', " ")),
-            };
-            vec![
-                r.info.run.seed.to_string(),
-                status,
-                format!("{:.1}", r.info.wall_seconds),
-                r.info.run.threads.to_string(),
-                r.info.run.device.clone(),
-            ]
-        })
-        .collect();
-    section.table(&["seed", "status", "wall s", "threads", "device"], &rows);
-}
 
 /// One experiment's part of `report.md`, between the markers
 /// `<!-- kappa:section NAME scale=S seconds=T -->` and `<!-- kappa:end NAME -->`: what
@@ -97,7 +18,7 @@ pub struct Part {
     pub scale: Scale,
     /// The wall time of its runs.
     pub seconds: f64,
-    /// The section's Markdown ([`Section::to_markdown`]).
+    /// The section's Markdown ([`super::Section::to_markdown`]).
     pub markdown: String,
 }
 

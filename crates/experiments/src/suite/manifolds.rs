@@ -21,9 +21,11 @@ use kappa_train::{
 use serde::{Deserialize, Serialize};
 
 use crate::plot::{LinePlot, Mark};
-use crate::report::{runs_table, Section};
+use crate::report::cells::{over_seeds, MISSING};
+use crate::report::variants::{read_variants, Variants};
+use crate::report::{opened, Figures, Section};
 use crate::run::{Run, RunRecord, RunStatus};
-use crate::stats::mean_std;
+use crate::stats::{mean, mean_std, per_step};
 use crate::Experiment;
 
 /// The experiment (registered as `manifolds`).
@@ -262,51 +264,25 @@ fn point(step: u64, eval_loss: f64, record: &Record) -> Option<Point> {
 /// Variant name → one trace per seed, in run order.
 type Traces = BTreeMap<String, Vec<Trace>>;
 
-/// The variant order and every variant's traces.
-fn read_traces(runs: &[RunRecord]) -> Result<(Vec<String>, Traces)> {
-    let mut order = Vec::new();
-    let mut traces = Traces::new();
-    for run in runs {
-        if matches!(run.info.status, RunStatus::Failed { .. }) {
-            continue;
-        }
-        let mut this: BTreeMap<String, Trace> = BTreeMap::new();
-        for line in run.metrics::<Line>()? {
-            if !order.contains(&line.variant) {
-                order.push(line.variant.clone());
+impl Trace {
+    /// Adds one line of `metrics.jsonl`.
+    fn add(&mut self, line: Line) {
+        match (&line.record, &line.summary) {
+            (Some(r @ Record::Eval { step, eval, .. }), _) => {
+                self.points.extend(point(*step, eval.loss, r));
             }
-            let t = this.entry(line.variant.clone()).or_default();
-            match (&line.record, &line.summary) {
-                (Some(r @ Record::Eval { step, eval, .. }), _) => {
-                    t.points.extend(point(*step, eval.loss, r));
+            (Some(Record::Train { optimizers, .. }), _) => {
+                for (g, s) in optimizers {
+                    self.optim.entry(g.clone()).or_default().add(s);
                 }
-                (Some(Record::Train { optimizers, .. }), _) => {
-                    for (g, s) in optimizers {
-                        t.optim.entry(g.clone()).or_default().add(s);
-                    }
-                }
-                (_, Some(f)) => {
-                    t.outcome = Some(f.outcome.clone());
-                    t.metric = f.metric;
-                    t.seconds_per_step = f.seconds_per_step;
-                }
-                _ => {}
             }
+            (_, Some(f)) => {
+                self.outcome = Some(f.outcome.clone());
+                self.metric = f.metric;
+                self.seconds_per_step = f.seconds_per_step;
+            }
+            _ => {}
         }
-        for (v, t) in this {
-            traces.entry(v).or_default().push(t);
-        }
-    }
-    Ok((order, traces))
-}
-
-fn fmt_ms((m, s): (f64, f64), n: usize) -> String {
-    if m.is_nan() {
-        "—".into()
-    } else if n > 1 {
-        format!("{m:.4} ± {s:.4}")
-    } else {
-        format!("{m:.4}")
     }
 }
 
@@ -340,110 +316,89 @@ fn final_losses(traces: &[Trace]) -> Vec<f64> {
 
 /// Mean over seeds of `f` at each evaluation step present in any seed.
 fn curve(traces: &[Trace], f: impl Fn(&Point) -> f64) -> Vec<(f64, f64)> {
-    let mut at: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-    for t in traces {
-        for p in &t.points {
-            at.entry(p.step).or_default().push(f(p));
-        }
-    }
-    at.into_iter()
-        .map(|(s, v)| (s as f64, v.iter().sum::<f64>() / v.len() as f64))
-        .collect()
+    let points = traces.iter().flat_map(|t| t.points.iter());
+    per_step(points.map(|p| (p.step, f(p))), mean)
+}
+
+/// Mean seconds per training step over the seeds of a variant.
+fn seconds_per_step(traces: &[Trace]) -> f64 {
+    traces.iter().map(|x| x.seconds_per_step).sum::<f64>() / traces.len().max(1) as f64
 }
 
 fn report(e: &Manifolds, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
-    let mut section = Section::new(
+    let mut section = opened(
         "manifolds: module-wise manifold Muon on a GPT (Different Layers, Different Manifolds)",
+        e.claim(),
+        runs,
     );
-    section.paragraph(e.claim());
-    runs_table(&mut section, runs);
-    let (order, traces) = read_traces(runs)?;
+    let Variants {
+        order,
+        runs: traces,
+    } = read_variants(runs, Trace::add)?;
     if order.is_empty() {
         section.paragraph("No completed runs to report.");
         return Ok(section);
     }
     if let Some(run) = runs.first() {
-        let c: Config = run.config()?;
-        section.paragraph(&format!(
-            "Setup: GPT with {} layers, d = {}, {} heads, context {}, {:?} tokens of the SOTU \
-             text; {} steps of {} sequences ({} tokens per step); AdamW peak lr {} on \
-             embeddings and gains, Muon / manifold-Muon peak lr {} (spectral norm of a step), \
-             warmup {} then cosine to a tenth; global clip {}; dual ascent α = {}, K = {}; \
-             msign Polar Express; libtorch threads {}, optimizer worker threads {}. Divergence: \
-             the smoothed training loss above {} × its best. \
-             The paper ran GPT-2 small (12 × 768, context 1024) on OpenWebText for 50k steps of \
-             65,536 tokens: this is a far smaller model trained far shorter.",
-            c.model.n_layer,
-            c.model.n_embd,
-            c.model.n_head,
-            c.model.block_size,
-            c.tokenizer,
-            c.train.steps,
-            c.train.batch_size,
-            c.train.batch_size * c.model.block_size,
-            c.train.lr,
-            c.variants
-                .first()
-                .map_or(f64::NAN, |v| v.modulewise.muon_lr),
-            c.train.warmup_steps,
-            c.train.grad_clip,
-            c.variants
-                .first()
-                .map_or(f64::NAN, |v| v.modulewise.manifold.dual.alpha),
-            c.variants
-                .first()
-                .map_or(0, |v| v.modulewise.manifold.dual.steps),
-            if c.libtorch_threads > 0 {
-                c.libtorch_threads.to_string()
-            } else {
-                "as the run".into()
-            },
-            c.variants
-                .first()
-                .map_or(1, |v| v.modulewise.optimizer_threads),
-            c.train.divergence_factor,
-        ));
+        section.paragraph(&setup(&run.config()?));
     }
+    results_table(&mut section, &order, &traces);
+    verdicts(&mut section, &order, &traces);
+    dual_table(&mut section, &order, &traces);
+    plots(
+        &mut section,
+        &order,
+        &traces,
+        &Figures::new(out_dir, report_dir),
+    );
+    Ok(section)
+}
 
-    // The paper's table beside ours.
+/// What was trained, beside what the paper trained.
+fn setup(c: &Config) -> String {
+    let first = c.variants.first().map(|v| &v.modulewise);
+    format!(
+        "Setup: GPT with {} layers, d = {}, {} heads, context {}, {:?} tokens of the SOTU \
+         text; {} steps of {} sequences ({} tokens per step); AdamW peak lr {} on \
+         embeddings and gains, Muon / manifold-Muon peak lr {} (spectral norm of a step), \
+         warmup {} then cosine to a tenth; global clip {}; dual ascent α = {}, K = {}; \
+         msign Polar Express; libtorch threads {}, optimizer worker threads {}. Divergence: \
+         the smoothed training loss above {} × its best. \
+         The paper ran GPT-2 small (12 × 768, context 1024) on OpenWebText for 50k steps of \
+         65,536 tokens: this is a far smaller model trained far shorter.",
+        c.model.n_layer,
+        c.model.n_embd,
+        c.model.n_head,
+        c.model.block_size,
+        c.tokenizer,
+        c.train.steps,
+        c.train.batch_size,
+        c.train.batch_size * c.model.block_size,
+        c.train.lr,
+        first.map_or(f64::NAN, |m| m.muon_lr),
+        c.train.warmup_steps,
+        c.train.grad_clip,
+        first.map_or(f64::NAN, |m| m.manifold.dual.alpha),
+        first.map_or(0, |m| m.manifold.dual.steps),
+        if c.libtorch_threads > 0 {
+            c.libtorch_threads.to_string()
+        } else {
+            "as the run".into()
+        },
+        first.map_or(1, |m| m.optimizer_threads),
+        c.train.divergence_factor,
+    )
+}
+
+/// The paper's table beside ours: validation loss, stability and time per step.
+fn results_table(section: &mut Section, order: &[String], traces: &Traces) {
     let base_step = traces
         .get(Preset::Unconstrained.name())
-        .map(|t| t.iter().map(|x| x.seconds_per_step).sum::<f64>() / t.len().max(1) as f64)
-        .unwrap_or(f64::NAN);
-    let mut rows = Vec::new();
-    for name in &order {
-        let t = &traces[name];
-        let losses = final_losses(t);
-        let preset = Preset::ALL.iter().find(|p| p.name() == name);
-        let paper = match preset {
-            Some(p) => p
-                .paper_val_loss()
-                .map_or("Unstable".to_string(), |l| format!("{l:.4}")),
-            None => "—".into(),
-        };
-        let step = t.iter().map(|x| x.seconds_per_step).sum::<f64>() / t.len().max(1) as f64;
-        let (opt_s, train_s) = t.iter().fold((0.0, 0.0), |(a, b), x| {
-            let steps = x.points.last().map_or(0, |p| p.step) as f64;
-            (
-                a + x.optim.values().map(|v| v.seconds).sum::<f64>(),
-                b + x.seconds_per_step * steps,
-            )
-        });
-        rows.push(vec![
-            name.clone(),
-            paper,
-            fmt_ms(mean_std(&losses), losses.len()),
-            format!("{}/{}", losses.len(), t.len()),
-            outcome_text(t),
-            format!("{step:.3}"),
-            format!("{:.2}", step / base_step),
-            if train_s > 0.0 {
-                format!("{:.0}%", 100.0 * opt_s / train_s)
-            } else {
-                "—".into()
-            },
-        ]);
-    }
+        .map_or(f64::NAN, |t| seconds_per_step(t));
+    let rows: Vec<Vec<String>> = order
+        .iter()
+        .map(|name| result_row(name, &traces[name], base_step))
+        .collect();
     section.table(
         &[
             "assignment",
@@ -463,20 +418,47 @@ fn report(e: &Manifolds, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) 
          \"optimizer share\" is the part of the training step spent in the Muon and manifold-Muon \
          updates (dual ascent and retraction).",
     );
-
-    verdicts(&mut section, &order, &traces);
-    dual_table(&mut section, &order, &traces);
-    plots(&mut section, &order, &traces, out_dir, report_dir)?;
-    Ok(section)
 }
 
-fn mean_of(traces: &Traces, p: Preset) -> (f64, f64, usize) {
+/// One assignment's row of [`results_table`].
+fn result_row(name: &str, t: &[Trace], base_step: f64) -> Vec<String> {
+    let losses = final_losses(t);
+    let paper = match Preset::ALL.iter().find(|p| p.name() == name) {
+        Some(p) => p
+            .paper_val_loss()
+            .map_or("Unstable".to_string(), |l| format!("{l:.4}")),
+        None => MISSING.into(),
+    };
+    let step = seconds_per_step(t);
+    let (opt_s, train_s) = t.iter().fold((0.0, 0.0), |(a, b), x| {
+        let steps = x.points.last().map_or(0, |p| p.step) as f64;
+        (
+            a + x.optim.values().map(|v| v.seconds).sum::<f64>(),
+            b + x.seconds_per_step * steps,
+        )
+    });
+    vec![
+        name.to_string(),
+        paper,
+        over_seeds(&losses, 4),
+        format!("{}/{}", losses.len(), t.len()),
+        outcome_text(t),
+        format!("{step:.3}"),
+        format!("{:.2}", step / base_step),
+        if train_s > 0.0 {
+            format!("{:.0}%", 100.0 * opt_s / train_s)
+        } else {
+            MISSING.into()
+        },
+    ]
+}
+
+fn mean_of(traces: &Traces, p: Preset) -> (f64, f64) {
     let l = traces
         .get(p.name())
         .map(|t| final_losses(t))
         .unwrap_or_default();
-    let (m, s) = mean_std(&l);
-    (m, s, l.len())
+    mean_std(&l)
 }
 
 /// "first → last" of a per-evaluation value, one entry per seed, joined by "; ".
@@ -489,10 +471,21 @@ fn first_to_last(traces: &[Trace], value: impl Fn(&Point) -> String) -> String {
         .join("; ")
 }
 
+/// The paper's claims, one bullet each, judged from the traces.
 fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
-    let (h, hs, _) = mean_of(traces, Preset::Hetero);
-    let (st, sts, _) = mean_of(traces, Preset::AllStiefel);
-    let (u, us, _) = mean_of(traces, Preset::Unconstrained);
+    let mut lines = vec![ordering(traces)];
+    lines.extend(divergences(traces));
+    lines.extend(dual_ascent(order, traces));
+    lines.push(stiefel_logits(traces));
+    lines.extend(ablations(order, traces));
+    section.paragraph(&lines.join("\n"));
+}
+
+/// The paper's ordering of final validation losses, HETERO < ALL-STIEFEL < UNCONSTRAINED.
+fn ordering(traces: &Traces) -> String {
+    let (h, hs) = mean_of(traces, Preset::Hetero);
+    let (st, sts) = mean_of(traces, Preset::AllStiefel);
+    let (u, us) = mean_of(traces, Preset::Unconstrained);
     let ordering = if [h, st, u].iter().any(|x| x.is_nan()) {
         "cannot be judged (a preset has no completed run)".to_string()
     } else if h < st && st < u {
@@ -508,10 +501,16 @@ fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
     } else {
         format!("does not hold here: HETERO {h:.4}, ALL-STIEFEL {st:.4}, UNCONSTRAINED {u:.4}")
     };
-    let mut lines = vec![format!(
+    format!(
         "- **Ordering HETERO < ALL-STIEFEL < UNCONSTRAINED** (paper 3.3544 < 3.3679 < 3.3855): \
          {ordering}."
-    )];
+    )
+}
+
+/// DGram attention diverging (the paper's "Unstable"), with the growth of σ_max(QKV) and of the
+/// logits, and unconstrained Muon's growth for reference.
+fn divergences(traces: &Traces) -> Vec<String> {
+    let mut lines = Vec::new();
     for p in [Preset::AllDGram, Preset::HeteroInv] {
         let Some(t) = traces.get(p.name()) else {
             continue;
@@ -541,6 +540,11 @@ fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
             growth
         ));
     }
+    lines
+}
+
+/// How far from tangent the paper's dual ascent leaves its directions (presets only).
+fn dual_ascent(order: &[String], traces: &Traces) -> Option<String> {
     let mut dual = Vec::new();
     for name in order.iter().filter(|n| !n.contains(", ")) {
         let (mut updates, mut violation, mut diverged) = (0.0, 0.0, 0.0);
@@ -559,16 +563,20 @@ fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
             ));
         }
     }
-    if !dual.is_empty() {
-        lines.push(format!(
+    (!dual.is_empty()).then(|| {
+        format!(
             "- **The paper's dual ascent** (α = 0.1, K = 20, unnormalized) on the matrices that \
              run it (all but square Stiefel, which has a closed form): {}. The steps taken are \
              therefore not tangent: the constraint is restored by the retraction, not by the \
              direction (see the table below and docs/optim.md).",
             dual.join("; ")
-        ));
-    }
-    let stiefel_logits: Vec<String> = [Preset::AllStiefel, Preset::Hetero]
+        )
+    })
+}
+
+/// The largest logit of the Stiefel-attention presets at their last evaluation.
+fn stiefel_logits(traces: &Traces) -> String {
+    let logits: Vec<String> = [Preset::AllStiefel, Preset::Hetero]
         .iter()
         .filter_map(|p| {
             let t = traces.get(p.name())?;
@@ -583,31 +591,29 @@ fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
             ))
         })
         .collect();
-    lines.push(format!(
+    format!(
         "- **Stiefel attention bounds the logits** (σ_max(W_Q)·σ_max(W_K) ≤ 1): largest logit \
          at the last evaluation {}.",
-        stiefel_logits.join(", ")
-    ));
+        logits.join(", ")
+    )
+}
+
+/// The ablations (variant names with a ", "): final loss and stability.
+fn ablations(order: &[String], traces: &Traces) -> Option<String> {
     let ablations: Vec<String> = order
         .iter()
         .filter(|n| n.contains(", "))
         .filter_map(|n| {
             let t = traces.get(n)?;
-            let l = final_losses(t);
             Some(format!(
                 "{n}: {} ({})",
-                fmt_ms(mean_std(&l), l.len()),
+                over_seeds(&final_losses(t), 4),
                 outcome_text(t)
             ))
         })
         .collect();
-    if !ablations.is_empty() {
-        lines.push(format!(
-            "- **Ablations** (first seed): {}.",
-            ablations.join("; ")
-        ));
-    }
-    section.paragraph(&lines.join("\n"));
+    (!ablations.is_empty())
+        .then(|| format!("- **Ablations** (first seed): {}.", ablations.join("; ")))
 }
 
 fn dual_table(section: &mut Section, order: &[String], traces: &Traces) {
@@ -654,14 +660,11 @@ fn dual_table(section: &mut Section, order: &[String], traces: &Traces) {
     );
 }
 
-fn plots(
-    section: &mut Section,
-    order: &[String],
-    traces: &Traces,
-    out_dir: &Path,
-    report_dir: &Path,
-) -> Result<()> {
-    type Metric = (&'static str, &'static str, fn(&Point) -> f64, bool);
+/// A quantity plotted over training: file stem, label, value, log axis.
+type Metric = (&'static str, &'static str, fn(&Point) -> f64, bool);
+
+/// The quantities over training, mean over seeds, one line per variant (ablations thinner).
+fn plots(section: &mut Section, order: &[String], traces: &Traces, figures: &Figures<'_>) {
     let metrics: [Metric; 6] = [
         ("val-loss", "validation loss", |p| p.val_loss, false),
         (
@@ -708,10 +711,7 @@ fn plots(
             };
             plot = plot.series(name, curve(&traces[name], f), mark);
         }
-        let path = out_dir.join(format!("manifolds-{file}.png"));
-        if plot.save(&path).is_ok() {
-            section.image_file(&format!("manifolds {label}"), &path, report_dir);
-        }
+        let alt = format!("manifolds {label}");
+        figures.add_if_drawn(section, &alt, &plot, &format!("manifolds-{file}.png"));
     }
-    Ok(())
 }

@@ -1,4 +1,5 @@
-//! The experiments, one module each.
+//! The suite: the experiments, one module each (`kappa_experiments::suite::<name>`), in
+//! the order of [`crate::registry()`].
 
 pub mod convergence;
 pub mod gpt_sotu;

@@ -10,7 +10,7 @@ use kappa_train::{LanguageModeling, Outcome, Task, TrainConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::conditioning::{conditioning_report, train_conditioned, ReportSpec, Variant};
-use crate::report::{runs_table, Section};
+use crate::report::{opened, Section};
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::Experiment;
 
@@ -107,10 +107,11 @@ impl Experiment for GptSotu {
     }
 
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
-        let mut section =
-            Section::new("gpt-sotu: spectrally conditioned GPT on State of the Union text");
-        section.paragraph(Experiment::claim(self));
-        runs_table(&mut section, runs);
+        let mut section = opened(
+            "gpt-sotu: spectrally conditioned GPT on State of the Union text",
+            Experiment::claim(self),
+            runs,
+        );
         let spec = ReportSpec {
             metric: "validation loss (nats/char)",
             scale: 1.0,

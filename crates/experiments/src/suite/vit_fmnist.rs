@@ -12,7 +12,7 @@ use kappa_train::{ImageClassification, Outcome, TrainConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::conditioning::{conditioning_report, train_conditioned, ReportSpec, Variant};
-use crate::report::{runs_table, Section};
+use crate::report::{opened, Section};
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::Experiment;
 
@@ -118,9 +118,11 @@ impl Experiment for VitFmnist {
     }
 
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
-        let mut section = Section::new("vit-fmnist: spectrally conditioned ViT on Fashion-MNIST");
-        section.paragraph(Experiment::claim(self));
-        runs_table(&mut section, runs);
+        let mut section = opened(
+            "vit-fmnist: spectrally conditioned ViT on Fashion-MNIST",
+            Experiment::claim(self),
+            runs,
+        );
         let spec = ReportSpec {
             metric: "test accuracy (%)",
             scale: 100.0,
