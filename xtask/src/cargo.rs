@@ -54,6 +54,7 @@ const PUBLISHED: &[&str] = &[
     "kappa-attention",
     "kappa-optim",
     "kappa-models",
+    "kappa-train",
 ];
 
 /// `cargo xtask test`: setup, then formatting, lints, every test, the standalone libraries,
@@ -171,7 +172,8 @@ fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
 
 /// The libraries alone, outside the workspace's feature unification and without libtorch in
 /// the environment: `cargo test` of each (own target dir), a build without the default LAPACK
-/// backend, and kappa-models' docs in tch's doc-only mode (what docs.rs builds).
+/// backend, and kappa-models' and kappa-train's docs in tch's doc-only mode (what docs.rs
+/// builds).
 fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Command)> {
     let bare = |args: &[&str]| {
         let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
@@ -195,8 +197,10 @@ fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Comma
         "--locked",
         "-p",
         "kappa-models",
+        "-p",
+        "kappa-train",
         "--features",
-        "doc-only",
+        "kappa-models/doc-only,kappa-train/doc-only",
     ]);
     docs_rs.env("RUSTDOCFLAGS", "-D warnings");
     vec![
@@ -208,7 +212,10 @@ fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Comma
             "standalone libraries: build without the default OpenBLAS backend",
             with("check", &["--locked", "--no-default-features"]),
         ),
-        ("kappa-models docs without libtorch (docs.rs mode)", docs_rs),
+        (
+            "kappa-models and kappa-train docs without libtorch (docs.rs mode)",
+            docs_rs,
+        ),
     ]
 }
 
