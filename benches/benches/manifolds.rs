@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
-use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step};
+use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step, NOT_RUN};
 use kappa_models::{Gpt, GptConfig};
 use kappa_optim::{msign, Msign, Precision};
 use kappa_train::{modulewise_groups, seeded, ModulewiseConfig, ParamGroup, Preset, TrainConfig};
@@ -184,7 +184,7 @@ fn main() {
             fmt_ms(step),
             fmt_ratio(step.zip(base).map(|(a, b)| a / b)),
             fmt_ms(Some(seconds)),
-            step.map_or("n/a".into(), |s| format!("{:.0}%", 100.0 * seconds / s)),
+            step.map_or(NOT_RUN.into(), |s| format!("{:.0}%", 100.0 * seconds / s)),
             fmt_ms(Some(predicted)),
             fmt_ratio(Some(seconds / predicted)),
         );

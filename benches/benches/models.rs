@@ -47,7 +47,9 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
-use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with};
+use kappa_benches::{
+    configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with, NOT_RUN,
+};
 use kappa_models::{
     autocast::autocast, autocast::native_bf16, Conditioning, Gpt, GptConfig, HeadLayout, Vit,
     VitConfig,
@@ -533,9 +535,11 @@ fn versus_row(
             r.wall,
             r.min,
             r.max,
-            r.cpu.map_or("n/a".to_string(), |q| q.to_string()),
+            r.cpu.map_or(NOT_RUN.to_string(), |q| q.to_string()),
         ),
-        Err(e) => println!("| {label} | {threads} | n/a | n/a | reference failed: {e} | | |"),
+        Err(e) => {
+            println!("| {label} | {threads} | {NOT_RUN} | {NOT_RUN} | reference failed: {e} | | |")
+        }
     }
 }
 
@@ -587,7 +591,7 @@ fn main() {
                 ("gpt", paired_ratio(gpt_step(0.0), gpt_step(lambda), pairs)),
                 ("vit", paired_ratio(vit_step(0.0), vit_step(lambda), pairs)),
             ] {
-                let cpu = cpu.map_or("n/a".to_string(), |q| q.to_string());
+                let cpu = cpu.map_or(NOT_RUN.to_string(), |q| q.to_string());
                 println!("| {name} | {label} | {wall} | {cpu} |");
             }
         }
@@ -640,9 +644,9 @@ fn main() {
                 fmt_ms(theirs),
                 fmt_ratio(ratio),
                 fmt_ratio(overhead),
-                ours.map_or("n/a".into(), |s| format!("{:.0}", units / s)),
-                ours.map_or("n/a".into(), |s| format!("{:.2}", flops / s / 1e9)),
-                ours.map_or("n/a".into(), |s| format!("{:.3}", flops / s / peak)),
+                ours.map_or(NOT_RUN.into(), |s| format!("{:.0}", units / s)),
+                ours.map_or(NOT_RUN.into(), |s| format!("{:.2}", flops / s / 1e9)),
+                ours.map_or(NOT_RUN.into(), |s| format!("{:.3}", flops / s / peak)),
             );
         }
     }

@@ -15,7 +15,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, BenchmarkId, Criterion};
-use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, shape_id};
+use kappa_benches::{
+    configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, shape_id, NOT_RUN,
+};
 use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_linalg::Matrix;
 use kappa_optim::{
@@ -271,7 +273,7 @@ fn main() {
         let muon_auto = get("muon_step_auto");
         let tr = torch.as_ref().map(|t| &t[&id]);
         let tsec = tr.and_then(|t| t["seconds"].as_f64());
-        let tband = tr.map_or("n/a".into(), |t| {
+        let tband = tr.map_or(NOT_RUN.into(), |t| {
             format!(
                 "{:.3}-{:.3}",
                 t["sigma_min"].as_f64().unwrap_or(f64::NAN),

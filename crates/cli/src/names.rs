@@ -5,16 +5,35 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// Expands `$callback![name, ...]` with the experiment names, in the registry's order: the one
+/// list of names, for code that needs them as literals (kappa-experiments embeds each one's
+/// config files with `include_str!`). [`EXPERIMENTS`] is the same list as a slice.
+///
+/// ```
+/// macro_rules! count { ($($name:literal),*) => { [$($name),*].len() } }
+/// assert_eq!(kappa_cli::with_experiment_names!(count), kappa_cli::EXPERIMENTS.len());
+/// ```
+#[macro_export]
+macro_rules! with_experiment_names {
+    ($callback:ident) => {
+        $callback![
+            "random-spectra",
+            "theory",
+            "convergence",
+            "optim-geometry",
+            "vit-fmnist",
+            "gpt-sotu",
+            "manifolds"
+        ]
+    };
+}
+
+macro_rules! name_slice {
+    ($($name:literal),*) => { &[$($name),*] };
+}
+
 /// The experiment names, in the registry's order.
-pub const EXPERIMENTS: &[&str] = &[
-    "random-spectra",
-    "theory",
-    "convergence",
-    "optim-geometry",
-    "vit-fmnist",
-    "gpt-sotu",
-    "manifolds",
-];
+pub const EXPERIMENTS: &[&str] = with_experiment_names!(name_slice);
 
 /// An experiment name that is in the registry.
 #[derive(Clone, Debug, PartialEq, Eq)]

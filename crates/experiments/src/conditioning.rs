@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn;
 
 use crate::plot::{LinePlot, Mark};
-use crate::report::cells::{fixed, mean_std_or, sci};
+use crate::report::cells::{fixed, mean_std_or, sci, MISSING};
 use crate::report::variants::read_variants;
 use crate::report::verdict::{held, versus};
 use crate::report::{Figures, Section};
@@ -210,7 +210,7 @@ pub fn conditioning_report(
 /// Final values per variant, beside the paper's numbers.
 fn final_table(section: &mut Section, data: &[VariantData], spec: &ReportSpec) {
     let base_step = mean_step_seconds(&data[0].finals);
-    let scaled = |(m, s): (f64, f64), scale: f64| mean_std_or((m * scale, s * scale), 2, "n/a");
+    let scaled = |(m, s): (f64, f64), scale: f64| mean_std_or((m * scale, s * scale), 2, MISSING);
     let rows: Vec<Vec<String>> = data
         .iter()
         .map(|d| {

@@ -52,16 +52,8 @@ macro_rules! builtin_files {
     };
 }
 
-/// Every experiment's built-in files: smoke, cpu, paper.
-pub const BUILTIN: &[(&str, [&str; 3])] = builtin_files![
-    "random-spectra",
-    "theory",
-    "convergence",
-    "optim-geometry",
-    "vit-fmnist",
-    "gpt-sotu",
-    "manifolds",
-];
+/// Every experiment's built-in files: smoke, cpu, paper (the names are kappa-cli's list).
+pub const BUILTIN: &[(&str, [&str; 3])] = kappa_cli::with_experiment_names!(builtin_files);
 
 /// The top-level key that says which experiment a file configures.
 pub const EXPERIMENT_KEY: &str = "experiment";

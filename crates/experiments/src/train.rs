@@ -16,19 +16,20 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use kappa_cli::Set;
 use kappa_models::{
-    parse_device, summarize, FashionMnist, Gpt, GptConfig, Split, TextCorpus, TokenizerKind, Vit,
+    parse_device, summarize, FashionMnist, GptConfig, Split, TextCorpus, TokenizerKind, Vit,
     VitConfig,
 };
 use kappa_train::{
-    adamw_groups, modulewise_groups, train_variant, ImageClassification, LanguageModeling, Line,
-    ModulewiseConfig, Outcome, ParamGroup, Preset, Record, Resumed, Run, RunContext, RunRecord,
-    RunStatus, TrainConfig, VariantId,
+    adamw_groups, modulewise_groups, train_language_model, train_variant, ImageClassification,
+    Line, ModulewiseConfig, Outcome, ParamGroup, Preset, Record, Resumed, Run, RunContext,
+    RunRecord, RunStatus, TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
 use tch::nn;
 
 use crate::config::ConfigSource;
 use crate::plot::{LinePlot, Mark};
+use crate::report::cells::MISSING;
 use crate::report::Section;
 
 /// A training job: what is trained on what, and how (the TOML file of `train --config`).
@@ -179,21 +180,10 @@ pub fn train_job(job: &TrainJob, run: &mut Run) -> Result<RunStatus> {
             },
         ) => {
             let corpus = TextCorpus::from_file(path, *tokenizer, *validation_fraction, device)?;
-            let model = model.or_vocab(corpus.tokenizer.vocab_size());
-            let (batches, batch) = (job.train.eval_batches.max(1), job.train.batch_size);
-            train_variant::<_, anyhow::Error>(
-                run,
-                id,
-                &job.train,
-                |vs| {
-                    Ok(LanguageModeling::new(
-                        Gpt::new(&vs.root(), model)?,
-                        corpus,
-                        seed,
-                    )?)
-                },
-                |vs| optimizer_groups(vs, &job.optimizer, &job.train),
-                |task| Ok(tch::no_grad(|| kappa_train::Task::evaluate(task, batches, batch))?.loss),
+            let groups = |vs: &nn::VarStore| optimizer_groups(vs, &job.optimizer, &job.train);
+            let batches = job.train.eval_batches.max(1);
+            train_language_model::<anyhow::Error>(
+                run, id, &job.train, *model, corpus, groups, batches,
             )?
         }
         (
@@ -361,7 +351,7 @@ fn eval_points(lines: &[Line]) -> Vec<EvalPoint> {
 fn eval_row(e: &EvalPoint) -> Vec<String> {
     let num = |x: f64| {
         if x.is_nan() {
-            "—".to_string()
+            MISSING.to_string()
         } else {
             format!("{x:.4}")
         }
@@ -370,7 +360,7 @@ fn eval_row(e: &EvalPoint) -> Vec<String> {
         e.step.to_string(),
         num(e.loss),
         e.accuracy
-            .map_or("—".into(), |a| format!("{:.2}%", 100.0 * a)),
+            .map_or(MISSING.into(), |a| format!("{:.2}%", 100.0 * a)),
         num(e.kappa_wq),
         num(e.sigma_min_wq),
         num(e.entropy),

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 /// `run.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunContext {
-    /// What runs: an experiment's registry name, or the name of a user's training run.
+    /// What runs: an experiment's registry name, or the name of a user's training run. Run
+    /// folders written before kappa-train existed call it `experiment` (still read).
+    #[serde(alias = "experiment")]
     pub name: String,
     /// The size the run was configured at (`smoke`, `cpu`, `paper`, or a user's own label).
     pub scale: String,

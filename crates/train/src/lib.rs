@@ -9,7 +9,7 @@
 //! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
 //! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress |
 //! | [`run`] | [`Run`]: a run folder (`config.toml`, `metrics.jsonl`, `run.json`), resume, [`RunRecord`] to read one back |
-//! | [`variants`] | [`train_variant`]: the variants of a run trained in turn, each resumable |
+//! | [`variants`] | [`train_variant`]: the variants of a run trained in turn, each resumable; [`train_language_model`] for a GPT variant |
 //! | [`error`] | [`RunError`] (run folders; training errors are [`kappa_models::ModelsError`]) |
 //!
 //! See `docs/models.md` for the training loop's conventions and measured figures.
@@ -37,4 +37,4 @@ pub use trainer::{
     GroupOptimizer, OptimizerStats, Outcome, ParamGroup, Record, Summary, Task, TrainConfig,
     TrainPrecision, Trainer,
 };
-pub use variants::{train_variant, Final, Line, VariantId};
+pub use variants::{train_language_model, train_variant, Final, Line, VariantId};

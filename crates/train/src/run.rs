@@ -317,10 +317,12 @@ fn config_text<C: Serialize>(context: &RunContext, config: &C) -> Result<String>
 }
 
 /// Fails with [`RunError::ConfigChanged`] unless the TOML at `path` equals `expected` as a
-/// TOML value (formatting aside).
+/// TOML value (formatting aside), after [`renamed_keys`].
 fn ensure_same_config(path: &Path, expected: &str) -> Result<()> {
     let text = fs::read_to_string(path).map_err(|e| RunError::io(path, e))?;
-    let on_disk: toml::Value = toml::from_str(&text).map_err(|e| RunError::format(path, 0, e))?;
+    let mut on_disk: toml::Value =
+        toml::from_str(&text).map_err(|e| RunError::format(path, 0, e))?;
+    renamed_keys(&mut on_disk);
     let wanted: toml::Value =
         toml::from_str(expected).map_err(|e| RunError::format("the new config", 0, e))?;
     let mut differences = Vec::new();
@@ -332,6 +334,20 @@ fn ensure_same_config(path: &Path, expected: &str) -> Result<()> {
             path: path.to_path_buf(),
             differences,
         })
+    }
+}
+
+/// Reads an older run folder's `config.toml` in today's names: `[run] experiment` is
+/// `[run] name` (renamed when run folders moved into kappa-train). Only a rename is undone
+/// here; a config whose fields changed is a changed config.
+fn renamed_keys(file: &mut toml::Value) {
+    let Some(run) = file.get_mut("run").and_then(toml::Value::as_table_mut) else {
+        return;
+    };
+    if !run.contains_key("name") {
+        if let Some(name) = run.remove("experiment") {
+            run.insert("name".into(), name);
+        }
     }
 }
 
@@ -512,6 +528,41 @@ mod tests {
             recs,
             vec![Rec { step: 1, loss: 2.0 }, Rec { step: 2, loss: 1.5 }]
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_folder_that_calls_the_run_experiment_still_resumes_and_reads() {
+        let dir = std::env::temp_dir().join(format!("kappa-run-old-{}", std::process::id()));
+        let context = RunContext {
+            name: "demo".into(),
+            scale: "cpu".into(),
+            ..RunContext::default()
+        };
+        let cfg = Cfg {
+            sizes: vec![4],
+            rate: 0.1,
+        };
+        Run::create(&dir, context.clone(), &cfg)
+            .unwrap()
+            .finish(RunStatus::Completed)
+            .unwrap();
+        // What a run folder of the earlier layout says: `experiment` where today's says `name`.
+        for file in ["config.toml", "run.json"] {
+            let path = dir.join(file);
+            let text = fs::read_to_string(&path).unwrap();
+            let old = text.replacen("name = ", "experiment = ", 1);
+            let old = old.replacen("\"name\":", "\"experiment\":", 1);
+            assert_ne!(old, text, "{file} has no name to rename");
+            fs::write(&path, old).unwrap();
+        }
+        assert_eq!(RunRecord::read(&dir).unwrap().info.run.name, "demo");
+        let resumed = Run::resume(&dir, context.clone(), &cfg).unwrap();
+        assert!(matches!(resumed, Resumed::Finished(_)));
+        // A changed field is still a changed config.
+        let other = Cfg { rate: 0.2, ..cfg };
+        let err = Run::resume(&dir, context, &other).err().unwrap();
+        assert!(err.to_string().contains("config.rate: 0.1 → 0.2"), "{err}");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

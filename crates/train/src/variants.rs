@@ -15,12 +15,13 @@
 
 use std::path::{Path, PathBuf};
 
-use kappa_models::parse_device;
+use kappa_models::{parse_device, Gpt, GptConfig, TextCorpus};
 use serde::{Deserialize, Serialize};
 use tch::nn;
 
 use crate::error::RunError;
 use crate::run::Run;
+use crate::tasks::LanguageModeling;
 use crate::trainer::{seeded, Outcome, ParamGroup, Record, Summary, Task, Trainer};
 use crate::TrainConfig;
 
@@ -115,6 +116,35 @@ where
     };
     log_variant_summary(run, name, &summary, value, resumed_at)?;
     Ok(summary.outcome)
+}
+
+/// Trains one GPT variant with [`train_variant`]: `model` (its vocabulary from the corpus's
+/// tokenizer when `model.vocab_size` is 0) on [`LanguageModeling`] of `corpus`, with the
+/// optimizer groups of `groups`; the headline metric is the validation loss, the mean over
+/// `eval_batches` batches of the training batch size.
+pub fn train_language_model<E>(
+    run: &mut Run,
+    variant: VariantId<'_>,
+    train: &TrainConfig,
+    model: GptConfig,
+    corpus: TextCorpus,
+    groups: impl FnOnce(&nn::VarStore) -> Result<Vec<ParamGroup>, E>,
+    eval_batches: usize,
+) -> Result<Outcome, E>
+where
+    E: From<RunError> + From<kappa_models::ModelsError>,
+{
+    let seed = run.context().seed;
+    let model = model.or_vocab(corpus.tokenizer.vocab_size());
+    let batch_size = train.batch_size;
+    let build = |vs: &nn::VarStore| {
+        let gpt = Gpt::new(&vs.root(), model)?;
+        Ok(LanguageModeling::new(gpt, corpus, seed)?)
+    };
+    let metric = |task: &mut LanguageModeling| {
+        Ok(tch::no_grad(|| task.evaluate(eval_batches, batch_size))?.loss)
+    };
+    train_variant(run, variant, train, build, groups, metric)
 }
 
 /// Where variant `index` of a run keeps its checkpoint: `<run>/variant-<index>/checkpoint.safetensors`.

@@ -5,11 +5,12 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use kappa_models::{Gpt, GptConfig, TextCorpus, TokenizerKind};
-use kappa_train::{LanguageModeling, Outcome, Task, TrainConfig};
+use kappa_models::{GptConfig, TextCorpus, TokenizerKind};
+use kappa_train::{adamw_groups, train_language_model, TrainConfig, VariantId};
 use serde::{Deserialize, Serialize};
+use tch::nn;
 
-use crate::conditioning::{conditioning_report, train_conditioned, ReportSpec, Variant};
+use crate::conditioning::{conditioning_report, ReportSpec, Variant};
 use crate::report::{opened, Section};
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::Experiment;
@@ -75,33 +76,26 @@ impl Experiment for GptSotu {
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {
         let train = &config.train;
-        let seed = run.context().seed;
         let device = kappa_models::parse_device(&run.context().device)?;
         let dir = run.context().data_dir.join(TextCorpus::SOTU);
         for (i, variant) in config.variants.iter().enumerate() {
             let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
-            let model = config
-                .model
-                .or_vocab(corpus.tokenizer.vocab_size())
-                .with_conditioning(variant.conditioning);
-            let batches = config.final_eval_batches;
-            let batch_size = train.batch_size;
-            let outcome = train_conditioned(
+            let model = config.model.with_conditioning(variant.conditioning);
+            let id = VariantId {
+                index: i,
+                name: &variant.name,
+            };
+            let groups = |vs: &nn::VarStore| Ok(adamw_groups(vs, train));
+            train_language_model::<anyhow::Error>(
                 run,
-                i,
-                variant,
+                id,
                 train,
-                |vs| {
-                    Ok(LanguageModeling::new(
-                        Gpt::new(&vs.root(), model)?,
-                        corpus,
-                        seed,
-                    )?)
-                },
-                |task| Ok(tch::no_grad(|| task.evaluate(batches, batch_size))?.loss),
+                model,
+                corpus,
+                groups,
+                config.final_eval_batches,
             )
             .with_context(|| format!("variant {}", variant.name))?;
-            let _: Outcome = outcome;
         }
         Ok(RunStatus::Completed)
     }

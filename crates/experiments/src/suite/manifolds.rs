@@ -13,12 +13,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use kappa_models::{Gpt, GptConfig, TextCorpus, TokenizerKind};
+use kappa_models::{GptConfig, TextCorpus, TokenizerKind};
 use kappa_train::{
-    modulewise_groups, train_variant, LanguageModeling, Line, ModuleLabel, ModulewiseConfig,
-    OptimizerStats, Outcome, Preset, Record, Task, TrainConfig, VariantId,
+    modulewise_groups, train_language_model, Line, ModuleLabel, ModulewiseConfig, OptimizerStats,
+    Outcome, Preset, Record, TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
+use tch::nn;
 
 use crate::plot::{LinePlot, Mark};
 use crate::report::cells::{over_seeds, MISSING};
@@ -121,7 +122,6 @@ impl Experiment for Manifolds {
         if config.libtorch_threads > 0 {
             run.pin_threads(config.libtorch_threads);
         }
-        let seed = run.context().seed;
         let device = kappa_models::parse_device(&run.context().device)?;
         let dir = run.context().data_dir.join(TextCorpus::SOTU);
         let first_seed = run.context().seed == 0;
@@ -130,25 +130,20 @@ impl Experiment for Manifolds {
                 continue;
             }
             let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
-            let model = config.model.or_vocab(corpus.tokenizer.vocab_size());
-            let (batches, batch_size) = (config.final_eval_batches, train.batch_size);
             let id = VariantId {
                 index: i,
                 name: &variant.name,
             };
-            train_variant::<_, anyhow::Error>(
+            let groups =
+                |vs: &nn::VarStore| Ok(modulewise_groups(vs, &variant.modulewise, &train)?);
+            train_language_model::<anyhow::Error>(
                 run,
                 id,
                 &train,
-                |vs| {
-                    Ok(LanguageModeling::new(
-                        Gpt::new(&vs.root(), model)?,
-                        corpus,
-                        seed,
-                    )?)
-                },
-                |vs| Ok(modulewise_groups(vs, &variant.modulewise, &train)?),
-                |task| Ok(tch::no_grad(|| task.evaluate(batches, batch_size))?.loss),
+                config.model,
+                corpus,
+                groups,
+                config.final_eval_batches,
             )
             .with_context(|| format!("variant {}", variant.name))?;
         }

@@ -5,16 +5,17 @@ use anyhow::Result;
 
 use super::{inf, Config, Record};
 use crate::plot::{LinePlot, Mark};
+use crate::report::cells::MISSING;
 use crate::report::{Figures, Section};
 use crate::stats::median;
 
-/// A κ: 4 decimals, scientific notation outside [1e-2, 1e4), `∞` for a singular matrix and `–`
-/// for none.
+/// A κ: 4 decimals, scientific notation outside [1e-2, 1e4), `∞` for a singular matrix and
+/// [`MISSING`] for none.
 fn fmt_k(x: f64) -> String {
     if x.is_infinite() {
         "∞".into()
     } else if x.is_nan() {
-        "–".into()
+        MISSING.into()
     } else if x != 0.0 && (x.abs() >= 1e4 || x.abs() < 1e-2) {
         format!("{x:.3e}")
     } else {
@@ -22,10 +23,10 @@ fn fmt_k(x: f64) -> String {
     }
 }
 
-/// `a/b (p%)`, or `–` for b = 0.
+/// `a/b (p%)`, or [`MISSING`] for b = 0.
 fn pct(a: usize, b: usize) -> String {
     if b == 0 {
-        "–".into()
+        MISSING.into()
     } else {
         format!("{a}/{b} ({:.1}%)", 100.0 * a as f64 / b as f64)
     }
@@ -810,10 +811,10 @@ mod tests {
     #[test]
     fn kappa_cells() {
         assert_eq!(fmt_k(f64::INFINITY), "∞");
-        assert_eq!(fmt_k(f64::NAN), "–");
+        assert_eq!(fmt_k(f64::NAN), MISSING);
         assert_eq!(fmt_k(1.5), "1.5000");
         assert_eq!(fmt_k(12345.0), "1.234e4");
         assert_eq!(pct(1, 4), "1/4 (25.0%)");
-        assert_eq!(pct(0, 0), "–");
+        assert_eq!(pct(0, 0), MISSING);
     }
 }
