@@ -127,15 +127,7 @@ fn config_file_experiment(path: &Path, only: &[ExperimentName]) -> Result<Experi
 mod tests {
     use std::path::PathBuf;
 
-    use clap::Parser;
-
     use super::*;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: ReproduceArgs,
-    }
 
     fn scratch(name: &str, text: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("xtask-config-{}", std::process::id()));
@@ -146,9 +138,9 @@ mod tests {
     }
 
     fn checked(args: &[&str]) -> Result<(ReproduceArgs, Vec<ExperimentName>), String> {
-        let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
-            .map_err(|e| e.to_string())?;
-        check(&cli.args).map_err(|e| format!("{e:#}"))
+        let args: ReproduceArgs =
+            kappa_cli::parse_args(args.iter().copied()).map_err(|e| e.to_string())?;
+        check(&args).map_err(|e| format!("{e:#}"))
     }
 
     #[test]

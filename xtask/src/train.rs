@@ -42,19 +42,14 @@ fn check(args: &TrainArgs) -> Result<TrainArgs> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: TrainArgs,
-    }
 
     #[test]
     fn a_missing_or_malformed_file_fails_before_setup() {
         let dir = std::env::temp_dir().join(format!("kappa-xtask-train-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        let parse = |p: &Path| Cli::parse_from(["x", "--config", p.to_str().unwrap()]).args;
+        let parse = |p: &Path| -> TrainArgs {
+            kappa_cli::parse_args(["--config", p.to_str().unwrap()]).unwrap()
+        };
         let missing = check(&parse(&dir.join("none.toml"))).unwrap_err();
         assert!(format!("{missing:#}").contains("none.toml"), "{missing:#}");
         let bad = dir.join("bad.toml");

@@ -29,11 +29,13 @@
 //! ```
 
 mod names;
+mod parse;
 mod reproduce;
 mod scale;
 mod train;
 
 pub use names::{DeviceName, ExperimentName, EXPERIMENTS};
+pub use parse::parse_args;
 pub use reproduce::{config_experiment, ReproduceArgs, Set};
 pub use scale::Scale;
 pub use train::TrainArgs;

@@ -182,20 +182,10 @@ pub fn config_experiment(
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: ReproduceArgs,
-    }
-
     fn parse(args: &[&str]) -> Result<ReproduceArgs, String> {
-        Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
-            .map(|c| c.args)
-            .map_err(|e| e.to_string())
+        crate::parse_args(args.iter().copied()).map_err(|e| e.to_string())
     }
 
     #[test]

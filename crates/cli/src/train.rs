@@ -65,18 +65,11 @@ impl TrainArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: TrainArgs,
-    }
+    use crate::parse_args;
 
     #[test]
     fn the_forwarded_arguments_parse_back_to_the_same_options() {
-        let args = Cli::parse_from([
-            "x",
+        let args: TrainArgs = parse_args([
             "--config",
             "my.toml",
             "--set",
@@ -85,15 +78,14 @@ mod tests {
             "3",
             "--resume",
         ])
-        .args;
-        let again =
-            Cli::parse_from(std::iter::once(OsString::from("x")).chain(args.to_args())).args;
+        .unwrap();
+        let again: TrainArgs = parse_args(args.to_args()).unwrap();
         assert_eq!(args, again);
         assert_eq!(again.set[0].key, "train.lr");
         assert!(
-            Cli::try_parse_from(["x", "--seed", "1"]).is_err(),
+            parse_args::<TrainArgs, _, _>(["--seed", "1"]).is_err(),
             "--config is required"
         );
-        assert!(Cli::try_parse_from(["x", "--config", "a", "--device", "tpu"]).is_err());
+        assert!(parse_args::<TrainArgs, _, _>(["--config", "a", "--device", "tpu"]).is_err());
     }
 }
