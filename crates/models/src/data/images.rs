@@ -199,47 +199,29 @@ impl ImageSplits {
     /// key that does not fit (`model.image_size`, `model.channels`, `model.num_classes`).
     pub fn check_model(&self, config: &VitConfig) -> Result<()> {
         let fits = [
-            (
-                "model.image_size",
-                config.image_size,
-                self.image_size,
-                "an image side of",
-            ),
-            (
-                "model.channels",
-                config.channels,
-                self.channels,
-                "channels:",
-            ),
-            (
-                "model.num_classes",
-                config.num_classes,
-                self.num_classes(),
-                "classes:",
-            ),
+            ("model.image_size", config.image_size, self.image_size),
+            ("model.channels", config.channels, self.channels),
+            ("model.num_classes", config.num_classes, self.num_classes()),
         ];
-        for (key, model, data, what) in fits {
+        for (key, model, data) in fits {
             if model != data {
                 return Err(ModelsError::config(
                     key,
-                    format!(
-                        "is {model}, but the data has {what} {data}{}",
-                        self.describe()
-                    ),
+                    format!("is {model}, but the data has {data} ({})", self.describe()),
                 ));
             }
         }
         Ok(())
     }
 
-    /// " (S×S×C images, K classes: a, b, …)" for error messages.
+    /// "S×S images, C channel(s), K classes: a, b, …" for error messages.
     fn describe(&self) -> String {
         let mut names = self.classes[..self.classes.len().min(8)].join(", ");
         if self.classes.len() > 8 {
             names.push_str(", …");
         }
         format!(
-            " ({0}×{0}×{1} images, {2} classes: {names})",
+            "{0}×{0} images, {1} channel(s), {2} classes: {names}",
             self.image_size,
             self.channels,
             self.num_classes()
