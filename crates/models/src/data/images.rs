@@ -413,7 +413,7 @@ fn channel_stats(values: &Tensor, path: &Path) -> Result<(Vec<f64>, Vec<f64>)> {
     for c in 0..channels {
         let x = values.narrow(1, c, 1).to_kind(Kind::Double);
         let s = x.std(false).double_value(&[]);
-        if !(s > 0.0) {
+        if s.is_nan() || s <= 0.0 {
             return Err(ModelsError::bad_data(
                 path,
                 format!(
