@@ -1,8 +1,8 @@
 //! `train --config FILE`: one model trained on a user's own data, the way nanoGPT is used — a
-//! GPT on a plain-text file (characters or GPT-2 BPE) or a ViT on a folder of IDX files, with any
-//! of kappa's conditionings and optimizers, live progress, evaluations with attention
-//! diagnostics, checkpoints, `--resume`, and a run folder with a small report (loss curves and
-//! κ(W_Q), σ_min(W_Q), entropy over training).
+//! GPT on a plain-text file (characters or GPT-2 BPE), or a ViT on a folder of gray IDX files or
+//! a folder of PNG images — with any of kappa's conditionings and optimizers, live progress,
+//! evaluations with attention diagnostics, checkpoints, `--resume`, and a run folder with a small
+//! report (loss curves and κ(W_Q), σ_min(W_Q), entropy over training).
 //!
 //! The config is a TOML file read into [`TrainJob`] (unknown keys and bad values are errors that
 //! name them, `--set KEY=VALUE` overrides a field); relative data paths are read from the
@@ -10,14 +10,27 @@
 //! (`config.toml`), `metrics.jsonl`, `run.json`, the checkpoint
 //! (`variant-0/checkpoint.safetensors`, the trained weights at the end), `report.md` and its
 //! plots.
+//!
+//! # Data kinds (`[data] kind = …`)
+//!
+//! | kind | layout | splits | normalization |
+//! |---|---|---|---|
+//! | `text` | one UTF-8 file | the last `validation_fraction` of its characters is validation | — |
+//! | `idx` | `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte`, `t10k-labels-idx1-ubyte` (N×S×S gray, any S) | the file's last `validation` training images; the t10k files are the test split | `normalize = "fashion_mnist"` (default: Fashion-MNIST's mean 0.2860 and std 0.3530, so Fashion-MNIST configs keep their numbers) or `"train_split"` |
+//! | `image_folder` | `dir/train/<class>/*.png`, `dir/test/<class>/*.png` (torchvision's `ImageFolder`; gray or RGB, 8 or 16 bits, all S×S of one size) | `validation` training images chosen by a fixed permutation of the sorted paths ([`kappa_models::data::IMAGE_FOLDER_SPLIT_SEED`]); `test/` is the test split | `normalize = "train_split"` (default: each channel's mean and standard deviation over the training split) or `"fashion_mnist"` |
+//!
+//! Classes: an IDX folder has the largest label + 1 (or `num_classes` when stated), an image
+//! folder the sorted names of `train/`'s folders. The ViT must fit the data: `model.image_size`,
+//! `model.channels` and `model.num_classes` are checked against it, before any run folder is
+//! written, by an error naming the key. See [`kappa_models::data::images`] for the details.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use kappa_cli::Set;
 use kappa_models::{
-    parse_device, summarize, FashionMnist, GptConfig, Split, TextCorpus, TokenizerKind, Vit,
-    VitConfig,
+    parse_device, summarize, GptConfig, ImageSplits, Normalize, Split, SplitOptions, TextCorpus,
+    TokenizerKind, Vit, VitConfig,
 };
 use kappa_train::{
     adamw_groups, modulewise_groups, train_language_model, train_variant, ImageClassification,
@@ -25,7 +38,7 @@ use kappa_train::{
     RunRecord, RunStatus, TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
-use tch::nn;
+use tch::{nn, Device};
 
 use crate::config::ConfigSource;
 use crate::plot::{LinePlot, Mark};
@@ -64,17 +77,44 @@ pub enum DataSpec {
         #[serde(default = "a_tenth")]
         validation_fraction: f64,
     },
-    /// A folder of IDX files in the MNIST layout (`train-images-idx3-ubyte`,
-    /// `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte`, `t10k-labels-idx1-ubyte`).
+    /// A folder of gray IDX files in the MNIST layout (`train-images-idx3-ubyte`,
+    /// `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte`, `t10k-labels-idx1-ubyte`): N×S×S
+    /// images of any side S.
     Idx {
         /// The folder.
         dir: PathBuf,
-        /// Training images held out for validation.
+        /// Training images held out for validation (the file's last ones).
         validation: usize,
         /// At most this many training images.
         #[serde(default)]
         train_limit: Option<usize>,
+        /// `fashion_mnist` (the default: Fashion-MNIST's constants, what configs written before
+        /// this key existed got) or `train_split` (each channel's training-split statistics).
+        #[serde(default)]
+        normalize: Normalize,
+        /// The number of classes, when some are absent from the files (the largest label + 1
+        /// unless set).
+        #[serde(default)]
+        num_classes: Option<usize>,
     },
+    /// A folder of PNG images in torchvision's `ImageFolder` layout: `dir/train/<class>/*.png`
+    /// and `dir/test/<class>/*.png`; the classes are `train/`'s folder names, sorted.
+    ImageFolder {
+        /// The folder.
+        dir: PathBuf,
+        /// Training images held out for validation (chosen by a fixed permutation).
+        validation: usize,
+        /// At most this many training images.
+        #[serde(default)]
+        train_limit: Option<usize>,
+        /// `train_split` (the default) or `fashion_mnist`.
+        #[serde(default = "train_split")]
+        normalize: Normalize,
+    },
+}
+
+fn train_split() -> Normalize {
+    Normalize::TrainSplit
 }
 
 fn a_tenth() -> f64 {
@@ -135,9 +175,20 @@ impl TrainJob {
                 ..*g
             }
             .validate()?,
-            (ModelSpec::Vit(v), DataSpec::Idx { .. }) => v.validate()?,
+            (ModelSpec::Vit(v), DataSpec::Idx { num_classes, .. }) => {
+                v.validate()?;
+                if let Some(n) = num_classes.filter(|&n| n != v.num_classes) {
+                    anyhow::bail!(
+                        "model.num_classes: is {}, but data.num_classes is {n}",
+                        v.num_classes
+                    );
+                }
+            }
+            (ModelSpec::Vit(v), DataSpec::ImageFolder { .. }) => v.validate()?,
             (ModelSpec::Gpt(_), _) => anyhow::bail!("data.kind: a GPT reads `text`"),
-            (ModelSpec::Vit(_), _) => anyhow::bail!("data.kind: a ViT reads `idx` images"),
+            (ModelSpec::Vit(_), _) => {
+                anyhow::bail!("data.kind: a ViT reads `idx` or `image_folder` images")
+            }
         }
         if let (ModelSpec::Vit(_), OptimizerSpec::Modulewise { .. }) =
             (&self.model, &self.optimizer)
@@ -151,10 +202,18 @@ impl TrainJob {
 }
 
 impl DataSpec {
+    /// The data's file or folder.
+    pub fn dir(&self) -> &Path {
+        match self {
+            DataSpec::Text { path, .. } => path,
+            DataSpec::Idx { dir, .. } | DataSpec::ImageFolder { dir, .. } => dir,
+        }
+    }
+
     fn resolve_paths(&mut self, base: &Path) {
         let path = match self {
             DataSpec::Text { path, .. } => path,
-            DataSpec::Idx { dir, .. } => dir,
+            DataSpec::Idx { dir, .. } | DataSpec::ImageFolder { dir, .. } => dir,
         };
         if path.is_relative() {
             *path = base.join(&*path);
@@ -162,63 +221,151 @@ impl DataSpec {
     }
 }
 
-/// Trains `job` into `run` (a fresh or a resumed run folder) and returns how it ended.
-pub fn train_job(job: &TrainJob, run: &mut Run) -> Result<RunStatus> {
-    let device = parse_device(&run.context().device)?;
-    let seed = run.context().seed;
-    let id = VariantId {
-        index: 0,
-        name: &job.name,
-    };
-    let outcome = match (&job.model, &job.data) {
-        (
-            ModelSpec::Gpt(model),
+/// A job's data, loaded.
+#[derive(Debug)]
+pub enum JobData {
+    /// A GPT's text.
+    Text(TextCorpus),
+    /// A ViT's images.
+    Images(ImageSplits),
+}
+
+impl JobData {
+    /// Loads the data of `job` onto `device`; for a ViT, checks that the model fits the images
+    /// (an error naming `model.image_size`, `model.channels` or `model.num_classes`).
+    pub fn load(job: &TrainJob, device: Device) -> Result<Self> {
+        let data = match &job.data {
             DataSpec::Text {
                 path,
                 tokenizer,
                 validation_fraction,
-            },
-        ) => {
-            let corpus = TextCorpus::from_file(path, *tokenizer, *validation_fraction, device)?;
-            let groups = |vs: &nn::VarStore| optimizer_groups(vs, &job.optimizer, &job.train);
-            let batches = job.train.eval_batches.max(1);
-            train_language_model::<anyhow::Error>(
-                run, id, &job.train, *model, corpus, groups, batches,
-            )?
-        }
-        (
-            ModelSpec::Vit(model),
+            } => JobData::Text(TextCorpus::from_file(
+                path,
+                *tokenizer,
+                *validation_fraction,
+                device,
+            )?),
             DataSpec::Idx {
                 dir,
                 validation,
                 train_limit,
-            },
-        ) => {
-            let data = FashionMnist::load(dir, *validation, *train_limit, device)?;
-            train_variant::<_, anyhow::Error>(
-                run,
-                id,
-                &job.train,
-                |vs| {
-                    Ok(ImageClassification::new(
-                        Vit::new(&vs.root(), *model)?,
-                        data,
-                        seed,
-                    )?)
-                },
-                |vs| optimizer_groups(vs, &job.optimizer, &job.train),
-                |task| {
-                    let eval = task.evaluate_split(Split::Test, None, 256)?;
-                    Ok(eval.accuracy.unwrap_or(f64::NAN))
-                },
-            )?
+                normalize,
+                num_classes,
+            } => {
+                let options = split_options(*validation, *train_limit, *normalize);
+                JobData::Images(ImageSplits::from_idx_dir(
+                    dir,
+                    &options,
+                    *num_classes,
+                    device,
+                )?)
+            }
+            DataSpec::ImageFolder {
+                dir,
+                validation,
+                train_limit,
+                normalize,
+            } => {
+                let options = split_options(*validation, *train_limit, *normalize);
+                JobData::Images(ImageSplits::from_image_folder(dir, &options, device)?)
+            }
+        };
+        if let (ModelSpec::Vit(model), JobData::Images(images)) = (&job.model, &data) {
+            images
+                .check_model(model)
+                .with_context(|| format!("the data in {}", job.data.dir().display()))?;
         }
+        Ok(data)
+    }
+}
+
+fn split_options(
+    validation: usize,
+    train_limit: Option<usize>,
+    normalize: Normalize,
+) -> SplitOptions {
+    SplitOptions {
+        validation,
+        train_limit,
+        normalize,
+    }
+}
+
+/// Trains `job` into `run` (a fresh or a resumed run folder) and returns how it ended.
+pub fn train_job(job: &TrainJob, run: &mut Run) -> Result<RunStatus> {
+    train_loaded(job, None, run)
+}
+
+/// [`train_job`] on data already loaded (`None`: loaded here).
+fn train_loaded(job: &TrainJob, data: Option<JobData>, run: &mut Run) -> Result<RunStatus> {
+    let device = parse_device(&run.context().device)?;
+    let data = match data {
+        Some(data) => data,
+        None => JobData::load(job, device)?,
+    };
+    let outcome = match (&job.model, data) {
+        (ModelSpec::Gpt(model), JobData::Text(corpus)) => train_gpt(job, *model, corpus, run)?,
+        (ModelSpec::Vit(model), JobData::Images(images)) => train_vit(job, *model, images, run)?,
         _ => anyhow::bail!("the model's kind does not fit the data's (see TrainJob::validate)"),
     };
     Ok(match outcome {
         Outcome::Diverged { step, reason } => RunStatus::Diverged { step, reason },
         _ => RunStatus::Completed,
     })
+}
+
+fn variant_id(job: &TrainJob) -> VariantId<'_> {
+    VariantId {
+        index: 0,
+        name: &job.name,
+    }
+}
+
+/// A GPT on its corpus; the headline metric is the validation loss.
+fn train_gpt(
+    job: &TrainJob,
+    model: GptConfig,
+    corpus: TextCorpus,
+    run: &mut Run,
+) -> Result<Outcome> {
+    let groups = |vs: &nn::VarStore| optimizer_groups(vs, &job.optimizer, &job.train);
+    let batches = job.train.eval_batches.max(1);
+    train_language_model::<anyhow::Error>(
+        run,
+        variant_id(job),
+        &job.train,
+        model,
+        corpus,
+        groups,
+        batches,
+    )
+}
+
+/// A ViT on its images; the headline metric is the test accuracy.
+fn train_vit(
+    job: &TrainJob,
+    model: VitConfig,
+    images: ImageSplits,
+    run: &mut Run,
+) -> Result<Outcome> {
+    let seed = run.context().seed;
+    train_variant::<_, anyhow::Error>(
+        run,
+        variant_id(job),
+        &job.train,
+        |vs| {
+            Ok(ImageClassification::new(
+                Vit::new(&vs.root(), model)?,
+                images,
+                seed,
+            )?)
+        },
+        |vs| optimizer_groups(vs, &job.optimizer, &job.train),
+        |task| {
+            let eval = task.evaluate_split(Split::Test, None, 256)?;
+            Ok(eval.accuracy.unwrap_or(f64::NAN))
+        },
+    )
 }
 
 fn optimizer_groups(
@@ -257,6 +404,13 @@ pub fn run_train_command(
         ..context
     };
     let dir = out.join(&job.name);
+    // The data is loaded (and the model checked against it) before a fresh run folder is
+    // written; a run folder that is resumed loads it only when there is training left to do.
+    let data = if resume && dir.join("config.toml").is_file() {
+        None
+    } else {
+        Some(JobData::load(&job, parse_device(&context.device)?)?)
+    };
     let run = if resume {
         match Run::resume(&dir, context, &job)? {
             Resumed::Started(run) | Resumed::Continued(run) => Some(run),
@@ -266,7 +420,7 @@ pub fn run_train_command(
         Some(Run::create(&dir, context, &job)?)
     };
     if let Some(mut run) = run {
-        let status = train_job(&job, &mut run).unwrap_or_else(|e| RunStatus::Failed {
+        let status = train_loaded(&job, data, &mut run).unwrap_or_else(|e| RunStatus::Failed {
             error: format!("{e:#}"),
         });
         let info = run.finish(status)?;

@@ -1,12 +1,16 @@
 //! `train --config FILE`: a user's GPT trains on a plain-text file, resumes after an interrupt
-//! to the same records as an uninterrupted run, and writes its report; a bad key or value in the
-//! file is an error naming it; the example configs in `examples/train/` parse.
+//! to the same records as an uninterrupted run, and writes its report; a ViT trains on a PNG
+//! image folder, and a ViT that does not fit the folder is an error naming the key before any
+//! run folder is written; a bad key or value in the file is an error naming it; the example
+//! configs in `examples/train/` parse.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use kappa_cli::Set;
-use kappa_experiments::train::{run_train_command, train_job, TrainJob};
+use kappa_experiments::train::{run_train_command, train_job, DataSpec, TrainJob};
+use kappa_models::data::fixtures;
+use kappa_models::Normalize;
 use kappa_train::{Line, Record, Run, RunContext, RunRecord, RunStatus};
 
 fn scratch(name: &str) -> PathBuf {
@@ -62,6 +66,56 @@ divergence_factor = 4.0
 diagnostics = { enabled = true, samples = 2, jacobian_max_tokens = 8 }
 "#;
     let path = dir.join("job.toml");
+    fs::write(&path, config).unwrap();
+    path
+}
+
+/// A job file next to an image folder (3 classes × 6 training and 2 test RGB images of 8×8).
+fn folder_job_file(dir: &Path) -> PathBuf {
+    fixtures::write_image_folder(&dir.join("images"), &["cat", "ant", "bee"], (6, 2), 8, 1)
+        .unwrap();
+    let config = r#"
+name = "tiny-vit"
+
+[data]
+kind = "image_folder"
+dir = "images"
+validation = 3
+
+[model]
+kind = "vit"
+image_size = 8
+channels = 3
+patch_size = 4
+num_classes = 3
+n_layer = 1
+n_head = 2
+n_embd = 16
+mlp_ratio = 2
+bias = false
+scaling = "inv_sqrt_k"
+conditioning = { kind = "svd", every = 1 }
+fused_kernel = true
+
+[train]
+steps = 6
+batch_size = 5
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 1
+weight_decay = 0.05
+beta1 = 0.9
+beta2 = 0.95
+eps = 1e-8
+grad_clip = 1.0
+eval_every = 3
+eval_batches = 0
+log_every = 1
+checkpoint_every = 3
+divergence_factor = 4.0
+diagnostics = { enabled = true, samples = 2, jacobian_max_tokens = 5 }
+"#;
+    let path = dir.join("vit.toml");
     fs::write(&path, config).unwrap();
     path
 }
@@ -132,6 +186,78 @@ fn a_job_trains_resumes_exactly_and_writes_its_report() {
 }
 
 #[test]
+fn a_vit_trains_on_an_image_folder_and_reports_its_test_accuracy() {
+    let dir = scratch("folder");
+    let config = folder_job_file(&dir);
+    let job = TrainJob::load(&config, &[]).unwrap();
+    assert!(matches!(
+        job.data,
+        DataSpec::ImageFolder {
+            normalize: Normalize::TrainSplit,
+            ..
+        }
+    ));
+    let run = run_train_command(&config, &[], context(), &dir.join("runs"), false).unwrap();
+    assert_eq!(run, dir.join("runs/tiny-vit"));
+    let report = fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(
+        report.contains("| step | val loss | accuracy |"),
+        "{report}"
+    );
+    assert!(report.contains("completed; test accuracy"), "{report}");
+    assert!(run.join("loss.png").is_file() && run.join("spectra.png").is_file());
+    assert!(run.join("variant-0/checkpoint.safetensors").is_file());
+    let lines = records(&run);
+    let evals: Vec<_> = lines
+        .iter()
+        .filter_map(|l| match &l.record {
+            Some(Record::Eval { eval, heads, .. }) => Some((eval.accuracy, heads.len())),
+            _ => None,
+        })
+        .collect();
+    // Evaluations at steps 3 and 6, on the 3 validation images, with 2 heads diagnosed.
+    assert_eq!(evals.len(), 2, "{evals:?}");
+    assert!(
+        evals.iter().all(|(a, h)| a.is_some() && *h == 2),
+        "{evals:?}"
+    );
+    let summary = lines.iter().rev().find_map(|l| l.summary.as_ref()).unwrap();
+    // The headline metric is the accuracy on the 6 test images: a multiple of 1/6.
+    let sixths = summary.metric * 6.0;
+    assert!((sixths - sixths.round()).abs() < 1e-9, "{}", summary.metric);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_vit_that_does_not_fit_the_image_folder_is_an_error_naming_the_key() {
+    let dir = scratch("misfit");
+    let config = folder_job_file(&dir);
+    let set = |s: &str| vec![s.parse::<Set>().unwrap()];
+    let out = dir.join("runs");
+    for (setting, key) in [
+        ("model.num_classes=10", "model.num_classes"),
+        ("model.channels=1", "model.channels"),
+        ("model.image_size=16", "model.image_size"),
+    ] {
+        let err = run_train_command(&config, &set(setting), context(), &out, false).unwrap_err();
+        let message = format!("{err:#}");
+        assert!(message.contains(key), "{message}");
+        assert!(message.contains("ant, bee, cat"), "{message}");
+        assert!(!out.join("tiny-vit").exists(), "no run folder for a misfit");
+    }
+    // A folder that is not there is an error naming it; so is an image folder for a GPT.
+    let err =
+        run_train_command(&config, &set("data.dir=nowhere"), context(), &out, false).unwrap_err();
+    assert!(format!("{err:#}").contains("nowhere"), "{err:#}");
+    let text = fs::read_to_string(&config).unwrap();
+    let idx = text.replace("kind = \"image_folder\"", "kind = \"idx\"\nnum_classes = 4");
+    fs::write(&config, idx).unwrap();
+    let err = TrainJob::load(&config, &[]).unwrap_err();
+    assert!(format!("{err:#}").contains("model.num_classes"), "{err:#}");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_bad_key_or_value_is_an_error_that_names_it() {
     let dir = scratch("bad");
     let config = job_file(&dir);
@@ -165,7 +291,7 @@ fn the_example_configs_parse_and_validate() {
             n += 1;
         }
     }
-    assert!(n >= 2, "an example per model kind");
+    assert!(n >= 3, "an example per model kind and image data kind");
 }
 
 #[test]

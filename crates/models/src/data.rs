@@ -1,5 +1,10 @@
-//! Data loaders for the sets `cargo xtask setup` installs: Fashion-MNIST (IDX files) and the
-//! State of the Union text (characters or GPT-2 BPE), with deterministic batching.
+//! Data loaders for the sets `cargo xtask setup` installs — Fashion-MNIST (IDX files) and the
+//! State of the Union text (characters or GPT-2 BPE) — and for a user's own data: a plain-text
+//! file ([`TextCorpus::from_file`]), a folder of gray IDX images of any size
+//! ([`ImageSplits::from_idx_dir`]) or of PNG images in torchvision's `ImageFolder` layout
+//! ([`ImageSplits::from_image_folder`]), with deterministic batching. Every image source
+//! gives one split type, [`ImageSplits`]; how the splits are cut and the pixels normalized is
+//! in [`images`].
 //!
 //! # Determinism
 //!
@@ -14,21 +19,27 @@
 //! |---|---|---|
 //! | `fashion-mnist` | `<data>/fashion-mnist` | `{train,t10k}-{images-idx3,labels-idx1}-ubyte`, uncompressed IDX |
 //! | `sotu` | `<data>/sotu` | `train.txt` (addresses 1790–1999), `val.txt` (2000–2021) |
+//!
+//! A user's image folder: `DIR/train/<class>/*.png` and `DIR/test/<class>/*.png`.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::error::{ModelsError, Result};
 
-/// Fashion-MNIST's per-pixel mean and standard deviation over the training set (pixels in
-/// [0, 1]); images are normalized as (x − mean)/std.
-pub const FASHION_MNIST_MEAN_STD: (f64, f64) = (0.2860, 0.3530);
+mod image_folder;
+pub mod images;
+
+pub use images::{
+    FashionMnist, ImageSet, ImageSplits, Normalize, SplitOptions, FASHION_MNIST_CLASSES,
+    FASHION_MNIST_MEAN_STD, IDX_FILES, IMAGE_FOLDER_SPLIT_SEED,
+};
 
 /// A decoded IDX file: dimensions and unsigned bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,61 +110,6 @@ pub fn write_idx(path: &Path, dims: &[usize], data: &[u8]) -> Result<()> {
     fs::write(path, bytes).map_err(|e| ModelsError::io(path, e))
 }
 
-/// Images (N×1×S×S, normalized f32) and labels (N, Int64).
-#[derive(Debug)]
-pub struct ImageSet {
-    /// N×C×S×S.
-    pub images: Tensor,
-    /// N.
-    pub labels: Tensor,
-}
-
-impl ImageSet {
-    /// Number of examples.
-    pub fn len(&self) -> usize {
-        self.labels.size()[0] as usize
-    }
-
-    /// Whether there are no examples.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Examples `start..start+len` (clamped).
-    pub fn slice(&self, start: usize, len: usize) -> (Tensor, Tensor) {
-        let start = start.min(self.len());
-        let len = len.min(self.len() - start) as i64;
-        (
-            self.images.narrow(0, start as i64, len),
-            self.labels.narrow(0, start as i64, len),
-        )
-    }
-
-    /// The batch of `step`: examples of epoch ⌊step / (N/B)⌋, in the order of a permutation
-    /// seeded by (seed, epoch); the last partial batch of an epoch is dropped.
-    pub fn batch(&self, seed: u64, step: u64, batch_size: usize) -> Result<(Tensor, Tensor)> {
-        let n = self.len();
-        if batch_size == 0 || batch_size > n {
-            return Err(ModelsError::config(
-                "train.batch_size",
-                format!("must lie in 1..={n} (the training set size), found {batch_size}"),
-            ));
-        }
-        let per_epoch = (n / batch_size) as u64;
-        let (epoch, within) = (step / per_epoch, (step % per_epoch) as usize);
-        let perm = permutation(n, seed, epoch);
-        let idx: Vec<i64> = perm[within * batch_size..(within + 1) * batch_size]
-            .iter()
-            .map(|&i| i as i64)
-            .collect();
-        let idx = Tensor::from_slice(&idx).to_device(self.images.device());
-        Ok((
-            self.images.index_select(0, &idx),
-            self.labels.index_select(0, &idx),
-        ))
-    }
-}
-
 /// The Fisher–Yates permutation of 0..n for (seed, epoch).
 pub fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -164,110 +120,6 @@ pub fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
         p.swap(i, j);
     }
     p
-}
-
-/// Fashion-MNIST: train (the first 60 000 − `validation` training images), validation (the
-/// last `validation` training images) and test (the 10 000 t10k images).
-#[derive(Debug)]
-pub struct FashionMnist {
-    /// Training split.
-    pub train: ImageSet,
-    /// Validation split (held out from the training file).
-    pub validation: ImageSet,
-    /// The official test set.
-    pub test: ImageSet,
-}
-
-impl FashionMnist {
-    /// The `cargo xtask setup --data` name and the folder under the data root.
-    pub const SET: &'static str = "fashion-mnist";
-
-    /// Loads the four IDX files from `dir` (the `fashion-mnist` folder) onto `device`,
-    /// keeping at most `train_limit` training images (after the validation split).
-    ///
-    /// Errors: [`ModelsError::MissingData`] naming `cargo xtask setup --data fashion-mnist`
-    /// when a file is missing; [`ModelsError::BadData`] for malformed or inconsistent files;
-    /// an invalid `validation` size.
-    pub fn load(
-        dir: &Path,
-        validation: usize,
-        train_limit: Option<usize>,
-        device: Device,
-    ) -> Result<Self> {
-        let file = |stem: &str| -> Result<PathBuf> {
-            let path = dir.join(stem);
-            if path.is_file() {
-                Ok(path)
-            } else {
-                Err(ModelsError::MissingData {
-                    set: Self::SET.into(),
-                    path,
-                })
-            }
-        };
-        let pair = |images: &str, labels: &str| -> Result<ImageSet> {
-            let (ip, lp) = (file(images)?, file(labels)?);
-            let (img, lab) = (read_idx(&ip)?, read_idx(&lp)?);
-            if img.dims.len() != 3 || img.dims[1] != 28 || img.dims[2] != 28 {
-                return Err(ModelsError::BadData {
-                    path: ip,
-                    reason: format!("expected N×28×28 images, found {:?}", img.dims),
-                });
-            }
-            if lab.dims.len() != 1 || lab.dims[0] != img.dims[0] {
-                return Err(ModelsError::BadData {
-                    path: lp,
-                    reason: format!(
-                        "expected {} labels, found dimensions {:?}",
-                        img.dims[0], lab.dims
-                    ),
-                });
-            }
-            if let Some(&l) = lab.data.iter().find(|&&l| l > 9) {
-                return Err(ModelsError::BadData {
-                    path: lp,
-                    reason: format!("label {l} outside 0..=9"),
-                });
-            }
-            let n = img.dims[0] as i64;
-            let (mean, std) = FASHION_MNIST_MEAN_STD;
-            let pixels = Tensor::from_slice(&img.data)
-                .view([n, 1, 28, 28])
-                .to_kind(Kind::Float);
-            let images = ((pixels / 255.0 - mean) / std).to_device(device);
-            let labels = Tensor::from_slice(&lab.data)
-                .to_kind(Kind::Int64)
-                .to_device(device);
-            Ok(ImageSet { images, labels })
-        };
-        let full = pair("train-images-idx3-ubyte", "train-labels-idx1-ubyte")?;
-        let test = pair("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")?;
-        let n = full.len();
-        if validation == 0 || validation >= n {
-            return Err(ModelsError::config(
-                "data.validation",
-                format!(
-                    "must lie in 1..{n} (the training file has {n} images), found {validation}"
-                ),
-            ));
-        }
-        let keep = (n - validation)
-            .min(train_limit.unwrap_or(usize::MAX))
-            .max(1);
-        let (ti, tl) = full.slice(0, keep);
-        let (vi, vl) = full.slice(n - validation, validation);
-        Ok(Self {
-            train: ImageSet {
-                images: ti,
-                labels: tl,
-            },
-            validation: ImageSet {
-                images: vi,
-                labels: vl,
-            },
-            test,
-        })
-    }
 }
 
 /// How text becomes token ids.
@@ -417,10 +269,7 @@ impl TextCorpus {
         let read = |name: &str| -> Result<String> {
             let path = dir.join(name);
             if !path.is_file() {
-                return Err(ModelsError::MissingData {
-                    set: Self::SOTU.into(),
-                    path,
-                });
+                return Err(ModelsError::missing_set(Self::SOTU, path));
             }
             let text = fs::read_to_string(&path).map_err(|e| ModelsError::io(&path, e))?;
             let text = match max_chars {
@@ -581,6 +430,86 @@ pub mod fixtures {
         make(test, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
     }
 
+    /// Writes an 8-bit PNG image of `width`×`height` pixels to `path`: `data` holds the samples
+    /// row by row, `channels` per pixel (1 gray, 2 gray+alpha, 3 RGB, 4 RGBA).
+    pub fn write_png(
+        path: &Path,
+        width: usize,
+        height: usize,
+        channels: usize,
+        data: &[u8],
+    ) -> Result<()> {
+        let color = match channels {
+            1 => png::ColorType::Grayscale,
+            2 => png::ColorType::GrayscaleAlpha,
+            3 => png::ColorType::Rgb,
+            4 => png::ColorType::Rgba,
+            _ => {
+                return Err(ModelsError::Shape {
+                    arg: "channels",
+                    reason: format!("must be 1, 2, 3 or 4, found {channels}"),
+                })
+            }
+        };
+        if data.len() != width * height * channels {
+            return Err(ModelsError::Shape {
+                arg: "data",
+                reason: format!("{} bytes for {width}×{height}×{channels}", data.len()),
+            });
+        }
+        let encode_error = |e: png::EncodingError| ModelsError::bad_data(path, e.to_string());
+        let file = fs::File::create(path).map_err(|e| ModelsError::io(path, e))?;
+        let mut encoder =
+            png::Encoder::new(std::io::BufWriter::new(file), width as u32, height as u32);
+        encoder.set_color(color);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder.write_header().map_err(encode_error)?;
+        writer.write_image_data(data).map_err(encode_error)?;
+        writer.finish().map_err(encode_error)
+    }
+
+    /// Writes an image folder into `dir` (created): `train_per_class` and `test_per_class`
+    /// RGB images of `side`×`side` pixels for each class in `classes`, in
+    /// `dir/{train,test}/<class>/NNN.png`. Class c (its index in `classes`) is bright in
+    /// channel c mod 3 and in a horizontal band at rows c·side/k.., plus seeded noise, so a
+    /// small model can learn it.
+    pub fn write_image_folder(
+        dir: &Path,
+        classes: &[&str],
+        (train_per_class, test_per_class): (usize, usize),
+        side: usize,
+        seed: u64,
+    ) -> Result<()> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let k = classes.len().max(1);
+        for (split, count) in [("train", train_per_class), ("test", test_per_class)] {
+            for (c, class) in classes.iter().enumerate() {
+                let folder = dir.join(split).join(class);
+                fs::create_dir_all(&folder).map_err(|e| ModelsError::io(&folder, e))?;
+                let band = (c * side / k)..((c + 1) * side / k).max(c * side / k + 1);
+                for i in 0..count {
+                    let mut data = Vec::with_capacity(side * side * 3);
+                    for r in 0..side {
+                        for _ in 0..side {
+                            for ch in 0..3 {
+                                let mut v: u8 = 30 + rng.gen_range(0..50);
+                                if ch == c % 3 {
+                                    v += 100;
+                                }
+                                if band.contains(&r) {
+                                    v += 60;
+                                }
+                                data.push(v);
+                            }
+                        }
+                    }
+                    write_png(&folder.join(format!("{i:03}.png")), side, side, 3, &data)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Writes `train.txt` and `val.txt` (a few KB of English-like text) into `dir` (created).
     pub fn write_sotu(dir: &Path) -> Result<()> {
         fs::create_dir_all(dir).map_err(|e| ModelsError::io(dir, e))?;
@@ -605,6 +534,8 @@ pub mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+    use tch::Kind;
 
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("kappa-models-{name}-{}", std::process::id()));

@@ -25,16 +25,16 @@ pub enum ModelsError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A data set is not installed where the loader looks for it.
-    #[error(
-        "data set `{set}` is missing: {path} does not exist or is incomplete; install it with \
-         `cargo xtask setup --data {set}`"
-    )]
+    /// A data set is not where the loader looks for it.
+    #[error("data set `{set}` is missing: {path} does not exist or is incomplete; {hint}")]
     MissingData {
-        /// The setup name of the data set (`fashion-mnist`, `sotu`).
+        /// The data set: the setup name of an installable one (`fashion-mnist`, `sotu`), or
+        /// the kind of a user's folder (`idx`, `image_folder`).
         set: String,
         /// The file or folder that was not found.
         path: PathBuf,
+        /// What to do: the `cargo xtask setup` command, or the layout the loader expects.
+        hint: String,
     },
     /// A data file exists but its contents are not what the loader expects.
     #[error("bad data in {path}: {reason}")]
@@ -94,6 +94,23 @@ impl ModelsError {
     pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::InvalidConfig {
             field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A [`ModelsError::MissingData`] for a set that `cargo xtask setup --data SET` installs.
+    pub fn missing_set(set: &str, path: impl Into<PathBuf>) -> Self {
+        Self::MissingData {
+            set: set.into(),
+            path: path.into(),
+            hint: format!("install it with `cargo xtask setup --data {set}`"),
+        }
+    }
+
+    /// A [`ModelsError::BadData`] for `path`.
+    pub fn bad_data(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Self::BadData {
+            path: path.into(),
             reason: reason.into(),
         }
     }

@@ -9,7 +9,7 @@
 //! | [`layers`] | `LayerNorm`, `Mlp`, [`Block`] (pre-LN), the [`Transformer`] trait |
 //! | [`gpt`] | [`Gpt`], [`GptConfig`] (`tiny`, `cpu`, `gpt2_small`) |
 //! | [`vit`] | [`Vit`], [`VitConfig`] (`tiny`, `cpu`, `vit_b16`) |
-//! | [`data`] | [`FashionMnist`] (IDX), [`TextCorpus`] (SOTU; characters or GPT-2 BPE), deterministic batches, `fixtures` |
+//! | [`data`] | [`ImageSplits`] (train/validation/test images and their classes) from [`FashionMnist`], any gray IDX folder or a PNG image folder (`train/<class>/*.png`, `test/<class>/*.png`); [`TextCorpus`] (SOTU or a text file; characters or GPT-2 BPE); deterministic batches, `fixtures` |
 //! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy, saturation and softmax-Jacobian norm, exact κ(J); [`matrix_diagnostics`] (spectrum, Gram off-diagonal, column norms) |
 //! | [`device`], [`error`] | [`parse_device`], [`ModelsError`] |
 //!
@@ -33,7 +33,10 @@ pub mod vit;
 pub use conditioned_attention::{
     AttentionConfig, AttentionTrace, ConditionedAttention, Conditioning,
 };
-pub use data::{FashionMnist, Split, TextCorpus, Tokenizer, TokenizerKind};
+pub use data::{
+    FashionMnist, ImageSet, ImageSplits, Normalize, Split, SplitOptions, TextCorpus, Tokenizer,
+    TokenizerKind,
+};
 pub use device::parse_device;
 pub use diagnostics::{
     diagnose, matrix_diagnostics, summarize, DiagnosticsConfig, HeadDiagnostics, MatrixDiagnostics,

@@ -1,6 +1,6 @@
 //! The two tasks of the experiments, as [`Task`]s for the [`Trainer`](crate::Trainer):
 //! next-token prediction with a [`Gpt`] on a [`TextCorpus`], and image classification with a
-//! [`Vit`] on [`FashionMnist`].
+//! [`Vit`] on [`ImageSplits`] (Fashion-MNIST, an IDX folder or a PNG image folder).
 //!
 //! Evaluation batches and the diagnostic batch are drawn with fixed seeds that do not depend
 //! on the run's seed, so every run of an experiment is measured on the same data.
@@ -8,7 +8,7 @@
 use tch::{Kind, Tensor};
 
 use crate::trainer::{Eval, Task};
-use kappa_models::data::{FashionMnist, ImageSet, Split, TextCorpus};
+use kappa_models::data::{ImageSet, ImageSplits, Split, TextCorpus};
 use kappa_models::diagnostics::{diagnose, DiagnosticsConfig, HeadDiagnostics};
 use kappa_models::error::{ModelsError, Result};
 use kappa_models::gpt::Gpt;
@@ -109,39 +109,28 @@ impl Task for LanguageModeling {
     }
 }
 
-/// Image classification on Fashion-MNIST.
+/// Image classification: a [`Vit`] on the splits of an image data set.
 #[derive(Debug)]
 pub struct ImageClassification {
     /// The model.
     pub model: Vit,
     /// The data.
-    pub data: FashionMnist,
+    pub data: ImageSplits,
     /// The data-order seed.
     pub seed: u64,
 }
 
 impl ImageClassification {
-    /// A task; the model must take 28×28 gray images into 10 classes.
-    pub fn new(model: Vit, data: FashionMnist, seed: u64) -> Result<Self> {
-        let c = model.config();
-        if c.image_size != 28 || c.channels != 1 || c.num_classes != 10 {
-            return Err(ModelsError::config(
-                "model",
-                format!(
-                    "Fashion-MNIST needs image_size 28, channels 1, num_classes 10; found {}, {}, {}",
-                    c.image_size, c.channels, c.num_classes
-                ),
-            ));
-        }
+    /// A task; the model must take the data's images (side, channels) into its classes
+    /// ([`ImageSplits::check_model`]: the error names `model.image_size`, `model.channels` or
+    /// `model.num_classes`).
+    pub fn new(model: Vit, data: ImageSplits, seed: u64) -> Result<Self> {
+        data.check_model(model.config())?;
         Ok(Self { model, data, seed })
     }
 
     fn set(&self, split: Split) -> &ImageSet {
-        match split {
-            Split::Train => &self.data.train,
-            Split::Validation => &self.data.validation,
-            Split::Test => &self.data.test,
-        }
+        self.data.split(split)
     }
 
     /// Loss and accuracy on the first `limit` examples of a split (all when `None`), in

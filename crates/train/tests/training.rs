@@ -499,7 +499,8 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
     };
     let vs3 = nn::VarStore::new(Device::Cpu);
     let data = FashionMnist::load(&dir, 20, None, Device::Cpu).unwrap();
-    assert!(ImageClassification::new(Vit::new(&vs3.root(), wrong).unwrap(), data, 0).is_err());
+    let err = ImageClassification::new(Vit::new(&vs3.root(), wrong).unwrap(), data, 0).unwrap_err();
+    assert!(err.to_string().contains("model.num_classes"), "{err}");
 }
 
 /// The first training losses of a 4-step run of the tiny GPT at `precision` (`None` when the
