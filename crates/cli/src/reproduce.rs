@@ -50,6 +50,15 @@ pub struct ReproduceArgs {
     /// List the experiments and the paper claims they test, then stop.
     #[arg(long)]
     pub list: bool,
+    /// List the units of work — one (experiment, seed) run each, with its id, expected cost and
+    /// resolved config — print them and write `<results>/plan.json`, then stop.
+    #[arg(long)]
+    pub plan: bool,
+    /// Run only this unit of the plan (repeatable; ids as `--plan` prints them, e.g.
+    /// `vit-fmnist/cpu/seed-1`), reusing its folder in the results folder as `--resume` does,
+    /// and write no report (`report` merges the units' folders).
+    #[arg(long, value_name = "ID")]
+    pub unit: Vec<String>,
 }
 
 impl ReproduceArgs {
@@ -75,10 +84,14 @@ impl ReproduceArgs {
         for set in &self.set {
             pair("--set", set.to_string().into());
         }
+        for unit in &self.unit {
+            pair("--unit", unit.clone().into());
+        }
         for (on, flag) in [
             (self.resume, "--resume"),
             (self.publish, "--publish"),
             (self.list, "--list"),
+            (self.plan, "--plan"),
         ] {
             if on {
                 out.push(flag.into());
@@ -212,6 +225,9 @@ mod tests {
             "--resume",
             "--publish",
             "--list",
+            "--plan",
+            "--unit",
+            "theory/smoke/seed-1",
         ])
         .unwrap();
         let forwarded: Vec<String> = args

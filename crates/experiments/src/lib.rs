@@ -25,6 +25,7 @@ pub mod scale;
 pub mod stats;
 pub mod suite;
 pub mod train;
+pub mod units;
 
 pub use registry::{registry, Experiment, RegisteredExperiment};
 pub use report::Section;

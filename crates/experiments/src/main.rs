@@ -21,8 +21,10 @@ use clap::{Parser, Subcommand};
 use kappa_cli::{config_experiment, ExperimentName, ReproduceArgs, TrainArgs};
 use kappa_experiments::config::ConfigSource;
 use kappa_experiments::publish::publish;
-use kappa_experiments::runner::{report, reproduce, select, Settings};
+use kappa_experiments::runner::{report, reproduce, resolve_configs, select, Preempted, Settings};
+use kappa_experiments::units::{plan, render, unit_id};
 use kappa_experiments::{RegisteredExperiment, Scale};
+use kappa_train::StopFlag;
 
 #[derive(Parser)]
 #[command(
@@ -73,20 +75,35 @@ enum Command {
     Blas,
     /// Train one model on your own data from a TOML job file.
     Train(TrainArgs),
-    /// Rebuild the report from existing run folders.
+    /// Build the report from run folders: one results folder, or several written by different
+    /// machines (merged; a unit in two of them is an error). Units of the plan without a run
+    /// folder, and failed runs, are named in the report; the command still succeeds.
     Report {
         /// smoke, cpu or paper.
         #[arg(long, default_value = "cpu")]
         scale: Scale,
-        /// The results folder.
+        /// A results folder to read (repeatable).
         #[arg(long, default_value = "results")]
-        results: PathBuf,
+        results: Vec<PathBuf>,
+        /// Where report.md and its plots go (default: the first results folder).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Only these experiments' units are expected (repeatable; default: all).
+        #[arg(long)]
+        only: Vec<ExperimentName>,
+        /// Seeds expected per experiment (default: each experiment's own).
+        #[arg(long)]
+        seeds: Option<u32>,
     },
 }
 
 fn main() -> std::process::ExitCode {
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<Preempted>().is_some() => {
+            eprintln!("reproduce: {e}");
+            std::process::ExitCode::from(Preempted::EXIT_CODE)
+        }
         Err(e) => {
             // The error and its causes; a backtrace only on request (`RUST_BACKTRACE` is often
             // set globally, and a backtrace for a typo helps nobody).
@@ -117,7 +134,17 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Reproduce { args, places } => run_reproduce(&args, &places)?,
-        Command::Report { scale, results } => report(scale, &results)?,
+        Command::Report {
+            scale,
+            results,
+            out,
+            only,
+            seeds,
+        } => {
+            let expected = expected_units(&select(&names(&only))?, scale, seeds);
+            let out = out.unwrap_or_else(|| results[0].clone());
+            report(scale, &results, &out, &expected)?;
+        }
         Command::Train(args) => run_train(&args)?,
     }
     Ok(())
@@ -130,6 +157,9 @@ fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
         list(&experiments);
         return Ok(());
     }
+    let stop = StopFlag::default();
+    stop.raise_on_signals()
+        .context("installing the SIGTERM/SIGUSR1 handlers")?;
     let settings = Settings {
         scale: args.scale,
         seeds: args.seeds,
@@ -140,9 +170,31 @@ fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
         resume: args.resume,
         config: args.config.as_deref(),
         sets: &args.set,
+        units: &args.unit,
+        stop: stop.clone(),
     };
+    if args.plan {
+        return write_plan(&experiments, &settings);
+    }
+    exit_after_grace(&stop);
     reproduce(&experiments, &settings)?;
-    report(args.scale, &places.results)?;
+    if !args.unit.is_empty() {
+        return Ok(());
+    }
+    let expected = expected_units(&experiments, args.scale, args.seeds);
+    let coverage = report(
+        args.scale,
+        &[places.results.clone()],
+        &places.results,
+        &expected,
+    )?;
+    if !coverage.failed.is_empty() {
+        anyhow::bail!(
+            "{} run(s) failed (see run.json in each): {}",
+            coverage.failed.len(),
+            coverage.failed.join(", ")
+        );
+    }
     if args.publish {
         let ran: Vec<&str> = experiments.iter().map(|e| e.name()).collect();
         publish(&places.results, &places.docs, &ran)?;
@@ -153,6 +205,63 @@ fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `reproduce --plan`: the units, printed and written to `<results>/plan.json`.
+fn write_plan(
+    experiments: &[Box<dyn RegisteredExperiment>],
+    settings: &Settings<'_>,
+) -> Result<()> {
+    let configs = resolve_configs(experiments, settings)?;
+    let units = plan(
+        experiments,
+        &configs,
+        settings.scale,
+        settings.seeds,
+        settings.results,
+    )?;
+    print!("{}", render(&units));
+    std::fs::create_dir_all(settings.results)?;
+    let path = settings.results.join("plan.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&units)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("plan: wrote {}", path.display());
+    Ok(())
+}
+
+/// The ids of the units a full run of `experiments` at `scale` has.
+fn expected_units(
+    experiments: &[Box<dyn RegisteredExperiment>],
+    scale: Scale,
+    seeds: Option<u32>,
+) -> Vec<String> {
+    experiments
+        .iter()
+        .flat_map(|e| {
+            (0..seeds.unwrap_or_else(|| e.default_seeds(scale)))
+                .map(|s| unit_id(e.name(), scale, s))
+        })
+        .collect()
+}
+
+/// Once `stop` is raised, gives the running unit `KAPPA_STOP_GRACE_SECONDS` (default 60) to
+/// checkpoint and return, then exits with [`Preempted::EXIT_CODE`] anyway: an experiment that
+/// does not train through kappa-train's trainer does not look at the flag, and its unit reruns
+/// from the start (its folder lacks `run.json`, so `--resume` and `--unit` restart it).
+fn exit_after_grace(stop: &StopFlag) {
+    let grace = std::env::var("KAPPA_STOP_GRACE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60.0);
+    let stop = stop.clone();
+    std::thread::spawn(move || {
+        while !stop.is_raised() {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(grace));
+        eprintln!("reproduce: stop requested {grace} s ago; exiting without waiting for the unit");
+        std::process::exit(i32::from(Preempted::EXIT_CODE));
+    });
 }
 
 /// The experiments `reproduce` runs: `--only`, or with `--config` the one experiment the file

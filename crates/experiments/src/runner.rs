@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -10,9 +10,12 @@ use kappa_cli::Set;
 
 use crate::config::ConfigSource;
 use crate::registry::{ResolvedConfig, Resumption};
+use crate::report::document::OPEN;
 use crate::report::{Part, Report};
-use crate::run::{RunContext, RunRecord, RunStatus};
+use crate::run::{RunContext, RunInfo, RunRecord, RunStatus};
+use crate::units::{pick, plan, unit_id, Unit};
 use crate::{registry, RegisteredExperiment, Scale};
+use kappa_train::StopFlag;
 
 /// The experiments named in `only` (all when empty), in registry order; unknown names are errors.
 pub fn select(only: &[String]) -> Result<Vec<Box<dyn RegisteredExperiment>>> {
@@ -54,6 +57,28 @@ pub struct Settings<'a> {
     pub config: Option<&'a Path>,
     /// `--set KEY=VALUE` changes, applied to every selected experiment's config.
     pub sets: &'a [Set],
+    /// Run only these units (`--unit ID`; all when empty). A unit run reuses its folder as
+    /// `resume` does and never touches another unit's.
+    pub units: &'a [String],
+    /// Raised (SIGTERM, SIGUSR1) to stop: the running unit checkpoints at its next step, no
+    /// further unit starts, and [`reproduce`] returns [`Preempted`].
+    pub stop: StopFlag,
+}
+
+/// `reproduce` stopped because its [`StopFlag`] was raised: the units it names were left
+/// unfinished (interrupted with a checkpoint, or not started) and continue when rerun with
+/// `--resume` or `--unit`. The binary exits with [`Preempted::EXIT_CODE`] then.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped on request (SIGTERM or SIGUSR1); unfinished: {}", unfinished.join(", "))]
+pub struct Preempted {
+    /// The ids of the units that did not finish.
+    pub unfinished: Vec<String>,
+}
+
+impl Preempted {
+    /// The exit status of a stopped run: `EX_TEMPFAIL` of sysexits.h, "try again later" (the
+    /// Slurm script requeues the unit on it).
+    pub const EXIT_CODE: u8 = 75;
 }
 
 /// Reads and checks the config of every selected experiment — the built-in file of the scale,
@@ -81,75 +106,110 @@ pub fn resolve_configs(
         .collect()
 }
 
-/// Runs every selected experiment once per seed into `results/<name>/<scale>/seed-<n>/`,
-/// replacing earlier runs of that experiment at that scale, or, with `resume`, reusing them:
-/// completed and diverged runs are skipped, interrupted and failed runs continue, and a run
-/// folder written with a different config stops the command with an error. Every config is
+/// Runs every selected experiment once per seed into `results/<name>/<scale>/seed-<n>/` (the
+/// units of [`plan`]), replacing earlier runs of that experiment at that scale, or, with
+/// `resume`, reusing them: completed and diverged runs are skipped, interrupted and failed runs
+/// continue, and a run folder written with a different config stops the command with an error.
+/// With `settings.units`, runs only those units, each reusing its own folder. Every config is
 /// resolved first ([`resolve_configs`]), so a bad one stops the command before any run.
 pub fn reproduce(
     experiments: &[Box<dyn RegisteredExperiment>],
     settings: &Settings<'_>,
 ) -> Result<()> {
     let configs = resolve_configs(experiments, settings)?;
-    let Settings {
-        scale,
-        seeds,
-        threads,
-        device,
-        results,
-        data,
-        resume,
-        ..
-    } = *settings;
-    let total: u32 = experiments
-        .iter()
-        .map(|e| seeds.unwrap_or_else(|| e.default_seeds(scale)))
-        .sum();
-    let mut done = 0;
-    let started = Instant::now();
-    for (e, config) in experiments.iter().zip(&configs) {
-        let scale_dir = results.join(e.name()).join(scale.name());
-        // A rerun replaces the experiment's previous runs at this scale, so the report never
-        // mixes configs; a resumed one checks each folder's config instead.
-        if !resume && scale_dir.exists() {
-            fs::remove_dir_all(&scale_dir)
-                .with_context(|| format!("emptying {}", scale_dir.display()))?;
+    let units = plan(
+        experiments,
+        &configs,
+        settings.scale,
+        settings.seeds,
+        settings.results,
+    )?;
+    let chosen = if settings.units.is_empty() {
+        if !settings.resume {
+            empty_scale_folders(experiments, settings)?;
         }
-        for seed in 0..seeds.unwrap_or_else(|| e.default_seeds(scale)) {
-            done += 1;
-            eprintln!("[{done}/{total}] {} seed {seed} ({scale})", e.name());
-            let context = RunContext {
-                name: e.name().to_string(),
-                scale: scale.name().to_string(),
-                seed: u64::from(seed),
-                threads,
-                device: device.to_string(),
-                data_dir: data.to_path_buf(),
-                progress: true,
-            };
-            let dir = scale_dir.join(format!("seed-{seed}"));
-            let (info, how) = if resume {
-                match e.resume(&dir, context, config)? {
-                    Resumption::Skipped(info) => (info, "kept from an earlier run"),
-                    Resumption::Continued(info) => (info, "resumed"),
-                    Resumption::Restarted(info) => (info, "rerun from the start"),
-                    Resumption::Started(info) => (info, "started"),
-                }
-            } else {
-                (e.execute(&dir, context, config)?, "started")
-            };
-            eprintln!(
-                "      {} ({how}) in {:.1} s",
-                describe(&info.status),
-                info.wall_seconds
-            );
+        units.iter().collect()
+    } else {
+        pick(&units, settings.units)?
+    };
+    let started = Instant::now();
+    for (done, unit) in chosen.iter().enumerate() {
+        if settings.stop.is_raised() {
+            return Err(preempted(&chosen[done..]));
+        }
+        eprintln!("[{}/{}] {}", done + 1, chosen.len(), unit.id);
+        let index = experiments
+            .iter()
+            .position(|e| e.name() == unit.experiment)
+            .expect("a unit of the plan names a selected experiment");
+        let (info, how) = run_unit(&*experiments[index], &configs[index], unit, settings)?;
+        eprintln!(
+            "      {} ({how}) in {:.1} s",
+            describe(&info.status),
+            info.wall_seconds
+        );
+        if settings.stop.is_raised() && !info.status.is_finished() {
+            return Err(preempted(&chosen[done..]));
         }
     }
     eprintln!(
-        "reproduce: {total} run(s) in {:.1} s",
+        "reproduce: {} run(s) in {:.1} s",
+        chosen.len(),
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// A rerun replaces the experiments' previous runs at this scale, so the report never mixes
+/// configs (a resumed or unit run checks each folder's config instead).
+fn empty_scale_folders(
+    experiments: &[Box<dyn RegisteredExperiment>],
+    settings: &Settings<'_>,
+) -> Result<()> {
+    for e in experiments {
+        let scale_dir = settings.results.join(e.name()).join(settings.scale.name());
+        if scale_dir.exists() {
+            fs::remove_dir_all(&scale_dir)
+                .with_context(|| format!("emptying {}", scale_dir.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs one unit into its folder: afresh, or reusing it with `--resume` or `--unit`.
+fn run_unit(
+    experiment: &dyn RegisteredExperiment,
+    config: &ResolvedConfig,
+    unit: &Unit,
+    settings: &Settings<'_>,
+) -> Result<(RunInfo, &'static str)> {
+    let context = RunContext {
+        name: unit.experiment.clone(),
+        scale: unit.scale.clone(),
+        seed: u64::from(unit.seed),
+        threads: settings.threads,
+        device: settings.device.to_string(),
+        data_dir: settings.data.to_path_buf(),
+        progress: true,
+        stop: settings.stop.clone(),
+    };
+    let dir = unit.dir(settings.results);
+    if !settings.resume && settings.units.is_empty() {
+        return Ok((experiment.execute(&dir, context, config)?, "started"));
+    }
+    Ok(match experiment.resume(&dir, context, config)? {
+        Resumption::Skipped(info) => (info, "kept from an earlier run"),
+        Resumption::Continued(info) => (info, "resumed"),
+        Resumption::Restarted(info) => (info, "rerun from the start"),
+        Resumption::Started(info) => (info, "started"),
+    })
+}
+
+fn preempted(left: &[&Unit]) -> anyhow::Error {
+    Preempted {
+        unfinished: left.iter().map(|u| u.id.clone()).collect(),
+    }
+    .into()
 }
 
 /// How a run ended, in a few words.
@@ -161,24 +221,48 @@ fn describe(status: &RunStatus) -> String {
     }
 }
 
-/// Writes `results/report.md` for one scale from every experiment's run folders; fails (after
-/// writing) when a run failed.
-pub fn report(scale: Scale, results: &Path) -> Result<()> {
+/// What a report was built from, and what it lacks.
+#[derive(Debug, Default)]
+pub struct Coverage {
+    /// Unit ids with no run folder (no `run.json`) in any results folder read.
+    pub missing: Vec<String>,
+    /// Run folders whose run failed or was interrupted.
+    pub failed: Vec<String>,
+}
+
+/// Writes `<out>/report.md` for one scale from the run folders of every experiment found in
+/// any of `sources` (results folders: one, or several written by different machines), with
+/// its plots under `<out>/<name>/<scale>/`. `expected` lists the unit ids the report should
+/// cover (the plan's); those without a run folder, and failed runs, are named in the report
+/// and returned rather than failing. A unit found in two folders is an error.
+pub fn report(
+    scale: Scale,
+    sources: &[PathBuf],
+    out: &Path,
+    expected: &[String],
+) -> Result<Coverage> {
     let mut parts = Vec::new();
-    let mut failures = Vec::new();
+    let mut coverage = Coverage::default();
+    let mut found = BTreeSet::new();
     for e in registry() {
-        let scale_dir = results.join(e.name()).join(scale.name());
-        let runs = RunRecord::read_all(&scale_dir)?;
+        let runs = gather(e.name(), scale, sources)?;
+        found.extend(
+            runs.iter()
+                .map(|r| unit_id(e.name(), scale, r.info.run.seed as u32)),
+        );
         if runs.is_empty() {
             continue;
         }
-        failures.extend(
+        coverage.failed.extend(
             runs.iter()
-                .filter(|r| matches!(r.info.status, RunStatus::Failed { .. }))
+                .filter(|r| !r.info.status.is_finished())
                 .map(|r| r.dir.display().to_string()),
         );
+        let scale_dir = out.join(e.name()).join(scale.name());
+        fs::create_dir_all(&scale_dir)
+            .with_context(|| format!("creating {}", scale_dir.display()))?;
         let section = e
-            .report(&runs, &scale_dir, results)
+            .report(&runs, &scale_dir, out)
             .with_context(|| format!("building the report section of {}", e.name()))?;
         parts.push(Part {
             name: e.name().to_string(),
@@ -187,23 +271,70 @@ pub fn report(scale: Scale, results: &Path) -> Result<()> {
             markdown: section.to_markdown(),
         });
     }
+    coverage.missing = expected
+        .iter()
+        .filter(|id| !found.contains(*id))
+        .cloned()
+        .collect();
     if parts.is_empty() {
         bail!(
             "no run folders for scale `{scale}` under {}; run `cargo xtask reproduce --scale \
              {scale}` first",
-            results.display()
+            sources
+                .iter()
+                .map(|s| s.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
-    let path = results.join("report.md");
-    fs::write(&path, Report { parts }.render())
-        .with_context(|| format!("writing {}", path.display()))?;
+    let path = out.join("report.md");
+    let text = with_coverage(Report { parts }.render(), &coverage);
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("report: wrote {}", path.display());
-    if !failures.is_empty() {
-        bail!(
-            "{} run(s) failed (see run.json in each): {}",
-            failures.len(),
-            failures.join(", ")
-        );
+    Ok(coverage)
+}
+
+/// The finished or failed runs of `experiment` at `scale` in every source, by seed; the same
+/// seed in two sources is an error.
+fn gather(experiment: &str, scale: Scale, sources: &[PathBuf]) -> Result<Vec<RunRecord>> {
+    let mut by_seed = std::collections::BTreeMap::new();
+    for source in sources {
+        for run in RunRecord::read_all(&source.join(experiment).join(scale.name()))? {
+            if let Some(other) = by_seed.insert(run.info.run.seed, run) {
+                bail!(
+                    "{} is in two results folders (one is {}); merge reads each unit once",
+                    unit_id(experiment, scale, other.info.run.seed as u32),
+                    other.dir.display()
+                );
+            }
+        }
     }
-    Ok(())
+    Ok(by_seed.into_values().collect())
+}
+
+/// The report's text with a paragraph naming the missing and failed units after its header
+/// (nothing is added when there are none).
+fn with_coverage(text: String, coverage: &Coverage) -> String {
+    if coverage.missing.is_empty() && coverage.failed.is_empty() {
+        return text;
+    }
+    let mut note = String::new();
+    if !coverage.missing.is_empty() {
+        note.push_str(&format!(
+            "**Missing units** (no run folder in the results read; their sections cover the \
+             other seeds): {}.\n\n",
+            coverage.missing.join(", ")
+        ));
+    }
+    if !coverage.failed.is_empty() {
+        note.push_str(&format!(
+            "**Failed or interrupted runs** (see run.json in each; `--resume` continues them): \
+             {}.\n\n",
+            coverage.failed.join(", ")
+        ));
+    }
+    match text.find(OPEN) {
+        Some(i) => format!("{}{note}{}", &text[..i], &text[i..]),
+        None => text + &note,
+    }
 }

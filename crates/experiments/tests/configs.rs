@@ -79,6 +79,8 @@ fn a_misspelt_key_stops_the_command_before_any_run_and_is_named() {
         resume: false,
         config: Some(&file),
         sets: &[],
+        units: &[],
+        stop: Default::default(),
     };
     let err = reproduce(&select(&["optim-geometry".into()]).unwrap(), &settings).unwrap_err();
     assert!(
@@ -262,6 +264,8 @@ fn sets_apply_to_every_selected_experiment_and_must_fit_each() {
         resume: false,
         config: None,
         sets: &sets,
+        units: &[],
+        stop: Default::default(),
     };
     // gpt-sotu has a [train] table, random-spectra does not.
     let both = select(&["random-spectra".into(), "gpt-sotu".into()]).unwrap();

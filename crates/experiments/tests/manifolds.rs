@@ -32,6 +32,7 @@ fn execute(dir: &Path, config: &Config) -> RunStatus {
         device: "cpu".into(),
         data_dir: dir.join("data"),
         progress: false,
+        stop: Default::default(),
     };
     let mut run = Run::create(&dir.join("seed-0"), context, config).unwrap();
     let status = Manifolds.run(config, &mut run).unwrap();

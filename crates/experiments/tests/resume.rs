@@ -30,6 +30,7 @@ fn context(data: &Path) -> RunContext {
         device: "cpu".into(),
         data_dir: data.to_path_buf(),
         progress: false,
+        stop: Default::default(),
     }
 }
 

@@ -25,20 +25,23 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
         resume: false,
         config: None,
         sets: &[],
+        units: &[],
+        stop: Default::default(),
     };
     reproduce(&experiments, &settings).unwrap();
-    report(Scale::Smoke, &results).unwrap();
+    report(Scale::Smoke, &[results.clone()], &results, &[]).unwrap();
 
     // `--resume` over finished runs keeps every run folder as it is.
     let metrics = results.join("vit-fmnist/smoke/seed-1/metrics.jsonl");
     let before = fs::read(&metrics).unwrap();
     let resumed = Settings {
         resume: true,
+        stop: Default::default(),
         ..settings
     };
     reproduce(&experiments, &resumed).unwrap();
     assert_eq!(fs::read(&metrics).unwrap(), before);
-    report(Scale::Smoke, &results).unwrap();
+    report(Scale::Smoke, &[results.clone()], &results, &[]).unwrap();
 
     let text = fs::read_to_string(results.join("report.md")).unwrap();
     for e in &experiments {

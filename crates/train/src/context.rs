@@ -1,10 +1,12 @@
 //! The run context: what a run is called and how it runs (seed, threads, device, data folder,
-//! progress). It is passed to a run, never copied into a model's or a trainer's config, so a
+//! progress, the stop flag). It is passed to a run, never copied into a model's or a trainer's config, so a
 //! config file says what is trained and the command line says where and with which seed.
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+use crate::stop::StopFlag;
 
 /// Who runs what, where: the `[run]` table of a run folder's `config.toml` and the body of its
 /// `run.json`.
@@ -28,6 +30,10 @@ pub struct RunContext {
     /// the run's identity: not written to `config.toml`.
     #[serde(skip, default = "shown")]
     pub progress: bool,
+    /// Raised to stop training at the next step with a checkpoint ([`StopFlag`]; not part of
+    /// the run's identity, not written anywhere).
+    #[serde(skip)]
+    pub stop: StopFlag,
 }
 
 fn shown() -> bool {
@@ -46,6 +52,7 @@ impl Default for RunContext {
             device: "cpu".into(),
             data_dir: PathBuf::from("data"),
             progress: true,
+            stop: StopFlag::default(),
         }
     }
 }

@@ -7,7 +7,8 @@
 //! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`], [`AdamWGroup`] |
 //! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
 //! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
-//! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress |
+//! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress, stop flag |
+//! | [`stop`] | [`StopFlag`]: stop at the next step with a checkpoint (SIGTERM, SIGUSR1) |
 //! | [`run`] | [`Run`]: a run folder (`config.toml`, `metrics.jsonl`, `run.json`), resume, [`RunRecord`] to read one back |
 //! | [`variants`] | [`train_variant`]: the variants of a run trained in turn, each resumable; [`train_language_model`] for a GPT variant |
 //! | [`error`] | [`RunError`] (run folders; training errors are [`kappa_models::ModelsError`]) |
@@ -18,6 +19,7 @@ pub mod context;
 pub mod error;
 pub mod modulewise;
 pub mod run;
+pub mod stop;
 pub mod tasks;
 pub mod trainer;
 pub mod variants;
@@ -31,6 +33,7 @@ pub use modulewise::{
     MuonGroup, Preset,
 };
 pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
+pub use stop::StopFlag;
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use trainer::{
     adamw_groups, clip_grad_norm, seeded, AdamWGroup, DivergenceReference, Eval, GradientDropper,

@@ -46,6 +46,14 @@ pub enum RunStatus {
     },
 }
 
+impl RunStatus {
+    /// Whether the run is over: completed or diverged (a failed or interrupted run continues
+    /// when resumed).
+    pub fn is_finished(&self) -> bool {
+        !matches!(self, RunStatus::Failed { .. })
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct ConfigFile<C> {
     run: RunContext,

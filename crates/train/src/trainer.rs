@@ -53,6 +53,7 @@ use serde::{Deserialize, Serialize};
 use tch::{nn, Kind, Tensor};
 
 use crate::context::RunContext;
+use crate::stop::StopFlag;
 use kappa_models::diagnostics::{
     matrix_diagnostics, summarize, DiagnosticsConfig, HeadDiagnostics, MatrixDiagnostics,
 };
@@ -689,7 +690,8 @@ pub enum Record {
 pub enum Outcome {
     /// All steps done.
     Completed,
-    /// Stopped by [`Trainer::stop_after`] before the last step (resume it later).
+    /// Stopped by [`Trainer::stop_after`] or the context's [`StopFlag`] before the last step,
+    /// with a checkpoint (resume it later).
     Interrupted {
         /// Finished steps.
         step: u64,
@@ -730,6 +732,7 @@ pub struct Trainer<'a> {
     loss_ema: Option<f64>,
     best_ema: Option<f64>,
     stop_after: Option<u64>,
+    stop: StopFlag,
     label: String,
 }
 
@@ -834,6 +837,7 @@ impl<'a> Trainer<'a> {
             loss_ema: None,
             best_ema: None,
             stop_after: None,
+            stop: context.stop.clone(),
             label: String::from("train"),
         })
     }
@@ -1076,8 +1080,9 @@ impl<'a> Trainer<'a> {
             .collect()
     }
 
-    /// Trains from the current step to the config's `steps` (or to [`Trainer::stop_after`]),
-    /// sending every record to `sink`; writes checkpoints to `checkpoint` when given.
+    /// Trains from the current step to the config's `steps` (or to [`Trainer::stop_after`], or
+    /// the step after the context's [`StopFlag`] is raised), sending every record to `sink`;
+    /// writes checkpoints to `checkpoint` when given (always when it stops early).
     pub fn run<T: Task>(
         &mut self,
         task: &mut T,
@@ -1106,7 +1111,7 @@ impl<'a> Trainer<'a> {
             last_eval = Some(self.evaluate(task, &bar, sink)?);
         }
         let schedule = self.config.schedule();
-        while self.step < end {
+        while self.step < end && !self.stop.is_raised() {
             let i = self.step;
             let t0 = Instant::now();
             let lr = schedule.lr(self.config.lr, i);

@@ -62,7 +62,7 @@ pub enum ReportError {
     },
 }
 
-const OPEN: &str = "<!-- kappa:section ";
+pub(crate) const OPEN: &str = "<!-- kappa:section ";
 const CLOSE: &str = "<!-- kappa:end ";
 const TAIL: &str = " -->";
 
