@@ -7,6 +7,8 @@
 //! - `cargo xtask reproduce [--scale S] [--only NAME]… [--config FILE] [--set KEY=VALUE]…
 //!   [--resume] [--publish]` runs the experiments and writes `results/report.md`; the options
 //!   are kappa-cli's, checked before anything is installed or built.
+//! - `cargo xtask report [--scale S] [--results DIR]… [--out DIR]` builds the report from run
+//!   folders written anywhere (units run on other machines), naming missing or failed units.
 //! - `cargo xtask bench [--threads N]` runs the criterion benchmarks.
 //!
 //! Every cargo call made from here gets `LIBTORCH` and the runtime library path, so nobody has
@@ -56,6 +58,9 @@ enum Command {
     Test(cargo::TestArgs),
     /// Run the experiments and write `results/report.md`.
     Reproduce(kappa_cli::ReproduceArgs),
+    /// Build the report from run folders, merging several results folders (`--results`,
+    /// repeatable; default `results/`) and naming missing or failed units.
+    Report(kappa_cli::ReportArgs),
     /// Train one model on your own data from a TOML job file (see `examples/train/`).
     Train(kappa_cli::TrainArgs),
     /// Run the criterion benchmarks (nothing else should run on the machine meanwhile).
@@ -85,6 +90,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Test(args) => cargo::test(&ws, &args)?,
         Command::Reproduce(args) => reproduce::reproduce(&ws, &args)?,
+        Command::Report(args) => reproduce::report(&ws, &args)?,
         Command::Train(args) => train::train(&ws, &args)?,
         Command::Bench(args) => cargo::bench(&ws, &args)?,
     }

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use kappa_cli::{config_experiment, ExperimentName, ReproduceArgs};
+use kappa_cli::{config_experiment, ExperimentName, ReportArgs, ReproduceArgs};
 
 use crate::cargo::cargo;
 use crate::data::DataSelection;
@@ -66,6 +66,26 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     setup::data_only(ws, &data)?;
     run(&mut forwarded)
+}
+
+/// `cargo xtask report`: the binary's `report` over the given results folders (the workspace's
+/// `results/` when none is given), relative paths taken from where xtask was started.
+pub fn report(ws: &Workspace, args: &ReportArgs) -> Result<()> {
+    let absolute = |p: &Path| std::path::absolute(p).with_context(|| p.display().to_string());
+    let mut args = args.clone();
+    args.results = if args.results.is_empty() {
+        vec![ws.results_dir()]
+    } else {
+        args.results
+            .iter()
+            .map(|p| absolute(p))
+            .collect::<Result<_>>()?
+    };
+    args.out = args.out.as_deref().map(absolute).transpose()?;
+    let tc = setup::setup(ws, &DataSelection::default())?;
+    let mut cmd = experiments_binary(ws, &tc, 1);
+    cmd.arg("report").args(args.to_args());
+    run(&mut cmd)
 }
 
 /// `cargo run` of the `kappa-experiments` binary (built in release, with the lock file) with

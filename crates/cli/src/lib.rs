@@ -1,5 +1,5 @@
-//! kappa-cli: the `reproduce` command line, defined once for `cargo xtask reproduce` and the
-//! `kappa-experiments` binary.
+//! kappa-cli: the `reproduce`, `report` and `train` command lines, defined once for `cargo xtask`
+//! and the `kappa-experiments` binary.
 //!
 //! xtask parses [`ReproduceArgs`] before it installs or builds anything, so a typo in `--scale`,
 //! `--only`, `--device` or `--set` fails in milliseconds; it then forwards exactly what it parsed
@@ -30,12 +30,14 @@
 
 mod names;
 mod parse;
+mod report;
 mod reproduce;
 mod scale;
 mod train;
 
 pub use names::{DeviceName, ExperimentName, EXPERIMENTS};
 pub use parse::parse_args;
+pub use report::ReportArgs;
 pub use reproduce::{config_experiment, ReproduceArgs, Set};
 pub use scale::Scale;
 pub use train::TrainArgs;

@@ -7,7 +7,8 @@
 //!   ones `cargo xtask reproduce` parses and forwards: `--scale`, `--only`, `--seeds`,
 //!   `--threads`, `--device`, `--config FILE`, `--set KEY=VALUE`, `--resume`, `--publish` (into
 //!   `--docs`, default `docs/results`), `--list`.
-//! - `kappa-experiments report --scale S --results DIR` rebuilds the report from run folders.
+//! - `kappa-experiments report --scale S [--results DIR]… [--out DIR]` builds the report from
+//!   run folders, merging several results folders and naming missing or failed units.
 //! - `kappa-experiments train --config FILE [--set KEY=VALUE]… [--seed N] [--threads N]
 //!   [--device D] [--out DIR] [--resume]` trains one model on a user's data (kappa-cli's
 //!   [`TrainArgs`]; see `kappa_experiments::train`).
@@ -18,7 +19,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use kappa_cli::{config_experiment, ExperimentName, ReproduceArgs, TrainArgs};
+use kappa_cli::{config_experiment, ExperimentName, ReportArgs, ReproduceArgs, TrainArgs};
 use kappa_experiments::config::ConfigSource;
 use kappa_experiments::publish::publish;
 use kappa_experiments::runner::{report, reproduce, resolve_configs, select, Preempted, Settings};
@@ -76,25 +77,9 @@ enum Command {
     /// Train one model on your own data from a TOML job file.
     Train(TrainArgs),
     /// Build the report from run folders: one results folder, or several written by different
-    /// machines (merged; a unit in two of them is an error). Units of the plan without a run
-    /// folder, and failed runs, are named in the report; the command still succeeds.
-    Report {
-        /// smoke, cpu or paper.
-        #[arg(long, default_value = "cpu")]
-        scale: Scale,
-        /// A results folder to read (repeatable).
-        #[arg(long, default_value = "results")]
-        results: Vec<PathBuf>,
-        /// Where report.md and its plots go (default: the first results folder).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Only these experiments' units are expected (repeatable; default: all).
-        #[arg(long)]
-        only: Vec<ExperimentName>,
-        /// Seeds expected per experiment (default: each experiment's own).
-        #[arg(long)]
-        seeds: Option<u32>,
-    },
+    /// machines (merged). Units of the plan without a run folder, and failed runs, are named in
+    /// the report; the command still succeeds.
+    Report(ReportArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -134,16 +119,20 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Reproduce { args, places } => run_reproduce(&args, &places)?,
-        Command::Report {
-            scale,
-            results,
-            out,
-            only,
-            seeds,
-        } => {
-            let expected = expected_units(&select(&names(&only))?, scale, seeds);
-            let out = out.unwrap_or_else(|| results[0].clone());
-            report(scale, &results, &out, &expected)?;
+        Command::Report(args) => {
+            let results = if args.results.is_empty() {
+                vec![PathBuf::from("results")]
+            } else {
+                args.results.clone()
+            };
+            let expected = expected_units(&select(&names(&args.only))?, args.scale, args.seeds);
+            let out = args.out.clone().unwrap_or_else(|| results[0].clone());
+            let coverage = report(args.scale, &results, &out, &expected)?;
+            for (what, ids) in [("missing", &coverage.missing), ("failed", &coverage.failed)] {
+                if !ids.is_empty() {
+                    eprintln!("report: {} {what}: {}", ids.len(), ids.join(", "));
+                }
+            }
         }
         Command::Train(args) => run_train(&args)?,
     }
