@@ -27,7 +27,8 @@ use crate::scalar::Real;
 ///
 /// Each variant has the same name, fields and message as the variant of
 /// [`LinalgError`](crate::LinalgError) (and of kappa-attention's and kappa-optim's errors) it
-/// converts into.
+/// converts into. [`InputError::invalid`] and [`InputError::shape_mismatch`] build the two
+/// cases a caller's own checks report most.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InputError {
@@ -71,6 +72,42 @@ pub enum InputError {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+impl InputError {
+    /// An [`InputError::InvalidArgument`]: `arg` is out of its domain, `reason` says how
+    /// (the message reads ``argument `{arg}` is invalid: {reason}``).
+    pub fn invalid(arg: &'static str, reason: impl Into<String>) -> Self {
+        InputError::InvalidArgument {
+            arg,
+            reason: reason.into(),
+        }
+    }
+
+    /// An [`InputError::ShapeMismatch`]: `arg` has the shape `found` (e.g. `"4×5"`, see
+    /// [`shape_str`]) where `expected` was wanted, in words
+    /// (the message reads ``argument `{arg}` has shape {found}, expected {expected}``).
+    pub fn shape_mismatch(
+        arg: &'static str,
+        expected: impl Into<String>,
+        found: impl Into<String>,
+    ) -> Self {
+        InputError::ShapeMismatch {
+            arg,
+            expected: expected.into(),
+            found: found.into(),
+        }
+    }
+
+    /// The argument the error is about.
+    pub fn arg(&self) -> &'static str {
+        match self {
+            InputError::Empty { arg, .. }
+            | InputError::NonFinite { arg, .. }
+            | InputError::ShapeMismatch { arg, .. }
+            | InputError::InvalidArgument { arg, .. } => arg,
+        }
+    }
 }
 
 /// Formats a shape as `rows×cols`.
@@ -117,11 +154,11 @@ pub fn check_dims<A>(
     if a.dim() == (rows, cols) {
         return Ok(());
     }
-    Err(InputError::ShapeMismatch {
+    Err(InputError::shape_mismatch(
         arg,
-        expected: format!("{} ({why})", shape_str(rows, cols)),
-        found: shape_str(a.nrows(), a.ncols()),
-    })
+        format!("{} ({why})", shape_str(rows, cols)),
+        shape_str(a.nrows(), a.ncols()),
+    ))
 }
 
 /// Checks that a matrix is non-empty, finite and `rows`×`cols`, in that order
@@ -168,11 +205,11 @@ pub fn check_length<A: Real>(
     if v.len() == len {
         return Ok(());
     }
-    Err(InputError::ShapeMismatch {
+    Err(InputError::shape_mismatch(
         arg,
-        expected: format!("length {len} ({why})"),
-        found: format!("length {}", v.len()),
-    })
+        format!("length {len} ({why})"),
+        format!("length {}", v.len()),
+    ))
 }
 
 /// Checks that a scalar is finite and ≥ 0.
@@ -201,10 +238,7 @@ pub fn check_range(arg: &'static str, x: f64, lo: f64, hi: f64) -> Result<(), In
 
 /// "must be finite and {domain}, found {x}".
 fn out_of_domain(arg: &'static str, x: f64, domain: &str) -> InputError {
-    InputError::InvalidArgument {
-        arg,
-        reason: format!("must be finite and {domain}, found {x}"),
-    }
+    InputError::invalid(arg, format!("must be finite and {domain}, found {x}"))
 }
 
 #[cfg(test)]
@@ -261,6 +295,37 @@ mod tests {
             "argument `x` has shape 1×2, expected 2×2 (D×D)"
         );
         assert!(check_dims("x", &nan.view(), 1, 2, "").is_ok());
+    }
+
+    #[test]
+    fn constructors_build_the_variant_and_arg_names_it() {
+        let e = InputError::invalid("k", "must be ≥ 1");
+        assert_eq!(
+            e,
+            InputError::InvalidArgument {
+                arg: "k",
+                reason: "must be ≥ 1".into()
+            }
+        );
+        assert_eq!(e.to_string(), "argument `k` is invalid: must be ≥ 1");
+        let e = InputError::shape_mismatch("b", "2×2 (d×d)", shape_str(1, 2));
+        assert_eq!(
+            e,
+            InputError::ShapeMismatch {
+                arg: "b",
+                expected: "2×2 (d×d)".into(),
+                found: "1×2".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "argument `b` has shape 1×2, expected 2×2 (d×d)"
+        );
+        assert_eq!(e.arg(), "b");
+        let nan = check_matrix("w", &array![[f64::NAN]].view()).unwrap_err();
+        assert_eq!(nan.arg(), "w");
+        let empty = check_vector("v", &ndarray::Array1::<f64>::zeros(0).view()).unwrap_err();
+        assert_eq!(empty.arg(), "v");
     }
 
     #[test]
