@@ -1,11 +1,15 @@
 //! The input checks of the workspace, written once: empty, non-finite and mis-shaped matrices
 //! and vectors, and scalars out of their domain, reported as an [`InputError`].
 //!
-//! Every crate's error type has these four cases with the same messages
-//! ([`LinalgError`](crate::LinalgError) here; `AttentionError` and `OptimError` in kappa-attention
-//! and kappa-optim) and converts an [`InputError`] into them with `From`, so an entry point
-//! writes `check_matrix("x", &x)?` and returns its own error type. `arg` is the caller's
-//! parameter as written in its signature (or `field.name` for a field of a struct argument).
+//! Every crate's error type carries these four cases in one variant, `Input(InputError)`, with
+//! the same messages (`#[error(transparent)]`): [`LinalgError::Input`](crate::LinalgError::Input)
+//! here, `AttentionError::Input` and `OptimError::Input` in kappa-attention and kappa-optim. Each
+//! converts an [`InputError`] into it with `From`, so an entry point writes
+//! `check_matrix("x", &x)?` (or `return Err(InputError::invalid("k", "must be ≥ 1").into())`) and
+//! returns its own error type. `arg` is the caller's parameter as written in its signature (or
+//! `field.name` for a field of a struct argument).
+//!
+//! A caller matches the input error inside its crate's error:
 //!
 //! ```
 //! use kappa_linalg::input::{check_matrix, check_shape, InputError};
@@ -17,6 +21,11 @@
 //!     check_shape("w", &w.view(), 3, 3, "D×D"),
 //!     Err(InputError::ShapeMismatch { arg: "w", .. })
 //! ));
+//! let e = kappa_linalg::LinalgError::from(check_matrix("x", &x.view()).unwrap_err());
+//! assert!(matches!(
+//!     e,
+//!     kappa_linalg::LinalgError::Input(InputError::NonFinite { arg: "x", row: 0, col: 1, .. })
+//! ));
 //! ```
 
 use ndarray::{ArrayView1, ArrayView2};
@@ -25,9 +34,9 @@ use crate::scalar::Real;
 
 /// Bad input: what [`check_matrix`] and the other checks of this module report.
 ///
-/// Each variant has the same name, fields and message as the variant of
-/// [`LinalgError`](crate::LinalgError) (and of kappa-attention's and kappa-optim's errors) it
-/// converts into. [`InputError::invalid`] and [`InputError::shape_mismatch`] build the two
+/// The crates' errors wrap it whole, unchanged and with the same message:
+/// [`LinalgError::Input`](crate::LinalgError::Input), `AttentionError::Input`,
+/// `OptimError::Input`. [`InputError::invalid`] and [`InputError::shape_mismatch`] build the two
 /// cases a caller's own checks report most.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -101,6 +110,16 @@ impl InputError {
 
     /// The argument the error is about.
     pub fn arg(&self) -> &'static str {
+        match self {
+            InputError::Empty { arg, .. }
+            | InputError::NonFinite { arg, .. }
+            | InputError::ShapeMismatch { arg, .. }
+            | InputError::InvalidArgument { arg, .. } => arg,
+        }
+    }
+
+    /// The argument's name, to rename it (see `error::rename`).
+    pub(crate) fn arg_mut(&mut self) -> &mut &'static str {
         match self {
             InputError::Empty { arg, .. }
             | InputError::NonFinite { arg, .. }

@@ -44,7 +44,7 @@
 //! the weight scale"). The per-head layouts are kappa-attention's [`HeadLayout`], the same type
 //! its `MultiHeadAttention` uses.
 
-use kappa_attention::{HeadLayout, ScoreScale};
+use kappa_attention::{HeadLayout, InputError, ScoreScale};
 use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
 use tch::{nn, Kind, Tensor};
@@ -178,7 +178,10 @@ impl AttentionConfig {
         }
         self.score_factor().map_err(|e| {
             let reason = match e {
-                kappa_attention::AttentionError::InvalidArgument { reason, .. } => reason,
+                kappa_attention::AttentionError::Input(InputError::InvalidArgument {
+                    reason,
+                    ..
+                }) => reason,
                 other => other.to_string(),
             };
             ModelsError::config(format!("{field}.scaling"), reason)
