@@ -828,6 +828,8 @@ mod tests {
             c.scaling = ScoreScale::Custom(bad);
             let err = c.validate("model").unwrap_err().to_string();
             assert!(err.contains("`model.scaling`"), "{bad}: {err}");
+            // The input error's reason, not kappa-attention's whole message.
+            assert!(!err.contains("argument `scale`"), "{bad}: {err}");
         }
         c.scaling = ScoreScale::Custom(4.0);
         assert!(c.validate("model").is_ok());
