@@ -16,7 +16,7 @@
 //! gradients evaluated at W + C, and no parameter is added. The λ·I_k correction is applied
 //! without forming W + λ I_k: X (W + λ E) = X W + λ X[:, offset..offset + k].
 
-use kappa_linalg::input::{check_matrix, check_positive, check_shape, shape_str};
+use kappa_linalg::input::{check_matrix, check_positive, check_shape, shape_str, InputError};
 use kappa_linalg::Real;
 use ndarray::{s, Array2, ArrayView2};
 
@@ -45,15 +45,14 @@ pub enum ScoreScale {
 impl ScoreScale {
     /// The divisor s for head dimension `k`, in f64.
     ///
-    /// Errors: [`AttentionError::InvalidArgument`] (argument `scale`) for a custom s that is not
+    /// Errors: [`InputError::InvalidArgument`] (argument `scale`) for a custom s that is not
     /// finite and > 0; (argument `k`) for `InvSqrtK` with k = 0.
     pub fn divisor(self, k: usize) -> Result<f64> {
         match self {
             ScoreScale::One => Ok(1.0),
-            ScoreScale::InvSqrtK if k == 0 => Err(AttentionError::InvalidArgument {
-                arg: "k",
-                reason: "the head dimension must be ≥ 1 for s = √k".into(),
-            }),
+            ScoreScale::InvSqrtK if k == 0 => {
+                Err(InputError::invalid("k", "the head dimension must be ≥ 1 for s = √k").into())
+            }
             ScoreScale::InvSqrtK => Ok((k as f64).sqrt()),
             ScoreScale::Custom(s) => {
                 check_positive("scale", s)?;
@@ -67,7 +66,7 @@ impl ScoreScale {
     /// neither s nor 1/s (used by the Jacobians) rounds to 0 or ∞. For f32 this refuses custom
     /// s outside about [1.2e-38, 3.4e38] (e.g. 1e-300, which f32 rounds to 0).
     ///
-    /// Errors: as [`ScoreScale::divisor`]; [`AttentionError::InvalidArgument`] (argument
+    /// Errors: as [`ScoreScale::divisor`]; [`InputError::InvalidArgument`] (argument
     /// `scale`) when s is not a normal number of `A`.
     pub fn divisor_in<A: Real>(self, k: usize) -> Result<A> {
         let s = self.divisor(k)?;
@@ -76,13 +75,14 @@ impl ScoreScale {
         if sa.is_normal() && inv.is_finite() && inv != A::zero() {
             Ok(sa)
         } else {
-            Err(AttentionError::InvalidArgument {
-                arg: "scale",
-                reason: format!(
+            Err(InputError::invalid(
+                "scale",
+                format!(
                     "s = {s:e} is {sa:e} in {}: s must be a finite normal number there",
                     A::NAME
                 ),
-            })
+            )
+            .into())
         }
     }
 }
@@ -151,7 +151,7 @@ impl<A: Real> SelfAttention<A> {
     /// The same head with λ·E added to each of W_Q, W_K, W_V (Theorem 3.8; E the D×k block
     /// identity at the shift's row offset), applied as X W + λ X[:, offset..offset + k].
     ///
-    /// Errors: [`AttentionError::InvalidArgument`] (argument `shift`) when offset + k > D
+    /// Errors: [`InputError::InvalidArgument`] (argument `shift`) when offset + k > D
     /// (checked without overflow, so any offset is safe) or λ is not finite in `A` (e.g. 1e300
     /// for f32); [`AttentionError::Overflow`] (argument `shift`) when W + λE overflows `A`.
     pub fn with_identity_shift(mut self, shift: IdentityShift) -> Result<Self> {
@@ -260,11 +260,12 @@ impl<A: Real> SelfAttention<A> {
         check_matrix("x", &x)?;
         let (d, k) = self.dims();
         if x.ncols() != d {
-            return Err(AttentionError::ShapeMismatch {
-                arg: "x",
-                expected: format!("D = {d} columns, to match the weights' {d} rows"),
-                found: shape_str(x.nrows(), x.ncols()),
-            });
+            return Err(InputError::shape_mismatch(
+                "x",
+                format!("D = {d} columns, to match the weights' {d} rows"),
+                shape_str(x.nrows(), x.ncols()),
+            )
+            .into());
         }
         let s = self.score_divisor();
         let q = self.project(x, 0, &self.wq);

@@ -23,7 +23,7 @@
 //!
 //! All corrections are constants: they carry no gradient and add no parameter.
 
-use kappa_linalg::input::{check_matrix, check_nonneg, check_positive, check_shape};
+use kappa_linalg::input::{check_matrix, check_nonneg, check_positive, check_shape, InputError};
 use kappa_linalg::{conditioning_from_singular_values, RankTolerance, Real};
 use ndarray::{s, Array2, ArrayView2};
 
@@ -52,16 +52,16 @@ pub fn rect_identity<A: Real>(d: usize, k: usize) -> Result<Array2<A>> {
 /// d·k above [`kappa_linalg::MAX_DENSE_ENTRIES`] (as [`rect_identity`]).
 pub fn block_identity<A: Real>(d: usize, k: usize, offset: usize) -> Result<Array2<A>> {
     if d == 0 || k == 0 {
-        return Err(AttentionError::InvalidArgument {
-            arg: if d == 0 { "d" } else { "k" },
-            reason: "must be at least 1".into(),
-        });
+        return Err(
+            InputError::invalid(if d == 0 { "d" } else { "k" }, "must be at least 1").into(),
+        );
     }
     if offset.checked_add(k).is_none_or(|end| end > d) {
-        return Err(AttentionError::InvalidArgument {
-            arg: "offset",
-            reason: format!("rows offset..offset + k = {offset}..{offset}+{k} exceed D = {d}"),
-        });
+        return Err(InputError::invalid(
+            "offset",
+            format!("rows offset..offset + k = {offset}..{offset}+{k} exceed D = {d}"),
+        )
+        .into());
     }
     check_dense(if d >= k { "d" } else { "k" }, d, k)?;
     let mut e = Array2::zeros((d, k));
@@ -215,13 +215,14 @@ impl IdentityShift {
     /// cleanly when it does not fit).
     pub(crate) fn check_fits(&self, d: usize, k: usize) -> Result<()> {
         if self.offset.checked_add(k).is_none_or(|end| end > d) {
-            return Err(AttentionError::InvalidArgument {
-                arg: "shift",
-                reason: format!(
+            return Err(InputError::invalid(
+                "shift",
+                format!(
                     "the identity block at rows {}..{} + {k} does not fit in D = {d} rows",
                     self.offset, self.offset
                 ),
-            });
+            )
+            .into());
         }
         Ok(())
     }
@@ -234,10 +235,11 @@ impl IdentityShift {
         if l.is_finite() {
             Ok(l)
         } else {
-            Err(AttentionError::InvalidArgument {
+            Err(InputError::invalid(
                 arg,
-                reason: format!("λ = {:e} is not finite in {}", self.lambda, A::NAME),
-            })
+                format!("λ = {:e} is not finite in {}", self.lambda, A::NAME),
+            )
+            .into())
         }
     }
 
@@ -433,10 +435,11 @@ impl LambdaPolicy {
             }
             LambdaPolicy::TargetKappa(target) => {
                 if !(target.is_finite() && target > 1.0) {
-                    return Err(AttentionError::InvalidArgument {
-                        arg: "policy",
-                        reason: format!("the target κ must be finite and > 1, found {target}"),
-                    });
+                    return Err(InputError::invalid(
+                        "policy",
+                        format!("the target κ must be finite and > 1, found {target}"),
+                    )
+                    .into());
                 }
                 check_matrix("w", &w)?;
                 let (a, _) = sigma_max_and_kappa(w)?;
@@ -452,11 +455,12 @@ impl LambdaPolicy {
     /// Errors: `ws` empty (argument `ws`); as [`LambdaPolicy::choose`] for each.
     pub fn choose_shared<A: Real>(&self, ws: &[ArrayView2<'_, A>]) -> Result<f64> {
         if ws.is_empty() {
-            return Err(AttentionError::Empty {
+            return Err(InputError::Empty {
                 arg: "ws",
                 rows: 0,
                 cols: 0,
-            });
+            }
+            .into());
         }
         ws.iter()
             .try_fold(0.0f64, |m, w| Ok(m.max(self.choose(w.view())?)))

@@ -21,12 +21,12 @@
 //! [`attention_diagnostics`] validates its inputs (an attention matrix has entries in [0, 1]),
 //! and [`Forward::diagnostics`] returns its result rather than swallowing an error.
 
-use kappa_linalg::input::{check_matrix, check_shape};
+use kappa_linalg::input::{check_matrix, check_shape, InputError};
 use kappa_linalg::Real;
 use ndarray::ArrayView2;
 
 use crate::attention::Forward;
-use crate::error::{check_probabilities, AttentionError, Result};
+use crate::error::{check_probabilities, Result};
 use crate::scale::{singular_values_scaled, times_pow2_f64};
 
 /// Row-wise statistics of an attention matrix.
@@ -111,10 +111,11 @@ pub fn attention_diagnostics<A: Real>(
     check_probabilities("p", &p)?;
     check_shape("scores", &scores, p.nrows(), p.ncols(), "the shape of p")?;
     if !(threshold > 0.0 && threshold <= 1.0) {
-        return Err(AttentionError::InvalidArgument {
-            arg: "threshold",
-            reason: format!("must lie in (0, 1], found {threshold}"),
-        });
+        return Err(InputError::invalid(
+            "threshold",
+            format!("must lie in (0, 1], found {threshold}"),
+        )
+        .into());
     }
     let n = p.nrows();
     let m = p.ncols();

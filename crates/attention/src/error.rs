@@ -6,8 +6,9 @@
 //!
 //! The checks of empty, non-finite and mis-shaped arguments and of scalar domains are
 //! kappa-linalg's ([`kappa_linalg::input`], one copy for the workspace): their
-//! [`InputError`] converts into the variant of the same name and message here, so
-//! `check_matrix("x", &x)?` reports an [`AttentionError`]. The checks below are this crate's own.
+//! [`InputError`] converts into [`AttentionError::Input`], which carries it whole with its
+//! message, so `check_matrix("x", &x)?` reports an [`AttentionError`]. The checks below are this
+//! crate's own.
 
 use kappa_linalg::input::{check_matrix, InputError};
 use kappa_linalg::{LinalgError, Real};
@@ -15,53 +16,20 @@ use ndarray::ArrayView2;
 
 /// Everything that can go wrong in `kappa-attention`.
 ///
-/// Bad input (empty matrices, NaN or ±∞ entries, mismatched shapes, invalid parameters) is always
-/// reported through this enum; no public function panics on user input. Errors of the numerical
+/// Bad input is always reported through this enum; no public function panics on user input.
+/// Empty matrices, NaN or ±∞ entries, mismatched shapes and invalid parameters are
+/// [`AttentionError::Input`] (kappa-linalg's [`InputError`]). Errors of the numerical
 /// kernel (`kappa-linalg`: LAPACK failures, results too large to form densely) are wrapped in
 /// [`AttentionError::Linalg`].
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum AttentionError {
-    /// A matrix or vector argument has no entries.
-    #[error("argument `{arg}` is empty (shape {rows}×{cols}); a non-empty matrix is required")]
-    Empty {
-        /// The argument's name.
-        arg: &'static str,
-        /// Its number of rows (the length, for a vector).
-        rows: usize,
-        /// Its number of columns (1 for a vector).
-        cols: usize,
-    },
-    /// A matrix or vector argument has a NaN or ±∞ entry.
-    #[error("argument `{arg}` has a non-finite entry {value} at ({row}, {col})")]
-    NonFinite {
-        /// The argument's name.
-        arg: &'static str,
-        /// Row of the first non-finite entry (the index, for a vector).
-        row: usize,
-        /// Column of the first non-finite entry (0 for a vector).
-        col: usize,
-        /// The offending value.
-        value: f64,
-    },
-    /// An argument's shape does not fit the other arguments.
-    #[error("argument `{arg}` has shape {found}, expected {expected}")]
-    ShapeMismatch {
-        /// The argument's name.
-        arg: &'static str,
-        /// What was expected, in words.
-        expected: String,
-        /// What was passed, e.g. `"4×5"`.
-        found: String,
-    },
-    /// A scalar or option argument is out of its domain.
-    #[error("argument `{arg}` is invalid: {reason}")]
-    InvalidArgument {
-        /// The argument's name.
-        arg: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
+    /// Bad input: an empty matrix or vector ([`InputError::Empty`]), a NaN or ±∞ entry
+    /// ([`InputError::NonFinite`]), a shape that does not fit the other arguments
+    /// ([`InputError::ShapeMismatch`]) or a scalar or option argument out of its domain
+    /// ([`InputError::InvalidArgument`]), with its own message.
+    #[error(transparent)]
+    Input(#[from] InputError),
     /// A dense result would not fit in memory; use the matrix-free products instead.
     #[error("argument `{arg}` is too large: {reason}")]
     TooLarge {
@@ -97,40 +65,6 @@ pub enum AttentionError {
 /// `Result` with [`AttentionError`].
 pub type Result<T> = std::result::Result<T, AttentionError>;
 
-impl From<InputError> for AttentionError {
-    fn from(e: InputError) -> Self {
-        match e {
-            InputError::Empty { arg, rows, cols } => AttentionError::Empty { arg, rows, cols },
-            InputError::NonFinite {
-                arg,
-                row,
-                col,
-                value,
-            } => AttentionError::NonFinite {
-                arg,
-                row,
-                col,
-                value,
-            },
-            InputError::ShapeMismatch {
-                arg,
-                expected,
-                found,
-            } => AttentionError::ShapeMismatch {
-                arg,
-                expected,
-                found,
-            },
-            InputError::InvalidArgument { arg, reason } => {
-                AttentionError::InvalidArgument { arg, reason }
-            }
-            // `InputError` is non-exhaustive: a later check kappa-attention does not know yet
-            // is reported as kappa-linalg's error.
-            other => AttentionError::Linalg(other.into()),
-        }
-    }
-}
-
 /// Checks that a computed matrix is finite: [`AttentionError::Overflow`] naming `arg`, with
 /// `what` saying which quantity overflowed, otherwise.
 pub(crate) fn check_computed<A: Real>(
@@ -160,10 +94,11 @@ pub(crate) fn check_probabilities<A: Real>(arg: &'static str, p: &ArrayView2<'_,
         .find(|(_, &x)| !(x >= A::zero() && x <= A::one()))
     {
         None => Ok(()),
-        Some(((i, j), x)) => Err(AttentionError::InvalidArgument {
+        Some(((i, j), x)) => Err(InputError::invalid(
             arg,
-            reason: format!("an attention matrix has entries in [0, 1], found {x} at ({i}, {j})"),
-        }),
+            format!("an attention matrix has entries in [0, 1], found {x} at ({i}, {j})"),
+        )
+        .into()),
     }
 }
 
@@ -187,9 +122,10 @@ mod tests {
     use kappa_linalg::input::{check_length, check_nonneg, check_shape};
     use ndarray::{array, Array2};
 
-    /// Each input error becomes the variant of the same name, with the same message.
+    /// Each input error is wrapped whole, unchanged (the same fields, compared by `Debug`, as NaN
+    /// ≠ NaN) and with the same message.
     #[test]
-    fn input_errors_convert_to_the_same_variant_and_message() {
+    fn input_errors_are_wrapped_with_the_same_message() {
         let cases = [
             check_matrix("w", &Array2::<f32>::zeros((0, 2)).view()).unwrap_err(),
             check_matrix("x", &array![[1.0, f64::NAN]].view()).unwrap_err(),
@@ -201,23 +137,10 @@ mod tests {
             let text = e.to_string();
             let converted = AttentionError::from(e.clone());
             assert_eq!(converted.to_string(), text);
-            let same = matches!(
-                (&e, &converted),
-                (InputError::Empty { .. }, AttentionError::Empty { .. })
-                    | (
-                        InputError::NonFinite { .. },
-                        AttentionError::NonFinite { .. }
-                    )
-                    | (
-                        InputError::ShapeMismatch { .. },
-                        AttentionError::ShapeMismatch { .. }
-                    )
-                    | (
-                        InputError::InvalidArgument { .. },
-                        AttentionError::InvalidArgument { .. }
-                    )
-            );
-            assert!(same, "{e:?} became {converted:?}");
+            let AttentionError::Input(inner) = &converted else {
+                panic!("{e:?} became {converted:?}");
+            };
+            assert_eq!(format!("{inner:?}"), format!("{e:?}"));
         }
     }
 }

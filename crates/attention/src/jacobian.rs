@@ -66,7 +66,7 @@
 
 use std::sync::Arc;
 
-use kappa_linalg::input::{check_length, check_shape, shape_str};
+use kappa_linalg::input::{check_length, check_shape, shape_str, InputError};
 use kappa_linalg::{commutation_matrix, kron, unvec, Real};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, Zip};
@@ -93,26 +93,23 @@ impl<A: Real> WeightJacobian<A> {
     /// The full J = [J_Q J_K J_V] ∈ ℝ^{Nk × 3Dk}.
     ///
     /// Errors: [`crate::AttentionError::TooLarge`] (argument `self`) beyond
-    /// [`kappa_linalg::MAX_DENSE_ENTRIES`]; [`crate::AttentionError::ShapeMismatch`] (argument
+    /// [`kappa_linalg::MAX_DENSE_ENTRIES`]; [`InputError::ShapeMismatch`] (argument
     /// `self.k` or `self.v`) for hand-built blocks whose shapes differ from `self.q`'s.
     pub fn full(&self) -> Result<Array2<A>> {
         let (rows, cols) = self.q.dim();
         for (arg, b) in [("self.k", &self.k), ("self.v", &self.v)] {
             if b.dim() != (rows, cols) {
-                return Err(crate::AttentionError::ShapeMismatch {
+                return Err(InputError::shape_mismatch(
                     arg,
-                    expected: format!("{} (the shape of self.q)", shape_str(rows, cols)),
-                    found: shape_str(b.nrows(), b.ncols()),
-                });
+                    format!("{} (the shape of self.q)", shape_str(rows, cols)),
+                    shape_str(b.nrows(), b.ncols()),
+                )
+                .into());
             }
         }
         check_dense("self", rows, cols.saturating_mul(3))?;
-        concatenate(Axis(1), &[self.q.view(), self.k.view(), self.v.view()]).map_err(|e| {
-            crate::AttentionError::InvalidArgument {
-                arg: "self",
-                reason: e.to_string(),
-            }
-        })
+        concatenate(Axis(1), &[self.q.view(), self.k.view(), self.v.view()])
+            .map_err(|e| InputError::invalid("self", e.to_string()).into())
     }
 
     /// The blocks in order Q, K, V.
@@ -217,11 +214,9 @@ impl<A: Real> Forward<A> {
     pub fn jacobian_weights(&self) -> Result<WeightJacobian<A>> {
         let mut ws = JacobianWorkspace::new();
         ws.compute(self)?;
-        ws.take()
-            .ok_or_else(|| crate::AttentionError::InvalidArgument {
-                arg: "self",
-                reason: "the workspace returned no Jacobian (a kappa bug)".into(),
-            })
+        ws.take().ok_or_else(|| {
+            InputError::invalid("self", "the workspace returned no Jacobian (a kappa bug)").into()
+        })
     }
 
     /// [`Forward::jacobian_weights`] into existing blocks (each Nk × Dk, any layout): every
@@ -240,11 +235,12 @@ impl<A: Real> Forward<A> {
         let (nk, dk) = (n * k, d * k);
         for b in [&out.q, &out.k, &out.v] {
             if b.dim() != (nk, dk) {
-                return Err(crate::AttentionError::ShapeMismatch {
-                    arg: "out",
-                    expected: format!("three {nk}×{dk} blocks (N·k × D·k)"),
-                    found: shape_str(b.nrows(), b.ncols()),
-                });
+                return Err(InputError::shape_mismatch(
+                    "out",
+                    format!("three {nk}×{dk} blocks (N·k × D·k)"),
+                    shape_str(b.nrows(), b.ncols()),
+                )
+                .into());
             }
         }
         let mut scratch = Factors::default();
@@ -843,7 +839,7 @@ impl<A: Real> JacobianWorkspace<A> {
     /// threads owned by the workspace. The thread count changes only the time, never a bit of
     /// the result.
     ///
-    /// Errors: [`crate::AttentionError::InvalidArgument`] (argument `threads`) when the
+    /// Errors: [`InputError::InvalidArgument`] (argument `threads`) when the
     /// operating system refuses to start the pool's threads.
     pub fn with_threads(threads: usize) -> Result<Self> {
         let threads = match threads {
@@ -853,9 +849,8 @@ impl<A: Real> JacobianWorkspace<A> {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(t)
                     .build()
-                    .map_err(|e| crate::AttentionError::InvalidArgument {
-                        arg: "threads",
-                        reason: format!("could not start {t} threads: {e}"),
+                    .map_err(|e| {
+                        InputError::invalid("threads", format!("could not start {t} threads: {e}"))
                     })?,
             )),
         };

@@ -12,7 +12,7 @@
 //! | [`multihead`] | [`MultiHeadAttention`], [`HeadLayout`] |
 //! | [`diagnostics`] | [`attention_diagnostics`], [`AttentionDiagnostics`], [`projection_stats`] |
 //! | [`instances`] | [`Theorem34Instance`] (random instances of Theorem 3.4, as the tests and the `theory` experiment draw them), [`TokenRegime`] |
-//! | [`error`] | [`AttentionError`], [`Result`] |
+//! | [`error`] | [`AttentionError`], [`Result`]; bad input is [`AttentionError::Input`], carrying kappa-linalg's [`InputError`] (re-exported) |
 //!
 //! # Conventions
 //!
@@ -34,10 +34,11 @@
 //!
 //! Every public function validates its input and returns [`AttentionError`] or a documented
 //! value; none panics, hangs or aborts on user input. Each error names the argument it is about:
-//! empty or non-finite matrices ([`AttentionError::Empty`], [`AttentionError::NonFinite`]),
-//! shapes ([`AttentionError::ShapeMismatch`]), parameters out of their domain
-//! ([`AttentionError::InvalidArgument`]: λ, the score scale, offsets (checked without
-//! overflow), an attention matrix with entries outside [0, 1], …), dense results above
+//! bad input is [`AttentionError::Input`], carrying kappa-linalg's [`InputError`] — empty or
+//! non-finite matrices ([`InputError::Empty`], [`InputError::NonFinite`]), shapes
+//! ([`InputError::ShapeMismatch`]), parameters out of their domain
+//! ([`InputError::InvalidArgument`]: λ, the score scale, offsets (checked without overflow), an
+//! attention matrix with entries outside [0, 1], …) —; dense results above
 //! [`kappa_linalg::MAX_DENSE_ENTRIES`] refused before allocating ([`AttentionError::TooLarge`]),
 //! and finite inputs whose result is not representable ([`AttentionError::Overflow`]).
 //! Parameters are validated in the precision they are used in: `ScoreScale::Custom(1e-300)` is
@@ -82,6 +83,8 @@ pub use diagnostics::{
 pub use error::{AttentionError, Result};
 pub use instances::{Theorem34Instance, TokenRegime};
 pub use jacobian::{JacobianWorkspace, WeightJacobian, WeightSet};
+/// kappa-linalg's input error, the payload of the `Input` variant of this crate's error.
+pub use kappa_linalg::input::InputError;
 pub use multihead::{HeadLayout, MultiHeadAttention};
 pub use softmax::{
     softmax_jacobian_apply, softmax_jacobian_conditioning, softmax_jacobian_dense,

@@ -20,7 +20,7 @@
 //! Every κ statement transfers between the two: a row permutation Π maps E_h onto I_k and
 //! κ(Π M) = κ(M) (T12).
 
-use kappa_linalg::input::{check_matrix, check_shape};
+use kappa_linalg::input::{check_matrix, check_shape, InputError};
 use kappa_linalg::Real;
 use ndarray::{concatenate, s, Array2, ArrayView2, Axis};
 
@@ -94,10 +94,11 @@ impl<A: Real> MultiHeadAttention<A> {
         check_shape("wk", &wk.view(), d, hk, "the shape of wq")?;
         check_shape("wv", &wv.view(), d, hk, "the shape of wq")?;
         if heads == 0 || hk % heads != 0 {
-            return Err(AttentionError::InvalidArgument {
-                arg: "heads",
-                reason: format!("must be ≥ 1 and divide the {hk} columns of the weights"),
-            });
+            return Err(InputError::invalid(
+                "heads",
+                format!("must be ≥ 1 and divide the {hk} columns of the weights"),
+            )
+            .into());
         }
         options.scale.divisor_in::<A>(hk / heads)?;
         Ok(Self {
@@ -120,16 +121,18 @@ impl<A: Real> MultiHeadAttention<A> {
         let (d, hk) = self.wq.dim();
         let k = hk / self.heads;
         if layout == HeadLayout::Shifted && hk > d {
-            return Err(AttentionError::InvalidArgument {
-                arg: "layout",
-                reason: format!("Shifted needs H·k = {hk} ≤ D = {d}"),
-            });
+            return Err(InputError::invalid(
+                "layout",
+                format!("Shifted needs H·k = {hk} ≤ D = {d}"),
+            )
+            .into());
         }
         if k > d {
-            return Err(AttentionError::InvalidArgument {
-                arg: "layout",
-                reason: format!("the head dimension k = {k} exceeds D = {d}"),
-            });
+            return Err(InputError::invalid(
+                "layout",
+                format!("the head dimension k = {k} exceeds D = {d}"),
+            )
+            .into());
         }
         self.shift = Some((lambda, layout));
         for h in 0..self.heads {
@@ -165,10 +168,11 @@ impl<A: Real> MultiHeadAttention<A> {
     /// Errors: `h ≥ H` (argument `h`).
     pub fn head(&self, h: usize) -> Result<SelfAttention<A>> {
         if h >= self.heads {
-            return Err(AttentionError::InvalidArgument {
-                arg: "h",
-                reason: format!("head {h} out of range for {} heads", self.heads),
-            });
+            return Err(InputError::invalid(
+                "h",
+                format!("head {h} out of range for {} heads", self.heads),
+            )
+            .into());
         }
         let k = self.head_dim();
         let cols = s![.., h * k..(h + 1) * k];
@@ -220,9 +224,6 @@ impl<A: Real> MultiHeadAttention<A> {
             .map(|h| Ok(self.head(h)?.forward(x)?.output))
             .collect::<Result<Vec<_>>>()?;
         let views: Vec<ArrayView2<'_, A>> = outs.iter().map(|o| o.view()).collect();
-        concatenate(Axis(1), &views).map_err(|e| AttentionError::InvalidArgument {
-            arg: "x",
-            reason: e.to_string(),
-        })
+        concatenate(Axis(1), &views).map_err(|e| InputError::invalid("x", e.to_string()).into())
     }
 }

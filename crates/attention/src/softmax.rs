@@ -19,7 +19,7 @@
 //!
 //! The matrix-free product needs no N⁴ storage: dP = P ⊙ (dS − (P ⊙ dS) 1 1ᵀ), O(N²).
 
-use kappa_linalg::input::{check_matrix, check_shape, shape_str};
+use kappa_linalg::input::{check_matrix, check_shape, shape_str, InputError};
 use kappa_linalg::{conditioning_from_singular_values, singular_values, Real, SvdDriver};
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 
@@ -128,10 +128,11 @@ pub fn softmax_row_jacobian<A: Real>(p: ArrayView2<'_, A>, i: usize) -> Result<A
     check_probabilities("p", &p)?;
     check_dense("p", p.ncols(), p.ncols())?;
     if i >= p.nrows() {
-        return Err(AttentionError::InvalidArgument {
-            arg: "i",
-            reason: format!("row {i} out of range for {} rows", p.nrows()),
-        });
+        return Err(InputError::invalid(
+            "i",
+            format!("row {i} out of range for {} rows", p.nrows()),
+        )
+        .into());
     }
     Ok(row_jacobian_unchecked(p, i))
 }
@@ -163,11 +164,12 @@ pub fn softmax_jacobian_dense<A: Real>(p: ArrayView2<'_, A>) -> Result<Array2<A>
     check_probabilities("p", &p)?;
     let n = p.nrows();
     if p.ncols() != n {
-        return Err(AttentionError::ShapeMismatch {
-            arg: "p",
-            expected: "a square N×N attention matrix".into(),
-            found: shape_str(p.nrows(), p.ncols()),
-        });
+        return Err(InputError::shape_mismatch(
+            "p",
+            "a square N×N attention matrix",
+            shape_str(p.nrows(), p.ncols()),
+        )
+        .into());
     }
     let nn = n.checked_mul(n).ok_or_else(|| AttentionError::TooLarge {
         arg: "p",
@@ -199,11 +201,12 @@ pub fn softmax_jacobian_singular_values<A: Real>(p: ArrayView2<'_, A>) -> Result
     check_probabilities("p", &p)?;
     let n = p.nrows();
     if p.ncols() != n {
-        return Err(AttentionError::ShapeMismatch {
-            arg: "p",
-            expected: "a square N×N attention matrix".into(),
-            found: shape_str(p.nrows(), p.ncols()),
-        });
+        return Err(InputError::shape_mismatch(
+            "p",
+            "a square N×N attention matrix",
+            shape_str(p.nrows(), p.ncols()),
+        )
+        .into());
     }
     let mut all = Vec::with_capacity(n * n);
     for i in 0..n {

@@ -16,7 +16,7 @@ use kappa_attention::{
     rect_identity, softmax_jacobian_apply, softmax_jacobian_conditioning, softmax_jacobian_dense,
     softmax_jacobian_frobenius, softmax_jacobian_singular_values, softmax_row_jacobian,
     softmax_rows, theorem_3_4, AttentionError, AttentionOptions, Forward, HeadLayout,
-    IdentityShift, Kappa, LambdaPolicy, MultiHeadAttention, ScoreScale, SelfAttention,
+    IdentityShift, InputError, Kappa, LambdaPolicy, MultiHeadAttention, ScoreScale, SelfAttention,
     SvdCorrection, WeightJacobian,
 };
 use kappa_linalg::Real;
@@ -59,10 +59,16 @@ enum Want {
 
 fn kind(e: &AttentionError) -> (Kind, String) {
     match e {
-        AttentionError::Empty { arg, .. } => (Kind::Empty, arg.to_string()),
-        AttentionError::NonFinite { arg, .. } => (Kind::NonFinite, arg.to_string()),
-        AttentionError::ShapeMismatch { arg, .. } => (Kind::Shape, arg.to_string()),
-        AttentionError::InvalidArgument { arg, .. } => (Kind::Invalid, arg.to_string()),
+        AttentionError::Input(InputError::Empty { arg, .. }) => (Kind::Empty, arg.to_string()),
+        AttentionError::Input(InputError::NonFinite { arg, .. }) => {
+            (Kind::NonFinite, arg.to_string())
+        }
+        AttentionError::Input(InputError::ShapeMismatch { arg, .. }) => {
+            (Kind::Shape, arg.to_string())
+        }
+        AttentionError::Input(InputError::InvalidArgument { arg, .. }) => {
+            (Kind::Invalid, arg.to_string())
+        }
         AttentionError::TooLarge { arg, .. } => (Kind::TooLarge, arg.to_string()),
         AttentionError::Overflow { arg, .. } => (Kind::Overflow, arg.to_string()),
         AttentionError::Unattainable { arg, .. } => (Kind::Unattainable, arg.to_string()),

@@ -9,7 +9,7 @@ use kappa_attention::{
     attention_diagnostics, block_identity, full_rank_bound, identity_shift_flops, k_rank_bound,
     rect_identity, softmax_jacobian_apply, softmax_jacobian_dense, softmax_jacobian_frobenius,
     softmax_jacobian_singular_values, softmax_rows, theorem_3_4, AttentionError, AttentionOptions,
-    Forward, HeadLayout, IdentityShift, LambdaPolicy, MultiHeadAttention, ScoreScale,
+    Forward, HeadLayout, IdentityShift, InputError, LambdaPolicy, MultiHeadAttention, ScoreScale,
     SelfAttention, SvdCorrection, Theorem34Instance, TokenRegime,
 };
 use kappa_linalg::{condition_number, singular_values, svd_thin, SvdDriver};
@@ -1349,12 +1349,12 @@ fn bad_input_is_an_error_naming_the_argument() {
     assert!(
         matches!(
             e,
-            AttentionError::NonFinite {
+            AttentionError::Input(InputError::NonFinite {
                 arg: "x",
                 row: 1,
                 col: 2,
                 ..
-            }
+            })
         ),
         "{e}"
     );

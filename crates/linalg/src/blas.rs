@@ -28,6 +28,7 @@ use std::fmt;
 use std::sync::Mutex;
 
 use crate::error::{LinalgError, Result};
+use crate::input::InputError;
 /// The widest x86-64 vector level a CPU or a kernel uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum VectorLevel {
@@ -283,10 +284,7 @@ fn choose_upgrade() -> KernelSelection {
 /// # Safety
 /// As for [`upgrade_generic_kernel`]: no BLAS or LAPACK call in flight on any thread.
 pub unsafe fn set_openblas_kernel(name: &str) -> Result<String> {
-    let refuse = |reason: String| LinalgError::InvalidArgument {
-        arg: "name",
-        reason,
-    };
+    let refuse = |reason: String| LinalgError::from(InputError::invalid("name", reason));
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
         return Err(refuse(format!(
             "`{name}` is not a kernel name (letters, digits and `_`, e.g. `Haswell`)"

@@ -33,7 +33,7 @@
 use ndarray::{ArrayView1, ArrayView2};
 
 use crate::error::{LinalgError, Result};
-use crate::input::{check_nonneg, check_vector};
+use crate::input::{check_nonneg, check_vector, InputError};
 use crate::scalar::{Pow2, Real};
 use crate::svd::{scaled_singular_values, SvdDriver};
 
@@ -53,7 +53,7 @@ impl RankTolerance {
     /// The threshold τ for a matrix with `rows`×`cols` entries of type `A` and largest singular
     /// value `sigma_max`.
     ///
-    /// Errors: [`LinalgError::InvalidArgument`] (argument `tol`, the tolerance itself) for a
+    /// Errors: [`InputError::InvalidArgument`] (argument `tol`, the tolerance itself) for a
     /// negative or non-finite relative/absolute tolerance, and (argument `sigma_max`) for a
     /// negative or non-finite `sigma_max`. The result can overflow to +∞ only for
     /// `Relative(r)` with r·σ₁ > `f64::MAX`.
@@ -112,17 +112,19 @@ pub fn conditioning_from_singular_values<A: Real>(
     check_vector("s", &s)?;
     let k = rows.min(cols);
     if s.len() != k {
-        return Err(LinalgError::ShapeMismatch {
-            arg: "s",
-            expected: format!("min(rows, cols) = {k} singular values"),
-            found: format!("{} values", s.len()),
-        });
+        return Err(InputError::shape_mismatch(
+            "s",
+            format!("min(rows, cols) = {k} singular values"),
+            format!("{} values", s.len()),
+        )
+        .into());
     }
     if let Some(i) = s.iter().position(|&x| x < A::zero()) {
-        return Err(LinalgError::InvalidArgument {
-            arg: "s",
-            reason: format!("singular values are ≥ 0, found s[{i}] = {}", s[i]),
-        });
+        return Err(InputError::invalid(
+            "s",
+            format!("singular values are ≥ 0, found s[{i}] = {}", s[i]),
+        )
+        .into());
     }
     let mut v: Vec<A> = s.to_vec();
     v.sort_by(|a, b| b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal));
@@ -206,7 +208,7 @@ pub fn conditioning<A: Real>(a: ArrayView2<'_, A>, tol: RankTolerance) -> Result
 ///
 /// Works for any rectangular shape. Cost: one SVD (singular values only).
 ///
-/// Errors: [`LinalgError::Empty`] and [`LinalgError::NonFinite`] for argument `a`. Defined for
+/// Errors: [`InputError::Empty`] and [`InputError::NonFinite`] for argument `a`. Defined for
 /// every finite input (scale-free, see the module docs).
 ///
 /// ```

@@ -19,8 +19,8 @@
 //!   algorithms rescale exactly by powers of two, and only a result that is itself not
 //!   representable is an error ([`LinalgError::Overflow`]).
 //! * The checks of empty, non-finite and mis-shaped arguments and of scalar domains are
-//!   [`crate::input`]'s, shared with the workspace's other crates; their [`InputError`]
-//!   converts into the variant of the same name here.
+//!   [`crate::input`]'s, shared with the workspace's other crates; their [`InputError`] is
+//!   reported whole, as [`LinalgError::Input`], with its own message.
 
 use crate::input::InputError;
 
@@ -31,43 +31,19 @@ pub const MAX_DENSE_ENTRIES: usize = 1 << 28;
 
 /// Everything that can go wrong in `kappa-linalg`.
 ///
-/// Bad input (empty matrices, NaN or ±∞ entries, mismatched shapes, invalid parameters) is always
-/// reported through this enum; no public function panics on user input.
+/// Bad input is always reported through this enum; no public function panics on user input.
+/// Empty matrices, NaN or ±∞ entries, mismatched shapes and invalid parameters are
+/// [`LinalgError::Input`] (an [`InputError`]); the other variants are this crate's own checks
+/// and failures.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LinalgError {
-    /// A matrix or vector argument has no entries.
-    #[error("argument `{arg}` is empty (shape {rows}×{cols}); a non-empty matrix is required")]
-    Empty {
-        /// The argument's name.
-        arg: &'static str,
-        /// Its number of rows (the length, for a vector).
-        rows: usize,
-        /// Its number of columns (1 for a vector).
-        cols: usize,
-    },
-    /// A matrix or vector argument has a NaN or ±∞ entry.
-    #[error("argument `{arg}` has a non-finite entry {value} at ({row}, {col})")]
-    NonFinite {
-        /// The argument's name.
-        arg: &'static str,
-        /// Row of the first non-finite entry (the index, for a vector).
-        row: usize,
-        /// Column of the first non-finite entry (0 for a vector).
-        col: usize,
-        /// The offending value (NaN, inf or -inf).
-        value: f64,
-    },
-    /// An argument's shape does not fit the other arguments.
-    #[error("argument `{arg}` has shape {found}, expected {expected}")]
-    ShapeMismatch {
-        /// The argument's name.
-        arg: &'static str,
-        /// What was expected, in words (e.g. `"3 rows, to match a's 3 columns"`).
-        expected: String,
-        /// The shape that was passed, e.g. `"4×5"`.
-        found: String,
-    },
+    /// Bad input: an empty matrix or vector ([`InputError::Empty`]), a NaN or ±∞ entry
+    /// ([`InputError::NonFinite`]), a shape that does not fit the other arguments
+    /// ([`InputError::ShapeMismatch`]) or a scalar or option argument out of its domain (negative
+    /// tolerance, zero steps, ...: [`InputError::InvalidArgument`]), with its own message.
+    #[error(transparent)]
+    Input(#[from] InputError),
     /// A square matrix was required.
     #[error("argument `{arg}` must be square, found {rows}×{cols}")]
     NotSquare {
@@ -101,14 +77,6 @@ pub enum LinalgError {
         eigenvalue: f64,
         /// The tolerance below zero that is still accepted as zero.
         tolerance: f64,
-    },
-    /// A scalar or option argument is out of its domain (negative tolerance, zero steps, ...).
-    #[error("argument `{arg}` is invalid: {reason}")]
-    InvalidArgument {
-        /// The argument's name.
-        arg: &'static str,
-        /// What is wrong with it.
-        reason: String,
     },
     /// The result would not fit in memory (or its size overflows `usize`).
     #[error("argument `{arg}` is too large: {reason}")]
@@ -163,37 +131,6 @@ pub enum LinalgError {
 /// `Result` with [`LinalgError`].
 pub type Result<T> = std::result::Result<T, LinalgError>;
 
-impl From<InputError> for LinalgError {
-    fn from(e: InputError) -> Self {
-        match e {
-            InputError::Empty { arg, rows, cols } => LinalgError::Empty { arg, rows, cols },
-            InputError::NonFinite {
-                arg,
-                row,
-                col,
-                value,
-            } => LinalgError::NonFinite {
-                arg,
-                row,
-                col,
-                value,
-            },
-            InputError::ShapeMismatch {
-                arg,
-                expected,
-                found,
-            } => LinalgError::ShapeMismatch {
-                arg,
-                expected,
-                found,
-            },
-            InputError::InvalidArgument { arg, reason } => {
-                LinalgError::InvalidArgument { arg, reason }
-            }
-        }
-    }
-}
-
 /// Wraps an `ndarray-linalg` error.
 pub(crate) fn lapack_err(
     arg: &'static str,
@@ -217,13 +154,10 @@ pub(crate) fn rename(e: LinalgError, from: &'static str, to: &'static str) -> Li
     };
     let mut e = e;
     match &mut e {
-        E::Empty { arg, .. }
-        | E::NonFinite { arg, .. }
-        | E::ShapeMismatch { arg, .. }
-        | E::NotSquare { arg, .. }
+        E::Input(input) => fix(input.arg_mut()),
+        E::NotSquare { arg, .. }
         | E::NotSymmetric { arg, .. }
         | E::NotPositiveSemidefinite { arg, .. }
-        | E::InvalidArgument { arg, .. }
         | E::TooLarge { arg, .. }
         | E::Overflow { arg, .. }
         | E::UnsupportedDtype { arg, .. }
@@ -254,9 +188,10 @@ mod tests {
     use crate::input::{check_matrix, check_nonneg, check_shape, check_vector};
     use ndarray::{array, Array2};
 
-    /// Each input error becomes the variant of the same name, with the same message.
+    /// Each input error is wrapped whole, unchanged (the same fields, compared by `Debug`, as NaN
+    /// ≠ NaN) and with the same message.
     #[test]
-    fn input_errors_convert_to_the_same_variant_and_message() {
+    fn input_errors_are_wrapped_with_the_same_message() {
         let nan = array![[1.0, f64::NAN]];
         let cases = [
             check_matrix("w", &Array2::<f32>::zeros((0, 2)).view()).unwrap_err(),
@@ -268,29 +203,28 @@ mod tests {
             let text = e.to_string();
             let converted = LinalgError::from(e.clone());
             assert_eq!(converted.to_string(), text);
-            let same = matches!(
-                (&e, &converted),
-                (InputError::Empty { .. }, LinalgError::Empty { .. })
-                    | (InputError::NonFinite { .. }, LinalgError::NonFinite { .. })
-                    | (
-                        InputError::ShapeMismatch { .. },
-                        LinalgError::ShapeMismatch { .. }
-                    )
-                    | (
-                        InputError::InvalidArgument { .. },
-                        LinalgError::InvalidArgument { .. }
-                    )
-            );
-            assert!(same, "{e:?} became {converted:?}");
+            let LinalgError::Input(inner) = &converted else {
+                panic!("{e:?} became {converted:?}");
+            };
+            assert_eq!(format!("{inner:?}"), format!("{e:?}"));
         }
         assert!(matches!(
             LinalgError::from(check_matrix("a", &nan.view()).unwrap_err()),
-            LinalgError::NonFinite {
+            LinalgError::Input(InputError::NonFinite {
                 arg: "a",
                 row: 0,
                 col: 1,
                 ..
-            }
+            })
         ));
+    }
+
+    /// `rename` renames the argument of an input error too, and nothing else.
+    #[test]
+    fn rename_reaches_the_input_error() {
+        let e = rename(InputError::invalid("a", "must be ≥ 1").into(), "a", "self");
+        assert_eq!(e.to_string(), "argument `self` is invalid: must be ≥ 1");
+        let e = rename(InputError::invalid("b", "x").into(), "a", "self");
+        assert_eq!(e.to_string(), "argument `b` is invalid: x");
     }
 }

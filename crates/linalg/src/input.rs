@@ -1,11 +1,15 @@
 //! The input checks of the workspace, written once: empty, non-finite and mis-shaped matrices
 //! and vectors, and scalars out of their domain, reported as an [`InputError`].
 //!
-//! Every crate's error type has these four cases with the same messages
-//! ([`LinalgError`](crate::LinalgError) here; `AttentionError` and `OptimError` in kappa-attention
-//! and kappa-optim) and converts an [`InputError`] into them with `From`, so an entry point
-//! writes `check_matrix("x", &x)?` and returns its own error type. `arg` is the caller's
-//! parameter as written in its signature (or `field.name` for a field of a struct argument).
+//! Every crate's error type carries these four cases in one variant, `Input(InputError)`, with
+//! the same messages (`#[error(transparent)]`): [`LinalgError::Input`](crate::LinalgError::Input)
+//! here, `AttentionError::Input` and `OptimError::Input` in kappa-attention and kappa-optim. Each
+//! converts an [`InputError`] into it with `From`, so an entry point writes
+//! `check_matrix("x", &x)?` (or `return Err(InputError::invalid("k", "must be ≥ 1").into())`) and
+//! returns its own error type. `arg` is the caller's parameter as written in its signature (or
+//! `field.name` for a field of a struct argument).
+//!
+//! A caller matches the input error inside its crate's error:
 //!
 //! ```
 //! use kappa_linalg::input::{check_matrix, check_shape, InputError};
@@ -17,6 +21,11 @@
 //!     check_shape("w", &w.view(), 3, 3, "D×D"),
 //!     Err(InputError::ShapeMismatch { arg: "w", .. })
 //! ));
+//! let e = kappa_linalg::LinalgError::from(check_matrix("x", &x.view()).unwrap_err());
+//! assert!(matches!(
+//!     e,
+//!     kappa_linalg::LinalgError::Input(InputError::NonFinite { arg: "x", row: 0, col: 1, .. })
+//! ));
 //! ```
 
 use ndarray::{ArrayView1, ArrayView2};
@@ -25,9 +34,10 @@ use crate::scalar::Real;
 
 /// Bad input: what [`check_matrix`] and the other checks of this module report.
 ///
-/// Each variant has the same name, fields and message as the variant of
-/// [`LinalgError`](crate::LinalgError) (and of kappa-attention's and kappa-optim's errors) it
-/// converts into.
+/// The crates' errors wrap it whole, unchanged and with the same message:
+/// [`LinalgError::Input`](crate::LinalgError::Input), `AttentionError::Input`,
+/// `OptimError::Input`. [`InputError::invalid`] and [`InputError::shape_mismatch`] build the two
+/// cases a caller's own checks report most.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InputError {
@@ -71,6 +81,52 @@ pub enum InputError {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+impl InputError {
+    /// An [`InputError::InvalidArgument`]: `arg` is out of its domain, `reason` says how
+    /// (the message reads ``argument `{arg}` is invalid: {reason}``).
+    pub fn invalid(arg: &'static str, reason: impl Into<String>) -> Self {
+        InputError::InvalidArgument {
+            arg,
+            reason: reason.into(),
+        }
+    }
+
+    /// An [`InputError::ShapeMismatch`]: `arg` has the shape `found` (e.g. `"4×5"`, see
+    /// [`shape_str`]) where `expected` was wanted, in words
+    /// (the message reads ``argument `{arg}` has shape {found}, expected {expected}``).
+    pub fn shape_mismatch(
+        arg: &'static str,
+        expected: impl Into<String>,
+        found: impl Into<String>,
+    ) -> Self {
+        InputError::ShapeMismatch {
+            arg,
+            expected: expected.into(),
+            found: found.into(),
+        }
+    }
+
+    /// The argument the error is about.
+    pub fn arg(&self) -> &'static str {
+        match self {
+            InputError::Empty { arg, .. }
+            | InputError::NonFinite { arg, .. }
+            | InputError::ShapeMismatch { arg, .. }
+            | InputError::InvalidArgument { arg, .. } => arg,
+        }
+    }
+
+    /// The argument's name, to rename it (see `error::rename`).
+    pub(crate) fn arg_mut(&mut self) -> &mut &'static str {
+        match self {
+            InputError::Empty { arg, .. }
+            | InputError::NonFinite { arg, .. }
+            | InputError::ShapeMismatch { arg, .. }
+            | InputError::InvalidArgument { arg, .. } => arg,
+        }
+    }
 }
 
 /// Formats a shape as `rows×cols`.
@@ -117,11 +173,11 @@ pub fn check_dims<A>(
     if a.dim() == (rows, cols) {
         return Ok(());
     }
-    Err(InputError::ShapeMismatch {
+    Err(InputError::shape_mismatch(
         arg,
-        expected: format!("{} ({why})", shape_str(rows, cols)),
-        found: shape_str(a.nrows(), a.ncols()),
-    })
+        format!("{} ({why})", shape_str(rows, cols)),
+        shape_str(a.nrows(), a.ncols()),
+    ))
 }
 
 /// Checks that a matrix is non-empty, finite and `rows`×`cols`, in that order
@@ -168,11 +224,11 @@ pub fn check_length<A: Real>(
     if v.len() == len {
         return Ok(());
     }
-    Err(InputError::ShapeMismatch {
+    Err(InputError::shape_mismatch(
         arg,
-        expected: format!("length {len} ({why})"),
-        found: format!("length {}", v.len()),
-    })
+        format!("length {len} ({why})"),
+        format!("length {}", v.len()),
+    ))
 }
 
 /// Checks that a scalar is finite and ≥ 0.
@@ -201,10 +257,7 @@ pub fn check_range(arg: &'static str, x: f64, lo: f64, hi: f64) -> Result<(), In
 
 /// "must be finite and {domain}, found {x}".
 fn out_of_domain(arg: &'static str, x: f64, domain: &str) -> InputError {
-    InputError::InvalidArgument {
-        arg,
-        reason: format!("must be finite and {domain}, found {x}"),
-    }
+    InputError::invalid(arg, format!("must be finite and {domain}, found {x}"))
 }
 
 #[cfg(test)]
@@ -261,6 +314,37 @@ mod tests {
             "argument `x` has shape 1×2, expected 2×2 (D×D)"
         );
         assert!(check_dims("x", &nan.view(), 1, 2, "").is_ok());
+    }
+
+    #[test]
+    fn constructors_build_the_variant_and_arg_names_it() {
+        let e = InputError::invalid("k", "must be ≥ 1");
+        assert_eq!(
+            e,
+            InputError::InvalidArgument {
+                arg: "k",
+                reason: "must be ≥ 1".into()
+            }
+        );
+        assert_eq!(e.to_string(), "argument `k` is invalid: must be ≥ 1");
+        let e = InputError::shape_mismatch("b", "2×2 (d×d)", shape_str(1, 2));
+        assert_eq!(
+            e,
+            InputError::ShapeMismatch {
+                arg: "b",
+                expected: "2×2 (d×d)".into(),
+                found: "1×2".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "argument `b` has shape 1×2, expected 2×2 (d×d)"
+        );
+        assert_eq!(e.arg(), "b");
+        let nan = check_matrix("w", &array![[f64::NAN]].view()).unwrap_err();
+        assert_eq!(nan.arg(), "w");
+        let empty = check_vector("v", &ndarray::Array1::<f64>::zeros(0).view()).unwrap_err();
+        assert_eq!(empty.arg(), "v");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::error::{lapack_err, LinalgError, Result};
-use crate::input::check_finite;
+use crate::input::{check_finite, InputError};
 use crate::scalar::{scaled_copy, Pow2, Real};
 
 /// The largest accepted [`IterativeOptions::max_iter`]: 2²⁰. An iteration whose tolerance is below
@@ -81,19 +81,21 @@ pub enum StopRule {
 impl IterativeOptions {
     fn validate(&self) -> Result<()> {
         if !(self.tol.is_finite() && self.tol > 0.0 && self.tol < 1.0) {
-            return Err(LinalgError::InvalidArgument {
-                arg: "opts.tol",
-                reason: format!("must lie in (0, 1), found {}", self.tol),
-            });
+            return Err(InputError::invalid(
+                "opts.tol",
+                format!("must lie in (0, 1), found {}", self.tol),
+            )
+            .into());
         }
         if self.max_iter == 0 || self.max_iter > MAX_ITERATIONS {
-            return Err(LinalgError::InvalidArgument {
-                arg: "opts.max_iter",
-                reason: format!(
+            return Err(InputError::invalid(
+                "opts.max_iter",
+                format!(
                     "must lie in [1, MAX_ITERATIONS = 2^20], found {}",
                     self.max_iter
                 ),
-            });
+            )
+            .into());
         }
         Ok(())
     }
@@ -138,7 +140,7 @@ pub struct KappaEstimate<A> {
 fn checked_norm<A: Real>(arg: &'static str, a: &ArrayView2<'_, A>) -> Result<f64> {
     let (rows, cols) = a.dim();
     if rows == 0 || cols == 0 {
-        return Err(LinalgError::Empty { arg, rows, cols });
+        return Err(InputError::Empty { arg, rows, cols }.into());
     }
     let fro = crate::scalar::array_norm(a);
     if !fro.is_finite() {

@@ -17,7 +17,7 @@
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ShapeBuilder};
 
 use crate::error::{LinalgError, Result};
-use crate::input::{check_matrix, check_vector, shape_str};
+use crate::input::{check_matrix, check_vector, shape_str, InputError};
 use crate::scalar::{max_abs, scale_f64, scaled_copy, Pow2, Real};
 
 fn dense_size(arg: &'static str, rows: usize, cols: usize) -> Result<()> {
@@ -49,22 +49,22 @@ pub fn vec<A: Real>(m: ArrayView2<'_, A>) -> Result<Array1<A>> {
 pub fn unvec<A: Real>(v: ArrayView1<'_, A>, rows: usize, cols: usize) -> Result<Array2<A>> {
     check_vector("v", &v)?;
     if rows == 0 || cols == 0 {
-        return Err(LinalgError::InvalidArgument {
-            arg: if rows == 0 { "rows" } else { "cols" },
-            reason: "must be at least 1".into(),
-        });
+        return Err(InputError::invalid(
+            if rows == 0 { "rows" } else { "cols" },
+            "must be at least 1",
+        )
+        .into());
     }
     if rows.checked_mul(cols) != Some(v.len()) {
-        return Err(LinalgError::ShapeMismatch {
-            arg: "v",
-            expected: format!("length rows·cols = {rows}·{cols}"),
-            found: format!("length {}", v.len()),
-        });
+        return Err(InputError::shape_mismatch(
+            "v",
+            format!("length rows·cols = {rows}·{cols}"),
+            format!("length {}", v.len()),
+        )
+        .into());
     }
-    Array2::from_shape_vec((rows, cols).f(), v.to_vec()).map_err(|e| LinalgError::InvalidArgument {
-        arg: "v",
-        reason: e.to_string(),
-    })
+    Array2::from_shape_vec((rows, cols).f(), v.to_vec())
+        .map_err(|e| InputError::invalid("v", e.to_string()).into())
 }
 
 /// The Kronecker product A ⊗ B (see the module docs for the index convention).
@@ -148,11 +148,12 @@ pub fn kron_matvec<A: Real>(
     let (_, q) = a.dim();
     let (_, s) = b.dim();
     if q.checked_mul(s) != Some(x.len()) {
-        return Err(LinalgError::ShapeMismatch {
-            arg: "x",
-            expected: format!("length cols(a)·cols(b) = {q}·{s}"),
-            found: format!("length {}", x.len()),
-        });
+        return Err(InputError::shape_mismatch(
+            "x",
+            format!("length cols(a)·cols(b) = {q}·{s}"),
+            format!("length {}", x.len()),
+        )
+        .into());
     }
     // Exactly rescaled factors (max |entry| ∈ [0.5, 1)): the intermediate B·X can then neither
     // overflow nor underflow, and the one scaling back rounds each entry once.
@@ -195,10 +196,9 @@ impl Commutation {
     /// K_{m,n}, for M ∈ ℝ^{m×n}. Errors: `m` or `n` zero, or m·n overflowing `usize`.
     pub fn new(m: usize, n: usize) -> Result<Self> {
         if m == 0 || n == 0 {
-            return Err(LinalgError::InvalidArgument {
-                arg: if m == 0 { "m" } else { "n" },
-                reason: "must be at least 1".into(),
-            });
+            return Err(
+                InputError::invalid(if m == 0 { "m" } else { "n" }, "must be at least 1").into(),
+            );
         }
         if m.checked_mul(n).is_none() {
             return Err(LinalgError::TooLarge {
@@ -251,11 +251,12 @@ impl Commutation {
     pub fn apply_rows<A: Real>(&self, x: ArrayView2<'_, A>) -> Result<Array2<A>> {
         check_matrix("x", &x)?;
         if x.nrows() != self.size() {
-            return Err(LinalgError::ShapeMismatch {
-                arg: "x",
-                expected: format!("{} rows", self.size()),
-                found: shape_str(x.nrows(), x.ncols()),
-            });
+            return Err(InputError::shape_mismatch(
+                "x",
+                format!("{} rows", self.size()),
+                shape_str(x.nrows(), x.ncols()),
+            )
+            .into());
         }
         Ok(Array2::from_shape_fn(x.dim(), |(r, c)| {
             x[[(r / self.n) + (r % self.n) * self.m, c]]
@@ -277,11 +278,12 @@ impl Commutation {
     fn check_len<A: Real>(&self, v: &ArrayView1<'_, A>) -> Result<()> {
         check_vector("v", v)?;
         if v.len() != self.size() {
-            return Err(LinalgError::ShapeMismatch {
-                arg: "v",
-                expected: format!("length m·n = {}·{}", self.m, self.n),
-                found: format!("length {}", v.len()),
-            });
+            return Err(InputError::shape_mismatch(
+                "v",
+                format!("length m·n = {}·{}", self.m, self.n),
+                format!("length {}", v.len()),
+            )
+            .into());
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 //!
 //! | module | items |
 //! |---|---|
-//! | [`error`] | [`LinalgError`], [`Result`], [`MAX_DENSE_ENTRIES`] — every entry point validates its input |
+//! | [`error`] | [`LinalgError`], [`Result`], [`MAX_DENSE_ENTRIES`] — every entry point validates its input; bad input is [`LinalgError::Input`] |
 //! | [`input`] | [`InputError`] and the input checks (`check_matrix`, `check_shape`, `check_vector`, `check_range`, …) that kappa-attention and kappa-optim use too |
 //! | [`matrix`] | [`Matrix`], the backend trait (`ndarray::Array2<f32 \| f64>`; `tch::Tensor` with the `tch` feature) |
 //! | [`svd`] | [`singular_values`], [`svd_thin`], [`svd_full`], [`polar_factor`] (zero σ ↦ 1), [`matrix_sign`] (zero σ ↦ 0), [`SvdDriver`], [`Svd`] |

@@ -9,7 +9,7 @@
 //!
 //! Scalars cross the trait as `f64` and are rounded to the matrix's element type where they are
 //! used. Every operation that takes a second matrix checks shapes and returns
-//! [`LinalgError::ShapeMismatch`] instead of panicking.
+//! [`InputError::ShapeMismatch`] instead of panicking.
 //!
 //! The arithmetic operations (`matmul`, `gemm`, `mul_add`, `scale`, `axpy`, `inner`,
 //! `set_diagonal`, `scale_columns`, `scale_entries`) are BLAS-level kernels: they check shapes,
@@ -21,7 +21,7 @@
 use ndarray::{linalg::general_mat_mul, Array2, ShapeBuilder};
 
 use crate::error::{rename, LinalgError, Result};
-use crate::input::shape_str;
+use crate::input::{shape_str, InputError};
 use crate::scalar::{array_norm, Pow2, Real};
 use crate::svd::{polar_factor, scaled_singular_values, scaled_thin, SvdDriver};
 
@@ -122,11 +122,12 @@ pub(crate) fn check_len(arg: &'static str, len: usize, expected: usize, what: &s
     if len == expected {
         Ok(())
     } else {
-        Err(LinalgError::ShapeMismatch {
+        Err(InputError::shape_mismatch(
             arg,
-            expected: format!("length {expected} ({what})"),
-            found: format!("length {len}"),
-        })
+            format!("length {expected} ({what})"),
+            format!("length {len}"),
+        )
+        .into())
     }
 }
 
@@ -137,22 +138,24 @@ fn check_product(
     out: Option<(usize, usize)>,
 ) -> Result<()> {
     if lhs.1 != rhs.0 {
-        return Err(LinalgError::ShapeMismatch {
+        return Err(InputError::shape_mismatch(
             arg,
-            expected: format!(
+            format!(
                 "{} rows, to match the left factor's {} columns",
                 lhs.1, lhs.1
             ),
-            found: shape_str(rhs.0, rhs.1),
-        });
+            shape_str(rhs.0, rhs.1),
+        )
+        .into());
     }
     if let Some(o) = out {
         if o != (lhs.0, rhs.1) {
-            return Err(LinalgError::ShapeMismatch {
-                arg: "self",
-                expected: format!("{} (the product's shape)", shape_str(lhs.0, rhs.1)),
-                found: shape_str(o.0, o.1),
-            });
+            return Err(InputError::shape_mismatch(
+                "self",
+                format!("{} (the product's shape)", shape_str(lhs.0, rhs.1)),
+                shape_str(o.0, o.1),
+            )
+            .into());
         }
     }
     Ok(())
@@ -229,11 +232,12 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn axpy(&mut self, alpha: f64, x: &Self) -> Result<()> {
         if self.dim() != x.dim() {
-            return Err(LinalgError::ShapeMismatch {
-                arg: "x",
-                expected: shape_str(self.nrows(), self.ncols()),
-                found: shape_str(x.nrows(), x.ncols()),
-            });
+            return Err(InputError::shape_mismatch(
+                "x",
+                shape_str(self.nrows(), self.ncols()),
+                shape_str(x.nrows(), x.ncols()),
+            )
+            .into());
         }
         self.scaled_add(A::from_f64_lossy(alpha), x);
         Ok(())
@@ -272,11 +276,12 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn inner(&self, other: &Self) -> Result<f64> {
         if self.dim() != other.dim() {
-            return Err(LinalgError::ShapeMismatch {
-                arg: "other",
-                expected: shape_str(self.nrows(), self.ncols()),
-                found: shape_str(other.nrows(), other.ncols()),
-            });
+            return Err(InputError::shape_mismatch(
+                "other",
+                shape_str(self.nrows(), self.ncols()),
+                shape_str(other.nrows(), other.ncols()),
+            )
+            .into());
         }
         Ok(self
             .iter()
@@ -323,11 +328,12 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn copy_from(&mut self, src: &Self) -> Result<()> {
         if self.dim() != src.dim() {
-            return Err(LinalgError::ShapeMismatch {
-                arg: "src",
-                expected: shape_str(self.nrows(), self.ncols()),
-                found: shape_str(src.nrows(), src.ncols()),
-            });
+            return Err(InputError::shape_mismatch(
+                "src",
+                shape_str(self.nrows(), self.ncols()),
+                shape_str(src.nrows(), src.ncols()),
+            )
+            .into());
         }
         self.assign(src);
         Ok(())

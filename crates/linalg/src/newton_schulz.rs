@@ -41,6 +41,7 @@
 //!   hold to that accuracy.
 
 use crate::error::{LinalgError, Result};
+use crate::input::InputError;
 use crate::matrix::Matrix;
 
 /// One odd polynomial step p(x) = a·x + b·x³ + c·x⁵ (see the module docs).
@@ -195,7 +196,7 @@ impl NsSchedule {
     /// Checks that the normalization is finite and positive, every coefficient finite and the
     /// number of steps at most [`MAX_NS_STEPS`].
     ///
-    /// Errors: [`LinalgError::InvalidArgument`] (arguments `schedule.normalization`,
+    /// Errors: [`InputError::InvalidArgument`] (arguments `schedule.normalization`,
     /// `schedule.steps`), [`LinalgError::TooLarge`] (argument `schedule.steps`).
     pub fn validate(&self) -> Result<()> {
         if self.steps.len() > MAX_NS_STEPS {
@@ -205,20 +206,22 @@ impl NsSchedule {
             });
         }
         if !(self.normalization.is_finite() && self.normalization > 0.0) {
-            return Err(LinalgError::InvalidArgument {
-                arg: "schedule.normalization",
-                reason: format!("must be finite and > 0, found {}", self.normalization),
-            });
+            return Err(InputError::invalid(
+                "schedule.normalization",
+                format!("must be finite and > 0, found {}", self.normalization),
+            )
+            .into());
         }
         if let Some(i) = self
             .steps
             .iter()
             .position(|p| !(p.a.is_finite() && p.b.is_finite() && p.c.is_finite()))
         {
-            return Err(LinalgError::InvalidArgument {
-                arg: "schedule.steps",
-                reason: format!("step {i} has a non-finite coefficient: {:?}", self.steps[i]),
-            });
+            return Err(InputError::invalid(
+                "schedule.steps",
+                format!("step {i} has a non-finite coefficient: {:?}", self.steps[i]),
+            )
+            .into());
         }
         Ok(())
     }
@@ -237,8 +240,8 @@ impl NsSchedule {
 /// reciprocal of a norm outside [1e-30, 1e30] is applied as two factors, so it neither overflows
 /// nor becomes subnormal in `f32`/`bf16`.
 ///
-/// Errors: `x` empty or non-finite ([`LinalgError::Empty`], [`LinalgError::NonFinite`], argument
-/// `x`); an invalid schedule ([`LinalgError::InvalidArgument`], [`LinalgError::TooLarge`]);
+/// Errors: `x` empty or non-finite ([`InputError::Empty`], [`InputError::NonFinite`], argument
+/// `x`); an invalid schedule ([`InputError::InvalidArgument`], [`LinalgError::TooLarge`]);
 /// [`LinalgError::Overflow`] (argument `schedule`) when the polynomials of a user schedule
 /// drive the iterate beyond the element type's range (never for the schedules of this crate,
 /// whose iterates stay below 1.21 in spectral norm).

@@ -30,7 +30,7 @@ use ndarray_linalg::{EighInto, UPLO};
 
 use crate::cond::RankTolerance;
 use crate::error::{lapack_err, LinalgError, Result};
-use crate::input::check_matrix;
+use crate::input::{check_matrix, InputError};
 use crate::scalar::{max_abs, Pow2, Real};
 
 /// The eigendecomposition of the rescaled P_s = 2^{2j}·P (values and τ in P_s's units).
@@ -127,7 +127,7 @@ pub fn psd_sqrt<A: Real>(p: ArrayView2<'_, A>, tol: RankTolerance) -> Result<Arr
 /// The inverse square root P^{-1/2} of a symmetric positive semidefinite `p`, with every
 /// eigenvalue floored at τ (so it is finite for singular `p`; see the module docs).
 ///
-/// Errors: as [`psd_sqrt`], and [`LinalgError::InvalidArgument`] when τ = 0 and `p` has a zero
+/// Errors: as [`psd_sqrt`], and [`InputError::InvalidArgument`] when τ = 0 and `p` has a zero
 /// eigenvalue (e.g. `p` = 0, or `RankTolerance::Absolute(0.0)` with a singular `p`).
 ///
 /// ```
@@ -140,12 +140,12 @@ pub fn psd_inv_sqrt<A: Real>(p: ArrayView2<'_, A>, tol: RankTolerance) -> Result
     let e = eig_psd(p, tol)?;
     let floor = e.tau;
     if !(e.values.iter().all(|&l| l.max(floor) > A::zero())) {
-        return Err(LinalgError::InvalidArgument {
-            arg: "p",
-            reason: "has a zero eigenvalue and the floor τ is 0; P^{-1/2} is undefined \
-                     (pass a positive RankTolerance::Absolute floor)"
-                .into(),
-        });
+        return Err(InputError::invalid(
+            "p",
+            "has a zero eigenvalue and the floor τ is 0; P^{-1/2} is undefined \
+                     (pass a positive RankTolerance::Absolute floor)",
+        )
+        .into());
     }
     let r = compose(
         &e,

@@ -42,7 +42,7 @@ use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 use ndarray_linalg::{JobSvd, SVDDCInto, SVDInto, QR};
 
 use crate::error::{lapack_err, LinalgError, Result};
-use crate::input::{check_finite, check_matrix, shape_str};
+use crate::input::{check_finite, check_matrix, shape_str, InputError};
 use crate::scalar::{scaled_copy, scaled_copy_tall, Pow2, Real};
 
 /// Which LAPACK SVD driver to use.
@@ -78,8 +78,8 @@ impl<A: Real> Svd<A> {
     /// U Σ Vᵀ, using the first k = `s.len()` columns of U and rows of Vᵀ (so it works for thin
     /// and full factors). With k = 0 it is the m×n zero matrix.
     ///
-    /// Errors: [`LinalgError::ShapeMismatch`] when U has fewer than k columns (argument
-    /// `self.u`) or Vᵀ fewer than k rows (argument `self.vt`); [`LinalgError::NonFinite`] for a
+    /// Errors: [`InputError::ShapeMismatch`] when U has fewer than k columns (argument
+    /// `self.u`) or Vᵀ fewer than k rows (argument `self.vt`); [`InputError::NonFinite`] for a
     /// NaN or ±∞ entry in a field (arguments `self.u`, `self.s`, `self.vt`). Products of finite
     /// factors that overflow give ±∞ entries (IEEE arithmetic, no check).
     ///
@@ -95,17 +95,21 @@ impl<A: Real> Svd<A> {
         check_finite("self.u", &self.u.view())?;
         check_finite("self.vt", &self.vt.view())?;
         if let Some(i) = self.s.iter().position(|x| !x.is_finite()) {
-            return Err(LinalgError::NonFinite {
+            return Err(InputError::NonFinite {
                 arg: "self.s",
                 row: i,
                 col: 0,
                 value: self.s[i].to_f64_lossy(),
-            });
+            }
+            .into());
         }
-        let factor = |arg, found: (usize, usize), what: &str| LinalgError::ShapeMismatch {
-            arg,
-            expected: format!("at least k = s.len() = {k} {what}"),
-            found: shape_str(found.0, found.1),
+        let factor = |arg, found: (usize, usize), what: &str| {
+            InputError::shape_mismatch(
+                arg,
+                format!("at least k = s.len() = {k} {what}"),
+                shape_str(found.0, found.1),
+            )
+            .into()
         };
         if self.u.ncols() < k {
             return Err(factor("self.u", self.u.dim(), "columns"));
@@ -180,8 +184,8 @@ pub(crate) fn scaled_singular_values<A: Real>(
 /// are formed; `?gesvd` first reduces a tall matrix by QR). Accuracy: |σ̂_i − σ_i| ≤ p(m,n)·ε·σ₁.
 /// Any finite input (subnormal to near `MAX`) and any memory layout is accepted (module docs).
 ///
-/// Errors: [`LinalgError::Empty`] and
-/// [`LinalgError::NonFinite`] for argument `a`,
+/// Errors: [`InputError::Empty`] and
+/// [`InputError::NonFinite`] for argument `a`,
 /// [`LinalgError::Overflow`] (argument `a`) when σ₁ exceeds the
 /// element type's `MAX`, [`LinalgError::Lapack`] if LAPACK does not
 /// converge.

@@ -4,7 +4,7 @@
 //! Conventions:
 //!
 //! * A matrix is a 2-D tensor of kind `Float`, `BFloat16` or `Double`; anything else is rejected
-//!   by [`Matrix::validate`] with [`LinalgError::ShapeMismatch`] or
+//!   by [`Matrix::validate`] with [`InputError::ShapeMismatch`] or
 //!   [`LinalgError::UnsupportedDtype`]. Products run in the tensor's own kind and on its device
 //!   (bf16 is emulated, and slow, on CPUs without bf16 units: prefer f32 there).
 //! * Every operation runs under `tch::no_grad_guard()`: the backend never records autograd
@@ -26,6 +26,7 @@
 //! `ndarray` f32 backend to max |Δ| ≤ 1e-4 (entries are O(1/√n)), singular values to a relative
 //! 1e-5·σ₁, and with the `ndarray` f64 backend to 1e-3; for bf16 to about 5e-2 (8 mantissa bits).
 
+use crate::input::InputError;
 use ndarray::{Array2, ArrayView2};
 use tch::{Device, Kind, Tensor};
 
@@ -83,19 +84,13 @@ fn check_operands(ops: &[(&'static str, &Tensor)]) -> Result<()> {
 }
 
 fn check_2d(arg: &'static str, t: &Tensor) -> Result<(usize, usize)> {
-    dims2(t).ok_or_else(|| LinalgError::ShapeMismatch {
-        arg,
-        expected: "a 2-D tensor (a matrix)".into(),
-        found: format!("{:?}", t.size()),
+    dims2(t).ok_or_else(|| {
+        InputError::shape_mismatch(arg, "a 2-D tensor (a matrix)", format!("{:?}", t.size())).into()
     })
 }
 
 fn shape_err(arg: &'static str, expected: String, found: (usize, usize)) -> LinalgError {
-    LinalgError::ShapeMismatch {
-        arg,
-        expected,
-        found: crate::input::shape_str(found.0, found.1),
-    }
+    InputError::shape_mismatch(arg, expected, crate::input::shape_str(found.0, found.1)).into()
 }
 
 /// Copies an `ndarray` matrix into a new 2-D tensor of the given kind on the given device.
@@ -207,7 +202,7 @@ impl Matrix for Tensor {
         let (rows, cols) = check_2d(arg, self)?;
         check_kind(arg, self.kind())?;
         if rows == 0 || cols == 0 {
-            return Err(LinalgError::Empty { arg, rows, cols });
+            return Err(InputError::Empty { arg, rows, cols }.into());
         }
         let _g = tch::no_grad_guard();
         let finite = self.f_isfinite().map_err(backend(arg))?;
@@ -226,12 +221,13 @@ impl Matrix for Tensor {
         let row = bad.f_int64_value(&[0, 0]).map_err(backend(arg))?;
         let col = bad.f_int64_value(&[0, 1]).map_err(backend(arg))?;
         let value = self.f_double_value(&[row, col]).map_err(backend(arg))?;
-        Err(LinalgError::NonFinite {
+        Err(InputError::NonFinite {
             arg,
             row: row as usize,
             col: col as usize,
             value,
-        })
+        }
+        .into())
     }
 
     fn into_transpose(self) -> Self {

@@ -44,7 +44,7 @@
 //! the weight scale"). The per-head layouts are kappa-attention's [`HeadLayout`], the same type
 //! its `MultiHeadAttention` uses.
 
-use kappa_attention::{HeadLayout, ScoreScale};
+use kappa_attention::{HeadLayout, InputError, ScoreScale};
 use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
 use tch::{nn, Kind, Tensor};
@@ -178,7 +178,10 @@ impl AttentionConfig {
         }
         self.score_factor().map_err(|e| {
             let reason = match e {
-                kappa_attention::AttentionError::InvalidArgument { reason, .. } => reason,
+                kappa_attention::AttentionError::Input(InputError::InvalidArgument {
+                    reason,
+                    ..
+                }) => reason,
                 other => other.to_string(),
             };
             ModelsError::config(format!("{field}.scaling"), reason)
@@ -825,6 +828,8 @@ mod tests {
             c.scaling = ScoreScale::Custom(bad);
             let err = c.validate("model").unwrap_err().to_string();
             assert!(err.contains("`model.scaling`"), "{bad}: {err}");
+            // The input error's reason, not kappa-attention's whole message.
+            assert!(!err.contains("argument `scale`"), "{bad}: {err}");
         }
         c.scaling = ScoreScale::Custom(4.0);
         assert!(c.validate("model").is_ok());

@@ -34,10 +34,11 @@
 //!   numbers it reproduces bit for bit. The two orders differ by a few roundings (≤ 1e-14 over a
 //!   few steps in the tests).
 
+use kappa_linalg::input::InputError;
 use ndarray::{Array, ArrayBase, ArrayView, Data, DataMut, Dimension, Zip};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{check_range, OptimError, Result};
+use crate::error::{check_range, Result};
 
 #[cfg(feature = "tch")]
 mod tch_backend;
@@ -90,10 +91,11 @@ impl AdamWConfig {
         check_range("beta1", self.beta1, 0.0, 1.0 - f64::EPSILON)?;
         check_range("beta2", self.beta2, 0.0, 1.0 - f64::EPSILON)?;
         if !(self.eps.is_finite() && self.eps > 0.0) {
-            return Err(OptimError::InvalidArgument {
-                arg: "eps",
-                reason: format!("must be finite and > 0, found {}", self.eps),
-            });
+            return Err(InputError::invalid(
+                "eps",
+                format!("must be finite and > 0, found {}", self.eps),
+            )
+            .into());
         }
         Ok(check_range(
             "weight_decay",
@@ -233,10 +235,11 @@ impl AdamW {
     /// One step on `p` in place, with gradient `grad`, learning rate `lr` and this parameter's
     /// `state`.
     ///
-    /// Errors (nothing is modified): `lr` negative or not finite ([`OptimError::InvalidArgument`]),
-    /// `grad` or `state` of another shape than `p` ([`OptimError::ShapeMismatch`]), a NaN or ±∞ in
-    /// `p`, `grad` or the state's moments ([`OptimError::NonFinite`]; its (row, col) index the
-    /// array with its leading axes flattened into rows).
+    /// Errors (nothing is modified), all [`OptimError::Input`](crate::OptimError::Input): `lr`
+    /// negative or not finite ([`InputError::InvalidArgument`]), `grad` or `state` of another
+    /// shape than `p` ([`InputError::ShapeMismatch`]), a NaN or ±∞ in `p`, `grad` or the state's
+    /// moments ([`InputError::NonFinite`]; its (row, col) index the array with its leading axes
+    /// flattened into rows).
     pub fn step<S, T, D>(
         &self,
         p: &mut ArrayBase<S, D>,
@@ -327,11 +330,12 @@ pub(crate) fn check_shape(
     if found == expected {
         Ok(())
     } else {
-        Err(OptimError::ShapeMismatch {
+        Err(InputError::shape_mismatch(
             arg,
-            expected: format!("{} ({why})", dims_str(expected)),
-            found: dims_str(found),
-        })
+            format!("{} ({why})", dims_str(expected)),
+            dims_str(found),
+        )
+        .into())
     }
 }
 
@@ -341,18 +345,20 @@ fn check_finite<D: Dimension>(arg: &'static str, a: ArrayView<'_, f64, D>) -> Re
     let cols = a.shape().last().copied().unwrap_or(1).max(1);
     match a.iter().enumerate().find(|(_, x)| !x.is_finite()) {
         None => Ok(()),
-        Some((k, &value)) => Err(OptimError::NonFinite {
+        Some((k, &value)) => Err(InputError::NonFinite {
             arg,
             row: k / cols,
             col: k % cols,
             value,
-        }),
+        }
+        .into()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::OptimError;
     use ndarray::{array, Array1, Array3};
 
     #[test]
@@ -428,7 +434,10 @@ mod tests {
             .step(&mut p, &array![[1.0, 1.0], [1.0, 1.0]], 0.1, &mut other)
             .unwrap_err();
         assert!(
-            matches!(e, OptimError::ShapeMismatch { arg: "state", .. }),
+            matches!(
+                e,
+                OptimError::Input(InputError::ShapeMismatch { arg: "state", .. })
+            ),
             "{e}"
         );
         for (field, bad) in [

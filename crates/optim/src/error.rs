@@ -1,14 +1,17 @@
 //! The crate's one error type, `OptimError`, and the input checks its entry points share.
 //!
-//! Every variant names the argument or the quantity it is about. Bad input (mismatched shapes,
-//! NaN or ±∞ entries, parameters out of their domain, too few samples) is always reported through
-//! this enum; no public function of `kappa-optim` panics on user input. Further modules (Muon,
-//! manifold Muon) add their variants here.
+//! Every variant names the argument or the quantity it is about. Bad input (empty or mis-shaped
+//! matrices, NaN or ±∞ entries, parameters out of their domain, too few samples) is always
+//! reported through this enum; no public function of `kappa-optim` panics on user input. Further
+//! modules (Muon, manifold Muon) add their variants here.
 //!
-//! The checks of non-finite and mis-shaped arguments and of scalar ranges are kappa-linalg's
-//! ([`kappa_linalg::input`], one copy for the workspace): their [`InputError`] converts into
-//! the variant of the same name and message here (an empty matrix into
-//! `Linalg(LinalgError::Empty)`).
+//! The checks of empty, non-finite and mis-shaped arguments and of scalar ranges are
+//! kappa-linalg's ([`kappa_linalg::input`], one copy for the workspace): their [`InputError`]
+//! converts into [`OptimError::Input`], which carries it whole with its message. A kappa-linalg
+//! check of a caller's argument (`Matrix::validate` on `grad`, `w`, ...) is reported the same
+//! way, so a NaN gradient is `OptimError::Input(InputError::NonFinite { arg: "grad", .. })` and
+//! an empty one `OptimError::Input(InputError::Empty { arg: "grad", .. })` (0.1.0 reported
+//! the empty one as `OptimError::Linalg(LinalgError::Empty)`).
 
 use kappa_linalg::input::{check_dims, InputError};
 use ndarray::ArrayView2;
@@ -17,36 +20,12 @@ use ndarray::ArrayView2;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum OptimError {
-    /// An argument's shape does not fit the other arguments.
-    #[error("argument `{arg}` has shape {found}, expected {expected}")]
-    ShapeMismatch {
-        /// The argument's name.
-        arg: &'static str,
-        /// What was expected, in words.
-        expected: String,
-        /// The shape that was passed, e.g. `"4×5"`.
-        found: String,
-    },
-    /// A matrix argument has a NaN or ±∞ entry.
-    #[error("argument `{arg}` has a non-finite entry {value} at ({row}, {col})")]
-    NonFinite {
-        /// The argument's name.
-        arg: &'static str,
-        /// Row of the first non-finite entry.
-        row: usize,
-        /// Column of the first non-finite entry.
-        col: usize,
-        /// The offending value.
-        value: f64,
-    },
-    /// A scalar or option argument is out of its domain.
-    #[error("argument `{arg}` is invalid: {reason}")]
-    InvalidArgument {
-        /// The argument's name.
-        arg: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
+    /// Bad input: an empty matrix ([`InputError::Empty`]), a NaN or ±∞ entry
+    /// ([`InputError::NonFinite`]), a shape that does not fit the other arguments
+    /// ([`InputError::ShapeMismatch`]) or a scalar or option argument out of its domain
+    /// ([`InputError::InvalidArgument`]), with its own message.
+    #[error(transparent)]
+    Input(#[from] InputError),
     /// The sample covariance Σ̂ = XXᵀ/n is singular or numerically so (for example n < d), so
     /// Σ̂^{-1/2}, the least-squares M̂ and the preconditioner do not exist.
     #[error(
@@ -152,21 +131,13 @@ pub enum OptimError {
     },
 }
 
-/// Converts a `kappa-linalg` input-check error on a matrix argument into the crate's own
-/// variants (so a NaN gradient is `OptimError::NonFinite { arg: "grad", .. }`).
+/// Converts the error of a `kappa-linalg` check of a caller's argument (`Matrix::validate`):
+/// its input error becomes the crate's own [`OptimError::Input`] (so a NaN gradient is
+/// `OptimError::Input(InputError::NonFinite { arg: "grad", .. })`), anything else stays
+/// [`OptimError::Linalg`].
 pub(crate) fn from_linalg(e: kappa_linalg::LinalgError) -> OptimError {
     match e {
-        kappa_linalg::LinalgError::NonFinite {
-            arg,
-            row,
-            col,
-            value,
-        } => OptimError::NonFinite {
-            arg,
-            row,
-            col,
-            value,
-        },
+        kappa_linalg::LinalgError::Input(e) => OptimError::Input(e),
         other => OptimError::Linalg(other),
     }
 }
@@ -189,7 +160,7 @@ pub(crate) fn overflow_as(
 pub type Result<T> = std::result::Result<T, OptimError>;
 
 // The workspace's input checks (kappa-linalg's, written once), for this crate's modules; their
-// `InputError` converts into `OptimError` below.
+// `InputError` converts into `OptimError::Input`.
 pub(crate) use kappa_linalg::input::{check_finite, check_range, shape_str};
 
 /// Checks that `a` is `rows×cols` (with the expectation spelled out for the message), then that
@@ -203,39 +174,6 @@ pub(crate) fn check_matrix(
 ) -> Result<()> {
     check_dims(arg, a, rows, cols, why)?;
     Ok(check_finite(arg, a)?)
-}
-
-impl From<InputError> for OptimError {
-    fn from(e: InputError) -> Self {
-        match e {
-            InputError::NonFinite {
-                arg,
-                row,
-                col,
-                value,
-            } => OptimError::NonFinite {
-                arg,
-                row,
-                col,
-                value,
-            },
-            InputError::ShapeMismatch {
-                arg,
-                expected,
-                found,
-            } => OptimError::ShapeMismatch {
-                arg,
-                expected,
-                found,
-            },
-            InputError::InvalidArgument { arg, reason } => {
-                OptimError::InvalidArgument { arg, reason }
-            }
-            // An empty matrix is reported as kappa-linalg reports it (what `Matrix::validate`
-            // gives every entry point of this crate): `OptimError::Linalg(LinalgError::Empty)`.
-            other => OptimError::Linalg(other.into()),
-        }
-    }
 }
 
 /// Checks that a computed matrix is finite (after finite inputs): [`OptimError::Overflow`] if not.
@@ -271,9 +209,11 @@ mod tests {
     use kappa_linalg::LinalgError;
     use ndarray::{array, Array2};
 
-    /// Each input error becomes the variant of the same name, with the same message.
+    /// Each input error is wrapped whole, unchanged (the same fields, compared by `Debug`, as NaN
+    /// ≠ NaN) and with the same message, and so is the
+    /// input error of a kappa-linalg check of a caller's argument.
     #[test]
-    fn input_errors_convert_to_the_same_variant_and_message() {
+    fn input_errors_are_wrapped_with_the_same_message() {
         let cases = [
             check_finite("grad", &array![[1.0, f64::NAN]].view()).unwrap_err(),
             check_dims("b", &array![[1.0]].view(), 2, 2, "d×d").unwrap_err(),
@@ -284,29 +224,34 @@ mod tests {
             let text = e.to_string();
             let converted = OptimError::from(e.clone());
             assert_eq!(converted.to_string(), text);
-            let same = matches!(
-                (&e, &converted),
-                (InputError::NonFinite { .. }, OptimError::NonFinite { .. })
-                    | (
-                        InputError::ShapeMismatch { .. },
-                        OptimError::ShapeMismatch { .. }
-                    )
-                    | (
-                        InputError::InvalidArgument { .. },
-                        OptimError::InvalidArgument { .. }
-                    )
-                    | (
-                        InputError::Empty { .. },
-                        OptimError::Linalg(LinalgError::Empty { .. })
-                    )
-            );
-            assert!(same, "{e:?} became {converted:?}");
+            let OptimError::Input(inner) = &converted else {
+                panic!("{e:?} became {converted:?}");
+            };
+            assert_eq!(format!("{inner:?}"), format!("{e:?}"));
+            let checked = from_linalg(LinalgError::from(e.clone()));
+            assert_eq!(checked.to_string(), text);
+            let OptimError::Input(inner) = &checked else {
+                panic!("{e:?} via kappa-linalg became {checked:?}");
+            };
+            assert_eq!(format!("{inner:?}"), format!("{e:?}"));
         }
+        let lapack = LinalgError::Lapack {
+            arg: "a",
+            routine: "gesvd",
+            message: "no convergence".into(),
+        };
+        assert!(matches!(
+            from_linalg(lapack),
+            OptimError::Linalg(LinalgError::Lapack { arg: "a", .. })
+        ));
         // The shape is checked before the entries, and an empty matrix of the shape passes.
         let nan = array![[f64::NAN]];
         assert!(matches!(
             check_matrix("m", &nan.view(), 2, 1, "k×d"),
-            Err(OptimError::ShapeMismatch { arg: "m", .. })
+            Err(OptimError::Input(InputError::ShapeMismatch {
+                arg: "m",
+                ..
+            }))
         ));
         assert!(check_matrix("m", &Array2::zeros((0, 3)).view(), 0, 3, "k×d").is_ok());
     }

@@ -4,7 +4,7 @@
 //!
 //! | module | items |
 //! |---|---|
-//! | [`error`] | [`OptimError`], [`Result`]: the crate's one error enum |
+//! | [`error`] | [`OptimError`], [`Result`]: the crate's one error enum; bad input is [`OptimError::Input`], carrying kappa-linalg's [`InputError`] (re-exported) |
 //! | [`adamw`] | [`AdamW`], [`AdamWConfig`] (presets `torch`, `adam`), [`AdamWState`]; with `tch`: `AdamW::step_tensors`, `AdamWKernel` |
 //! | [`schedule`] | [`WarmupCosine`]: linear warmup, then cosine, as a factor of each group's peak lr |
 //! | [`muon`] | [`Muon`], [`MuonConfig`] (presets `keller`, `paper`), [`MuonState`], [`UpdateScale`], [`Layout`] |
@@ -33,6 +33,8 @@ pub mod schedule;
 pub use adamw::AdamWKernel;
 pub use adamw::{AdamW, AdamWConfig, AdamWState};
 pub use error::{OptimError, Result};
+/// kappa-linalg's input error, the payload of the `Input` variant of this crate's error.
+pub use kappa_linalg::input::InputError;
 pub use manifold::{
     DGramRetraction, DualAscent, DualReport, Manifold, ManifoldMuon, ManifoldMuonConfig,
     ManifoldState, ManifoldStep, OnDivergence, TangentSolution,

@@ -13,9 +13,10 @@
 //! does not care, but manifold Muon's dual ascent does (its step α has a fixed size while the
 //! multiplier scales with U; docs/optim.md, "Traps").
 
+use kappa_linalg::input::InputError;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{check_range, from_linalg, OptimError, Result};
+use crate::error::{check_range, from_linalg, Result};
 use kappa_linalg::Matrix;
 
 /// Which momentum recursion (see the module docs).
@@ -88,11 +89,12 @@ impl Momentum {
         grad.validate("grad").map_err(from_linalg)?;
         if let Some(b) = buffer {
             if b.shape() != grad.shape() {
-                return Err(OptimError::ShapeMismatch {
-                    arg: "buffer",
-                    expected: format!("{} (the shape of `grad`)", shape_str(grad.shape())),
-                    found: shape_str(b.shape()),
-                });
+                return Err(InputError::shape_mismatch(
+                    "buffer",
+                    format!("{} (the shape of `grad`)", shape_str(grad.shape())),
+                    shape_str(b.shape()),
+                )
+                .into());
             }
             b.validate("buffer").map_err(from_linalg)?;
         }

@@ -60,10 +60,11 @@
 //! thresholds (0.0052 for the quintic, 1e-3 for Polar Express) are not fully inflated: e.g. a
 //! square Gaussian's smallest σ end near 0.02 after NS5. See docs/optim.md, "Math".
 
+use kappa_linalg::input::InputError;
 use kappa_linalg::{newton_schulz, Matrix, NsSchedule};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{check_range, OptimError, Result};
+use crate::error::{check_range, Result};
 use crate::precision::{Precision, WorkingPrecision};
 
 /// The epsilon of Keller Jordan's Muon reference, X/(‖X‖_F + 1e-7) ([`Msign::muon_reference`]).
@@ -123,18 +124,18 @@ impl Msign {
     /// Checks the parameters (Polar Express needs at least one step; eps finite and ≥ 0).
     pub fn validate(&self) -> Result<()> {
         match *self {
-            Msign::PolarExpress { steps: 0 } => Err(OptimError::InvalidArgument {
-                arg: "msign",
-                reason: "Polar Express needs at least 1 step".into(),
-            }),
+            Msign::PolarExpress { steps: 0 } => {
+                Err(InputError::invalid("msign", "Polar Express needs at least 1 step").into())
+            }
             Msign::MuonQuinticEps { eps } => Ok(check_range("msign.eps", eps, 0.0, f64::MAX)?),
             Msign::PolarExpress { steps } if steps > kappa_linalg::MAX_NS_STEPS => {
-                Err(OptimError::InvalidArgument {
-                    arg: "msign",
-                    reason: format!(
+                Err(InputError::invalid(
+                    "msign",
+                    format!(
                         "Polar Express with {steps} steps, more than kappa_linalg::MAX_NS_STEPS"
                     ),
-                })
+                )
+                .into())
             }
             _ => Ok(()),
         }
@@ -215,10 +216,11 @@ fn exact<M: Matrix>(x: &M, working: &str) -> Result<M> {
         return Ok(x.duplicate()?);
     }
     if !s1.is_finite() {
-        return Err(OptimError::InvalidArgument {
-            arg: "x",
-            reason: format!("its SVD returned a non-finite largest singular value {s1}"),
-        });
+        return Err(InputError::invalid(
+            "x",
+            format!("its SVD returned a non-finite largest singular value {s1}"),
+        )
+        .into());
     }
     let tau = s1 * m.max(n) as f64 * machine_eps(working);
     // σ₁ > τ unless max(m, n)·ε ≥ 1 (a dimension beyond 2²³ in f32): keep σ₁ then.
@@ -268,8 +270,8 @@ fn quintic_eps<M: Matrix>(x: &M, fro: f64, eps: f64) -> Result<M> {
 /// [`Precision`]); the result has `x`'s shape and element type.
 ///
 /// Every finite input is accepted, from subnormal to `f64::MAX` entries (module docs, "Scale").
-/// Errors: `x` empty or non-finite ([`OptimError::NonFinite`], argument `x`), a precision the
-/// backend cannot use, an invalid method, libtorch or LAPACK failures.
+/// Errors: `x` empty or non-finite ([`InputError::Empty`], [`InputError::NonFinite`], argument
+/// `x`), a precision the backend cannot use, an invalid method, libtorch or LAPACK failures.
 ///
 /// ```
 /// use kappa_optim::{msign, Msign, Precision};

@@ -27,10 +27,11 @@
 //! fan_out/fan_in, so the layout decides the factor for tall and wide matrices; the torch
 //! reference hard-codes rows/cols = (out, in).
 
+use kappa_linalg::input::InputError;
 use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{check_range, from_linalg, OptimError, Result};
+use crate::error::{check_range, from_linalg, Result};
 use crate::momentum::{Momentum, MomentumState};
 use crate::msign::{msign, Msign};
 use crate::precision::{Precision, WorkingPrecision};
@@ -151,13 +152,14 @@ impl MuonConfig {
         check_range("weight_decay", self.weight_decay, 0.0, f64::MAX)?;
         let decay = self.lr * self.weight_decay;
         if decay > 1.0 {
-            return Err(OptimError::InvalidArgument {
-                arg: "weight_decay",
-                reason: format!(
+            return Err(InputError::invalid(
+                "weight_decay",
+                format!(
                     "lr·weight_decay = {decay:e} > 1: the decay factor 1 − lr·weight_decay would \
                      be negative and flip the weights' sign; lower weight_decay or lr"
                 ),
-            });
+            )
+            .into());
         }
         self.momentum.validate()?;
         self.msign.validate()
@@ -208,24 +210,26 @@ pub(crate) fn check_inputs_named<M: Matrix>(
 ) -> Result<()> {
     w.validate("w").map_err(from_linalg)?;
     if grad.shape() != w.shape() {
-        return Err(OptimError::ShapeMismatch {
-            arg: grad_arg,
-            expected: format!("{}×{} (the shape of `w`)", w.shape().0, w.shape().1),
-            found: format!("{}×{}", grad.shape().0, grad.shape().1),
-        });
+        return Err(InputError::shape_mismatch(
+            grad_arg,
+            format!("{}×{} (the shape of `w`)", w.shape().0, w.shape().1),
+            format!("{}×{}", grad.shape().0, grad.shape().1),
+        )
+        .into());
     }
     grad.validate(grad_arg).map_err(from_linalg)?;
     if let Some(b) = buffer {
         if b.shape() != w.shape() {
-            return Err(OptimError::ShapeMismatch {
-                arg: "state",
-                expected: format!(
+            return Err(InputError::shape_mismatch(
+                "state",
+                format!(
                     "a momentum buffer of shape {}×{} (this state belongs to another parameter)",
                     w.shape().0,
                     w.shape().1
                 ),
-                found: format!("{}×{}", b.shape().0, b.shape().1),
-            });
+                format!("{}×{}", b.shape().0, b.shape().1),
+            )
+            .into());
         }
         // A NaN buffer (a corrupted checkpoint, an earlier NaN gradient fed in by hand) is the
         // caller's `state` argument, not msign's internal `x`.
@@ -262,7 +266,7 @@ impl Muon {
     /// One step on `w` in place, with gradient `grad` and this parameter's `state`.
     ///
     /// Errors (nothing is modified): `grad` or `state` of the wrong shape
-    /// ([`OptimError::ShapeMismatch`]), NaN/±∞ in `w` or `grad` ([`OptimError::NonFinite`]), a
+    /// ([`InputError::ShapeMismatch`]), NaN/±∞ in `w` or `grad` ([`InputError::NonFinite`]), a
     /// precision the backend cannot use, backend failures.
     pub fn step<M: WorkingPrecision>(
         &self,

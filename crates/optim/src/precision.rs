@@ -27,12 +27,13 @@
 //! msign calls change precision: momentum, the dual variable, products with W and the update
 //! itself stay in the parameter's type.
 
+use kappa_linalg::input::InputError;
 use std::sync::OnceLock;
 
 use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{OptimError, Result};
+use crate::error::Result;
 
 /// The environment variable that overrides [`cpu_has_native_bf16`] (`0` or `1`).
 pub const CPU_BF16_ENV: &str = "KAPPA_CPU_BF16";
@@ -93,7 +94,7 @@ pub enum Precision {
 pub trait WorkingPrecision: Matrix {
     /// A copy of `self` converted to the precision `p` resolves to, or `None` when `self` is
     /// already in it (an `ndarray` matrix with a negative stride gets a standard-layout copy). Errors: a precision the backend cannot compute in
-    /// ([`OptimError::InvalidArgument`], argument `precision`).
+    /// ([`InputError::InvalidArgument`], argument `precision`).
     fn to_working(&self, p: Precision) -> Result<Option<Self>>;
 
     /// `self` converted to `like`'s element type (the inverse of [`to_working`](Self::to_working)).
@@ -122,14 +123,15 @@ impl<A: kappa_linalg::Real> WorkingPrecision for ndarray::Array2<A> {
         match p {
             Precision::Auto | Precision::Native => Ok(A::NAME),
             Precision::F32 if A::NAME == "f32" => Ok(A::NAME),
-            other => Err(OptimError::InvalidArgument {
-                arg: "precision",
-                reason: format!(
+            other => Err(InputError::invalid(
+                "precision",
+                format!(
                     "ndarray matrices compute in their own element type ({}); {other:?} needs \
                      the tch backend (or an Array2 of that type)",
                     A::NAME
                 ),
-            }),
+            )
+            .into()),
         }
     }
 }
@@ -137,6 +139,7 @@ impl<A: kappa_linalg::Real> WorkingPrecision for ndarray::Array2<A> {
 #[cfg(feature = "tch")]
 mod tch_impl {
     use super::*;
+    use crate::OptimError;
     use tch::{Kind, Tensor};
 
     fn kind_name(k: Kind) -> &'static str {

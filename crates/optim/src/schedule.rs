@@ -23,9 +23,10 @@
 //! is 1 ulp off, so the rates after warmup may differ in the last bit). For another peak the
 //! result equals η·f(i) up to a few roundings, as any product of η and the factor does.
 
+use kappa_linalg::input::InputError;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{check_range, OptimError, Result};
+use crate::error::{check_range, Result};
 
 /// Linear warmup, then a cosine from 1 down to `min_factor` (see the module docs).
 ///
@@ -76,19 +77,17 @@ impl WarmupCosine {
     /// Checks `steps` ≥ 1, `warmup_steps` < `steps` and `min_factor` ∈ [0, 1].
     pub fn validate(&self) -> Result<()> {
         if self.steps == 0 {
-            return Err(OptimError::InvalidArgument {
-                arg: "steps",
-                reason: "must be ≥ 1".into(),
-            });
+            return Err(InputError::invalid("steps", "must be ≥ 1").into());
         }
         if self.warmup_steps >= self.steps {
-            return Err(OptimError::InvalidArgument {
-                arg: "warmup_steps",
-                reason: format!(
+            return Err(InputError::invalid(
+                "warmup_steps",
+                format!(
                     "must be < steps = {}, found {}",
                     self.steps, self.warmup_steps
                 ),
-            });
+            )
+            .into());
         }
         Ok(check_range("min_factor", self.min_factor, 0.0, 1.0)?)
     }

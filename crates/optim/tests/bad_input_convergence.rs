@@ -9,7 +9,7 @@
 //!   or is `Overflow` (finite inputs whose products overflow) or `SingularCovariance`.
 
 use kappa_optim::convergence::*;
-use kappa_optim::OptimError;
+use kappa_optim::{InputError, OptimError};
 use kappa_testkit::hostile::{matrices, Fuzz, Layout};
 use ndarray::{array, Array2};
 use rand::SeedableRng;
@@ -131,16 +131,16 @@ fn verdict<T: Finite>(
         Ok(v) if !v.finite() => Err(format!("Ok with a non-finite value for `{arg}`")),
         Ok(_) => Ok(()),
         Err(
-            OptimError::ShapeMismatch { arg: a, .. }
-            | OptimError::NonFinite { arg: a, .. }
-            | OptimError::InvalidArgument { arg: a, .. },
+            OptimError::Input(InputError::ShapeMismatch { arg: a, .. })
+            | OptimError::Input(InputError::NonFinite { arg: a, .. })
+            | OptimError::Input(InputError::InvalidArgument { arg: a, .. }),
         ) if a == arg => Ok(()),
         Err(OptimError::Overflow { .. } | OptimError::SingularCovariance { .. }) if !non_finite => {
             Ok(())
         }
         // A hostile shape can change d, and then the partner argument is the one that no
         // longer fits: a shape error naming either is right.
-        Err(OptimError::ShapeMismatch { .. }) if !non_finite => Ok(()),
+        Err(OptimError::Input(InputError::ShapeMismatch { .. })) if !non_finite => Ok(()),
         Err(e) => Err(format!("wrong error for `{arg}`: {e}")),
     }
 }
@@ -418,26 +418,26 @@ fn trainer_run(s: &Base, a: Array2<f64>, b: Array2<f64>, arg: &str) -> kappa_opt
     let obj = Objective::Population(s.model.population().clone());
     let mut t =
         Trainer::new(obj, &s.moments, a, b, Settings::algorithm()).map_err(|e| match e {
-            OptimError::ShapeMismatch {
+            OptimError::Input(InputError::ShapeMismatch {
                 expected,
                 found,
                 arg: a0,
-            } if a0 == if arg == "a" { "a0" } else { "b0" } => OptimError::ShapeMismatch {
-                arg: if arg == "a" { "a" } else { "b" },
-                expected,
-                found,
-            },
-            OptimError::NonFinite {
+            }) if a0 == if arg == "a" { "a0" } else { "b0" } => {
+                InputError::shape_mismatch(if arg == "a" { "a" } else { "b" }, expected, found)
+                    .into()
+            }
+            OptimError::Input(InputError::NonFinite {
                 row,
                 col,
                 value,
                 arg: a0,
-            } if a0 == if arg == "a" { "a0" } else { "b0" } => OptimError::NonFinite {
+            }) if a0 == if arg == "a" { "a0" } else { "b0" } => InputError::NonFinite {
                 arg: if arg == "a" { "a" } else { "b" },
                 row,
                 col,
                 value,
-            },
+            }
+            .into(),
             other => other,
         })?;
     match t.run(3) {
@@ -448,10 +448,7 @@ fn trainer_run(s: &Base, a: Array2<f64>, b: Array2<f64>, arg: &str) -> kappa_opt
         {
             Ok(())
         }
-        Ok(_) => Err(OptimError::InvalidArgument {
-            arg: "records",
-            reason: "non-finite record".into(),
-        }),
+        Ok(_) => Err(InputError::invalid("records", "non-finite record").into()),
         Err(OptimError::Diverged { .. } | OptimError::Overflow { .. }) => Ok(()),
         Err(e) => Err(e),
     }

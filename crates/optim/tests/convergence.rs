@@ -3,7 +3,7 @@
 //! errors and a family-wise false-alarm rate (docs/convergence.md, §Monte Carlo tolerances).
 
 use kappa_optim::convergence::*;
-use kappa_optim::OptimError;
+use kappa_optim::{InputError, OptimError};
 use ndarray::{array, Array2};
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -1439,16 +1439,19 @@ fn non_finite_and_mismatched_inputs_are_errors() {
     let y = array![[1.0, 2.0]];
     assert!(matches!(
         Sample::new(x, y),
-        Err(OptimError::NonFinite {
+        Err(OptimError::Input(InputError::NonFinite {
             arg: "x",
             row: 0,
             col: 1,
             ..
-        })
+        }))
     ));
     let err = Sample::new(array![[1.0, 2.0]], array![[1.0, 2.0, 3.0]]).unwrap_err();
     assert!(
-        matches!(err, OptimError::ShapeMismatch { arg: "y", .. }),
+        matches!(
+            err,
+            OptimError::Input(InputError::ShapeMismatch { arg: "y", .. })
+        ),
         "{err}"
     );
 
@@ -1459,19 +1462,25 @@ fn non_finite_and_mismatched_inputs_are_errors() {
     let (a, b) = (Array2::<f64>::zeros((2, 3)), Array2::<f64>::zeros((3, 3)));
     assert!(matches!(
         problem.loss(a.view(), Array2::<f64>::zeros((2, 2)).view()),
-        Err(OptimError::ShapeMismatch { arg: "b", .. })
+        Err(OptimError::Input(InputError::ShapeMismatch {
+            arg: "b",
+            ..
+        }))
     ));
     let mut bad = b.clone();
     bad[[1, 1]] = f64::INFINITY;
     assert!(matches!(
         problem.loss_grad(a.view(), bad.view()),
-        Err(OptimError::NonFinite { arg: "b", .. })
+        Err(OptimError::Input(InputError::NonFinite { arg: "b", .. }))
     ));
     assert!(matches!(
         model
             .population()
             .excess(Array2::<f64>::zeros((3, 3)).view(), b.view()),
-        Err(OptimError::ShapeMismatch { arg: "a", .. })
+        Err(OptimError::Input(InputError::ShapeMismatch {
+            arg: "a",
+            ..
+        }))
     ));
     let mo = Moments::estimate(&sample).unwrap();
     let err = Trainer::new(
@@ -1484,7 +1493,10 @@ fn non_finite_and_mismatched_inputs_are_errors() {
     .err()
     .unwrap();
     assert!(
-        matches!(err, OptimError::ShapeMismatch { arg: "a0", .. }),
+        matches!(
+            err,
+            OptimError::Input(InputError::ShapeMismatch { arg: "a0", .. })
+        ),
         "{err}"
     );
     let err = Trainer::new(
@@ -1500,12 +1512,18 @@ fn non_finite_and_mismatched_inputs_are_errors() {
     .err()
     .unwrap();
     assert!(
-        matches!(err, OptimError::InvalidArgument { arg: "lambda", .. }),
+        matches!(
+            err,
+            OptimError::Input(InputError::InvalidArgument { arg: "lambda", .. })
+        ),
         "{err}"
     );
     let err = DataModel::new(array![[1.0, 0.0], [0.0, 0.0]], array![[1.0, 1.0]], 0.1).unwrap_err();
     assert!(
-        matches!(err, OptimError::InvalidArgument { arg: "sigma", .. }),
+        matches!(
+            err,
+            OptimError::Input(InputError::InvalidArgument { arg: "sigma", .. })
+        ),
         "{err}"
     );
     assert!(spectral_init_with(&mo, array![[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]].view()).is_err());

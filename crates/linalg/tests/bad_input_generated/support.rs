@@ -2,7 +2,7 @@
 //! `f64`, the f64 reference of an input (its exactly rescaled spectrum), error matching and the
 //! derived tolerances.
 
-use kappa_linalg::{singular_values, LinalgError, Real, SvdDriver};
+use kappa_linalg::{singular_values, InputError, LinalgError, Real, SvdDriver};
 use kappa_testkit::hostile::{matrices, Layout};
 use ndarray::{s, Array2, ArrayView2, ShapeBuilder};
 
@@ -217,13 +217,13 @@ pub fn analyse<A: Elem>(x: &Array2<A>) -> Input {
 pub fn kind(e: &LinalgError) -> (&'static str, &'static str) {
     use LinalgError as E;
     match e {
-        E::Empty { arg, .. } => ("Empty", arg),
-        E::NonFinite { arg, .. } => ("NonFinite", arg),
-        E::ShapeMismatch { arg, .. } => ("ShapeMismatch", arg),
+        E::Input(InputError::Empty { arg, .. }) => ("Empty", arg),
+        E::Input(InputError::NonFinite { arg, .. }) => ("NonFinite", arg),
+        E::Input(InputError::ShapeMismatch { arg, .. }) => ("ShapeMismatch", arg),
+        E::Input(InputError::InvalidArgument { arg, .. }) => ("InvalidArgument", arg),
         E::NotSquare { arg, .. } => ("NotSquare", arg),
         E::NotSymmetric { arg, .. } => ("NotSymmetric", arg),
         E::NotPositiveSemidefinite { arg, .. } => ("NotPositiveSemidefinite", arg),
-        E::InvalidArgument { arg, .. } => ("InvalidArgument", arg),
         E::TooLarge { arg, .. } => ("TooLarge", arg),
         E::Overflow { arg, .. } => ("Overflow", arg),
         E::UnsupportedDtype { arg, .. } => ("UnsupportedDtype", arg),

@@ -4,8 +4,34 @@
 use kappa_linalg::*;
 use ndarray::{array, Array1, Array2};
 
-/// Asserts that `$e` is `Err(LinalgError::$variant { arg: $arg, .. })`.
+/// Asserts that `$e` is `Err(LinalgError::$variant { arg: $arg, .. })`, or for the four
+/// input errors `Err(LinalgError::Input(InputError::$variant { arg: $arg, .. }))`.
 macro_rules! assert_err {
+    ($e:expr, Empty, $arg:expr) => {
+        assert_err!(@input $e, Empty, $arg)
+    };
+    ($e:expr, NonFinite, $arg:expr) => {
+        assert_err!(@input $e, NonFinite, $arg)
+    };
+    ($e:expr, ShapeMismatch, $arg:expr) => {
+        assert_err!(@input $e, ShapeMismatch, $arg)
+    };
+    ($e:expr, InvalidArgument, $arg:expr) => {
+        assert_err!(@input $e, InvalidArgument, $arg)
+    };
+    (@input $e:expr, $variant:ident, $arg:expr) => {{
+        match $e {
+            Err(LinalgError::Input(InputError::$variant { arg, .. })) => {
+                assert_eq!(arg, $arg, "wrong argument named")
+            }
+            other => panic!(
+                "expected {} on `{}`, got {:?}",
+                stringify!($variant),
+                $arg,
+                other.map(|_| "Ok(..)")
+            ),
+        }
+    }};
     ($e:expr, $variant:ident, $arg:expr) => {{
         match $e {
             Err(LinalgError::$variant { arg, .. }) => assert_eq!(arg, $arg, "wrong argument named"),
@@ -51,9 +77,9 @@ fn svd_entry_points() {
     }
     // The error reports where the bad entry is.
     match singular_values(nan().view(), SvdDriver::QrIteration) {
-        Err(LinalgError::NonFinite {
+        Err(LinalgError::Input(InputError::NonFinite {
             row, col, value, ..
-        }) => {
+        })) => {
             assert_eq!((row, col), (0, 1));
             assert!(value.is_nan());
         }

@@ -3,7 +3,7 @@
 //! of the tensor backend, including that `copy_from` and `set_diagonal` write in place.
 
 use super::common::*;
-use kappa_linalg::{LinalgError, Matrix};
+use kappa_linalg::{InputError, LinalgError, Matrix};
 use ndarray::Array2;
 use proptest::prelude::*;
 
@@ -75,20 +75,32 @@ fn the_new_operations_check_lengths_and_shapes() {
     let mut a: Array2<f64> = gaussian(3, 4, 1);
     assert!(matches!(
         a.set_diagonal(&[1.0, 2.0]),
-        Err(LinalgError::ShapeMismatch { arg: "d", .. })
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "d",
+            ..
+        }))
     ));
     assert!(matches!(
         a.scale_columns(&[1.0; 3]),
-        Err(LinalgError::ShapeMismatch { arg: "s", .. })
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "s",
+            ..
+        }))
     ));
     assert!(matches!(
         a.scale_entries(&[1.0; 11]),
-        Err(LinalgError::ShapeMismatch { arg: "s", .. })
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "s",
+            ..
+        }))
     ));
     let b: Array2<f64> = gaussian(4, 3, 1);
     assert!(matches!(
         a.copy_from(&b),
-        Err(LinalgError::ShapeMismatch { arg: "src", .. })
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "src",
+            ..
+        }))
     ));
 }
 

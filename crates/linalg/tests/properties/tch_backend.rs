@@ -10,7 +10,8 @@
 use super::common::*;
 use kappa_linalg::tch_backend::{array_from_tensor, tensor_from_array};
 use kappa_linalg::{
-    newton_schulz, newton_schulz_cubic, newton_schulz_muon, LinalgError, Matrix, NsSchedule,
+    newton_schulz, newton_schulz_cubic, newton_schulz_muon, InputError, LinalgError, Matrix,
+    NsSchedule,
 };
 use ndarray::Array2;
 use proptest::prelude::*;
@@ -143,33 +144,36 @@ fn scale_invariance_for_tiny_f32_tensors() {
 fn tch_inputs_are_checked() {
     let nan = Tensor::from_slice(&[1.0f32, f32::NAN, 0.0, 2.0]).view([2, 2]);
     match newton_schulz_muon(&nan) {
-        Err(LinalgError::NonFinite {
+        Err(LinalgError::Input(InputError::NonFinite {
             arg: "x",
             row: 0,
             col: 1,
             ..
-        }) => {}
+        })) => {}
         other => panic!("{:?}", other.map(|_| ())),
     }
     let inf = Tensor::from_slice(&[1.0f32, 0.0, f32::NEG_INFINITY, 2.0]).view([2, 2]);
     assert!(matches!(
         newton_schulz_muon(&inf),
-        Err(LinalgError::NonFinite {
+        Err(LinalgError::Input(InputError::NonFinite {
             arg: "x",
             row: 1,
             col: 0,
             ..
-        })
+        }))
     ));
     let empty = Tensor::zeros([0, 4], (Kind::Float, Device::Cpu));
     assert!(matches!(
         newton_schulz_muon(&empty),
-        Err(LinalgError::Empty { arg: "x", .. })
+        Err(LinalgError::Input(InputError::Empty { arg: "x", .. }))
     ));
     let v = Tensor::zeros([4], (Kind::Float, Device::Cpu));
     assert!(matches!(
         newton_schulz_muon(&v),
-        Err(LinalgError::ShapeMismatch { arg: "x", .. })
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "x",
+            ..
+        }))
     ));
     let ints = Tensor::zeros([2, 2], (Kind::Int64, Device::Cpu));
     assert!(matches!(
@@ -179,21 +183,30 @@ fn tch_inputs_are_checked() {
     let a = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu));
     assert!(matches!(
         Matrix::matmul(&a, &a),
-        Err(LinalgError::ShapeMismatch { arg: "rhs", .. })
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "rhs",
+            ..
+        }))
     ));
     let mut c = Tensor::zeros([2, 2], (Kind::Float, Device::Cpu));
     assert!(matches!(
         c.gemm(1.0, &a, &a, 0.0),
-        Err(LinalgError::ShapeMismatch { arg: "b", .. })
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "b",
+            ..
+        }))
     ));
     assert!(matches!(
         c.axpy(1.0, &a),
-        Err(LinalgError::ShapeMismatch { arg: "x", .. })
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "x",
+            ..
+        }))
     ));
     let bad = ndarray::array![[f64::NAN]];
     assert!(matches!(
         tensor_from_array(bad.view(), Kind::Float, Device::Cpu),
-        Err(LinalgError::NonFinite { arg: "a", .. })
+        Err(LinalgError::Input(InputError::NonFinite { arg: "a", .. }))
     ));
     let ok = ndarray::array![[1.0]];
     assert!(matches!(
@@ -202,7 +215,10 @@ fn tch_inputs_are_checked() {
     ));
     assert!(matches!(
         array_from_tensor(&v),
-        Err(LinalgError::ShapeMismatch { arg: "t", .. })
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "t",
+            ..
+        }))
     ));
 }
 

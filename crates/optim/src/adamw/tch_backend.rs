@@ -1,6 +1,7 @@
 //! [`AdamW`] on a group of `tch::Tensor` parameters (the `tch` feature): the fused one-pass CPU
 //! f32 kernel ([`crate::fused`]) or libtorch's whole-tensor operations ([`AdamWKernel`]).
 
+use kappa_linalg::input::InputError;
 use kappa_linalg::LinalgError;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
@@ -41,16 +42,17 @@ fn size_usize(t: &Tensor) -> Vec<usize> {
 fn check_like(arg: &'static str, t: &Tensor, p: &Tensor, why: &str) -> Result<()> {
     check_shape(arg, &size_usize(t), &size_usize(p), why)?;
     if t.kind() != p.kind() || t.device() != p.device() {
-        return Err(OptimError::InvalidArgument {
+        return Err(InputError::invalid(
             arg,
-            reason: format!(
+            format!(
                 "{:?} on {:?}, expected {:?} on {:?} ({why})",
                 t.kind(),
                 t.device(),
                 p.kind(),
                 p.device()
             ),
-        });
+        )
+        .into());
     }
     Ok(())
 }
@@ -64,8 +66,8 @@ impl AdamW {
     ///
     /// Errors (nothing is modified): `lr` negative or not finite; `grads` or `states` of another
     /// length than `params`; an undefined parameter with a defined gradient; a gradient or moment
-    /// of another size, kind or device than its parameter ([`OptimError::ShapeMismatch`],
-    /// [`OptimError::InvalidArgument`]); libtorch failures ([`OptimError::Linalg`]). The values
+    /// of another size, kind or device than its parameter ([`InputError::ShapeMismatch`],
+    /// [`InputError::InvalidArgument`]); libtorch failures ([`OptimError::Linalg`]). The values
     /// are not checked for NaN (that would cost a pass over the memory): a NaN gradient gives NaN
     /// parameters.
     ///
@@ -93,20 +95,22 @@ impl AdamW {
         let n = params.len();
         for (arg, len) in [("grads", grads.len()), ("states", states.len())] {
             if len != n {
-                return Err(OptimError::ShapeMismatch {
+                return Err(InputError::shape_mismatch(
                     arg,
-                    expected: format!("{n} entries (one per parameter)"),
-                    found: format!("{len} entries"),
-                });
+                    format!("{n} entries (one per parameter)"),
+                    format!("{len} entries"),
+                )
+                .into());
             }
         }
         let live: Vec<usize> = (0..n).filter(|&i| grads[i].defined()).collect();
         for &i in &live {
             if !params[i].defined() {
-                return Err(OptimError::InvalidArgument {
-                    arg: "params",
-                    reason: format!("parameter {i} is undefined but has a gradient"),
-                });
+                return Err(InputError::invalid(
+                    "params",
+                    format!("parameter {i} is undefined but has a gradient"),
+                )
+                .into());
             }
             check_like("grads", &grads[i], &params[i], "its parameter's")?;
             if let Some((m, v)) = &states[i].moments {
@@ -144,13 +148,12 @@ impl AdamW {
         kernel: AdamWKernel,
     ) -> Result<()> {
         let moments = |i: usize| {
-            states[i]
-                .moments
-                .as_ref()
-                .ok_or_else(|| OptimError::InvalidArgument {
-                    arg: "states",
-                    reason: format!("the moments of parameter {i} were not created"),
-                })
+            states[i].moments.as_ref().ok_or_else(|| {
+                InputError::invalid(
+                    "states",
+                    format!("the moments of parameter {i} were not created"),
+                )
+            })
         };
         if kernel == AdamWKernel::Fused {
             let mut items = Vec::with_capacity(live.len());
@@ -380,14 +383,20 @@ mod tests {
             )
             .unwrap_err();
         assert!(
-            matches!(e, OptimError::ShapeMismatch { arg: "states", .. }),
+            matches!(
+                e,
+                OptimError::Input(InputError::ShapeMismatch { arg: "states", .. })
+            ),
             "{e}"
         );
         let e = opt
             .step_tensors(&[p.shallow_clone()], &[], &mut [], 1e-2, AdamWKernel::Fused)
             .unwrap_err();
         assert!(
-            matches!(e, OptimError::ShapeMismatch { arg: "grads", .. }),
+            matches!(
+                e,
+                OptimError::Input(InputError::ShapeMismatch { arg: "grads", .. })
+            ),
             "{e}"
         );
     }

@@ -36,15 +36,14 @@
 
 use std::ops::Range;
 
+use kappa_linalg::input::InputError;
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::data::Sample;
 use super::LossGrad;
-use crate::error::{
-    check_matrix, check_output, check_output_scalar, shape_str, OptimError, Result,
-};
+use crate::error::{check_matrix, check_output, check_output_scalar, shape_str, Result};
 
 /// Queries per parallel task.
 pub const DEFAULT_QUERY_CHUNK: usize = 128;
@@ -114,12 +113,7 @@ pub struct EmpiricalProblem {
 }
 
 fn check_mask(mask: &KeyMask, n_k: usize, n_q: usize) -> Result<()> {
-    let bad = |reason: String| {
-        Err(OptimError::InvalidArgument {
-            arg: "mask",
-            reason,
-        })
-    };
+    let bad = |reason: String| Err(InputError::invalid("mask", reason).into());
     match mask {
         KeyMask::None => Ok(()),
         KeyMask::SelfExcluded if n_q > n_k => bad(format!(
@@ -144,10 +138,11 @@ fn episode(sample: &Sample, mode: ContextMode) -> Result<Episode> {
     match mode {
         ContextMode::SelfIncluded | ContextMode::SelfExcluded => {
             if mode == ContextMode::SelfExcluded && n < 2 {
-                return Err(OptimError::InvalidArgument {
-                    arg: "sample",
-                    reason: "self-excluded attention needs at least 2 samples".into(),
-                });
+                return Err(InputError::invalid(
+                    "sample",
+                    "self-excluded attention needs at least 2 samples",
+                )
+                .into());
             }
             Ok(Episode {
                 keys: sample.x().to_owned(),
@@ -162,10 +157,9 @@ fn episode(sample: &Sample, mode: ContextMode) -> Result<Episode> {
         }
         ContextMode::SplitKeys => {
             if n < 2 {
-                return Err(OptimError::InvalidArgument {
-                    arg: "sample",
-                    reason: "split keys need at least 2 samples".into(),
-                });
+                return Err(
+                    InputError::invalid("sample", "split keys need at least 2 samples").into(),
+                );
             }
             let (keys, queries) = sample.split(n.div_ceil(2))?;
             Ok(Episode {
@@ -190,19 +184,19 @@ impl EmpiricalProblem {
     ///
     /// Errors: no prompt; prompts of different d or k; a prompt too small for `mode`.
     pub fn from_prompts(prompts: &[Sample], mode: ContextMode) -> Result<Self> {
-        let first = prompts.first().ok_or_else(|| OptimError::InvalidArgument {
-            arg: "prompts",
-            reason: "needs at least one prompt".into(),
-        })?;
+        let first = prompts
+            .first()
+            .ok_or_else(|| InputError::invalid("prompts", "needs at least one prompt"))?;
         let (d, k) = (first.dim(), first.outputs());
         let mut episodes = Vec::with_capacity(prompts.len());
         for p in prompts {
             if (p.dim(), p.outputs()) != (d, k) {
-                return Err(OptimError::ShapeMismatch {
-                    arg: "prompts",
-                    expected: format!("d = {d}, k = {k} in every prompt"),
-                    found: format!("d = {}, k = {}", p.dim(), p.outputs()),
-                });
+                return Err(InputError::shape_mismatch(
+                    "prompts",
+                    format!("d = {d}, k = {k} in every prompt"),
+                    format!("d = {}, k = {}", p.dim(), p.outputs()),
+                )
+                .into());
             }
             episodes.push(episode(p, mode)?);
         }
@@ -244,22 +238,23 @@ impl EmpiricalProblem {
         let (d, n_k) = keys.dim();
         let n_q = queries.ncols();
         if d == 0 || n_k == 0 || n_q == 0 || labels.nrows() == 0 {
-            return Err(OptimError::ShapeMismatch {
-                arg: if d == 0 || n_k == 0 {
+            return Err(InputError::shape_mismatch(
+                if d == 0 || n_k == 0 {
                     "keys"
                 } else if n_q == 0 {
                     "queries"
                 } else {
                     "labels"
                 },
-                expected: "non-empty d×n_k keys, d×n_q queries and k×n_q labels (k ≥ 1)".into(),
-                found: format!(
+                "non-empty d×n_k keys, d×n_q queries and k×n_q labels (k ≥ 1)",
+                format!(
                     "keys {}, queries {}, labels {}",
                     shape_str(d, n_k),
                     shape_str(queries.nrows(), n_q),
                     shape_str(labels.nrows(), labels.ncols())
                 ),
-            });
+            )
+            .into());
         }
         check_matrix("keys", &keys.view(), d, n_k, "d×n_k")?;
         check_matrix("queries", &queries.view(), d, n_q, "d×n_q, d = keys' rows")?;
@@ -290,10 +285,7 @@ impl EmpiricalProblem {
     /// not depend on it beyond rounding; tests use it to cross chunk boundaries.
     pub fn with_query_chunk(mut self, chunk: usize) -> Result<Self> {
         if chunk == 0 {
-            return Err(OptimError::InvalidArgument {
-                arg: "chunk",
-                reason: "must be at least 1".into(),
-            });
+            return Err(InputError::invalid("chunk", "must be at least 1").into());
         }
         self.chunk = chunk;
         Ok(self)
@@ -435,24 +427,23 @@ fn probe_episode(
 ) -> Result<Episode> {
     let (k, d) = a.dim();
     if k == 0 || d == 0 {
-        return Err(OptimError::ShapeMismatch {
-            arg: "a",
-            expected: "a non-empty k×d matrix".into(),
-            found: shape_str(k, d),
-        });
+        return Err(
+            InputError::shape_mismatch("a", "a non-empty k×d matrix", shape_str(k, d)).into(),
+        );
     }
     check_matrix("a", a, k, d, "k×d")?;
     check_matrix("b", b, d, d, "d×d, d = a's columns")?;
     if context.ncols() == 0 || queries.ncols() == 0 {
-        return Err(OptimError::ShapeMismatch {
-            arg: "context",
-            expected: "at least one key and one query".into(),
-            found: format!(
+        return Err(InputError::shape_mismatch(
+            "context",
+            "at least one key and one query",
+            format!(
                 "context {}, queries {}",
                 shape_str(context.nrows(), context.ncols()),
                 shape_str(queries.nrows(), queries.ncols())
             ),
-        });
+        )
+        .into());
     }
     check_matrix("context", &context, d, context.ncols(), "d×n_k")?;
     check_matrix("queries", &queries, d, queries.ncols(), "d×n_q")?;

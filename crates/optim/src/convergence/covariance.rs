@@ -5,6 +5,7 @@
 //! objective ([`PopulationProblem`](super::PopulationProblem)) and the moments all use it
 //! without using each other in a circle.
 
+use kappa_linalg::input::InputError;
 use kappa_linalg::{condition_number, psd_inv_sqrt, psd_sqrt, LinalgError, RankTolerance};
 use ndarray::{Array2, ArrayView2};
 
@@ -23,10 +24,7 @@ pub(crate) fn covariance_roots(
     let d = sigma.nrows();
     check_matrix(arg, sigma, d, d, "square")?;
     if d == 0 {
-        return Err(OptimError::InvalidArgument {
-            arg,
-            reason: "is empty".into(),
-        });
+        return Err(InputError::invalid(arg, "is empty").into());
     }
     // LAPACK takes standard layouts only: copy strided and negative-stride views.
     // (A fresh row-major copy: `as_standard_layout` keeps a 1×1 view's odd strides.)
@@ -34,12 +32,11 @@ pub(crate) fn covariance_roots(
     let half = psd_sqrt(sigma.view(), RankTolerance::default()).map_err(|e| rename(e, arg))?;
     let kappa = condition_number(sigma.view()).map_err(|e| rename(e, arg))?;
     if !(kappa.is_finite() && kappa <= MAX_CONDITION) {
-        return Err(OptimError::InvalidArgument {
+        return Err(InputError::invalid(
             arg,
-            reason: format!(
-                "must be positive definite with κ ≤ {MAX_CONDITION:e}, found κ = {kappa:e}"
-            ),
-        });
+            format!("must be positive definite with κ ≤ {MAX_CONDITION:e}, found κ = {kappa:e}"),
+        )
+        .into());
     }
     let inv_half =
         psd_inv_sqrt(sigma.view(), RankTolerance::default()).map_err(|e| rename(e, arg))?;
@@ -67,18 +64,19 @@ fn rename(e: LinalgError, arg: &'static str) -> OptimError {
             "must be positive definite, found the eigenvalue {eigenvalue:e} (below −{tolerance:e})"
         ),
         LinalgError::NotSquare { rows, cols, .. } => format!("must be square, found {rows}×{cols}"),
-        LinalgError::InvalidArgument { reason, .. } => reason.clone(),
-        LinalgError::NonFinite {
+        LinalgError::Input(InputError::InvalidArgument { reason, .. }) => reason.clone(),
+        LinalgError::Input(InputError::NonFinite {
             row, col, value, ..
-        } => {
-            return OptimError::NonFinite {
+        }) => {
+            return InputError::NonFinite {
                 arg,
                 row: *row,
                 col: *col,
                 value: *value,
             }
+            .into()
         }
         _ => return OptimError::Linalg(e),
     };
-    OptimError::InvalidArgument { arg, reason }
+    InputError::invalid(arg, reason).into()
 }

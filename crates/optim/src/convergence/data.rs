@@ -14,6 +14,7 @@
 //! finite-context error grows like exp of it (docs/convergence.md, §The attention limit and
 //! §Whitened coordinates), so it is the knob of the softmax-scale stress test.
 
+use kappa_linalg::input::InputError;
 use kappa_linalg::{polar_factor, psd_inv_sqrt, RankTolerance, SvdDriver};
 use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 use rand::Rng;
@@ -22,13 +23,11 @@ use serde::{Deserialize, Serialize};
 
 use super::covariance::MAX_CONDITION;
 use super::population::PopulationProblem;
-use crate::error::{
-    check_finite, check_matrix, check_output, check_range, shape_str, OptimError, Result,
-};
+use crate::error::{check_finite, check_matrix, check_output, check_range, shape_str, Result};
 
 /// The most entries (2³⁰, 8 GiB of f64) of any matrix this module allocates on a caller's behalf
 /// ([`gaussian`], [`DataModel::sample`], [`default_stiefel`](super::default_stiefel), …). A
-/// larger request, or one whose size overflows `usize`, is [`OptimError::InvalidArgument`]
+/// larger request, or one whose size overflows `usize`, is [`InputError::InvalidArgument`]
 /// naming the dimension, instead of a capacity-overflow panic or an allocation abort.
 pub const MAX_ELEMENTS: usize = 1 << 30;
 
@@ -36,13 +35,14 @@ pub const MAX_ELEMENTS: usize = 1 << 30;
 pub(crate) fn check_size(arg: &'static str, rows: usize, cols: usize) -> Result<()> {
     match rows.checked_mul(cols) {
         Some(n) if n <= MAX_ELEMENTS => Ok(()),
-        _ => Err(OptimError::InvalidArgument {
+        _ => Err(InputError::invalid(
             arg,
-            reason: format!(
+            format!(
                 "a {} matrix exceeds the size limit of {MAX_ELEMENTS} entries",
                 shape_str(rows, cols)
             ),
-        }),
+        )
+        .into()),
     }
 }
 
@@ -93,10 +93,11 @@ fn geometric(r: usize, hi: f64, kappa: f64) -> Array1<f64> {
 /// law of their polar factor).
 pub fn haar_orthonormal<R: Rng + ?Sized>(m: usize, n: usize, rng: &mut R) -> Result<Array2<f64>> {
     if m == 0 || n == 0 {
-        return Err(OptimError::InvalidArgument {
-            arg: "shape",
-            reason: format!("needs positive dimensions, found {}", shape_str(m, n)),
-        });
+        return Err(InputError::invalid(
+            "shape",
+            format!("needs positive dimensions, found {}", shape_str(m, n)),
+        )
+        .into());
     }
     let g = gaussian(m, n, rng)?;
     Ok(polar_factor(g.view(), SvdDriver::default())?)
@@ -116,13 +117,14 @@ impl ModelSpec {
     /// Checks the dimensions and scalars.
     pub fn validate(&self) -> Result<()> {
         if self.d == 0 || self.k == 0 {
-            return Err(OptimError::InvalidArgument {
-                arg: "spec",
-                reason: format!(
+            return Err(InputError::invalid(
+                "spec",
+                format!(
                     "d and k must be positive, found d = {}, k = {}",
                     self.d, self.k
                 ),
-            });
+            )
+            .into());
         }
         check_size("spec", self.d, self.d)?;
         check_size("spec", self.k, self.k.max(self.d))?;
@@ -135,10 +137,7 @@ impl ModelSpec {
         check_range("target.kappa", self.target.kappa, 1.0, 1e12)?;
         check_range("target.nuclear_norm", self.target.nuclear_norm, 1e-300, 1e6)?;
         if self.target.nuclear_norm <= 0.0 {
-            return Err(OptimError::InvalidArgument {
-                arg: "target.nuclear_norm",
-                reason: "must be positive".into(),
-            });
+            return Err(InputError::invalid("target.nuclear_norm", "must be positive").into());
         }
         Ok(check_range("noise_std", self.noise_std, 0.0, 1e6)?)
     }
@@ -261,14 +260,12 @@ impl DataModel {
     /// n i.i.d. draws: x = Σ^{1/2} g with g ~ N(0, I), y = M x + σ·ξ.
     ///
     /// Errors: n = 0 (a [`Sample`] is never empty) or a sample over [`MAX_ELEMENTS`] entries
-    /// (`arg: "n"`); [`OptimError::Overflow`] if the draws overflow (Σ or M near `f64::MAX`).
+    /// (`arg: "n"`); [`OptimError::Overflow`](crate::OptimError::Overflow) if the draws overflow
+    /// (Σ or M near `f64::MAX`).
     pub fn sample<R: Rng + ?Sized>(&self, n: usize, rng: &mut R) -> Result<Sample> {
         let (d, k) = (self.dim(), self.outputs());
         if n == 0 {
-            return Err(OptimError::InvalidArgument {
-                arg: "n",
-                reason: "a sample needs at least one draw".into(),
-            });
+            return Err(InputError::invalid("n", "a sample needs at least one draw").into());
         }
         check_size("n", d.max(k), n)?;
         let g = gaussian(d, n, rng)?;
@@ -305,15 +302,16 @@ impl Sample {
     pub fn new(x: Array2<f64>, y: Array2<f64>) -> Result<Self> {
         let (d, n) = x.dim();
         if d == 0 || n == 0 || y.nrows() == 0 {
-            return Err(OptimError::ShapeMismatch {
-                arg: "x",
-                expected: "a non-empty d×n matrix and a k×n y with k ≥ 1".into(),
-                found: format!(
+            return Err(InputError::shape_mismatch(
+                "x",
+                "a non-empty d×n matrix and a k×n y with k ≥ 1",
+                format!(
                     "x {}, y {}",
                     shape_str(d, n),
                     shape_str(y.nrows(), y.ncols())
                 ),
-            });
+            )
+            .into());
         }
         check_finite("x", &x.view())?;
         check_matrix("y", &y.view(), y.nrows(), n, "one column per sample of x")?;
@@ -359,10 +357,11 @@ impl Sample {
     pub fn split(&self, first: usize) -> Result<(Sample, Sample)> {
         let n = self.len();
         if first == 0 || first >= n {
-            return Err(OptimError::InvalidArgument {
-                arg: "first",
-                reason: format!("must be in 1..{n} so both parts are non-empty, found {first}"),
-            });
+            return Err(InputError::invalid(
+                "first",
+                format!("must be in 1..{n} so both parts are non-empty, found {first}"),
+            )
+            .into());
         }
         let part = |lo: usize, hi: usize| Sample {
             x: self.x.slice(s![.., lo..hi]).to_owned(),

@@ -18,6 +18,7 @@
 //! The identities are exact for Σ̂, not Σ (docs/convergence.md, §Spectral initialization): at finite n the *population* excess at
 //! initialization is positive even without noise, and it falls like 1/n.
 
+use kappa_linalg::input::InputError;
 use kappa_linalg::{condition_number, svd_thin, Svd, SvdDriver};
 use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 
@@ -102,10 +103,7 @@ impl Moments {
             }
         };
         if m_hat.nrows() == 0 {
-            return Err(OptimError::InvalidArgument {
-                arg: "m_hat",
-                reason: "needs at least one row".into(),
-            });
+            return Err(InputError::invalid("m_hat", "needs at least one row").into());
         }
         check_output("m_hat", "the sample (y)", &m_hat.view())?;
         let t_hat = m_hat.dot(&sigma_hat_half);
@@ -318,10 +316,11 @@ pub fn spectral_init_with(
     let gram = w.dot(&w.t()) - Array2::<f64>::eye(r);
     let off = gram.iter().fold(0.0f64, |m, x| m.max(x.abs()));
     if off > 1e-8 {
-        return Err(OptimError::InvalidArgument {
-            arg: "w",
-            reason: format!("must have orthonormal rows, max |WWᵀ − I| = {off:e}"),
-        });
+        return Err(InputError::invalid(
+            "w",
+            format!("must have orthonormal rows, max |WWᵀ − I| = {off:e}"),
+        )
+        .into());
     }
     let root = svd.s.mapv(f64::sqrt);
     let p_root = &svd.u.slice(s![.., ..r]) * &root.view().insert_axis(Axis(0));

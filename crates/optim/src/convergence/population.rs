@@ -14,6 +14,7 @@
 //! ∇_A L = F Σ B Σ,        ∇_B L = Σ Fᵀ A Σ.
 //! ```
 
+use kappa_linalg::input::InputError;
 use ndarray::{Array2, ArrayView2};
 
 use super::covariance::covariance_roots;
@@ -38,10 +39,7 @@ impl PopulationProblem {
         let d = sigma.nrows();
         check_matrix("m", &m.view(), m.nrows(), d, "k×d, d = Σ's size")?;
         if m.nrows() == 0 {
-            return Err(crate::OptimError::InvalidArgument {
-                arg: "m",
-                reason: "needs at least one row".into(),
-            });
+            return Err(InputError::invalid("m", "needs at least one row").into());
         }
         check_range("noise_std", noise_std, 0.0, f64::MAX)?;
         let sigma = (&sigma + &sigma.t()) * 0.5;
@@ -178,10 +176,7 @@ pub fn limit_predict_with(
 ) -> Result<Array2<f64>> {
     let d = sigma.nrows();
     if d == 0 {
-        return Err(crate::OptimError::InvalidArgument {
-            arg: "sigma",
-            reason: "is empty".into(),
-        });
+        return Err(InputError::invalid("sigma", "is empty").into());
     }
     check_matrix("sigma", &sigma, d, d, "square")?;
     check_matrix("a", &a, a.nrows(), d, "k×d, d = Σ's size")?;

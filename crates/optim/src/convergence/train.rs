@@ -31,7 +31,7 @@
 //! Every step is checked: a non-finite loss or parameter, or a loss above `divergence_factor`
 //! times the first one, is [`OptimError::Diverged`] with the step at which it happened.
 
-use kappa_linalg::input::check_positive;
+use kappa_linalg::input::{check_positive, InputError};
 use kappa_linalg::{singular_values, SvdDriver};
 use ndarray::{Array2, ArrayView2};
 use rand::Rng;
@@ -178,16 +178,14 @@ impl Settings {
             check_positive("update.epsilon", epsilon)?;
         }
         if !(self.divergence_factor.is_finite() && self.divergence_factor > 1.0) {
-            return Err(OptimError::InvalidArgument {
-                arg: "divergence_factor",
-                reason: format!("must be finite and > 1, found {}", self.divergence_factor),
-            });
+            return Err(InputError::invalid(
+                "divergence_factor",
+                format!("must be finite and > 1, found {}", self.divergence_factor),
+            )
+            .into());
         }
         if self.rate_window < 2 {
-            return Err(OptimError::InvalidArgument {
-                arg: "rate_window",
-                reason: "must be at least 2".into(),
-            });
+            return Err(InputError::invalid("rate_window", "must be at least 2").into());
         }
         Ok(())
     }
@@ -578,10 +576,11 @@ pub fn pgd_step(
 ) -> Result<PgdStep> {
     settings.validate()?;
     if matches!(settings.update, UpdateRule::Adam { .. }) {
-        return Err(OptimError::InvalidArgument {
-            arg: "settings.update",
-            reason: "pgd_step is the GD rule; Adam keeps state between steps, use a Trainer".into(),
-        });
+        return Err(InputError::invalid(
+            "settings.update",
+            "pgd_step is the GD rule; Adam keeps state between steps, use a Trainer",
+        )
+        .into());
     }
     check_params(objective, moments, &a, &b, ("a", "b"))?;
     let eta = step_size(settings, moments)?;
@@ -678,11 +677,12 @@ fn check_params(
     check_matrix(an, a, k, d, "k×d of the objective")?;
     check_matrix(bn, b, d, d, "d×d of the objective")?;
     if (moments.outputs(), moments.dim()) != (k, d) {
-        return Err(OptimError::ShapeMismatch {
-            arg: "moments",
-            expected: format!("k = {k}, d = {d} of the objective"),
-            found: format!("k = {}, d = {}", moments.outputs(), moments.dim()),
-        });
+        return Err(InputError::shape_mismatch(
+            "moments",
+            format!("k = {k}, d = {d} of the objective"),
+            format!("k = {}, d = {}", moments.outputs(), moments.dim()),
+        )
+        .into());
     }
     Ok(())
 }
@@ -701,11 +701,11 @@ fn step_size(settings: &Settings, moments: &Moments) -> Result<f64> {
                 d1 * l.max(l * l)
             };
             if !(scale.is_finite() && scale > 0.0) {
-                return Err(OptimError::InvalidArgument {
-                    arg: "moments",
-                    reason: "T̂ = 0, so a relative step size has no scale; pass an absolute one"
-                        .into(),
-                });
+                return Err(InputError::invalid(
+                    "moments",
+                    "T̂ = 0, so a relative step size has no scale; pass an absolute one",
+                )
+                .into());
             }
             Ok(c / scale)
         }
@@ -729,17 +729,18 @@ pub fn renormalize(
 ) -> Result<()> {
     let d = moments.dim();
     if a.ncols() != d || b.dim() != (d, d) {
-        return Err(OptimError::ShapeMismatch {
-            arg: if a.ncols() != d { "a" } else { "b" },
-            expected: format!("a k×{d} and b {d}×{d} (d = Σ̂'s size)"),
-            found: format!(
+        return Err(InputError::shape_mismatch(
+            if a.ncols() != d { "a" } else { "b" },
+            format!("a k×{d} and b {d}×{d} (d = Σ̂'s size)"),
+            format!(
                 "a {}×{}, b {}×{}",
                 a.nrows(),
                 a.ncols(),
                 b.nrows(),
                 b.ncols()
             ),
-        });
+        )
+        .into());
     }
     if let Renormalization::ClipSoftmaxScale { max_scale } = rule {
         check_positive("max_scale", max_scale)?;

@@ -98,6 +98,7 @@
 //! preconditioned ascent converges (violation ≤ 2e-3, gap ≤ 2e-3) where the plain one stops at
 //! 0.016–0.047. The paper preset keeps the unpreconditioned ascent.
 
+use kappa_linalg::input::InputError;
 use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
@@ -295,10 +296,7 @@ impl DualAscent {
             f64::MAX,
         )?;
         if self.steps == 0 {
-            return Err(OptimError::InvalidArgument {
-                arg: "dual.steps",
-                reason: "K must be at least 1".into(),
-            });
+            return Err(InputError::invalid("dual.steps", "K must be at least 1").into());
         }
         if let Some(t) = self.normalize {
             check_range("dual.normalize", t, f64::MIN_POSITIVE, f64::MAX)?;
@@ -526,10 +524,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
             report.dual_steps += 1;
         }
     }
-    let mut a = a.ok_or(OptimError::InvalidArgument {
-        arg: "dual.steps",
-        reason: "K must be at least 1".into(),
-    })?;
+    let mut a = a.ok_or_else(|| InputError::invalid("dual.steps", "K must be at least 1"))?;
     report.ascent_violation = report.violation;
     if cfg.project && !report.converged && report.violation.is_finite() {
         // Two feasible candidates: the projected ascent candidate and the projected gradient
@@ -693,11 +688,12 @@ pub fn tangent_direction<M: WorkingPrecision>(
     crate::muon::check_inputs_named(w, g, "g", None)?;
     let (m, n) = w.shape();
     if m < n {
-        return Err(OptimError::ShapeMismatch {
-            arg: "w",
-            expected: "a tall matrix (rows ≥ cols); transpose wide matrices first".into(),
-            found: format!("{m}×{n}"),
-        });
+        return Err(InputError::shape_mismatch(
+            "w",
+            "a tall matrix (rows ≥ cols); transpose wide matrices first",
+            format!("{m}×{n}"),
+        )
+        .into());
     }
     let wt = w.duplicate()?.into_transpose();
     let (a, _, report) = ascend(
@@ -785,11 +781,7 @@ pub fn stiefel_square_direction<M: WorkingPrecision>(
     crate::muon::check_inputs_named(w, g, "g", None)?;
     let (m, n) = w.shape();
     if m != n {
-        return Err(OptimError::ShapeMismatch {
-            arg: "w",
-            expected: "a square matrix".into(),
-            found: format!("{m}×{n}"),
-        });
+        return Err(InputError::shape_mismatch("w", "a square matrix", format!("{m}×{n}")).into());
     }
     let wt = w.duplicate()?.into_transpose();
     Ok(stiefel_square(w, &wt, g, method, precision)?.0)

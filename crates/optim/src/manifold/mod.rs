@@ -227,7 +227,8 @@ impl ManifoldMuon {
     /// paper retracts nanoGPT's Gaussian init). For DGram's paper retraction the column norms
     /// come out sorted descending. Every finite `w` of any scale is accepted.
     ///
-    /// Errors (`w` unchanged): `w` empty or non-finite ([`OptimError::NonFinite`]); a `w` whose
+    /// Errors (`w` unchanged): `w` empty or non-finite ([`OptimError::Input`]: `Empty`,
+    /// `NonFinite`); a `w` whose
     /// retraction does not land on the manifold within `manifold_tol`
     /// ([`OptimError::NotRetractable`]): on Stiefel a numerically rank-deficient W (the zero
     /// matrix included) — its nearest Stiefel points are not unique, and msign keeps null
@@ -326,8 +327,9 @@ impl ManifoldMuon {
     /// One step on `w` in place (see the module docs). The report carries the direction A, so
     /// there is no need for a separate [`ManifoldMuon::direction`] call.
     ///
-    /// Errors (nothing is modified, the state is unchanged): shapes ([`OptimError::ShapeMismatch`]),
-    /// NaN/±∞ in `w`, `grad` or the momentum buffer in `state` ([`OptimError::NonFinite`]), `w`
+    /// Errors (nothing is modified, the state is unchanged): shapes ([`OptimError::Input`]:
+    /// `ShapeMismatch`), NaN/±∞ in `w`, `grad` or the momentum buffer in `state`
+    /// ([`OptimError::Input`]: `NonFinite`), `w`
     /// off its manifold at its first step ([`OptimError::NotOnManifold`]), a diverging dual
     /// ascent with [`OnDivergence::Error`], or a non-finite one whatever `on_divergence`
     /// ([`OptimError::DualAscentDiverged`]), a step W − η·A that overflows

@@ -14,18 +14,21 @@ fn non_finite_gradients_and_shapes_are_typed_errors() {
     g[[2, 3]] = f64::NAN;
     let mut st = MuonState::new();
     match muon.step(&mut w, &g, &mut st) {
-        Err(OptimError::NonFinite {
+        Err(OptimError::Input(InputError::NonFinite {
             arg: "grad",
             row: 2,
             col: 3,
             ..
-        }) => {}
+        })) => {}
         other => panic!("{other:?}"),
     }
     let g2 = gaussian(4, 6, 2);
     assert!(matches!(
         muon.step(&mut w, &g2, &mut st),
-        Err(OptimError::ShapeMismatch { arg: "grad", .. })
+        Err(OptimError::Input(InputError::ShapeMismatch {
+            arg: "grad",
+            ..
+        }))
     ));
     assert_eq!(w, w0);
     assert_eq!(st.steps(), 0);
@@ -34,8 +37,46 @@ fn non_finite_gradients_and_shapes_are_typed_errors() {
     let mut other = gaussian(5, 4, 1);
     assert!(matches!(
         muon.step(&mut other, &gaussian(5, 4, 3), &mut st),
-        Err(OptimError::ShapeMismatch { arg: "state", .. })
+        Err(OptimError::Input(InputError::ShapeMismatch {
+            arg: "state",
+            ..
+        }))
     ));
+}
+
+/// An empty matrix is an input error of kappa-optim too, with kappa-linalg's message.
+#[test]
+fn empty_matrices_are_input_errors() {
+    let muon = Muon::new(MuonConfig::keller()).unwrap();
+    let mut w = Array2::<f64>::zeros((0, 4));
+    let e = muon
+        .step(&mut w, &Array2::zeros((0, 4)), &mut MuonState::new())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            OptimError::Input(InputError::Empty {
+                arg: "w",
+                rows: 0,
+                cols: 4
+            })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "argument `w` is empty (shape 0×4); a non-empty matrix is required"
+    );
+    let e = msign(
+        &Array2::<f64>::zeros((3, 0)),
+        Msign::Exact,
+        Precision::Native,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, OptimError::Input(InputError::Empty { arg: "x", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -73,10 +114,10 @@ fn invalid_settings_are_rejected() {
     let mut w = gaussian(3, 3, 1);
     assert!(matches!(
         muon.step(&mut w, &gaussian(3, 3, 2), &mut MuonState::new()),
-        Err(OptimError::InvalidArgument {
+        Err(OptimError::Input(InputError::InvalidArgument {
             arg: "precision",
             ..
-        })
+        }))
     ));
 }
 
