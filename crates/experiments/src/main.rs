@@ -22,9 +22,11 @@ use clap::{Parser, Subcommand};
 use kappa_cli::{config_experiment, ExperimentName, ReportArgs, ReproduceArgs, TrainArgs};
 use kappa_experiments::config::ConfigSource;
 use kappa_experiments::publish::publish;
-use kappa_experiments::runner::{report, reproduce, resolve_configs, select, Preempted, Settings};
-use kappa_experiments::units::{plan, render, unit_id};
-use kappa_experiments::{RegisteredExperiment, Scale};
+use kappa_experiments::runner::{
+    plan_of, report, reproduce, resolve_configs, select, Preempted, Settings,
+};
+use kappa_experiments::units::{render, unit_ids};
+use kappa_experiments::RegisteredExperiment;
 use kappa_train::StopFlag;
 
 #[derive(Parser)]
@@ -125,7 +127,7 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 args.results.clone()
             };
-            let expected = expected_units(&select(&names(&args.only))?, args.scale, args.seeds);
+            let expected = unit_ids(&select(&names(&args.only))?, args.scale, args.seeds);
             let out = args.out.clone().unwrap_or_else(|| results[0].clone());
             let coverage = report(args.scale, &results, &out, &expected)?;
             for (what, ids) in [("missing", &coverage.missing), ("failed", &coverage.failed)] {
@@ -170,7 +172,7 @@ fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
     if !args.unit.is_empty() {
         return Ok(());
     }
-    let expected = expected_units(&experiments, args.scale, args.seeds);
+    let expected = unit_ids(&experiments, args.scale, args.seeds);
     let coverage = report(
         args.scale,
         &[places.results.clone()],
@@ -202,13 +204,7 @@ fn write_plan(
     settings: &Settings<'_>,
 ) -> Result<()> {
     let configs = resolve_configs(experiments, settings)?;
-    let units = plan(
-        experiments,
-        &configs,
-        settings.scale,
-        settings.seeds,
-        settings.results,
-    )?;
+    let units = plan_of(experiments, &configs, settings)?;
     print!("{}", render(&units));
     std::fs::create_dir_all(settings.results)?;
     let path = settings.results.join("plan.json");
@@ -216,21 +212,6 @@ fn write_plan(
         .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("plan: wrote {}", path.display());
     Ok(())
-}
-
-/// The ids of the units a full run of `experiments` at `scale` has.
-fn expected_units(
-    experiments: &[Box<dyn RegisteredExperiment>],
-    scale: Scale,
-    seeds: Option<u32>,
-) -> Vec<String> {
-    experiments
-        .iter()
-        .flat_map(|e| {
-            (0..seeds.unwrap_or_else(|| e.default_seeds(scale)))
-                .map(|s| unit_id(e.name(), scale, s))
-        })
-        .collect()
 }
 
 /// Once `stop` is raised, gives the running unit `KAPPA_STOP_GRACE_SECONDS` (default 60) to

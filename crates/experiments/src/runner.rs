@@ -117,13 +117,7 @@ pub fn reproduce(
     settings: &Settings<'_>,
 ) -> Result<()> {
     let configs = resolve_configs(experiments, settings)?;
-    let units = plan(
-        experiments,
-        &configs,
-        settings.scale,
-        settings.seeds,
-        settings.results,
-    )?;
+    let units = plan_of(experiments, &configs, settings)?;
     let chosen = if settings.units.is_empty() {
         if !settings.resume {
             empty_scale_folders(experiments, settings)?;
@@ -158,6 +152,22 @@ pub fn reproduce(
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The units of `experiments` under `settings` (their `configs` resolved by
+/// [`resolve_configs`]).
+pub fn plan_of(
+    experiments: &[Box<dyn RegisteredExperiment>],
+    configs: &[ResolvedConfig],
+    settings: &Settings<'_>,
+) -> Result<Vec<Unit>> {
+    plan(
+        experiments,
+        configs,
+        settings.scale,
+        settings.seeds,
+        settings.results,
+    )
 }
 
 /// A rerun replaces the experiments' previous runs at this scale, so the report never mixes

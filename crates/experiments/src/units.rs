@@ -70,6 +70,23 @@ pub fn unit_id(experiment: &str, scale: Scale, seed: u32) -> String {
     format!("{experiment}/{}/seed-{seed}", scale.name())
 }
 
+/// The ids of every unit of `experiments` at `scale` with `seeds` each (`None`: each
+/// experiment's default): what a complete report covers.
+pub fn unit_ids(
+    experiments: &[Box<dyn RegisteredExperiment>],
+    scale: Scale,
+    seeds: Option<u32>,
+) -> Vec<String> {
+    experiments
+        .iter()
+        .flat_map(|e| (0..seeds_of(&**e, scale, seeds)).map(|s| unit_id(e.name(), scale, s)))
+        .collect()
+}
+
+fn seeds_of(e: &dyn RegisteredExperiment, scale: Scale, seeds: Option<u32>) -> u32 {
+    seeds.unwrap_or_else(|| e.default_seeds(scale))
+}
+
 /// The cost table, parsed.
 pub fn cost_table() -> Result<BTreeMap<String, BTreeMap<String, Cost>>> {
     toml::from_str(COSTS).context("experiments/costs.toml")
@@ -98,7 +115,7 @@ pub fn plan(
                     scale.name()
                 )
             })?;
-        for seed in 0..seeds.unwrap_or_else(|| e.default_seeds(scale)) {
+        for seed in 0..seeds_of(&**e, scale, seeds) {
             let id = unit_id(e.name(), scale, seed);
             let measured_minutes = RunRecord::read(&results.join(&id))
                 .ok()
