@@ -7,6 +7,8 @@
 //! - `cargo xtask reproduce [--scale S] [--only NAME]… [--config FILE] [--set KEY=VALUE]…
 //!   [--resume] [--publish]` runs the experiments and writes `results/report.md`; the options
 //!   are kappa-cli's, checked before anything is installed or built.
+//! - `cargo xtask reproduce --slurm [--partition P] [--time T] [--dry-run] …` writes the units as
+//!   a Slurm job array with a dependent report job and submits them (see docs/cluster.md).
 //! - `cargo xtask report [--scale S] [--results DIR]… [--out DIR]` builds the report from run
 //!   folders written anywhere (units run on other machines), naming missing or failed units.
 //! - `cargo xtask bench [--threads N]` runs the criterion benchmarks.
@@ -18,6 +20,7 @@ mod cargo;
 mod data;
 mod reproduce;
 mod setup;
+mod slurm;
 mod tidy;
 mod torch;
 mod train;
@@ -56,8 +59,14 @@ enum Command {
     },
     /// Setup, then formatting, lints, every test, the standalone libraries, docs and packages.
     Test(cargo::TestArgs),
-    /// Run the experiments and write `results/report.md`.
-    Reproduce(kappa_cli::ReproduceArgs),
+    /// Run the experiments and write `results/report.md` (or, with `--slurm`, submit them to a
+    /// Slurm cluster as a job array of units).
+    Reproduce {
+        #[command(flatten)]
+        args: kappa_cli::ReproduceArgs,
+        #[command(flatten)]
+        slurm: slurm::SlurmArgs,
+    },
     /// Build the report from run folders, merging several results folders (`--results`,
     /// repeatable; default `results/`) and naming missing or failed units.
     Report(kappa_cli::ReportArgs),
@@ -89,7 +98,8 @@ fn run(cli: Cli) -> Result<()> {
             setup::setup(&ws, &data)?;
         }
         Command::Test(args) => cargo::test(&ws, &args)?,
-        Command::Reproduce(args) => reproduce::reproduce(&ws, &args)?,
+        Command::Reproduce { args, slurm } if slurm.slurm => reproduce::slurm(&ws, &args, &slurm)?,
+        Command::Reproduce { args, .. } => reproduce::reproduce(&ws, &args)?,
         Command::Report(args) => reproduce::report(&ws, &args)?,
         Command::Train(args) => train::train(&ws, &args)?,
         Command::Bench(args) => cargo::bench(&ws, &args)?,

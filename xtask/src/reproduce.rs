@@ -16,6 +16,8 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use kappa_cli::{config_experiment, ExperimentName, ReportArgs, ReproduceArgs};
 
+use crate::slurm::{write_and_submit, Job, PlannedUnit, SlurmArgs};
+
 use crate::cargo::cargo;
 use crate::data::DataSelection;
 use crate::setup;
@@ -43,9 +45,20 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
         return run(&mut forwarded);
     }
 
-    // The runner says which data sets the selected experiments read; setup installs those.
-    let mut needs = runner(&["data-needs"]);
-    for name in &selection {
+    setup::data_only(ws, &data_needs(ws, &tc, args.threads, &selection)?)?;
+    run(&mut forwarded)
+}
+
+/// The data sets the selected experiments read (the runner says; setup installs them).
+fn data_needs(
+    ws: &Workspace,
+    tc: &setup::Toolchain,
+    threads: usize,
+    selection: &[ExperimentName],
+) -> Result<DataSelection> {
+    let mut needs = experiments_binary(ws, tc, threads);
+    needs.arg("data-needs");
+    for name in selection {
         needs.args(["--only", &name.0]);
     }
     let needs = needs
@@ -57,15 +70,80 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
             String::from_utf8_lossy(&needs.stderr)
         );
     }
-    let needs = String::from_utf8_lossy(&needs.stdout);
-    let data: DataSelection = needs
+    String::from_utf8_lossy(&needs.stdout)
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(",")
         .parse()
-        .map_err(anyhow::Error::msg)?;
-    setup::data_only(ws, &data)?;
-    run(&mut forwarded)
+        .map_err(anyhow::Error::msg)
+}
+
+/// `cargo xtask reproduce --slurm`: setup and data, the runner built once, its plan, then the
+/// job array over the plan's units and the report job ([`crate::slurm`]).
+pub fn slurm(ws: &Workspace, args: &ReproduceArgs, slurm: &SlurmArgs) -> Result<()> {
+    let (args, selection) = check(args)?;
+    if args.list || args.plan || !args.unit.is_empty() {
+        bail!("--slurm runs the whole plan: drop --list, --plan and --unit");
+    }
+    let tc = setup::setup(ws, &DataSelection::default())?;
+    setup::data_only(ws, &data_needs(ws, &tc, args.threads, &selection)?)?;
+    run(cargo(ws, &tc).args(["build", "--release", "--locked", "-p", "kappa-experiments"]))?;
+    let (results, data) = (ws.results_dir(), ws.data_dir());
+    let task_args = ReproduceArgs {
+        resume: false,
+        publish: false,
+        ..args.clone()
+    };
+    let places = |mut v: Vec<String>| {
+        v.extend(["--results".into(), results.display().to_string()]);
+        v.extend(["--data".into(), data.display().to_string()]);
+        v
+    };
+    let mut plan = experiments_binary(ws, &tc, args.threads);
+    plan.arg("reproduce")
+        .args(task_args.to_args())
+        .arg("--plan");
+    plan.args(places(Vec::new()));
+    run(&mut plan)?;
+    let plan_path = results.join("plan.json");
+    let text = fs::read_to_string(&plan_path).with_context(|| plan_path.display().to_string())?;
+    let units: Vec<PlannedUnit> = serde_json::from_str(&text).context("reading plan.json")?;
+    let dir = results.join("slurm").join(args.scale.name());
+    let binary = ws.target_dir().join("release").join("kappa-experiments");
+    let lib_dir = tc.libtorch.lib_dir();
+    let words = |v: Vec<std::ffi::OsString>| -> Vec<String> {
+        v.into_iter()
+            .map(|a| shell_word(&a.to_string_lossy()))
+            .collect()
+    };
+    let report = ReportArgs {
+        scale: args.scale,
+        results: vec![results.clone()],
+        out: None,
+        only: args.only.clone(),
+        seeds: args.seeds,
+    };
+    let job = Job {
+        binary: &binary,
+        lib_dir: &lib_dir,
+        reproduce_args: places(words(task_args.to_args())),
+        report_args: words(report.to_args()),
+        threads: args.threads,
+        cuda: args.device.0.starts_with("cuda"),
+        logs: dir.join("logs"),
+    };
+    write_and_submit(&dir, &units, &job, slurm)?;
+    Ok(())
+}
+
+/// `s` as one shell word (single-quoted when it has anything but safe characters).
+fn shell_word(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./:=,".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
 }
 
 /// `cargo xtask report`: the binary's `report` over the given results folders (the workspace's

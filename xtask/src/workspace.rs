@@ -41,6 +41,11 @@ impl Workspace {
         env_path("KAPPA_DATA").unwrap_or_else(|| self.root.join("data"))
     }
 
+    /// Cargo's target folder: `$CARGO_TARGET_DIR`, or `target` in the repository.
+    pub fn target_dir(&self) -> PathBuf {
+        env_path("CARGO_TARGET_DIR").unwrap_or_else(|| self.root.join("target"))
+    }
+
     /// The results folder that `reproduce` writes: `results` in the repository (git-ignored).
     pub fn results_dir(&self) -> PathBuf {
         self.root.join("results")

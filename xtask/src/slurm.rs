@@ -1,0 +1,322 @@
+//! `cargo xtask reproduce --slurm`: the units of a reproduction as a Slurm job array, and a job
+//! that builds the report once the array is done.
+//!
+//! xtask writes `<results>/slurm/<scale>/`: `units.txt` (one unit id per line, array index i
+//! runs line i), `array.sbatch` (resources from the units' costs, preemption signal and requeue)
+//! and `report.sbatch`; then submits both with `sbatch` (the report job depends on the array
+//! with `afterany`), unless `--dry-run` or Slurm is absent. Every array task runs the built
+//! `kappa-experiments` binary itself (so SIGTERM and SIGUSR1 reach the process that trains) with
+//! `--unit`; a task that exits 75 (stopped, checkpoint written) is requeued and resumes.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Deserialize;
+
+use crate::workspace::{output_of, run};
+
+/// The Slurm options of `cargo xtask reproduce`.
+#[derive(Args, Clone, Debug, Default, PartialEq)]
+pub struct SlurmArgs {
+    /// Write a Slurm job array over the units of this reproduction (one task per unit) and a
+    /// dependent report job, and submit them with sbatch.
+    #[arg(long)]
+    pub slurm: bool,
+    /// Only write the scripts (`<results>/slurm/<scale>/`), do not submit them.
+    #[arg(long, requires = "slurm")]
+    pub dry_run: bool,
+    /// `#SBATCH --partition`.
+    #[arg(long, requires = "slurm")]
+    pub partition: Option<String>,
+    /// `#SBATCH --account`.
+    #[arg(long, requires = "slurm")]
+    pub account: Option<String>,
+    /// `#SBATCH --time` of each task (default: twice the longest expected unit, at least 10 min).
+    #[arg(long, requires = "slurm", value_name = "D-HH:MM:SS")]
+    pub time: Option<String>,
+    /// GPUs per task (default: 1 when `--device` is cuda, else 0).
+    #[arg(long, requires = "slurm")]
+    pub gpus_per_task: Option<u32>,
+    /// Any further `#SBATCH` option, e.g. `--sbatch-option=--qos=long` (repeatable).
+    #[arg(long = "sbatch-option", requires = "slurm", value_name = "OPTION")]
+    pub extra: Vec<String>,
+}
+
+/// A unit as `plan.json` lists it (the fields the scripts need).
+#[derive(Debug, Deserialize)]
+pub struct PlannedUnit {
+    /// The unit id.
+    pub id: String,
+    /// Its expected cost.
+    pub cost: PlannedCost,
+}
+
+/// A unit's expected cost.
+#[derive(Debug, Deserialize)]
+pub struct PlannedCost {
+    /// Peak memory, GiB.
+    pub memory_gib: f64,
+    /// Expected wall minutes.
+    pub minutes: f64,
+}
+
+/// What every task runs, beside the unit: the binary, its library path and its arguments.
+pub struct Job<'a> {
+    /// The built `kappa-experiments`.
+    pub binary: &'a Path,
+    /// libtorch's library folder.
+    pub lib_dir: &'a Path,
+    /// `reproduce` options every task repeats (scale, only, seeds, device, config, sets).
+    pub reproduce_args: Vec<String>,
+    /// `report` options of the report job.
+    pub report_args: Vec<String>,
+    /// Threads per task (`--cpus-per-task`).
+    pub threads: usize,
+    /// Whether the tasks run on CUDA.
+    pub cuda: bool,
+    /// Where the task and report logs go.
+    pub logs: PathBuf,
+}
+
+/// The array script for `units`.
+pub fn array_script(units: &[PlannedUnit], job: &Job<'_>, args: &SlurmArgs) -> String {
+    let longest = units.iter().map(|u| u.cost.minutes).fold(0.0, f64::max);
+    let memory = units.iter().map(|u| u.cost.memory_gib).fold(0.0, f64::max);
+    let time = args
+        .time
+        .clone()
+        .unwrap_or_else(|| slurm_time(2.0 * longest));
+    let gpus = args.gpus_per_task.unwrap_or(u32::from(job.cuda));
+    let mut s = String::from("#!/bin/bash\n");
+    let _ = writeln!(s, "#SBATCH --job-name=kappa-units");
+    let _ = writeln!(s, "#SBATCH --array=1-{}", units.len());
+    let _ = writeln!(s, "#SBATCH --time={time}");
+    let _ = writeln!(s, "#SBATCH --cpus-per-task={}", job.threads);
+    let _ = writeln!(s, "#SBATCH --mem={}G", (1.5 * memory).ceil().max(1.0));
+    if gpus > 0 {
+        let _ = writeln!(s, "#SBATCH --gpus-per-task={gpus}");
+    }
+    let _ = writeln!(s, "#SBATCH --signal=USR1@120");
+    let _ = writeln!(s, "#SBATCH --requeue");
+    let _ = writeln!(s, "#SBATCH --output={}/%A_%a.out", job.logs.display());
+    common_options(&mut s, args);
+    let _ = writeln!(
+        s,
+        "# One unit per task: line $SLURM_ARRAY_TASK_ID of units.txt. SIGTERM (preemption) or\n\
+         # SIGUSR1 (120 s before the time limit) make the unit checkpoint and exit 75; the task is\n\
+         # then requeued, and the unit resumes from its checkpoint."
+    );
+    let _ = writeln!(
+        s,
+        "cd {}",
+        quote(&job.logs.parent().unwrap_or(Path::new(".")))
+    );
+    let _ = writeln!(s, "unit=$(sed -n \"${{SLURM_ARRAY_TASK_ID}}p\" units.txt)");
+    let _ = writeln!(s, "export LD_LIBRARY_PATH={}", quote(job.lib_dir));
+    let _ = writeln!(
+        s,
+        "export OPENBLAS_NUM_THREADS={0} RAYON_NUM_THREADS={0}",
+        job.threads
+    );
+    let _ = writeln!(
+        s,
+        "srun {} reproduce {} --unit \"$unit\"",
+        quote(job.binary),
+        job.reproduce_args.join(" ")
+    );
+    s.push_str(
+        "status=$?\nif [ \"$status\" -eq 75 ]; then\n    scontrol requeue \
+         \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"\nfi\nexit \"$status\"\n",
+    );
+    s
+}
+
+/// The report job's script (submitted with a dependency on the array).
+pub fn report_script(job: &Job<'_>, args: &SlurmArgs) -> String {
+    let mut s =
+        String::from("#!/bin/bash\n#SBATCH --job-name=kappa-report\n#SBATCH --time=30:00\n");
+    let _ = writeln!(s, "#SBATCH --cpus-per-task=1\n#SBATCH --mem=4G");
+    let _ = writeln!(s, "#SBATCH --output={}/report.out", job.logs.display());
+    common_options(&mut s, args);
+    let _ = writeln!(s, "export LD_LIBRARY_PATH={}", quote(job.lib_dir));
+    let _ = writeln!(
+        s,
+        "{} report {}",
+        quote(job.binary),
+        job.report_args.join(" ")
+    );
+    s
+}
+
+fn common_options(s: &mut String, args: &SlurmArgs) {
+    for (key, value) in [("partition", &args.partition), ("account", &args.account)] {
+        if let Some(value) = value {
+            let _ = writeln!(s, "#SBATCH --{key}={value}");
+        }
+    }
+    for option in &args.extra {
+        let _ = writeln!(s, "#SBATCH {option}");
+    }
+}
+
+/// Minutes as Slurm's `D-HH:MM:SS`, at least 10 minutes, rounded up to a minute.
+pub fn slurm_time(minutes: f64) -> String {
+    let total = minutes.max(10.0).ceil() as u64;
+    format!(
+        "{}-{:02}:{:02}:00",
+        total / 1440,
+        total % 1440 / 60,
+        total % 60
+    )
+}
+
+/// A path as a single-quoted shell word.
+fn quote(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
+}
+
+/// Writes `units.txt` and the two scripts into `dir`; submits them unless `dry_run` (or
+/// without `sbatch` on the PATH, which is an error then). Returns the array's job id when
+/// submitted.
+pub fn write_and_submit(
+    dir: &Path,
+    units: &[PlannedUnit],
+    job: &Job<'_>,
+    args: &SlurmArgs,
+) -> Result<Option<String>> {
+    if units.is_empty() {
+        bail!("the plan has no units");
+    }
+    fs::create_dir_all(&job.logs).with_context(|| format!("creating {}", job.logs.display()))?;
+    let ids: String = units.iter().map(|u| format!("{}\n", u.id)).collect();
+    fs::write(dir.join("units.txt"), ids)?;
+    fs::write(dir.join("array.sbatch"), array_script(units, job, args))?;
+    fs::write(dir.join("report.sbatch"), report_script(job, args))?;
+    eprintln!("slurm: wrote {} ({} units)", dir.display(), units.len());
+    if args.dry_run {
+        return Ok(None);
+    }
+    if output_of(Command::new("sbatch").arg("--version")).is_none() {
+        bail!("sbatch is not on the PATH: run on a Slurm login node, or add --dry-run to only write the scripts");
+    }
+    let array = output_of(
+        Command::new("sbatch")
+            .arg("--parsable")
+            .arg("array.sbatch")
+            .current_dir(dir),
+    )
+    .context("sbatch array.sbatch failed")?;
+    let array = array
+        .trim()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    run(Command::new("sbatch")
+        .arg(format!("--dependency=afterany:{array}"))
+        .arg("report.sbatch")
+        .current_dir(dir))?;
+    eprintln!("slurm: submitted the array as job {array} and its report job after it");
+    Ok(Some(array))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn units() -> Vec<PlannedUnit> {
+        [
+            "theory/cpu/seed-0",
+            "gpt-sotu/cpu/seed-0",
+            "gpt-sotu/cpu/seed-1",
+        ]
+        .iter()
+        .zip([0.8, 2.3, 2.3])
+        .map(|(id, minutes)| PlannedUnit {
+            id: id.to_string(),
+            cost: PlannedCost {
+                memory_gib: 1.0,
+                minutes,
+            },
+        })
+        .collect()
+    }
+
+    fn job<'a>(binary: &'a Path, lib: &'a Path, cuda: bool) -> Job<'a> {
+        Job {
+            binary,
+            lib_dir: lib,
+            reproduce_args: vec!["--scale".into(), "cpu".into()],
+            report_args: vec!["--scale".into(), "cpu".into()],
+            threads: 2,
+            cuda,
+            logs: PathBuf::from("/scratch/results/slurm/cpu/logs"),
+        }
+    }
+
+    #[test]
+    fn the_array_has_one_task_per_unit_and_requeues_a_stopped_one() {
+        let (bin, lib) = (Path::new("/k/kappa-experiments"), Path::new("/t/lib"));
+        let args = SlurmArgs {
+            slurm: true,
+            partition: Some("gpu".into()),
+            extra: vec!["--qos=long".into()],
+            ..SlurmArgs::default()
+        };
+        let script = array_script(&units(), &job(bin, lib, false), &args);
+        for line in [
+            "#SBATCH --array=1-3",
+            "#SBATCH --time=0-00:10:00",
+            "#SBATCH --cpus-per-task=2",
+            "#SBATCH --mem=2G",
+            "#SBATCH --signal=USR1@120",
+            "#SBATCH --requeue",
+            "#SBATCH --partition=gpu",
+            "#SBATCH --qos=long",
+            "srun '/k/kappa-experiments' reproduce --scale cpu --unit \"$unit\"",
+            "if [ \"$status\" -eq 75 ]; then",
+        ] {
+            assert!(script.contains(line), "no `{line}` in\n{script}");
+        }
+        assert!(!script.contains("--gpus-per-task"));
+        let cuda = array_script(&units(), &job(bin, lib, true), &args);
+        assert!(cuda.contains("#SBATCH --gpus-per-task=1"));
+        let report = report_script(&job(bin, lib, false), &args);
+        assert!(report.contains("'/k/kappa-experiments' report --scale cpu"));
+    }
+
+    #[test]
+    fn times_are_slurm_durations_of_whole_minutes() {
+        assert_eq!(slurm_time(0.5), "0-00:10:00");
+        assert_eq!(slurm_time(61.2), "0-01:02:00");
+        assert_eq!(slurm_time(2.0 * 5600.0), "7-18:40:00");
+    }
+
+    #[test]
+    fn a_dry_run_writes_the_unit_list_and_both_scripts() {
+        let dir = std::env::temp_dir().join(format!("xtask-slurm-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let (bin, lib) = (Path::new("/k/kappa-experiments"), Path::new("/t/lib"));
+        let mut job = job(bin, lib, false);
+        job.logs = dir.join("logs");
+        let args = SlurmArgs {
+            slurm: true,
+            dry_run: true,
+            ..SlurmArgs::default()
+        };
+        assert_eq!(write_and_submit(&dir, &units(), &job, &args).unwrap(), None);
+        let ids = fs::read_to_string(dir.join("units.txt")).unwrap();
+        assert_eq!(
+            ids,
+            "theory/cpu/seed-0\ngpt-sotu/cpu/seed-0\ngpt-sotu/cpu/seed-1\n"
+        );
+        assert!(dir.join("array.sbatch").is_file() && dir.join("report.sbatch").is_file());
+        assert!(dir.join("logs").is_dir());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
