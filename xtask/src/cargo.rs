@@ -43,6 +43,11 @@ pub struct TestArgs {
     /// the test source as `*.proptest-regressions`; commit them and CI replays them.
     #[arg(long)]
     explore: bool,
+    /// Instead: the Slurm path against a real one-node Slurm on loopback (installs Debian's
+    /// Slurm and munge as root when missing; a few minutes): a job array of units, one unit
+    /// preempted with SIGTERM and requeued, its metrics equal to an uninterrupted run's.
+    #[arg(long, conflicts_with = "explore")]
+    slurm: bool,
 }
 
 /// The libraries users depend on alone: they must build, test and document without libtorch.
@@ -61,6 +66,9 @@ const PUBLISHED: &[&str] = &[
 /// the docs and the packages (see [`checks`]), in the release profile (shared with reproduce and
 /// bench so libtorch's C++ wrapper is compiled once).
 pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
+    if args.slurm {
+        return crate::slurm_test::test(ws);
+    }
     let tc = setup::setup(ws, &DataSelection::default())?;
     if args.explore {
         run(cargo(ws, &tc)
@@ -132,7 +140,7 @@ fn clean_packaged_builds() -> Vec<&'static str> {
 
 /// The steps of `cargo xtask test`, in order, each with what it checks.
 fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
-    let standalone_dir = target_dir(ws).join("standalone");
+    let standalone_dir = ws.target_dir().join("standalone");
     let step = |what: &'static str, args: &[&str]| {
         let mut cmd = cargo(ws, tc);
         cmd.args(args);
@@ -217,14 +225,6 @@ fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Comma
             docs_rs,
         ),
     ]
-}
-
-/// The cargo target directory: `CARGO_TARGET_DIR`, or `target/` in the workspace.
-fn target_dir(ws: &Workspace) -> std::path::PathBuf {
-    env::var_os("CARGO_TARGET_DIR")
-        .filter(|v| !v.is_empty())
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| ws.root().join("target"))
 }
 
 /// Arguments of `cargo xtask bench`.

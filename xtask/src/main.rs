@@ -21,6 +21,7 @@ mod data;
 mod reproduce;
 mod setup;
 mod slurm;
+mod slurm_test;
 mod tidy;
 mod torch;
 mod train;

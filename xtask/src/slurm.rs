@@ -103,6 +103,8 @@ pub fn array_script(units: &[PlannedUnit], job: &Job<'_>, args: &SlurmArgs) -> S
     let _ = writeln!(s, "#SBATCH --signal=USR1@120");
     let _ = writeln!(s, "#SBATCH --requeue");
     let _ = writeln!(s, "#SBATCH --output={}/%A_%a.out", job.logs.display());
+    // A requeued task appends to its log: both attempts stay readable.
+    let _ = writeln!(s, "#SBATCH --open-mode=append");
     common_options(&mut s, args);
     let _ = writeln!(
         s,
@@ -275,6 +277,7 @@ mod tests {
             "#SBATCH --mem=2G",
             "#SBATCH --signal=USR1@120",
             "#SBATCH --requeue",
+            "#SBATCH --open-mode=append",
             "#SBATCH --partition=gpu",
             "#SBATCH --qos=long",
             "srun '/k/kappa-experiments' reproduce --scale cpu --unit \"$unit\"",

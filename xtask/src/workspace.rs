@@ -46,9 +46,10 @@ impl Workspace {
         env_path("CARGO_TARGET_DIR").unwrap_or_else(|| self.root.join("target"))
     }
 
-    /// The results folder that `reproduce` writes: `results` in the repository (git-ignored).
+    /// The results folder that `reproduce` writes: `$KAPPA_RESULTS`, or `results` in the
+    /// repository (git-ignored).
     pub fn results_dir(&self) -> PathBuf {
-        self.root.join("results")
+        env_path("KAPPA_RESULTS").unwrap_or_else(|| self.root.join("results"))
     }
 }
 
