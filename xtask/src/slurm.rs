@@ -115,7 +115,7 @@ pub fn array_script(units: &[PlannedUnit], job: &Job<'_>, args: &SlurmArgs) -> S
     let _ = writeln!(
         s,
         "cd {}",
-        quote(&job.logs.parent().unwrap_or(Path::new(".")))
+        quote(job.logs.parent().unwrap_or(Path::new(".")))
     );
     let _ = writeln!(s, "unit=$(sed -n \"${{SLURM_ARRAY_TASK_ID}}p\" units.txt)");
     let _ = writeln!(s, "export LD_LIBRARY_PATH={}", quote(job.lib_dir));

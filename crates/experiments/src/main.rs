@@ -175,7 +175,7 @@ fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
     let expected = unit_ids(&experiments, args.scale, args.seeds);
     let coverage = report(
         args.scale,
-        &[places.results.clone()],
+        std::slice::from_ref(&places.results),
         &places.results,
         &expected,
     )?;

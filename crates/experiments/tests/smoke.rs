@@ -29,7 +29,7 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
         stop: Default::default(),
     };
     reproduce(&experiments, &settings).unwrap();
-    report(Scale::Smoke, &[results.clone()], &results, &[]).unwrap();
+    report(Scale::Smoke, std::slice::from_ref(&results), &results, &[]).unwrap();
 
     // `--resume` over finished runs keeps every run folder as it is.
     let metrics = results.join("vit-fmnist/smoke/seed-1/metrics.jsonl");
@@ -41,7 +41,7 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
     };
     reproduce(&experiments, &resumed).unwrap();
     assert_eq!(fs::read(&metrics).unwrap(), before);
-    report(Scale::Smoke, &[results.clone()], &results, &[]).unwrap();
+    report(Scale::Smoke, std::slice::from_ref(&results), &results, &[]).unwrap();
 
     let text = fs::read_to_string(results.join("report.md")).unwrap();
     for e in &experiments {

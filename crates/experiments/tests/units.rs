@@ -80,7 +80,7 @@ fn units_run_one_at_a_time_and_merged_give_the_plain_report() {
     let experiments = select(&EXPERIMENTS.map(String::from)).unwrap();
     let plain = root.join("plain");
     reproduce(&experiments, &settings(&plain, &data, &[])).unwrap();
-    report(Scale::Smoke, &[plain.clone()], &plain, &[]).unwrap();
+    report(Scale::Smoke, std::slice::from_ref(&plain), &plain, &[]).unwrap();
 
     let configs = resolve_configs(&experiments, &settings(&plain, &data, &[])).unwrap();
     let units = plan(&experiments, &configs, Scale::Smoke, Some(2), &plain).unwrap();
