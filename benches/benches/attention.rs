@@ -353,7 +353,7 @@ impl std::fmt::Display for Rounds {
 }
 
 fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    kappa_testkit::crate_dir()
         .parent()
         .map(PathBuf::from)
         .unwrap_or_default()

@@ -280,7 +280,7 @@ fn sgemm_flops() -> f64 {
 }
 
 fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    kappa_testkit::crate_dir()
         .parent()
         .map(PathBuf::from)
         .unwrap_or_default()

@@ -191,7 +191,7 @@ fn kappa_band(m: usize, n: usize, precision: Precision) -> (f64, f64) {
 }
 
 fn torch_reference(threads: usize, shapes: &[(usize, usize)]) -> Option<serde_json::Value> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = kappa_testkit::crate_dir();
     let python = std::env::var_os("KAPPA_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("../.venv/bin/python"));

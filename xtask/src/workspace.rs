@@ -12,9 +12,14 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    /// The repository root: the parent of this crate's manifest directory.
+    /// The repository root: the parent of this crate's manifest directory, as cargo says at
+    /// run time (`cargo xtask`, `cargo test`), else where xtask was compiled. The run-time value
+    /// matters for xtask's tests: cargo reuses their build from a shared target directory after
+    /// the checkout moved, and the compiled-in path would then be another checkout's.
     pub fn locate() -> Result<Self> {
-        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let manifest = env::var_os("CARGO_MANIFEST_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
         let root = manifest
             .parent()
             .context("xtask's manifest directory has no parent")?

@@ -114,7 +114,7 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn no_function_in_src_is_longer_than_150_lines() {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crate_dir = &kappa_testkit::crate_dir();
     let mut count = 0;
     let mut too_long = Vec::new();
     for file in rust_files(&crate_dir.join("src")) {

@@ -2,16 +2,11 @@
 //! back section by section (markers intact), renders to the same text, and every plot it embeds
 //! is there.
 
-use std::path::Path;
-
 use kappa_experiments::report::Report;
 
 #[test]
 fn the_published_report_reads_back_and_its_plots_exist() {
-    let path = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../docs/results/report.md"
-    ));
+    let path = &kappa_testkit::crate_dir().join("../../docs/results/report.md");
     let text = std::fs::read_to_string(path).unwrap();
     let report = Report::parse(&text).unwrap();
     assert!(!report.parts.is_empty());

@@ -282,7 +282,7 @@ fn a_bad_key_or_value_is_an_error_that_names_it() {
 
 #[test]
 fn the_example_configs_parse_and_validate() {
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/train");
+    let examples = kappa_testkit::crate_dir().join("../../examples/train");
     let mut n = 0;
     for entry in fs::read_dir(&examples).unwrap() {
         let path = entry.unwrap().path();

@@ -77,3 +77,16 @@ pub fn config(cases: u32) -> ProptestConfig {
         ..ProptestConfig::default()
     }
 }
+
+/// The folder of the crate whose test, bench or example is running, read at run time from the
+/// `CARGO_MANIFEST_DIR` cargo sets for it.
+///
+/// Not `env!("CARGO_MANIFEST_DIR")`: that is the folder the test was *compiled* in, and cargo
+/// reuses a build from a shared target directory after the checkout moved (its fingerprints
+/// of path crates are relative to the workspace), so a test would read another checkout's
+/// files, or fail to find any. Panics with the reason outside cargo.
+pub fn crate_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .expect("CARGO_MANIFEST_DIR is unset: run this through cargo (test, bench or run)")
+}

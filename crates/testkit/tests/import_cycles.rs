@@ -1,13 +1,11 @@
 //! No crate of the workspace has an import circle between its modules (module A uses B and B
 //! uses A, directly or through others): see `kappa_testkit::imports`.
 
-use std::path::Path;
-
 use kappa_testkit::imports::cycle_report;
 
 #[test]
 fn no_crate_has_an_import_circle() {
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let crates = kappa_testkit::crate_dir().join("..");
     let mut dirs: Vec<_> = std::fs::read_dir(&crates)
         .expect("the crates/ folder")
         .map(|e| e.expect("a directory entry").path())
