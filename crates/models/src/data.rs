@@ -35,6 +35,7 @@ use crate::error::{ModelsError, Result};
 
 mod image_folder;
 pub mod images;
+mod pixels;
 
 pub use images::{
     FashionMnist, ImageSet, ImageSplits, Normalize, SplitOptions, FASHION_MNIST_CLASSES,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};
 
-use super::images::Pixels;
+use super::pixels::Pixels;
 use crate::error::{ModelsError, Result};
 
 /// What an image folder must look like, for [`ModelsError::MissingData`].

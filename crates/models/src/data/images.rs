@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::image_folder::read_image_folder;
+use super::pixels::Pixels;
 use super::{permutation, read_idx};
 use crate::error::{ModelsError, Result};
 use crate::vit::VitConfig;
@@ -159,25 +160,6 @@ pub struct ImageSplits {
     pub mean: Vec<f64>,
     /// The standard deviation each channel is divided by.
     pub std: Vec<f64>,
-}
-
-/// Pixels in [0, 1] (N×C×S×S f32, on the CPU) and their labels (N, Int64), before splitting.
-pub(super) struct Pixels {
-    pub(super) values: Tensor,
-    pub(super) labels: Tensor,
-}
-
-impl Pixels {
-    fn len(&self) -> usize {
-        self.labels.size()[0] as usize
-    }
-
-    fn narrow(&self, start: usize, len: usize) -> Pixels {
-        Pixels {
-            values: self.values.narrow(0, start as i64, len as i64),
-            labels: self.labels.narrow(0, start as i64, len as i64),
-        }
-    }
 }
 
 impl ImageSplits {
