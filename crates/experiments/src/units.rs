@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::registry::ResolvedConfig;
+use crate::report::cells::MISSING;
 use crate::run::RunRecord;
 use crate::{RegisteredExperiment, Scale};
 
@@ -158,7 +159,7 @@ pub fn render(plan: &[Unit]) -> String {
     for u in plan {
         let last = u
             .measured_minutes
-            .map_or("—".to_string(), |m| format!("{m:.1} min"));
+            .map_or(MISSING.to_string(), |m| format!("{m:.1} min"));
         out.push_str(&format!(
             "{:<29} {:<6} {:>5.1} GiB {:>6.1} min  {last}\n",
             u.id,

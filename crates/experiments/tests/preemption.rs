@@ -23,8 +23,8 @@ fn binary(results: &Path, data: &Path) -> Command {
         "1",
     ])
     .args(["--threads", "1", "--unit", UNIT])
-    // Long enough to be stopped mid-run: 400 steps, a record and a checkpoint every step
-    // is not needed; the stop writes one.
+    // Long enough to be stopped mid-run: 400 steps, a record every step (no checkpoint
+    // schedule is needed: the stop writes one).
     .args(["--set", "train.steps=400", "--set", "train.log_every=1"])
     .arg("--results")
     .arg(results)
