@@ -14,8 +14,9 @@ use crate::scale::Scale;
 #[derive(Args, Clone, Debug, PartialEq)]
 pub struct ReproduceArgs {
     /// smoke (seconds, used by tests), cpu (the default: the suite in about an hour on 2 cores),
-    /// or paper (the papers' sizes, for a GPU machine). Picks the built-in config files
-    /// (`experiments/<name>/<scale>.toml`) and names the results folder.
+    /// long (CPU-sized models trained for hours: only the experiments that have it), gpu (hours
+    /// on one GPU) or paper (the papers' sizes, for GPU machines). Picks the built-in config
+    /// files (`experiments/<name>/<scale>.toml`) and names the results folder.
     #[arg(long, default_value = "cpu")]
     pub scale: Scale,
     /// Run only these experiments (repeatable); `--list` shows the names.

@@ -1,5 +1,6 @@
-//! The three sizes every experiment has: `smoke` for tests, `cpu` for this machine, `paper` for a
-//! GPU machine.
+//! How large an experiment runs: `smoke` for tests, `cpu` for a 2-core machine, `gpu` for one
+//! GPU, `paper` for the papers' sizes, and `long` (only some experiments) for a CPU-sized model
+//! trained over the long horizon a claim needs.
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,13 +19,25 @@ pub enum Scale {
     Smoke,
     /// The default: the whole suite in about an hour on 2 cores.
     Cpu,
+    /// A CPU-sized model trained long: only the experiments whose claim needs a long horizon
+    /// have it (manifolds: DGram attention's divergence after an accumulated spectral step
+    /// Σηₜ ≈ 290). Hours per unit on a CPU.
+    Long,
+    /// Between cpu and paper: hours, not weeks, on one current GPU.
+    Gpu,
     /// The papers' sizes, for a GPU machine.
     Paper,
 }
 
 impl Scale {
-    /// Every scale, smallest first.
-    pub const ALL: [Scale; 3] = [Scale::Smoke, Scale::Cpu, Scale::Paper];
+    /// Every scale, cheapest first.
+    pub const ALL: [Scale; 5] = [
+        Scale::Smoke,
+        Scale::Cpu,
+        Scale::Long,
+        Scale::Gpu,
+        Scale::Paper,
+    ];
 
     /// The lowercase name used on the command line, in folder names and in the config files
     /// (`experiments/<name>/<scale>.toml`).
@@ -32,6 +45,8 @@ impl Scale {
         match self {
             Scale::Smoke => "smoke",
             Scale::Cpu => "cpu",
+            Scale::Long => "long",
+            Scale::Gpu => "gpu",
             Scale::Paper => "paper",
         }
     }
@@ -62,8 +77,8 @@ mod tests {
         for scale in Scale::ALL {
             assert_eq!(scale.name().parse::<Scale>(), Ok(scale));
         }
-        let err = "gpu".parse::<Scale>().unwrap_err();
-        assert!(err.contains("smoke, cpu, paper"), "{err}");
+        let err = "huge".parse::<Scale>().unwrap_err();
+        assert!(err.contains("smoke, cpu, long, gpu, paper"), "{err}");
         let err = "smok".parse::<Scale>().unwrap_err();
         assert!(err.contains("did you mean `smoke`"), "{err}");
     }

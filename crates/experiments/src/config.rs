@@ -37,23 +37,65 @@ use serde::Serialize;
 
 use crate::scale::Scale;
 
-/// The built-in config files, `experiments/<name>/{smoke,cpu,paper}.toml`, in registry order (a
-/// test keeps the names equal to the registry's).
+/// One built-in config file, `experiments/<experiment>/<scale>.toml`.
+#[derive(Clone, Copy, Debug)]
+pub struct Builtin {
+    /// The experiment it configures.
+    pub experiment: &'static str,
+    /// Its scale.
+    pub scale: Scale,
+    /// The file's text.
+    pub text: &'static str,
+}
+
+/// The files every experiment has, `experiments/<name>/{smoke,cpu,gpu,paper}.toml`.
 macro_rules! builtin_files {
     ($($name:literal),* $(,)?) => {
-        &[$((
-            $name,
-            [
-                include_str!(concat!("../../../experiments/", $name, "/smoke.toml")),
-                include_str!(concat!("../../../experiments/", $name, "/cpu.toml")),
-                include_str!(concat!("../../../experiments/", $name, "/paper.toml")),
-            ],
-        )),*]
+        &[$(
+            builtin_file!($name, Smoke, "smoke"),
+            builtin_file!($name, Cpu, "cpu"),
+            builtin_file!($name, Gpu, "gpu"),
+            builtin_file!($name, Paper, "paper"),
+        )*]
     };
 }
 
-/// Every experiment's built-in files: smoke, cpu, paper (the names are kappa-cli's list).
-pub const BUILTIN: &[(&str, [&str; 3])] = kappa_cli::with_experiment_names!(builtin_files);
+macro_rules! builtin_file {
+    ($name:literal, $scale:ident, $file:literal) => {
+        Builtin {
+            experiment: $name,
+            scale: Scale::$scale,
+            text: include_str!(concat!("../../../experiments/", $name, "/", $file, ".toml")),
+        }
+    };
+}
+
+/// Every experiment's files at the scales every experiment has (smoke, cpu, gpu, paper), in
+/// registry order (the names are kappa-cli's list).
+pub const BUILTIN: &[Builtin] = kappa_cli::with_experiment_names!(builtin_files);
+
+/// The files of the scales only some experiments have: `long`, for the claims that need a long
+/// horizon.
+pub const BUILTIN_OPTIONAL: &[Builtin] = &[builtin_file!("manifolds", Long, "long")];
+
+/// Every built-in file.
+pub fn builtins() -> impl Iterator<Item = &'static Builtin> {
+    BUILTIN.iter().chain(BUILTIN_OPTIONAL)
+}
+
+/// The scales `experiment` has built-in files for, cheapest first.
+pub fn scales_of(experiment: &str) -> Vec<&'static str> {
+    Scale::ALL
+        .into_iter()
+        .filter(|&s| has_builtin(experiment, s))
+        .map(Scale::name)
+        .collect()
+}
+
+/// Whether `experiment` has a built-in file at `scale`.
+pub fn has_builtin(experiment: &str, scale: Scale) -> bool {
+    builtins().any(|b| b.experiment == experiment && b.scale == scale)
+}
 
 /// The top-level key that says which experiment a file configures.
 pub const EXPERIMENT_KEY: &str = "experiment";
@@ -70,7 +112,7 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// There is no built-in file for this experiment and scale.
-    #[error("no built-in config experiments/{experiment}/{scale}.toml")]
+    #[error("no built-in config experiments/{experiment}/{scale}.toml (its scales: {})", scales_of(experiment).join(", "))]
     NoBuiltin {
         /// The experiment.
         experiment: String,
@@ -125,17 +167,11 @@ pub struct ConfigSource {
 impl ConfigSource {
     /// The built-in file of `experiment` at `scale`.
     pub fn builtin(experiment: &str, scale: Scale) -> Result<Self, ConfigError> {
-        let index = match scale {
-            Scale::Smoke => 0,
-            Scale::Cpu => 1,
-            Scale::Paper => 2,
-        };
-        BUILTIN
-            .iter()
-            .find(|(name, _)| *name == experiment)
-            .map(|(name, texts)| Self {
-                origin: format!("experiments/{name}/{scale}.toml"),
-                text: Cow::Borrowed(texts[index]),
+        builtins()
+            .find(|b| b.experiment == experiment && b.scale == scale)
+            .map(|b| Self {
+                origin: format!("experiments/{experiment}/{scale}.toml"),
+                text: Cow::Borrowed(b.text),
             })
             .ok_or_else(|| ConfigError::NoBuiltin {
                 experiment: experiment.to_string(),
@@ -523,14 +559,20 @@ mod tests {
 
     #[test]
     fn every_builtin_file_names_its_experiment() {
-        let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
+        let names: Vec<&str> = BUILTIN.iter().step_by(4).map(|b| b.experiment).collect();
         assert_eq!(names, kappa_cli::EXPERIMENTS);
-        for name in names {
-            for scale in Scale::ALL {
-                let source = ConfigSource::builtin(name, scale).unwrap();
-                assert_eq!(source.experiment_key().unwrap().as_deref(), Some(name));
-                assert_eq!(source.origin(), format!("experiments/{name}/{scale}.toml"));
-            }
+        for b in builtins() {
+            let source = ConfigSource::builtin(b.experiment, b.scale).unwrap();
+            assert_eq!(source.experiment_key().unwrap().as_deref(), Some(b.experiment));
+            let origin = format!("experiments/{}/{}.toml", b.experiment, b.scale);
+            assert_eq!(source.origin(), origin);
         }
+        assert!(has_builtin("manifolds", Scale::Long));
+        assert!(!has_builtin("theory", Scale::Long));
+        let err = ConfigSource::builtin("theory", Scale::Long).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no built-in config experiments/theory/long.toml (its scales: smoke, cpu, gpu, paper)"
+        );
     }
 }

@@ -23,7 +23,7 @@ use kappa_cli::{config_experiment, ExperimentName, ReportArgs, ReproduceArgs, Tr
 use kappa_experiments::config::ConfigSource;
 use kappa_experiments::publish::publish;
 use kappa_experiments::runner::{
-    plan_of, report, reproduce, resolve_configs, select, Preempted, Settings,
+    plan_of, report, reproduce, resolve_configs, select, select_at, Preempted, Settings,
 };
 use kappa_experiments::units::{render, unit_ids};
 use kappa_experiments::RegisteredExperiment;
@@ -127,7 +127,7 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 args.results.clone()
             };
-            let expected = unit_ids(&select(&names(&args.only))?, args.scale, args.seeds);
+            let expected = unit_ids(&select_at(&names(&args.only), args.scale)?, args.scale, args.seeds);
             let out = args.out.clone().unwrap_or_else(|| results[0].clone());
             let coverage = report(args.scale, &results, &out, &expected)?;
             for (what, ids) in [("missing", &coverage.missing), ("failed", &coverage.failed)] {
@@ -143,7 +143,7 @@ fn run(cli: Cli) -> Result<()> {
 
 /// `reproduce`: resolve every config, run, write the report, and publish it when asked.
 fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
-    let experiments = select(&selected(args)?)?;
+    let experiments = select_at(&selected(args)?, args.scale)?;
     if args.list {
         list(&experiments);
         return Ok(());

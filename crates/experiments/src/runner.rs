@@ -35,6 +35,16 @@ pub fn select(only: &[String]) -> Result<Vec<Box<dyn RegisteredExperiment>>> {
         .collect())
 }
 
+/// The experiments a command at `scale` covers: those named in `only`, else every experiment
+/// with a built-in config at that scale (all of them, except at `long`).
+pub fn select_at(only: &[String], scale: Scale) -> Result<Vec<Box<dyn RegisteredExperiment>>> {
+    let mut chosen = select(only)?;
+    if only.is_empty() {
+        chosen.retain(|e| crate::config::has_builtin(e.name(), scale));
+    }
+    Ok(chosen)
+}
+
 /// Where and how runs execute.
 pub struct Settings<'a> {
     /// The scale of every run.

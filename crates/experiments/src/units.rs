@@ -182,21 +182,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_experiment_has_a_cost_at_every_scale() {
+    fn every_builtin_config_has_a_cost_and_every_cost_a_config() {
         let costs = cost_table().unwrap();
-        for e in crate::registry() {
-            for scale in Scale::ALL {
-                let cost = costs
-                    .get(e.name())
-                    .and_then(|s| s.get(scale.name()))
-                    .unwrap_or_else(|| panic!("no cost for {}.{}", e.name(), scale.name()));
-                assert!(cost.minutes > 0.0 && cost.memory_gib > 0.0, "{cost:?}");
-                assert!(!cost.basis.is_empty());
-            }
+        for b in crate::config::builtins() {
+            let cost = costs
+                .get(b.experiment)
+                .and_then(|s| s.get(b.scale.name()))
+                .unwrap_or_else(|| panic!("no cost for {}.{}", b.experiment, b.scale));
+            assert!(cost.minutes > 0.0 && cost.memory_gib > 0.0, "{cost:?}");
+            assert!(!cost.basis.is_empty());
         }
-        let names: Vec<&str> = crate::registry().iter().map(|e| e.name()).collect();
-        for name in costs.keys() {
-            assert!(names.contains(&name.as_str()), "costs.toml names {name}");
+        for (name, by_scale) in &costs {
+            for scale in by_scale.keys() {
+                let scale: Scale = scale.parse().unwrap();
+                assert!(
+                    crate::config::has_builtin(name, scale),
+                    "costs.toml has {name}.{scale}, which has no config"
+                );
+            }
         }
     }
 }

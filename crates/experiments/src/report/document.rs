@@ -340,10 +340,10 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("line 2: `end b` closes a"));
-        let bad = "<!-- kappa:section a scale=gpu seconds=1 -->\n<!-- kappa:end a -->\n";
+        let bad = "<!-- kappa:section a scale=huge seconds=1 -->\n<!-- kappa:end a -->\n";
         assert!(Report::parse(bad)
             .unwrap_err()
             .to_string()
-            .contains("unknown scale `gpu`"));
+            .contains("unknown scale `huge`"));
     }
 }

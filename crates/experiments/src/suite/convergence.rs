@@ -631,7 +631,7 @@ impl Experiment for Convergence {
     fn default_seeds(&self, scale: Scale) -> u32 {
         match scale {
             Scale::Smoke | Scale::Cpu => 2,
-            Scale::Paper => 4,
+            Scale::Long | Scale::Gpu | Scale::Paper => 4,
         }
     }
 

@@ -334,11 +334,12 @@ fn report(e: &Manifolds, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) 
         section.paragraph("No completed runs to report.");
         return Ok(section);
     }
-    if let Some(run) = runs.first() {
-        section.paragraph(&setup(&run.config()?));
+    let config: Option<Config> = runs.first().map(|run| run.config()).transpose()?;
+    if let Some(c) = &config {
+        section.paragraph(&setup(c));
     }
     results_table(&mut section, &order, &traces);
-    verdicts(&mut section, &order, &traces);
+    verdicts(&mut section, &order, &traces, config.as_ref());
     dual_table(&mut section, &order, &traces);
     plots(
         &mut section,
@@ -349,14 +350,38 @@ fn report(e: &Manifolds, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) 
     Ok(section)
 }
 
+/// The accumulated spectral step Σₜ ηₜ of the first `steps` steps of a variant whose Muon peak
+/// lr is `muon_lr`. A Muon or manifold-Muon step has spectral norm ηₜ (up to the retraction's
+/// O(ηₜ²)), so by Weyl's inequality |σᵢ(W + ΔW) − σᵢ(W)| ≤ ‖ΔW‖₂ no singular value of a hidden
+/// matrix can have moved by more than this sum: the horizon on which the paper's DGram-attention
+/// runs diverged (Σηₜ ≈ 290 and 350).
+fn spectral_step(train: &TrainConfig, muon_lr: f64, steps: u64) -> f64 {
+    let schedule = train.schedule();
+    (0..steps).map(|i| schedule.lr(muon_lr, i)).sum()
+}
+
+/// "then cosine to a tenth", "then constant", … : the schedule after the warmup.
+fn after_warmup(train: &TrainConfig) -> String {
+    let m = train.min_lr / train.lr;
+    if m == 1.0 {
+        "then constant".into()
+    } else if (m - 0.1).abs() < 1e-12 {
+        "then cosine to a tenth".into()
+    } else {
+        format!("then cosine to {m}× the peak")
+    }
+}
+
 /// What was trained, beside what the paper trained.
 fn setup(c: &Config) -> String {
     let first = c.variants.first().map(|v| &v.modulewise);
+    let muon_lr = first.map_or(f64::NAN, |m| m.muon_lr);
     format!(
         "Setup: GPT with {} layers, d = {}, {} heads, context {}, {:?} tokens of the SOTU \
          text; {} steps of {} sequences ({} tokens per step); AdamW peak lr {} on \
          embeddings and gains, Muon / manifold-Muon peak lr {} (spectral norm of a step), \
-         warmup {} then cosine to a tenth; global clip {}; dual ascent α = {}, K = {}; \
+         warmup {} {}, an accumulated spectral step Σηₜ = {:.1} over the run (the paper's \
+         DGram-attention runs diverged at Σηₜ ≈ 290 and 350); global clip {}; dual ascent α = {}, K = {}; \
          msign Polar Express; libtorch threads {}, optimizer worker threads {}. Divergence: \
          the smoothed training loss above {} × its best. \
          The paper ran GPT-2 small (12 × 768, context 1024) on OpenWebText for 50k steps of \
@@ -370,8 +395,10 @@ fn setup(c: &Config) -> String {
         c.train.batch_size,
         c.train.batch_size * c.model.block_size,
         c.train.lr,
-        first.map_or(f64::NAN, |m| m.muon_lr),
+        muon_lr,
         c.train.warmup_steps,
+        after_warmup(&c.train),
+        spectral_step(&c.train, muon_lr, c.train.steps),
         c.train.grad_clip,
         first.map_or(f64::NAN, |m| m.manifold.dual.alpha),
         first.map_or(0, |m| m.manifold.dual.steps),
@@ -467,9 +494,9 @@ fn first_to_last(traces: &[Trace], value: impl Fn(&Point) -> String) -> String {
 }
 
 /// The paper's claims, one bullet each, judged from the traces.
-fn verdicts(section: &mut Section, order: &[String], traces: &Traces) {
+fn verdicts(section: &mut Section, order: &[String], traces: &Traces, config: Option<&Config>) {
     let mut lines = vec![ordering(traces)];
-    lines.extend(divergences(traces));
+    lines.extend(divergences(traces, config));
     lines.extend(dual_ascent(order, traces));
     lines.push(stiefel_logits(traces));
     lines.extend(ablations(order, traces));
@@ -504,25 +531,29 @@ fn ordering(traces: &Traces) -> String {
 
 /// DGram attention diverging (the paper's "Unstable"), with the growth of σ_max(QKV) and of the
 /// logits, and unconstrained Muon's growth for reference.
-fn divergences(traces: &Traces) -> Vec<String> {
+fn divergences(traces: &Traces, config: Option<&Config>) -> Vec<String> {
     let mut lines = Vec::new();
     for p in [Preset::AllDGram, Preset::HeteroInv] {
         let Some(t) = traces.get(p.name()) else {
             continue;
         };
-        let diverged = t
+        let steps: Vec<u64> = t
             .iter()
-            .filter(|x| matches!(x.outcome, Some(Outcome::Diverged { .. })))
-            .count();
+            .filter_map(|x| match x.outcome {
+                Some(Outcome::Diverged { step, .. }) => Some(step),
+                _ => None,
+            })
+            .collect();
         let growth = first_to_last(t, |p| format!("{:.2}", p.qkv_sigma_max));
         let logits = first_to_last(t, |p| format!("{:.3}", p.max_logit));
         lines.push(format!(
-            "- **{} diverges** (paper: Unstable): {} of {} seeds diverged here. σ_max of the \
+            "- **{} diverges** (paper: Unstable): {} of {} seeds diverged here{}. σ_max of the \
              fused QKV matrix (first → last evaluation, per seed): {}; largest attention logit: \
              {}.",
             p.name(),
-            diverged,
+            steps.len(),
             t.len(),
+            divergence_horizon(&steps, p, config),
             growth,
             logits
         ));
@@ -536,6 +567,27 @@ fn divergences(traces: &Traces) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// ", at step N (Σηₜ = X)" for each diverged seed of preset `p` (nothing when none diverged).
+fn divergence_horizon(steps: &[u64], p: Preset, config: Option<&Config>) -> String {
+    let Some(c) = config else {
+        return String::new();
+    };
+    let muon_lr = c
+        .variants
+        .iter()
+        .find(|v| v.name == p.name())
+        .map_or(f64::NAN, |v| v.modulewise.muon_lr);
+    let at: Vec<String> = steps
+        .iter()
+        .map(|&step| format!("step {step} (Σηₜ = {:.1})", spectral_step(&c.train, muon_lr, step)))
+        .collect();
+    if at.is_empty() {
+        String::new()
+    } else {
+        format!(", at {}", at.join(", "))
+    }
 }
 
 /// How far from tangent the paper's dual ascent leaves its directions (presets only).

@@ -243,7 +243,7 @@ impl Experiment for Theory {
         match scale {
             Scale::Smoke => 1,
             Scale::Cpu => 2,
-            Scale::Paper => 4,
+            Scale::Long | Scale::Gpu | Scale::Paper => 4,
         }
     }
 
