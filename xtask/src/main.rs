@@ -87,7 +87,7 @@ fn main() -> ExitCode {
             if backtrace {
                 eprintln!("\n{}", e.backtrace());
             }
-            ExitCode::FAILURE
+            workspace::Failed::forwarded_code(&e).map_or(ExitCode::FAILURE, ExitCode::from)
         }
     }
 }

@@ -45,19 +45,20 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
         return run(&mut forwarded);
     }
 
-    setup::data_only(ws, &data_needs(ws, &tc, args.threads, &selection)?)?;
+    setup::data_only(ws, &data_needs(ws, &tc, &args, &selection)?)?;
     run(&mut forwarded)
 }
 
-/// The data sets the selected experiments read (the runner says; setup installs them).
+/// The data sets the selected experiments read at the scale (the runner says; setup installs
+/// them).
 fn data_needs(
     ws: &Workspace,
     tc: &setup::Toolchain,
-    threads: usize,
+    args: &ReproduceArgs,
     selection: &[ExperimentName],
 ) -> Result<DataSelection> {
-    let mut needs = experiments_binary(ws, tc, threads);
-    needs.arg("data-needs");
+    let mut needs = experiments_binary(ws, tc, args.threads);
+    needs.args(["data-needs", "--scale", args.scale.name()]);
     for name in selection {
         needs.args(["--only", &name.0]);
     }
@@ -86,7 +87,7 @@ pub fn slurm(ws: &Workspace, args: &ReproduceArgs, slurm: &SlurmArgs) -> Result<
         bail!("--slurm runs the whole plan: drop --list, --plan and --unit");
     }
     let tc = setup::setup(ws, &DataSelection::default())?;
-    setup::data_only(ws, &data_needs(ws, &tc, args.threads, &selection)?)?;
+    setup::data_only(ws, &data_needs(ws, &tc, &args, &selection)?)?;
     run(cargo(ws, &tc).args(["build", "--release", "--locked", "-p", "kappa-experiments"]))?;
     let (results, data) = (ws.results_dir(), ws.data_dir());
     let task_args = ReproduceArgs {

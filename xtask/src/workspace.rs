@@ -64,7 +64,39 @@ fn env_path(name: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// Runs a command with inherited output, failing with the command line when it does not succeed.
+/// A command that ran and did not succeed: its command line and exit status (xtask exits with
+/// the same code when it is the one that says "try again later", [`Failed::REQUEUE`]).
+#[derive(Debug)]
+pub struct Failed {
+    /// The command line.
+    pub line: String,
+    /// How it ended.
+    pub status: std::process::ExitStatus,
+}
+
+impl Failed {
+    /// The status of a unit stopped by SIGTERM or SIGUSR1 with a checkpoint (`EX_TEMPFAIL`):
+    /// run again, it resumes.
+    pub const REQUEUE: i32 = 75;
+
+    /// The exit code xtask forwards for `error`: the child's when a command that xtask ran
+    /// stopped for a requeue, else none (xtask exits 1).
+    pub fn forwarded_code(error: &anyhow::Error) -> Option<u8> {
+        let failed = error.chain().find_map(|e| e.downcast_ref::<Failed>())?;
+        (failed.status.code() == Some(Self::REQUEUE)).then_some(Self::REQUEUE as u8)
+    }
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` failed ({})", self.line, self.status)
+    }
+}
+
+impl std::error::Error for Failed {}
+
+/// Runs a command with inherited output, failing with the command line ([`Failed`]) when it
+/// does not succeed.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let line = describe(cmd);
     eprintln!("$ {line}");
@@ -72,7 +104,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
         .status()
         .with_context(|| format!("could not start `{line}`"))?;
     if !status.success() {
-        bail!("`{line}` failed ({status})");
+        return Err(Failed { line, status }.into());
     }
     Ok(())
 }
@@ -95,4 +127,21 @@ pub fn describe(cmd: &Command) -> String {
 /// Whether this process runs as root (so `apt-get install` can work without sudo).
 pub fn is_root() -> bool {
     output_of(Command::new("id").arg("-u")).is_some_and(|s| s.trim() == "0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requeue_status_is_forwarded_and_other_failures_are_not() {
+        let status = |code: i32| {
+            let err = run(Command::new("sh").args(["-c", &format!("exit {code}")])).unwrap_err();
+            Failed::forwarded_code(&err.context("reproduce"))
+        };
+        assert_eq!(status(75), Some(75));
+        assert_eq!(status(1), None);
+        assert_eq!(status(3), None);
+        assert!(run(&mut Command::new("true")).is_ok());
+    }
 }

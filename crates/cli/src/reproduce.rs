@@ -28,8 +28,9 @@ pub struct ReproduceArgs {
     /// Threads for BLAS and libtorch.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// cpu, cuda or cuda:N (experiments that train models).
-    #[arg(long, default_value = "cpu")]
+    /// cpu, cuda or cuda:N (experiments that train models); unset, the environment's
+    /// `KAPPA_DEVICE`, else cpu.
+    #[arg(long, env = "KAPPA_DEVICE", default_value = "cpu")]
     pub device: DeviceName,
     /// Run one experiment with this config file instead of its built-in one: the experiment is
     /// `--only NAME` or the file's `experiment = "NAME"` key (both: they must agree).

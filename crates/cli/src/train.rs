@@ -26,8 +26,8 @@ pub struct TrainArgs {
     /// BLAS and libtorch threads.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
+    /// cpu, cuda or cuda:N; unset, the environment's `KAPPA_DEVICE`, else cpu.
+    #[arg(long, env = "KAPPA_DEVICE", default_value = "cpu")]
     pub device: DeviceName,
     /// The folder of run folders (the run goes to `<out>/<name>/`).
     #[arg(long, default_value = "runs")]

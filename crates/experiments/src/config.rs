@@ -563,7 +563,10 @@ mod tests {
         assert_eq!(names, kappa_cli::EXPERIMENTS);
         for b in builtins() {
             let source = ConfigSource::builtin(b.experiment, b.scale).unwrap();
-            assert_eq!(source.experiment_key().unwrap().as_deref(), Some(b.experiment));
+            assert_eq!(
+                source.experiment_key().unwrap().as_deref(),
+                Some(b.experiment)
+            );
             let origin = format!("experiments/{}/{}.toml", b.experiment, b.scale);
             assert_eq!(source.origin(), origin);
         }

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use kappa_cli::{config_experiment, ExperimentName, ReportArgs, ReproduceArgs, TrainArgs};
+use kappa_cli::{config_experiment, ExperimentName, ReportArgs, ReproduceArgs, Scale, TrainArgs};
 use kappa_experiments::config::ConfigSource;
 use kappa_experiments::publish::publish;
 use kappa_experiments::runner::{
@@ -44,6 +44,18 @@ struct Selection {
     /// Only these experiments (repeatable).
     #[arg(long)]
     only: Vec<ExperimentName>,
+    /// Without `--only`: the experiments that have this scale (all but a few have every one).
+    #[arg(long)]
+    scale: Option<Scale>,
+}
+
+impl Selection {
+    fn experiments(&self) -> Result<Vec<Box<dyn RegisteredExperiment>>> {
+        match self.scale {
+            Some(scale) => select_at(&names(&self.only), scale),
+            None => select(&names(&self.only)),
+        }
+    }
 }
 
 /// Where the runs read and write (xtask passes the workspace's folders).
@@ -110,9 +122,10 @@ fn run(cli: Cli) -> Result<()> {
     }
     match cli.command {
         Command::Blas => println!("{blas}"),
-        Command::List(selection) => list(&select(&names(&selection.only))?),
+        Command::List(selection) => list(&selection.experiments()?),
         Command::DataNeeds(selection) => {
-            let needs: BTreeSet<&str> = select(&names(&selection.only))?
+            let needs: BTreeSet<&str> = selection
+                .experiments()?
                 .iter()
                 .flat_map(|e| e.data_needs().iter().copied())
                 .collect();
@@ -127,7 +140,11 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 args.results.clone()
             };
-            let expected = unit_ids(&select_at(&names(&args.only), args.scale)?, args.scale, args.seeds);
+            let expected = unit_ids(
+                &select_at(&names(&args.only), args.scale)?,
+                args.scale,
+                args.seeds,
+            );
             let out = args.out.clone().unwrap_or_else(|| results[0].clone());
             let coverage = report(args.scale, &results, &out, &expected)?;
             for (what, ids) in [("missing", &coverage.missing), ("failed", &coverage.failed)] {

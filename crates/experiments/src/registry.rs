@@ -275,7 +275,10 @@ mod tests {
     #[test]
     fn every_builtin_config_loads() {
         for b in crate::config::builtins() {
-            let e = registry().into_iter().find(|e| e.name() == b.experiment).unwrap();
+            let e = registry()
+                .into_iter()
+                .find(|e| e.name() == b.experiment)
+                .unwrap();
             let source = ConfigSource::builtin(b.experiment, b.scale).unwrap();
             if let Err(err) = e.resolve(&source, &[]) {
                 panic!("{err}");

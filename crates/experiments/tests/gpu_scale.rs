@@ -68,11 +68,19 @@ fn two_short_steps(train: &mut TrainConfig) {
 /// Runs `config` in `dir`: variant 0 is stopped after one step (its checkpoint written, no
 /// `run.json`, as a killed process leaves it), then the folder is resumed to the end. Returns
 /// the records of `metrics.jsonl`.
-fn one_step_then_resume<E: Experiment>(e: &E, config: &E::Config, dir: &Path, ctx: RunContext) -> Vec<Line> {
+fn one_step_then_resume<E: Experiment>(
+    e: &E,
+    config: &E::Config,
+    dir: &Path,
+    ctx: RunContext,
+) -> Vec<Line> {
     let mut run = Run::create(dir, ctx.clone(), config).unwrap();
     run.interrupt_variant_at(0, 1);
     let error = e.run(config, &mut run).unwrap_err();
-    assert!(format!("{error:#}").contains("interrupted after step 1"), "{error:#}");
+    assert!(
+        format!("{error:#}").contains("interrupted after step 1"),
+        "{error:#}"
+    );
     drop(run);
     assert!(dir.join("variant-0/checkpoint.safetensors").is_file());
     assert!(!dir.join("run.json").exists());
@@ -99,11 +107,22 @@ fn assert_trained(lines: &[Line], names: &[String]) {
                 _ => None,
             })
             .collect();
-        assert_eq!(steps.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2], "{name}");
+        assert_eq!(
+            steps.iter().map(|s| s.0).collect::<Vec<_>>(),
+            [1, 2],
+            "{name}"
+        );
         assert!(steps.iter().all(|s| s.1.is_finite()), "{name}: {steps:?}");
-        let evals = lines.iter().filter(of).filter(|l| matches!(l.record, Some(Record::Eval { .. })));
+        let evals = lines
+            .iter()
+            .filter(of)
+            .filter(|l| matches!(l.record, Some(Record::Eval { .. })));
         assert!(evals.count() >= 2, "{name}: an evaluation after each step");
-        let summary = lines.iter().filter(of).find_map(|l| l.summary.as_ref()).unwrap();
+        let summary = lines
+            .iter()
+            .filter(of)
+            .find_map(|l| l.summary.as_ref())
+            .unwrap();
         assert_eq!(summary.outcome, Outcome::Completed, "{name}");
         let resumed = if name == &names[0] { Some(1) } else { None };
         assert_eq!(summary.resumed_at, resumed, "{name}");
@@ -117,7 +136,11 @@ fn vit_fmnist_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
     kappa_models::data::fixtures::write_fashion_mnist(&data.join("fashion-mnist"), 60, 20, 0)
         .unwrap();
     let mut config = VitFmnist.config(Scale::Gpu).unwrap();
-    assert_eq!((config.model.n_embd, config.model.n_head), (384, 6), "ViT-S");
+    assert_eq!(
+        (config.model.n_embd, config.model.n_head),
+        (384, 6),
+        "ViT-S"
+    );
     config.model.n_layer = 1;
     two_short_steps(&mut config.train);
     config.validation = 20;
@@ -134,7 +157,11 @@ fn gpt_sotu_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
     let data = root.join("data");
     write_sotu_text(&data.join("sotu"));
     let mut config = GptSotu.config(Scale::Gpu).unwrap();
-    assert_eq!((config.model.n_embd, config.model.n_layer), (768, 12), "GPT-2 small");
+    assert_eq!(
+        (config.model.n_embd, config.model.n_layer),
+        (768, 12),
+        "GPT-2 small"
+    );
     config.model.n_layer = 1;
     two_short_steps(&mut config.train);
     config.final_eval_batches = 1;
@@ -153,7 +180,11 @@ fn manifolds_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
     let data = root.join("data");
     write_sotu_text(&data.join("sotu"));
     let mut config = Manifolds.config(Scale::Gpu).unwrap();
-    assert_eq!((config.model.n_embd, config.model.n_layer), (768, 12), "GPT-2 small");
+    assert_eq!(
+        (config.model.n_embd, config.model.n_layer),
+        (768, 12),
+        "GPT-2 small"
+    );
     config.model.n_layer = 1;
     two_short_steps(&mut config.train);
     config.final_eval_batches = 1;

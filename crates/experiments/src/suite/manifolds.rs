@@ -581,7 +581,12 @@ fn divergence_horizon(steps: &[u64], p: Preset, config: Option<&Config>) -> Stri
         .map_or(f64::NAN, |v| v.modulewise.muon_lr);
     let at: Vec<String> = steps
         .iter()
-        .map(|&step| format!("step {step} (Σηₜ = {:.1})", spectral_step(&c.train, muon_lr, step)))
+        .map(|&step| {
+            format!(
+                "step {step} (Σηₜ = {:.1})",
+                spectral_step(&c.train, muon_lr, step)
+            )
+        })
         .collect();
     if at.is_empty() {
         String::new()
