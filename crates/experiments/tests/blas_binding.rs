@@ -28,3 +28,30 @@ fn the_experiments_binary_runs_no_generic_kernel() {
     assert!(report.contains("kernel"), "no kernel reported: {report}");
     assert!(!report.contains("WARNING"), "{report}");
 }
+
+/// Where the libtorch the build used has a CUDA library, the binary needs it (see build.rs):
+/// otherwise `--device cuda` could not find a GPU. Read from the ELF dynamic section with
+/// `readelf` (binutils); skipped, with a message, where there is no CUDA libtorch or no readelf.
+#[test]
+fn the_experiments_binary_loads_libtorchs_cuda_library_where_libtorch_has_one() {
+    let Some(root) = std::env::var_os("LIBTORCH") else {
+        eprintln!("skipped: LIBTORCH is not set, so the build's libtorch is unknown");
+        return;
+    };
+    if !std::path::Path::new(&root).join("lib/libtorch_cuda.so").is_file() {
+        eprintln!("skipped: this libtorch has no CUDA library");
+        return;
+    }
+    let Ok(out) = Command::new("readelf")
+        .args(["-d", env!("CARGO_BIN_EXE_kappa-experiments")])
+        .output()
+    else {
+        eprintln!("skipped: no readelf");
+        return;
+    };
+    let dynamic = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dynamic.contains("[libtorch_cuda.so]"),
+        "libtorch_cuda.so is not a needed library of kappa-experiments:\n{dynamic}"
+    );
+}

@@ -508,8 +508,20 @@ fn ordering(traces: &Traces) -> String {
     let (h, hs) = mean_of(traces, Preset::Hetero);
     let (st, sts) = mean_of(traces, Preset::AllStiefel);
     let (u, us) = mean_of(traces, Preset::Unconstrained);
-    let ordering = if [h, st, u].iter().any(|x| x.is_nan()) {
-        "cannot be judged (a preset has no completed run)".to_string()
+    let absent: Vec<&str> = [
+        (h, Preset::Hetero),
+        (st, Preset::AllStiefel),
+        (u, Preset::Unconstrained),
+    ]
+    .iter()
+    .filter(|(loss, _)| loss.is_nan())
+    .map(|(_, p)| p.name())
+    .collect();
+    let ordering = if !absent.is_empty() {
+        format!(
+            "cannot be judged (no completed run of {})",
+            absent.join(", ")
+        )
     } else if h < st && st < u {
         let separated = st - h > hs.max(sts) && u - st > sts.max(us);
         format!(
