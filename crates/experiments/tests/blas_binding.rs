@@ -38,7 +38,10 @@ fn the_experiments_binary_loads_libtorchs_cuda_library_where_libtorch_has_one() 
         eprintln!("skipped: LIBTORCH is not set, so the build's libtorch is unknown");
         return;
     };
-    if !std::path::Path::new(&root).join("lib/libtorch_cuda.so").is_file() {
+    if !std::path::Path::new(&root)
+        .join("lib/libtorch_cuda.so")
+        .is_file()
+    {
         eprintln!("skipped: this libtorch has no CUDA library");
         return;
     }

@@ -129,12 +129,26 @@ fn assert_trained(lines: &[Line], names: &[String]) {
     }
 }
 
+/// Trains `config` as the module docs say, in a scratch folder holding the fixture data that
+/// `write_data` writes, and checks that each of `names` trained and completed.
+fn check<E: Experiment>(
+    e: &E,
+    seed: u64,
+    config: &E::Config,
+    names: &[String],
+    write_data: impl FnOnce(&Path),
+) {
+    let root = scratch(e.name());
+    let data = root.join("data");
+    write_data(&data);
+    let ctx = context(e.name(), seed, &data);
+    let lines = one_step_then_resume(e, config, &root.join("run"), ctx);
+    assert_trained(&lines, names);
+    fs::remove_dir_all(&root).unwrap();
+}
+
 #[test]
 fn vit_fmnist_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
-    let root = scratch("vit");
-    let data = root.join("data");
-    kappa_models::data::fixtures::write_fashion_mnist(&data.join("fashion-mnist"), 60, 20, 0)
-        .unwrap();
     let mut config = VitFmnist.config(Scale::Gpu).unwrap();
     assert_eq!(
         (config.model.n_embd, config.model.n_head),
@@ -145,17 +159,14 @@ fn vit_fmnist_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
     two_short_steps(&mut config.train);
     config.validation = 20;
     let names: Vec<String> = config.variants.iter().map(|v| v.name.clone()).collect();
-    let ctx = context("vit-fmnist", 0, &data);
-    let lines = one_step_then_resume(&VitFmnist, &config, &root.join("run"), ctx);
-    assert_trained(&lines, &names);
-    fs::remove_dir_all(&root).unwrap();
+    check(&VitFmnist, 0, &config, &names, |data| {
+        let dir = data.join("fashion-mnist");
+        kappa_models::data::fixtures::write_fashion_mnist(&dir, 60, 20, 0).unwrap();
+    });
 }
 
 #[test]
 fn gpt_sotu_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
-    let root = scratch("gpt");
-    let data = root.join("data");
-    write_sotu_text(&data.join("sotu"));
     let mut config = GptSotu.config(Scale::Gpu).unwrap();
     assert_eq!(
         (config.model.n_embd, config.model.n_layer),
@@ -166,19 +177,15 @@ fn gpt_sotu_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
     two_short_steps(&mut config.train);
     config.final_eval_batches = 1;
     let names: Vec<String> = config.variants.iter().map(|v| v.name.clone()).collect();
-    let ctx = context("gpt-sotu", 0, &data);
-    let lines = one_step_then_resume(&GptSotu, &config, &root.join("run"), ctx);
-    assert_trained(&lines, &names);
-    fs::remove_dir_all(&root).unwrap();
+    check(&GptSotu, 0, &config, &names, |data| {
+        write_sotu_text(&data.join("sotu"))
+    });
 }
 
 /// Seed 1, which runs the five presets (the ablations run on seed 0 only and differ from them
 /// in numbers, not in code paths this check could miss).
 #[test]
 fn manifolds_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
-    let root = scratch("manifolds");
-    let data = root.join("data");
-    write_sotu_text(&data.join("sotu"));
     let mut config = Manifolds.config(Scale::Gpu).unwrap();
     assert_eq!(
         (config.model.n_embd, config.model.n_layer),
@@ -191,15 +198,10 @@ fn manifolds_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
     for v in &mut config.variants {
         v.modulewise.manifold.dual.steps = 1;
     }
-    let names: Vec<String> = config
-        .variants
-        .iter()
-        .filter(|v| !v.ablation)
-        .map(|v| v.name.clone())
-        .collect();
+    let presets = config.variants.iter().filter(|v| !v.ablation);
+    let names: Vec<String> = presets.map(|v| v.name.clone()).collect();
     assert_eq!(names.len(), 5);
-    let ctx = context("manifolds", 1, &data);
-    let lines = one_step_then_resume(&Manifolds, &config, &root.join("run"), ctx);
-    assert_trained(&lines, &names);
-    fs::remove_dir_all(&root).unwrap();
+    check(&Manifolds, 1, &config, &names, |data| {
+        write_sotu_text(&data.join("sotu"))
+    });
 }
