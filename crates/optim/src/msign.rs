@@ -15,7 +15,7 @@
 //! | `Exact` | polar factor U·Vᵀ of the SVD (LAPACK on `ndarray`, libtorch on tensors), null directions kept at 0 | 1 to rounding (f64: 1e-12), 0 for σ ≤ τ |
 //! | `MuonQuintic` | 5 steps of p(x) = 3.4445x − 4.7750x³ + 2.0315x⁵ after X/‖X‖_F (exact, scale-invariant) | in [0.6818, 1.1344] for σ/‖X‖_F ≥ 0.0052 (not 1: the coefficients sum to 0.701) |
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
-//! | `GramPolarExpress { steps, restart }` | the same schedule as [`kappa_linalg::gram_newton_schulz`]: r×r products only, XXᵀ re-formed every `restart` steps (default 2) | as `PolarExpress` to its rounding: 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64, restart 1–3; rounding bound derived in kappa-linalg's tests) |
+//! | `GramPolarExpress { steps, restart }` | the same schedule as [`kappa_linalg::gram_newton_schulz()`]: r×r products only, XXᵀ re-formed every `restart` steps (default 2) | as `PolarExpress` to its rounding: 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64, restart 1–3; rounding bound derived in kappa-linalg's tests) |
 //!
 //! `MuonQuinticEps { eps }` runs the same five quintic steps after X/(‖X‖_F + eps) — Keller
 //! Jordan's reference normalization with eps = [`MUON_REFERENCE_EPS`] = 1e-7
@@ -97,7 +97,7 @@ pub enum Msign {
         /// Number of steps (≥ 1).
         steps: usize,
     },
-    /// Polar Express run as Gram Newton–Schulz ([`kappa_linalg::gram_newton_schulz`]): the same
+    /// Polar Express run as Gram Newton–Schulz ([`kappa_linalg::gram_newton_schulz()`]): the same
     /// map as `PolarExpress { steps }`, each step on the r×r Gram matrix (r = min(m, n)), cheaper
     /// for tall or wide X (s ≳ 2r).
     GramPolarExpress {
