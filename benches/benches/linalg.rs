@@ -13,8 +13,9 @@ use kappa_benches::{
 };
 use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_linalg::{
-    condition_number, condition_number_estimate, newton_schulz_muon, sigma_max_power,
-    sigma_min_inverse, singular_values, svd_thin, IterativeOptions, StopRule, SvdDriver,
+    condition_number, condition_number_estimate, gram_newton_schulz, newton_schulz_muon,
+    sigma_max_power, sigma_min_inverse, singular_values, svd_thin, IterativeOptions, NsSchedule,
+    StopRule, SvdDriver, GRAM_NS_RESTART,
 };
 use ndarray::{linalg::general_mat_mul, Array2, Axis};
 use tch::{Device, Kind, Tensor};
@@ -63,6 +64,11 @@ fn bench_newton_schulz(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("ns5", &id), |b| {
             b.iter(|| newton_schulz_muon(black_box(&x)).expect("ns5"))
         });
+        // The same 5 quintic steps as Gram Newton–Schulz (r×r products, restart every 2).
+        let muon = NsSchedule::muon();
+        g.bench_function(BenchmarkId::new("gram_ns5", &id), |b| {
+            b.iter(|| gram_newton_schulz(black_box(&x), &muon, GRAM_NS_RESTART).expect("gram"))
+        });
     }
     g.finish();
 
@@ -81,6 +87,10 @@ fn bench_newton_schulz(c: &mut Criterion) {
         });
         g.bench_function(BenchmarkId::new("ns5", &id), |b| {
             b.iter(|| newton_schulz_muon(black_box(&t)).expect("ns5"))
+        });
+        let muon = NsSchedule::muon();
+        g.bench_function(BenchmarkId::new("gram_ns5", &id), |b| {
+            b.iter(|| gram_newton_schulz(black_box(&t), &muon, GRAM_NS_RESTART).expect("gram"))
         });
     }
     g.finish();

@@ -11,6 +11,7 @@
 //! | [`cond`] | [`condition_number`], [`pseudo_condition_number`], [`numerical_rank`], [`conditioning`], [`RankTolerance`] |
 //! | [`iterative`] | [`sigma_max_power`], [`sigma_min_inverse`], [`condition_number_estimate`], [`MAX_ITERATIONS`] |
 //! | [`newton_schulz`](mod@newton_schulz) | [`newton_schulz_muon`], [`newton_schulz_cubic`], [`newton_schulz()`], [`NsSchedule`], [`MAX_NS_STEPS`] |
+//! | [`gram_newton_schulz`](mod@gram_newton_schulz) | [`gram_newton_schulz()`] (the same schedules on r×r Gram matrices, restarted every [`GRAM_NS_RESTART`] steps) |
 //! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
 //!
@@ -47,6 +48,7 @@ use openblas_src as _;
 pub mod blas;
 pub mod cond;
 pub mod error;
+pub mod gram_newton_schulz;
 pub mod input;
 pub mod iterative;
 pub mod kron;
@@ -64,6 +66,7 @@ pub use cond::{
     numerical_rank, pseudo_condition_number, Conditioning, RankTolerance,
 };
 pub use error::{LinalgError, Result, MAX_DENSE_ENTRIES};
+pub use gram_newton_schulz::{gram_newton_schulz, GRAM_NS_RESTART};
 pub use input::InputError;
 pub use iterative::{
     condition_number_estimate, sigma_max_power, sigma_min_inverse, IterativeOptions, KappaEstimate,

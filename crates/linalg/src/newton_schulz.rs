@@ -254,6 +254,21 @@ impl NsSchedule {
 /// ```
 pub fn newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
     // Arguments in signature order: `x`, then `schedule`.
+    let (mut x, transposed) = prepare(x, schedule)?;
+    if let Some(x0) = x.as_mut() {
+        for p in &schedule.steps {
+            let b = poly_part(&x0.gram()?, p)?;
+            *x0 = x0.mul_add(1.0, &b, x0, p.a)?;
+        }
+    }
+    finish(x, transposed)
+}
+
+/// The input of an iteration: `x` validated (with `schedule`), in the wide orientation (and
+/// whether it was transposed), normalized to X/(c·‖X‖_F) — or `Ok(None)` in place of the matrix
+/// for the zero matrix, which every odd polynomial keeps at zero. The scaling is documented at
+/// [`newton_schulz`].
+pub(crate) fn prepare<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<(Prepared<M>, bool)> {
     x.validate("x")?;
     schedule.validate()?;
     let (m, n) = x.shape();
@@ -274,30 +289,55 @@ pub fn newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
         x.scale(f64::powi(2.0, 600))?;
         fro = x.frobenius_norm()?;
     }
-    if fro > 0.0 {
-        normalize(&mut x, fro, schedule.normalization)?;
-        for p in &schedule.steps {
-            let gram = x.gram()?;
-            let b = if p.c != 0.0 {
-                gram.mul_add(p.c, &gram, &gram, p.b)?
-            } else {
-                let mut b = gram;
-                b.scale(p.b)?;
-                b
-            };
-            x = x.mul_add(1.0, &b, &x, p.a)?;
+    if fro == 0.0 {
+        return Ok((Prepared::Zero(x), transposed));
+    }
+    normalize(&mut x, fro, schedule.normalization)?;
+    Ok((Prepared::Normalized(x), transposed))
+}
+
+/// What [`prepare`] hands an iteration: the normalized wide matrix, or the zero matrix (kept).
+pub(crate) enum Prepared<M> {
+    /// X/(c·‖X‖_F) in the wide orientation: the iterate to run the steps on.
+    Normalized(M),
+    /// The zero matrix (wide orientation), returned as it is.
+    Zero(M),
+}
+
+impl<M> Prepared<M> {
+    /// The iterate, `None` for the zero matrix.
+    pub(crate) fn as_mut(&mut self) -> Option<&mut M> {
+        match self {
+            Prepared::Normalized(x) => Some(x),
+            Prepared::Zero(_) => None,
         }
     }
+}
+
+/// The polynomial part B = b·A + c·A² of one step on a Gram matrix A (one product when c ≠ 0,
+/// none otherwise); the step is then X ← a·X + B·X.
+pub(crate) fn poly_part<M: Matrix>(gram: &M, p: &PolyStep) -> Result<M> {
+    if p.c != 0.0 {
+        gram.mul_add(p.c, gram, gram, p.b)
+    } else {
+        let mut b = gram.duplicate()?;
+        b.scale(p.b)?;
+        Ok(b)
+    }
+}
+
+/// The iteration's output: [`LinalgError::Overflow`] (argument `schedule`) when a user schedule
+/// drove the iterate beyond the element type's range, otherwise the iterate in the input's
+/// orientation.
+pub(crate) fn finish<M: Matrix>(x: Prepared<M>, transposed: bool) -> Result<M> {
+    let (Prepared::Normalized(x) | Prepared::Zero(x)) = x;
     if !x.frobenius_norm()?.is_finite() {
         return Err(LinalgError::Overflow {
             arg: "schedule",
             reason: "the polynomial steps drove the iterate beyond the element type's range".into(),
         });
     }
-    if transposed {
-        x = x.into_transpose();
-    }
-    Ok(x)
+    Ok(if transposed { x.into_transpose() } else { x })
 }
 
 /// X ← X/(c·fro) for fro > 0 finite and c > 0 finite, as one factor when it lies in

@@ -1,6 +1,7 @@
 //! msign(X) = U·sign(Σ)·Vᵀ, the matrix sign (orthogonalization) that Muon and manifold Muon apply,
 //! computed exactly through the SVD, by Muon's quintic Newton–Schulz (with or without the
-//! reference's epsilon), or by Polar Express (what the paper's code ran).
+//! reference's epsilon), or by Polar Express (what the paper's code ran), directly or as Gram
+//! Newton–Schulz.
 //!
 //! # Math
 //!
@@ -14,6 +15,7 @@
 //! | `Exact` | polar factor U·Vᵀ of the SVD (LAPACK on `ndarray`, libtorch on tensors), null directions kept at 0 | 1 to rounding (f64: 1e-12), 0 for σ ≤ τ |
 //! | `MuonQuintic` | 5 steps of p(x) = 3.4445x − 4.7750x³ + 2.0315x⁵ after X/‖X‖_F (exact, scale-invariant) | in [0.6818, 1.1344] for σ/‖X‖_F ≥ 0.0052 (not 1: the coefficients sum to 0.701) |
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
+//! | `GramPolarExpress { steps, restart }` | the same schedule as [`kappa_linalg::gram_newton_schulz()`]: r×r products only, XXᵀ re-formed every `restart` steps (default 2) | as `PolarExpress` to its rounding: 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64, restart 1–3; rounding bound derived in kappa-linalg's tests) |
 //!
 //! `MuonQuinticEps { eps }` runs the same five quintic steps after X/(‖X‖_F + eps) — Keller
 //! Jordan's reference normalization with eps = [`MUON_REFERENCE_EPS`] = 1e-7
@@ -61,7 +63,7 @@
 //! square Gaussian's smallest σ end near 0.02 after NS5. See docs/optim.md, "Math".
 
 use kappa_linalg::input::InputError;
-use kappa_linalg::{newton_schulz, Matrix, NsSchedule};
+use kappa_linalg::{gram_newton_schulz, newton_schulz, Matrix, NsSchedule};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{check_range, Result};
@@ -95,12 +97,31 @@ pub enum Msign {
         /// Number of steps (≥ 1).
         steps: usize,
     },
+    /// Polar Express run as Gram Newton–Schulz ([`kappa_linalg::gram_newton_schulz()`]): the same
+    /// map as `PolarExpress { steps }`, each step on the r×r Gram matrix (r = min(m, n)), cheaper
+    /// for tall or wide X (s ≳ 2r).
+    GramPolarExpress {
+        /// Number of steps (≥ 1).
+        steps: usize,
+        /// Steps between re-formations of XXᵀ (≥ 1; [`kappa_linalg::GRAM_NS_RESTART`] = 2 by
+        /// default, [`Msign::gram_polar_express`]).
+        restart: usize,
+    },
 }
 
 impl Msign {
     /// Polar Express with 10 steps, the paper's msign.
     pub const fn polar_express() -> Self {
         Msign::PolarExpress { steps: 10 }
+    }
+
+    /// Polar Express with 10 steps as Gram Newton–Schulz, restarted every
+    /// [`GRAM_NS_RESTART`](kappa_linalg::GRAM_NS_RESTART) = 2 steps.
+    pub const fn gram_polar_express() -> Self {
+        Msign::GramPolarExpress {
+            steps: 10,
+            restart: kappa_linalg::GRAM_NS_RESTART,
+        }
     }
 
     /// Keller Jordan's reference: the quintic after X/(‖X‖_F + 1e-7).
@@ -117,18 +138,28 @@ impl Msign {
             Msign::Exact => None,
             Msign::MuonQuintic | Msign::MuonQuinticEps { .. } => Some(NsSchedule::muon()),
             // `validate` rejects step counts beyond the linalg cap, so `ok()` drops no valid schedule.
-            Msign::PolarExpress { steps } => NsSchedule::polar_express(steps).ok(),
+            Msign::PolarExpress { steps } | Msign::GramPolarExpress { steps, .. } => {
+                NsSchedule::polar_express(steps).ok()
+            }
         }
     }
 
-    /// Checks the parameters (Polar Express needs at least one step; eps finite and ≥ 0).
+    /// Checks the parameters (Polar Express needs at least one step, its Gram form a restart
+    /// period ≥ 1; eps finite and ≥ 0).
     pub fn validate(&self) -> Result<()> {
         match *self {
-            Msign::PolarExpress { steps: 0 } => {
+            Msign::PolarExpress { steps: 0 } | Msign::GramPolarExpress { steps: 0, .. } => {
                 Err(InputError::invalid("msign", "Polar Express needs at least 1 step").into())
             }
+            Msign::GramPolarExpress { restart: 0, .. } => Err(InputError::invalid(
+                "msign.restart",
+                "Gram Newton–Schulz needs a restart period ≥ 1",
+            )
+            .into()),
             Msign::MuonQuinticEps { eps } => Ok(check_range("msign.eps", eps, 0.0, f64::MAX)?),
-            Msign::PolarExpress { steps } if steps > kappa_linalg::MAX_NS_STEPS => {
+            Msign::PolarExpress { steps } | Msign::GramPolarExpress { steps, .. }
+                if steps > kappa_linalg::MAX_NS_STEPS =>
+            {
                 Err(InputError::invalid(
                     "msign",
                     format!(
@@ -142,7 +173,8 @@ impl Msign {
     }
 
     /// Matrix products per call for X ∈ ℝ^{m×n} with r = min(m, n), s = max(m, n), in flops
-    /// (`Exact` counts 0: its cost is an SVD).
+    /// (`Exact` counts 0: its cost is an SVD). The Gram form: N steps in B = ⌈N/k⌉ blocks of
+    /// k = `restart` steps cost B·4r²s (XXᵀ and Q·X per block) + (8N − 6B)·r³.
     pub fn flops(&self, m: usize, n: usize) -> f64 {
         let (r, s) = (m.min(n) as f64, m.max(n) as f64);
         let per_step = 4.0 * r * r * s + 2.0 * r * r * r;
@@ -150,6 +182,10 @@ impl Msign {
             Msign::Exact => 0.0,
             Msign::MuonQuintic | Msign::MuonQuinticEps { .. } => 5.0 * per_step,
             Msign::PolarExpress { steps } => steps as f64 * per_step,
+            Msign::GramPolarExpress { steps, restart } => {
+                let blocks = steps.div_ceil(restart.max(1)) as f64;
+                blocks * 4.0 * r * r * s + (8.0 * steps as f64 - 6.0 * blocks) * r * r * r
+            }
         }
     }
 }
@@ -301,6 +337,9 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
                 return quintic_eps(x, fro, eps);
             }
             quintic_eps(input, fro, eps)?
+        }
+        (Msign::GramPolarExpress { restart, .. }, Some(schedule)) => {
+            gram_newton_schulz(input, &schedule, restart)?
         }
         (_, Some(schedule)) => newton_schulz(input, &schedule)?,
         (_, None) => exact(input, x.working_name(precision)?)?,

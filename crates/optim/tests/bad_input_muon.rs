@@ -84,6 +84,23 @@ fn methods() -> Vec<Msign> {
         Msign::polar_express(),
         Msign::PolarExpress { steps: 1 },
         Msign::PolarExpress { steps: 0 },
+        Msign::gram_polar_express(),
+        Msign::GramPolarExpress {
+            steps: 10,
+            restart: 1,
+        },
+        Msign::GramPolarExpress {
+            steps: 3,
+            restart: usize::MAX,
+        },
+        Msign::GramPolarExpress {
+            steps: 0,
+            restart: 2,
+        },
+        Msign::GramPolarExpress {
+            steps: 10,
+            restart: 0,
+        },
         Msign::MuonQuinticEps { eps: f64::NAN },
         Msign::MuonQuinticEps { eps: -1.0 },
     ]
@@ -92,7 +109,10 @@ fn methods() -> Vec<Msign> {
 /// The argument an invalid method is reported as, `None` when it is valid.
 fn method_arg(m: Msign) -> Option<&'static str> {
     match m {
-        Msign::PolarExpress { steps: 0 } => Some("msign"),
+        Msign::PolarExpress { steps: 0 } | Msign::GramPolarExpress { steps: 0, .. } => {
+            Some("msign")
+        }
+        Msign::GramPolarExpress { restart: 0, .. } => Some("msign.restart"),
         Msign::MuonQuinticEps { eps } if !(eps.is_finite() && eps >= 0.0) => Some("msign.eps"),
         _ => None,
     }
@@ -102,7 +122,7 @@ fn method_arg(m: Msign) -> Option<&'static str> {
 fn sigma_bound(m: Msign) -> f64 {
     match m {
         Msign::Exact => 1.0 + 1e-8,
-        Msign::PolarExpress { .. } => 1.0 + 1e-5,
+        Msign::PolarExpress { .. } | Msign::GramPolarExpress { .. } => 1.0 + 1e-5,
         // The quintic p has max 1.2023 on [0, 1.25] (at x ≈ 0.5546) and maps [0, 1.2023] into
         // itself (p > 0 there), so every iterate of a normalized input stays below it; the band
         // [0.68, 1.1344] holds only above the threshold σ/‖X‖_F ≥ 0.0052.
@@ -144,7 +164,7 @@ fn msign_calls(fuzz: &mut Fuzz) {
                     }
                     let s = sigma1(&q);
                     // (Polar Express's bound is documented for its full 10-step schedule.)
-                    let partial = matches!(method, Msign::PolarExpress { steps } if steps < 10);
+                    let partial = matches!(method, Msign::PolarExpress { steps } | Msign::GramPolarExpress { steps, .. } if steps < 10);
                     if s > sigma_bound(method) && !partial {
                         return Err(format!("σ₁ = {s}"));
                     }
@@ -153,7 +173,8 @@ fn msign_calls(fuzz: &mut Fuzz) {
                     }
                     // Scale-safe: a full-rank unit-Frobenius input gives σ ≈ 1 at every scale.
                     let full_rank = name.starts_with("gaussian") && !name.contains("subnormal");
-                    if method == Msign::polar_express() && full_rank && !at_most(0.99, s) {
+                    let full_pe = method == Msign::polar_express() || method == Msign::gram_polar_express();
+                    if full_pe && full_rank && !at_most(0.99, s) {
                         return Err(format!("σ₁ = {s}: collapsed"));
                     }
                     Ok(())

@@ -1,6 +1,6 @@
 //! Newton–Schulz: `newton_schulz` (valid, invalid and overflowing schedules), `newton_schulz_muon`,
-//! `newton_schulz_cubic` (step counts 0 to huge), the schedule constructors, `validate`,
-//! `scalar_map` and `PolyStep::eval`.
+//! `newton_schulz_cubic` (step counts 0 to huge), `gram_newton_schulz` (periods 0 to none), the
+//! schedule constructors, `validate`, `scalar_map` and `PolyStep::eval`.
 
 use super::support::*;
 use kappa_linalg::*;
@@ -9,7 +9,7 @@ use ndarray::Array2;
 
 #[path = "../helpers/ns_bound.rs"]
 mod ns_bound;
-pub use ns_bound::{grid_max, ns_error_bound};
+pub use ns_bound::{gram_ns_error_bound, grid_max, ns_error_bound};
 
 /// A bound ρ_N on the spectral norm of the last iterate from ‖X₀‖₂ ≤ `hi`: each step's image
 /// of [0, ρ_j + γ_j] (γ_j the step's own rounding, as in [`ns_error_bound`]; rounding moves
@@ -61,6 +61,69 @@ fn check_ns<A: Elem>(got: Result<Array2<A>>, re: &Reference, sched: &NsSchedule)
             && yf.partial_cmp(&bound) != Some(std::cmp::Ordering::Greater),
         || format!("‖Y‖_F = {yf:e} > {bound:e}"),
     )
+}
+
+/// Gram NS of the input (precision `A`, any layout and scale, period `restart`) against plain NS
+/// of the reference A_s (f64): the same map, so within the Gram rounding bound in `A` plus the NS
+/// bound in f64. Where that bound is vacuous (∞ or ≥ 0.25) only a finite result of the right
+/// shape is claimed (the range argument of [`ns_range`] covers plain NS's iterates, not the Gram
+/// recurrence's).
+fn check_gram<A: Elem>(
+    got: Result<Array2<A>>,
+    re: &Reference,
+    sched: &NsSchedule,
+    restart: usize,
+) -> Check {
+    let want = ok(newton_schulz(&re.a_s, sched), "reference NS")?;
+    let y = to64(&ok(got, "gram_newton_schulz")?);
+    ensure(y.dim() == re.dim(), || format!("shape {:?}", y.dim()))?;
+    let diff = (&y - &want).iter().map(|v| v * v).sum::<f64>().sqrt();
+    if re.s1() == 0.0 {
+        return ensure(diff == 0.0, || "GNS(0) ≠ 0".into());
+    }
+    let (m, n) = re.dim();
+    let (r, s) = (m.min(n), m.max(n));
+    let fro = re.fro() * sched.normalization;
+    let x: Vec<f64> = re.s.iter().map(|v| v / fro).collect();
+    let tol = gram_ns_error_bound(sched, restart, r, s, &x, A::EPS, 0.0)
+        + ns_error_bound(sched, r, s, &x, f64::EPSILON, 0.0);
+    if tol.is_finite() && tol < 0.25 {
+        return ensure(diff <= tol, || {
+            format!("‖GNS − NS_ref‖_F = {diff:e} > {tol:e}")
+        });
+    }
+    ensure(y.iter().all(|v| v.is_finite()), || {
+        "non-finite output".into()
+    })
+}
+
+/// `gram_newton_schulz` on one input and layout: Muon and Polar Express at periods 1, 2 and
+/// none, and `restart` = 0 (an error on `restart` once `x` is valid).
+fn gram_calls<A: Elem>(fuzz: &mut Fuzz, name: &str, x: &Array2<A>, input: &Input, layout: Layout) {
+    let (m, n) = x.dim();
+    for sched in [NsSchedule::muon(), NsSchedule::polar_express(10).unwrap()] {
+        for restart in [0, 1, GRAM_NS_RESTART, usize::MAX] {
+            let (l, i, sched) = (Laid::new(layout, x), input.clone(), sched.clone());
+            fuzz.check(
+                format!(
+                    "gram_newton_schulz<{}>({name}, {layout:?}, {} steps, restart {restart}, {m}×{n})",
+                    A::NAME,
+                    sched.steps.len()
+                ),
+                move || {
+                    let r = gram_newton_schulz(&l.view().to_owned(), &sched, restart);
+                    if let Some(c) = input_error(&r, &i, "x") {
+                        return c;
+                    }
+                    let Input::Finite(re) = &i else { unreachable!() };
+                    if restart == 0 {
+                        return expect_err(&r, "InvalidArgument", "restart");
+                    }
+                    check_gram(r, re, &sched, restart)
+                },
+            );
+        }
+    }
 }
 
 /// The schedules tried, with the error they must give on a valid nonzero input.
@@ -148,6 +211,7 @@ pub fn run<A: Elem>(fuzz: &mut Fuzz) {
         for (name, x) in inputs::<A>(m, n) {
             let input = analyse(&x);
             for layout in Layout::ALL {
+                gram_calls(fuzz, &name, &x, &input, layout);
                 for (what, sched, want) in schedules() {
                     let (l, i) = (Laid::new(layout, &x), input.clone());
                     fuzz.check(

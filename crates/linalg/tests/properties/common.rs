@@ -147,7 +147,7 @@ pub fn polar_perturbation(e_fro: f64, sigma_k: f64) -> f64 {
 
 #[path = "../helpers/ns_bound.rs"]
 mod ns_bound;
-pub use ns_bound::ns_error_bound;
+pub use ns_bound::{gram_ns_error_bound, ns_error_bound};
 
 /// The normalized singular values σ_i/(c·‖X‖_F) of `a` under `sched` and (r, s) = (min, max) of
 /// its shape, for [`ns_error_bound`]; with the SVD's error of those values (30·max(m,n)·ε·x₁,

@@ -10,8 +10,8 @@
 use super::common::*;
 use kappa_linalg::tch_backend::{array_from_tensor, tensor_from_array};
 use kappa_linalg::{
-    newton_schulz, newton_schulz_cubic, newton_schulz_muon, InputError, LinalgError, Matrix,
-    NsSchedule,
+    gram_newton_schulz, newton_schulz, newton_schulz_cubic, newton_schulz_muon, InputError,
+    LinalgError, Matrix, NsSchedule, GRAM_NS_RESTART,
 };
 use ndarray::Array2;
 use proptest::prelude::*;
@@ -43,6 +43,32 @@ proptest! {
             let b64 = ns_error_bound(&sched, r, s_, &x, f64::EPSILON, 0.0);
             prop_assert!(e32 <= 2.0 * b32, "tch vs ndarray f32: {e32} > {:e}", 2.0 * b32);
             prop_assert!(e64 <= b32c + b64, "tch vs ndarray f64: {e64} > {:e}", b32c + b64);
+        }
+    }
+
+    #[test]
+    fn gram_newton_schulz_on_tensors_agrees_with_newton_schulz(
+        (m, n, seed) in dims(20),
+        restart in 1usize..=3,
+    ) {
+        let a: Array2<f64> = gaussian(m, n, seed);
+        for sched in [NsSchedule::muon(), NsSchedule::polar_express(10).unwrap(), NsSchedule::cubic(12).unwrap()] {
+            let (r, s_, x, _) = ns_inputs(&a, &sched);
+            // Gram NS on tensors against plain NS on ndarray from the same input (f64: the same
+            // numbers; f32: the same cast): each run within its rounding bound of the exact map.
+            for (kind, eps) in [(Kind::Double, f64::EPSILON), (Kind::Float, f32::EPSILON as f64)] {
+                let t = tensor_from_array(a.view(), kind, Device::Cpu).unwrap();
+                let g = array_from_tensor(&gram_newton_schulz(&t, &sched, restart).unwrap()).unwrap();
+                let p = if kind == Kind::Double {
+                    newton_schulz(&a, &sched).unwrap()
+                } else {
+                    newton_schulz(&a.mapv(|v| v as f32), &sched).unwrap().mapv(f64::from)
+                };
+                let e = (&g - &p).iter().map(|v| v * v).sum::<f64>().sqrt();
+                let tol = gram_ns_error_bound(&sched, restart, r, s_, &x, eps, 0.0)
+                    + ns_error_bound(&sched, r, s_, &x, eps, 0.0);
+                prop_assert!(e <= tol, "{kind:?}: ‖GNS_tch − NS‖_F = {e:e} > {tol:e}");
+            }
         }
     }
 
@@ -114,6 +140,24 @@ fn bf16_newton_schulz_computes_in_bf16_and_agrees_loosely() {
     assert!(e <= 0.1, "bf16 vs f64: {e}");
     // Polar factor on bf16 input goes through f32 and returns bf16.
     assert_eq!(t.polar_factor().unwrap().kind(), Kind::BFloat16);
+}
+
+#[test]
+fn bf16_gram_newton_schulz_computes_in_bf16_and_agrees_loosely() {
+    // Tall, wide and square (a square Gaussian has σ_min near 0: the hard case for the Gram
+    // recurrence), at the default period: the documented bf16 band of NS5 against f64, max |Δ| ≤ 0.1 (docs/linalg.md,
+    // Accuracy), as plain NS5 in bf16 (`bf16_newton_schulz_computes_in_bf16_and_agrees_loosely`).
+    for (m, n) in [(48, 16), (16, 48), (32, 32)] {
+        let a: Array2<f64> = gaussian(m, n, 3);
+        let t = tensor_from_array(a.view(), Kind::BFloat16, Device::Cpu).unwrap();
+        let o = gram_newton_schulz(&t, &NsSchedule::muon(), GRAM_NS_RESTART).unwrap();
+        assert_eq!(o.kind(), Kind::BFloat16);
+        let e = max_abs_diff(
+            &array_from_tensor(&o).unwrap(),
+            &newton_schulz_muon(&a).unwrap(),
+        );
+        assert!(e <= 0.1, "{m}×{n}: bf16 Gram NS vs f64 NS: {e}");
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Shared generators and measures for the Muon tests.
 
 use kappa_linalg::{singular_values, svd_thin, SvdDriver};
+use kappa_optim::Msign;
 use ndarray::{Array1, Array2, Axis};
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -187,4 +188,28 @@ pub fn max_abs(a: &Array2<f64>) -> f64 {
 pub fn orthonormality_tol(m: usize, n: usize) -> f64 {
     let (m, n) = (m.max(n), m.min(n));
     2.0 * svd_err(m, n) * (n as f64).sqrt() + n as f64 * gamma(m)
+}
+
+/// The most a rounding injection into Gram Newton–Schulz's r×r recurrence is amplified beyond
+/// one at its input: the gain of the accumulated factor Q it feeds, ‖Q‖₂ ≤ Γ = max over blocks of
+/// Π_j max_{t ∈ [0, 1.25]} |a_j + b_j t² + c_j t⁴| (Q is the product of the steps' M = p(R)/√R
+/// on iterates whose σ stay below 1.25; grid of step 1e-5, the ratio is a smooth quartic).
+/// 1 for the other variants.
+pub fn gram_gain(method: Msign) -> f64 {
+    let (Msign::GramPolarExpress { restart, .. }, Some(sched)) = (method, method.schedule()) else {
+        return 1.0;
+    };
+    let ratio_max = |p: &kappa_linalg::PolyStep| {
+        (0..=125_000)
+            .map(|i| {
+                let t = i as f64 * 1e-5;
+                (p.a + p.b * t * t + p.c * t.powi(4)).abs()
+            })
+            .fold(0.0, f64::max)
+    };
+    sched
+        .steps
+        .chunks(restart)
+        .map(|block| block.iter().map(ratio_max).product::<f64>())
+        .fold(0.0, f64::max)
 }

@@ -77,6 +77,39 @@ proptest! {
     }
 
     #[test]
+    fn gram_polar_express_gives_the_polar_express_muon_step((m, n, seed) in shapes()) {
+        // The same map (grads → W) computed two ways: Newton–Schulz on X and Gram Newton–Schulz
+        // on XXᵀ (kappa-linalg: identical in exact arithmetic). Each run's injections as in
+        // `both_momentum_forms_give_the_same_muon_step`, amplified as one at the inputs (`amp`,
+        // measured on the plain run); the Gram run's r×r products (B, Q, T, R per step; XXᵀ and
+        // Q·X per block) are amplified further by the gain of the factor Q they feed
+        // (`gram_gain`).
+        let grads: Vec<Array2<f64>> = (0..3).map(|i| gaussian(m, n, seed ^ (i + 21))).collect();
+        let w0 = gaussian(m, n, seed);
+        let run = |msign: Msign, grads: &[Array2<f64>]| {
+            let muon = Muon::new(MuonConfig { msign, ..MuonConfig::paper() }).unwrap();
+            let mut w = w0.clone();
+            let mut st = MuonState::new();
+            for g in grads {
+                muon.step(&mut w, g, &mut st).unwrap();
+            }
+            w
+        };
+        let gram = Msign::gram_polar_express();
+        let (a, b) = (run(Msign::polar_express(), &grads), run(gram, &grads));
+        let amp = amplification(|g| run(Msign::polar_express(), g), &grads);
+        let Msign::GramPolarExpress { steps, restart } = gram else { unreachable!() };
+        let blocks = steps.div_ceil(restart);
+        let gain = gram_gain(gram);
+        let plain = (3 + 1 + 3 * steps + 2) * grads.len();
+        let gram_inj = (3 + 1 + 4 * steps + 2 * blocks + 2) * grads.len();
+        let tol = derived_tol(plain, m.max(n), amp, max_abs(&a))
+            + gain * derived_tol(gram_inj, m.max(n), amp, max_abs(&b));
+        let d = max_abs_diff(&a, &b);
+        prop_assert!(d <= tol, "{d:e} > {tol:e} (Γ = {gain})");
+    }
+
+    #[test]
     fn both_momentum_forms_give_the_same_muon_step((m, n, seed) in shapes()) {
         // EMA buffer = (1−β)·SGD buffer by induction, so the Nesterov inputs differ by (1−β)
         // and msign (scale-invariant) makes the steps equal.

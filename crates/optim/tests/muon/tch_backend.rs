@@ -57,7 +57,7 @@ fn max_abs(a: &Array2<f64>) -> f64 {
 /// Newton–Schulz steps of one msign call.
 fn ns_steps(m: Msign) -> usize {
     match m {
-        Msign::PolarExpress { steps } => steps,
+        Msign::PolarExpress { steps } | Msign::GramPolarExpress { steps, .. } => steps,
         _ => 5,
     }
 }
@@ -67,7 +67,11 @@ fn muon_steps_agree_across_backends_and_update_in_place() {
     for (m, n) in [(48, 16), (16, 48), (24, 24)] {
         let w0 = gaussian(m, n, 1) * 0.1;
         let grads: Vec<Array2<f64>> = (0..3).map(|i| gaussian(m, n, 10 + i)).collect();
-        for cfg in [MuonConfig::keller(), MuonConfig::paper()] {
+        let gram = MuonConfig {
+            msign: Msign::gram_polar_express(),
+            ..MuonConfig::paper()
+        };
+        for cfg in [MuonConfig::keller(), MuonConfig::paper(), gram] {
             let muon = Muon::new(cfg).unwrap();
             // F32 explicitly on tensors: Auto picks bf16 on CPUs with native bf16 products.
             let muon_t = Muon::new(MuonConfig {
@@ -94,9 +98,19 @@ fn muon_steps_agree_across_backends_and_update_in_place() {
             }
             let got = array_from_tensor(&param).unwrap();
             let e = max_abs_diff(&got, &w);
-            // Injections: the inputs, then per step every NS step and the update itself.
+            // Injections: the inputs, then per step every NS step and the update itself; the
+            // Gram form's r×r products (4 per step, 2 per block of 2) count Γ times each (the
+            // gain of the factor they feed, `gram_gain`; Γ = 1 otherwise).
+            let gram_products = match cfg.msign {
+                Msign::GramPolarExpress { steps, restart } => {
+                    4 * steps + 2 * steps.div_ceil(restart)
+                }
+                _ => 0,
+            };
+            let gram_part = gram_gain(cfg.msign)
+                * derived_tol(gram_products * grads.len(), m.max(n), d_in, max_abs(&w));
             let injections = 1 + grads.len() * (ns_steps(cfg.msign) + 1);
-            let tol = derived_tol(injections, m.max(n), d_in, max_abs(&w));
+            let tol = derived_tol(injections, m.max(n), d_in, max_abs(&w)) + gram_part;
             assert!(
                 e <= tol,
                 "{m}×{n} {:?}: {e} > {tol} (d_in {d_in})",
