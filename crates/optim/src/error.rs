@@ -64,7 +64,7 @@ pub enum OptimError {
          > tolerance {tol:e}; call `ManifoldMuon::retract_onto` once before training"
     )]
     NotOnManifold {
-        /// `"Stiefel"` or `"DGram"`.
+        /// `"Stiefel"`, `"DGram"` or `"Oblique"`.
         manifold: &'static str,
         /// The measured violation (`ManifoldMuon::violation`).
         violation: f64,
@@ -85,12 +85,29 @@ pub enum OptimError {
     NotRetractable {
         /// The argument's name (`"w"`).
         arg: &'static str,
-        /// `"Stiefel"` or `"DGram"`.
+        /// `"Stiefel"`, `"DGram"` or `"Oblique"`.
         manifold: &'static str,
         /// The violation of the retracted matrix (+∞ when it is not representable).
         violation: f64,
         /// The tolerance it exceeded.
         tol: f64,
+    },
+    /// The Oblique retraction (each column divided by its norm) met a column without a
+    /// direction: of norm 0, or below the retraction's floor 2⁻⁵⁰·‖W‖_F, where its squared norm
+    /// is no longer computed to working precision (`manifold::retraction`, "Oblique"). Nothing
+    /// was modified.
+    #[error(
+        "argument `{arg}` cannot be retracted onto the Oblique manifold: column {column} has \
+         norm {relative_norm:e}·‖W‖_F, at or below the floor 2^-50 (a zero column has no \
+         direction to normalize)"
+    )]
+    ZeroColumn {
+        /// The argument's name (`"w"`).
+        arg: &'static str,
+        /// The column's index in the tall orientation (rows ≥ columns).
+        column: usize,
+        /// Its norm relative to ‖W‖_F (0 for a zero column).
+        relative_norm: f64,
     },
     /// Manifold Muon's dual ascent diverged: the tangent violation of the final candidate is
     /// non-finite or grew past `divergence_factor` times its starting value. The step was not

@@ -1,5 +1,5 @@
 //! Bad input over every public entry point of kappa-optim's Muon side (msign, Muon, momentum,
-//! manifold Muon on Stiefel and DGram with every dual-ascent preset, the spectral-norm estimate,
+//! manifold Muon on Stiefel, DGram and Oblique with every dual-ascent preset, the spectral-norm estimate,
 //! the configs): seeded hostile matrices (`kappa_testkit::hostile`: NaN/±∞, empty, 1×1, zero,
 //! rank one, 1e±300, subnormal and near-`f64::MAX` scales, mismatched shapes) in every memory
 //! layout (including negative strides), and out-of-range parameters. Each call runs under
@@ -403,12 +403,32 @@ fn muon_step_calls(fuzz: &mut Fuzz) {
     }
 }
 
-fn manifolds() -> [Manifold; 3] {
+fn manifolds() -> [Manifold; 4] {
     [
         Manifold::Stiefel,
         Manifold::dgram(),
         Manifold::DGram(DGramRetraction::ColumnNorms),
+        Manifold::Oblique,
     ]
+}
+
+/// The tall-orientation columns of `w` that the Oblique retraction may refuse: its floor is
+/// ‖w_j‖ ≤ 2⁻⁵⁰·‖W‖_F up to the factor 2 of the scaling band (retraction.rs, "Oblique"), and
+/// max|w_j| ≤ ‖w_j‖, ‖W‖_F ≤ √(mn)·max|W| ≤ 2⁵·max|W| for these ≤ 32×32 inputs, so a refused
+/// column has max|w_j| ≤ 2⁻⁴⁴·max|W|; zero columns always qualify.
+fn oblique_degenerate_columns(w: &Array2<f64>) -> Vec<usize> {
+    let t = if w.nrows() < w.ncols() {
+        w.t().to_owned()
+    } else {
+        w.clone()
+    };
+    let top = t.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    (0..t.ncols())
+        .filter(|&j| {
+            let c = t.column(j).iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            c == 0.0 || c <= top * 2f64.powi(-44)
+        })
+        .collect()
 }
 
 fn presets() -> [DualAscent; 5] {
@@ -439,9 +459,19 @@ fn retract_calls(fuzz: &mut Fuzz) {
                         if bad(&w) {
                             return expect_arg(&res, "w");
                         }
+                        let same = r.iter().zip(&w).all(|(a, b)| a == b);
+                        let degenerate = oblique_degenerate_columns(&w);
                         match res {
                             Err(OptimError::NotRetractable { arg: "w", .. }) => {
-                                let same = r.iter().zip(&w).all(|(a, b)| a == b);
+                                same.then_some(()).ok_or("w modified on error".into())
+                            }
+                            // Documented: a (numerically) zero column has no Oblique direction.
+                            Err(OptimError::ZeroColumn {
+                                arg: "w", column, ..
+                            }) if manifold == Manifold::Oblique => {
+                                if !degenerate.contains(&column) {
+                                    return Err(format!("ZeroColumn({column}) on a live column"));
+                                }
                                 same.then_some(()).ok_or("w modified on error".into())
                             }
                             Err(e) => Err(e.to_string()),
@@ -456,6 +486,17 @@ fn retract_calls(fuzz: &mut Fuzz) {
                                 if manifold == Manifold::Stiefel && rank_deficient {
                                     return Err("rank-deficient W retracted onto Stiefel".into());
                                 }
+                                let zero_column = degenerate.iter().any(|&j| {
+                                    let t = if w.nrows() < w.ncols() {
+                                        w.t()
+                                    } else {
+                                        w.view()
+                                    };
+                                    t.column(j).iter().all(|x| *x == 0.0)
+                                });
+                                if manifold == Manifold::Oblique && zero_column {
+                                    return Err("a zero column retracted onto Oblique".into());
+                                }
                                 Ok(())
                             }
                         }
@@ -466,7 +507,8 @@ fn retract_calls(fuzz: &mut Fuzz) {
     }
 }
 
-/// Points on each manifold at hostile scales (DGram is a cone; Stiefel has one scale).
+/// Points on each manifold at hostile scales (DGram is a cone; Stiefel and Oblique have one
+/// scale).
 fn on_manifold_points(manifold: Manifold) -> Vec<(String, Array2<f64>)> {
     let mut out = Vec::new();
     for (r, c) in [(6, 4), (4, 6), (5, 5)] {
@@ -479,7 +521,7 @@ fn on_manifold_points(manifold: Manifold) -> Vec<(String, Array2<f64>)> {
         let mut w = g;
         opt.retract_onto(&mut w).unwrap();
         out.push((format!("on-manifold {r}×{c}"), w.clone()));
-        if manifold != Manifold::Stiefel {
+        if matches!(manifold, Manifold::DGram(_)) {
             for s in [1e-300, 1e300] {
                 out.push((format!("on-manifold {r}×{c} ×{s:e}"), &w * s));
             }
@@ -529,7 +571,8 @@ fn manifold_step_check(cfg: ManifoldMuonConfig, w: &Array2<f64>, g: &Array2<f64>
         Err(OptimError::DualAscentDiverged { .. }) | Err(OptimError::Diverged { .. }) => {
             unchanged().then_some(()).ok_or("w modified on error")?
         }
-        Err(OptimError::NotRetractable { arg: "w", .. }) => {
+        Err(OptimError::NotRetractable { arg: "w", .. })
+        | Err(OptimError::ZeroColumn { arg: "w", .. }) => {
             unchanged().then_some(()).ok_or("w modified on error")?
         }
         Err(e) => return Err(e.to_string()),
@@ -619,6 +662,29 @@ fn per_point_calls(fuzz: &mut Fuzz) {
                 },
             );
         }
+        let (x2, g2) = (x.clone(), g.clone());
+        fuzz.check(
+            format!("tangent_direction({name}, {gname}, Diagonal)"),
+            move || {
+                let r = tangent_direction(
+                    &x2,
+                    &g2,
+                    Projector::Diagonal,
+                    &DualAscent::feasible(),
+                    Msign::Exact,
+                    Precision::Native,
+                    true,
+                );
+                let want = step_arg(&x2, &g2, None).map(|a| if a == "grad" { "g" } else { a });
+                match (want.or((x2.nrows() < x2.ncols()).then_some("w")), &r) {
+                    (Some(a), _) => expect_arg(&r, a),
+                    (None, Ok((a, _))) if a.dim() == x2.dim() => Ok(()),
+                    (None, Ok(_)) => Err("direction shape".into()),
+                    (None, Err(OptimError::DualAscentDiverged { .. })) => Ok(()),
+                    (None, Err(e)) => Err(e.to_string()),
+                }
+            },
+        );
         let (x, g) = (x.clone(), g.clone());
         fuzz.check(
             format!("tangent_direction/stiefel_square({name}, {gname})"),

@@ -7,6 +7,7 @@ mod muon {
     pub mod errors;
     pub mod manifold;
     pub mod msign;
+    pub mod oblique;
     pub mod optimizer;
     #[cfg(feature = "tch")]
     pub mod tch_backend;

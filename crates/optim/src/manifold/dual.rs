@@ -1,5 +1,5 @@
 //! The dual ascent that finds manifold Muon's steepest spectral-norm direction in the tangent
-//! space, for any Gram projector P (identity for Stiefel, Off for DGram).
+//! space, for any Gram projector P (identity for Stiefel, Off for DGram, Diag for Oblique).
 //!
 //! # Math (derived here; summary in docs/optim.md, "Math")
 //!
@@ -21,6 +21,27 @@
 //! For square Stiefel W (WWᵀ = I), G + 2WΛ₀ = ½·W(WᵀG − GᵀW) and its msign W·msign(WᵀG − GᵀW)
 //! is exactly tangent, so the loop stops at k = 0 ([`stiefel_square_direction`] is that closed
 //! form).
+//!
+//! # Oblique (P = Diag, diag(WᵀW) = 1)
+//!
+//! Λ = diag(λ), one multiplier per column: 2W·P(Λ) = 2W·diag(λ) scales column j of W by 2λ_j,
+//! H = Diag(WᵀA + AᵀW) = 2·diag(w_jᵀa_j) and the reported violation is 2‖(w_jᵀa_j)_j‖₂/n. The
+//! constraint operator C(A) = Diag(WᵀA + AᵀW), adjoint C*(Λ) = 2W·Λ, has
+//! C·C*(Λ) = 2·Diag(WᵀW·Λ + Λ·WᵀW) = 4·diag(‖w_j‖²)·Λ = 4Λ on the manifold, a multiple of the
+//! identity, so: Λ₀ = −½·diag(w_jᵀg_j) is the least-squares multiplier and
+//! Z₀ = G − W·diag(w_jᵀg_j) is *exactly* the Frobenius projection of G onto T_W (column by
+//! column); the Jacobi preconditioner is 1 up to the rounding of ‖w_j‖² (a no-op, as on
+//! Stiefel); the tangent projection's conjugate gradients stop after one step (S = C(A)/4).
+//!
+//! **No closed form in general.** The dual D(λ) = −‖G + 2W·diag(λ)‖_* is n-dimensional, but
+//! msign(Z) = Z·(ZᵀZ)^{−1/2} mixes the columns: a_j = Σ_k z_k·c_kj with C = (ZᵀZ)^{−1/2}, so
+//! the optimality conditions w_jᵀa_j(λ) = Σ_{k≠j} (w_jᵀz_k)·c_kj = 0 (w_jᵀz_j = 0 at Z₀) are n
+//! equations coupled through the inverse square root of an n×n Gram. (Square Stiefel has a
+//! closed form because its normal space W·Sym is matched by an orthogonal W: Z₀ = ½W·skew and
+//! msign keeps W·Skew; the Oblique normal space W·Diag has no such match.) msign(Z₀) — the
+//! first candidate, so the loop stops at k = 0 — is the exact answer when it is tangent: for
+//! n = 1 (msign(z) = z/‖z‖ ⊥ w) and whenever Z₀'s columns are mutually orthogonal (C
+//! diagonal). Otherwise the ascent runs as on the other manifolds.
 //!
 //! # Traps
 //!
@@ -119,6 +140,8 @@ pub enum Projector {
     Identity,
     /// P = Off (zero the diagonal): DGram, Off(WᵀW) = 0.
     OffDiagonal,
+    /// P = Diag (keep only the diagonal): Oblique, diag(WᵀW) = 1.
+    Diagonal,
 }
 
 impl Projector {
@@ -129,6 +152,14 @@ impl Projector {
             Projector::OffDiagonal => {
                 let k = s.shape().0.min(s.shape().1);
                 s.set_diagonal(&vec![0.0; k])?;
+                Ok(())
+            }
+            Projector::Diagonal => {
+                // 0·x on the off-diagonal: a non-finite entry there becomes NaN, which every
+                // caller's finiteness check rejects as it rejects ±∞.
+                let d = s.diagonal()?;
+                s.scale(0.0)?;
+                s.set_diagonal(&d)?;
                 Ok(())
             }
         }
@@ -669,9 +700,9 @@ fn diverged(r: &DualReport, cfg: &DualAscent) -> bool {
 
 /// The dual ascent (module docs) on tall `w` (m ≥ n) and `g` of the same shape, with projector
 /// `proj`: returns the candidate A (the step is W − η·A) and the diagnostics, with divergence only
-/// flagged in the report. This is the code path of both manifolds ([`Projector::Identity`] for
-/// Stiefel, [`Projector::OffDiagonal`] for DGram); the optimizer adds orientation, momentum, the
-/// square closed form and the retraction.
+/// flagged in the report. This is the code path of every manifold ([`Projector::Identity`] for
+/// Stiefel, [`Projector::OffDiagonal`] for DGram, [`Projector::Diagonal`] for Oblique); the
+/// optimizer adds orientation, momentum, the square closed form and the retraction.
 ///
 /// Errors: `w` wide (argument `w`), `g` of another shape (argument `g`), non-finite input,
 /// invalid settings, [`OptimError::DualAscentDiverged`] when G + 2W·P(Λ) overflows.

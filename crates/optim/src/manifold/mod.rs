@@ -1,5 +1,6 @@
 //! Manifold Muon: the steepest spectral-norm step in the tangent space of the Stiefel manifold
-//! (WᵀW = I) or the diagonal-Gram manifold DGram (Off(WᵀW) = 0), followed by a retraction —
+//! (WᵀW = I), the diagonal-Gram manifold DGram (Off(WᵀW) = 0) or the Oblique manifold
+//! (diag(WᵀW) = 1: unit columns), followed by a retraction —
 //! Bernstein's dual-ascent formulation as the paper *Different Layers, Different Manifolds* ran
 //! it, written once for every [`WorkingPrecision`] backend.
 //!
@@ -11,7 +12,9 @@
 //!    `mlp.c_proj` therefore gets orthogonal *rows*; a square (out, in) matrix gets orthogonal
 //!    columns (input features).
 //! 3. Direction A by dual ascent ([`dual`]): A = msign(G + 2W·P(Λ)) with Λ ascending the dual
-//!    −‖G + 2W·P(Λ)‖_*; for square Stiefel the closed form A = W·msign(WᵀG − GᵀW).
+//!    −‖G + 2W·P(Λ)‖_*; for square Stiefel the closed form A = W·msign(WᵀG − GᵀW). P = Id
+//!    (Stiefel), Off (DGram), Diag (Oblique: Λ diagonal, one multiplier per column; no closed
+//!    form, [`dual`], "Oblique").
 //! 4. W ← retract(W − η·A) ([`retraction`]). ‖η·A‖₂ = η: **the learning rate is the spectral norm
 //!    of the tangent step**; after the retraction ‖ΔW‖₂ = η to O(η²) when the dual converged.
 //!
@@ -24,6 +27,9 @@
 //!   gradients it does not converge in K = 20 steps at all ([`dual`], "Feasible directions";
 //!   [`DualAscent::feasible`] makes the step tangent and certifies its descent). Its divergence is
 //!   detected and reported ([`OnDivergence`]), not applied silently.
+//! * Oblique constrains columns of the tall orientation: a wide matrix gets unit *rows*. Its
+//!   retraction divides each column by its norm; a zero column (or one below the floor
+//!   2⁻⁵⁰·‖W‖_F, [`retraction`]) is [`OptimError::ZeroColumn`], never a NaN.
 //! * The paper's DGram retraction swaps column scales when column norms are unsorted (
 //!   [`DGramRetraction`]).
 //! * The fused QKV block: the paper constrains the whole 3d×d `c_attn` matrix, so under
@@ -214,9 +220,10 @@ impl ManifoldMuon {
     }
 
     /// How far `w` is from the manifold: Stiefel ‖WᵀW − I‖_F/√n, DGram
-    /// ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂ (tall orientation, n = the smaller side; 0 for W = 0 on DGram).
-    /// Computed without overflow for every finite W; the Stiefel measure is +∞ when it exceeds
-    /// `f64::MAX` (‖W‖ beyond ≈ 1e154). Errors: `w` empty or non-finite (argument `w`).
+    /// ‖Off(WᵀW)‖_F/‖diag(WᵀW)‖₂, Oblique max_j |‖w_j‖² − 1| (tall orientation, n = the smaller
+    /// side; 0 for W = 0 on DGram, 1 for a zero column on Oblique). Computed without overflow for
+    /// every finite W; the Stiefel and Oblique measures are +∞ when they exceed `f64::MAX` (‖W‖
+    /// beyond ≈ 1e154). Errors: `w` empty or non-finite (argument `w`).
     pub fn violation<M: WorkingPrecision>(&self, w: &M) -> Result<f64> {
         w.validate("w").map_err(crate::error::from_linalg)?;
         let (m, n) = w.shape();
@@ -235,7 +242,9 @@ impl ManifoldMuon {
     /// directions at 0 (see [`msign`](crate::msign())) — or one too ill-conditioned for a
     /// Newton–Schulz msign (use `Msign::Exact`); on DGram with the column-norm retraction,
     /// linearly dependent non-zero columns; on DGram, column norms beyond `f64::MAX`. The zero
-    /// matrix is on DGram (free column norms, zero included) and is kept.
+    /// matrix is on DGram (free column norms, zero included) and is kept. On Oblique a column
+    /// of norm 0 or below 2⁻⁵⁰·‖W‖_F ([`retraction`], "floor") is [`OptimError::ZeroColumn`]
+    /// (argument `w`, the column's tall index).
     pub fn retract_onto<M: WorkingPrecision>(&self, w: &mut M) -> Result<()> {
         w.validate("w").map_err(crate::error::from_linalg)?;
         let (m, n) = w.shape();
@@ -248,7 +257,7 @@ impl ManifoldMuon {
     /// The retraction of tall `x`, checked to land on the manifold (errors name `arg`).
     fn retract_checked<M: WorkingPrecision>(&self, x: &M, arg: &'static str) -> Result<M> {
         let c = &self.config;
-        let r = retract(x, c.manifold, c.msign, c.precision)?;
+        let r = retract(x, c.manifold, c.msign, c.precision, arg)?;
         let v = if r.frobenius_norm()?.is_finite() {
             violation_of(&r, c.manifold)?
         } else {
@@ -334,7 +343,8 @@ impl ManifoldMuon {
     /// ascent with [`OnDivergence::Error`], or a non-finite one whatever `on_divergence`
     /// ([`OptimError::DualAscentDiverged`]), a step W − η·A that overflows
     /// ([`OptimError::Diverged`], quantity `"parameters"`), a retraction that does not land on the
-    /// manifold ([`OptimError::NotRetractable`], argument `w`), backend failures.
+    /// manifold ([`OptimError::NotRetractable`], argument `w`), on Oblique a step that left a
+    /// column of norm (nearly) 0 ([`OptimError::ZeroColumn`]), backend failures.
     pub fn step<M: WorkingPrecision>(
         &self,
         w: &mut M,
