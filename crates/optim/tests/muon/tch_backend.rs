@@ -141,6 +141,7 @@ fn manifold_steps_agree_across_backends() {
             Manifold::Stiefel,
             Manifold::dgram(),
             Manifold::DGram(DGramRetraction::ColumnNorms),
+            Manifold::Oblique,
         ] {
             for preset in [
                 DualAscent::paper().normalized(),
@@ -305,4 +306,89 @@ fn bf16_update_band_against_f32() {
             assert!((0.67..=1.15).contains(&s), "{p:?} NS5 σ = {s}");
         }
     }
+}
+
+/// γ_k for unit roundoff `u`.
+fn gamma_u(k: usize, u: f64) -> f64 {
+    k as f64 * u / (1.0 - k as f64 * u)
+}
+
+#[test]
+fn the_oblique_retraction_agrees_across_backends_entry_by_entry() {
+    // Derived per entry (tests/muon/oblique.rs, `oblique_bound`): a backend computes
+    // x_ij = y_ij·c_j with c_j/(1/‖y_j‖) a product of ≤ m/2 + 4 factors (1 + δ)^{±1} (the squared
+    // norm's m roundings under the square root, then √, 1/d, the cast of c_j to the tensor's kind
+    // and the product), so |x_ij − y_ij/‖y_j‖| ≤ γ_{m+8}·|x_ij|. The f32 run sees y rounded to f32
+    // (relative u₃₂ per entry, which moves y_ij/‖y_j‖ by ≤ γ₂(u₃₂) relative). Hence
+    // |x₃₂ − x₆₄| ≤ |x₆₄|·(γ_{m+10}(u₃₂) + 2γ_{m+8}(u₆₄)) to first order.
+    for (m, n) in [(64, 24), (24, 64), (32, 32), (200, 3)] {
+        let w0 = gaussian(m, n, 31) * 0.05;
+        let opt = ManifoldMuon::new(ManifoldMuonConfig {
+            precision: Precision::F32,
+            ..ManifoldMuonConfig::paper(Manifold::Oblique)
+        })
+        .unwrap();
+        let mut w64 = w0.clone();
+        opt.retract_onto(&mut w64).unwrap();
+        let param = t32(&w0);
+        let mut alias = param.shallow_clone();
+        opt.retract_onto(&mut alias).unwrap();
+        let w32 = array_from_tensor(&param).unwrap();
+        let k = m.max(n);
+        let rel = gamma_u(k + 10, U32) + 2.0 * gamma(k + 8);
+        for (a, b) in w32.iter().zip(&w64) {
+            assert!(
+                (a - b).abs() <= rel * b.abs(),
+                "{m}×{n}: {a} vs {b} (rel {rel:e})"
+            );
+        }
+        // The f32 parameter is on Oblique to f32's bound (the library's f32 measure adds γ_k).
+        let v = opt.violation(&param).unwrap();
+        let tol = gamma_u(k + 8, U32) + gamma_u(k, U32);
+        assert!(v <= tol, "{m}×{n}: f32 violation {v:e} > {tol:e}");
+        // A step in place keeps it there.
+        let mut state = ManifoldState::new();
+        let step = opt
+            .step(&mut alias, &t32(&gaussian(m, n, 32)), &mut state)
+            .unwrap();
+        assert!(
+            step.manifold_violation <= tol,
+            "{m}×{n}: step {:e}",
+            step.manifold_violation
+        );
+        assert!(opt.violation(&param).unwrap() <= tol);
+    }
+}
+
+#[test]
+fn oblique_bad_tensors_are_typed_errors() {
+    let opt = ManifoldMuon::new(ManifoldMuonConfig::paper(Manifold::Oblique)).unwrap();
+    let mut w = gaussian(8, 3, 40);
+    w.column_mut(2).fill(0.0);
+    let t = t32(&w);
+    let mut alias = t.shallow_clone();
+    let r = opt.retract_onto(&mut alias);
+    assert!(
+        matches!(
+            r,
+            Err(OptimError::ZeroColumn {
+                arg: "w",
+                column: 2,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(array_from_tensor(&t).unwrap(), round32(&w), "unchanged");
+    // (tensor_from_array refuses NaN itself: write it into a finite tensor.)
+    let mut nan = t32(&gaussian(8, 3, 41));
+    let _ = nan.narrow(0, 1, 1).narrow(1, 1, 1).fill_(f64::NAN);
+    let r = opt.retract_onto(&mut nan);
+    assert!(
+        matches!(
+            r,
+            Err(OptimError::Input(InputError::NonFinite { arg: "w", .. }))
+        ),
+        "{r:?}"
+    );
 }
