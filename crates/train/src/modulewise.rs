@@ -1,6 +1,6 @@
 //! Module-wise optimizer assignment, after *Different Layers, Different Manifolds*: every GPT
 //! weight gets a [`ModuleLabel`], an [`Assignment`] maps the hidden-matrix labels to a
-//! [`Geometry`] (AdamW, Muon, manifold Muon on Stiefel or on DGram), and
+//! [`Geometry`] (AdamW, Muon, manifold Muon on Stiefel, DGram or Oblique), and
 //! [`modulewise_groups`] turns that into the [`ParamGroup`]s the [`Trainer`](crate::Trainer)
 //! runs. The five assignments of the paper are [`Preset`]s.
 //!
@@ -132,6 +132,9 @@ pub enum Geometry {
     /// Manifold Muon on DGram (Off(WᵀW) = 0).
     #[serde(rename = "dgram")]
     DGram,
+    /// Manifold Muon on the Oblique manifold (diag(WᵀW) = 1: unit columns of the tall
+    /// orientation, so a wide `mlp.c_proj` gets unit rows). Not in the paper's presets.
+    Oblique,
 }
 
 impl Geometry {
@@ -140,6 +143,7 @@ impl Geometry {
         match self {
             Self::Stiefel => Some(Manifold::Stiefel),
             Self::DGram => Some(Manifold::DGram(retraction)),
+            Self::Oblique => Some(Manifold::Oblique),
             Self::AdamW | Self::Muon => None,
         }
     }
@@ -260,7 +264,7 @@ pub struct ModulewiseConfig {
     pub muon_lr: f64,
     /// Settings of [`Geometry::Muon`] (its `lr` is replaced by the schedule).
     pub muon: MuonConfig,
-    /// Settings of [`Geometry::Stiefel`] and [`Geometry::DGram`] (`lr` is replaced by the
+    /// Settings of [`Geometry::Stiefel`], [`Geometry::DGram`] and [`Geometry::Oblique`] (`lr` is replaced by the
     /// schedule, `manifold` by the label's geometry).
     pub manifold: ManifoldMuonConfig,
     /// The DGram retraction.
@@ -396,7 +400,7 @@ pub fn modulewise_groups(
                 Box::new(MuonGroup::new(config.muon, blocks)?),
                 config.muon_lr,
             ),
-            Geometry::Stiefel | Geometry::DGram => {
+            Geometry::Stiefel | Geometry::DGram | Geometry::Oblique => {
                 let manifold = geometry
                     .manifold(config.dgram_retraction)
                     .ok_or_else(|| ModelsError::config("modulewise", "unreachable geometry"))?;

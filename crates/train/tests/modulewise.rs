@@ -518,3 +518,79 @@ fn a_loss_that_climbs_back_from_its_best_is_divergence_against_the_best() {
     assert!(step > 20 && step < first, "{step}");
     assert!(reason.contains("best"), "{reason}");
 }
+
+/// The bound on |‖w_j‖² − 1| of an f32 Oblique retraction with m-row columns, measured in f64
+/// (kappa-optim's `tests/muon/oblique.rs`, `oblique_bound`: ≤ m + 8 rounded factors in f32 —
+/// the squared norm's m, then √, 1/d, the cast of 1/d to f32 and the product, each squared —
+/// plus the f64 measure's γ_m(2⁻⁵³)).
+fn oblique_f32_bound(m: usize) -> f64 {
+    let g = |k: usize, u: f64| k as f64 * u / (1.0 - k as f64 * u);
+    g(m + 8, U32) + g(m, f64::EPSILON / 2.0) * (1.0 + g(m + 8, U32))
+}
+
+/// max_j |‖w_j‖² − 1| of `t` in its tall orientation (f64), and the column length m.
+fn unit_column_error(t: &Tensor) -> (f64, usize) {
+    let w = tall(t).to_kind(Kind::Double);
+    let norms = (&w * &w).sum_dim_intlist(0, false, Kind::Double);
+    let err = (norms - 1.0).abs().max().double_value(&[]);
+    (err, w.size()[0] as usize)
+}
+
+#[test]
+fn an_oblique_assignment_trains_and_keeps_unit_columns() {
+    // The serde name a module-wise config writes for it.
+    assert_eq!(
+        serde_json::to_string(&Geometry::Oblique).unwrap(),
+        r#""oblique""#
+    );
+    let mut cfg = modulewise(Preset::Unconstrained);
+    cfg.assignment.attention_qkv = serde_json::from_str(r#""oblique""#).unwrap();
+    cfg.assignment.mlp_out = Geometry::Oblique;
+    let back: ModulewiseConfig =
+        serde_json::from_str(&serde_json::to_string(&cfg).unwrap()).unwrap();
+    assert_eq!(back, cfg);
+    let dir = temp("oblique");
+    let (vs, mut task) = lm(&dir);
+    let groups = modulewise_groups(&vs, &cfg, &train_config(2)).unwrap();
+    let oblique: Vec<&str> = ["attn_qkv", "mlp_out"].into();
+    for g in groups.iter().filter(|g| oblique.contains(&g.name.as_str())) {
+        assert_eq!(g.lr, 0.02, "{}", g.name);
+        for (name, p) in g.names.iter().zip(&g.params) {
+            // Retracted at construction: unit columns (mlp.c_proj is wide: unit rows).
+            let (e, m) = unit_column_error(p);
+            assert!(e <= oblique_f32_bound(m), "{name} init: {e:e}");
+        }
+    }
+    let mut trainer = Trainer::with_groups(&vs, train_config(2), groups, &context()).unwrap();
+    let (s, records) = run(&mut trainer, &mut task);
+    assert_eq!(s.outcome, Outcome::Completed);
+    let mut steps = 0;
+    for r in &records {
+        if let Record::Train {
+            optimizers, loss, ..
+        } = r
+        {
+            assert!(loss.is_finite());
+            for label in &oblique {
+                let o = &optimizers[*label];
+                assert_eq!(o.updates, 2, "{label}: one matrix per layer");
+                // The library's f32 measure of the retracted W: the retraction's γ_{m+8} plus
+                // its own f32 squared norms (γ_m); m ≤ 64 rows (the tall side).
+                let m = 64;
+                let g = |k: usize| k as f64 * U32 / (1.0 - k as f64 * U32);
+                let v = o.manifold_violation_max.unwrap();
+                assert!(v <= g(m + 8) + g(m), "{label}: {v:e}");
+                assert!(o.violation.unwrap().is_finite() && o.msign_calls.unwrap() >= 1.0);
+            }
+            steps += 1;
+        }
+    }
+    assert_eq!(steps, 2);
+    for (name, p) in named_trainable(&vs) {
+        let label = ModuleLabel::of(&name).unwrap();
+        if matches!(label, ModuleLabel::AttentionQkv | ModuleLabel::MlpOut) {
+            let (e, m) = unit_column_error(&p);
+            assert!(e <= oblique_f32_bound(m), "{name} after training: {e:e}");
+        }
+    }
+}
