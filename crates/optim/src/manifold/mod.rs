@@ -42,7 +42,8 @@
 //!   products) the Stiefel constraint holds
 //!   only to ≈ 1e-2 (max |σ − 1| ≈ 3.5e-3); f64 with `Msign::Exact` holds it to 1e-10.
 //! * Cost: K msign calls per step (tol 1e-6 rarely triggers for tall matrices), plus one
-//!   msign (Stiefel, DGram column-norm) or two SVDs (DGram paper) for the retraction, plus one msign
+//!   msign (Stiefel, DGram column-norm), one SVD (DGram paper) or one Gram product WᵀW (Oblique)
+//!   for the retraction, plus one msign
 //!   for the ‖G‖_* diagnostic when `diagnostics` is on.
 
 pub mod dual;

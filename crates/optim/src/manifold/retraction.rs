@@ -25,7 +25,7 @@
 //!   subnormal contributions are entries' squares below 2⁻¹²⁶, each off by ≤ 2⁻¹⁵⁰, m of them
 //!   ≤ m·2⁻⁵⁰ relative to d_j² — below f32's u = 2⁻²⁴ for m ≤ 2²⁶ — and 1/d_j ≤ 2⁵⁰ is finite in
 //!   every working type: every accepted column is normalized to working precision, its squared
-//!   norm within γ_{m+8} of 1 (`tests/muon/manifold.rs`, `oblique_bound`). A column that small
+//!   norm within γ_{m+8} of 1 (`tests/muon/oblique.rs`, `oblique_bound`). A column that small
 //!   next to the rest of W has no direction the data determine.
 //!
 //! Violation measures (scale-free, per unit of the diagonal):
@@ -94,7 +94,7 @@ impl Manifold {
 /// scales internally); DGram on 2^k·W with ‖2^k·W‖_F ≈ 1 when W is far from unit scale, the
 /// result scaled back by 2^−k (both DGram retractions are positively homogeneous and DGram is a
 /// cone); Oblique at unit scale (module docs; a column below the floor is
-/// [`OptimError::ZeroColumn`] naming `arg`). The result may be non-finite only when a DGram
+/// [`OptimError::ZeroColumn`](crate::OptimError::ZeroColumn) naming `arg`). The result may be non-finite only when a DGram
 /// column norm exceeds `f64::MAX`; callers check.
 pub(crate) fn retract<M: WorkingPrecision>(
     w: &M,
