@@ -127,7 +127,10 @@ impl Run {
     /// [`Resumed::Finished`] (nothing is written), an interrupted or failed one is
     /// [`Resumed::Continued`] (its `run.json` is removed until the run finishes again, and a
     /// torn last line of `metrics.jsonl` is dropped). A folder without `config.toml` is created
-    /// afresh. A different config is a [`RunError::ConfigChanged`].
+    /// afresh. A different config is a [`RunError::ConfigChanged`]. The folder's config is read
+    /// through `C` before the comparison, so a key that today's `C` has and the folder lacks
+    /// (a field added later, with a `#[serde(default)]`) takes its default rather than counting
+    /// as a change; a key the folder has and `C` does not is still a change.
     ///
     /// ```
     /// use std::collections::BTreeMap;
@@ -138,23 +141,28 @@ impl Run {
     /// let context = RunContext {
     ///     name: "demo".into(), scale: "smoke".into(), ..RunContext::default()
     /// };
-    /// let config = BTreeMap::from([("steps", 4)]);
+    /// let config = BTreeMap::from([("steps".to_string(), 4)]);
     /// Run::create(&dir, context.clone(), &config)?.finish(RunStatus::Completed)?;
     /// // The same config: the finished run is kept.
     /// assert!(matches!(Run::resume(&dir, context.clone(), &config)?, Resumed::Finished(_)));
     /// // Another config: an error naming the change, and the folder is left alone.
-    /// let err = Run::resume(&dir, context, &BTreeMap::from([("steps", 5)])).err().unwrap();
+    /// let other = BTreeMap::from([("steps".to_string(), 5)]);
+    /// let err = Run::resume(&dir, context, &other).err().unwrap();
     /// assert!(matches!(err, RunError::ConfigChanged { .. }));
     /// assert!(err.to_string().contains("config.steps: 4 → 5"));
     /// # std::fs::remove_dir_all(&dir)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn resume<C: Serialize>(dir: &Path, context: RunContext, config: &C) -> Result<Resumed> {
+    pub fn resume<C: Serialize + DeserializeOwned>(
+        dir: &Path,
+        context: RunContext,
+        config: &C,
+    ) -> Result<Resumed> {
         let config_path = dir.join("config.toml");
         if !config_path.is_file() {
             return Ok(Resumed::Started(Self::create(dir, context, config)?));
         }
-        ensure_same_config(&config_path, &config_text(&context, config)?)?;
+        ensure_same_config::<C>(&config_path, &config_text(&context, config)?)?;
         let previous = read_run_info(dir)?;
         if let Some(info) = &previous {
             if !matches!(info.status, RunStatus::Failed { .. }) {
@@ -325,12 +333,13 @@ fn config_text<C: Serialize>(context: &RunContext, config: &C) -> Result<String>
 }
 
 /// Fails with [`RunError::ConfigChanged`] unless the TOML at `path` equals `expected` as a
-/// TOML value (formatting aside), after [`renamed_keys`].
-fn ensure_same_config(path: &Path, expected: &str) -> Result<()> {
+/// TOML value (formatting aside), after [`renamed_keys`] and [`with_todays_defaults`].
+fn ensure_same_config<C: Serialize + DeserializeOwned>(path: &Path, expected: &str) -> Result<()> {
     let text = fs::read_to_string(path).map_err(|e| RunError::io(path, e))?;
     let mut on_disk: toml::Value =
         toml::from_str(&text).map_err(|e| RunError::format(path, 0, e))?;
     renamed_keys(&mut on_disk);
+    with_todays_defaults::<C>(&mut on_disk);
     let wanted: toml::Value =
         toml::from_str(expected).map_err(|e| RunError::format("the new config", 0, e))?;
     let mut differences = Vec::new();
@@ -342,6 +351,22 @@ fn ensure_same_config(path: &Path, expected: &str) -> Result<()> {
             path: path.to_path_buf(),
             differences,
         })
+    }
+}
+
+/// Replaces the `[config]` table of a folder's `config.toml` by itself read through today's
+/// `C` and written again, which fills the fields `C` gained since with their serde defaults.
+/// A table `C` cannot read (a removed or misspelt key, a value of another type) is left as it
+/// is, so that the comparison names what differs.
+fn with_todays_defaults<C: Serialize + DeserializeOwned>(file: &mut toml::Value) {
+    let Some(old) = file.get_mut("config") else {
+        return;
+    };
+    let Ok(read) = old.clone().try_into::<C>() else {
+        return;
+    };
+    if let Ok(again) = toml::Value::try_from(&read) {
+        *old = again;
     }
 }
 
@@ -502,6 +527,56 @@ mod tests {
     struct Rec {
         step: u64,
         loss: f64,
+    }
+
+    /// `Cfg` as a later version of the code has it: one field more, with a default.
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    #[serde(deny_unknown_fields)]
+    struct CfgWithWarmup {
+        sizes: Vec<usize>,
+        rate: f64,
+        #[serde(default)]
+        warmup: u64,
+    }
+
+    /// `Cfg` with a field less.
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    #[serde(deny_unknown_fields)]
+    struct CfgWithoutRate {
+        sizes: Vec<usize>,
+    }
+
+    #[test]
+    fn a_field_added_with_its_default_is_no_change_but_another_value_or_a_removed_field_is() {
+        let dir = std::env::temp_dir().join(format!("kappa-run-added-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let context = RunContext::default();
+        let old = Cfg {
+            sizes: vec![4],
+            rate: 0.5,
+        };
+        Run::create(&dir, context.clone(), &old)
+            .unwrap()
+            .finish(RunStatus::Completed)
+            .unwrap();
+        let later = |warmup| CfgWithWarmup {
+            sizes: vec![4],
+            rate: 0.5,
+            warmup,
+        };
+        let resumed = Run::resume(&dir, context.clone(), &later(0)).unwrap();
+        assert!(matches!(resumed, Resumed::Finished(_)));
+        let differences = |result: Result<Resumed>| match result {
+            Err(RunError::ConfigChanged { differences, .. }) => differences,
+            Err(other) => panic!("expected ConfigChanged, got {other}"),
+            Ok(_) => panic!("a changed config resumed"),
+        };
+        let changed = differences(Run::resume(&dir, context.clone(), &later(5)));
+        assert_eq!(changed, ["config.warmup: 0 → 5"]);
+        let fewer = CfgWithoutRate { sizes: vec![4] };
+        let removed = differences(Run::resume(&dir, context, &fewer));
+        assert_eq!(removed, ["config.rate: 0.5 → (absent)"]);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
