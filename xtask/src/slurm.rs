@@ -130,9 +130,11 @@ pub fn array_script(units: &[PlannedUnit], job: &Job<'_>, args: &SlurmArgs) -> S
         quote(job.binary),
         job.reproduce_args.join(" ")
     );
-    s.push_str(
-        "status=$?\nif [ \"$status\" -eq 75 ]; then\n    scontrol requeue \
-         \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"\nfi\nexit \"$status\"\n",
+    let _ = write!(
+        s,
+        "status=$?\nif [ \"$status\" -eq {} ]; then\n    scontrol requeue \
+         \"${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\nfi\nexit \"$status\"\n",
+        kappa_cli::REQUEUE_EXIT_CODE
     );
     s
 }

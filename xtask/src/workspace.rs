@@ -65,7 +65,7 @@ fn env_path(name: &str) -> Option<PathBuf> {
 }
 
 /// A command that ran and did not succeed: its command line and exit status (xtask exits with
-/// the same code when it is the one that says "try again later", [`Failed::REQUEUE`]).
+/// the same code when it is the one that says "try again later", [`kappa_cli::REQUEUE_EXIT_CODE`]).
 #[derive(Debug)]
 pub struct Failed {
     /// The command line.
@@ -75,15 +75,12 @@ pub struct Failed {
 }
 
 impl Failed {
-    /// The status of a unit stopped by SIGTERM or SIGUSR1 with a checkpoint (`EX_TEMPFAIL`):
-    /// run again, it resumes.
-    pub const REQUEUE: i32 = 75;
-
     /// The exit code xtask forwards for `error`: the child's when a command that xtask ran
     /// stopped for a requeue, else none (xtask exits 1).
     pub fn forwarded_code(error: &anyhow::Error) -> Option<u8> {
         let failed = error.chain().find_map(|e| e.downcast_ref::<Failed>())?;
-        (failed.status.code() == Some(Self::REQUEUE)).then_some(Self::REQUEUE as u8)
+        let requeue = kappa_cli::REQUEUE_EXIT_CODE;
+        (failed.status.code() == Some(i32::from(requeue))).then_some(requeue)
     }
 }
 

@@ -41,3 +41,8 @@ pub use report::ReportArgs;
 pub use reproduce::{config_experiment, ReproduceArgs, Set};
 pub use scale::Scale;
 pub use train::TrainArgs;
+
+/// The exit status of a `reproduce` that stopped on SIGTERM or SIGUSR1 with its unit
+/// checkpointed: `EX_TEMPFAIL` of sysexits.h, "try again later". The binary exits with it, xtask
+/// forwards it, and the Slurm script requeues a task on it.
+pub const REQUEUE_EXIT_CODE: u8 = 75;

@@ -88,7 +88,7 @@ pub struct Preempted {
 impl Preempted {
     /// The exit status of a stopped run: `EX_TEMPFAIL` of sysexits.h, "try again later" (the
     /// Slurm script requeues the unit on it).
-    pub const EXIT_CODE: u8 = 75;
+    pub const EXIT_CODE: u8 = kappa_cli::REQUEUE_EXIT_CODE;
 }
 
 /// Reads and checks the config of every selected experiment — the built-in file of the scale,
