@@ -7,7 +7,9 @@
 //! | [`error`] | [`OptimError`], [`Result`]: the crate's one error enum; bad input is [`OptimError::Input`], carrying kappa-linalg's [`InputError`] (re-exported) |
 //! | [`adamw`] | [`AdamW`], [`AdamWConfig`] (presets `torch`, `adam`), [`AdamWState`]; with `tch`: `AdamW::step_tensors`, `AdamWKernel` |
 //! | [`schedule`] | [`WarmupCosine`]: linear warmup, then cosine, as a factor of each group's peak lr |
-//! | [`muon`] | [`Muon`], [`MuonConfig`] (presets `keller`, `paper`), [`MuonState`], [`UpdateScale`], [`Layout`] |
+//! | [`muon`] | [`Muon`], [`MuonConfig`] (presets `keller`, `paper`; options NorMuon and cautious weight decay), [`MuonState`], [`UpdateScale`], [`Layout`] |
+//! | [`normuon`] | [`NorMuon`], [`NeuronAxis`]: NorMuon's per-neuron second moment |
+//! | [`elementwise`] | [`Elementwise`]: the row-wise and masked operations of Muon's variants, on both backends |
 //! | [`manifold`] | [`ManifoldMuon`], [`ManifoldMuonConfig`] (preset `paper`), [`ManifoldState`], [`Manifold`], [`DGramRetraction`], [`DualAscent`], [`DualReport`] |
 //! | [`msign`](mod@msign) | [`msign()`], [`Msign`] (exact, Muon quintic, Polar Express) |
 //! | [`momentum`] | [`Momentum`], [`MomentumKind`] (EMA and SGD forms, Nesterov) |
@@ -19,6 +21,7 @@
 
 pub mod adamw;
 pub mod convergence;
+pub mod elementwise;
 pub mod error;
 #[cfg(feature = "tch")]
 pub mod fused;
@@ -26,12 +29,14 @@ pub mod manifold;
 pub mod momentum;
 pub mod msign;
 pub mod muon;
+pub mod normuon;
 pub mod precision;
 pub mod schedule;
 
 #[cfg(feature = "tch")]
 pub use adamw::AdamWKernel;
 pub use adamw::{AdamW, AdamWConfig, AdamWState};
+pub use elementwise::Elementwise;
 pub use error::{OptimError, Result};
 /// kappa-linalg's input error, the payload of the `Input` variant of this crate's error.
 pub use kappa_linalg::input::InputError;
@@ -42,5 +47,6 @@ pub use manifold::{
 pub use momentum::{Momentum, MomentumKind, MomentumState};
 pub use msign::{msign, Msign, MUON_REFERENCE_EPS};
 pub use muon::{Layout, Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
+pub use normuon::{NeuronAxis, NorMuon, NORMUON_EPS};
 pub use precision::{cpu_has_native_bf16, Precision, WorkingPrecision};
 pub use schedule::WarmupCosine;

@@ -7,8 +7,13 @@
 //!
 //! 1. U from the momentum recursion ([`Momentum`]: EMA or SGD form, optionally Nesterov);
 //! 2. O = msign(U) ([`Msign`]: exact, Muon's quintic, or Polar Express);
-//! 3. W ← (1 − lr·λ)·W − lr·s·O, with decoupled weight decay λ and the shape factor s
-//!    ([`UpdateScale`]).
+//! 3. optionally NorMuon's per-neuron normalization of O ([`NorMuon`], `normuon`);
+//! 4. W ← (1 − lr·λ)·W − lr·s·O, with decoupled weight decay λ and the shape factor s
+//!    ([`UpdateScale`]). With `cautious_weight_decay` the decay factor applies only to the
+//!    entries with w_ij·o_ij ≥ 0, those the step −lr·s·O moves towards zero (Chen et al., 2025,
+//!    "Cautious Weight Decay"); the others keep their value before the step.
+//!
+//! [`Muon::step_scaled`] runs a step at a per-matrix multiple of lr (modded-nanogpt's `lr_mul`).
 //!
 //! An orthogonalized m×n matrix has ‖O‖₂ = 1 and ‖O‖_F = sqrt(min(m, n)), so with s = 1 the
 //! spectral norm of the step is lr (exactly for `Exact`/Polar Express, within the band
@@ -34,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{check_range, from_linalg, Result};
 use crate::momentum::{Momentum, MomentumState};
 use crate::msign::{msign, Msign};
+use crate::normuon::NorMuon;
 use crate::precision::{Precision, WorkingPrecision};
 
 /// How the weight matrix is stored.
@@ -102,6 +108,18 @@ pub struct MuonConfig {
     pub layout: Layout,
     /// Working precision of msign.
     pub precision: Precision,
+    /// NorMuon's per-neuron normalization of the orthogonalized update ([`NorMuon`]); `None`
+    /// (the default) is plain Muon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normuon: Option<NorMuon>,
+    /// Cautious weight decay (Chen et al., 2025): decay only the entries whose update moves them
+    /// towards zero, w_ij·o_ij ≥ 0 for the step −lr·s·O (module docs). `false`: every entry.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cautious_weight_decay: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl MuonConfig {
@@ -118,6 +136,8 @@ impl MuonConfig {
             scale: UpdateScale::Original,
             layout: Layout::OutIn,
             precision: Precision::Auto,
+            normuon: None,
+            cautious_weight_decay: false,
         }
     }
 
@@ -132,6 +152,8 @@ impl MuonConfig {
             scale: UpdateScale::None,
             layout: Layout::OutIn,
             precision: Precision::Auto,
+            normuon: None,
+            cautious_weight_decay: false,
         }
     }
 
@@ -162,12 +184,89 @@ impl MuonConfig {
             .into());
         }
         self.momentum.validate()?;
+        if let Some(n) = &self.normuon {
+            n.validate()?;
+        }
         self.msign.validate()
+    }
+
+    /// This config with NorMuon's normalization (β₂ = 0.95, output neurons).
+    pub fn with_normuon(self) -> Self {
+        Self {
+            normuon: Some(NorMuon::default()),
+            ..self
+        }
     }
 }
 
-/// Per-parameter state of [`Muon`]: the momentum buffer and the step count.
-pub type MuonState<M> = MomentumState<M>;
+/// Per-parameter state of [`Muon`]: the momentum buffer, the step count and, for NorMuon, the
+/// per-neuron second moment.
+#[derive(Debug)]
+pub struct MuonState<M> {
+    momentum: MomentumState<M>,
+    second_moment: Option<Vec<f64>>,
+}
+
+impl<M> Default for MuonState<M> {
+    fn default() -> Self {
+        Self {
+            momentum: MomentumState::new(),
+            second_moment: None,
+        }
+    }
+}
+
+impl<M> MuonState<M> {
+    /// A fresh state (zero momentum, no steps).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Steps applied so far.
+    pub fn steps(&self) -> u64 {
+        self.momentum.steps()
+    }
+
+    /// The momentum buffer, once a step has been taken.
+    pub fn buffer(&self) -> Option<&M> {
+        self.momentum.buffer()
+    }
+
+    /// NorMuon's second moment v (one value per neuron), once a NorMuon step has been taken.
+    pub fn second_moment(&self) -> Option<&[f64]> {
+        self.second_moment.as_deref()
+    }
+
+    /// A state restored from a checkpoint: the momentum buffer (None before the first step) and
+    /// the number of steps applied.
+    pub fn from_parts(buffer: Option<M>, steps: u64) -> Self {
+        Self {
+            momentum: MomentumState::from_parts(buffer, steps),
+            second_moment: None,
+        }
+    }
+
+    /// The momentum part of the state.
+    pub fn momentum(&self) -> &MomentumState<M> {
+        &self.momentum
+    }
+
+    /// A state from its momentum part and NorMuon's second moment (restored from a checkpoint).
+    pub fn from_momentum(momentum: MomentumState<M>, second_moment: Option<Vec<f64>>) -> Self {
+        Self {
+            momentum,
+            second_moment,
+        }
+    }
+
+    /// This state with NorMuon's second moment restored (from a checkpoint).
+    pub fn with_second_moment(self, second_moment: Option<Vec<f64>>) -> Self {
+        Self {
+            second_moment,
+            ..self
+        }
+    }
+}
 
 /// What one Muon step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -274,18 +373,90 @@ impl Muon {
         grad: &M,
         state: &mut MuonState<M>,
     ) -> Result<MuonStep> {
-        check_step_inputs(w, grad, state.buffer.as_ref())?;
-        let c = &self.config;
+        self.step_scaled(w, grad, state, 1.0)
+    }
+
+    /// [`Muon::step`] at `lr_multiplier`·lr (a per-matrix learning-rate multiplier, as
+    /// modded-nanogpt's `lr_mul`; the decay factor becomes 1 − multiplier·lr·λ). The multiplier
+    /// must be finite and ≥ 0 with multiplier·lr·λ ≤ 1.
+    pub fn step_scaled<M: WorkingPrecision>(
+        &self,
+        w: &mut M,
+        grad: &M,
+        state: &mut MuonState<M>,
+        lr_multiplier: f64,
+    ) -> Result<MuonStep> {
+        check_range("lr_multiplier", lr_multiplier, 0.0, f64::MAX)?;
+        let c = MuonConfig {
+            lr: self.config.lr * lr_multiplier,
+            ..self.config
+        };
+        c.validate()?;
+        check_step_inputs(w, grad, state.momentum.buffer.as_ref())?;
         let precision = w.working_name(c.precision)?;
-        let (buffer, u) = c.momentum.advance_unchecked(state.buffer.as_ref(), grad)?;
-        let o = self.direction(&u)?;
+        let (buffer, u) = c
+            .momentum
+            .advance_unchecked(state.momentum.buffer.as_ref(), grad)?;
+        let mut o = self.direction(&u)?;
+        let mut second = state.second_moment.clone();
+        if let Some(n) = &c.normuon {
+            n.apply(&mut o, &mut second, c.layout)?;
+        }
         let (m, n) = w.shape();
         let scale = c.scale.factor(m, n, c.layout);
-        if c.weight_decay != 0.0 {
-            w.scale(1.0 - c.lr * c.weight_decay)?;
+        let decay = 1.0 - c.lr * c.weight_decay;
+        match (c.weight_decay != 0.0, c.cautious_weight_decay) {
+            (false, _) => {}
+            (true, false) => w.scale(decay)?,
+            (true, true) => w.masked_decay(&o, decay)?,
         }
         w.axpy(-c.lr * scale, &o)?;
-        state.record_step(buffer);
+        state.momentum.record_step(buffer);
+        state.second_moment = second;
         Ok(MuonStep { scale, precision })
+    }
+}
+
+#[cfg(feature = "tch")]
+impl Muon {
+    /// [`Muon::step`] on a parameter of any rank ≥ 2, orthogonalized as the matrix
+    /// (d₀, d₁·…·d_k) — a convolution filter (out, in, kh, kw) as (out, in·kh·kw), the flattening
+    /// `torch.optim.Muon` applies. The shape factor and NorMuon's neurons see the flattened shape.
+    /// `w` is updated in place through a view, so it must be contiguous; `grad` may be any
+    /// layout of `w`'s shape; `state` holds the flattened momentum.
+    ///
+    /// Errors (nothing is modified): a rank below 2, `grad` of another shape, a non-contiguous
+    /// `w` ([`InputError::InvalidArgument`]), and everything [`Muon::step`] reports.
+    pub fn step_flattened(
+        &self,
+        w: &mut tch::Tensor,
+        grad: &tch::Tensor,
+        state: &mut MuonState<tch::Tensor>,
+    ) -> Result<MuonStep> {
+        let size = w.size();
+        if size.len() < 2 {
+            let msg = format!("a tensor of shape {size:?}; Muon needs rank ≥ 2 (use AdamW)");
+            return Err(InputError::invalid("w", msg).into());
+        }
+        if grad.size() != size {
+            let found = format!("{:?}", grad.size());
+            return Err(InputError::shape_mismatch("grad", format!("{size:?}"), found).into());
+        }
+        if !w.is_contiguous() {
+            let msg = "must be contiguous: Muon updates it in place through a 2-D view";
+            return Err(InputError::invalid("w", msg).into());
+        }
+        let flat = [size[0], size[1..].iter().product()];
+        let backend = |arg: &'static str| {
+            move |e: tch::TchError| {
+                from_linalg(kappa_linalg::LinalgError::Backend {
+                    arg,
+                    message: e.to_string().lines().next().unwrap_or_default().to_string(),
+                })
+            }
+        };
+        let mut w2 = w.f_view(flat).map_err(backend("w"))?;
+        let g2 = grad.f_reshape(flat).map_err(backend("grad"))?;
+        self.step(&mut w2, &g2, state)
     }
 }

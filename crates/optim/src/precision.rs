@@ -33,6 +33,7 @@ use std::sync::OnceLock;
 use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
+use crate::elementwise::Elementwise;
 use crate::error::Result;
 
 /// The environment variable that overrides [`cpu_has_native_bf16`] (`0` or `1`).
@@ -91,7 +92,7 @@ pub enum Precision {
 /// The element-type conversions the optimizers need around msign. Implemented for
 /// `ndarray::Array2<f32 | f64>` (which computes in its own type only) and, with the `tch`
 /// feature, for `tch::Tensor`.
-pub trait WorkingPrecision: Matrix {
+pub trait WorkingPrecision: Matrix + Elementwise {
     /// A copy of `self` converted to the precision `p` resolves to, or `None` when `self` is
     /// already in it (an `ndarray` matrix with a negative stride gets a standard-layout copy). Errors: a precision the backend cannot compute in
     /// ([`InputError::InvalidArgument`], argument `precision`).

@@ -11,4 +11,5 @@ mod muon {
     pub mod optimizer;
     #[cfg(feature = "tch")]
     pub mod tch_backend;
+    pub mod variants;
 }

@@ -5,7 +5,7 @@
 //! | module | principal items |
 //! |---|---|
 //! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`], [`AdamWGroup`] |
-//! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
+//! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`LrMultipliers`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
 //! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
 //! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress, stop flag |
 //! | [`stop`] | [`StopFlag`]: stop at the next step with a checkpoint (SIGTERM, SIGUSR1) |
@@ -29,8 +29,8 @@ pub use error::{RunError, RunResult};
 pub use kappa_optim::AdamWKernel;
 
 pub use modulewise::{
-    modulewise_groups, Assignment, Geometry, ManifoldGroup, ModuleLabel, ModulewiseConfig,
-    MuonGroup, Preset,
+    modulewise_groups, Assignment, Geometry, LrMultipliers, ManifoldGroup, ModuleLabel,
+    ModulewiseConfig, MuonGroup, Preset,
 };
 pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
 pub use stop::StopFlag;

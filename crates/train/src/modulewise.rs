@@ -28,8 +28,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use kappa_optim::{
-    DGramRetraction, DualAscent, Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState, Muon,
-    MuonConfig, MuonState, OnDivergence,
+    DGramRetraction, DualAscent, Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState,
+    MomentumState, Muon, MuonConfig, MuonState, OnDivergence,
 };
 use serde::{Deserialize, Serialize};
 use tch::{nn, Tensor};
@@ -191,6 +191,77 @@ impl Assignment {
     }
 }
 
+/// Multipliers on each hidden-matrix label's peak learning rate (modded-nanogpt's per-matrix
+/// `lr_mul`): the label's group runs at multiplier × its optimizer's peak (`muon_lr` for Muon
+/// and manifold Muon, the train config's lr for AdamW). Every multiplier defaults to 1.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrMultipliers {
+    /// `attn.c_attn`.
+    #[serde(default = "one_f64")]
+    pub attention_qkv: f64,
+    /// `attn.c_proj`.
+    #[serde(default = "one_f64")]
+    pub attention_out: f64,
+    /// `mlp.c_fc`.
+    #[serde(default = "one_f64")]
+    pub mlp_in: f64,
+    /// `mlp.c_proj`.
+    #[serde(default = "one_f64")]
+    pub mlp_out: f64,
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+impl Default for LrMultipliers {
+    fn default() -> Self {
+        Self {
+            attention_qkv: 1.0,
+            attention_out: 1.0,
+            mlp_in: 1.0,
+            mlp_out: 1.0,
+        }
+    }
+}
+
+impl LrMultipliers {
+    /// The multiplier of a hidden-matrix label (1 for embeddings, gains and biases).
+    pub fn of(&self, label: ModuleLabel) -> f64 {
+        match label {
+            ModuleLabel::AttentionQkv => self.attention_qkv,
+            ModuleLabel::AttentionOut => self.attention_out,
+            ModuleLabel::MlpIn => self.mlp_in,
+            ModuleLabel::MlpOut => self.mlp_out,
+            ModuleLabel::Embedding | ModuleLabel::NormGain | ModuleLabel::Bias => 1.0,
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Checks that every multiplier is finite and > 0.
+    pub fn validate(&self) -> Result<()> {
+        let all = [
+            ("attention_qkv", self.attention_qkv),
+            ("attention_out", self.attention_out),
+            ("mlp_in", self.mlp_in),
+            ("mlp_out", self.mlp_out),
+        ];
+        for (name, v) in all {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(ModelsError::config(
+                    format!("modulewise.lr_multipliers.{name}"),
+                    format!("must be finite and > 0, found {v}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The paper's five assignments (its Table 1; validation loss of GPT-2 small on OpenWebText
 /// after 50k steps).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -277,6 +348,9 @@ pub struct ModulewiseConfig {
     /// only way to use the cores there; keep 1 on CUDA.
     #[serde(default = "one")]
     pub optimizer_threads: usize,
+    /// Per-label multipliers on the peak learning rate (all 1 by default).
+    #[serde(default, skip_serializing_if = "LrMultipliers::is_default")]
+    pub lr_multipliers: LrMultipliers,
 }
 
 fn one() -> usize {
@@ -301,6 +375,7 @@ impl ModulewiseConfig {
             dgram_retraction: DGramRetraction::Paper,
             embedding_weight_decay: 0.1,
             optimizer_threads: 1,
+            lr_multipliers: LrMultipliers::default(),
         }
     }
 
@@ -327,6 +402,7 @@ impl ModulewiseConfig {
                 "must be ≥ 1",
             ));
         }
+        self.lr_multipliers.validate()?;
         let optim = |field: &str, e: kappa_optim::OptimError| {
             ModelsError::config(format!("modulewise.{field}"), e.to_string())
         };
@@ -417,7 +493,7 @@ pub fn modulewise_groups(
             name: label.name().into(),
             names,
             params,
-            lr,
+            lr: lr * config.lr_multipliers.of(label),
             optimizer,
         });
     }
@@ -502,7 +578,10 @@ fn block_jobs<'s, S>(
 }
 
 /// Saves one momentum state per block: `buffer.<i>` (when a step was taken) and `steps`.
-fn momentum_state(states: &[MuonState<Tensor>]) -> Vec<(String, Tensor)> {
+fn momentum_state<'a>(
+    states: impl Iterator<Item = &'a MomentumState<Tensor>>,
+) -> Vec<(String, Tensor)> {
+    let states: Vec<_> = states.collect();
     let steps: Vec<i64> = states.iter().map(|s| s.steps() as i64).collect();
     let mut out = vec![("steps".to_string(), Tensor::from_slice(&steps))];
     for (i, s) in states.iter().enumerate() {
@@ -513,33 +592,62 @@ fn momentum_state(states: &[MuonState<Tensor>]) -> Vec<(String, Tensor)> {
     out
 }
 
-fn load_momentum_state(
-    states: &mut [MuonState<Tensor>],
-    saved: &HashMap<String, Tensor>,
-) -> Result<()> {
-    let bad = |reason: String| ModelsError::Checkpoint {
+fn checkpoint_error(reason: String) -> ModelsError {
+    ModelsError::Checkpoint {
         path: std::path::PathBuf::new(),
         reason,
-    };
+    }
+}
+
+/// The `n` momentum states [`momentum_state`] saved.
+fn load_momentum_state(
+    n: usize,
+    saved: &HashMap<String, Tensor>,
+) -> Result<Vec<MomentumState<Tensor>>> {
+    let bad = checkpoint_error;
     let steps = saved
         .get("steps")
         .ok_or_else(|| bad("momentum state `steps` is missing".into()))?;
-    if steps.size() != [states.len() as i64] {
+    if steps.size() != [n as i64] {
         return Err(bad(format!(
-            "momentum state for {:?} blocks, the group has {}",
+            "momentum state for {:?} blocks, the group has {n}",
             steps.size(),
-            states.len()
         )));
     }
-    for (i, s) in states.iter_mut().enumerate() {
-        let n = steps.int64_value(&[i as i64]) as u64;
-        let buffer = saved.get(&format!("buffer.{i}")).map(Tensor::copy);
-        if n > 0 && buffer.is_none() {
-            return Err(bad(format!("momentum buffer {i} is missing")));
-        }
-        *s = MuonState::from_parts(buffer, n);
-    }
-    Ok(())
+    (0..n)
+        .map(|i| {
+            let k = steps.int64_value(&[i as i64]) as u64;
+            let buffer = saved.get(&format!("buffer.{i}")).map(Tensor::copy);
+            if k > 0 && buffer.is_none() {
+                return Err(bad(format!("momentum buffer {i} is missing")));
+            }
+            Ok(MomentumState::from_parts(buffer, k))
+        })
+        .collect()
+}
+
+/// NorMuon's second moments, `second.<i>` (f64, one value per neuron), for the blocks that have
+/// one.
+fn second_moment_state(states: &[MuonState<Tensor>]) -> Vec<(String, Tensor)> {
+    let with = states.iter().enumerate();
+    with.filter_map(|(i, s)| {
+        Some((
+            format!("second.{i}"),
+            Tensor::from_slice(s.second_moment()?),
+        ))
+    })
+    .collect()
+}
+
+/// The second moment `second.<i>` of block `i`, if it was saved.
+fn load_second_moment(saved: &HashMap<String, Tensor>, i: usize) -> Result<Option<Vec<f64>>> {
+    let Some(t) = saved.get(&format!("second.{i}")) else {
+        return Ok(None);
+    };
+    let t = t.to_kind(tch::Kind::Double).to_device(tch::Device::Cpu);
+    Vec::<f64>::try_from(&t)
+        .map(Some)
+        .map_err(|e| checkpoint_error(format!("NorMuon second moment {i}: {e}")))
 }
 
 /// [`Muon`] over a group of (out, in) matrices (each split into row blocks), on tch tensors.
@@ -581,11 +689,20 @@ impl GroupOptimizer for MuonGroup {
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
-        momentum_state(&self.states)
+        let mut out = momentum_state(self.states.iter().map(MuonState::momentum));
+        out.extend(second_moment_state(&self.states));
+        out
     }
 
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
-        load_momentum_state(&mut self.states, state)
+        let momenta = load_momentum_state(self.states.len(), state)?;
+        let states = momenta
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| Ok(MuonState::from_momentum(m, load_second_moment(state, i)?)))
+            .collect::<Result<Vec<_>>>()?;
+        self.states = states;
+        Ok(())
     }
 
     fn take_stats(&mut self) -> Option<OptimizerStats> {
@@ -705,11 +822,12 @@ impl GroupOptimizer for ManifoldGroup {
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
-        momentum_state(&self.states)
+        momentum_state(self.states.iter())
     }
 
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
-        load_momentum_state(&mut self.states, state)
+        self.states = load_momentum_state(self.states.len(), state)?;
+        Ok(())
     }
 
     fn take_stats(&mut self) -> Option<OptimizerStats> {

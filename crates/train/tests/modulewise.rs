@@ -218,6 +218,29 @@ fn invalid_configs_name_the_field() {
     cfg.optimizer_threads = 0;
     let err = modulewise_groups(&vs, &cfg, &train_config(4)).unwrap_err();
     assert!(err.to_string().contains("optimizer_threads"), "{err}");
+    cfg = modulewise(Preset::Hetero);
+    cfg.lr_multipliers.mlp_out = -1.0;
+    let err = modulewise_groups(&vs, &cfg, &train_config(4)).unwrap_err();
+    assert!(err.to_string().contains("lr_multipliers.mlp_out"), "{err}");
+}
+
+#[test]
+fn lr_multipliers_scale_each_labels_peak() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _gpt = Gpt::new(&vs.root(), GptConfig::tiny(11)).unwrap();
+    let mut cfg = modulewise(Preset::Hetero);
+    cfg.lr_multipliers.attention_qkv = 0.25;
+    cfg.lr_multipliers.mlp_in = 3.0;
+    let train = train_config(4);
+    for g in modulewise_groups(&vs, &cfg, &train).unwrap() {
+        let expected = match g.name.as_str() {
+            "attn_qkv" => 0.25 * cfg.muon_lr,
+            "mlp_in" => 3.0 * cfg.muon_lr,
+            "attn_out" | "mlp_out" => cfg.muon_lr,
+            _ => train.lr,
+        };
+        assert_eq!(g.lr, expected, "{}", g.name);
+    }
 }
 
 #[test]
@@ -406,9 +429,23 @@ fn split_qkv_constrains_each_projection() {
 
 #[test]
 fn a_resumed_modulewise_run_matches_the_uninterrupted_one() {
-    let dir = temp("resume");
+    // The paper's HETERO-INV, and unconstrained Muon with every Muon variant on (NorMuon's
+    // second moments are checkpointed beside the momentum).
+    let mut variants = modulewise(Preset::Unconstrained);
+    variants.muon.normuon = Some(kappa_optim::NorMuon::default());
+    variants.muon.cautious_weight_decay = true;
+    variants.lr_multipliers.attention_qkv = 0.5;
+    for (name, cfg) in [
+        ("hetero-inv", modulewise(Preset::HeteroInv)),
+        ("variants", variants),
+    ] {
+        resumed_run_matches(name, &cfg);
+    }
+}
+
+fn resumed_run_matches(name: &str, cfg: &ModulewiseConfig) {
+    let dir = temp(&format!("resume-{name}"));
     let ckpt = dir.join("ckpt.safetensors");
-    let cfg = modulewise(Preset::HeteroInv);
     let losses = |records: &[Record]| -> Vec<String> {
         records
             .iter()
@@ -424,13 +461,13 @@ fn a_resumed_modulewise_run_matches_the_uninterrupted_one() {
     // last bits.
     let full = {
         let (vs, mut task) = lm(&dir);
-        let groups = modulewise_groups(&vs, &cfg, &train_config(5)).unwrap();
+        let groups = modulewise_groups(&vs, cfg, &train_config(5)).unwrap();
         let mut t = Trainer::with_groups(&vs, train_config(5), groups, &context()).unwrap();
         losses(&run(&mut t, &mut task).1)
     };
     let first = {
         let (vs, mut task) = lm(&dir);
-        let groups = modulewise_groups(&vs, &cfg, &train_config(5)).unwrap();
+        let groups = modulewise_groups(&vs, cfg, &train_config(5)).unwrap();
         let mut t = Trainer::with_groups(&vs, train_config(5), groups, &context()).unwrap();
         t.stop_after(2);
         let mut records = Vec::new();
@@ -444,14 +481,14 @@ fn a_resumed_modulewise_run_matches_the_uninterrupted_one() {
     };
     let second = {
         let (vs, mut task) = lm(&dir);
-        let groups = modulewise_groups(&vs, &cfg, &train_config(5)).unwrap();
+        let groups = modulewise_groups(&vs, cfg, &train_config(5)).unwrap();
         let mut t = Trainer::with_groups(&vs, train_config(5), groups, &context()).unwrap();
         t.load_checkpoint(&ckpt).unwrap();
         assert_eq!(t.step(), 2);
         losses(&run(&mut t, &mut task).1)
     };
     let resumed: Vec<String> = first.into_iter().chain(second).collect();
-    assert_eq!(resumed, full);
+    assert_eq!(resumed, full, "{name}");
 }
 
 /// A task whose loss is scripted: it falls, then climbs back to 1.6× its lowest value.
