@@ -466,7 +466,11 @@ fn result_row(name: &str, t: &[Trace], base_step: f64) -> Vec<String> {
         format!("{}/{}", losses.len(), t.len()),
         outcome_text(t),
         format!("{step:.3}"),
-        format!("{:.2}", step / base_step),
+        if base_step.is_finite() {
+            format!("{:.2}", step / base_step)
+        } else {
+            MISSING.into()
+        },
         if train_s > 0.0 {
             format!("{:.0}%", 100.0 * opt_s / train_s)
         } else {
@@ -655,6 +659,11 @@ fn stiefel_logits(traces: &Traces) -> String {
             ))
         })
         .collect();
+    if logits.is_empty() {
+        return "- **Stiefel attention bounds the logits** (σ_max(W_Q)·σ_max(W_K) ≤ 1): cannot be \
+                judged (no completed run of ALL-STIEFEL or HETERO)."
+            .into();
+    }
     format!(
         "- **Stiefel attention bounds the logits** (σ_max(W_Q)·σ_max(W_K) ≤ 1): largest logit \
          at the last evaluation {}.",
