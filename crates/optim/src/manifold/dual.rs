@@ -339,7 +339,8 @@ impl DualAscent {
 /// Diagnostics of one direction computation.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DualReport {
-    /// msign calls in the ascent (K when it did not converge; 1 for the square closed form).
+    /// msign calls in the ascent (K when it did not converge; 1 for the square closed form; for
+    /// ADMM 2 per iteration + 1 for the certificate).
     pub msign_calls: usize,
     /// Dual updates applied to Λ.
     pub dual_steps: usize,
@@ -369,10 +370,12 @@ pub struct DualReport {
     /// ⟨G, A⟩/‖G‖_* ≤ 1, when diagnostics are on.
     pub descent_ratio: Option<f64>,
     /// The tangent violation ‖H‖_F/n of each candidate, one per msign call, in order
-    /// (`initial_violation` is the first, `ascent_violation` the last).
+    /// (`initial_violation` is the first, `ascent_violation` the last); for ADMM one per
+    /// iteration, the larger of the ball iterate's violation and B's change (admm.rs, "Stop").
     pub violations: Vec<f64>,
     /// The dual objective −‖G' + 2W·P(Λ)‖_* at each msign call (G' the possibly normalized G;
-    /// empty for the square closed form). Up to msign's accuracy (exact for `Msign::Exact`).
+    /// empty for the square closed form; for ADMM one entry, −‖G − ρU‖_* at the end). Up to
+    /// msign's accuracy (exact for `Msign::Exact`).
     pub dual_objective: Vec<f64>,
     /// The factor G was multiplied by before the ascent (1 without normalization).
     pub gradient_scale: f64,
