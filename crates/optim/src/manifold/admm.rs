@@ -48,6 +48,14 @@
 //! **Start.** U₀ = Π_N(G)/ρ and B₀ = 0: the first A is Π_𝔹(Z₀/ρ) with Z₀ = Π_T(G), the tangent
 //! part of the gradient (what the ascent's Λ₀ removes the normal part for).
 //!
+//! **Numerics.** G/ρ and U are both large when G is mostly normal (near a constrained optimum;
+//! at the extreme G normal, Z₀ is rounding residue and ρ tiny), and only their difference
+//! matters, so the code never forms them: since U stays normal, B = Π_T(A + U) = Π_T(A) and
+//! A − B = Π_N(A) = 2W·S, and it keeps Y = G/ρ − U (Y₀ = Z₀/ρ, Y ← Y − Π_N(A), A = Π_𝔹(B + Y);
+//! then Z = ρY) and Λ (Λ₀ = −S_G for G = Z₀ + 2W·S_G, Λ ← Λ − ρ·S). The same iteration in exact
+//! arithmetic, without the cancellation G/ρ − U (found by a test on a normal G, where the
+//! direct form returned a violation of 0.25 and a negative descent).
+//!
 //! **ρ, and why it is relative.** The iterates depend on G only through G/ρ, so ρ = `rho`·‖Z₀‖₂
 //! (the 5-squaring upper estimate, [`super::spectral_norm_estimate`]) makes ADMM scale-invariant
 //! in G by construction — no `normalize` option and none of the ascent's scale trap. At the
@@ -210,12 +218,12 @@ pub(crate) fn clip_to_ball<M: WorkingPrecision>(
     Ok(out)
 }
 
-/// The ADMM iterates that change from one iteration to the next.
+/// The ADMM iterates that change from one iteration to the next, in the stable form (module
+/// docs, "Numerics"): Y = G/ρ − U (so Z = ρY) instead of U, and Λ with Z = G + 2W·Λ.
 struct Iterate<M> {
     b: M,
-    u: M,
-    /// U = 2W·S (S from the last tangent projection).
-    s: M,
+    y: M,
+    lam: M,
     rho: f64,
 }
 
@@ -245,17 +253,17 @@ pub(crate) fn admm<M: WorkingPrecision>(
         return zero_direction(p, proj, z0, s0, report, z0_norm, method, precision, diagnostics);
     }
     let rho = cfg.rho * z0_norm;
-    let mut u = p.g.duplicate()?;
-    u.axpy(-1.0, &z0)?;
-    u.scale(1.0 / rho)?;
-    let mut s = s0;
-    s.scale(1.0 / rho)?;
-    let mut b = z0;
+    // U₀ = Π_N(G)/ρ: Y₀ = G/ρ − U₀ = Z₀/ρ, Λ₀ = −S_G (G = Z₀ + 2W·S_G).
+    let mut lam = s0;
+    lam.scale(-1.0)?;
+    let mut b = z0.duplicate()?;
     b.scale(0.0)?;
-    let mut it = Iterate { b, u, s, rho };
+    let mut y = z0;
+    y.scale(1.0 / rho)?;
+    let mut it = Iterate { b, y, lam, rho };
     let n = p.w.shape().1 as f64;
     for k in 0..cfg.steps {
-        let r = iterate(p, &space, proj, &mut it, method, precision)?;
+        let r = iterate(&space, p.wt, proj, &mut it, method, precision)?;
         // The stopping residual: the ascent's violation measure of A, and B's change in the
         // same normalization (module docs, "Stop").
         let (v, change) = (r.violation, 2.0 * r.change / n);
@@ -296,44 +304,40 @@ struct Residuals {
     change: f64,
 }
 
-/// One ADMM iteration (module docs) in place.
+/// One ADMM iteration (module docs) in place, in the stable form: with U normal,
+/// B = Π_T(A + U) = Π_T(A) and A − B = Π_N(A) = 2W·S, so Y ← Y − 2W·S and Λ ← Λ − ρ·S.
 fn iterate<M: WorkingPrecision>(
-    p: &TallProblem<'_, M>,
     space: &TangentSpace<'_, M>,
+    wt: &M,
     proj: Projector,
     it: &mut Iterate<M>,
     method: Msign,
     precision: Precision,
 ) -> Result<Residuals> {
-    // A = Π_𝔹(B − U + G/ρ)
+    // A = Π_𝔹(B − U + G/ρ) = Π_𝔹(B + Y)
     let mut x = it.b.duplicate()?;
-    x.axpy(-1.0, &it.u)?;
-    x.axpy(1.0 / it.rho, p.g)?;
+    x.axpy(1.0, &it.y)?;
     let a = clip_to_ball(&x, method, precision)?;
-    let (_, violation) = violation(p.wt, &a, proj)?;
-    // B = Π_T(A + U), U = Π_N(A + U) = 2W·S
-    let mut u = a;
-    u.axpy(1.0, &it.u)?;
-    let (b, s) = space.project(&u)?;
-    u.axpy(-1.0, &b)?;
-    let mut du = u.duplicate()?;
-    du.axpy(-1.0, &it.u)?;
+    let (_, violation) = violation(wt, &a, proj)?;
+    let (b, s) = space.project(&a)?;
+    let mut normal = a;
+    normal.axpy(-1.0, &b)?;
     let mut db = b.duplicate()?;
     db.axpy(-1.0, &it.b)?;
     let r = Residuals {
         violation,
-        primal: du.frobenius_norm()?,
+        primal: normal.frobenius_norm()?,
         change: db.frobenius_norm()?,
     };
+    it.y.axpy(-1.0, &normal)?;
+    it.lam.axpy(-it.rho, &s)?;
     it.b = b;
-    it.u = u;
-    it.s = s;
     Ok(r)
 }
 
 /// Residual balancing (module docs): with r = ‖A − B‖_F and s = (ρ/‖Z₀‖₂)·‖ΔB‖_F, ρ ← 2ρ
-/// (U, S ← ½U, ½S) when r > 10·s and ρ ← ρ/2 (U, S ← 2U, 2S) when s > 10·r; ρU is unchanged,
-/// so is the multiplier Λ = −ρS.
+/// (U ← ½U, so Y ← ½Y) when r > 10·s and ρ ← ρ/2 (Y ← 2Y) when s > 10·r; ρU, Z = ρY and Λ are
+/// unchanged.
 fn balance<M: Matrix>(it: &mut Iterate<M>, r: &Residuals, z0_norm: f64) -> Result<()> {
     let s = it.rho / z0_norm * r.change;
     let factor = if r.primal > 10.0 * s {
@@ -344,8 +348,7 @@ fn balance<M: Matrix>(it: &mut Iterate<M>, r: &Residuals, z0_norm: f64) -> Resul
         return Ok(());
     };
     it.rho *= factor;
-    it.u.scale(1.0 / factor)?;
-    it.s.scale(1.0 / factor)?;
+    it.y.scale(1.0 / factor)?;
     Ok(())
 }
 
@@ -391,10 +394,10 @@ fn finish<M: WorkingPrecision>(
 ) -> Result<(M, M, DualReport)> {
     let a = rescale_to_ball(it.b, RESCALE_SQUARINGS)?;
     report.violation = violation(p.wt, &a, proj)?.1;
-    let mut lam = it.s;
-    lam.scale(-it.rho)?;
-    // Z = G − ρU = G + 2W·Λ; ‖Z‖_* = ⟨Z, msign(Z)⟩ bounds every feasible descent.
-    let z = p.g.mul_add(2.0, p.w, &lam, 1.0)?;
+    let lam = it.lam;
+    // Z = G − ρU = ρY (= G + 2W·Λ); ‖Z‖_* = ⟨Z, msign(Z)⟩ bounds every feasible descent.
+    let mut z = it.y;
+    z.scale(it.rho)?;
     let nuclear = z.inner(&msign(&z, method, precision)?)?;
     report.msign_calls += 1;
     report.dual_objective.push(-nuclear);
