@@ -13,6 +13,11 @@
 //! the msign calls those updates made, and the time those calls predict (calls × one msign of
 //! the matrix's shape, timed here) — the goal is measured / predicted ≤ 1, i.e. no overhead
 //! beyond the msign count (20 dual steps + 1 retraction per tall matrix).
+//!
+//! Then, per hidden-matrix shape, the tangent-problem solvers alone (group
+//! `manifolds_tangent_solvers`): the dual ascent (`DualAscent::feasible()`) against ADMM
+//! (`Admm::standard()`) on a Stiefel point with a Gaussian gradient, each run to the same
+//! violation (1e-3, at most 200 msign calls), with the msign calls each needed printed.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -20,11 +25,17 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, Criterion};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step, NOT_RUN};
 use kappa_models::{Gpt, GptConfig};
-use kappa_optim::{msign, Msign, Precision};
+use kappa_optim::{
+    msign, Admm, DualAscent, DualSolver, Manifold, ManifoldMuon, ManifoldMuonConfig, Msign,
+    Precision,
+};
 use kappa_train::{modulewise_groups, seeded, ModulewiseConfig, ParamGroup, Preset, TrainConfig};
 use tch::{nn, Device, Kind, Tensor};
 
 const GROUP: &str = "manifolds_train_step";
+const SOLVERS: &str = "manifolds_tangent_solvers";
+/// The violation both solvers are run to.
+const SOLVER_TOL: f64 = 1e-3;
 const BATCH: i64 = 16;
 const VOCAB: usize = 98;
 const LR: f64 = 6e-4;
@@ -110,6 +121,65 @@ fn msign_seconds(shape: (i64, i64)) -> f64 {
     times[times.len() / 2]
 }
 
+/// The ascent and ADMM settings that stop at [`SOLVER_TOL`] (or after 200 msign calls).
+fn solver_configs() -> [(&'static str, ManifoldMuonConfig); 2] {
+    let base = ManifoldMuonConfig {
+        diagnostics: false,
+        square_closed_form: false,
+        ..ManifoldMuonConfig::paper(Manifold::Stiefel)
+    };
+    let ascent = DualAscent {
+        steps: 200,
+        tol: SOLVER_TOL,
+        ..DualAscent::feasible()
+    };
+    let admm = Admm {
+        steps: 100,
+        tol: SOLVER_TOL,
+        ..Admm::standard()
+    };
+    [
+        (
+            "ascent",
+            ManifoldMuonConfig {
+                dual: ascent,
+                ..base
+            },
+        ),
+        (
+            "admm",
+            ManifoldMuonConfig {
+                solver: DualSolver::Admm(admm),
+                ..base
+            },
+        ),
+    ]
+}
+
+/// Benchmarks both solvers' direction at `shape` (Stiefel point, Gaussian gradient) and prints
+/// the msign calls each needed to reach [`SOLVER_TOL`].
+fn bench_solvers(c: &mut Criterion, shape: (i64, i64)) {
+    for (name, cfg) in solver_configs() {
+        let opt = ManifoldMuon::new(cfg).expect("solver config");
+        let mut w = seeded(11, || {
+            Tensor::randn([shape.0, shape.1], (Kind::Float, Device::Cpu))
+        });
+        opt.retract_onto(&mut w).expect("retract");
+        let g = seeded(12, || {
+            Tensor::randn([shape.0, shape.1], (Kind::Float, Device::Cpu))
+        });
+        let (_, report) = opt.direction(&w, &g).expect("direction");
+        println!(
+            "{}×{} {name}: {} msign calls, violation {:.2e}, gap {:?}",
+            shape.0, shape.1, report.msign_calls, report.ascent_violation, report.gap
+        );
+        c.benchmark_group(SOLVERS)
+            .bench_function(format!("{}x{}/{name}", shape.0, shape.1), |b| {
+                b.iter(|| black_box(opt.direction(&w, &g).expect("direction")))
+            });
+    }
+}
+
 fn main() {
     let threads = configure_threads();
     let seconds: u64 = std::env::var("KAPPA_BENCH_SECONDS")
@@ -157,6 +227,9 @@ fn main() {
                 .entry(*shape)
                 .or_insert_with(|| msign_seconds(*shape));
         }
+    }
+    for shape in shapes.keys() {
+        bench_solvers(&mut c, *shape);
     }
     println!(
         "\nmodule-wise assignments, GPT d={d} L={} T={} batch {BATCH}, {threads} thread(s)",

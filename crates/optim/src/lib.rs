@@ -41,8 +41,8 @@ pub use error::{OptimError, Result};
 /// kappa-linalg's input error, the payload of the `Input` variant of this crate's error.
 pub use kappa_linalg::input::InputError;
 pub use manifold::{
-    DGramRetraction, DualAscent, DualReport, Manifold, ManifoldMuon, ManifoldMuonConfig,
-    ManifoldState, ManifoldStep, OnDivergence, TangentSolution,
+    Admm, DGramRetraction, DualAscent, DualReport, DualSolver, Manifold, ManifoldMuon,
+    ManifoldMuonConfig, ManifoldState, ManifoldStep, OnDivergence, TangentSolution,
 };
 pub use momentum::{Momentum, MomentumKind, MomentumState};
 pub use msign::{msign, Msign, MUON_REFERENCE_EPS};

@@ -3,6 +3,7 @@
 //! one module per topic; case counts are bounded (16–32) so the suite runs in seconds in release.
 
 mod muon {
+    pub mod admm;
     pub mod common;
     pub mod errors;
     pub mod manifold;

@@ -28,8 +28,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use kappa_optim::{
-    DGramRetraction, DualAscent, Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState,
-    MomentumState, Muon, MuonConfig, MuonState, OnDivergence,
+    DGramRetraction, DualAscent, DualSolver, Manifold, ManifoldMuon, ManifoldMuonConfig,
+    ManifoldState, MomentumState, Muon, MuonConfig, MuonState, OnDivergence,
 };
 use serde::{Deserialize, Serialize};
 use tch::{nn, Tensor};
@@ -191,6 +191,75 @@ impl Assignment {
     }
 }
 
+/// The tangent-problem solver of each constrained hidden-matrix label (kappa-optim's
+/// [`DualSolver`]: the dual ascent or ADMM); `None` (the serde default of every field) takes
+/// [`ModulewiseConfig::manifold`]'s `solver`, itself the dual ascent by default — so configs
+/// without this table train exactly as before. A label whose geometry is AdamW or Muon ignores
+/// its entry.
+///
+/// ```
+/// use kappa_optim::{Admm, DualSolver};
+/// use kappa_train::modulewise::ModuleSolvers;
+/// use kappa_train::{ModulewiseConfig, Preset};
+/// // HETERO: Stiefel attention with ADMM, DGram MLP with the dual ascent.
+/// let config = ModulewiseConfig {
+///     solvers: ModuleSolvers::attention_mlp(Some(DualSolver::Admm(Admm::standard())), None),
+///     ..ModulewiseConfig::paper(Preset::Hetero)
+/// };
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleSolvers {
+    /// `attn.c_attn`.
+    #[serde(default)]
+    pub attention_qkv: Option<DualSolver>,
+    /// `attn.c_proj`.
+    #[serde(default)]
+    pub attention_out: Option<DualSolver>,
+    /// `mlp.c_fc`.
+    #[serde(default)]
+    pub mlp_in: Option<DualSolver>,
+    /// `mlp.c_proj`.
+    #[serde(default)]
+    pub mlp_out: Option<DualSolver>,
+}
+
+impl ModuleSolvers {
+    /// `attention` for both attention matrices, `mlp` for both MLP matrices.
+    pub const fn attention_mlp(attention: Option<DualSolver>, mlp: Option<DualSolver>) -> Self {
+        Self {
+            attention_qkv: attention,
+            attention_out: attention,
+            mlp_in: mlp,
+            mlp_out: mlp,
+        }
+    }
+
+    /// The entry of `label` (`None` for the labels without one and for unset entries).
+    pub fn solver(&self, label: ModuleLabel) -> Option<DualSolver> {
+        match label {
+            ModuleLabel::AttentionQkv => self.attention_qkv,
+            ModuleLabel::AttentionOut => self.attention_out,
+            ModuleLabel::MlpIn => self.mlp_in,
+            ModuleLabel::MlpOut => self.mlp_out,
+            ModuleLabel::Embedding | ModuleLabel::NormGain | ModuleLabel::Bias => None,
+        }
+    }
+
+    /// The entries that are set, with their field names.
+    fn entries(&self) -> impl Iterator<Item = (&'static str, DualSolver)> {
+        [
+            ("attention_qkv", self.attention_qkv),
+            ("attention_out", self.attention_out),
+            ("mlp_in", self.mlp_in),
+            ("mlp_out", self.mlp_out),
+        ]
+        .into_iter()
+        .filter_map(|(name, s)| s.map(|s| (name, s)))
+    }
+}
+
 /// Multipliers on each hidden-matrix label's peak learning rate (modded-nanogpt's per-matrix
 /// `lr_mul`): the label's group runs at multiplier × its optimizer's peak (`muon_lr` for Muon
 /// and manifold Muon, the train config's lr for AdamW). Every multiplier defaults to 1.
@@ -336,8 +405,13 @@ pub struct ModulewiseConfig {
     /// Settings of [`Geometry::Muon`] (its `lr` is replaced by the schedule).
     pub muon: MuonConfig,
     /// Settings of [`Geometry::Stiefel`], [`Geometry::DGram`] and [`Geometry::Oblique`] (`lr` is replaced by the
-    /// schedule, `manifold` by the label's geometry).
+    /// schedule, `manifold` by the label's geometry, `solver` by the label's entry in
+    /// `solvers` when it has one).
     pub manifold: ManifoldMuonConfig,
+    /// Per-label solver of the tangent problem (default: none set, every label takes
+    /// `manifold.solver`).
+    #[serde(default)]
+    pub solvers: ModuleSolvers,
     /// The DGram retraction.
     pub dgram_retraction: DGramRetraction,
     /// AdamW weight decay of the embeddings (the paper: 0.1, like nanoGPT).
@@ -372,6 +446,7 @@ impl ModulewiseConfig {
             muon_lr: 0.02,
             muon: MuonConfig::paper(),
             manifold,
+            solvers: ModuleSolvers::default(),
             dgram_retraction: DGramRetraction::Paper,
             embedding_weight_decay: 0.1,
             optimizer_threads: 1,
@@ -407,6 +482,11 @@ impl ModulewiseConfig {
             ModelsError::config(format!("modulewise.{field}"), e.to_string())
         };
         self.muon.validate().map_err(|e| optim("muon", e))?;
+        for (name, solver) in self.solvers.entries() {
+            solver
+                .validate()
+                .map_err(|e| optim(&format!("solvers.{name}"), e))?;
+        }
         self.manifold.validate().map_err(|e| optim("manifold", e))
     }
 }
@@ -482,6 +562,10 @@ pub fn modulewise_groups(
                     .ok_or_else(|| ModelsError::config("modulewise", "unreachable geometry"))?;
                 let cfg = ManifoldMuonConfig {
                     manifold,
+                    solver: config
+                        .solvers
+                        .solver(label)
+                        .unwrap_or(config.manifold.solver),
                     ..config.manifold
                 };
                 let group = ManifoldGroup::new(cfg, blocks, &params)?
@@ -881,5 +965,43 @@ impl Accumulator {
             diverged: self.diverged,
             manifold_violation_max: (self.dual > 0).then_some(self.manifold_violation_max),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kappa_optim::Admm;
+
+    #[test]
+    fn configs_without_solvers_read_as_before_and_entries_pick_the_solver() {
+        let paper = ModulewiseConfig::paper(Preset::Hetero);
+        let mut value = serde_json::to_value(paper).unwrap();
+        let table = value.as_object_mut().unwrap();
+        table.remove("solvers");
+        table
+            .get_mut("manifold")
+            .and_then(|m| m.as_object_mut())
+            .unwrap()
+            .remove("solver");
+        let back: ModulewiseConfig = serde_json::from_value(value).unwrap();
+        assert_eq!(back, paper);
+        let admm = DualSolver::Admm(Admm::standard());
+        let solvers = ModuleSolvers::attention_mlp(Some(admm), None);
+        assert_eq!(solvers.solver(ModuleLabel::AttentionQkv), Some(admm));
+        assert_eq!(solvers.solver(ModuleLabel::MlpOut), None);
+        assert_eq!(solvers.solver(ModuleLabel::Embedding), None);
+        let bad = ModulewiseConfig {
+            solvers: ModuleSolvers::attention_mlp(
+                Some(DualSolver::Admm(Admm {
+                    steps: 0,
+                    ..Admm::standard()
+                })),
+                None,
+            ),
+            ..paper
+        };
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains("solvers.attention_qkv"), "{err}");
     }
 }

@@ -339,7 +339,8 @@ impl DualAscent {
 /// Diagnostics of one direction computation.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DualReport {
-    /// msign calls in the ascent (K when it did not converge; 1 for the square closed form).
+    /// msign calls in the ascent (K when it did not converge; 1 for the square closed form; for
+    /// ADMM 2 per iteration + 1 for the certificate).
     pub msign_calls: usize,
     /// Dual updates applied to Λ.
     pub dual_steps: usize,
@@ -369,10 +370,12 @@ pub struct DualReport {
     /// ⟨G, A⟩/‖G‖_* ≤ 1, when diagnostics are on.
     pub descent_ratio: Option<f64>,
     /// The tangent violation ‖H‖_F/n of each candidate, one per msign call, in order
-    /// (`initial_violation` is the first, `ascent_violation` the last).
+    /// (`initial_violation` is the first, `ascent_violation` the last); for ADMM one per
+    /// iteration, the larger of the ball iterate's violation and B's change (admm.rs, "Stop").
     pub violations: Vec<f64>,
     /// The dual objective −‖G' + 2W·P(Λ)‖_* at each msign call (G' the possibly normalized G;
-    /// empty for the square closed form). Up to msign's accuracy (exact for `Msign::Exact`).
+    /// empty for the square closed form; for ADMM one entry, −‖G − ρU‖_* at the end). Up to
+    /// msign's accuracy (exact for `Msign::Exact`).
     pub dual_objective: Vec<f64>,
     /// The factor G was multiplied by before the ascent (1 without normalization).
     pub gradient_scale: f64,
@@ -445,7 +448,7 @@ fn unit_scale_estimate<M: Matrix>(g: &M, squarings: usize) -> Result<f64> {
 }
 
 /// Returns X + Xᵀ for a square X.
-fn sym2<M: Matrix>(x: M) -> Result<M> {
+pub(crate) fn sym2<M: Matrix>(x: M) -> Result<M> {
     let t = x.duplicate()?.into_transpose();
     let mut x = x;
     x.axpy(1.0, &t)?;
@@ -601,12 +604,8 @@ pub(crate) fn ascend<M: WorkingPrecision>(
 /// T_W = {A : P(WᵀA + AᵀW) = 0} and rescaled to spectral norm ≤ 1 (module docs, "Feasible
 /// directions"). `wt` is Wᵀ.
 ///
-/// With C(A) = P(WᵀA + AᵀW) and its adjoint C*(S) = 2W·S (S symmetric, P(S) = S), the projection
-/// is A − 2W·S with S solving P(M·S + S·M) = ½·C(A), M = WᵀW, by conjugate gradients on that
-/// symmetric positive-definite operator (eigenvalues m_i + m_j on DGram: it converges in ≤ n
-/// steps, in a handful when the column norms are close; in one on Stiefel, where S = C(A)/4).
-/// The rescaling divides by an upper estimate of the spectral norm (≤ 1.004× high for rank ≤ 4096),
-/// so ‖A‖₂ ∈ [0.996, 1].
+/// The projection is [`TangentSpace::project`]; the rescaling divides by an upper estimate of the
+/// spectral norm (≤ 1.004× high for rank ≤ 4096), so ‖A‖₂ ∈ [0.996, 1] ([`rescale_to_ball`]).
 pub(crate) fn project_tangent<M: Matrix>(
     w: &M,
     wt: &M,
@@ -614,61 +613,116 @@ pub(crate) fn project_tangent<M: Matrix>(
     proj: Projector,
     weights: Option<&[f64]>,
 ) -> Result<M> {
-    let gram = wt.matmul(w)?;
-    let op = |s: &M| -> Result<M> {
-        let mut y = sym2(gram.matmul(s)?)?;
-        proj.apply(&mut y)?;
-        Ok(y)
-    };
-    // Preconditioned CG: z = weights ∘ r (plain CG without weights).
-    let precondition = |r: &M| -> Result<M> {
-        let mut z = r.duplicate()?;
-        if let Some(wts) = weights {
-            z.scale_entries(wts)?;
-        }
-        Ok(z)
-    };
-    let (mut r, _) = violation(wt, a, proj)?;
-    r.scale(0.5)?;
-    let n = r.shape().0;
-    let mut s = r.duplicate()?;
-    s.scale(0.0)?;
-    let mut z = precondition(&r)?;
-    let mut dir = z.duplicate()?;
-    let mut rz = r.inner(&z)?;
-    let stop = r.inner(&r)? * 1e-28;
-    for _ in 0..(2 * n).max(8) {
-        let rr = r.inner(&r)?;
-        if rr <= stop || rr == 0.0 || rz <= 0.0 {
-            break;
-        }
-        let ad = op(&dir)?;
-        let curv = dir.inner(&ad)?;
-        if curv <= 0.0 || !curv.is_finite() {
-            break;
-        }
-        let step = rz / curv;
-        s.axpy(step, &dir)?;
-        r.axpy(-step, &ad)?;
-        z = precondition(&r)?;
-        let rz_new = r.inner(&z)?;
-        dir.scale(rz_new / rz)?;
-        dir.axpy(1.0, &z)?;
-        rz = rz_new;
-    }
-    let mut out = a.mul_add(-2.0, w, &s, 1.0)?;
-    let norm = estimate(&out, 10)?;
+    let space = TangentSpace::new(w, wt, proj, weights)?;
+    let (out, _) = space.project(a)?;
+    rescale_to_ball(out, 10)
+}
+
+/// `y / ν` with ν the `squarings`-squaring upper estimate of ‖y‖₂ (unchanged when ν is 0 or
+/// non-finite): ‖y/ν‖₂ ∈ [rank^{−1/2^{squarings+1}}, 1] up to rounding
+/// ([`spectral_norm_estimate`]); `project` uses 10 squarings (‖A‖₂ ≥ 0.996 for rank ≤ 4096).
+pub(crate) fn rescale_to_ball<M: Matrix>(mut y: M, squarings: usize) -> Result<M> {
+    let norm = estimate(&y, squarings)?;
     if norm > 0.0 && norm.is_finite() {
-        out.scale(1.0 / norm)?;
+        y.scale(1.0 / norm)?;
     }
-    Ok(out)
+    Ok(y)
+}
+
+/// The tangent space T_W = {A : C(A) = 0}, C(A) = P(WᵀA + AᵀW), of tall W, with its orthogonal
+/// (Frobenius) projection: the one implementation behind `project` and the ADMM solver
+/// ([`super::admm`]).
+///
+/// With the adjoint C*(S) = 2W·S (S symmetric, P(S) = S) the normal space is {2W·S}, and
+/// Π_T(X) = X − 2W·S with S solving P(M·S + S·M) = ½·C(X), M = WᵀW, by (Jacobi-preconditioned
+/// when `weights` are given) conjugate gradients on that symmetric positive-definite operator
+/// (eigenvalues m_i + m_j on DGram: it converges in ≤ n steps, in a handful when the column norms
+/// are close, in one with the Jacobi weights on DGram and Oblique and on Stiefel, where
+/// S = C(X)/4).
+pub(crate) struct TangentSpace<'a, M> {
+    w: &'a M,
+    wt: &'a M,
+    gram: M,
+    proj: Projector,
+    weights: Option<&'a [f64]>,
+}
+
+impl<'a, M: Matrix> TangentSpace<'a, M> {
+    /// T_W for tall `w` (`wt` = Wᵀ), projector `proj`, CG preconditioner `weights`
+    /// ([`jacobi_weights`], row-major) or none.
+    pub(crate) fn new(
+        w: &'a M,
+        wt: &'a M,
+        proj: Projector,
+        weights: Option<&'a [f64]>,
+    ) -> Result<Self> {
+        Ok(Self {
+            w,
+            wt,
+            gram: wt.matmul(w)?,
+            proj,
+            weights,
+        })
+    }
+
+    /// (Π_T(x), S) with x − Π_T(x) = 2W·S the normal component of `x`.
+    pub(crate) fn project(&self, x: &M) -> Result<(M, M)> {
+        let s = self.normal_multiplier(x)?;
+        Ok((x.mul_add(-2.0, self.w, &s, 1.0)?, s))
+    }
+
+    /// S with P(M·S + S·M) = ½·C(x), by conjugate gradients (type docs).
+    fn normal_multiplier(&self, x: &M) -> Result<M> {
+        let op = |s: &M| -> Result<M> {
+            let mut y = sym2(self.gram.matmul(s)?)?;
+            self.proj.apply(&mut y)?;
+            Ok(y)
+        };
+        // Preconditioned CG: z = weights ∘ r (plain CG without weights).
+        let precondition = |r: &M| -> Result<M> {
+            let mut z = r.duplicate()?;
+            if let Some(wts) = self.weights {
+                z.scale_entries(wts)?;
+            }
+            Ok(z)
+        };
+        let (mut r, _) = violation(self.wt, x, self.proj)?;
+        r.scale(0.5)?;
+        let n = r.shape().0;
+        let mut s = r.duplicate()?;
+        s.scale(0.0)?;
+        let mut z = precondition(&r)?;
+        let mut dir = z.duplicate()?;
+        let mut rz = r.inner(&z)?;
+        let stop = r.inner(&r)? * 1e-28;
+        for _ in 0..(2 * n).max(8) {
+            let rr = r.inner(&r)?;
+            if rr <= stop || rr == 0.0 || rz <= 0.0 {
+                break;
+            }
+            let ad = op(&dir)?;
+            let curv = dir.inner(&ad)?;
+            if curv <= 0.0 || !curv.is_finite() {
+                break;
+            }
+            let step = rz / curv;
+            s.axpy(step, &dir)?;
+            r.axpy(-step, &ad)?;
+            z = precondition(&r)?;
+            let rz_new = r.inner(&z)?;
+            dir.scale(rz_new / rz)?;
+            dir.axpy(1.0, &z)?;
+            rz = rz_new;
+        }
+        Ok(s)
+    }
 }
 
 /// The Jacobi preconditioner of the constraint operator Λ ↦ P(WᵀW·Λ + Λ·WᵀW), row-major:
 /// 2/(d_i² + d_j²) with d_j² = (WᵀW)_jj (1 where that sum is not positive). On DGram the operator
 /// is exactly diagonal with entries d_i² + d_j² in the entry basis, so this is its inverse up to
 /// the factor 2 that makes it 1 on Stiefel. `wt` is Wᵀ.
-fn jacobi_weights<M: Matrix>(w: &M, wt: &M) -> Result<Vec<f64>> {
+pub(crate) fn jacobi_weights<M: Matrix>(w: &M, wt: &M) -> Result<Vec<f64>> {
     let d2 = wt.matmul(w)?.diagonal()?;
     Ok(d2
         .iter()

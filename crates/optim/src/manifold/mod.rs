@@ -46,9 +46,11 @@
 //!   for the retraction, plus one msign
 //!   for the ‖G‖_* diagnostic when `diagnostics` is on.
 
+pub mod admm;
 pub mod dual;
 pub mod retraction;
 
+pub use admm::{Admm, DualSolver};
 pub use dual::{
     spectral_norm_estimate, stiefel_square_direction, tangent_direction, DualAscent, DualReport,
     OnDivergence, Projector,
@@ -76,8 +78,13 @@ pub struct ManifoldMuonConfig {
     pub manifold: Manifold,
     /// Momentum form.
     pub momentum: Momentum,
-    /// Dual-ascent settings.
+    /// Dual-ascent settings (used when `solver` is [`DualSolver::Ascent`]).
     pub dual: DualAscent,
+    /// The solver of the tangent problem: the dual ascent (`dual`; the serde default, so configs
+    /// without this field read as before) or ADMM ([`admm`]). The square Stiefel closed form,
+    /// when on, takes precedence over both.
+    #[serde(default)]
+    pub solver: DualSolver,
     /// msign for the direction and for the Stiefel / column-norm retractions.
     pub msign: Msign,
     /// Which axis is fan-in (decides the orientation of square matrices).
@@ -109,6 +116,7 @@ impl ManifoldMuonConfig {
             manifold,
             momentum: Momentum::paper(),
             dual: DualAscent::paper(),
+            solver: DualSolver::Ascent,
             msign: Msign::polar_express(),
             layout: Layout::OutIn,
             precision: Precision::Auto,
@@ -125,6 +133,7 @@ impl ManifoldMuonConfig {
         check_range("manifold_tol", self.manifold_tol, 0.0, f64::MAX)?;
         self.momentum.validate()?;
         self.dual.validate()?;
+        self.solver.validate()?;
         self.msign.validate()
     }
 }
@@ -299,14 +308,16 @@ impl ManifoldMuon {
             finish_report(&mut report, g, &a, c.msign, c.precision, c.diagnostics)?;
             return Ok((a, lam, report));
         }
-        ascend(
-            &TallProblem { w, wt, g },
-            c.manifold.projector(),
-            &c.dual,
-            c.msign,
-            c.precision,
-            c.diagnostics,
-        )
+        let problem = TallProblem { w, wt, g };
+        let proj = c.manifold.projector();
+        match &c.solver {
+            DualSolver::Ascent => {
+                ascend(&problem, proj, &c.dual, c.msign, c.precision, c.diagnostics)
+            }
+            DualSolver::Admm(cfg) => {
+                admm::admm(&problem, proj, cfg, c.msign, c.precision, c.diagnostics)
+            }
+        }
     }
 
     /// The tangent direction A for gradient (or momentum) `g` at `w`, in `w`'s orientation, the
@@ -373,13 +384,17 @@ impl ManifoldMuon {
         let u_tall = if flip { u.into_transpose() } else { u };
         let (a, lam, report) = self.direction_tall(&w_tall, &wt, &u_tall)?;
         let unusable = !report.ascent_violation.is_finite() || !a.frobenius_norm()?.is_finite();
-        if unusable || (report.diverged && c.dual.on_divergence == OnDivergence::Error) {
+        let on_divergence = c.solver.on_divergence(&c.dual);
+        if unusable || (report.diverged && on_divergence == OnDivergence::Error) {
             return Err(OptimError::DualAscentDiverged {
                 steps: report.dual_steps,
                 initial_violation: report.initial_violation,
                 violation: report.ascent_violation,
                 gradient_norm: u_tall.frobenius_norm()?,
-                remedy: c.dual.divergence_remedy(&report),
+                remedy: match &c.solver {
+                    DualSolver::Ascent => c.dual.divergence_remedy(&report),
+                    DualSolver::Admm(a) => a.divergence_remedy(),
+                },
             });
         }
         let mut moved = w_tall;
