@@ -7,8 +7,8 @@
 //! query rows i₀..i₀+n only meets keys 0..i₀+n, and the future keys j > i inside it are set to
 //! −∞ before the maximum, so masked positions never count. Cost: the products of the allowed
 //! (and, within a chunk, the masked) pairs, 2·B·T²·D flops bidirectional and about B·T²·D causal
-//! (D = H·k): the same as the attention's own QKᵀ, about T/(12·D) of a block's forward matmuls
-//! (24·B·T·D² flops with a 4× MLP).
+//! (D = H·k): the same as the attention's own QKᵀ, T/(12·D) (bidirectional) or T/(24·D)
+//! (causal) of a block's forward matmuls (24·B·T·D² flops with a 4× MLP).
 
 use kappa_optim::HeadFactors;
 use tch::{Kind, Tensor};
