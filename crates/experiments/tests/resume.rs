@@ -80,6 +80,7 @@ fn append_orphan_and_torn_lines(metrics: &Path, variant: &str, step: u64) {
             units_per_second: 0.0,
             seconds: 0.0,
             optimizers: Default::default(),
+            qk_clip: None,
         }),
         summary: None,
     };

@@ -44,13 +44,18 @@
 //! the weight scale"). The per-head layouts are kappa-attention's [`HeadLayout`], the same type
 //! its `MultiHeadAttention` uses.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
 use kappa_attention::{HeadLayout, InputError, ScoreScale};
+use kappa_optim::{clip_rows, fused_qkv_row_factors, HeadFactors, QkClipConfig};
 use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
 use tch::{nn, Kind, Tensor};
 
 use crate::error::{ModelsError, Result};
 use crate::linear::Linear;
+use crate::max_logit::{head_max_logits, to_vec, QkClipReport};
 
 /// The spectral correction added to W_Q, W_K and W_V.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -251,6 +256,23 @@ pub struct ConditionedAttention {
     /// The fixed 3D×D pattern E of the λ shift (Identity, ScaleAware); not a variable, so
     /// checkpoints and the var store are those of the unconditioned layout plus λ.
     pattern: Option<Tensor>,
+    /// The opt-in record of the last forward's max logits and input.
+    capture: Capture,
+}
+
+/// The max-logit capture of a layer: off by default; when on, every forward replaces `last`.
+#[derive(Debug, Default)]
+struct Capture {
+    on: AtomicBool,
+    last: Mutex<Option<Captured>>,
+}
+
+/// What one forward left: its input X (a detached handle on the tensor, no copy) and the
+/// per-head max logits (H, f32).
+#[derive(Debug)]
+struct Captured {
+    input: Tensor,
+    max_logits: Tensor,
 }
 
 impl ConditionedAttention {
@@ -281,6 +303,7 @@ impl ConditionedAttention {
             lambda,
             correction,
             pattern: None,
+            capture: Capture::default(),
         };
         layer.pattern = layer.shift_pattern();
         layer.refresh_conditioning(0)?;
@@ -447,6 +470,116 @@ impl ConditionedAttention {
         x.linear(&self.projection_weight(), self.c_attn.bias.as_ref())
     }
 
+    /// Turns the max-logit capture on or off (off by default; off also forgets the last
+    /// record). While it is on, every forward records, detached, the per-head max of its masked
+    /// pre-softmax logits ([`crate::max_logit`]; the extra cost is the QKᵀ product once more,
+    /// never the B×H×T×T matrix at once) and keeps a handle on its input X (no copy, but X
+    /// stays alive until the next forward: one B×T×D activation per layer). Nothing the forward
+    /// returns changes.
+    pub fn capture_max_logits(&self, on: bool) {
+        self.capture.on.store(on, Ordering::Relaxed);
+        if !on {
+            *self.last_capture() = None;
+        }
+    }
+
+    /// The per-head max logits (H values) of the last forward while the capture was on.
+    pub fn captured_max_logits(&self) -> Option<Vec<f64>> {
+        self.last_capture().as_ref().map(|c| to_vec(&c.max_logits))
+    }
+
+    fn last_capture(&self) -> std::sync::MutexGuard<'_, Option<Captured>> {
+        self.capture.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, x: &Tensor, q: &Tensor, k: &Tensor) {
+        let max_logits = head_max_logits(q, k, self.score_factor, self.cfg.causal);
+        *self.last_capture() = Some(Captured {
+            input: x.detach(),
+            max_logits,
+        });
+    }
+
+    /// The per-head max of the masked logits of X (B×T×D) with the current weights, without
+    /// gradient: the Q and K rows of the projection (4·B·T·D² flops) and [`head_max_logits`].
+    pub fn max_logits(&self, x: &Tensor) -> Result<Vec<f64>> {
+        self.check_input(x)?;
+        let _guard = tch::no_grad_guard();
+        let size = x.size();
+        let (b, t, d) = (size[0], size[1], size[2]);
+        let (h, k) = (self.cfg.n_head as i64, self.cfg.head_dim() as i64);
+        let w = self.projection_weight().narrow(0, 0, 2 * d);
+        let bias = self.c_attn.bias.as_ref().map(|b| b.narrow(0, 0, 2 * d));
+        let qk = x.linear(&w, bias.as_ref());
+        let heads = |m: &Tensor| m.view([b, t, h, k]).transpose(1, 2);
+        let parts = qk.split(d, -1);
+        let m = head_max_logits(
+            &heads(&parts[0]),
+            &heads(&parts[1]),
+            self.score_factor,
+            self.cfg.causal,
+        );
+        Ok(to_vec(&m))
+    }
+
+    /// QK-clip on this layer (kappa-optim's [`kappa_optim::qk_clip`]): measures the per-head
+    /// max logits of the last captured input with the **current** weights
+    /// ([`ConditionedAttention::max_logits`]), and rescales the heads above τ
+    /// ([`ConditionedAttention::scale_qk`]), so that on that input every head's max logit is
+    /// at most τ afterwards. `None` (and nothing done) when no forward was captured.
+    ///
+    /// Errors: an invalid `clip`, or a non-finite logit ([`ModelsError::Optimizer`]).
+    pub fn clip_qk(&self, clip: &QkClipConfig) -> Result<Option<QkClipReport>> {
+        let input = match self.last_capture().as_ref() {
+            Some(c) => c.input.shallow_clone(),
+            None => return Ok(None),
+        };
+        let max_logits = self.max_logits(&input)?;
+        let factors = clip.factors(&max_logits).map_err(optim_err)?;
+        let report = QkClipReport {
+            max_logits,
+            factors,
+        };
+        if report.clipped() > 0 {
+            self.scale_qk(&report.factors)?;
+        }
+        Ok(Some(report))
+    }
+
+    /// Scales head h's effective query projection by `factors[h].query` and its key
+    /// projection by `factors[h].key`, biases included, in place and without gradient. With a
+    /// correction C (λ·E, or the SVD buffer) the effective weight W + C is what is scaled and
+    /// C is kept: W ← W + (γ − 1)·(W + C) on those rows (kappa-optim's [`clip_rows`]), so the
+    /// layer's logits on any input are multiplied by γ_Q·γ_K per head. A scale-aware λ or an
+    /// SVD correction re-chosen later from the new W changes the effective weight again.
+    ///
+    /// Errors: not one factor pair per head ([`ModelsError::Shape`]).
+    pub fn scale_qk(&self, factors: &[HeadFactors]) -> Result<()> {
+        if factors.len() != self.cfg.n_head {
+            return Err(ModelsError::Shape {
+                arg: "factors",
+                reason: format!(
+                    "expected {} heads, found {}",
+                    self.cfg.n_head,
+                    factors.len()
+                ),
+            });
+        }
+        let rows = fused_qkv_row_factors(factors, self.cfg.head_dim());
+        let w = &self.c_attn.weight;
+        let correction = match (&self.lambda, &self.correction, &self.pattern) {
+            (Some(lambda), _, Some(e)) => Some(Self::matching(e, w) * lambda),
+            (_, Some(c), _) => Some(Self::matching(c, w)),
+            _ => None,
+        };
+        clip_rows(&mut w.shallow_clone(), correction.as_ref(), &rows).map_err(optim_err)?;
+        if let Some(b) = &self.c_attn.bias {
+            let mut column = b.view([rows.len() as i64, 1]);
+            clip_rows(&mut column, None, &rows).map_err(optim_err)?;
+        }
+        Ok(())
+    }
+
     /// Checks `x` (B×T×D, floating point) and runs [`ConditionedAttention::forward_trace`]
     /// without a trace.
     pub fn try_forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -484,6 +617,9 @@ impl ConditionedAttention {
         let heads = |m: &Tensor| m.view([b, t, h, k]).transpose(1, 2);
         let parts = qkv.split(d, -1);
         let (q, kk, v) = (heads(&parts[0]), heads(&parts[1]), heads(&parts[2]));
+        if self.capture.on.load(Ordering::Relaxed) {
+            self.record(x, &q, &kk);
+        }
         let (y, record) = if self.cfg.fused_kernel && !trace {
             let y = Tensor::scaled_dot_product_attention(
                 &q,
@@ -516,6 +652,11 @@ impl ConditionedAttention {
         let y = y.transpose(1, 2).contiguous().view([b, t, d]);
         (self.c_proj.forward(&y), record)
     }
+}
+
+/// A kappa-optim error as [`ModelsError::Optimizer`].
+fn optim_err(e: kappa_optim::OptimError) -> ModelsError {
+    ModelsError::Optimizer(e.to_string())
 }
 
 impl nn::Module for ConditionedAttention {

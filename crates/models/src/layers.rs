@@ -10,6 +10,8 @@ use tch::{nn, Tensor};
 use crate::conditioned_attention::{AttentionConfig, AttentionTrace, ConditionedAttention};
 use crate::error::Result;
 use crate::linear::Linear;
+use crate::max_logit::QkClipReport;
+use kappa_optim::QkClipConfig;
 
 /// LayerNorm over the last dimension (ε = 1e-5) with gain 1 and, optionally, bias 0.
 #[derive(Debug)]
@@ -122,5 +124,31 @@ pub trait Transformer {
         self.blocks()
             .iter()
             .try_for_each(|b| b.attn.refresh_conditioning(step))
+    }
+
+    /// Turns every layer's max-logit capture on or off
+    /// ([`ConditionedAttention::capture_max_logits`]).
+    fn capture_max_logits(&self, on: bool) {
+        self.blocks()
+            .iter()
+            .for_each(|b| b.attn.capture_max_logits(on));
+    }
+
+    /// Every layer's per-head max logits of the last captured forward, in layer order.
+    fn captured_max_logits(&self) -> Vec<Option<Vec<f64>>> {
+        self.blocks()
+            .iter()
+            .map(|b| b.attn.captured_max_logits())
+            .collect()
+    }
+
+    /// QK-clip on every layer, each on its own captured input ([`ConditionedAttention::clip_qk`]);
+    /// the layers without a capture are skipped.
+    fn clip_qk(&self, clip: &QkClipConfig) -> Result<Vec<QkClipReport>> {
+        let mut reports = Vec::new();
+        for b in self.blocks() {
+            reports.extend(b.attn.clip_qk(clip)?);
+        }
+        Ok(reports)
     }
 }

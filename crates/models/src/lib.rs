@@ -10,6 +10,7 @@
 //! | [`gpt`] | [`Gpt`], [`GptConfig`] (`tiny`, `cpu`, `gpt2_small`) |
 //! | [`vit`] | [`Vit`], [`VitConfig`] (`tiny`, `cpu`, `vit_b16`) |
 //! | [`data`] | [`ImageSplits`] (train/validation/test images and their classes) from [`FashionMnist`], any gray IDX folder or a PNG image folder (`train/<class>/*.png`, `test/<class>/*.png`); [`TextCorpus`] (SOTU or a text file; characters or GPT-2 BPE); deterministic batches, `fixtures` |
+//! | [`max_logit`] | [`head_max_logits`](max_logit::head_max_logits) (per-head max of the masked logits, chunked, no gradient), [`QkClipReport`]; the opt-in capture is `ConditionedAttention::capture_max_logits`, QK-clip `ConditionedAttention::clip_qk` / `Transformer::clip_qk` |
 //! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy, saturation and softmax-Jacobian norm, exact κ(J); [`matrix_diagnostics`] (spectrum, Gram off-diagonal, column norms) |
 //! | [`device`], [`error`] | [`parse_device`], [`ModelsError`] |
 //!
@@ -28,6 +29,7 @@ pub mod gpt;
 pub mod layers;
 pub mod linear;
 mod link;
+pub mod max_logit;
 pub mod vit;
 
 pub use conditioned_attention::{
@@ -47,4 +49,5 @@ pub use gpt::{Gpt, GptConfig};
 /// (one type each for the workspace), re-exported.
 pub use kappa_attention::{HeadLayout, ScoreScale};
 pub use layers::{Block, Transformer};
+pub use max_logit::QkClipReport;
 pub use vit::{Vit, VitConfig};

@@ -13,6 +13,7 @@
 //! | [`manifold`] | [`ManifoldMuon`], [`ManifoldMuonConfig`] (preset `paper`), [`ManifoldState`], [`Manifold`], [`DGramRetraction`], [`DualAscent`], [`DualReport`] |
 //! | [`msign`](mod@msign) | [`msign()`], [`Msign`] (exact, Muon quintic, Polar Express) |
 //! | [`momentum`] | [`Momentum`], [`MomentumKind`] (EMA and SGD forms, Nesterov) |
+//! | [`qk_clip`] | [`QkClipConfig`] (τ, α), [`HeadFactors`], [`clip_rows`], [`fused_qkv_row_factors`], [`scale_rows`]: Kimi K2's QK-clip on row blocks of any `Matrix` |
 //! | [`precision`] | [`Precision`], [`WorkingPrecision`], [`cpu_has_native_bf16`] (msign's precision per device) |
 //! | `fused` (with `tch`) | one-pass CPU f32 kernels: AdamW's update, `sum_of_squares` (the clipping norm) |
 //! | [`convergence`] | [`DataModel`](convergence::DataModel), [`Sample`](convergence::Sample), [`EmpiricalProblem`](convergence::EmpiricalProblem), [`PopulationProblem`](convergence::PopulationProblem), [`Moments`](convergence::Moments), [`spectral_init`](convergence::spectral_init), [`Trainer`](convergence::Trainer), [`Settings`](convergence::Settings) |
@@ -31,6 +32,7 @@ pub mod msign;
 pub mod muon;
 pub mod normuon;
 pub mod precision;
+pub mod qk_clip;
 pub mod schedule;
 
 #[cfg(feature = "tch")]
@@ -49,4 +51,5 @@ pub use msign::{msign, Msign, MUON_REFERENCE_EPS};
 pub use muon::{Layout, Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
 pub use normuon::{NeuronAxis, NorMuon, NORMUON_EPS};
 pub use precision::{cpu_has_native_bf16, Precision, WorkingPrecision};
+pub use qk_clip::{clip_rows, fused_qkv_row_factors, scale_rows, HeadFactors, QkClipConfig};
 pub use schedule::WarmupCosine;

@@ -37,7 +37,7 @@ pub use stop::StopFlag;
 pub use tasks::{ImageClassification, LanguageModeling};
 pub use trainer::{
     adamw_groups, clip_grad_norm, seeded, AdamWGroup, DivergenceReference, Eval, GradientDropper,
-    GroupOptimizer, OptimizerStats, Outcome, ParamGroup, Record, Summary, Task, TrainConfig,
-    TrainPrecision, Trainer,
+    GroupOptimizer, OptimizerStats, Outcome, ParamGroup, QkClipStats, Record, Summary, Task,
+    TrainConfig, TrainPrecision, Trainer,
 };
 pub use variants::{train_language_model, train_variant, Final, Line, VariantId};

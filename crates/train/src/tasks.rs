@@ -107,6 +107,10 @@ impl Task for LanguageModeling {
     fn after_step(&mut self, step: u64) -> Result<()> {
         self.model.refresh_conditioning(step)
     }
+
+    fn transformer(&self) -> Option<&dyn Transformer> {
+        Some(&self.model)
+    }
 }
 
 /// Image classification: a [`Vit`] on the splits of an image data set.
@@ -189,5 +193,9 @@ impl Task for ImageClassification {
 
     fn after_step(&mut self, step: u64) -> Result<()> {
         self.model.refresh_conditioning(step)
+    }
+
+    fn transformer(&self) -> Option<&dyn Transformer> {
+        Some(&self.model)
     }
 }

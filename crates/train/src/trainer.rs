@@ -29,6 +29,16 @@
 //!    contiguous CPU f32 tensors ([`AdamWKernel::Fused`]), each element in f64 and rounded
 //!    once per stored value; with libtorch operations elsewhere ([`AdamWKernel::Ops`]).
 //! 5. The task refreshes its spectral corrections (SVD, scale-aware λ) for the new weights.
+//! 6. With `qk_clip` (off by default), QK-clip (Kimi K2's MuonClip, [`kappa_optim::qk_clip`]):
+//!    the training forward captured every attention layer's input; for each layer, the
+//!    per-head max logit S_h of that input with the **updated** weights is measured, and every
+//!    head with S_h > τ has its effective query and key projections scaled by (τ/S_h)^α and
+//!    (τ/S_h)^{1−α} ([`kappa_models::ConditionedAttention::clip_qk`]), so that afterwards every
+//!    head's max logit on the step's layer inputs is τ at most. Whatever the groups'
+//!    optimizers (AdamW, Muon, manifold Muon): on a manifold-constrained W_Q/W_K the rescale
+//!    leaves the manifold and the group's next retraction brings W back (docs/models.md,
+//!    "QK-clip"). Training records carry the window's largest measured logit and clipped-head
+//!    count ([`QkClipStats`]).
 //!
 //! Training records carry each group's [`OptimizerStats`] (dual-ascent iterations and
 //! violations for manifold Muon); evaluation records carry per-head attention diagnostics and,
@@ -58,6 +68,8 @@ use kappa_models::diagnostics::{
     matrix_diagnostics, summarize, DiagnosticsConfig, HeadDiagnostics, MatrixDiagnostics,
 };
 use kappa_models::error::{ModelsError, Result};
+use kappa_models::{QkClipReport, Transformer};
+use kappa_optim::QkClipConfig;
 
 static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -129,6 +141,9 @@ pub struct TrainConfig {
     pub precision: TrainPrecision,
     /// Diagnostics at every evaluation.
     pub diagnostics: DiagnosticsConfig,
+    /// QK-clip after every optimizer step (`{ tau = 100.0, alpha = 0.5 }`); off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_clip: Option<QkClipConfig>,
 }
 
 impl Default for TrainConfig {
@@ -154,6 +169,7 @@ impl Default for TrainConfig {
             matrix_diagnostics: false,
             precision: TrainPrecision::F32,
             diagnostics: DiagnosticsConfig::default(),
+            qk_clip: None,
         }
     }
 }
@@ -270,6 +286,13 @@ impl TrainConfig {
         }
         if self.diagnostics.enabled && self.diagnostics.samples == 0 {
             return bad("diagnostics.samples", "must be ≥ 1".into());
+        }
+        if let Some(Err(e)) = self.qk_clip.map(|c| c.validate()) {
+            let field = match &e {
+                kappa_optim::OptimError::Input(input) => format!("qk_clip.{}", input.arg()),
+                _ => "qk_clip".into(),
+            };
+            return bad(&field, e.to_string());
         }
         Ok(())
     }
@@ -636,6 +659,41 @@ pub trait Task {
     fn after_step(&mut self, _step: u64) -> Result<()> {
         Ok(())
     }
+    /// The model's attention layers, for QK-clip (`None`: the task has none, and a config
+    /// with `qk_clip` is refused).
+    fn transformer(&self) -> Option<&dyn Transformer> {
+        None
+    }
+}
+
+/// QK-clip over the steps of one training record's window.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QkClipStats {
+    /// The largest logit measured (after each update, before its clip) over every head and
+    /// layer in the window.
+    #[serde(with = "kappa_models::float")]
+    pub max_logit: f64,
+    /// Heads rescaled in the window, summed over its steps and layers.
+    pub clipped_heads: u64,
+}
+
+impl Default for QkClipStats {
+    /// An empty window: no logit yet (−∞), no head clipped.
+    fn default() -> Self {
+        Self {
+            max_logit: f64::NEG_INFINITY,
+            clipped_heads: 0,
+        }
+    }
+}
+
+impl QkClipStats {
+    fn add(&mut self, reports: &[QkClipReport]) {
+        for r in reports {
+            self.max_logit = self.max_logit.max(r.max_logit());
+            self.clipped_heads += r.clipped() as u64;
+        }
+    }
 }
 
 /// One line of `metrics.jsonl`.
@@ -661,6 +719,9 @@ pub enum Record {
         /// Per-group optimizer statistics since the previous training record.
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         optimizers: BTreeMap<String, OptimizerStats>,
+        /// QK-clip since the previous training record (with `qk_clip` only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        qk_clip: Option<QkClipStats>,
     },
     /// An evaluation.
     Eval {
@@ -1107,6 +1168,7 @@ impl<'a> Trainer<'a> {
             .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
             .collect();
         let dropper = GradientDropper::new(&params)?;
+        let mut clip_window = self.start_qk_clip(&*task)?;
         if self.config.eval_at_start && self.step == 0 && end > 0 {
             last_eval = Some(self.evaluate(task, &bar, sink)?);
         }
@@ -1141,6 +1203,9 @@ impl<'a> Trainer<'a> {
             })?;
             self.step += 1;
             tch::no_grad(|| task.after_step(self.step))?;
+            if let (Some(clip), Some(window)) = (&self.config.qk_clip, &mut clip_window) {
+                window.add(&qk_clip(task, clip)?);
+            }
             clock.train_seconds += t0.elapsed().as_secs_f64();
             clock.units += units;
             clock.steps += 1;
@@ -1158,6 +1223,7 @@ impl<'a> Trainer<'a> {
                     units_per_second: ups,
                     seconds: clock.started.elapsed().as_secs_f64(),
                     optimizers,
+                    qk_clip: clip_window.as_mut().map(std::mem::take),
                 })?;
                 bar.set_message(format!(
                     "loss {loss_value:.4} · {} {}/s",
@@ -1191,6 +1257,23 @@ impl<'a> Trainer<'a> {
         Ok(clock.summary(outcome, last_eval))
     }
 
+    /// With `qk_clip`: turns the task's max-logit capture on (it stays on after the run, so
+    /// the last step's record can be inspected; `Transformer::capture_max_logits(false)` turns
+    /// it off) and opens an empty window; refuses a task without attention layers.
+    fn start_qk_clip<T: Task>(&self, task: &T) -> Result<Option<QkClipStats>> {
+        if self.config.qk_clip.is_none() {
+            return Ok(None);
+        }
+        let model = task.transformer().ok_or_else(|| {
+            ModelsError::config(
+                "train.qk_clip",
+                "needs a task with attention layers (`Task::transformer`)",
+            )
+        })?;
+        model.capture_max_logits(true);
+        Ok(Some(QkClipStats::default()))
+    }
+
     /// One evaluation: the record goes to `sink`, a line to the progress bar.
     fn evaluate<T: Task>(
         &self,
@@ -1219,6 +1302,14 @@ impl<'a> Trainer<'a> {
         ));
         sink(&record)?;
         Ok(eval)
+    }
+}
+
+/// QK-clip on every attention layer of the task, without gradient.
+fn qk_clip<T: Task>(task: &T, clip: &QkClipConfig) -> Result<Vec<QkClipReport>> {
+    match task.transformer() {
+        Some(model) => tch::no_grad(|| model.clip_qk(clip)),
+        None => Ok(Vec::new()),
     }
 }
 
