@@ -10,6 +10,7 @@ mod properties {
     pub mod kron;
     pub mod matrix_ops;
     pub mod newton_schulz;
+    pub mod polar_express;
     pub mod psd;
     pub mod svd;
     #[cfg(feature = "tch")]
