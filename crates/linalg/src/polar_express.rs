@@ -24,7 +24,12 @@
 //!   x² = (−3b ∓ √(9b² − 20ac))/(10c); repeat until E stops changing (|ΔE| ≤ 1e-15). Started
 //!   from q = (3ℓ + u)/4, r = (ℓ + 3u)/4 (exact as ℓ → u) it takes a handful of exchanges. For
 //!   ℓ/u ≥ 1 − 5·10⁻⁶ the solve is ill-posed and the answer is, to f64 precision, the degree-5
-//!   Newton–Schulz step (15x − 10x³ + 3x⁵)/8 scaled to [0, u].
+//!   Newton–Schulz step (15x − 10x³ + 3x⁵)/8 scaled to [0, u] (the *limit form*). Between
+//!   1 − 10⁻³ and that threshold the 4×4 system's condition number (≈ (1 − ℓ/u)⁻⁴) can keep
+//!   the exchange from settling (|ΔE| stays above 1e-15, or a critical point becomes complex);
+//!   the limit form is then used too: p_NS(1 − t) = 1 − 2.5t³ + O(t⁴), so its error there is
+//!   ≤ 2.5·(1 − ℓ/u)³ ≤ 2.5·10⁻⁹, above the optimum by less than that, and the next step
+//!   cubes it.
 //! * **Greedy is optimal.** The image of [ℓ_t, u_t] under p_t is [ℓ_{t+1}, u_{t+1}] =
 //!   [p_t(ℓ_t), 2 − p_t(ℓ_t)] = [1 − E_t, 1 + E_t]. Choosing p_{t+1} optimally for that
 //!   interval, and so on, gives the composition that is optimal among *all* T-fold compositions
@@ -83,6 +88,10 @@ pub const POLAR_EXPRESS_CUSHION: f64 = 0.02407327424182761;
 /// ℓ/u from which the optimal polynomial on [ℓ, u] is, to f64 precision, the Newton–Schulz step
 /// scaled to [0, u] (the paper's threshold 1 − 5·10⁻⁶), and the converged tail begins.
 const CONVERGED_RATIO: f64 = 1.0 - 5e-6;
+
+/// ℓ/u above which a Remez exchange that does not settle falls back to the limit form (module
+/// docs): the optimal error there is below the limit form's 2.5·(1 − ℓ/u)³ ≤ 2.5·10⁻⁹.
+const NARROW_RATIO: f64 = 1.0 - 1e-3;
 
 /// The most Remez exchanges per step before [`LinalgError::NoConvergence`] (a handful suffice).
 const REMEZ_MAX_EXCHANGES: usize = 100;
@@ -309,12 +318,13 @@ fn optimal_cubic(l: f64, u: f64) -> PolyStep {
 
 /// The optimal odd quintic on [l, u] by the simplified Remez exchange (module docs).
 fn optimal_quintic(l: f64, u: f64) -> Result<PolyStep> {
+    let limit = PolyStep::new(
+        (15.0 / 8.0) / u,
+        (-10.0 / 8.0) / u.powf(3.0),
+        (3.0 / 8.0) / u.powf(5.0),
+    );
     if l / u >= CONVERGED_RATIO {
-        return Ok(PolyStep::new(
-            (15.0 / 8.0) / u,
-            (-10.0 / 8.0) / u.powf(3.0),
-            (3.0 / 8.0) / u.powf(5.0),
-        ));
+        return Ok(limit);
     }
     let (mut q, mut r) = ((3.0 * l + u) / 4.0, (l + 3.0 * u) / 4.0);
     let mut old_e = f64::INFINITY;
@@ -338,6 +348,11 @@ fn optimal_quintic(l: f64, u: f64) -> Result<PolyStep> {
         if !(q.is_finite() && r.is_finite() && e.is_finite()) {
             break;
         }
+    }
+    if l / u >= NARROW_RATIO {
+        // The 4×4 system is numerically singular here (its condition number grows like
+        // (1 − l/u)⁻⁴); the limit form errs by ≤ 2.5(1 − l/u)³ ≤ 2.5e-9 (module docs).
+        return Ok(limit);
     }
     Err(LinalgError::NoConvergence {
         arg: "lower",

@@ -2,6 +2,7 @@
 //! agreement (feature `tch`) and bad-input errors. One binary, one module per topic.
 
 mod properties {
+    pub mod aol;
     pub mod bad_input;
     pub mod common;
     pub mod cond;
