@@ -111,6 +111,9 @@ pub struct PolarExpressSpec {
     pub cushion: f64,
 }
 
+/// The greedy recursion's output: polynomials, design intervals, first converged step.
+type Recursion = (Vec<PolyStep>, Vec<(f64, f64)>, usize);
+
 /// What the generator returns: the schedule to run and what it is predicted to do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolarExpressDesign {
@@ -239,7 +242,7 @@ impl PolarExpressSpec {
 
     /// The greedy recursion: the polynomials, the intervals [ℓ_t, u_t] (T + 1 of them) and the
     /// index of the first converged step (T when none is).
-    fn polynomials(&self) -> Result<(Vec<PolyStep>, Vec<(f64, f64)>, usize)> {
+    fn polynomials(&self) -> Result<Recursion> {
         let (mut l, mut u) = (self.lower, 1.0f64);
         let mut polys = Vec::with_capacity(self.steps);
         let mut intervals = vec![(l, u)];

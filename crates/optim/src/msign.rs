@@ -1,7 +1,8 @@
 //! msign(X) = U·sign(Σ)·Vᵀ, the matrix sign (orthogonalization) that Muon and manifold Muon apply,
 //! computed exactly through the SVD, by Muon's quintic Newton–Schulz (with or without the
 //! reference's epsilon), or by Polar Express (what the paper's code ran), directly or as Gram
-//! Newton–Schulz.
+//! Newton–Schulz, with a schedule generated for given bounds, or AOL-preconditioned (Turbo-Muon,
+//! which computes msign(X·D) for a diagonal D).
 //!
 //! # Math
 //!
