@@ -13,10 +13,9 @@ use kappa_benches::{
 };
 use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_linalg::{
-    aol_newton_schulz, newton_schulz, PolarExpressSpec,
-    condition_number, condition_number_estimate, gram_newton_schulz, newton_schulz_muon,
-    sigma_max_power, sigma_min_inverse, singular_values, svd_thin, IterativeOptions, NsSchedule,
-    StopRule, SvdDriver, GRAM_NS_RESTART,
+    aol_newton_schulz, condition_number, condition_number_estimate, gram_newton_schulz,
+    newton_schulz, newton_schulz_muon, sigma_max_power, sigma_min_inverse, singular_values,
+    svd_thin, IterativeOptions, NsSchedule, PolarExpressSpec, StopRule, SvdDriver, GRAM_NS_RESTART,
 };
 use ndarray::{linalg::general_mat_mul, Array2, Axis};
 use tch::{Device, Kind, Tensor};
@@ -139,7 +138,9 @@ fn bench_orthogonalizers(c: &mut Criterion) {
             };
             let (lo, hi) = output_band(&run(&x));
             println!("{ORTHO} {name} {id}: output σ ∈ [{lo:.4}, {hi:.4}]");
-            g.bench_function(BenchmarkId::new(name, &id), |b| b.iter(|| run(black_box(&x))));
+            g.bench_function(BenchmarkId::new(name, &id), |b| {
+                b.iter(|| run(black_box(&x)))
+            });
         }
     }
     g.finish();
@@ -153,7 +154,9 @@ fn ortho_summary() {
         let ns5 = median_seconds(ORTHO, "ns5", &id);
         for (name, _, _) in orthogonalizers() {
             if let Some(t) = median_seconds(ORTHO, name, &id) {
-                let rel = ns5.map(|b| format!("{:.2}× NS5", t / b)).unwrap_or_default();
+                let rel = ns5
+                    .map(|b| format!("{:.2}× NS5", t / b))
+                    .unwrap_or_default();
                 println!("{id:<10} {name:<13} {:>9.2} ms  {rel}", t * 1e3);
             }
         }

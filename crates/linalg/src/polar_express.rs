@@ -380,7 +380,10 @@ pub fn odd_polynomial_image(p: &PolyStep, lo: f64, hi: f64) -> (f64, f64) {
             vec![]
         } else {
             let d = disc.sqrt();
-            vec![(-3.0 * p.b - d) / (10.0 * p.c), (-3.0 * p.b + d) / (10.0 * p.c)]
+            vec![
+                (-3.0 * p.b - d) / (10.0 * p.c),
+                (-3.0 * p.b + d) / (10.0 * p.c),
+            ]
         }
     };
     for y in ys {

@@ -69,9 +69,9 @@ use kappa_linalg::input::InputError;
 use kappa_linalg::{
     aol_newton_schulz, gram_newton_schulz, newton_schulz, Matrix, NsSchedule, PolarExpressSpec,
 };
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
-use serde::{Deserialize, Serialize};
 
 use crate::error::{check_range, Result};
 use crate::precision::{Precision, WorkingPrecision};
@@ -196,7 +196,9 @@ impl Msign {
                 steps,
                 safety,
             } => validate_designed(lower, steps, safety),
-            Msign::Aol { steps } if steps == 0 || steps > kappa_linalg::TURBO_MUON_COEFFICIENTS.len() => {
+            Msign::Aol { steps }
+                if steps == 0 || steps > kappa_linalg::TURBO_MUON_COEFFICIENTS.len() =>
+            {
                 Err(InputError::invalid(
                     "msign.steps",
                     format!("AOL (Turbo-Muon) has 1 to 5 steps, found {steps}"),

@@ -21,12 +21,20 @@ fn sv(a: &Array2<f64>) -> Array1<f64> {
 /// — the e0 to pass to `ns_error_bound` is that times the working precision's u, doubled for
 /// the bound's ε = 2u convention.
 pub fn aol_reference(a: &Array2<f64>) -> (Array2<f64>, f64) {
-    let x = if a.nrows() > a.ncols() { a.t().to_owned() } else { a.clone() };
+    let x = if a.nrows() > a.ncols() {
+        a.t().to_owned()
+    } else {
+        a.clone()
+    };
     let (r, s) = x.dim();
     let g = x.dot(&x.t());
     let ax = x.mapv(f64::abs);
     let ga = ax.dot(&ax.t());
-    let sums: Vec<f64> = g.rows().into_iter().map(|row| row.iter().map(|v| v.abs()).sum()).collect();
+    let sums: Vec<f64> = g
+        .rows()
+        .into_iter()
+        .map(|row| row.iter().map(|v| v.abs()).sum())
+        .collect();
     let rho = ga
         .rows()
         .into_iter()

@@ -33,7 +33,12 @@ fn remez_tolerance(p: &PolyStep, lo: f64, u: f64, coef: f64) -> f64 {
 fn the_generator_reproduces_the_published_table() {
     let d = PolarExpressSpec::paper(8).design().unwrap();
     let cushion = kappa_linalg::POLAR_EXPRESS_CUSHION;
-    for (t, (p, q)) in d.polynomials.iter().zip(POLAR_EXPRESS_COEFFICIENTS).enumerate() {
+    for (t, (p, q)) in d
+        .polynomials
+        .iter()
+        .zip(POLAR_EXPRESS_COEFFICIENTS)
+        .enumerate()
+    {
         let (l, u) = d.design_intervals[t];
         for (mine, theirs) in [(p.a, q.a), (p.b, q.b), (p.c, q.c)] {
             // Step 7 is the converged tail: exactly the Newton–Schulz step, as published.
@@ -43,7 +48,10 @@ fn the_generator_reproduces_the_published_table() {
                 remez_tolerance(p, l.max(cushion * u), u, theirs)
             };
             let rel = ((mine - theirs) / theirs).abs();
-            assert!(rel <= tol, "step {t}: {mine} vs {theirs}: rel {rel:e} > {tol:e}");
+            assert!(
+                rel <= tol,
+                "step {t}: {mine} vs {theirs}: rel {rel:e} > {tol:e}"
+            );
         }
     }
     // The schedules with the safety factor: those of `NsSchedule::polar_express` for every
@@ -61,7 +69,10 @@ fn the_generator_reproduces_the_published_table() {
                 } else {
                     remez_tolerance(&raw, l.max(cushion * u), u, y) + 8.0 * U64
                 };
-                assert!(((x - y) / y).abs() <= tol, "{steps} steps, step {t}: {x} vs {y}");
+                assert!(
+                    ((x - y) / y).abs() <= tol,
+                    "{steps} steps, step {t}: {x} vs {y}"
+                );
             }
         }
     }
@@ -93,12 +104,24 @@ fn bad_specifications_are_typed_errors() {
         assert_eq!(arg(PolarExpressSpec { cushion, ..ok }), "cushion");
     }
     // The first bad field in declaration order is reported.
-    assert_eq!(arg(PolarExpressSpec { lower: 2.0, degree: 4, ..ok }), "lower");
+    assert_eq!(
+        arg(PolarExpressSpec {
+            lower: 2.0,
+            degree: 4,
+            ..ok
+        }),
+        "lower"
+    );
 }
 
 /// Log-uniform ℓ in [1e-6, 0.9], the degree, the steps and the safety factor.
 fn specs() -> impl Strategy<Value = PolarExpressSpec> {
-    (-6.0f64..-0.05, prop_oneof![Just(3usize), Just(5)], 1usize..=12, 1.0f64..1.05)
+    (
+        -6.0f64..-0.05,
+        prop_oneof![Just(3usize), Just(5)],
+        1usize..=12,
+        1.0f64..1.05,
+    )
         .prop_map(|(lk, degree, steps, safety)| {
             PolarExpressSpec::new(10f64.powf(lk), degree, steps, safety)
         })

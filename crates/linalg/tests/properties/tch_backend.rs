@@ -10,8 +10,8 @@
 use super::common::*;
 use kappa_linalg::tch_backend::{array_from_tensor, tensor_from_array};
 use kappa_linalg::{
-    aol_newton_schulz, gram_newton_schulz, singular_values, SvdDriver, newton_schulz, newton_schulz_cubic, newton_schulz_muon, InputError,
-    LinalgError, Matrix, NsSchedule, GRAM_NS_RESTART,
+    aol_newton_schulz, gram_newton_schulz, newton_schulz, newton_schulz_cubic, newton_schulz_muon,
+    singular_values, InputError, LinalgError, Matrix, NsSchedule, SvdDriver, GRAM_NS_RESTART,
 };
 use ndarray::Array2;
 use proptest::prelude::*;

@@ -279,17 +279,43 @@ fn designed_and_aol_variants_round_trip_and_validate() {
         assert_eq!(serde_json::to_string(&m).unwrap(), json);
         assert_eq!(serde_json::from_str::<Msign>(json).unwrap(), m);
         assert!(m.validate().is_ok());
-        assert_eq!(m.flops(8, 32), Msign::PolarExpress { steps: ns(m).steps.len() }.flops(8, 32));
+        assert_eq!(
+            m.flops(8, 32),
+            Msign::PolarExpress {
+                steps: ns(m).steps.len()
+            }
+            .flops(8, 32)
+        );
     }
     // The existing spelling keeps parsing.
     let pe: Msign = serde_json::from_str(r#"{"polar_express":{"steps":10}}"#).unwrap();
     assert_eq!(pe, Msign::polar_express());
     for bad in [
-        Msign::PolarExpressDesigned { lower: 0.0, steps: 10, safety: 1.01 },
-        Msign::PolarExpressDesigned { lower: 1.0, steps: 10, safety: 1.01 },
-        Msign::PolarExpressDesigned { lower: 1e-3, steps: 0, safety: 1.01 },
-        Msign::PolarExpressDesigned { lower: 1e-3, steps: 10, safety: 0.5 },
-        Msign::PolarExpressDesigned { lower: 1e-3, steps: 10, safety: f64::NAN },
+        Msign::PolarExpressDesigned {
+            lower: 0.0,
+            steps: 10,
+            safety: 1.01,
+        },
+        Msign::PolarExpressDesigned {
+            lower: 1.0,
+            steps: 10,
+            safety: 1.01,
+        },
+        Msign::PolarExpressDesigned {
+            lower: 1e-3,
+            steps: 0,
+            safety: 1.01,
+        },
+        Msign::PolarExpressDesigned {
+            lower: 1e-3,
+            steps: 10,
+            safety: 0.5,
+        },
+        Msign::PolarExpressDesigned {
+            lower: 1e-3,
+            steps: 10,
+            safety: f64::NAN,
+        },
         Msign::Aol { steps: 0 },
         Msign::Aol { steps: 6 },
     ] {
@@ -316,12 +342,15 @@ fn designed_and_aol_variants_round_trip_and_validate() {
 fn aol_variant_is_the_linalg_routine() {
     let x: Array2<f64> = gaussian(12, 40, 7);
     let o = msign(&x, Msign::aol(), Precision::Native).unwrap();
-    let direct =
-        kappa_linalg::aol_newton_schulz(&x, &NsSchedule::turbo_muon(4).unwrap()).unwrap();
+    let direct = kappa_linalg::aol_newton_schulz(&x, &NsSchedule::turbo_muon(4).unwrap()).unwrap();
     assert_eq!(o, direct);
     let d = msign(
         &x,
-        Msign::PolarExpressDesigned { lower: 1e-3, steps: 10, safety: 1.01 },
+        Msign::PolarExpressDesigned {
+            lower: 1e-3,
+            steps: 10,
+            safety: 1.01,
+        },
         Precision::Native,
     )
     .unwrap();
