@@ -13,9 +13,9 @@ use kappa_benches::{
 };
 use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_linalg::{
-    condition_number, condition_number_estimate, gram_newton_schulz, newton_schulz_muon,
-    sigma_max_power, sigma_min_inverse, singular_values, svd_thin, IterativeOptions, NsSchedule,
-    StopRule, SvdDriver, GRAM_NS_RESTART,
+    aol_newton_schulz, condition_number, condition_number_estimate, gram_newton_schulz,
+    newton_schulz, newton_schulz_muon, sigma_max_power, sigma_min_inverse, singular_values,
+    svd_thin, IterativeOptions, NsSchedule, PolarExpressSpec, StopRule, SvdDriver, GRAM_NS_RESTART,
 };
 use ndarray::{linalg::general_mat_mul, Array2, Axis};
 use tch::{Device, Kind, Tensor};
@@ -94,6 +94,73 @@ fn bench_newton_schulz(c: &mut Criterion) {
         });
     }
     g.finish();
+}
+
+/// The orthogonalizer comparison group (ndarray f32): NS5, a generated Polar Express schedule
+/// and AOL + Turbo-Muon ×4 at the tall shapes of the models and a square one.
+const ORTHO: &str = "linalg/orthogonalizers";
+
+/// The shapes of the orthogonalizer comparison: 384×1536, 768×3072 (tall MLP factors) and 768².
+const ORTHO_SHAPES: [(usize, usize); 3] = [(1536, 384), (3072, 768), (768, 768)];
+
+/// The three orthogonalizers: (name, schedule, AOL-preconditioned?).
+fn orthogonalizers() -> [(&'static str, NsSchedule, bool); 3] {
+    let designed = PolarExpressSpec::new(1e-3, 5, 5, 1.01)
+        .design()
+        .expect("design")
+        .schedule;
+    let turbo = NsSchedule::turbo_muon(kappa_linalg::TURBO_MUON_STEPS).expect("turbo");
+    [
+        ("ns5", NsSchedule::muon(), false),
+        ("pe_designed5", designed, false),
+        ("aol4", turbo, true),
+    ]
+}
+
+/// σ_min, σ_max of the f32 output (computed once, untimed, in f64).
+fn output_band(o: &Array2<f32>) -> (f64, f64) {
+    let s = singular_values(o.mapv(f64::from).view(), SvdDriver::default()).expect("svd");
+    (s[s.len() - 1], s[0])
+}
+
+fn bench_orthogonalizers(c: &mut Criterion) {
+    let mut g = c.benchmark_group(ORTHO);
+    for (m, n) in ORTHO_SHAPES {
+        let id = shape_id(m, n);
+        let x: Array2<f32> = gaussian(m, n, 1);
+        for (name, sched, aol) in orthogonalizers() {
+            let run = |x: &Array2<f32>| {
+                if aol {
+                    aol_newton_schulz(x, &sched).expect("aol")
+                } else {
+                    newton_schulz(x, &sched).expect("ns")
+                }
+            };
+            let (lo, hi) = output_band(&run(&x));
+            println!("{ORTHO} {name} {id}: output σ ∈ [{lo:.4}, {hi:.4}]");
+            g.bench_function(BenchmarkId::new(name, &id), |b| {
+                b.iter(|| run(black_box(&x)))
+            });
+        }
+    }
+    g.finish();
+}
+
+/// The orthogonalizer table of the summary: median time beside NS5's.
+fn ortho_summary() {
+    println!("\nOrthogonalizers, ndarray f32 (median ms; σ bands printed with the runs)");
+    for (m, n) in ORTHO_SHAPES {
+        let id = shape_id(m, n);
+        let ns5 = median_seconds(ORTHO, "ns5", &id);
+        for (name, _, _) in orthogonalizers() {
+            if let Some(t) = median_seconds(ORTHO, name, &id) {
+                let rel = ns5
+                    .map(|b| format!("{:.2}× NS5", t / b))
+                    .unwrap_or_default();
+                println!("{id:<10} {name:<13} {:>9.2} ms  {rel}", t * 1e3);
+            }
+        }
+    }
 }
 
 /// torch.linalg.svdvals on CPU. tch's `linalg_svdvals` always passes the CUDA-only `driver`
@@ -376,6 +443,8 @@ fn main() {
     bench_newton_schulz(&mut c);
     bench_svd_and_cond(&mut c);
     bench_estimate(&mut c);
+    bench_orthogonalizers(&mut c);
     c.final_summary();
     summary(threads);
+    ortho_summary();
 }

@@ -118,6 +118,17 @@ pub enum LinalgError {
         /// LAPACK's message.
         message: String,
     },
+    /// An iterative design routine did not settle within its cap (the Polar Express generator's
+    /// Remez exchange; it does not happen for valid inputs with the default cushion).
+    #[error("argument `{arg}`: {routine} did not converge: {reason}")]
+    NoConvergence {
+        /// The argument's name.
+        arg: &'static str,
+        /// The routine that did not converge.
+        routine: &'static str,
+        /// What it was solving.
+        reason: String,
+    },
     /// libtorch reported an error (only with the `tch` feature).
     #[error("libtorch failed on argument `{arg}`: {message}")]
     Backend {
@@ -162,6 +173,7 @@ pub(crate) fn rename(e: LinalgError, from: &'static str, to: &'static str) -> Li
         | E::Overflow { arg, .. }
         | E::UnsupportedDtype { arg, .. }
         | E::Lapack { arg, .. }
+        | E::NoConvergence { arg, .. }
         | E::Backend { arg, .. } => fix(arg),
     }
     e

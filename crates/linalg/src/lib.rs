@@ -12,6 +12,8 @@
 //! | [`iterative`] | [`sigma_max_power`], [`sigma_min_inverse`], [`condition_number_estimate`], [`MAX_ITERATIONS`] |
 //! | [`newton_schulz`](mod@newton_schulz) | [`newton_schulz_muon`], [`newton_schulz_cubic`], [`newton_schulz()`], [`NsSchedule`], [`MAX_NS_STEPS`] |
 //! | [`gram_newton_schulz`](mod@gram_newton_schulz) | [`gram_newton_schulz()`] (the same schedules on r×r Gram matrices, restarted every [`GRAM_NS_RESTART`] steps) |
+//! | [`polar_express`](mod@polar_express) | [`PolarExpressSpec`], [`polar_express_schedule`], [`PolarExpressDesign`] (the greedy minimax schedule generator with its predicted error bands), [`POLAR_EXPRESS_CUSHION`] |
+//! | [`aol`] | [`aol_newton_schulz`] (Turbo-Muon: AOL rescaling D·X in place of ‖X‖_F, then a schedule; computes msign(D·X)), [`NsSchedule::turbo_muon`], [`TURBO_MUON_COEFFICIENTS`] |
 //! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
 //!
@@ -45,6 +47,7 @@
 #[cfg(feature = "openblas-system")]
 use openblas_src as _;
 
+pub mod aol;
 pub mod blas;
 pub mod cond;
 pub mod error;
@@ -54,12 +57,14 @@ pub mod iterative;
 pub mod kron;
 pub mod matrix;
 pub mod newton_schulz;
+pub mod polar_express;
 pub mod psd;
 pub mod scalar;
 pub mod svd;
 #[cfg(feature = "tch")]
 pub mod tch_backend;
 
+pub use aol::{aol_newton_schulz, TURBO_MUON_COEFFICIENTS, TURBO_MUON_STEPS};
 pub use blas::{blas_report, BlasReport, KernelSelection, VectorLevel};
 pub use cond::{
     condition_number, condition_number_with, conditioning, conditioning_from_singular_values,
@@ -78,6 +83,10 @@ pub use newton_schulz::{
     newton_schulz, newton_schulz_cubic, newton_schulz_muon, NsSchedule, PolyStep, CUBIC,
     MAX_NS_STEPS, MUON_BAND, MUON_BAND_THRESHOLD, MUON_QUINTIC, POLAR_EXPRESS_COEFFICIENTS,
     POLAR_EXPRESS_SAFETY,
+};
+pub use polar_express::{
+    odd_polynomial_image, polar_express_schedule, PolarExpressDesign, PolarExpressSpec,
+    POLAR_EXPRESS_CUSHION,
 };
 pub use psd::{psd_inv_sqrt, psd_sqrt};
 pub use scalar::Real;

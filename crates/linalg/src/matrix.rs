@@ -5,7 +5,8 @@
 //! (f32/bf16/f64, CPU or CUDA; see `tch_backend`). The trait holds only what the algorithms of
 //! this crate and of the optimizer crate need: shape, transpose, products in BLAS `gemm` form,
 //! scaling, `axpy`, the Frobenius norm, singular values and the exact polar factor, and for manifold
-//! Muon (kappa-optim) the Frobenius inner product, the diagonal, column scaling and an in-place copy.
+//! Muon (kappa-optim) the Frobenius inner product, the diagonal, column scaling and an in-place copy,
+//! and for AOL preconditioning absolute row sums.
 //!
 //! Scalars cross the trait as `f64` and are rounded to the matrix's element type where they are
 //! used. Every operation that takes a second matrix checks shapes and returns
@@ -99,6 +100,11 @@ pub trait Matrix: Sized {
 
     /// The diagonal (A₁₁, …, A_kk), k = min(rows, cols), as `f64`.
     fn diagonal(&self) -> Result<Vec<f64>>;
+
+    /// The absolute row sums Σ_j |a_ij|, one per row, accumulated in `f64` (AOL
+    /// preconditioning, [`aol_newton_schulz`](crate::aol_newton_schulz), takes them of a Gram
+    /// matrix).
+    fn abs_row_sums(&self) -> Result<Vec<f64>>;
 
     /// Overwrites the diagonal in place: A_ii ← d_i for i < k = min(rows, cols); `d` must have
     /// length k. With `d` all zeros this is the Off projector of manifold Muon's DGram constraint.
@@ -292,6 +298,14 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn diagonal(&self) -> Result<Vec<f64>> {
         Ok(self.diag().iter().map(|x| x.to_f64_lossy()).collect())
+    }
+
+    fn abs_row_sums(&self) -> Result<Vec<f64>> {
+        Ok(self
+            .rows()
+            .into_iter()
+            .map(|r| r.iter().map(|x| x.to_f64_lossy().abs()).sum())
+            .collect())
     }
 
     fn set_diagonal(&mut self, d: &[f64]) -> Result<()> {

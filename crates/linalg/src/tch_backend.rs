@@ -410,6 +410,18 @@ impl Matrix for Tensor {
         Ok(())
     }
 
+    fn abs_row_sums(&self) -> Result<Vec<f64>> {
+        check_2d("self", self)?;
+        check_kind("self", self.kind())?;
+        let _g = tch::no_grad_guard();
+        let sums = self
+            .f_abs()
+            .and_then(|a| a.f_sum_dim_intlist([1i64].as_slice(), false, Kind::Double))
+            .and_then(|a| a.f_to_device(Device::Cpu))
+            .map_err(backend("self"))?;
+        Vec::<f64>::try_from(&sums).map_err(backend("self"))
+    }
+
     fn scale_columns(&mut self, s: &[f64]) -> Result<()> {
         let (_, n) = check_2d("self", self)?;
         crate::matrix::check_len("s", s.len(), n, "one factor per column")?;

@@ -2,6 +2,7 @@
 //! agreement (feature `tch`) and bad-input errors. One binary, one module per topic.
 
 mod properties {
+    pub mod aol;
     pub mod bad_input;
     pub mod common;
     pub mod cond;
@@ -10,6 +11,7 @@ mod properties {
     pub mod kron;
     pub mod matrix_ops;
     pub mod newton_schulz;
+    pub mod polar_express;
     pub mod psd;
     pub mod svd;
     #[cfg(feature = "tch")]

@@ -1,7 +1,8 @@
 //! msign(X) = U·sign(Σ)·Vᵀ, the matrix sign (orthogonalization) that Muon and manifold Muon apply,
 //! computed exactly through the SVD, by Muon's quintic Newton–Schulz (with or without the
 //! reference's epsilon), or by Polar Express (what the paper's code ran), directly or as Gram
-//! Newton–Schulz.
+//! Newton–Schulz, with a schedule generated for given bounds, or AOL-preconditioned (Turbo-Muon,
+//! which computes msign(X·D) for a diagonal D).
 //!
 //! # Math
 //!
@@ -15,6 +16,8 @@
 //! | `Exact` | polar factor U·Vᵀ of the SVD (LAPACK on `ndarray`, libtorch on tensors), null directions kept at 0 | 1 to rounding (f64: 1e-12), 0 for σ ≤ τ |
 //! | `MuonQuintic` | 5 steps of p(x) = 3.4445x − 4.7750x³ + 2.0315x⁵ after X/‖X‖_F (exact, scale-invariant) | in [0.6818, 1.1344] for σ/‖X‖_F ≥ 0.0052 (not 1: the coefficients sum to 0.701) |
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
+//! | `PolarExpressDesigned { lower, steps, safety }` | a schedule generated for σ/‖X‖_F ∈ [ℓ, 1] ([`kappa_linalg::PolarExpressSpec`], degree 5, cushion 0.024; cached), normalization s·‖X‖_F | inside the predicted band [`kappa_linalg::PolarExpressDesign::bands`] for σ/‖X‖_F ∈ [ℓ, 1] (f64; `{ 1e-3, 10, 1.01 }` is the published schedule to ≤ 2e-12 relative) |
+//! | `Aol { steps }` | Turbo-Muon: X·D, D = diag(Σ_i \|(XᵀX)_ij\|)^{-1/2} (small side; ‖X·D‖₂ ≤ 1) in place of X/‖X‖_F, then the last `steps` of the Turbo-Muon list ([`kappa_linalg::aol_newton_schulz`]) | computes msign(X·D) ≠ msign(X); 96×256 Gaussian, 4 steps: σ ∈ [0.978, 1.032] (NS5 [0.682, 1.134]), ⟨X, O⟩/‖X‖_* 0.966 (NS5 0.725), ‖msign(XD) − msign(X)‖_F/‖msign(X)‖_F 0.009; κ = 1e4: σ ∈ [0.0104, 1.144], quality 0.870 (NS5 0.743), distance 0.117 |
 //! | `GramPolarExpress { steps, restart }` | the same schedule as [`kappa_linalg::gram_newton_schulz()`]: r×r products only, XXᵀ re-formed every `restart` steps (default 2) | as `PolarExpress` to its rounding: 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64, restart 1–3; rounding bound derived in kappa-linalg's tests) |
 //!
 //! `MuonQuinticEps { eps }` runs the same five quintic steps after X/(‖X‖_F + eps) — Keller
@@ -63,8 +66,12 @@
 //! square Gaussian's smallest σ end near 0.02 after NS5. See docs/optim.md, "Math".
 
 use kappa_linalg::input::InputError;
-use kappa_linalg::{gram_newton_schulz, newton_schulz, Matrix, NsSchedule};
+use kappa_linalg::{
+    aol_newton_schulz, gram_newton_schulz, newton_schulz, Matrix, NsSchedule, PolarExpressSpec,
+};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 use crate::error::{check_range, Result};
 use crate::precision::{Precision, WorkingPrecision};
@@ -107,6 +114,27 @@ pub enum Msign {
         /// default, [`Msign::gram_polar_express`]).
         restart: usize,
     },
+    /// Polar Express with a schedule generated for these bounds
+    /// ([`kappa_linalg::PolarExpressSpec`], degree 5, the paper's cushion): designed for
+    /// σ/‖X‖_F ∈ [`lower`, 1]. `{ lower: 1e-3, steps, safety: 1.01 }` is the published table
+    /// (`PolarExpress { steps }`) to the rounding of the Remez solves (≤ 2e-12 relative in the
+    /// coefficients). Generated schedules are cached per parameter set.
+    PolarExpressDesigned {
+        /// ℓ ∈ (0, 1), the smallest normalized singular value the schedule is designed for.
+        lower: f64,
+        /// Number of steps (1 ≤ steps ≤ [`kappa_linalg::MAX_NS_STEPS`]).
+        steps: usize,
+        /// Safety factor s ≥ 1 (1.01 in the paper; 1 turns it off).
+        safety: f64,
+    },
+    /// AOL-preconditioned Newton–Schulz ([`kappa_linalg::aol_newton_schulz`], "Turbo-Muon"):
+    /// X·D with D = diag(Σ_i |(XᵀX)_ij|)^{-1/2} on the small side in place of X/‖X‖_F, then the
+    /// last `steps` of the Turbo-Muon schedule (4 by default, [`Msign::aol`]). It approximates
+    /// **msign(X·D), not msign(X)** (the module docs quantify the difference).
+    Aol {
+        /// Number of steps, 1 to 5.
+        steps: usize,
+    },
 }
 
 impl Msign {
@@ -121,6 +149,13 @@ impl Msign {
         Msign::GramPolarExpress {
             steps: 10,
             restart: kappa_linalg::GRAM_NS_RESTART,
+        }
+    }
+
+    /// AOL-preconditioned Newton–Schulz with the Turbo-Muon authors' 4 steps.
+    pub const fn aol() -> Self {
+        Msign::Aol {
+            steps: kappa_linalg::TURBO_MUON_STEPS,
         }
     }
 
@@ -141,13 +176,35 @@ impl Msign {
             Msign::PolarExpress { steps } | Msign::GramPolarExpress { steps, .. } => {
                 NsSchedule::polar_express(steps).ok()
             }
+            // `None` only for parameters `validate` rejects.
+            Msign::PolarExpressDesigned {
+                lower,
+                steps,
+                safety,
+            } => designed_schedule(lower, steps, safety),
+            Msign::Aol { steps } => NsSchedule::turbo_muon(steps).ok(),
         }
     }
 
     /// Checks the parameters (Polar Express needs at least one step, its Gram form a restart
-    /// period ≥ 1; eps finite and ≥ 0).
+    /// period ≥ 1; eps finite and ≥ 0; a designed schedule ℓ ∈ (0, 1), 1 ≤ steps ≤
+    /// `MAX_NS_STEPS` and s ≥ 1 finite; AOL 1 to 5 steps).
     pub fn validate(&self) -> Result<()> {
         match *self {
+            Msign::PolarExpressDesigned {
+                lower,
+                steps,
+                safety,
+            } => validate_designed(lower, steps, safety),
+            Msign::Aol { steps }
+                if steps == 0 || steps > kappa_linalg::TURBO_MUON_COEFFICIENTS.len() =>
+            {
+                Err(InputError::invalid(
+                    "msign.steps",
+                    format!("AOL (Turbo-Muon) has 1 to 5 steps, found {steps}"),
+                )
+                .into())
+            }
             Msign::PolarExpress { steps: 0 } | Msign::GramPolarExpress { steps: 0, .. } => {
                 Err(InputError::invalid("msign", "Polar Express needs at least 1 step").into())
             }
@@ -181,13 +238,55 @@ impl Msign {
         match *self {
             Msign::Exact => 0.0,
             Msign::MuonQuintic | Msign::MuonQuinticEps { .. } => 5.0 * per_step,
-            Msign::PolarExpress { steps } => steps as f64 * per_step,
+            Msign::PolarExpress { steps }
+            | Msign::PolarExpressDesigned { steps, .. }
+            | Msign::Aol { steps } => steps as f64 * per_step,
             Msign::GramPolarExpress { steps, restart } => {
                 let blocks = steps.div_ceil(restart.max(1)) as f64;
                 blocks * 4.0 * r * r * s + (8.0 * steps as f64 - 6.0 * blocks) * r * r * r
             }
         }
     }
+}
+
+/// ℓ ∈ (0, 1), 1 ≤ steps ≤ `MAX_NS_STEPS`, s ≥ 1 finite (arguments `msign.lower`,
+/// `msign.steps`, `msign.safety`).
+fn validate_designed(lower: f64, steps: usize, safety: f64) -> Result<()> {
+    if !(lower.is_finite() && lower > 0.0 && lower < 1.0) {
+        let why = format!("must be in (0, 1), found {lower}");
+        return Err(InputError::invalid("msign.lower", why).into());
+    }
+    if steps == 0 || steps > kappa_linalg::MAX_NS_STEPS {
+        let why = format!("must be in 1..=MAX_NS_STEPS (2^16), found {steps}");
+        return Err(InputError::invalid("msign.steps", why).into());
+    }
+    Ok(check_range("msign.safety", safety, 1.0, f64::MAX)?)
+}
+
+/// The most generated schedules kept (distinct parameter sets; beyond it they are regenerated).
+const DESIGN_CACHE_CAP: usize = 64;
+
+/// The generated schedule for (ℓ, steps, s), degree 5, from a process-wide cache (a 10-step
+/// design took ≈ 13 µs when measured, more than the whole msign of an 8×8 matrix, ≈ 5 µs).
+/// `None` for parameters [`validate_designed`] rejects.
+fn designed_schedule(lower: f64, steps: usize, safety: f64) -> Option<NsSchedule> {
+    type Cache = Mutex<HashMap<(u64, usize, u64), NsSchedule>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let key = (lower.to_bits(), steps, safety.to_bits());
+    let cache = CACHE.get_or_init(Cache::default);
+    // A poisoned lock only means another thread panicked while holding it; the map is intact.
+    if let Some(s) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Some(s.clone());
+    }
+    let schedule = PolarExpressSpec::new(lower, 5, steps, safety)
+        .design()
+        .ok()?
+        .schedule;
+    let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if map.len() < DESIGN_CACHE_CAP {
+        map.insert(key, schedule.clone());
+    }
+    Some(schedule)
 }
 
 /// Frobenius norms outside this range are brought into [0.5, 2) by an exact power of two before
@@ -341,6 +440,7 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
         (Msign::GramPolarExpress { restart, .. }, Some(schedule)) => {
             gram_newton_schulz(input, &schedule, restart)?
         }
+        (Msign::Aol { .. }, Some(schedule)) => aol_newton_schulz(input, &schedule)?,
         (_, Some(schedule)) => newton_schulz(input, &schedule)?,
         (_, None) => exact(input, x.working_name(precision)?)?,
     };

@@ -10,8 +10,8 @@
 use super::common::*;
 use kappa_linalg::tch_backend::{array_from_tensor, tensor_from_array};
 use kappa_linalg::{
-    gram_newton_schulz, newton_schulz, newton_schulz_cubic, newton_schulz_muon, InputError,
-    LinalgError, Matrix, NsSchedule, GRAM_NS_RESTART,
+    aol_newton_schulz, gram_newton_schulz, newton_schulz, newton_schulz_cubic, newton_schulz_muon,
+    singular_values, InputError, LinalgError, Matrix, NsSchedule, SvdDriver, GRAM_NS_RESTART,
 };
 use ndarray::Array2;
 use proptest::prelude::*;
@@ -69,6 +69,30 @@ proptest! {
                     + ns_error_bound(&sched, r, s_, &x, eps, 0.0);
                 prop_assert!(e <= tol, "{kind:?}: ‖GNS_tch − NS‖_F = {e:e} > {tol:e}");
             }
+        }
+    }
+
+    #[test]
+    fn aol_newton_schulz_agrees_across_backends((m, n, seed) in dims(20)) {
+        let a: Array2<f64> = gaussian(m, n, seed);
+        let sched = NsSchedule::turbo_muon(4).unwrap();
+        let (dx, e0u) = super::aol::aol_reference(&a);
+        let x = singular_values(dx.view(), SvdDriver::QrIteration).unwrap().to_vec();
+        let (r, s_) = dx.dim();
+        // Each run is within the iteration's rounding bound of the exact map of D·X, from the
+        // AOL rounding (`aol_reference`) in its precision (and, in f32, the same cast input on
+        // both sides): the two differ by at most twice that.
+        for (kind, eps, u) in [(Kind::Double, f64::EPSILON, U64), (Kind::Float, f32::EPSILON as f64, U32)] {
+            let t = tensor_from_array(a.view(), kind, Device::Cpu).unwrap();
+            let th = array_from_tensor(&aol_newton_schulz(&t, &sched).unwrap()).unwrap();
+            let nd = if kind == Kind::Double {
+                aol_newton_schulz(&a, &sched).unwrap()
+            } else {
+                aol_newton_schulz(&a.mapv(|v| v as f32), &sched).unwrap().mapv(f64::from)
+            };
+            let e = max_abs_diff(&th, &nd);
+            let tol = 2.0 * ns_error_bound(&sched, r, s_, &x, eps, 2.0 * e0u * u);
+            prop_assert!(e <= tol, "{kind:?}: max |AOL_tch − AOL_nd| = {e:e} > {tol:e}");
         }
     }
 

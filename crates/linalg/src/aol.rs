@@ -1,0 +1,165 @@
+//! AOL-preconditioned Newton–Schulz ("Turbo-Muon", Boissin, Massena, Mamalet, Serrurier,
+//! arXiv 2512.04632): the Frobenius normalization replaced by the AOL rescaling of Prach &
+//! Lampert (arXiv 2208.03160), which reuses the first Gram product, then a shorter schedule.
+//!
+//! # Math
+//!
+//! In the wide orientation X ∈ ℝ^{r×s}, r ≤ s (the small side has r rows; for a tall input
+//! this is X ← X·D with D acting on the columns), with A = XXᵀ (r×r):
+//!
+//!   D = diag(d),  d_i = (Σ_j |A_ij|)^{-1/2},  X₁ = D·X,  A₁ = X₁X₁ᵀ = D·A·D.
+//!
+//! **‖D·X‖₂ ≤ 1.** D·A·D ≼ I ⟺ A ≼ D⁻² = diag(Σ_j |A_ij|), and diag(Σ_j |A_ij|) − A is
+//! symmetric with diagonal entries Σ_{j≠i} |A_ij| ≥ 0 equal to its off-diagonal row sums in
+//! modulus: diagonally dominant, hence PSD (Gershgorin). So every singular value of X₁ lies in
+//! [0, 1] without ‖X‖_F, and A₁ comes from A by two diagonal scalings (no second product). For
+//! a matrix with orthogonal rows D is exact (X₁ has all σ = 1); in general X₁ is closer to
+//! orthogonal than X/‖X‖_F because each row is scaled by its own norm-like factor.
+//!
+//! **What it computes.** The schedule then runs on X₁ = D·X, so the result approximates
+//! msign(D·X), *not* msign(X): the two agree only when D is a multiple of I (rows of equal
+//! "Gram row mass"), or in the limit of orthogonal rows. msign(D·X) = U₁V₁ᵀ from the SVD of
+//! D·X; it is still an orthogonal-factor direction with ⟨X, msign(D·X)⟩ > 0, but its descent
+//! quality ⟨X, O⟩/‖X‖_* is below msign(X)'s value 1. The distances and qualities measured on
+//! Gaussian and ill-conditioned inputs are in docs/linalg.md ("AOL").
+//!
+//! **The schedule** ([`NsSchedule::turbo_muon`]): the authors' code runs the last `steps` of
+//! a five-step list ([`TURBO_MUON_COEFFICIENTS`], the per-step coefficients of Microsoft Dion's
+//! Newton–Schulz), 4 by default; the first step uses A₁ and each later one forms its own Gram
+//! matrix. A row that is exactly zero (Σ_j |A_ij| = 0) gets d_i = 0 and stays zero (sign(0) = 0);
+//! the authors clamp the sum at 1e-7 (of the raw input) instead, which does the same for a zero
+//! row but is not scale-invariant; here D·X is invariant under X → αX.
+//!
+//! **Scale.** The input is first normalized by ‖X‖_F exactly as in
+//! [`newton_schulz`](crate::newton_schulz()) (exact powers of two around extreme norms): D·X is
+//! invariant under X → αX, so this only keeps A = XXᵀ inside the element type's range, at the
+//! cost of one rounding of X. The normalization factor c of the schedule divides D (X₁ = D·X/c);
+//! the Turbo-Muon schedule has c = 1.
+//!
+//! Cost: identical to [`newton_schulz`](crate::newton_schulz()) with the same number of steps
+//! (the first Gram product is the one AOL needs) plus O(r² + rs) for the scalings.
+
+use crate::error::Result;
+use crate::input::InputError;
+use crate::matrix::Matrix;
+use crate::newton_schulz::{finish, poly_part, prepare, NsSchedule, PolyStep};
+
+/// The five-step coefficient list of the Turbo-Muon code (taken by it from Microsoft Dion's
+/// Newton–Schulz); a run with N ≤ 5 steps uses the last N ([`NsSchedule::turbo_muon`]).
+pub const TURBO_MUON_COEFFICIENTS: [PolyStep; 5] = [
+    PolyStep::new(4.0848, -6.8946, 2.9270),
+    PolyStep::new(3.9505, -6.3029, 2.6377),
+    PolyStep::new(3.7418, -5.5913, 2.3037),
+    PolyStep::new(2.8769, -3.1427, 1.2046),
+    PolyStep::new(2.8366, -3.0525, 1.2012),
+];
+
+/// The number of Turbo-Muon steps its authors use: 4.
+pub const TURBO_MUON_STEPS: usize = 4;
+
+impl NsSchedule {
+    /// The Turbo-Muon schedule: the last `steps` entries of [`TURBO_MUON_COEFFICIENTS`]
+    /// (4 steps: from (3.9505, −6.3029, 2.6377) on), normalization factor 1. Meant for
+    /// [`aol_newton_schulz`].
+    ///
+    /// Errors: [`InputError::InvalidArgument`] (argument `steps`) unless 1 ≤ steps ≤ 5.
+    pub fn turbo_muon(steps: usize) -> Result<Self> {
+        let n = TURBO_MUON_COEFFICIENTS.len();
+        if steps == 0 || steps > n {
+            let why = format!("Turbo-Muon has 1 to {n} steps, found {steps}");
+            return Err(InputError::invalid("steps", why).into());
+        }
+        Ok(Self {
+            steps: TURBO_MUON_COEFFICIENTS[n - steps..].to_vec(),
+            normalization: 1.0,
+        })
+    }
+}
+
+/// Runs `schedule` on D·X/c, the AOL-rescaled input (module docs), instead of X/(c·‖X‖_F).
+///
+/// Returns a new matrix of `x`'s shape, element type and (for `tch`) device; the zero matrix maps
+/// to itself. The result approximates msign(D·X), which is not msign(X) (module docs).
+///
+/// Errors: `x` empty or non-finite ([`InputError::Empty`], [`InputError::NonFinite`], argument
+/// `x`); an invalid schedule (as [`NsSchedule::validate`]); [`LinalgError::Overflow`]
+/// (argument `schedule`) when a user schedule drives the iterate out of range.
+///
+/// [`LinalgError::Overflow`]: crate::LinalgError::Overflow
+///
+/// ```
+/// use kappa_linalg::{aol_newton_schulz, NsSchedule};
+/// // Orthogonal rows of different lengths: D·X is orthonormal, and so is the result.
+/// let x = ndarray::array![[3.0_f64, 0.0, 0.0], [0.0, 0.2, 0.0]];
+/// let q = aol_newton_schulz(&x, &NsSchedule::turbo_muon(4)?)?;
+/// assert!((q[[0, 0]] - q[[1, 1]]).abs() < 1e-12 && q[[0, 1]] == 0.0);
+/// # Ok::<(), kappa_linalg::LinalgError>(())
+/// ```
+pub fn aol_newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
+    // Arguments in signature order: `x`, then `schedule`.
+    x.validate("x")?;
+    schedule.validate()?;
+    let frobenius = NsSchedule {
+        steps: Vec::new(),
+        normalization: 1.0,
+    };
+    let (mut prepared, transposed) = prepare(x, &frobenius)?;
+    if let Some(x0) = prepared.as_mut() {
+        let mut gram = Some(aol_rescale(x0, schedule.normalization)?);
+        for p in &schedule.steps {
+            let a = match gram.take() {
+                Some(a) => a,
+                None => x0.gram()?,
+            };
+            let b = poly_part(&a, p)?;
+            *x0 = x0.mul_add(1.0, &b, x0, p.a)?;
+        }
+    }
+    finish(prepared, transposed)
+}
+
+/// X ← D·X/c in place (X wide, finite, non-zero) and returns its Gram matrix D·A·D/c² formed
+/// from A = XXᵀ by scalings. d_i = 0 for a zero row.
+fn aol_rescale<M: Matrix>(x: &mut M, c: f64) -> Result<M> {
+    let mut a = x.gram()?;
+    let d: Vec<f64> = a
+        .abs_row_sums()?
+        .iter()
+        .map(|&s| if s > 0.0 { 1.0 / (s.sqrt() * c) } else { 0.0 })
+        .collect();
+    scale_rows(x, &d)?;
+    a.scale_columns(&d)?;
+    scale_rows(&mut a, &d)?;
+    Ok(a)
+}
+
+/// A ← diag(d)·A, as the column scaling of Aᵀ (the transposes are O(1)).
+fn scale_rows<M: Matrix>(a: &mut M, d: &[f64]) -> Result<()> {
+    let mut t = a.duplicate()?.into_transpose();
+    t.scale_columns(d)?;
+    *a = t.into_transpose();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turbo_muon_takes_the_last_steps() {
+        let s = NsSchedule::turbo_muon(4).unwrap();
+        assert_eq!(s.steps, TURBO_MUON_COEFFICIENTS[1..].to_vec());
+        assert_eq!(s.normalization, 1.0);
+        assert!(NsSchedule::turbo_muon(0).is_err() && NsSchedule::turbo_muon(6).is_err());
+    }
+
+    #[test]
+    fn aol_bounds_the_spectral_norm_by_one() {
+        let mut x = ndarray::array![[1.0_f64, 2.0, 0.5], [0.3, -1.0, 4.0]];
+        let a = aol_rescale(&mut x, 1.0).unwrap();
+        let s = crate::Matrix::singular_values(&x).unwrap();
+        assert!(s[0] <= 1.0 + 1e-14, "{s:?}");
+        let direct = x.dot(&x.t());
+        assert!((&a - &direct).iter().all(|e| e.abs() < 1e-14));
+    }
+}
