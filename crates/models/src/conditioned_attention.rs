@@ -56,6 +56,7 @@ use tch::{nn, Kind, Tensor};
 use crate::error::{ModelsError, Result};
 use crate::linear::Linear;
 use crate::max_logit::{head_max_logits, to_vec, QkClipReport};
+use crate::nystrom::{nystrom_attention, NystromConfig};
 
 /// The spectral correction added to W_Q, W_K and W_V.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -161,6 +162,21 @@ pub struct AttentionConfig {
     pub conditioning: Conditioning,
     /// Use libtorch's fused `scaled_dot_product_attention` when no probabilities are requested.
     pub fused_kernel: bool,
+    /// Exact softmax attention (the default) or its Nyström approximation (bidirectional only).
+    #[serde(default)]
+    pub kernel: AttentionKernel,
+}
+
+/// The attention kernel: exact softmax, or Nyström's landmark approximation
+/// ([`crate::nystrom`]). The conditioning acts on the projections, so it applies to both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionKernel {
+    /// softmax(c·QKᵀ + mask)·V.
+    #[default]
+    Softmax,
+    /// F·A⁺·(B·V) through landmarks, plus the optional convolution skip on V.
+    Nystrom(NystromConfig),
 }
 
 impl AttentionConfig {
@@ -191,6 +207,15 @@ impl AttentionConfig {
             };
             ModelsError::config(format!("{field}.scaling"), reason)
         })?;
+        if let AttentionKernel::Nystrom(n) = &self.kernel {
+            if self.causal {
+                return Err(ModelsError::config(
+                    format!("{field}.kernel"),
+                    "Nyström attention is bidirectional: it has no causal form",
+                ));
+            }
+            n.validate(&format!("{field}.kernel.nystrom"))?;
+        }
         self.conditioning.validate(&format!("{field}.conditioning"))
     }
 
@@ -226,13 +251,15 @@ pub struct AttentionTrace {
 ///
 /// ```
 /// use kappa_attention::{HeadLayout, ScoreScale};
-/// use kappa_models::conditioned_attention::{AttentionConfig, Conditioning, ConditionedAttention};
+/// use kappa_models::conditioned_attention::{
+///     AttentionConfig, AttentionKernel, Conditioning, ConditionedAttention,
+/// };
 /// use tch::{nn, Device, Kind, Tensor};
 /// let vs = nn::VarStore::new(Device::Cpu);
 /// let cfg = AttentionConfig {
 ///     n_embd: 16, n_head: 4, bias: false, causal: true, scaling: ScoreScale::InvSqrtK,
 ///     conditioning: Conditioning::Identity { lambda: 1.0, layout: HeadLayout::Shifted },
-///     fused_kernel: true,
+///     fused_kernel: true, kernel: AttentionKernel::Softmax,
 /// };
 /// let attn = ConditionedAttention::new(vs.root() / "attn", cfg, 0.02)?;
 /// let x = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu));
@@ -258,6 +285,8 @@ pub struct ConditionedAttention {
     pattern: Option<Tensor>,
     /// The opt-in record of the last forward's max logits and input.
     capture: Capture,
+    /// Nyström's depthwise convolution skip on V (H×1×r×1), if configured.
+    nystrom_conv: Option<Tensor>,
 }
 
 /// The max-logit capture of a layer: off by default; when on, every forward replaces `last`.
@@ -295,6 +324,19 @@ impl ConditionedAttention {
             Conditioning::Svd { .. } => Some(p.f_zeros_no_train("correction", &[3 * d, d])?),
             _ => None,
         };
+        let nystrom_conv = match cfg.kernel {
+            AttentionKernel::Nystrom(n) if n.conv_kernel > 0 => {
+                // libtorch's Conv2d default: U(−1/√fan_in, 1/√fan_in), fan_in = r.
+                let bound = 1.0 / (n.conv_kernel as f64).sqrt();
+                let shape = [cfg.n_head as i64, 1, n.conv_kernel as i64, 1];
+                let init = nn::Init::Uniform {
+                    lo: -bound,
+                    up: bound,
+                };
+                Some(p.f_var("nystrom_conv", &shape, init)?)
+            }
+            _ => None,
+        };
         let mut layer = Self {
             cfg,
             score_factor,
@@ -304,6 +346,7 @@ impl ConditionedAttention {
             correction,
             pattern: None,
             capture: Capture::default(),
+            nystrom_conv,
         };
         layer.pattern = layer.shift_pattern();
         layer.refresh_conditioning(0)?;
@@ -601,18 +644,22 @@ impl ConditionedAttention {
                 reason: format!("expected a floating-point tensor, found {:?}", x.kind()),
             });
         }
+        if let AttentionKernel::Nystrom(n) = &self.cfg.kernel {
+            n.check_length(size[1] as usize)?;
+        }
         Ok(())
     }
 
     /// The forward pass on X (B×T×D). With `trace` (or without the fused kernel) the
     /// probabilities are computed explicitly — softmax(S + mask)·V — and returned; otherwise
-    /// libtorch's `scaled_dot_product_attention` computes the same quantity.
+    /// libtorch's `scaled_dot_product_attention` computes the same quantity. With the Nyström
+    /// kernel the output is always Nyström's, and a trace holds the exact softmax scores and
+    /// probabilities of the same Q, K (the kernel it approximates; T×T, for diagnostics).
     pub fn forward_trace(&self, x: &Tensor, trace: bool) -> (Tensor, Option<AttentionTrace>) {
         let size = x.size();
         let (b, t, d) = (size[0], size[1], size[2]);
         let h = self.cfg.n_head as i64;
         let k = d / h;
-        let scale = self.score_factor;
         let qkv = self.project(x);
         let heads = |m: &Tensor| m.view([b, t, h, k]).transpose(1, 2);
         let parts = qkv.split(d, -1);
@@ -620,37 +667,79 @@ impl ConditionedAttention {
         if self.capture.on.load(Ordering::Relaxed) {
             self.record(x, &q, &kk);
         }
-        let (y, record) = if self.cfg.fused_kernel && !trace {
-            let y = Tensor::scaled_dot_product_attention(
-                &q,
-                &kk,
-                &v,
-                None::<Tensor>,
-                0.0,
-                self.cfg.causal,
-                Some(scale),
-                false,
-            );
-            (y, None)
-        } else {
-            let scores = q.matmul(&kk.transpose(-2, -1)) * scale;
-            let masked = if self.cfg.causal {
-                let mask = Tensor::ones([t, t], (Kind::Bool, x.device())).triu(1);
-                scores.masked_fill(&mask, f64::NEG_INFINITY)
-            } else {
-                scores.shallow_clone()
-            };
-            let p = masked.softmax(-1, x.kind());
-            let y = p.matmul(&v);
-            let record = trace.then(|| AttentionTrace {
-                input: x.detach(),
-                scores: scores.detach(),
-                probs: p.detach(),
-            });
-            (y, record)
+        let (y, record) = match &self.cfg.kernel {
+            AttentionKernel::Nystrom(n) => {
+                let record = trace.then(|| self.softmax_attention(x, &q, &kk, &v).1);
+                (self.nystrom(&q, &kk, &v, n), record.flatten())
+            }
+            AttentionKernel::Softmax if self.cfg.fused_kernel && !trace => {
+                let y = Tensor::scaled_dot_product_attention(
+                    &q,
+                    &kk,
+                    &v,
+                    None::<Tensor>,
+                    0.0,
+                    self.cfg.causal,
+                    Some(self.score_factor),
+                    false,
+                );
+                (y, None)
+            }
+            AttentionKernel::Softmax => {
+                let (y, record) = self.softmax_attention(x, &q, &kk, &v);
+                (y, record.filter(|_| trace))
+            }
         };
         let y = y.transpose(1, 2).contiguous().view([b, t, d]);
         (self.c_proj.forward(&y), record)
+    }
+
+    /// softmax(c·QKᵀ + mask)·V with the probabilities materialized, and its trace.
+    fn softmax_attention(
+        &self,
+        x: &Tensor,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> (Tensor, Option<AttentionTrace>) {
+        let t = q.size()[2];
+        let scores = q.matmul(&k.transpose(-2, -1)) * self.score_factor;
+        let masked = if self.cfg.causal {
+            let mask = Tensor::ones([t, t], (Kind::Bool, x.device())).triu(1);
+            scores.masked_fill(&mask, f64::NEG_INFINITY)
+        } else {
+            scores.shallow_clone()
+        };
+        let p = masked.softmax(-1, x.kind());
+        let y = p.matmul(v);
+        let record = AttentionTrace {
+            input: x.detach(),
+            scores: scores.detach(),
+            probs: p.detach(),
+        };
+        (y, Some(record))
+    }
+}
+
+impl ConditionedAttention {
+    /// Nyström attention of the heads ([`crate::nystrom`]) plus the convolution skip on V.
+    fn nystrom(&self, q: &Tensor, k: &Tensor, v: &Tensor, cfg: &NystromConfig) -> Tensor {
+        let y = nystrom_attention(q, k, v, self.score_factor, cfg);
+        match &self.nystrom_conv {
+            Some(w) => {
+                let pad = (cfg.conv_kernel / 2) as i64;
+                let w = Self::matching(w, v);
+                y + v.conv2d(
+                    &w,
+                    None::<Tensor>,
+                    [1, 1],
+                    [pad, 0],
+                    [1, 1],
+                    self.cfg.n_head as i64,
+                )
+            }
+            None => y,
+        }
     }
 }
 
@@ -679,6 +768,7 @@ mod tests {
             scaling: ScoreScale::InvSqrtK,
             conditioning,
             fused_kernel: true,
+            kernel: AttentionKernel::Softmax,
         }
     }
 

@@ -30,10 +30,11 @@ pub mod layers;
 pub mod linear;
 mod link;
 pub mod max_logit;
+pub mod nystrom;
 pub mod vit;
 
 pub use conditioned_attention::{
-    AttentionConfig, AttentionTrace, ConditionedAttention, Conditioning,
+    AttentionConfig, AttentionKernel, AttentionTrace, ConditionedAttention, Conditioning,
 };
 pub use data::{
     FashionMnist, ImageSet, ImageSplits, Normalize, Split, SplitOptions, TextCorpus, Tokenizer,
@@ -50,4 +51,5 @@ pub use gpt::{Gpt, GptConfig};
 pub use kappa_attention::{HeadLayout, ScoreScale};
 pub use layers::{Block, Transformer};
 pub use max_logit::QkClipReport;
+pub use nystrom::{NystromConfig, Pinv};
 pub use vit::{Vit, VitConfig};

@@ -12,7 +12,9 @@ use tch::{nn, Kind, Tensor};
 
 use kappa_attention::ScoreScale;
 
-use crate::conditioned_attention::{AttentionConfig, AttentionTrace, Conditioning};
+use crate::conditioned_attention::{
+    AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
+};
 use crate::error::{ModelsError, Result};
 use crate::layers::{Block, LayerNorm, Transformer};
 use crate::linear::Linear;
@@ -121,6 +123,7 @@ impl VitConfig {
             scaling: self.scaling,
             conditioning: self.conditioning,
             fused_kernel: self.fused_kernel,
+            kernel: AttentionKernel::Softmax,
         }
     }
 

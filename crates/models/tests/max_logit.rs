@@ -6,7 +6,8 @@ use kappa_attention::{HeadLayout, ScoreScale};
 use kappa_models::diagnostics::{diagnose, DiagnosticsConfig};
 use kappa_models::max_logit::{head_max_logits, CHUNK_ENTRIES};
 use kappa_models::{
-    AttentionConfig, ConditionedAttention, Conditioning, Gpt, GptConfig, Transformer,
+    AttentionConfig, AttentionKernel, ConditionedAttention, Conditioning, Gpt, GptConfig,
+    Transformer,
 };
 use kappa_optim::QkClipConfig;
 use tch::{nn, Device, Kind, Tensor};
@@ -148,6 +149,7 @@ fn layer(
         scaling: ScoreScale::InvSqrtK,
         conditioning,
         fused_kernel: true,
+        kernel: AttentionKernel::Softmax,
     };
     let attn = ConditionedAttention::new(vs.root() / "attn", cfg, 0.3).unwrap();
     tch::no_grad(|| {
