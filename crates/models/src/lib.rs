@@ -19,6 +19,7 @@
 //! See `docs/models.md` for the conventions, the math next to the code and measured figures.
 
 pub mod autocast;
+pub mod classifier;
 pub mod conditioned_attention;
 pub mod data;
 pub mod device;
@@ -33,6 +34,7 @@ pub mod max_logit;
 pub mod nystrom;
 pub mod vit;
 
+pub use classifier::{SequenceClassifier, SequenceClassifierConfig};
 pub use conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, ConditionedAttention, Conditioning,
 };

@@ -1,0 +1,351 @@
+//! A sequence classifier for long-range tasks (Long Range Arena style): token embedding, learned
+//! positions, pre-LN blocks with bidirectional attention — exact softmax or Nyström
+//! ([`AttentionKernel`]), either with any conditioning — a final LayerNorm, mean pooling over
+//! the non-padding tokens and a linear head.
+//!
+//! Padding: tokens equal to `pad_id` are excluded from the pooled mean (a sequence of padding
+//! only pools to 0); attention itself sees them as tokens (no attention mask: Nyström's segment
+//! means have no masked form without changing its landmarks, and the same model with either
+//! kernel must see the same inputs). Initialization as [`crate::vit`]: embeddings, positions and
+//! head N(0, 0.02²), blocks as [`crate::layers::Block`].
+
+use serde::{Deserialize, Serialize};
+use tch::nn::Module as _;
+use tch::{nn, Kind, Tensor};
+
+use kappa_attention::ScoreScale;
+
+use crate::conditioned_attention::{
+    AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
+};
+use crate::error::{ModelsError, Result};
+use crate::layers::{Block, LayerNorm, Transformer};
+use crate::linear::Linear;
+
+/// The size and attention settings of a [`SequenceClassifier`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SequenceClassifierConfig {
+    /// Token vocabulary (including the padding token).
+    pub vocab_size: usize,
+    /// Sequence length T (every input is B×T; with Nyström, a multiple of the landmarks).
+    pub seq_len: usize,
+    /// The padding token, excluded from the pooled mean.
+    pub pad_id: i64,
+    /// Classes.
+    pub num_classes: usize,
+    /// Blocks L.
+    pub n_layer: usize,
+    /// Heads H.
+    pub n_head: usize,
+    /// Width D.
+    pub n_embd: usize,
+    /// MLP hidden width over D.
+    pub mlp_ratio: usize,
+    /// Biases in linear layers and LayerNorms.
+    pub bias: bool,
+    /// The score scale s.
+    pub scaling: ScoreScale,
+    /// The spectral correction of every attention layer.
+    pub conditioning: Conditioning,
+    /// Use libtorch's fused attention kernel (softmax kernel only).
+    pub fused_kernel: bool,
+    /// Exact softmax or Nyström attention.
+    pub kernel: AttentionKernel,
+}
+
+impl SequenceClassifierConfig {
+    /// A model for tests: 16 tokens of a 12-token vocabulary, D = 16, 2 layers, 2 heads.
+    pub fn tiny(kernel: AttentionKernel) -> Self {
+        Self {
+            vocab_size: 12,
+            seq_len: 16,
+            pad_id: 0,
+            num_classes: 3,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 16,
+            mlp_ratio: 2,
+            bias: false,
+            scaling: ScoreScale::InvSqrtK,
+            conditioning: Conditioning::None,
+            fused_kernel: true,
+            kernel,
+        }
+    }
+
+    /// The attention settings of every layer (bidirectional).
+    pub fn attention(&self) -> AttentionConfig {
+        AttentionConfig {
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            bias: self.bias,
+            causal: false,
+            scaling: self.scaling,
+            conditioning: self.conditioning,
+            fused_kernel: self.fused_kernel,
+            kernel: self.kernel,
+        }
+    }
+
+    /// Checks every size; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("seq_len", self.seq_len),
+            ("num_classes", self.num_classes),
+            ("n_layer", self.n_layer),
+            ("mlp_ratio", self.mlp_ratio),
+        ] {
+            if v == 0 {
+                return Err(ModelsError::config(format!("model.{name}"), "must be ≥ 1"));
+            }
+        }
+        if !(0..self.vocab_size as i64).contains(&self.pad_id) {
+            return Err(ModelsError::config(
+                "model.pad_id",
+                format!(
+                    "must be a token below vocab_size = {}, found {}",
+                    self.vocab_size, self.pad_id
+                ),
+            ));
+        }
+        if let AttentionKernel::Nystrom(n) = &self.kernel {
+            if !self.seq_len.is_multiple_of(n.landmarks.max(1)) {
+                return Err(ModelsError::config(
+                    "model.kernel.nystrom.landmarks",
+                    format!(
+                        "must divide seq_len = {}, found {}",
+                        self.seq_len, n.landmarks
+                    ),
+                ));
+            }
+        }
+        self.attention().validate("model")
+    }
+}
+
+/// The classifier (module docs).
+#[derive(Debug)]
+pub struct SequenceClassifier {
+    cfg: SequenceClassifierConfig,
+    /// vocab×D.
+    pub wte: Tensor,
+    /// 1×T×D.
+    pub wpe: Tensor,
+    blocks: Vec<Block>,
+    /// The final LayerNorm.
+    pub ln_f: LayerNorm,
+    /// D → classes.
+    pub head: Linear,
+}
+
+impl SequenceClassifier {
+    /// Builds the model under `p` (call `tch::manual_seed` first for a reproducible init).
+    ///
+    /// ```
+    /// use kappa_models::classifier::{SequenceClassifier, SequenceClassifierConfig};
+    /// use kappa_models::{AttentionKernel, NystromConfig};
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let cfg = SequenceClassifierConfig::tiny(AttentionKernel::Nystrom(NystromConfig::paper(4)));
+    /// let model = SequenceClassifier::new(&vs.root(), cfg)?;
+    /// let tokens = Tensor::ones([2, 16], (Kind::Int64, Device::Cpu));
+    /// assert_eq!(model.logits(&tokens)?.size(), vec![2, 3]);
+    /// # Ok::<(), kappa_models::ModelsError>(())
+    /// ```
+    pub fn new(p: &nn::Path<'_>, cfg: SequenceClassifierConfig) -> Result<Self> {
+        cfg.validate()?;
+        let d = cfg.n_embd as i64;
+        let init = nn::Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        };
+        let wte = p.f_var("wte", &[cfg.vocab_size as i64, d], init)?;
+        let wpe = p.f_var("wpe", &[1, cfg.seq_len as i64, d], init)?;
+        let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
+        let blocks = (0..cfg.n_layer)
+            .map(|i| Block::new(&(p / "h" / i), cfg.attention(), cfg.mlp_ratio, proj_std))
+            .collect::<Result<Vec<_>>>()?;
+        let ln_f = LayerNorm::new(&(p / "ln_f"), d, cfg.bias)?;
+        let head = Linear::new(&(p / "head"), d, cfg.num_classes as i64, cfg.bias, 0.02)?;
+        Ok(Self {
+            cfg,
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            head,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &SequenceClassifierConfig {
+        &self.cfg
+    }
+
+    fn check(&self, tokens: &Tensor) -> Result<()> {
+        let size = tokens.size();
+        let t = self.cfg.seq_len as i64;
+        if size.len() != 2 || size[1] != t || tokens.kind() != Kind::Int64 {
+            return Err(ModelsError::Shape {
+                arg: "tokens",
+                reason: format!(
+                    "expected B×{t} Int64 tokens, found {size:?} {:?}",
+                    tokens.kind()
+                ),
+            });
+        }
+        let (lo, hi) = (tokens.min().int64_value(&[]), tokens.max().int64_value(&[]));
+        if lo < 0 || hi >= self.cfg.vocab_size as i64 {
+            return Err(ModelsError::Shape {
+                arg: "tokens",
+                reason: format!(
+                    "token ids must lie in [0, {}), found [{lo}, {hi}]",
+                    self.cfg.vocab_size
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Logits B×classes and, with `trace`, every layer's attention trace. Not checked.
+    pub fn forward_trace(&self, tokens: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
+        let mut x = Tensor::embedding(&self.wte, tokens, -1, false, false) + &self.wpe;
+        let mut traces = Vec::new();
+        for block in &self.blocks {
+            let (y, tr) = block.forward_trace(&x, trace);
+            x = y;
+            traces.extend(tr);
+        }
+        let pooled = pool(&self.ln_f.forward(&x), tokens, self.cfg.pad_id);
+        (self.head.forward(&pooled), traces)
+    }
+
+    /// Checked logits B×classes.
+    pub fn logits(&self, tokens: &Tensor) -> Result<Tensor> {
+        self.check(tokens)?;
+        Ok(self.forward_trace(tokens, false).0)
+    }
+
+    /// Mean cross-entropy against integer `labels` (B).
+    pub fn loss(&self, tokens: &Tensor, labels: &Tensor) -> Result<Tensor> {
+        let logits = self.logits(tokens)?;
+        let b = tokens.size()[0];
+        if labels.size() != [b] || labels.kind() != Kind::Int64 {
+            return Err(ModelsError::Shape {
+                arg: "labels",
+                reason: format!(
+                    "expected {b} Int64 labels, found {:?} {:?}",
+                    labels.size(),
+                    labels.kind()
+                ),
+            });
+        }
+        Ok(logits.cross_entropy_for_logits(labels))
+    }
+}
+
+/// The mean of `h` (B×T×D) over the positions whose token is not `pad_id` (B×D; 0 for a
+/// sequence of padding only).
+fn pool(h: &Tensor, tokens: &Tensor, pad_id: i64) -> Tensor {
+    let keep = tokens.ne(pad_id).to_kind(h.kind()).unsqueeze(-1);
+    let count = keep.sum_dim_intlist(1, false, h.kind()).clamp_min(1.0);
+    (h * &keep).sum_dim_intlist(1, false, keep.kind()) / count
+}
+
+impl Transformer for SequenceClassifier {
+    fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+}
+
+impl nn::Module for SequenceClassifier {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.forward_trace(xs, false).0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nystrom::{NystromConfig, Pinv};
+    use tch::Device;
+
+    fn tokens(seed: i64) -> Tensor {
+        tch::manual_seed(seed);
+        Tensor::randint_low(1, 12, [4, 16], (Kind::Int64, Device::Cpu))
+    }
+
+    #[test]
+    fn both_kernels_give_chance_level_loss_and_gradients() {
+        for kernel in [
+            AttentionKernel::Softmax,
+            AttentionKernel::Nystrom(NystromConfig::paper(4)),
+        ] {
+            tch::manual_seed(0);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let m = SequenceClassifier::new(&vs.root(), SequenceClassifierConfig::tiny(kernel))
+                .unwrap();
+            let x = tokens(1);
+            let loss = m.loss(&x, &Tensor::from_slice(&[0i64, 1, 2, 0])).unwrap();
+            assert!(
+                (loss.double_value(&[]) - 3f64.ln()).abs() < 0.2,
+                "{kernel:?}"
+            );
+            loss.backward();
+            for t in vs.trainable_variables() {
+                assert!(t.grad().defined());
+            }
+        }
+    }
+
+    #[test]
+    fn pooling_averages_the_kept_positions_only() {
+        let h = Tensor::randn([2, 16, 8], (Kind::Double, Device::Cpu));
+        let mut ids = vec![3i64; 32];
+        ids[10..16].fill(0);
+        ids[16..].fill(0); // the second sequence is padding only
+        let t = Tensor::from_slice(&ids).view([2, 16]);
+        let pooled = pool(&h, &t, 0);
+        let want = h.get(0).narrow(0, 0, 10).mean_dim(0, false, Kind::Double);
+        assert!(pooled.get(0).allclose(&want, 1e-12, 1e-12, false));
+        assert_eq!(pooled.get(1).abs().max().double_value(&[]), 0.0);
+    }
+
+    #[test]
+    fn bad_tokens_labels_and_configs_are_errors() {
+        let exact = NystromConfig {
+            landmarks: 5,
+            pinv: Pinv::Exact,
+            conv_kernel: 0,
+        };
+        let e = SequenceClassifierConfig::tiny(AttentionKernel::Nystrom(exact)).validate();
+        assert!(e.unwrap_err().to_string().contains("landmarks"));
+        let bad_pad = SequenceClassifierConfig {
+            pad_id: 12,
+            ..SequenceClassifierConfig::tiny(AttentionKernel::Softmax)
+        };
+        assert!(bad_pad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("pad_id"));
+        let vs = nn::VarStore::new(Device::Cpu);
+        let m = SequenceClassifier::new(
+            &vs.root(),
+            SequenceClassifierConfig::tiny(AttentionKernel::Softmax),
+        )
+        .unwrap();
+        let too_big = Tensor::full([1, 16], 12, (Kind::Int64, Device::Cpu));
+        assert!(m
+            .logits(&too_big)
+            .unwrap_err()
+            .to_string()
+            .contains("token ids"));
+        assert!(m
+            .logits(&Tensor::zeros([1, 15], (Kind::Int64, Device::Cpu)))
+            .is_err());
+        assert!(m.loss(&tokens(2), &Tensor::from_slice(&[0i64])).is_err());
+    }
+}
