@@ -234,7 +234,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     threads: u32,
     /// Run only this benchmark target (linalg, attention, optim, models, manifolds, gemm,
-    /// step_env).
+    /// nystrom, step_env).
     #[arg(long)]
     bench: Option<String>,
     /// Arguments passed to criterion (a filter, `--quick`, …).

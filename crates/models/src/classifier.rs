@@ -141,7 +141,7 @@ pub struct SequenceClassifier {
 }
 
 impl SequenceClassifier {
-    /// Builds the model under `p` (call `tch::manual_seed` first for a reproducible init).
+    /// Builds the model under `p` (inside [`crate::seeded`] for a reproducible init).
     ///
     /// ```
     /// use kappa_models::classifier::{SequenceClassifier, SequenceClassifierConfig};
@@ -272,9 +272,10 @@ mod tests {
     use crate::nystrom::{NystromConfig, Pinv};
     use tch::Device;
 
-    fn tokens(seed: i64) -> Tensor {
-        tch::manual_seed(seed);
-        Tensor::randint_low(1, 12, [4, 16], (Kind::Int64, Device::Cpu))
+    fn tokens(seed: u64) -> Tensor {
+        crate::seeded(seed, || {
+            Tensor::randint_low(1, 12, [4, 16], (Kind::Int64, Device::Cpu))
+        })
     }
 
     #[test]
@@ -302,7 +303,7 @@ mod tests {
 
     #[test]
     fn pooling_averages_the_kept_positions_only() {
-        let h = Tensor::randn([2, 16, 8], (Kind::Double, Device::Cpu));
+        let h = crate::seeded(5, || Tensor::randn([2, 16, 8], (Kind::Double, Device::Cpu)));
         let mut ids = vec![3i64; 32];
         ids[10..16].fill(0);
         ids[16..].fill(0); // the second sequence is padding only

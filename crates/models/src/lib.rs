@@ -32,6 +32,7 @@ pub mod linear;
 mod link;
 pub mod max_logit;
 pub mod nystrom;
+pub mod seed;
 pub mod vit;
 
 pub use classifier::{SequenceClassifier, SequenceClassifierConfig};
@@ -54,4 +55,5 @@ pub use kappa_attention::{HeadLayout, ScoreScale};
 pub use layers::{Block, Transformer};
 pub use max_logit::QkClipReport;
 pub use nystrom::{NystromConfig, Pinv};
+pub use seed::seeded;
 pub use vit::{Vit, VitConfig};

@@ -184,9 +184,8 @@ mod tests {
     use super::*;
     use tch::Device;
 
-    fn f64s(shape: &[i64], seed: i64) -> Tensor {
-        tch::manual_seed(seed);
-        Tensor::randn(shape, (Kind::Double, Device::Cpu))
+    fn f64s(shape: &[i64], seed: u64) -> Tensor {
+        crate::seeded(seed, || Tensor::randn(shape, (Kind::Double, Device::Cpu)))
     }
 
     /// The iteration against the exact pseudo-inverse on a well-conditioned softmax kernel

@@ -29,9 +29,13 @@ fn gamma(n: usize) -> f64 {
     nu / (1.0 - nu)
 }
 
-fn randn(shape: &[i64], seed: i64) -> Tensor {
-    tch::manual_seed(seed);
-    Tensor::randn(shape, (Kind::Double, Device::Cpu))
+/// The tests of this binary run on parallel threads and libtorch's generator is global: every
+/// seeded draw (inputs, layer initializations) goes through [`seeded`], so each test's tensors
+/// are the same in every run whatever the other tests do.
+use kappa_models::seeded;
+
+fn randn(shape: &[i64], seed: u64) -> Tensor {
+    seeded(seed, || Tensor::randn(shape, (Kind::Double, Device::Cpu)))
 }
 
 fn fro(t: &Tensor) -> f64 {
@@ -174,8 +178,11 @@ fn the_iteration_contracts_the_residual_cubically() {
     }
 }
 
-fn layer(kernel: AttentionKernel, seed: i64) -> (nn::VarStore, ConditionedAttention) {
-    tch::manual_seed(seed);
+fn layer(kernel: AttentionKernel, seed: u64) -> (nn::VarStore, ConditionedAttention) {
+    seeded(seed, || layer_unseeded(kernel))
+}
+
+fn layer_unseeded(kernel: AttentionKernel) -> (nn::VarStore, ConditionedAttention) {
     let vs = nn::VarStore::new(Device::Cpu);
     let cfg = AttentionConfig {
         n_embd: 12,
@@ -206,7 +213,7 @@ fn the_layer_adds_only_the_convolution_and_traces_exact_probabilities() {
     };
     // The conditioning adds no trainable parameter; Nyström adds its H×r convolution.
     assert_eq!(count(&vs_nys), count(&vs_soft) + 3 * 33);
-    let x = Tensor::randn([2, 16, 12], (Kind::Float, Device::Cpu));
+    let x = randn(&[2, 16, 12], 12).to_kind(Kind::Float);
     let y = nys.try_forward(&x).unwrap();
     assert_eq!(y.size(), [2, 16, 12]);
     y.sum(Kind::Float).backward();
@@ -241,6 +248,8 @@ fn all_landmarks_make_the_layer_softmax_attention() {
     };
     let (mut vs_soft, soft) = layer(AttentionKernel::Softmax, 10);
     let (mut vs_nys, nys) = layer(AttentionKernel::Nystrom(exact), 10);
+    // The same weights in both (the comparison's premise), whatever the generator did.
+    vs_nys.copy(&vs_soft).unwrap();
     vs_soft.double();
     vs_nys.double();
     let x = randn(&[1, 8, 12], 11);

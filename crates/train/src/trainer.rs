@@ -71,24 +71,10 @@ use kappa_models::error::{ModelsError, Result};
 use kappa_models::{QkClipReport, Transformer};
 use kappa_optim::QkClipConfig;
 
-static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Runs `f` with libtorch's global CPU generator seeded by `seed`, holding a process-wide lock
-/// so that no other caller of `seeded` draws from the generator in between. libtorch's
-/// generator is global: two threads that seed it and build models at the same time otherwise
-/// interleave their draws and lose reproducibility.
-///
-/// ```
-/// use tch::{Device, Kind, Tensor};
-/// let a = kappa_train::seeded(3, || Tensor::randn([4], (Kind::Float, Device::Cpu)));
-/// let b = kappa_train::seeded(3, || Tensor::randn([4], (Kind::Float, Device::Cpu)));
-/// assert!(a.equal(&b));
-/// ```
-pub fn seeded<T>(seed: u64, f: impl FnOnce() -> T) -> T {
-    let _lock = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
-    tch::manual_seed(seed as i64);
-    f()
-}
+/// [`kappa_models::seeded`]: libtorch's global generator seeded under a process-wide lock (one
+/// lock for the workspace, so that model construction here and in kappa-models' callers never
+/// interleaves draws).
+pub use kappa_models::seeded;
 
 /// Training settings (the `[train]` table of an experiment's TOML config). The seed, threads,
 /// device and progress bar of a run are not here: they come from the [`RunContext`].
