@@ -4,7 +4,9 @@
 //! ([`ImageSplits::from_idx_dir`]) or of PNG images in torchvision's `ImageFolder` layout
 //! ([`ImageSplits::from_image_folder`]), with deterministic batching. Every image source
 //! gives one split type, [`ImageSplits`]; how the splits are cut and the pixels normalized is
-//! in [`images`].
+//! in [`images`]. Sequence-classification tasks for a Long-Range-Arena suite (ListOps,
+//! Pathfinder, byte-level movie-review sentiment, Fashion-MNIST pixels) give one split type,
+//! [`sequences::SequenceSplits`].
 //!
 //! # Determinism
 //!
@@ -19,6 +21,7 @@
 //! |---|---|---|
 //! | `fashion-mnist` | `<data>/fashion-mnist` | `{train,t10k}-{images-idx3,labels-idx1}-ubyte`, uncompressed IDX |
 //! | `sotu` | `<data>/sotu` | `train.txt` (addresses 1790–1999), `val.txt` (2000–2021) |
+//! | `movie-reviews` | `<data>/movie-reviews` | `sentences.tsv`: `label<TAB>score<TAB>sentence` ([`sequences::text`]) |
 //!
 //! A user's image folder: `DIR/train/<class>/*.png` and `DIR/test/<class>/*.png`.
 
@@ -36,6 +39,7 @@ use crate::error::{ModelsError, Result};
 mod image_folder;
 pub mod images;
 mod pixels;
+pub mod sequences;
 
 pub use images::{
     FashionMnist, ImageSet, ImageSplits, Normalize, SplitOptions, FASHION_MNIST_CLASSES,
