@@ -30,8 +30,9 @@ pub struct SequenceClassifierConfig {
     pub vocab_size: usize,
     /// Sequence length T (every input is B×T; with Nyström, a multiple of the landmarks).
     pub seq_len: usize,
-    /// The padding token, excluded from the pooled mean.
-    pub pad_id: i64,
+    /// The padding token, excluded from the pooled mean (`None`: no padding, as in pixel
+    /// sequences, every position is pooled).
+    pub pad_id: Option<i64>,
     /// Classes.
     pub num_classes: usize,
     /// Blocks L.
@@ -60,7 +61,7 @@ impl SequenceClassifierConfig {
         Self {
             vocab_size: 12,
             seq_len: 16,
-            pad_id: 0,
+            pad_id: Some(0),
             num_classes: 3,
             n_layer: 2,
             n_head: 2,
@@ -101,12 +102,15 @@ impl SequenceClassifierConfig {
                 return Err(ModelsError::config(format!("model.{name}"), "must be ≥ 1"));
             }
         }
-        if !(0..self.vocab_size as i64).contains(&self.pad_id) {
+        if let Some(pad) = self
+            .pad_id
+            .filter(|p| !(0..self.vocab_size as i64).contains(p))
+        {
             return Err(ModelsError::config(
                 "model.pad_id",
                 format!(
-                    "must be a token below vocab_size = {}, found {}",
-                    self.vocab_size, self.pad_id
+                    "must be a token below vocab_size = {}, found {pad}",
+                    self.vocab_size
                 ),
             ));
         }
@@ -247,8 +251,11 @@ impl SequenceClassifier {
 }
 
 /// The mean of `h` (B×T×D) over the positions whose token is not `pad_id` (B×D; 0 for a
-/// sequence of padding only).
-fn pool(h: &Tensor, tokens: &Tensor, pad_id: i64) -> Tensor {
+/// sequence of padding only), or over every position without a padding token.
+fn pool(h: &Tensor, tokens: &Tensor, pad_id: Option<i64>) -> Tensor {
+    let Some(pad_id) = pad_id else {
+        return h.mean_dim(1, false, h.kind());
+    };
     let keep = tokens.ne(pad_id).to_kind(h.kind()).unsqueeze(-1);
     let count = keep.sum_dim_intlist(1, false, h.kind()).clamp_min(1.0);
     (h * &keep).sum_dim_intlist(1, false, keep.kind()) / count
@@ -308,10 +315,13 @@ mod tests {
         ids[10..16].fill(0);
         ids[16..].fill(0); // the second sequence is padding only
         let t = Tensor::from_slice(&ids).view([2, 16]);
-        let pooled = pool(&h, &t, 0);
+        let pooled = pool(&h, &t, Some(0));
         let want = h.get(0).narrow(0, 0, 10).mean_dim(0, false, Kind::Double);
         assert!(pooled.get(0).allclose(&want, 1e-12, 1e-12, false));
         assert_eq!(pooled.get(1).abs().max().double_value(&[]), 0.0);
+        // Without a padding token every position counts, 0 included.
+        let all = pool(&h, &t, None);
+        assert!(all.allclose(&h.mean_dim(1, false, Kind::Double), 1e-12, 1e-12, false));
     }
 
     #[test]
@@ -324,7 +334,7 @@ mod tests {
         let e = SequenceClassifierConfig::tiny(AttentionKernel::Nystrom(exact)).validate();
         assert!(e.unwrap_err().to_string().contains("landmarks"));
         let bad_pad = SequenceClassifierConfig {
-            pad_id: 12,
+            pad_id: Some(12),
             ..SequenceClassifierConfig::tiny(AttentionKernel::Softmax)
         };
         assert!(bad_pad

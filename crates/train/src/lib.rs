@@ -34,7 +34,7 @@ pub use modulewise::{
 };
 pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
 pub use stop::StopFlag;
-pub use tasks::{ImageClassification, LanguageModeling};
+pub use tasks::{ImageClassification, LanguageModeling, SequenceClassification};
 pub use trainer::{
     adamw_groups, clip_grad_norm, seeded, AdamWGroup, DivergenceReference, Eval, GradientDropper,
     GroupOptimizer, OptimizerStats, Outcome, ParamGroup, QkClipStats, Record, Summary, Task,

@@ -558,3 +558,63 @@ fn bf16_training_runs_under_autocast_where_native_and_is_refused_elsewhere() {
         }
     }
 }
+
+/// The long-range task end to end: a Nyström classifier (λ·I conditioning) trains on generated
+/// ListOps, is evaluated with diagnostics, and a model that does not fit the data is refused with
+/// the key named.
+#[test]
+fn a_nystrom_classifier_trains_on_listops() {
+    use kappa_models::data::sequences::{ListOps, ListOpsConfig};
+    use kappa_models::{
+        AttentionKernel, NystromConfig, SequenceClassifier, SequenceClassifierConfig,
+    };
+    use kappa_train::SequenceClassification;
+    let listops = ListOpsConfig {
+        train: 64,
+        validation: 16,
+        test: 16,
+        min_length: 10,
+        max_length: 64,
+        max_depth: 4,
+        max_args: 4,
+    };
+    let data = ListOps::generate(&listops, 3, Device::Cpu).unwrap();
+    let model = SequenceClassifierConfig {
+        vocab_size: data.vocab_size,
+        seq_len: data.seq_len,
+        pad_id: data.pad_id,
+        num_classes: data.num_classes,
+        conditioning: Conditioning::Identity {
+            lambda: 0.3,
+            layout: HeadLayout::Shifted,
+        },
+        ..SequenceClassifierConfig::tiny(AttentionKernel::Nystrom(NystromConfig::paper(8)))
+    };
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = seeded(0, || SequenceClassifier::new(&vs.root(), model)).unwrap();
+    let mut task = SequenceClassification::new(net, data, 0).unwrap();
+    let mut trainer = Trainer::new(&vs, config(6), &context()).unwrap();
+    let mut records = Vec::new();
+    let s = trainer
+        .run(&mut task, &mut collect(&mut records), None)
+        .unwrap();
+    assert_eq!(s.outcome, Outcome::Completed);
+    let evals: Vec<&Record> = records
+        .iter()
+        .filter(|r| matches!(r, Record::Eval { .. }))
+        .collect();
+    assert_eq!(evals.len(), 2);
+    if let Record::Eval { heads, eval, .. } = evals[1] {
+        assert_eq!(heads.len(), 4, "2 layers × 2 heads of diagnostics");
+        assert!(eval.accuracy.is_some_and(|a| (0.0..=1.0).contains(&a)));
+    }
+    let data = ListOps::generate(&listops, 3, Device::Cpu).unwrap();
+    let wrong = SequenceClassifierConfig {
+        seq_len: 32,
+        ..model
+    };
+    let vs2 = nn::VarStore::new(Device::Cpu);
+    let net = SequenceClassifier::new(&vs2.root(), wrong).unwrap();
+    let err = SequenceClassification::new(net, data, 0).unwrap_err();
+    assert!(err.to_string().contains("model.seq_len"), "{err}");
+}
