@@ -776,10 +776,13 @@ impl MuonGroup {
     }
 }
 
+/// One row block to step: the parameter's view, the gradient's, the block's state.
+type Job<S> = (Tensor, Tensor, S);
+
 /// The row blocks of `jobs` grouped by shape, in order of first appearance (block order kept
 /// inside a shape).
-fn by_shape<S>(jobs: Vec<(Tensor, Tensor, S)>) -> Vec<Vec<(Tensor, Tensor, S)>> {
-    let mut groups: Vec<(Vec<i64>, Vec<(Tensor, Tensor, S)>)> = Vec::new();
+fn by_shape<S>(jobs: Vec<Job<S>>) -> Vec<Vec<Job<S>>> {
+    let mut groups: Vec<(Vec<i64>, Vec<Job<S>>)> = Vec::new();
     for job in jobs {
         let size = job.0.size();
         match groups.iter_mut().find(|(s, _)| *s == size) {

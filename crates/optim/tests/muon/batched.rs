@@ -126,7 +126,7 @@ fn bad_batches_are_rejected_before_anything_changes() {
         Err(OptimError::Input(e)) => e.arg(),
         other => panic!("expected an input error, got {other:?}"),
     };
-    let mut grads: Vec<Tensor> = (0..3).map(|_| Tensor::randn([8, 6], opts)).collect();
+    let grads: Vec<Tensor> = (0..3).map(|_| Tensor::randn([8, 6], opts)).collect();
     assert_eq!(
         arg(muon.step_batch(&mut ws, &grads[..2], &mut states)),
         "grads"
