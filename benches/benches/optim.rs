@@ -5,6 +5,12 @@
 //! `torch.optim.Muon` (run as a subprocess, `benches/reference/muon_torch.py`) at the same shapes
 //! and thread count.
 //!
+//! Group `optim_batch`: (a) Muon's step over all hidden matrices of a small GPT (4 layers ×
+//! 256 wide: QKV 768×256, out 256×256, fc 1024×256, proj 256×1024, 16 matrices), one batched
+//! call per shape (`Muon::step_batch`) against one `Muon::step` per matrix; (b) at 384², 768²
+//! and 768×3072 the Muon step (Keller's config) beside its own bare msign (the same quintic, the
+//! same precision), in f32 and Auto, printed as a ratio (goal ≤ 1.1).
+//!
 //! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench optim` (and again with 2).
 //! `KAPPA_BENCH_QUICK=1` keeps only 384×384 (a smoke run). The manifold steps take seconds at the
 //! larger shapes (20 Polar Express msigns of 10 steps each), so they are timed by hand (one warm-up,
@@ -29,6 +35,13 @@ use tch::nn::OptimizerConfig;
 use tch::{Device, Kind, Tensor};
 
 const GROUP: &str = "optim_f32";
+const BATCH_GROUP: &str = "optim_batch";
+/// The hidden matrices of one layer of the small GPT (4 layers × 256 wide).
+const GPT_SHAPES: [(usize, usize); 4] = [(768, 256), (256, 256), (1024, 256), (256, 1024)];
+const GPT_LAYERS: usize = 4;
+/// Shapes of the step / own-msign comparison.
+const RATIO_SHAPES: [(usize, usize); 3] = [(384, 384), (768, 768), (768, 3072)];
+const PRECISIONS: [(&str, Precision); 2] = [("f32", Precision::F32), ("auto", Precision::Auto)];
 const SHAPES: [(usize, usize); 5] = [
     (384, 384),
     (384, 1536),
@@ -105,6 +118,99 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
+}
+
+/// The small GPT's matrices by shape: (parameters, gradients) per shape, `GPT_LAYERS` each.
+fn gpt_matrices() -> Vec<(Vec<Tensor>, Vec<Tensor>)> {
+    let mut seed = 100;
+    GPT_SHAPES
+        .iter()
+        .map(|&(m, n)| {
+            let mut one = || {
+                seed += 1;
+                t32(&gaussian(m, n, seed))
+            };
+            let ws: Vec<Tensor> = (0..GPT_LAYERS).map(|_| one()).collect();
+            let gs: Vec<Tensor> = (0..GPT_LAYERS).map(|_| one()).collect();
+            (ws, gs)
+        })
+        .collect()
+}
+
+fn keller(precision: Precision) -> Muon {
+    Muon::new(MuonConfig {
+        precision,
+        ..MuonConfig::keller()
+    })
+    .expect("muon")
+}
+
+fn bench_batch(c: &mut Criterion) {
+    let mut g = c.benchmark_group(BATCH_GROUP);
+    for (pname, precision) in PRECISIONS {
+        let muon = keller(precision);
+        let mut mats = gpt_matrices();
+        let mut states: Vec<Vec<MuonState<Tensor>>> = mats
+            .iter()
+            .map(|(ws, _)| ws.iter().map(|_| MuonState::new()).collect())
+            .collect();
+        g.bench_function(BenchmarkId::new("gpt_per_matrix", pname), |b| {
+            b.iter(|| {
+                for ((ws, gs), st) in mats.iter_mut().zip(&mut states) {
+                    for ((w, gr), s) in ws.iter_mut().zip(gs.iter()).zip(st.iter_mut()) {
+                        muon.step(w, gr, s).expect("step");
+                    }
+                }
+            })
+        });
+        g.bench_function(BenchmarkId::new("gpt_batched", pname), |b| {
+            b.iter(|| {
+                for ((ws, gs), st) in mats.iter_mut().zip(&mut states) {
+                    muon.step_batch(ws, gs, st).expect("step_batch");
+                }
+            })
+        });
+        for (m, n) in RATIO_SHAPES {
+            let id = format!("{}_{pname}", shape_id(m, n));
+            let mut w = t32(&gaussian(m, n, 1));
+            let grad = t32(&gaussian(m, n, 2));
+            let mut st = MuonState::new();
+            g.bench_function(BenchmarkId::new("step", &id), |b| {
+                b.iter(|| muon.step(&mut w, &grad, &mut st).expect("step"))
+            });
+            g.bench_function(BenchmarkId::new("own_msign", &id), |b| {
+                b.iter(|| black_box(muon.direction(&grad).expect("msign")))
+            });
+        }
+    }
+    g.finish();
+}
+
+/// Prints group `optim_batch`'s ratios (after criterion has run it).
+fn print_batch_summary() {
+    println!("\nMuon batched over a 4-layer × 256 GPT's 16 matrices, and step / own msign:");
+    for (pname, _) in PRECISIONS {
+        let per = median_seconds(BATCH_GROUP, "gpt_per_matrix", pname);
+        let bat = median_seconds(BATCH_GROUP, "gpt_batched", pname);
+        println!(
+            "{pname:<5} GPT: per matrix {} ms, batched {} ms, speed-up {} (goal ≥ 3)",
+            fmt_ms(per),
+            fmt_ms(bat),
+            fmt_ratio(ratio(per, bat))
+        );
+        for (m, n) in RATIO_SHAPES {
+            let id = format!("{}_{pname}", shape_id(m, n));
+            let step = median_seconds(BATCH_GROUP, "step", &id);
+            let own = median_seconds(BATCH_GROUP, "own_msign", &id);
+            println!(
+                "{pname:<5} {:<10} step {} ms, own msign {} ms, step/msign {} (goal ≤ 1.1)",
+                shape_id(m, n),
+                fmt_ms(step),
+                fmt_ms(own),
+                fmt_ratio(ratio(step, own))
+            );
+        }
+    }
 }
 
 /// Median seconds of `reps` calls after one warm-up.
@@ -225,7 +331,9 @@ fn main() {
         .measurement_time(Duration::from_secs(2))
         .configure_from_args();
     bench(&mut c);
+    bench_batch(&mut c);
     c.final_summary();
+    print_batch_summary();
     let reps = std::env::var("KAPPA_BENCH_REPS")
         .ok()
         .and_then(|v| v.parse().ok())

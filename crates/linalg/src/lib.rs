@@ -11,6 +11,7 @@
 //! | [`cond`] | [`condition_number`], [`pseudo_condition_number`], [`numerical_rank`], [`conditioning`], [`RankTolerance`] |
 //! | [`iterative`] | [`sigma_max_power`], [`sigma_min_inverse`], [`condition_number_estimate`], [`MAX_ITERATIONS`] |
 //! | [`newton_schulz`](mod@newton_schulz) | [`newton_schulz_muon`], [`newton_schulz_cubic`], [`newton_schulz()`], [`NsSchedule`], [`MAX_NS_STEPS`] |
+//! | `batched` (with `tch`) | `newton_schulz_batched` (a [B, m, n] tensor of same-shape matrices, each step one `bmm` and two `baddbmm` for the batch; per slice the result of `newton_schulz` to rounding), `newton_schulz_each` (the same on a list of matrices) |
 //! | [`gram_newton_schulz`](mod@gram_newton_schulz) | [`gram_newton_schulz()`] (the same schedules on r×r Gram matrices, restarted every [`GRAM_NS_RESTART`] steps) |
 //! | [`polar_express`](mod@polar_express) | [`PolarExpressSpec`], [`polar_express_schedule`], [`PolarExpressDesign`] (the greedy minimax schedule generator with its predicted error bands), [`POLAR_EXPRESS_CUSHION`] |
 //! | [`aol`] | [`aol_newton_schulz`] (Turbo-Muon: AOL rescaling D·X in place of ‖X‖_F, then a schedule; computes msign(D·X)), [`NsSchedule::turbo_muon`], [`TURBO_MUON_COEFFICIENTS`] |
@@ -48,6 +49,8 @@
 use openblas_src as _;
 
 pub mod aol;
+#[cfg(feature = "tch")]
+pub mod batched;
 pub mod blas;
 pub mod cond;
 pub mod error;
@@ -65,6 +68,8 @@ pub mod svd;
 pub mod tch_backend;
 
 pub use aol::{aol_newton_schulz, TURBO_MUON_COEFFICIENTS, TURBO_MUON_STEPS};
+#[cfg(feature = "tch")]
+pub use batched::{newton_schulz_batched, newton_schulz_each};
 pub use blas::{blas_report, BlasReport, KernelSelection, VectorLevel};
 pub use cond::{
     condition_number, condition_number_with, conditioning, conditioning_from_singular_values,

@@ -8,6 +8,7 @@
 //! | [`adamw`] | [`AdamW`], [`AdamWConfig`] (presets `torch`, `adam`), [`AdamWState`]; with `tch`: `AdamW::step_tensors`, `AdamWKernel` |
 //! | [`schedule`] | [`WarmupCosine`]: linear warmup, then cosine, as a factor of each group's peak lr |
 //! | [`muon`] | [`Muon`], [`MuonConfig`] (presets `keller`, `paper`; options NorMuon and cautious weight decay), [`MuonState`], [`UpdateScale`], [`Layout`] |
+//! | `batched` (with `tch`) | `Muon::step_batch`, `Muon::step_batch_scaled`: same-shape tensors stepped with one batched Newton–Schulz call |
 //! | [`normuon`] | [`NorMuon`], [`NeuronAxis`]: NorMuon's per-neuron second moment |
 //! | [`elementwise`] | [`Elementwise`]: the row-wise and masked operations of Muon's variants, on both backends |
 //! | [`manifold`] | [`ManifoldMuon`], [`ManifoldMuonConfig`] (preset `paper`), [`ManifoldState`], [`Manifold`], [`DGramRetraction`], [`DualAscent`], [`DualReport`] |
@@ -21,6 +22,8 @@
 //! The convergence code is `f64` on `ndarray`, on top of `kappa-linalg` (PSD square roots, SVD, κ).
 
 pub mod adamw;
+#[cfg(feature = "tch")]
+pub mod batched;
 pub mod convergence;
 pub mod elementwise;
 pub mod error;

@@ -297,7 +297,11 @@ const SAFE_FRO: (f64, f64) = (9.5367431640625e-7, 1048576.0); // 2⁻²⁰, 2²�
 /// `None` for the zero matrix and for norms inside the range. Each multiplication is by at most
 /// 2^±60 (representable in f32 and bf16), so every step is exact. `x` must be finite.
 pub(crate) fn power_of_two_scaled<M: Matrix>(x: &M) -> Result<Option<(M, i32)>> {
-    let f = x.frobenius_norm()?;
+    power_of_two_scaled_from(x, x.frobenius_norm()?)
+}
+
+/// [`power_of_two_scaled`] with ‖x‖_F already known (`f`), saving a pass over `x`.
+fn power_of_two_scaled_from<M: Matrix>(x: &M, f: f64) -> Result<Option<(M, i32)>> {
     if f == 0.0 || (f.is_finite() && (SAFE_FRO.0..=SAFE_FRO.1).contains(&f)) {
         return Ok(None);
     }
@@ -423,19 +427,16 @@ fn quintic_eps<M: Matrix>(x: &M, fro: f64, eps: f64) -> Result<M> {
 pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) -> Result<M> {
     method.validate()?;
     x.validate("x").map_err(crate::error::from_linalg)?;
-    let fro = x.frobenius_norm()?;
-    let scaled = power_of_two_scaled(x)?;
-    let safe = scaled.as_ref().map_or(x, |(y, _)| y);
-    let working = safe.to_working(precision)?;
-    let input = working.as_ref().unwrap_or(safe);
+    let w = Working::of(x, precision)?;
+    let input = w.input(x);
     let out = match (method, method.schedule()) {
         (Msign::MuonQuinticEps { eps }, _) => {
-            let ratio = eps / fro;
-            if scaled.is_some() && (ratio > 1e16 || ratio.is_nan()) {
+            let ratio = eps / w.fro;
+            if w.scaled.is_some() && (ratio > 1e16 || ratio.is_nan()) {
                 // The linear regime needs the unscaled input (its output is ∝ X).
-                return quintic_eps(x, fro, eps);
+                return quintic_eps(x, w.fro, eps);
             }
-            quintic_eps(input, fro, eps)?
+            quintic_eps(input, w.fro, eps)?
         }
         (Msign::GramPolarExpress { restart, .. }, Some(schedule)) => {
             gram_newton_schulz(input, &schedule, restart)?
@@ -444,8 +445,44 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
         (_, Some(schedule)) => newton_schulz(input, &schedule)?,
         (_, None) => exact(input, x.working_name(precision)?)?,
     };
-    match working {
-        Some(_) => out.to_kind_of(x),
-        None => Ok(out),
+    w.back(out, x)
+}
+
+/// msign's input in its working precision (module docs, "Scale"): `x` multiplied by an exact
+/// power of two when ‖x‖_F is outside the safe range, then converted to the working type.
+/// One norm of `x` (reused for `MuonQuinticEps`), at most one scaled copy and one conversion.
+pub(crate) struct Working<M> {
+    /// ‖x‖_F of the caller's input.
+    pub(crate) fro: f64,
+    /// The power-of-two scaled copy, when one was needed.
+    pub(crate) scaled: Option<M>,
+    /// The converted copy, when the working type differs from `x`'s.
+    pub(crate) working: Option<M>,
+}
+
+impl<M: WorkingPrecision> Working<M> {
+    /// The working input of the finite matrix `x` for `precision`.
+    pub(crate) fn of(x: &M, precision: Precision) -> Result<Self> {
+        let fro = x.frobenius_norm()?;
+        let scaled = power_of_two_scaled_from(x, fro)?.map(|(y, _)| y);
+        let working = scaled.as_ref().unwrap_or(x).to_working(precision)?;
+        Ok(Self {
+            fro,
+            scaled,
+            working,
+        })
+    }
+
+    /// The matrix the iteration runs on (`x` itself when neither copy was needed).
+    pub(crate) fn input<'a>(&'a self, x: &'a M) -> &'a M {
+        self.working.as_ref().or(self.scaled.as_ref()).unwrap_or(x)
+    }
+
+    /// An output in the working type, back in `x`'s type (no copy when they are the same).
+    pub(crate) fn back(&self, out: M, x: &M) -> Result<M> {
+        match self.working {
+            Some(_) => out.to_kind_of(x),
+            None => Ok(out),
+        }
     }
 }

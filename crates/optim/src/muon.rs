@@ -386,35 +386,55 @@ impl Muon {
         state: &mut MuonState<M>,
         lr_multiplier: f64,
     ) -> Result<MuonStep> {
+        let c = self.scaled_config(lr_multiplier)?;
+        check_step_inputs(w, grad, state.momentum.buffer.as_ref())?;
+        let precision = w.working_name(c.precision)?;
+        let (buffer, u) = c
+            .momentum
+            .advance_lean(state.momentum.buffer.as_ref(), grad)?;
+        let o = self.direction(u.as_ref().unwrap_or(&buffer))?;
+        let scale = apply_update(&c, w, o, state, buffer)?;
+        Ok(MuonStep { scale, precision })
+    }
+
+    /// The config of a step at `lr_multiplier`·lr, validated (the multiplier first).
+    pub(crate) fn scaled_config(&self, lr_multiplier: f64) -> Result<MuonConfig> {
         check_range("lr_multiplier", lr_multiplier, 0.0, f64::MAX)?;
         let c = MuonConfig {
             lr: self.config.lr * lr_multiplier,
             ..self.config
         };
         c.validate()?;
-        check_step_inputs(w, grad, state.momentum.buffer.as_ref())?;
-        let precision = w.working_name(c.precision)?;
-        let (buffer, u) = c
-            .momentum
-            .advance_unchecked(state.momentum.buffer.as_ref(), grad)?;
-        let mut o = self.direction(&u)?;
-        let mut second = state.second_moment.clone();
-        if let Some(n) = &c.normuon {
-            n.apply(&mut o, &mut second, c.layout)?;
-        }
-        let (m, n) = w.shape();
-        let scale = c.scale.factor(m, n, c.layout);
-        let decay = 1.0 - c.lr * c.weight_decay;
-        match (c.weight_decay != 0.0, c.cautious_weight_decay) {
-            (false, _) => {}
-            (true, false) => w.scale(decay)?,
-            (true, true) => w.masked_decay(&o, decay)?,
-        }
-        w.axpy(-c.lr * scale, &o)?;
-        state.momentum.record_step(buffer);
-        state.second_moment = second;
-        Ok(MuonStep { scale, precision })
+        Ok(c)
     }
+}
+
+/// Steps 3–4 of the module docs on the direction `o`, then commits the new momentum `buffer`
+/// (and NorMuon's second moment) to `state`; returns the shape factor s. The update is
+/// W ← decay·W (2 passes over W, or the masked decay) and W ← W − lr·s·O (an axpy: 5 passes).
+pub(crate) fn apply_update<M: WorkingPrecision>(
+    c: &MuonConfig,
+    w: &mut M,
+    mut o: M,
+    state: &mut MuonState<M>,
+    buffer: M,
+) -> Result<f64> {
+    let mut second = state.second_moment.clone();
+    if let Some(n) = &c.normuon {
+        n.apply(&mut o, &mut second, c.layout)?;
+    }
+    let (m, n) = w.shape();
+    let scale = c.scale.factor(m, n, c.layout);
+    let decay = 1.0 - c.lr * c.weight_decay;
+    match (c.weight_decay != 0.0, c.cautious_weight_decay) {
+        (false, _) => {}
+        (true, false) => w.scale(decay)?,
+        (true, true) => w.masked_decay(&o, decay)?,
+    }
+    w.axpy(-c.lr * scale, &o)?;
+    state.momentum.record_step(buffer);
+    state.second_moment = second;
+    Ok(scale)
 }
 
 #[cfg(feature = "tch")]

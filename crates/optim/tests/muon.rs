@@ -4,6 +4,8 @@
 
 mod muon {
     pub mod admm;
+    #[cfg(feature = "tch")]
+    pub mod batched;
     pub mod common;
     pub mod errors;
     pub mod manifold;

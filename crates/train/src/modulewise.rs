@@ -425,6 +425,17 @@ pub struct ModulewiseConfig {
     /// Per-label multipliers on the peak learning rate (all 1 by default).
     #[serde(default, skip_serializing_if = "LrMultipliers::is_default")]
     pub lr_multipliers: LrMultipliers,
+    /// Step the row blocks of one Muon group that share a shape with one batched
+    /// orthogonalization ([`kappa_optim::Muon::step_batch`]) instead of one call per block; a
+    /// shape that occurs once keeps the per-matrix call. Off by default: the batched products
+    /// round differently from one product per matrix, so the published runs (unbatched) stay
+    /// reproducible bit for bit. Manifold groups are not affected.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub batch: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn one() -> usize {
@@ -451,6 +462,7 @@ impl ModulewiseConfig {
             embedding_weight_decay: 0.1,
             optimizer_threads: 1,
             lr_multipliers: LrMultipliers::default(),
+            batch: false,
         }
     }
 
@@ -553,7 +565,7 @@ pub fn modulewise_groups(
         let (optimizer, lr): (Box<dyn GroupOptimizer>, f64) = match geometry {
             Geometry::AdamW => (adamw(train.weight_decay), train.lr),
             Geometry::Muon => (
-                Box::new(MuonGroup::new(config.muon, blocks)?),
+                Box::new(MuonGroup::new(config.muon, blocks)?.with_batch(config.batch)),
                 config.muon_lr,
             ),
             Geometry::Stiefel | Geometry::DGram | Geometry::Oblique => {
@@ -735,12 +747,14 @@ fn load_second_moment(saved: &HashMap<String, Tensor>, i: usize) -> Result<Optio
 }
 
 /// [`Muon`] over a group of (out, in) matrices (each split into row blocks), on tch tensors.
+/// With [`MuonGroup::with_batch`], blocks of one shape are stepped with one batched call.
 #[derive(Debug)]
 pub struct MuonGroup {
     muon: Muon,
     parts: Vec<usize>,
     states: Vec<MuonState<Tensor>>,
     stats: Accumulator,
+    batch: bool,
 }
 
 impl MuonGroup {
@@ -752,8 +766,53 @@ impl MuonGroup {
             parts,
             states: (0..n).map(|_| MuonState::new()).collect(),
             stats: Accumulator::default(),
+            batch: false,
         })
     }
+
+    /// This group with batching on or off ([`ModulewiseConfig::batch`]).
+    pub fn with_batch(self, batch: bool) -> Self {
+        Self { batch, ..self }
+    }
+}
+
+/// One row block to step: the parameter's view, the gradient's, the block's state.
+type Job<S> = (Tensor, Tensor, S);
+
+/// The row blocks of `jobs` grouped by shape, in order of first appearance (block order kept
+/// inside a shape).
+fn by_shape<S>(jobs: Vec<Job<S>>) -> Vec<Vec<Job<S>>> {
+    let mut groups: Vec<(Vec<i64>, Vec<Job<S>>)> = Vec::new();
+    for job in jobs {
+        let size = job.0.size();
+        match groups.iter_mut().find(|(s, _)| *s == size) {
+            Some((_, g)) => g.push(job),
+            None => groups.push((size, vec![job])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// One batched Muon step over same-shape blocks: their states are moved into a slice for
+/// [`Muon::step_batch`] and back (also on error, when the step has changed nothing).
+fn batched_muon_step(
+    muon: &Muon,
+    jobs: Vec<(Tensor, Tensor, &mut MuonState<Tensor>)>,
+) -> Result<u64> {
+    let mut ws = Vec::with_capacity(jobs.len());
+    let mut grads = Vec::with_capacity(jobs.len());
+    let mut slots = Vec::with_capacity(jobs.len());
+    for (w, g, s) in jobs {
+        ws.push(w);
+        grads.push(g);
+        slots.push(s);
+    }
+    let mut states: Vec<MuonState<Tensor>> = slots.iter_mut().map(|s| std::mem::take(*s)).collect();
+    let result = muon.step_batch(&mut ws, &grads, &mut states);
+    for (slot, s) in slots.into_iter().zip(states) {
+        *slot = s;
+    }
+    Ok(result.map_err(optim_err)?.len() as u64)
 }
 
 impl GroupOptimizer for MuonGroup {
@@ -764,9 +823,19 @@ impl GroupOptimizer for MuonGroup {
     fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
         let started = Instant::now();
         self.muon.set_lr(lr).map_err(optim_err)?;
-        for (mut w, g, s) in block_jobs(params, &self.parts, &mut self.states)? {
-            self.muon.step(&mut w, &g, s).map_err(optim_err)?;
-            self.stats.updates += 1;
+        let jobs = block_jobs(params, &self.parts, &mut self.states)?;
+        let groups = if self.batch {
+            by_shape(jobs)
+        } else {
+            jobs.into_iter().map(|j| vec![j]).collect()
+        };
+        for mut group in groups {
+            if group.len() > 1 {
+                self.stats.updates += batched_muon_step(&self.muon, group)?;
+            } else if let Some((mut w, g, s)) = group.pop() {
+                self.muon.step(&mut w, &g, s).map_err(optim_err)?;
+                self.stats.updates += 1;
+            }
         }
         self.stats.seconds += started.elapsed().as_secs_f64();
         Ok(())

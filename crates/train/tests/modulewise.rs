@@ -435,9 +435,15 @@ fn a_resumed_modulewise_run_matches_the_uninterrupted_one() {
     variants.muon.normuon = Some(kappa_optim::NorMuon::default());
     variants.muon.cautious_weight_decay = true;
     variants.lr_multipliers.attention_qkv = 0.5;
+    // Batched Muon: same-shape row blocks stepped together, a run compared with itself.
+    let batched = ModulewiseConfig {
+        batch: true,
+        ..variants
+    };
     for (name, cfg) in [
         ("hetero-inv", modulewise(Preset::HeteroInv)),
         ("variants", variants),
+        ("batched", batched),
     ] {
         resumed_run_matches(name, &cfg);
     }

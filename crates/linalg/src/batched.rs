@@ -1,0 +1,250 @@
+//! Batched Newton–Schulz on `tch` (feature `tch`): B same-shape matrices, a 3-D tensor
+//! [B, m, n], orthogonalized together, each step one `bmm` and two `baddbmm` calls for the whole
+//! batch instead of three products per matrix.
+//!
+//! # Math
+//!
+//! Slice i gets exactly what [`newton_schulz`](crate::newton_schulz()) does to it alone: the
+//! same validation, the same wide orientation (all slices share one shape, so one orientation:
+//! Xᵢ is transposed when m > n), the same normalization Xᵢ/(c·‖Xᵢ‖_F) (per matrix, with the same
+//! power-of-two guards, computed slice by slice), then for every step (a, b, c)
+//!
+//!   A = X·Xᵀ (`bmm`), B = b·A + c·A·A (`baddbmm`), X ← a·X + B·X (`baddbmm`),
+//!
+//! on the batch. Only the products differ from the per-matrix path (a batched kernel may sum in
+//! another order than `mm`), so each slice agrees with [`newton_schulz`](crate::newton_schulz())
+//! to the rounding of those products in the working type, amplified as the iteration amplifies
+//! any rounding (the tests bound it by the measured amplification of an input perturbation of
+//! one unit roundoff). A zero slice stays zero. The Gram form
+//! ([`gram_newton_schulz`](crate::gram_newton_schulz())) is not batched here.
+
+use tch::{Kind, Tensor};
+
+use crate::error::{LinalgError, Result};
+use crate::input::InputError;
+use crate::newton_schulz::{prepare, NsSchedule, Prepared};
+
+fn backend(arg: &'static str) -> impl FnOnce(tch::TchError) -> LinalgError {
+    move |e| LinalgError::Backend {
+        arg,
+        message: e.to_string().lines().next().unwrap_or_default().to_string(),
+    }
+}
+
+/// (B, m, n) of a 3-D tensor of a supported kind, or the error [`newton_schulz_batched`]
+/// reports for it (argument `x`): not 3-D, another kind, or an empty batch or matrix.
+fn batch_dims(x: &Tensor) -> Result<(i64, usize, usize)> {
+    let [b, m, n] = x.size()[..] else {
+        let found = format!("{:?}", x.size());
+        return Err(InputError::shape_mismatch("x", "a 3-D tensor [B, m, n]", found).into());
+    };
+    if !matches!(x.kind(), Kind::Float | Kind::BFloat16 | Kind::Double) {
+        return Err(LinalgError::UnsupportedDtype {
+            arg: "x",
+            dtype: format!("{:?}", x.kind()),
+            supported: "Float (f32), BFloat16 (bf16), Double (f64)",
+        });
+    }
+    if b == 0 || m == 0 || n == 0 {
+        let (rows, cols) = (m.max(0) as usize, n.max(0) as usize);
+        return Err(InputError::Empty {
+            arg: "x",
+            rows,
+            cols,
+        }
+        .into());
+    }
+    Ok((b, m as usize, n as usize))
+}
+
+/// Runs a Newton–Schulz schedule on every slice of the 3-D tensor `x` = [B, m, n] at once (module
+/// docs); returns a new tensor of `x`'s shape, kind and device.
+///
+/// Cost: B times the per-matrix flops of [`newton_schulz`](crate::newton_schulz()) in
+/// 3 batched calls per step (2 when c = 0), plus the per-slice normalization (B norms and
+/// scalings) and one copy to stack the slices.
+///
+/// Errors: `x` not 3-D, of an unsupported kind or empty (argument `x`); a non-finite slice
+/// ([`InputError::NonFinite`], argument `x`, the row and column inside the first such slice);
+/// an invalid schedule; [`LinalgError::Overflow`] (argument `schedule`) when a user schedule
+/// drives an iterate beyond the kind's range; libtorch failures.
+///
+/// ```
+/// use kappa_linalg::{newton_schulz, newton_schulz_batched, NsSchedule};
+/// let x = tch::Tensor::randn([4, 8, 5], (tch::Kind::Double, tch::Device::Cpu));
+/// let s = NsSchedule::polar_express(10).unwrap();
+/// let q = newton_schulz_batched(&x, &s).unwrap();
+/// let q1 = newton_schulz(&x.get(1), &s).unwrap();
+/// assert!((q.get(1) - q1).abs().max().double_value(&[]) < 1e-12);
+/// ```
+pub fn newton_schulz_batched(x: &Tensor, schedule: &NsSchedule) -> Result<Tensor> {
+    let (b, _, _) = batch_dims(x)?;
+    let _g = tch::no_grad_guard();
+    let mut slices = Vec::with_capacity(b as usize);
+    let mut transposed = false;
+    for i in 0..b {
+        let (p, t) = prepare(&x.f_select(0, i).map_err(backend("x"))?, schedule)?;
+        transposed = t;
+        let (Prepared::Normalized(s) | Prepared::Zero(s)) = p;
+        slices.push(s);
+    }
+    let mut xb = Tensor::f_stack(&slices, 0).map_err(backend("x"))?;
+    drop(slices);
+    for p in &schedule.steps {
+        let xt = xb.f_transpose(1, 2).map_err(backend("x"))?;
+        let a = xb.f_bmm(&xt).map_err(backend("x"))?;
+        let poly = if p.c != 0.0 {
+            a.f_baddbmm(&a, &a, p.b, p.c)
+        } else {
+            a.f_mul_scalar(p.b)
+        }
+        .map_err(backend("x"))?;
+        xb = xb.f_baddbmm(&poly, &xb, p.a, 1.0).map_err(backend("x"))?;
+    }
+    let finite = xb
+        .f_isfinite()
+        .and_then(|f| f.f_all())
+        .and_then(|f| f.f_int64_value(&[]))
+        .map_err(backend("x"))?;
+    if finite == 0 {
+        return Err(LinalgError::Overflow {
+            arg: "schedule",
+            reason: "the polynomial steps drove the iterate beyond the element type's range".into(),
+        });
+    }
+    Ok(if transposed {
+        xb.f_transpose(1, 2).map_err(backend("x"))?
+    } else {
+        xb
+    })
+}
+
+/// [`newton_schulz_batched`] on a slice of same-shape 2-D matrices (stacked first): the
+/// results, one per input, as slices of one batch tensor.
+///
+/// Errors: an empty list or matrices of different shapes, kinds or devices (argument `xs`), and
+/// everything [`newton_schulz_batched`] reports.
+pub fn newton_schulz_each(xs: &[Tensor], schedule: &NsSchedule) -> Result<Vec<Tensor>> {
+    let first = xs
+        .first()
+        .ok_or_else(|| LinalgError::from(InputError::invalid("xs", "an empty list")))?;
+    let like = (first.size(), first.kind(), first.device());
+    if let Some(x) = xs.iter().find(|x| (x.size(), x.kind(), x.device()) != like) {
+        let found = format!("{:?} {:?} on {:?}", x.size(), x.kind(), x.device());
+        let want = format!(
+            "{:?} {:?} on {:?} (the first matrix)",
+            like.0, like.1, like.2
+        );
+        return Err(InputError::shape_mismatch("xs", want, found).into());
+    }
+    if first.dim() != 2 {
+        let found = format!("{:?}", first.size());
+        return Err(InputError::shape_mismatch("xs", "2-D matrices", found).into());
+    }
+    let _g = tch::no_grad_guard();
+    let batch = Tensor::f_stack(xs, 0).map_err(backend("xs"))?;
+    let out = newton_schulz_batched(&batch, schedule)?;
+    (0..xs.len() as i64)
+        .map(|i| out.f_select(0, i).map_err(backend("xs")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::newton_schulz;
+    use tch::Device;
+
+    /// Unit roundoff of the kind.
+    fn unit(kind: Kind) -> f64 {
+        match kind {
+            Kind::Double => f64::EPSILON / 2.0,
+            _ => f32::EPSILON as f64 / 2.0,
+        }
+    }
+
+    fn max_abs(t: &Tensor) -> f64 {
+        t.abs().max().to_kind(Kind::Double).double_value(&[])
+    }
+
+    /// The batched result agrees with the per-matrix one slice by slice within the derived
+    /// bound: the per-matrix path's response d_in to a relative perturbation of one unit
+    /// roundoff of its input (measured, floored at u·max|out|) bounds the effect of one
+    /// rounding injection; the batched path differs from it by the rounding of 3 products per
+    /// step, each of length ≤ k (the longer side), so tol = 3·steps·√k·max(d_in, u·max|out|)
+    /// (the probabilistic √k growth of Higham & Mary, as kappa-optim's backend tests use).
+    #[test]
+    fn batched_slices_agree_with_per_matrix_newton_schulz() {
+        tch::manual_seed(7);
+        let schedules = [NsSchedule::muon(), NsSchedule::polar_express(10).unwrap()];
+        for kind in [Kind::Double, Kind::Float] {
+            for (b, m, n) in [(3, 24, 24), (4, 40, 16), (2, 16, 40)] {
+                let x = Tensor::randn([b, m, n], (kind, Device::Cpu));
+                // A zero slice stays zero.
+                let _ = x.get(b - 1).zero_();
+                for s in &schedules {
+                    let q = newton_schulz_batched(&x, s).unwrap();
+                    assert_eq!(q.size(), x.size());
+                    let u = unit(kind);
+                    let k = m.max(n) as f64;
+                    for i in 0..b {
+                        let xi = x.get(i);
+                        let one = newton_schulz(&xi, s).unwrap();
+                        let noise = Tensor::randn([m, n], (kind, Device::Cpu)).sign() * u;
+                        let perturbed = &xi * (noise + 1.0);
+                        let d_in = max_abs(&(newton_schulz(&perturbed, s).unwrap() - &one));
+                        let floor = u * max_abs(&one);
+                        let tol = 3.0 * s.steps.len() as f64 * k.sqrt() * d_in.max(floor);
+                        let d = max_abs(&(q.get(i) - &one));
+                        assert!(d <= tol, "{kind:?} {b}×{m}×{n} slice {i}: {d:e} > {tol:e}");
+                    }
+                    assert_eq!(max_abs(&q.get(b - 1)), 0.0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_batches_are_typed_errors() {
+        let s = NsSchedule::muon();
+        let two_d = Tensor::zeros([3, 3], (Kind::Float, Device::Cpu));
+        assert!(matches!(
+            newton_schulz_batched(&two_d, &s),
+            Err(LinalgError::Input(InputError::ShapeMismatch {
+                arg: "x",
+                ..
+            }))
+        ));
+        let empty = Tensor::zeros([0, 3, 3], (Kind::Float, Device::Cpu));
+        assert!(matches!(
+            newton_schulz_batched(&empty, &s),
+            Err(LinalgError::Input(InputError::Empty { arg: "x", .. }))
+        ));
+        let ints = Tensor::zeros([2, 3, 3], (Kind::Int64, Device::Cpu));
+        assert!(matches!(
+            newton_schulz_batched(&ints, &s),
+            Err(LinalgError::UnsupportedDtype { arg: "x", .. })
+        ));
+        let nan = Tensor::ones([2, 3, 3], (Kind::Float, Device::Cpu));
+        let _ = nan.get(1).get(2).get(0).fill_(f64::NAN);
+        assert!(matches!(
+            newton_schulz_batched(&nan, &s),
+            Err(LinalgError::Input(InputError::NonFinite {
+                arg: "x",
+                row: 2,
+                col: 0,
+                ..
+            }))
+        ));
+        let a = Tensor::ones([3, 3], (Kind::Float, Device::Cpu));
+        let b = Tensor::ones([3, 2], (Kind::Float, Device::Cpu));
+        assert!(matches!(
+            newton_schulz_each(&[a, b], &s),
+            Err(LinalgError::Input(InputError::ShapeMismatch {
+                arg: "xs",
+                ..
+            }))
+        ));
+        assert!(newton_schulz_each(&[], &s).is_err());
+    }
+}

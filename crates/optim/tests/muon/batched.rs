@@ -1,0 +1,153 @@
+//! `Muon::step_batch` against one `Muon::step` per matrix (tch, CPU, f64 and f32).
+//!
+//! # Tolerance (derived, not tuned)
+//!
+//! The momentum does not depend on W, so both paths feed msign the same U bit for bit (the
+//! buffers are compared exactly); they differ only in the rounding of the batched products of
+//! Newton–Schulz. The per-matrix step's response d to its gradient perturbed by one unit
+//! roundoff u (relative, random signs; momentum is linear in g, so U moves by the same relative
+//! u) is measured, floored at u·max|ΔW| (the step's own rounding), and bounds the effect of one
+//! rounding injection; the batched path injects 3 per Newton–Schulz step into products of length
+//! ≤ k (the longer side), so tol = 3·steps·√k·max(d, u·max|ΔW|) per Muon step (the √k of
+//! Higham & Mary, as `tch_backend.rs`), summed over the steps taken. Variants that are not
+//! batched (`Exact`) must agree exactly.
+
+use kappa_optim::*;
+use tch::{Device, Kind, Tensor};
+
+fn unit(kind: Kind) -> f64 {
+    match kind {
+        Kind::Double => f64::EPSILON / 2.0,
+        _ => f32::EPSILON as f64 / 2.0,
+    }
+}
+
+fn max_abs(t: &Tensor) -> f64 {
+    t.abs().max().to_kind(Kind::Double).double_value(&[])
+}
+
+/// A deep copy of a state.
+fn copy_state(s: &MuonState<Tensor>) -> MuonState<Tensor> {
+    let m = MomentumState::from_parts(s.buffer().map(Tensor::copy), s.steps());
+    MuonState::from_momentum(m, s.second_moment().map(<[f64]>::to_vec))
+}
+
+fn ns_steps(m: Msign) -> usize {
+    match m {
+        Msign::PolarExpress { steps } | Msign::PolarExpressDesigned { steps, .. } => steps,
+        _ => 5,
+    }
+}
+
+fn configs() -> Vec<MuonConfig> {
+    let f64_native = |c: MuonConfig| MuonConfig {
+        precision: Precision::Native,
+        lr: 0.05,
+        ..c
+    };
+    vec![
+        f64_native(MuonConfig::keller()),
+        f64_native(MuonConfig::paper()),
+        MuonConfig {
+            cautious_weight_decay: true,
+            ..f64_native(MuonConfig::paper().with_normuon())
+        },
+        MuonConfig {
+            msign: Msign::Exact,
+            ..f64_native(MuonConfig::paper())
+        },
+    ]
+}
+
+/// The measured response of one per-matrix step from (`w`, `state`) to `g` perturbed by u.
+fn response(muon: &Muon, w: &Tensor, g: &Tensor, state: &MuonState<Tensor>, u: f64) -> Tensor {
+    let noise = Tensor::randn_like(g).sign() * u;
+    let gp = g * (noise + 1.0);
+    let mut wp = w.copy();
+    muon.step(&mut wp, &gp, &mut copy_state(state)).unwrap();
+    wp
+}
+
+#[test]
+fn a_batched_step_matches_one_step_per_matrix() {
+    tch::manual_seed(3);
+    for cfg in configs() {
+        let muon = Muon::new(cfg).unwrap();
+        for kind in [Kind::Double, Kind::Float] {
+            for (b, m, n) in [(3, 24, 40), (2, 48, 16)] {
+                let opts = (kind, Device::Cpu);
+                let mut wb: Vec<Tensor> =
+                    (0..b).map(|_| Tensor::randn([m, n], opts) * 0.1).collect();
+                let mut w1: Vec<Tensor> = wb.iter().map(Tensor::copy).collect();
+                let mut sb: Vec<MuonState<Tensor>> = (0..b).map(|_| MuonState::new()).collect();
+                let mut s1: Vec<MuonState<Tensor>> = (0..b).map(|_| MuonState::new()).collect();
+                let (u, k) = (unit(kind), m.max(n) as f64);
+                let mut tol = vec![0.0; b];
+                for step in 0..3 {
+                    let g: Vec<Tensor> = (0..b).map(|_| Tensor::randn([m, n], opts)).collect();
+                    let report = muon.step_batch(&mut wb, &g, &mut sb).unwrap();
+                    assert_eq!(report.len(), b);
+                    for i in 0..b {
+                        let before = w1[i].copy();
+                        let wp = response(&muon, &before, &g[i], &s1[i], u);
+                        muon.step(&mut w1[i], &g[i], &mut s1[i]).unwrap();
+                        let d = max_abs(&(&wp - &w1[i]));
+                        let floor = u * max_abs(&(&w1[i] - &before));
+                        tol[i] += 3.0 * ns_steps(cfg.msign) as f64 * k.sqrt() * d.max(floor);
+                        if cfg.msign == Msign::Exact {
+                            tol[i] = 0.0;
+                        }
+                        let diff = max_abs(&(&wb[i] - &w1[i]));
+                        let what =
+                            format!("{:?} {kind:?} {m}×{n} step {step} matrix {i}", cfg.msign);
+                        assert!(diff <= tol[i], "{what}: {diff:e} > {:e}", tol[i]);
+                        let (bb, b1) = (sb[i].buffer().unwrap(), s1[i].buffer().unwrap());
+                        assert!(bb.equal(b1), "{what}: momentum buffers differ");
+                        assert_eq!(sb[i].steps(), s1[i].steps());
+                        assert_eq!(
+                            sb[i].second_moment().is_some(),
+                            s1[i].second_moment().is_some()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_batches_are_rejected_before_anything_changes() {
+    let muon = Muon::new(MuonConfig::paper()).unwrap();
+    let opts = (Kind::Float, Device::Cpu);
+    let w0: Vec<Tensor> = (0..3).map(|_| Tensor::randn([8, 6], opts)).collect();
+    let mut ws: Vec<Tensor> = w0.iter().map(Tensor::copy).collect();
+    let mut states: Vec<MuonState<Tensor>> = (0..3).map(|_| MuonState::new()).collect();
+    let arg = |r: Result<Vec<MuonStep>>| match r {
+        Err(OptimError::Input(e)) => e.arg(),
+        other => panic!("expected an input error, got {other:?}"),
+    };
+    let grads: Vec<Tensor> = (0..3).map(|_| Tensor::randn([8, 6], opts)).collect();
+    assert_eq!(
+        arg(muon.step_batch(&mut ws, &grads[..2], &mut states)),
+        "grads"
+    );
+    assert_eq!(
+        arg(muon.step_batch(&mut ws, &grads, &mut states[..1])),
+        "states"
+    );
+    let _ = grads[2].get(1).get(1).fill_(f64::NAN);
+    assert_eq!(arg(muon.step_batch(&mut ws, &grads, &mut states)), "grad");
+    let mut mixed = vec![ws[0].copy(), Tensor::randn([6, 8], opts)];
+    let mut two: Vec<MuonState<Tensor>> = (0..2).map(|_| MuonState::new()).collect();
+    assert_eq!(
+        arg(muon.step_batch(&mut mixed, &grads[..2], &mut two)),
+        "ws"
+    );
+    for (w, w0) in ws.iter().zip(&w0) {
+        assert!(w.equal(w0), "a parameter was modified on error");
+    }
+    assert!(states
+        .iter()
+        .all(|s| s.steps() == 0 && s.buffer().is_none()));
+    assert!(muon.step_batch(&mut [], &[], &mut []).unwrap().is_empty());
+}
