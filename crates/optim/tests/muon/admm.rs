@@ -257,42 +257,211 @@ fn calls_to(violations: &[f64], calls_per_entry: usize, target: f64) -> Option<u
         .map(|i| (i + 1) * calls_per_entry)
 }
 
-#[test]
-fn admm_reaches_a_violation_in_fewer_msign_calls_than_the_ascent_on_ill_conditioned_gradients() {
-    // The fixed-seed case of docs/optim.md ("ADMM: … calls to one violation"): W 96×32 on each
-    // manifold, G with σ from 1 to 1e-3, exact msign. A count, not a timing.
+/// The violation levels of the count table (docs/optim.md, "ADMM: … calls to one violation").
+const LEVELS: [f64; 3] = [1e-2, 1e-3, 1e-4];
+
+/// The ascent's msign calls to one violation level: from the preset's K = 20 run when it gets
+/// there (the schedule α(1 − k/K) depends on K), else from a K = 200 run (`(count, K)`; `None`:
+/// not in 200).
+type AscentCount = Option<(usize, usize)>;
+
+/// One row of the count table: the ascent's and ADMM's msign calls to each of [`LEVELS`], and
+/// the descent after 20 msign calls (ascent K = 20; ADMM `standard()`, 10 iterations) over the
+/// optimum p*.
+#[derive(Debug, PartialEq)]
+struct CountRow {
+    ascent: [AscentCount; 3],
+    admm: [Option<usize>; 3],
+    ratio_ascent: f64,
+    ratio_admm: f64,
+}
+
+/// The row of `manifold` on W 96×32 (seed 2) with the Gaussian (seed 2 ^ 9) or the
+/// ill-conditioned G (as in the proptest above). ADMM counts from the first 100 iterations (200
+/// msign calls, the ascent's longest budget here) of one run of ≤ 300 (ADMM has no K-dependent
+/// schedule; tol 1e-10 stops it only below every level), whose feasible descent is the
+/// reference p*: p* lies between it and its certificate, a bracket asserted ≤ 5e-4 relative,
+/// below the table's 3 printed digits.
+fn count_row(manifold: Manifold, ill: bool) -> CountRow {
     let (m, n, seed) = (96, 32, 2);
-    let g = ill_conditioned(m, n, seed);
-    for (manifold, admm_max) in [
-        (Manifold::Stiefel, 22),
-        (Manifold::dgram(), 22),
-        (Manifold::Oblique, 20),
-    ] {
-        let w = point(manifold, m, n, seed);
-        let admm = Admm {
-            steps: 100,
-            tol: 0.0,
-            ..Admm::standard()
-        };
-        let (_, r) = ManifoldMuon::new(cfg(manifold, DualSolver::Admm(admm)))
+    let g = if ill {
+        ill_conditioned(m, n, seed)
+    } else {
+        // (Not `seed` itself: W's points are built from gaussian(m, n, seed), and G would be
+        // normal on Oblique and share W's singular vectors elsewhere.)
+        gaussian(m, n, seed ^ 9)
+    };
+    let w = point(manifold, m, n, seed);
+    let admm_run = |admm: Admm| {
+        ManifoldMuon::new(cfg(manifold, DualSolver::Admm(admm)))
             .unwrap()
             .direction(&w, &g)
-            .unwrap();
+            .unwrap()
+            .1
+    };
+    let ascent_run = |steps: usize| {
         let c = ManifoldMuonConfig {
-            dual: ascent(manifold, 200),
+            dual: ascent(manifold, steps),
             ..cfg(manifold, DualSolver::Ascent)
         };
-        let (_, asc) = ManifoldMuon::new(c).unwrap().direction(&w, &g).unwrap();
-        let target = 1e-2;
-        let admm_calls = calls_to(&r.violations, 2, target);
-        let asc_calls = calls_to(&asc.violations, 1, target);
-        println!("{manifold:?}: violation < {target}: ADMM {admm_calls:?} msign calls, ascent {asc_calls:?} (of {})", asc.msign_calls);
-        assert!(
-            admm_calls.is_some_and(|c| c <= admm_max),
-            "{manifold:?}: ADMM {admm_calls:?}"
-        );
-        assert!(asc_calls.is_none(), "{manifold:?}: ascent {asc_calls:?}");
+        ManifoldMuon::new(c).unwrap().direction(&w, &g).unwrap().1
+    };
+    let long = admm_run(Admm {
+        steps: 300,
+        tol: 1e-10,
+        ..Admm::standard()
+    });
+    let counted = &long.violations[..long.violations.len().min(100)];
+    let bracket = long.gap.unwrap();
+    assert!(
+        bracket <= 5e-4,
+        "{manifold:?} ill={ill}: p* bracket {bracket}"
+    );
+    let k20 = ascent_run(20);
+    let k200 = LEVELS
+        .iter()
+        .any(|&t| calls_to(&k20.violations, 1, t).is_none())
+        .then(|| ascent_run(200));
+    CountRow {
+        ascent: LEVELS.map(|t| match calls_to(&k20.violations, 1, t) {
+            Some(c) => Some((c, 20)),
+            None => k200
+                .as_ref()
+                .and_then(|r| calls_to(&r.violations, 1, t))
+                .map(|c| (c, 200)),
+        }),
+        admm: LEVELS.map(|t| calls_to(counted, 2, t)),
+        ratio_ascent: k20.descent / long.descent,
+        ratio_admm: admm_run(Admm::standard()).descent / long.descent,
     }
+}
+
+/// The table as docs/optim.md prints it.
+fn markdown(label: &str, r: &CountRow) -> String {
+    let asc = r.ascent.map(|c| match c {
+        Some((c, 20)) => c.to_string(),
+        Some((c, k)) => format!("{c} (K = {k})"),
+        None => "not in 200".into(),
+    });
+    let admm = r.admm.map(|c| c.map_or("—".into(), |c| c.to_string()));
+    format!(
+        "| {label} | {} | {} | {:.3}, {:.3} |",
+        asc.join(" / "),
+        admm.join(" / "),
+        r.ratio_ascent,
+        r.ratio_admm
+    )
+}
+
+#[test]
+fn the_admm_count_table_of_the_docs_holds() {
+    // The fixed-seed problems of docs/optim.md ("ADMM: … calls to one violation"): W 96×32 on
+    // each manifold, exact msign, a Gaussian G and one with σ from 1 to 1e-3. Counts, not
+    // timings: deterministic for a given LAPACK (a different one moves a count only where a
+    // violation lies within rounding of a level). `--nocapture` prints the table.
+    let table: [(
+        &str,
+        Manifold,
+        bool,
+        [AscentCount; 3],
+        [Option<usize>; 3],
+        f64,
+        f64,
+    ); 6] = [
+        (
+            "Stiefel, Gaussian G",
+            Manifold::Stiefel,
+            false,
+            [Some((16, 20)), Some((18, 20)), Some((146, 200))],
+            [Some(6), Some(14), Some(24)],
+            0.999,
+            0.999,
+        ),
+        (
+            "DGram, Gaussian G",
+            Manifold::dgram(),
+            false,
+            [Some((3, 20)), Some((8, 20)), Some((18, 20))],
+            [Some(6), Some(14), Some(22)],
+            0.999,
+            1.000,
+        ),
+        (
+            "Oblique, Gaussian G",
+            Manifold::Oblique,
+            false,
+            [Some((7, 20)), Some((11, 20)), Some((13, 20))],
+            [Some(6), Some(10), Some(16)],
+            0.999,
+            1.000,
+        ),
+        (
+            "Stiefel, σ(G) from 1 to 1e-3",
+            Manifold::Stiefel,
+            true,
+            [None; 3],
+            [Some(22), Some(168), None],
+            0.902,
+            0.976,
+        ),
+        (
+            "DGram, σ(G) from 1 to 1e-3",
+            Manifold::dgram(),
+            true,
+            [None; 3],
+            [Some(22), Some(166), None],
+            0.908,
+            0.976,
+        ),
+        (
+            "Oblique, σ(G) from 1 to 1e-3",
+            Manifold::Oblique,
+            true,
+            [None; 3],
+            [Some(20), Some(194), None],
+            0.808,
+            0.977,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (label, manifold, ill, ascent, admm, ra, rd) in table {
+        let row = count_row(manifold, ill);
+        println!("{}", markdown(label, &row));
+        let want = CountRow {
+            ascent,
+            admm,
+            ratio_ascent: ra,
+            ratio_admm: rd,
+        };
+        // The ratios as printed (3 digits).
+        let same = row.ascent == want.ascent
+            && row.admm == want.admm
+            && (row.ratio_ascent - ra).abs() <= 5e-4
+            && (row.ratio_admm - rd).abs() <= 5e-4;
+        if !same {
+            failures.push(format!("{label}: {row:?}"));
+        }
+        if ill {
+            // The claim of the section: ADMM reaches 1e-2 within 22 msign calls where the ascent
+            // does not in 200.
+            let admm_max = if manifold == Manifold::Oblique {
+                20
+            } else {
+                22
+            };
+            assert!(
+                row.admm[0].is_some_and(|c| c <= admm_max),
+                "{label}: ADMM {:?}",
+                row.admm
+            );
+            assert!(row.ascent[0].is_none(), "{label}: ascent {:?}", row.ascent);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the table moved:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
