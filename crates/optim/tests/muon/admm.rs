@@ -2,7 +2,8 @@
 //! ascent on Stiefel, DGram and Oblique: the direction is tangent, in the spectral ball, and its
 //! descent agrees with the ascent's (and with the square Stiefel closed form) within the
 //! certified gaps; the msign calls both need to reach one violation on a fixed-seed problem;
-//! the serde default of the solver choice.
+//! the serde default of the solver choice; the count table of docs/optim.md; with the `tch`
+//! feature, agreement of tch f32/f64 with ndarray f64 (`backends`).
 
 use super::common::*;
 use kappa_optim::manifold::*;
@@ -517,4 +518,141 @@ fn admm_on_a_normal_gradient_returns_the_zero_direction() {
     // ADMM makes of that residue, but it must be feasible and not raise the loss.
     assert!(r.descent >= -1e-12 * fro(&g), "{r:?}");
     assert!(fro(&a) <= (16f64).sqrt() * 1.01, "{}", fro(&a));
+}
+
+/// ADMM on `tch` tensors (f32 and f64, CPU) against `ndarray` f64, with the derived tolerances
+/// of tch_backend.rs (its module docs): N rounding injections, each amplified at most as much as
+/// one at the inputs (measured), times √k. Unlike the non-converging square DGram ascent there,
+/// ADMM does not amplify rounding (measured: a perturbation of size δ·max|x| per input entry
+/// moves the two-step W by 0.45–1.13·δ, the `amplification` probe), so the whole 10-iteration
+/// solve is compared, on
+/// every manifold and shape, square included (closed form off), and the bound is tight enough
+/// to mean something (f32: ≈ 1e-4 against differences of ≈ 1e-6).
+#[cfg(feature = "tch")]
+mod backends {
+    use super::*;
+    use kappa_linalg::tch_backend::{array_from_tensor, tensor_from_array};
+    use tch::{Device, Kind, Tensor};
+
+    /// f32's unit roundoff.
+    const U32: f64 = f32::EPSILON as f64 / 2.0;
+
+    /// tch_backend.rs's derived tolerance with unit roundoff `u`: `injections` injections, inner
+    /// products of length `k`, the measured effect `d_in` of one injection at the inputs, floored
+    /// at the outputs' own rounding u·`out_max`.
+    fn derived(u: f64, injections: usize, k: usize, d_in: f64, out_max: f64) -> f64 {
+        injections as f64 * (k as f64).sqrt() * d_in.max(u * out_max)
+    }
+
+    /// The paper's manifold Muon (Polar Express msign, momentum, diagnostics) with
+    /// `Admm::standard()`, the square Stiefel closed form off so that square matrices run ADMM.
+    fn admm_cfg(manifold: Manifold, precision: Precision) -> ManifoldMuonConfig {
+        ManifoldMuonConfig {
+            solver: DualSolver::Admm(Admm::standard()),
+            square_closed_form: false,
+            precision,
+            ..ManifoldMuonConfig::paper(manifold)
+        }
+    }
+
+    /// The final W of one step per gradient from `w0` (f64, ndarray) and the reports.
+    fn run64(
+        cfg: ManifoldMuonConfig,
+        w0: &Array2<f64>,
+        grads: &[Array2<f64>],
+    ) -> (Array2<f64>, Vec<ManifoldStep<Array2<f64>>>) {
+        let opt = ManifoldMuon::new(cfg).unwrap();
+        let (mut w, mut st) = (w0.clone(), ManifoldState::new());
+        let steps = grads
+            .iter()
+            .map(|g| opt.step(&mut w, g, &mut st).unwrap())
+            .collect();
+        (w, steps)
+    }
+
+    /// The same on tensors of `kind`, updated in place through an alias (as var-store
+    /// parameters are).
+    fn run_tch(
+        cfg: ManifoldMuonConfig,
+        kind: Kind,
+        w0: &Array2<f64>,
+        grads: &[Array2<f64>],
+    ) -> (Array2<f64>, Vec<ManifoldStep<Tensor>>) {
+        let t = |a: &Array2<f64>| tensor_from_array(a.view(), kind, Device::Cpu).unwrap();
+        let opt = ManifoldMuon::new(cfg).unwrap();
+        let param = t(w0);
+        let mut alias = param.shallow_clone();
+        let mut st = ManifoldState::new();
+        let steps = grads
+            .iter()
+            .map(|g| opt.step(&mut alias, &t(g), &mut st).unwrap())
+            .collect();
+        (array_from_tensor(&param).unwrap(), steps)
+    }
+
+    fn round32(a: &Array2<f64>) -> Array2<f64> {
+        a.mapv(|x| x as f32 as f64)
+    }
+
+    #[test]
+    fn admm_steps_agree_across_backends() {
+        for (m, n) in [(64, 24), (24, 64), (32, 32)] {
+            for manifold in [Manifold::Stiefel, Manifold::dgram(), Manifold::Oblique] {
+                let label = format!("{m}×{n} {manifold:?}");
+                let mut w0 = gaussian(m, n, 2) * 0.05;
+                let c64 = admm_cfg(manifold, Precision::Native);
+                ManifoldMuon::new(c64)
+                    .unwrap()
+                    .retract_onto(&mut w0)
+                    .unwrap();
+                let grads: Vec<_> = (0..2).map(|i| gaussian(m, n, 20 + i)).collect();
+                let (w, steps) = run64(c64, &w0, &grads);
+                let iterations: usize = steps.iter().map(|s| s.dual.dual_steps).sum();
+                // Injections: the inputs; per ADMM iteration its two msign calls (one per
+                // Newton–Schulz step), the clip's 3 products and the projection's 2; per step
+                // the retraction's msign (or SVD) and the update.
+                let ns = 10;
+                let injections = |iters: usize| 1 + iters * (2 * ns + 5) + grads.len() * (ns + 2);
+                let k = m.max(n);
+                // f64 tensors: one injection's effect measured by the f64 probe.
+                let amp = amplification(
+                    |x| run64(c64, &x[0], &x[1..]).0,
+                    &[w0.clone(), grads[0].clone(), grads[1].clone()],
+                );
+                let (t64, _) = run_tch(c64, Kind::Double, &w0, &grads);
+                let e64 = max_abs_diff(&t64, &w);
+                let tol64 = derived_tol(injections(iterations), k, amp, max_abs(&w));
+                assert!(
+                    e64 <= tol64,
+                    "{label} f64: {e64:e} > {tol64:e} (amp {amp:e})"
+                );
+                // f32 tensors: the f64 pipeline on the inputs rounded to f32.
+                let rounded: Vec<_> = grads.iter().map(round32).collect();
+                let d_in = max_abs_diff(&run64(c64, &round32(&w0), &rounded).0, &w);
+                let c32 = admm_cfg(manifold, Precision::F32);
+                let (t32, steps32) = run_tch(c32, Kind::Float, &w0, &grads);
+                let iters32: usize = steps32.iter().map(|s| s.dual.dual_steps).sum();
+                let e32 = max_abs_diff(&t32, &w);
+                let tol32 = derived(
+                    U32,
+                    injections(iterations.max(iters32)),
+                    k,
+                    d_in,
+                    max_abs(&w),
+                );
+                assert!(
+                    e32 <= tol32,
+                    "{label} f32: {e32:e} > {tol32:e} (d_in {d_in:e})"
+                );
+                for s in &steps32 {
+                    assert_eq!(s.precision, "f32", "{label}");
+                    assert!(
+                        s.dual.descent > 0.0 && !s.dual.diverged,
+                        "{label}: {:?}",
+                        s.dual
+                    );
+                }
+            }
+        }
+    }
 }
