@@ -339,8 +339,9 @@ fn iterate<M: WorkingPrecision>(
     let mut x = it.b.duplicate()?;
     x.axpy(1.0, &it.y)?;
     let a = clip_to_ball(&x, method, precision)?;
-    let (_, violation) = violation(wt, &a, proj)?;
-    let (b, s) = space.project(&a)?;
+    // C(A), measured once: the reported violation and the projection's right-hand side.
+    let (c, violation) = violation(wt, &a, proj)?;
+    let (b, s) = space.project_measured(&a, c)?;
     let mut normal = a;
     normal.axpy(-1.0, &b)?;
     let mut db = b.duplicate()?;
