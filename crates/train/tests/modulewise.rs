@@ -1,5 +1,6 @@
 //! Module-wise optimizer assignment on a tiny GPT: labels, presets, initial retraction,
-//! constraints kept through training, dual-ascent statistics in the records, exact resume with
+//! constraints kept through training, dual-ascent statistics in the records, the per-label
+//! tangent-problem solver (ADMM or the ascent, told apart by their msign counts), exact resume with
 //! Muon and manifold-Muon state, and divergence against the best smoothed loss.
 
 use std::path::PathBuf;
@@ -8,7 +9,8 @@ use kappa_models::data::fixtures;
 use kappa_models::{
     matrix_diagnostics, Gpt, GptConfig, HeadDiagnostics, ModelsError, TextCorpus, TokenizerKind,
 };
-use kappa_optim::Precision;
+use kappa_optim::{Admm, DualSolver, OnDivergence, Precision};
+use kappa_train::modulewise::ModuleSolvers;
 use kappa_train::trainer::named_trainable;
 use kappa_train::{
     modulewise_groups, seeded, DivergenceReference, Eval, Geometry, LanguageModeling, ModuleLabel,
@@ -391,6 +393,91 @@ fn training_keeps_every_constraint_and_logs_the_dual_ascent() {
             assert!(m.off_gram <= tol, "{m:?} > {tol:e}");
         }
     }
+}
+
+/// The msign-count signatures of the two solvers in one update's `DualReport` (kappa-optim
+/// docs of `msign_calls`), which the groups' `OptimizerStats` average over updates (a linear
+/// relation survives the mean): the dual ascent calls msign once per candidate and steps the
+/// dual between candidates (msign = steps + 1); ADMM calls it twice per iteration, each
+/// iteration one dual step, plus once for the certificate (msign = 2·steps + 1). With at least
+/// one dual step the two cannot coincide.
+#[derive(Debug, PartialEq)]
+enum SolverSeen {
+    Ascent,
+    Admm,
+}
+
+fn solver_seen(stats: &kappa_train::OptimizerStats) -> SolverSeen {
+    let (steps, calls) = (stats.dual_steps.unwrap(), stats.msign_calls.unwrap());
+    assert!(
+        steps >= 1.0,
+        "{stats:?}: no dual step, the solvers look alike"
+    );
+    if calls == steps + 1.0 {
+        SolverSeen::Ascent
+    } else if calls == 2.0 * steps + 1.0 {
+        SolverSeen::Admm
+    } else {
+        panic!("{stats:?}: neither solver's msign count")
+    }
+}
+
+#[test]
+fn modulewise_groups_hand_each_label_its_solver() {
+    // HETERO (Stiefel attention, DGram MLP) with ADMM for attention and the preset's dual ascent
+    // for the MLP. ADMM with `OnDivergence::Apply`: the preset's policy for the ascent (apply a
+    // diverged step and count it in `diverged`), which `Admm::standard()` (an error) does not
+    // share (docs/optim.md, "ADMM: the same problem split in two").
+    let admm = DualSolver::Admm(Admm {
+        on_divergence: OnDivergence::Apply,
+        ..Admm::standard()
+    });
+    let mut cfg = modulewise(Preset::Hetero);
+    cfg.solvers = ModuleSolvers::attention_mlp(Some(admm), None);
+    let dir = temp("solvers");
+    let (vs, mut task) = lm(&dir);
+    let groups = modulewise_groups(&vs, &cfg, &train_config(2)).unwrap();
+    let mut trainer = Trainer::with_groups(&vs, train_config(2), groups, &context()).unwrap();
+    let (s, records) = run(&mut trainer, &mut task);
+    assert_eq!(s.outcome, Outcome::Completed);
+    let mut windows = 0;
+    for r in &records {
+        let Record::Train { optimizers, .. } = r else {
+            continue;
+        };
+        windows += 1;
+        let qkv = &optimizers["attn_qkv"];
+        assert_eq!(solver_seen(qkv), SolverSeen::Admm, "attn_qkv");
+        // ≤ 10 iterations (`standard()`): ≤ 21 msign calls per update.
+        assert!(qkv.msign_calls.unwrap() <= 21.0, "{qkv:?}");
+        for label in ["mlp_in", "mlp_out"] {
+            assert_eq!(
+                solver_seen(&optimizers[label]),
+                SolverSeen::Ascent,
+                "{label}"
+            );
+        }
+        // The square attn.c_proj takes the Stiefel closed form whatever the solver (one msign,
+        // no dual step; kappa-optim's `ManifoldMuonConfig::solver`).
+        let out = &optimizers["attn_out"];
+        assert_eq!((out.dual_steps, out.msign_calls), (Some(0.0), Some(1.0)));
+        for g in ["attn_qkv", "mlp_in", "mlp_out"] {
+            let v = optimizers[g].manifold_violation_max.unwrap();
+            assert!(v.is_finite(), "{g}: {v}");
+        }
+    }
+    assert_eq!(windows, 2, "log_every 1, two steps");
+    // Without the table every label runs the ascent (the preset: configs read as before).
+    let dir = temp("solvers-default");
+    let (vs, mut task) = lm(&dir);
+    let groups = modulewise_groups(&vs, &modulewise(Preset::Hetero), &train_config(2)).unwrap();
+    let mut trainer = Trainer::with_groups(&vs, train_config(2), groups, &context()).unwrap();
+    let (_, records) = run(&mut trainer, &mut task);
+    let stats = records.iter().find_map(|r| match r {
+        Record::Train { optimizers, .. } => Some(optimizers["attn_qkv"].clone()),
+        _ => None,
+    });
+    assert_eq!(solver_seen(&stats.unwrap()), SolverSeen::Ascent);
 }
 
 #[test]

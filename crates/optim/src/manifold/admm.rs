@@ -134,7 +134,18 @@ pub struct Admm {
     pub tol: f64,
     /// Residual balancing of ρ (module docs).
     pub adaptive: bool,
-    /// What to do when the result is unusable (a negative ⟨G, A⟩ or non-finite values).
+    /// What to do when the result is unusable (a negative ⟨G, A⟩; non-finite values are an
+    /// error under both policies). [`Admm::standard`] errors; kappa-train's module-wise paper
+    /// preset applies and counts diverged ascents, and an ADMM entry gets that policy only with
+    /// `Apply` written in it (docs/optim.md, "Divergence under the module-wise preset"):
+    ///
+    /// ```
+    /// use kappa_optim::manifold::{Admm, DualSolver, Manifold, ManifoldMuonConfig, OnDivergence};
+    /// let solver = DualSolver::Admm(Admm { on_divergence: OnDivergence::Apply, ..Admm::standard() });
+    /// let cfg = ManifoldMuonConfig { solver, ..ManifoldMuonConfig::paper(Manifold::Stiefel) };
+    /// assert_eq!(cfg.solver.on_divergence(&cfg.dual), OnDivergence::Apply);
+    /// assert!(cfg.validate().is_ok());
+    /// ```
     pub on_divergence: OnDivergence,
 }
 
@@ -328,8 +339,9 @@ fn iterate<M: WorkingPrecision>(
     let mut x = it.b.duplicate()?;
     x.axpy(1.0, &it.y)?;
     let a = clip_to_ball(&x, method, precision)?;
-    let (_, violation) = violation(wt, &a, proj)?;
-    let (b, s) = space.project(&a)?;
+    // C(A), measured once: the reported violation and the projection's right-hand side.
+    let (c, violation) = violation(wt, &a, proj)?;
+    let (b, s) = space.project_measured(&a, c)?;
     let mut normal = a;
     normal.axpy(-1.0, &b)?;
     let mut db = b.duplicate()?;

@@ -667,12 +667,19 @@ impl<'a, M: Matrix> TangentSpace<'a, M> {
 
     /// (Π_T(x), S) with x − Π_T(x) = 2W·S the normal component of `x`.
     pub(crate) fn project(&self, x: &M) -> Result<(M, M)> {
-        let s = self.normal_multiplier(x)?;
+        let (c, _) = violation(self.wt, x, self.proj)?;
+        self.project_measured(x, c)
+    }
+
+    /// [`TangentSpace::project`] given c = C(x) = P(WᵀX + XᵀW) (the H of [`violation`]), for a
+    /// caller that measured it already (ADMM: one m×n×n product less per iteration).
+    pub(crate) fn project_measured(&self, x: &M, c: M) -> Result<(M, M)> {
+        let s = self.normal_multiplier(c)?;
         Ok((x.mul_add(-2.0, self.w, &s, 1.0)?, s))
     }
 
-    /// S with P(M·S + S·M) = ½·C(x), by conjugate gradients (type docs).
-    fn normal_multiplier(&self, x: &M) -> Result<M> {
+    /// S with P(M·S + S·M) = ½·`c`, c = C(x), by conjugate gradients (type docs).
+    fn normal_multiplier(&self, c: M) -> Result<M> {
         let op = |s: &M| -> Result<M> {
             let mut y = sym2(self.gram.matmul(s)?)?;
             self.proj.apply(&mut y)?;
@@ -686,7 +693,7 @@ impl<'a, M: Matrix> TangentSpace<'a, M> {
             }
             Ok(z)
         };
-        let (mut r, _) = violation(self.wt, x, self.proj)?;
+        let mut r = c;
         r.scale(0.5)?;
         let n = r.shape().0;
         let mut s = r.duplicate()?;

@@ -259,13 +259,14 @@ impl ManifoldMuon {
         w.validate("w").map_err(crate::error::from_linalg)?;
         let (m, n) = w.shape();
         let flip = self.flip(m, n);
-        let r = self.retract_checked(&Self::tall(w, flip)?, "w")?;
+        let (r, _) = self.retract_checked(&Self::tall(w, flip)?, "w")?;
         w.copy_from(&if flip { r.into_transpose() } else { r })?;
         Ok(())
     }
 
-    /// The retraction of tall `x`, checked to land on the manifold (errors name `arg`).
-    fn retract_checked<M: WorkingPrecision>(&self, x: &M, arg: &'static str) -> Result<M> {
+    /// The retraction of tall `x`, checked to land on the manifold (errors name `arg`), and its
+    /// [`violation_of`] (measured once: the step reports it).
+    fn retract_checked<M: WorkingPrecision>(&self, x: &M, arg: &'static str) -> Result<(M, f64)> {
         let c = &self.config;
         let r = retract(x, c.manifold, c.msign, c.precision, arg)?;
         let v = if r.frobenius_norm()?.is_finite() {
@@ -281,7 +282,7 @@ impl ManifoldMuon {
                 tol: c.manifold_tol,
             });
         }
-        Ok(r)
+        Ok((r, v))
     }
 
     fn direction_tall<M: WorkingPrecision>(
@@ -408,8 +409,7 @@ impl ManifoldMuon {
                 threshold: f64::INFINITY,
             });
         }
-        let new = self.retract_checked(&moved, "w")?;
-        let manifold_violation = violation_of(&new, c.manifold)?;
+        let (new, manifold_violation) = self.retract_checked(&moved, "w")?;
         w.copy_from(&if flip { new.into_transpose() } else { new })?;
         state.record_step(buffer);
         Ok(ManifoldStep {
