@@ -236,6 +236,11 @@ impl ModuleSolvers {
         }
     }
 
+    /// Whether no entry is set (the default; left out when a config is written).
+    pub fn is_unset(&self) -> bool {
+        *self == Self::default()
+    }
+
     /// The entry of `label` (`None` for the labels without one and for unset entries).
     pub fn solver(&self, label: ModuleLabel) -> Option<DualSolver> {
         match label {
@@ -410,7 +415,7 @@ pub struct ModulewiseConfig {
     pub manifold: ManifoldMuonConfig,
     /// Per-label solver of the tangent problem (default: none set, every label takes
     /// `manifold.solver`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "ModuleSolvers::is_unset")]
     pub solvers: ModuleSolvers,
     /// The DGram retraction.
     pub dgram_retraction: DGramRetraction,

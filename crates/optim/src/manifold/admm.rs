@@ -113,6 +113,12 @@ pub enum DualSolver {
 }
 
 impl DualSolver {
+    /// Whether this is the dual ascent (the default, left out when a config is written, so a
+    /// config that does not choose ADMM reads and writes as it did before ADMM existed).
+    pub fn is_ascent(&self) -> bool {
+        matches!(self, DualSolver::Ascent)
+    }
+
     /// `"ascent"` or `"admm"`.
     pub fn name(&self) -> &'static str {
         match self {

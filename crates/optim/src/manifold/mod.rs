@@ -83,7 +83,7 @@ pub struct ManifoldMuonConfig {
     /// The solver of the tangent problem: the dual ascent (`dual`; the serde default, so configs
     /// without this field read as before) or ADMM ([`admm`]). The square Stiefel closed form,
     /// when on, takes precedence over both.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "DualSolver::is_ascent")]
     pub solver: DualSolver,
     /// msign for the direction and for the Stiefel / column-norm retractions.
     pub msign: Msign,
