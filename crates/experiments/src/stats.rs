@@ -212,7 +212,7 @@ fn beta_fraction(x: f64, a: f64, b: f64) -> f64 {
 /// with x = ν/(ν + t²), P(T ≤ t) = 1 − ½·I_x(ν/2, ½) for t ≥ 0 and ½·I_x(ν/2, ½) for t < 0.
 /// ±∞ give 1 and 0; NaN for a NaN t or df ≤ 0.
 pub fn student_t_cdf(t: f64, df: f64) -> f64 {
-    if t.is_nan() || !(df > 0.0) {
+    if t.is_nan() || df.is_nan() || df <= 0.0 {
         return f64::NAN;
     }
     if t.is_infinite() {
