@@ -23,7 +23,8 @@ macro_rules! with_experiment_names {
             "optim-geometry",
             "vit-fmnist",
             "gpt-sotu",
-            "manifolds"
+            "manifolds",
+            "optimizer-race"
         ]
     };
 }

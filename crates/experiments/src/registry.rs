@@ -252,6 +252,7 @@ pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
         Box::new(suite::vit_fmnist::VitFmnist),
         Box::new(suite::gpt_sotu::GptSotu),
         Box::new(suite::manifolds::Manifolds),
+        Box::new(suite::optimizer_race::OptimizerRace),
     ]
 }
 

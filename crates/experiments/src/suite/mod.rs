@@ -5,6 +5,7 @@ pub mod convergence;
 pub mod gpt_sotu;
 pub mod manifolds;
 pub mod optim_geometry;
+pub mod optimizer_race;
 pub mod random_spectra;
 pub mod theory;
 pub mod vit_fmnist;
