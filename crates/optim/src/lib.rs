@@ -29,6 +29,7 @@ pub mod elementwise;
 pub mod error;
 #[cfg(feature = "tch")]
 pub mod fused;
+pub mod layout;
 pub mod manifold;
 pub mod momentum;
 pub mod msign;
@@ -45,13 +46,14 @@ pub use elementwise::Elementwise;
 pub use error::{OptimError, Result};
 /// kappa-linalg's input error, the payload of the `Input` variant of this crate's error.
 pub use kappa_linalg::input::InputError;
+pub use layout::Layout;
 pub use manifold::{
     Admm, DGramRetraction, DualAscent, DualReport, DualSolver, Manifold, ManifoldMuon,
     ManifoldMuonConfig, ManifoldState, ManifoldStep, OnDivergence, TangentSolution,
 };
 pub use momentum::{Momentum, MomentumKind, MomentumState};
 pub use msign::{msign, Msign, MUON_REFERENCE_EPS};
-pub use muon::{Layout, Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
+pub use muon::{Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
 pub use normuon::{NeuronAxis, NorMuon, NORMUON_EPS};
 pub use precision::{cpu_has_native_bf16, Precision, WorkingPrecision};
 pub use qk_clip::{clip_rows, fused_qkv_row_factors, scale_rows, HeadFactors, QkClipConfig};

@@ -37,31 +37,11 @@ use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{check_range, from_linalg, Result};
+pub use crate::layout::Layout;
 use crate::momentum::{Momentum, MomentumState};
 use crate::msign::{msign, Msign};
 use crate::normuon::NorMuon;
 use crate::precision::{Precision, WorkingPrecision};
-
-/// How the weight matrix is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Layout {
-    /// Rows are outputs, columns inputs: `nn.Linear`'s (out, in), y = W·x.
-    #[default]
-    OutIn,
-    /// Rows are inputs, columns outputs: (in, out), y = x·W.
-    InOut,
-}
-
-impl Layout {
-    /// (fan_out, fan_in) of an m×n matrix stored in this layout.
-    pub fn fans(&self, rows: usize, cols: usize) -> (usize, usize) {
-        match self {
-            Layout::OutIn => (rows, cols),
-            Layout::InOut => (cols, rows),
-        }
-    }
-}
 
 /// The multiplier on the learning rate (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

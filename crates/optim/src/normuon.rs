@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::elementwise::Elementwise;
 use crate::error::{check_range, Result};
-use crate::muon::Layout;
+use crate::layout::Layout;
 
 /// The ε added to √v in NorMuon's division (the reference implementation's value).
 pub const NORMUON_EPS: f64 = 1e-10;

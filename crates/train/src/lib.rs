@@ -6,7 +6,7 @@
 //! |---|---|
 //! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`], [`AdamWGroup`] |
 //! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`LrMultipliers`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
-//! | [`tasks`] | [`LanguageModeling`], [`ImageClassification`] |
+//! | [`tasks`] | [`LanguageModeling`], [`Classification`] ([`ImageClassification`], [`SequenceClassification`]) |
 //! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress, stop flag |
 //! | [`stop`] | [`StopFlag`]: stop at the next step with a checkpoint (SIGTERM, SIGUSR1) |
 //! | [`run`] | [`Run`]: a run folder (`config.toml`, `metrics.jsonl`, `run.json`), resume, [`RunRecord`] to read one back |
@@ -34,7 +34,10 @@ pub use modulewise::{
 };
 pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
 pub use stop::StopFlag;
-pub use tasks::{ImageClassification, LanguageModeling, SequenceClassification};
+pub use tasks::{
+    Classification, ClassificationData, ClassifierModel, ImageClassification, LanguageModeling,
+    SequenceClassification,
+};
 pub use trainer::{
     adamw_groups, clip_grad_norm, seeded, AdamWGroup, DivergenceReference, Eval, GradientDropper,
     GroupOptimizer, OptimizerStats, Outcome, ParamGroup, QkClipStats, Record, Summary, Task,

@@ -11,12 +11,13 @@ use tch::{Kind, Tensor};
 use crate::trainer::{Eval, Task};
 use kappa_models::classifier::SequenceClassifier;
 use kappa_models::data::sequences::SequenceSplits;
-use kappa_models::data::{ImageSet, ImageSplits, Split, TextCorpus};
+use kappa_models::data::{ImageSplits, Split, TextCorpus};
 use kappa_models::diagnostics::{diagnose, DiagnosticsConfig, HeadDiagnostics};
 use kappa_models::error::{ModelsError, Result};
 use kappa_models::gpt::Gpt;
 use kappa_models::layers::Transformer;
 use kappa_models::vit::Vit;
+use kappa_models::AttentionTrace;
 
 /// The seed of the validation windows (shared by every run).
 pub const EVAL_SEED: u64 = 0x5eed_e7a1;
@@ -116,16 +117,88 @@ impl Task for LanguageModeling {
     }
 }
 
-/// Image classification: a [`Vit`] on the splits of an image data set.
+/// A model that classifies a batch: the two classifiers of kappa-models, [`Vit`] and
+/// [`SequenceClassifier`], as [`Classification`] uses them.
+pub trait ClassifierModel: Transformer {
+    /// Checked logits B×classes.
+    fn logits(&self, x: &Tensor) -> Result<Tensor>;
+    /// Mean cross-entropy against integer labels (with the graph).
+    fn loss(&self, x: &Tensor, labels: &Tensor) -> Result<Tensor>;
+    /// Logits and every layer's attention trace (unchecked).
+    fn forward_trace(&self, x: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>);
+}
+
+/// Labelled splits a [`Classification`] draws from: the image and the sequence data sets.
+pub trait ClassificationData {
+    /// What the throughput counts (`images`, `sequences`).
+    const UNIT: &'static str;
+    /// The training batch of step `step` (a pure function of seed and step).
+    fn train_batch(&self, seed: u64, step: u64, batch_size: usize) -> Result<(Tensor, Tensor)>;
+    /// Examples in a split.
+    fn split_len(&self, split: Split) -> usize;
+    /// Examples `start..start + len` of a split, inputs and labels.
+    fn split_slice(&self, split: Split, start: usize, len: usize) -> (Tensor, Tensor);
+}
+
+/// Both models have these methods inherently; the trait names them for [`Classification`].
+macro_rules! classifier_model {
+    ($model:ty) => {
+        impl ClassifierModel for $model {
+            fn logits(&self, x: &Tensor) -> Result<Tensor> {
+                <$model>::logits(self, x)
+            }
+            fn loss(&self, x: &Tensor, labels: &Tensor) -> Result<Tensor> {
+                <$model>::loss(self, x, labels)
+            }
+            fn forward_trace(&self, x: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
+                <$model>::forward_trace(self, x, trace)
+            }
+        }
+    };
+}
+classifier_model!(Vit);
+classifier_model!(SequenceClassifier);
+
+/// The splits types of kappa-models share `train`, `split(…)` and the sets' `batch`, `len` and
+/// `slice`.
+macro_rules! classification_data {
+    ($splits:ty, $unit:literal) => {
+        impl ClassificationData for $splits {
+            const UNIT: &'static str = $unit;
+            fn train_batch(&self, seed: u64, step: u64, b: usize) -> Result<(Tensor, Tensor)> {
+                self.train.batch(seed, step, b)
+            }
+            fn split_len(&self, split: Split) -> usize {
+                self.split(split).len()
+            }
+            fn split_slice(&self, split: Split, start: usize, len: usize) -> (Tensor, Tensor) {
+                self.split(split).slice(start, len)
+            }
+        }
+    };
+}
+classification_data!(ImageSplits, "images");
+classification_data!(SequenceSplits, "sequences");
+
+/// Classification: a classifier model on labelled splits — [`ImageClassification`] (a [`Vit`]
+/// on [`ImageSplits`]: Fashion-MNIST, an IDX folder or a PNG image folder) and
+/// [`SequenceClassification`] (a [`SequenceClassifier`] on the long-range [`SequenceSplits`]).
 #[derive(Debug)]
-pub struct ImageClassification {
+pub struct Classification<M, D> {
     /// The model.
-    pub model: Vit,
+    pub model: M,
     /// The data.
-    pub data: ImageSplits,
+    pub data: D,
     /// The data-order seed.
     pub seed: u64,
 }
+
+/// Image classification: a [`Vit`] on the splits of an image data set.
+pub type ImageClassification = Classification<Vit, ImageSplits>;
+
+/// Sequence classification: a [`SequenceClassifier`] on [`SequenceSplits`] (the long-range
+/// tasks of [`kappa_models::data::sequences`]).
+pub type SequenceClassification = Classification<SequenceClassifier, SequenceSplits>;
 
 impl ImageClassification {
     /// A task; the model must take the data's images (side, channels) into its classes
@@ -135,101 +208,6 @@ impl ImageClassification {
         data.check_model(model.config())?;
         Ok(Self { model, data, seed })
     }
-
-    fn set(&self, split: Split) -> &ImageSet {
-        self.data.split(split)
-    }
-
-    /// Loss and accuracy on the first `limit` examples of a split (all when `None`), in
-    /// chunks of `batch_size`, without gradient.
-    pub fn evaluate_split(
-        &self,
-        split: Split,
-        limit: Option<usize>,
-        batch_size: usize,
-    ) -> Result<Eval> {
-        let set = self.set(split);
-        let n = limit.map_or(set.len(), |l| l.min(set.len()));
-        classification_eval(
-            n,
-            batch_size,
-            |s, l| set.slice(s, l),
-            |x| self.model.logits(x),
-        )
-    }
-}
-
-/// Mean cross-entropy and accuracy over the first `n` examples, in chunks of `batch_size`
-/// (`slice(start, len)` gives inputs and labels), without gradient: the evaluation of every
-/// classification task.
-fn classification_eval(
-    n: usize,
-    batch_size: usize,
-    slice: impl Fn(usize, usize) -> (Tensor, Tensor),
-    logits: impl Fn(&Tensor) -> Result<Tensor>,
-) -> Result<Eval> {
-    let _guard = tch::no_grad_guard();
-    let (mut loss, mut correct) = (0.0, 0i64);
-    let mut start = 0;
-    while start < n {
-        let len = batch_size.max(1).min(n - start);
-        let (x, y) = slice(start, len);
-        let logits = logits(&x)?;
-        loss += logits.cross_entropy_for_logits(&y).double_value(&[]) * len as f64;
-        correct += logits
-            .argmax(-1, false)
-            .eq_tensor(&y)
-            .sum(Kind::Int64)
-            .int64_value(&[]);
-        start += len;
-    }
-    let n = n.max(1) as f64;
-    Ok(Eval {
-        loss: loss / n,
-        accuracy: Some(correct as f64 / n),
-    })
-}
-
-impl Task for ImageClassification {
-    fn unit(&self) -> &'static str {
-        "images"
-    }
-
-    fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)> {
-        let (x, y) = self.data.train.batch(self.seed, step, batch_size)?;
-        Ok((self.model.loss(&x, &y)?, batch_size as u64))
-    }
-
-    fn evaluate(&mut self, batches: usize, batch_size: usize) -> Result<Eval> {
-        let limit = (batches > 0).then_some(batches * batch_size);
-        self.evaluate_split(Split::Validation, limit, batch_size)
-    }
-
-    fn diagnostics(&mut self, config: &DiagnosticsConfig) -> Result<Vec<HeadDiagnostics>> {
-        let (x, _) = self.data.validation.slice(0, config.samples.max(1));
-        let (_, traces) = self.model.forward_trace(&x, true);
-        diagnose(&self.model, &traces, config)
-    }
-
-    fn after_step(&mut self, step: u64) -> Result<()> {
-        self.model.refresh_conditioning(step)
-    }
-
-    fn transformer(&self) -> Option<&dyn Transformer> {
-        Some(&self.model)
-    }
-}
-
-/// Sequence classification: a [`SequenceClassifier`] on [`SequenceSplits`] (the long-range
-/// tasks of [`kappa_models::data::sequences`]).
-#[derive(Debug)]
-pub struct SequenceClassification {
-    /// The model.
-    pub model: SequenceClassifier,
-    /// The data.
-    pub data: SequenceSplits,
-    /// The data-order seed.
-    pub seed: u64,
 }
 
 impl SequenceClassification {
@@ -243,31 +221,40 @@ impl SequenceClassification {
                 format!("is {model}, the data's is {data}"),
             )
         };
-        if c.seq_len != data.seq_len {
-            return Err(mismatch(
+        let checks = [
+            (
                 "seq_len",
+                c.seq_len != data.seq_len,
                 c.seq_len.to_string(),
                 data.seq_len.to_string(),
-            ));
-        }
-        if c.num_classes != data.num_classes {
-            let (m, d) = (c.num_classes.to_string(), data.num_classes.to_string());
-            return Err(mismatch("num_classes", m, d));
-        }
-        if c.pad_id != data.pad_id {
-            return Err(mismatch(
+            ),
+            (
+                "num_classes",
+                c.num_classes != data.num_classes,
+                c.num_classes.to_string(),
+                data.num_classes.to_string(),
+            ),
+            (
                 "pad_id",
+                c.pad_id != data.pad_id,
                 format!("{:?}", c.pad_id),
                 format!("{:?}", data.pad_id),
-            ));
-        }
-        if c.vocab_size < data.vocab_size {
-            let (m, d) = (c.vocab_size.to_string(), data.vocab_size.to_string());
-            return Err(mismatch("vocab_size", m, d));
+            ),
+            (
+                "vocab_size",
+                c.vocab_size < data.vocab_size,
+                c.vocab_size.to_string(),
+                data.vocab_size.to_string(),
+            ),
+        ];
+        if let Some((key, _, m, d)) = checks.into_iter().find(|c| c.1) {
+            return Err(mismatch(key, m, d));
         }
         Ok(Self { model, data, seed })
     }
+}
 
+impl<M: ClassifierModel, D: ClassificationData> Classification<M, D> {
     /// Loss and accuracy on the first `limit` examples of a split (all when `None`), in
     /// chunks of `batch_size`, without gradient.
     pub fn evaluate_split(
@@ -276,24 +263,38 @@ impl SequenceClassification {
         limit: Option<usize>,
         batch_size: usize,
     ) -> Result<Eval> {
-        let set = self.data.split(split);
-        let n = limit.map_or(set.len(), |l| l.min(set.len()));
-        classification_eval(
-            n,
-            batch_size,
-            |s, l| set.slice(s, l),
-            |x| self.model.logits(x),
-        )
+        let len = self.data.split_len(split);
+        let n = limit.map_or(len, |l| l.min(len));
+        let _guard = tch::no_grad_guard();
+        let (mut loss, mut correct) = (0.0, 0i64);
+        let mut start = 0;
+        while start < n {
+            let len = batch_size.max(1).min(n - start);
+            let (x, y) = self.data.split_slice(split, start, len);
+            let logits = self.model.logits(&x)?;
+            loss += logits.cross_entropy_for_logits(&y).double_value(&[]) * len as f64;
+            correct += logits
+                .argmax(-1, false)
+                .eq_tensor(&y)
+                .sum(Kind::Int64)
+                .int64_value(&[]);
+            start += len;
+        }
+        let n = n.max(1) as f64;
+        Ok(Eval {
+            loss: loss / n,
+            accuracy: Some(correct as f64 / n),
+        })
     }
 }
 
-impl Task for SequenceClassification {
+impl<M: ClassifierModel, D: ClassificationData> Task for Classification<M, D> {
     fn unit(&self) -> &'static str {
-        "sequences"
+        D::UNIT
     }
 
     fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)> {
-        let (x, y) = self.data.train.batch(self.seed, step, batch_size)?;
+        let (x, y) = self.data.train_batch(self.seed, step, batch_size)?;
         Ok((self.model.loss(&x, &y)?, batch_size as u64))
     }
 
@@ -303,7 +304,9 @@ impl Task for SequenceClassification {
     }
 
     fn diagnostics(&mut self, config: &DiagnosticsConfig) -> Result<Vec<HeadDiagnostics>> {
-        let (x, _) = self.data.validation.slice(0, config.samples.max(1));
+        let (x, _) = self
+            .data
+            .split_slice(Split::Validation, 0, config.samples.max(1));
         let (_, traces) = self.model.forward_trace(&x, true);
         diagnose(&self.model, &traces, config)
     }

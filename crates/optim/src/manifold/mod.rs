@@ -61,9 +61,10 @@ use kappa_linalg::Matrix;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{check_range, OptimError, Result};
+use crate::layout::Layout;
 use crate::momentum::{Momentum, MomentumState};
 use crate::msign::Msign;
-use crate::muon::{check_inputs_named, check_step_inputs, Layout};
+use crate::muon::{check_inputs_named, check_step_inputs};
 use crate::precision::{Precision, WorkingPrecision};
 use dual::{ascend, finish_report, stiefel_square, violation, TallProblem};
 use retraction::{retract, violation_of};
