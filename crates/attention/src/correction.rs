@@ -364,11 +364,14 @@ fn decrease_threshold(a: f64, kappa: f64) -> Option<f64> {
 
 /// How to choose λ for [`IdentityShift`].
 ///
-/// The paper fixes λ = 10 whatever the weight scale; the other two policies choose λ from
-/// σ_max(W) so that a guarantee of [`IdentityShift`] holds.
+/// The paper fixes λ = 10 whatever the weight scale; `SufficientDecrease` and `TargetKappa`
+/// choose λ from σ_max(W) so that a guarantee of [`IdentityShift`] holds, and
+/// `RelativeToSigmaMax` reads the paper's λ in units of σ_max(W) (no guarantee, but the same
+/// effect on κ at every weight scale).
 ///
-/// With the `serde` feature it is written `{ fixed = λ }`, `{ target_kappa = κ_t }` or
-/// `{ sufficient_decrease = { margin = m } }`; the parameter is checked when λ is chosen.
+/// With the `serde` feature it is written `{ fixed = λ }`, `{ target_kappa = κ_t }`,
+/// `{ sufficient_decrease = { margin = m } }` or `{ relative_to_sigma_max = c }`; the parameter
+/// is checked when λ is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
@@ -384,6 +387,10 @@ pub enum LambdaPolicy {
     /// λ = σ_max (κ_t + 1)/(κ_t − 1) for a target κ_t > 1: by Weyl, κ(W + λE) ≤ κ_t is
     /// **guaranteed** (the least λ for which the Weyl bound meets the target).
     TargetKappa(f64),
+    /// λ = c · σ_max(W) for c ≥ 0: the fixed λ read relative to the weights' scale. Since
+    /// κ(W + cσ_max E) depends on W/σ_max only, the result is scale-invariant; by Weyl,
+    /// κ ≤ (c + 1)/(c − 1) for c > 1.
+    RelativeToSigmaMax(f64),
 }
 
 impl LambdaPolicy {
@@ -445,6 +452,13 @@ impl LambdaPolicy {
                 let (a, _) = sigma_max_and_kappa(w)?;
                 finite_lambda("w", a)?;
                 scaled_lambda(a, (target + 1.0) / (target - 1.0))
+            }
+            LambdaPolicy::RelativeToSigmaMax(c) => {
+                check_nonneg("policy", c)?;
+                check_matrix("w", &w)?;
+                let (a, _) = sigma_max_and_kappa(w)?;
+                finite_lambda("w", a)?;
+                scaled_lambda(a, c)
             }
         }
     }

@@ -824,6 +824,7 @@ fn shift_and_policy_case<A: Real>(w: ArrayView2<'_, A>) -> Result<(), String> {
         LambdaPolicy::Fixed(10.0),
         LambdaPolicy::TargetKappa(1.5),
         LambdaPolicy::SufficientDecrease { margin: 0.1 },
+        LambdaPolicy::RelativeToSigmaMax(10.0),
     ] {
         let zero_or_q = w.iter().all(|x| *x == A::zero()) || w.len() == 1;
         let want_p = match (bad, policy) {

@@ -973,6 +973,27 @@ proptest! {
         prop_assert!(got <= weyl * (1.0 + tol), "κ = {got} > target {target}");
     }
 
+    /// The relative reading of λ: `RelativeToSigmaMax(c)` chooses c·σ_max(W), and scaling W by
+    /// a power of two 2^j scales the chosen λ by exactly 2^j (singular values are computed on
+    /// an exactly rescaled copy, so the rounding is the same at every scale), hence κ(W + λE)
+    /// is the same at every weight scale — what a fixed λ is not (T11 above, theory (b)).
+    #[test]
+    fn relative_lambda_follows_the_weight_scale(
+        (d, k) in weight_dims(), seed in any::<u64>(), c in 0.0f64..20.0, j in -20i32..20
+    ) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let w = gaussian(&mut rng, d, k, 0.02);
+        let policy = LambdaPolicy::RelativeToSigmaMax(c);
+        let lambda = policy.choose(w.view()).unwrap();
+        let a = sv(&w)[0];
+        // σ̂_max within svd_err of the test's own σ_max; the product adds one rounding.
+        let tol = c * svd_err(d, k, a) + 2.0 * U * lambda;
+        prop_assert!((lambda - c * a).abs() <= tol, "λ = {lambda}, c·σ_max = {}", c * a);
+        let scale = 2f64.powi(j);
+        let scaled = w.mapv(|x| x * scale);
+        prop_assert_eq!(policy.choose(scaled.view()).unwrap(), lambda * scale);
+    }
+
     /// T11: κ(W + λE_k) → 1: at λ = 10⁴·σ_max it is at most Weyl's (10⁴ + 1)/(10⁴ − 1) ≈ 1.0002
     /// (up to the resolution of σ_max and κ).
     #[test]

@@ -35,6 +35,10 @@ fn every_variant_round_trips_under_its_snake_case_name() {
             LambdaPolicy::SufficientDecrease { margin: 0.25 },
             "[policy.sufficient_decrease]\nmargin = 0.25",
         ),
+        (
+            LambdaPolicy::RelativeToSigmaMax(10.0),
+            "[policy]\nrelative_to_sigma_max = 10.0",
+        ),
     ];
     let cases = [
         (
