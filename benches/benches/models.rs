@@ -64,10 +64,7 @@ const LAMBDA: f64 = 10.0;
 
 fn conditioning(lambda: f64) -> Conditioning {
     if lambda > 0.0 {
-        Conditioning::Identity {
-            lambda,
-            layout: HeadLayout::Shifted,
-        }
+        Conditioning::identity(lambda, HeadLayout::Shifted)
     } else {
         Conditioning::None
     }

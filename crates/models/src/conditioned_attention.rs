@@ -47,7 +47,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use kappa_attention::{HeadLayout, InputError, ScoreScale};
+use kappa_attention::{HeadLayout, InputError, LambdaPolicy, ScoreScale};
 use kappa_optim::{clip_rows, fused_qkv_row_factors, HeadFactors, QkClipConfig};
 use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
@@ -72,6 +72,12 @@ pub enum Conditioning {
         lambda: f64,
         /// The per-head layout (`"shifted"` or `"same_block"`).
         layout: HeadLayout,
+        /// What λ is measured in (`"absolute"`, the default, or `"initial_sigma_max"`).
+        #[serde(default, skip_serializing_if = "LambdaUnit::is_absolute")]
+        unit: LambdaUnit,
+        /// Which tokens the shift adds (`"layer_norm_output"`, the default, or `"normalized"`).
+        #[serde(default, skip_serializing_if = "ShiftInput::is_layer_norm_output")]
+        input: ShiftInput,
     },
     /// C = λ·E with λ = σ_max·(κ_t+1)/(κ_t−1) chosen from the layer's current weights.
     ScaleAware {
@@ -89,15 +95,80 @@ pub enum Conditioning {
     },
 }
 
+/// What the λ of [`Conditioning::Identity`] is measured in (docs/models.md, "The readings of
+/// λ·I_k").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LambdaUnit {
+    /// λ is the shift itself, whatever the weights' scale (the paper's reading).
+    #[default]
+    Absolute,
+    /// λ is a multiple of the layer's largest σ_max(W^h) over its 3H per-head matrices at
+    /// initialization: the shift is λ·σ̄₀, chosen once (kappa-attention's
+    /// `LambdaPolicy::RelativeToSigmaMax`) and fixed after that.
+    InitialSigmaMax,
+}
+
+impl LambdaUnit {
+    fn is_absolute(&self) -> bool {
+        *self == LambdaUnit::Absolute
+    }
+}
+
+/// Which tokens the shift λ·E adds in a pre-LN block, where the attention's input is
+/// LN(x) = γ ⊙ x̂ + β with x̂ the normalized token (docs/models.md, "The readings of λ·I_k").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShiftInput {
+    /// LN(x)·(W + λE): the correction is part of the projection that reads the LayerNorm's
+    /// output, so the shift λ·E·LN(x) carries the learned gain γ and bias β.
+    #[default]
+    LayerNormOutput,
+    /// LN(x)·W + λ·E·x̂: the correction acts on the normalized tokens before the gain, so the
+    /// gain cannot scale the shift (the same as adding λE to diag(γ)·W, the weight that acts
+    /// on x̂). A layer used outside a block has no x̂ and shifts its own input.
+    Normalized,
+}
+
+impl ShiftInput {
+    fn is_layer_norm_output(&self) -> bool {
+        *self == ShiftInput::LayerNormOutput
+    }
+}
+
 impl Conditioning {
+    /// `Identity` with the paper's reading: absolute λ, shifting the attention's input.
+    pub fn identity(lambda: f64, layout: HeadLayout) -> Self {
+        Conditioning::Identity {
+            lambda,
+            layout,
+            unit: LambdaUnit::Absolute,
+            input: ShiftInput::LayerNormOutput,
+        }
+    }
+
     /// A short label for tables and plots (`baseline`, `λ=10`, `scale-aware κ≤1.5`, `svd/10`).
     pub fn label(&self) -> String {
         match *self {
             Conditioning::None => "baseline".into(),
-            Conditioning::Identity { lambda, layout } => match layout {
-                HeadLayout::Shifted => format!("λ={lambda}"),
-                HeadLayout::SameBlock => format!("λ={lambda} (same block)"),
-            },
+            Conditioning::Identity {
+                lambda,
+                layout,
+                unit,
+                input,
+            } => {
+                let mut label = match unit {
+                    LambdaUnit::Absolute => format!("λ={lambda}"),
+                    LambdaUnit::InitialSigmaMax => format!("λ={lambda}·σ₀"),
+                };
+                if layout == HeadLayout::SameBlock {
+                    label.push_str(" (same block)");
+                }
+                if input == ShiftInput::Normalized {
+                    label.push_str(" (on x̂)");
+                }
+                label
+            }
             Conditioning::ScaleAware {
                 target_kappa,
                 every,
@@ -258,7 +329,7 @@ pub struct AttentionTrace {
 /// let vs = nn::VarStore::new(Device::Cpu);
 /// let cfg = AttentionConfig {
 ///     n_embd: 16, n_head: 4, bias: false, causal: true, scaling: ScoreScale::InvSqrtK,
-///     conditioning: Conditioning::Identity { lambda: 1.0, layout: HeadLayout::Shifted },
+///     conditioning: Conditioning::identity(1.0, HeadLayout::Shifted),
 ///     fused_kernel: true, kernel: AttentionKernel::Softmax,
 /// };
 /// let attn = ConditionedAttention::new(vs.root() / "attn", cfg, 0.02)?;
@@ -301,6 +372,8 @@ struct Capture {
 #[derive(Debug)]
 struct Captured {
     input: Tensor,
+    /// The block's normalized tokens x̂, when the shift acts on them.
+    normalized: Option<Tensor>,
     max_logits: Tensor,
 }
 
@@ -421,10 +494,16 @@ impl ConditionedAttention {
     pub fn refresh_conditioning(&self, step: u64) -> Result<()> {
         match self.cfg.conditioning {
             Conditioning::None => Ok(()),
-            Conditioning::Identity { lambda, .. } => {
+            Conditioning::Identity { lambda, unit, .. } => {
                 if step == 0 {
+                    let value = match unit {
+                        LambdaUnit::Absolute => lambda,
+                        LambdaUnit::InitialSigmaMax => {
+                            self.shared_lambda(LambdaPolicy::RelativeToSigmaMax(lambda))?
+                        }
+                    };
                     if let Some(l) = &self.lambda {
-                        let _ = tch::no_grad(|| l.shallow_clone().f_fill_(lambda))?;
+                        let _ = tch::no_grad(|| l.shallow_clone().f_fill_(value))?;
                     }
                 }
                 Ok(())
@@ -435,7 +514,7 @@ impl ConditionedAttention {
                 ..
             } => {
                 if step == 0 || (every > 0 && step.is_multiple_of(every)) {
-                    let value = self.scale_aware_lambda(target_kappa)?;
+                    let value = self.shared_lambda(LambdaPolicy::TargetKappa(target_kappa))?;
                     if let Some(l) = &self.lambda {
                         let _ = tch::no_grad(|| l.shallow_clone().f_fill_(value))?;
                     }
@@ -464,8 +543,8 @@ impl ConditionedAttention {
         weight.detach().reshape([3 * h, k, d])
     }
 
-    /// λ from `LambdaPolicy::TargetKappa` over the layer's 3H per-head matrices W^h (D×k).
-    fn scale_aware_lambda(&self, target: f64) -> Result<f64> {
+    /// One λ chosen by `policy` over the layer's 3H per-head matrices W^h (D×k).
+    fn shared_lambda(&self, policy: LambdaPolicy) -> Result<f64> {
         let blocks = self.head_blocks(&self.c_attn.weight);
         let mut ws = Vec::with_capacity(blocks.size()[0] as usize);
         for i in 0..blocks.size()[0] {
@@ -474,7 +553,7 @@ impl ConditionedAttention {
             )?);
         }
         let views: Vec<_> = ws.iter().map(|w| w.view()).collect();
-        Ok(kappa_attention::LambdaPolicy::TargetKappa(target).choose_shared(&views)?)
+        Ok(policy.choose_shared(&views)?)
     }
 
     /// C = σ₁ U Vᵀ of every per-head block, in the fused 3D×D layout. For a block B = W^hᵀ,
@@ -508,9 +587,46 @@ impl ConditionedAttention {
         }
     }
 
-    /// `[Q K V]` = X(W + C)ᵀ + b (B×T×3D), with the correction folded into the weight.
-    fn project(&self, x: &Tensor) -> Tensor {
-        x.linear(&self.projection_weight(), self.c_attn.bias.as_ref())
+    /// `[Q K V]` = X(W + C)ᵀ + b (B×T×3D), with the correction folded into the weight; with
+    /// [`ShiftInput::Normalized`] and the normalized tokens `x_hat` of a block, XWᵀ + b + λ·shift(x̂).
+    fn project(&self, x: &Tensor, x_hat: Option<&Tensor>) -> Tensor {
+        match (self.normalized_shift(x_hat), &self.lambda) {
+            (Some(x_hat), Some(lambda)) => {
+                let plain = x.linear(&self.c_attn.weight, self.c_attn.bias.as_ref());
+                plain + self.shift(x_hat) * lambda
+            }
+            _ => x.linear(&self.projection_weight(), self.c_attn.bias.as_ref()),
+        }
+    }
+
+    /// `x_hat` when this layer shifts the normalized tokens and a block supplied them.
+    fn normalized_shift<'a>(&self, x_hat: Option<&'a Tensor>) -> Option<&'a Tensor> {
+        x_hat.filter(|_| self.shifts_normalized_tokens())
+    }
+
+    /// Whether the λ shift acts on the normalized tokens x̂ ([`ShiftInput::Normalized`]): a
+    /// block then passes x̂ to [`ConditionedAttention::forward_shifted`].
+    pub fn shifts_normalized_tokens(&self) -> bool {
+        matches!(
+            self.cfg.conditioning,
+            Conditioning::Identity {
+                input: ShiftInput::Normalized,
+                ..
+            }
+        )
+    }
+
+    /// The tokens the pattern E picks, tiled to B×T×3D without a product: `[x x x]` for the
+    /// shifted layout, x[:, 0..k] repeated 3H times for the same-block one (equal to `x Eᵀ`).
+    fn shift(&self, x: &Tensor) -> Tensor {
+        match self.layout() {
+            Some(HeadLayout::SameBlock) => {
+                let k = self.cfg.head_dim() as i64;
+                x.narrow(-1, 0, k)
+                    .repeat([1, 1, 3 * self.cfg.n_head as i64])
+            }
+            _ => x.repeat([1, 1, 3]),
+        }
     }
 
     /// Turns the max-logit capture on or off (off by default; off also forgets the last
@@ -535,10 +651,11 @@ impl ConditionedAttention {
         self.capture.last.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn record(&self, x: &Tensor, q: &Tensor, k: &Tensor) {
+    fn record(&self, x: &Tensor, x_hat: Option<&Tensor>, q: &Tensor, k: &Tensor) {
         let max_logits = head_max_logits(q, k, self.score_factor, self.cfg.causal);
         *self.last_capture() = Some(Captured {
             input: x.detach(),
+            normalized: self.normalized_shift(x_hat).map(Tensor::detach),
             max_logits,
         });
     }
@@ -546,14 +663,17 @@ impl ConditionedAttention {
     /// The per-head max of the masked logits of X (B×T×D) with the current weights, without
     /// gradient: the Q and K rows of the projection (4·B·T·D² flops) and [`head_max_logits`].
     pub fn max_logits(&self, x: &Tensor) -> Result<Vec<f64>> {
+        self.max_logits_shifted(x, None)
+    }
+
+    /// [`ConditionedAttention::max_logits`] of a block's input X with its normalized tokens x̂.
+    fn max_logits_shifted(&self, x: &Tensor, x_hat: Option<&Tensor>) -> Result<Vec<f64>> {
         self.check_input(x)?;
         let _guard = tch::no_grad_guard();
         let size = x.size();
         let (b, t, d) = (size[0], size[1], size[2]);
         let (h, k) = (self.cfg.n_head as i64, self.cfg.head_dim() as i64);
-        let w = self.projection_weight().narrow(0, 0, 2 * d);
-        let bias = self.c_attn.bias.as_ref().map(|b| b.narrow(0, 0, 2 * d));
-        let qk = x.linear(&w, bias.as_ref());
+        let qk = self.project(x, x_hat).narrow(-1, 0, 2 * d);
         let heads = |m: &Tensor| m.view([b, t, h, k]).transpose(1, 2);
         let parts = qk.split(d, -1);
         let m = head_max_logits(
@@ -573,11 +693,14 @@ impl ConditionedAttention {
     ///
     /// Errors: an invalid `clip`, or a non-finite logit ([`ModelsError::Optimizer`]).
     pub fn clip_qk(&self, clip: &QkClipConfig) -> Result<Option<QkClipReport>> {
-        let input = match self.last_capture().as_ref() {
-            Some(c) => c.input.shallow_clone(),
+        let (input, x_hat) = match self.last_capture().as_ref() {
+            Some(c) => (
+                c.input.shallow_clone(),
+                c.normalized.as_ref().map(Tensor::shallow_clone),
+            ),
             None => return Ok(None),
         };
-        let max_logits = self.max_logits(&input)?;
+        let max_logits = self.max_logits_shifted(&input, x_hat.as_ref())?;
         let factors = clip.factors(&max_logits).map_err(optim_err)?;
         let report = QkClipReport {
             max_logits,
@@ -656,16 +779,28 @@ impl ConditionedAttention {
     /// kernel the output is always Nyström's, and a trace holds the exact softmax scores and
     /// probabilities of the same Q, K (the kernel it approximates; T×T, for diagnostics).
     pub fn forward_trace(&self, x: &Tensor, trace: bool) -> (Tensor, Option<AttentionTrace>) {
+        self.forward_shifted(x, None, trace)
+    }
+
+    /// [`ConditionedAttention::forward_trace`] inside a pre-LN block: `x` = LN(x₀) and `x_hat`
+    /// the normalized tokens x̂ of x₀ (LayerNorm without gain and bias), which the λ shift adds
+    /// under [`ShiftInput::Normalized`] (ignored otherwise).
+    pub fn forward_shifted(
+        &self,
+        x: &Tensor,
+        x_hat: Option<&Tensor>,
+        trace: bool,
+    ) -> (Tensor, Option<AttentionTrace>) {
         let size = x.size();
         let (b, t, d) = (size[0], size[1], size[2]);
         let h = self.cfg.n_head as i64;
         let k = d / h;
-        let qkv = self.project(x);
+        let qkv = self.project(x, x_hat);
         let heads = |m: &Tensor| m.view([b, t, h, k]).transpose(1, 2);
         let parts = qkv.split(d, -1);
         let (q, kk, v) = (heads(&parts[0]), heads(&parts[1]), heads(&parts[2]));
         if self.capture.on.load(Ordering::Relaxed) {
-            self.record(x, &q, &kk);
+            self.record(x, x_hat, &q, &kk);
         }
         let (y, record) = match &self.cfg.kernel {
             AttentionKernel::Nystrom(n) => {
@@ -820,14 +955,8 @@ mod tests {
     fn shapes_and_gradients_of_every_variant() {
         for conditioning in [
             Conditioning::None,
-            Conditioning::Identity {
-                lambda: 2.0,
-                layout: HeadLayout::Shifted,
-            },
-            Conditioning::Identity {
-                lambda: 2.0,
-                layout: HeadLayout::SameBlock,
-            },
+            Conditioning::identity(2.0, HeadLayout::Shifted),
+            Conditioning::identity(2.0, HeadLayout::SameBlock),
             Conditioning::ScaleAware {
                 target_kappa: 1.5,
                 layout: HeadLayout::Shifted,
@@ -874,10 +1003,7 @@ mod tests {
         let base = count(Conditioning::None);
         assert_eq!(base, 12 * 36 + 36 + 12 * 12 + 12);
         for c in [
-            Conditioning::Identity {
-                lambda: 10.0,
-                layout: HeadLayout::Shifted,
-            },
+            Conditioning::identity(10.0, HeadLayout::Shifted),
             Conditioning::ScaleAware {
                 target_kappa: 2.0,
                 layout: HeadLayout::SameBlock,
@@ -892,14 +1018,8 @@ mod tests {
     #[test]
     fn the_cheap_path_equals_the_materialized_weight() {
         for conditioning in [
-            Conditioning::Identity {
-                lambda: 3.0,
-                layout: HeadLayout::Shifted,
-            },
-            Conditioning::Identity {
-                lambda: 3.0,
-                layout: HeadLayout::SameBlock,
-            },
+            Conditioning::identity(3.0, HeadLayout::Shifted),
+            Conditioning::identity(3.0, HeadLayout::SameBlock),
             Conditioning::ScaleAware {
                 target_kappa: 1.5,
                 layout: HeadLayout::Shifted,
@@ -926,10 +1046,7 @@ mod tests {
     fn the_materialized_pattern_is_lambda_times_the_identity_blocks() {
         let (_vs, attn) = build(
             cfg(
-                Conditioning::Identity {
-                    lambda: 2.5,
-                    layout: HeadLayout::SameBlock,
-                },
+                Conditioning::identity(2.5, HeadLayout::SameBlock),
                 false,
                 false,
             ),
@@ -947,10 +1064,7 @@ mod tests {
     #[test]
     fn gradients_are_plain_gradients_at_the_corrected_weight() {
         for conditioning in [
-            Conditioning::Identity {
-                lambda: 3.0,
-                layout: HeadLayout::Shifted,
-            },
+            Conditioning::identity(3.0, HeadLayout::Shifted),
             Conditioning::Svd { every: 1 },
         ] {
             let (_vs, attn) = build(cfg(conditioning, true, true), 7);
@@ -1045,10 +1159,7 @@ mod tests {
         let ints = Tensor::zeros([2, 5, 12], (Kind::Int64, Device::Cpu));
         assert!(attn.try_forward(&ints).is_err());
         let mut c = cfg(
-            Conditioning::Identity {
-                lambda: -1.0,
-                layout: HeadLayout::Shifted,
-            },
+            Conditioning::identity(-1.0, HeadLayout::Shifted),
             false,
             false,
         );
@@ -1072,5 +1183,145 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("m.n_head"));
+    }
+
+    fn reading(
+        lambda: f64,
+        layout: HeadLayout,
+        unit: LambdaUnit,
+        input: ShiftInput,
+    ) -> Conditioning {
+        Conditioning::Identity {
+            lambda,
+            layout,
+            unit,
+            input,
+        }
+    }
+
+    /// λ·σ₀: the shift is λ times the largest σ_max of the 3H per-head blocks at initialization,
+    /// and it follows the weights' scale exactly (a power-of-two rescale of W rescales it by the
+    /// same power: singular values are computed on an exactly rescaled copy).
+    #[test]
+    fn a_relative_lambda_is_lambda_times_the_initial_sigma_max() {
+        let c = reading(
+            2.0,
+            HeadLayout::Shifted,
+            LambdaUnit::InitialSigmaMax,
+            ShiftInput::LayerNormOutput,
+        );
+        let (_vs, attn) = build(cfg(c, false, false), 7);
+        // `build` scales W after construction: choose λ again, as at initialization.
+        attn.refresh_conditioning(0).unwrap();
+        let blocks = attn.head_blocks(attn.qkv_weight()).to_kind(Kind::Double);
+        let (_, singular, _) = blocks.svd(true, false);
+        let sigma = singular.max().double_value(&[]);
+        let got = attn.lambda().unwrap();
+        // σ̂ from LAPACK within 50·max(m, n)·ε·σ (kappa-linalg's SVD bound), times λ = 2, and
+        // the λ buffer is f32: one more rounding, half an f32 ulp of λ.
+        let tol = 2.0 * 50.0 * 12.0 * f64::EPSILON * sigma
+            + 4.0 * f64::EPSILON * got
+            + f64::from(f32::EPSILON) / 2.0 * got;
+        assert!(
+            (got - 2.0 * sigma).abs() <= tol,
+            "λ = {got}, 2σ₀ = {}",
+            2.0 * sigma
+        );
+        tch::no_grad(|| {
+            let _ = attn.c_attn.weight.shallow_clone().g_mul_scalar_(4.0);
+        });
+        attn.refresh_conditioning(0).unwrap();
+        assert_eq!(attn.lambda().unwrap(), 4.0 * got);
+        // Chosen once: later steps keep it.
+        tch::no_grad(|| {
+            let _ = attn.c_attn.weight.shallow_clone().g_mul_scalar_(0.5);
+        });
+        attn.refresh_conditioning(10).unwrap();
+        assert_eq!(attn.lambda().unwrap(), 4.0 * got);
+    }
+
+    /// Under `ShiftInput::Normalized` the projection is LN(x)·Wᵀ + b + λ·x̂·Eᵀ, checked in f64
+    /// against the materialized pattern E within the rounding of the two sums: every entry is
+    /// a sum of at most D + 2 products, so each side is within γ_{D+2}·(|h||W|ᵀ + |b| + λ|x̂|Eᵀ)
+    /// of the exact value (Higham, Thm 3.5), and the two within twice that.
+    #[test]
+    fn the_normalized_reading_shifts_the_tokens_before_the_gain() {
+        for layout in [HeadLayout::Shifted, HeadLayout::SameBlock] {
+            let c = reading(3.0, layout, LambdaUnit::Absolute, ShiftInput::Normalized);
+            let (mut vs, attn) = build(cfg(c, false, true), 8);
+            vs.double();
+            assert!(attn.shifts_normalized_tokens());
+            tch::manual_seed(9);
+            let x0 = Tensor::randn([2, 5, 12], (Kind::Double, Device::Cpu));
+            let x_hat = x0.layer_norm([12], None::<Tensor>, None::<Tensor>, 1e-5, true);
+            let gain = Tensor::rand([12], (Kind::Double, Device::Cpu)) * 2.0 + 0.5;
+            let h = &x_hat * &gain;
+            let got = attn.project(&h, Some(&x_hat));
+            let (w, b) = (attn.qkv_weight(), attn.qkv_bias().unwrap());
+            let e = attn.shift_pattern().unwrap().to_kind(Kind::Double);
+            let expect = h.linear(w, Some(b)) + x_hat.linear(&e, None::<Tensor>) * 3.0;
+            let magnitude = h.abs().linear(&w.abs(), Some(b.abs()))
+                + x_hat.abs().linear(&e, None::<Tensor>) * 3.0;
+            let gamma = 14.0 * f64::EPSILON / 2.0 / (1.0 - 14.0 * f64::EPSILON / 2.0);
+            let excess = ((&got - &expect).abs() - magnitude * (2.0 * gamma)).max();
+            assert!(excess.double_value(&[]) <= 0.0, "{layout:?}");
+            // The gain is not 1, so shifting LN(x) instead is a different layer.
+            assert!(max_diff(&got, &attn.project(&h, None)) > 1e-3, "{layout:?}");
+        }
+    }
+
+    /// A block hands its attention the normalized tokens of its input only under the
+    /// `Normalized` reading, and the layer uses them: the block's attention output is exactly
+    /// `forward_shifted(LN(x), x̂)`, which differs from shifting LN(x) once the gain is not 1.
+    #[test]
+    fn a_block_passes_the_normalized_tokens_to_its_attention() {
+        let c = reading(
+            2.0,
+            HeadLayout::Shifted,
+            LambdaUnit::Absolute,
+            ShiftInput::Normalized,
+        );
+        let vs = nn::VarStore::new(Device::Cpu);
+        let block =
+            crate::layers::Block::new(&(vs.root() / "b"), cfg(c, true, false), 2, 0.02).unwrap();
+        tch::no_grad(|| {
+            let _ = block.ln_1.weight.shallow_clone().fill_(3.0);
+        });
+        let xs = x(10);
+        let h = block.ln_1.forward(&xs);
+        let (shifted, _) = block
+            .attn
+            .forward_shifted(&h, Some(&block.ln_1.normalize(&xs)), false);
+        let (on_ln, _) = block.attn.forward_trace(&h, false);
+        let x1 = &xs + &shifted;
+        let want = &x1 + block.mlp.forward(&block.ln_2.forward(&x1));
+        assert!(block.forward_trace(&xs, false).0.equal(&want));
+        assert!(max_diff(&shifted, &on_ln) > 1e-4);
+    }
+
+    #[test]
+    fn readings_round_trip_and_old_configs_parse() {
+        let old: Conditioning =
+            serde_json::from_str(r#"{"kind": "identity", "lambda": 10.0, "layout": "shifted"}"#)
+                .unwrap();
+        assert_eq!(old, Conditioning::identity(10.0, HeadLayout::Shifted));
+        // The default reading is written as before (built-in config files stay unchanged).
+        assert!(!serde_json::to_string(&old).unwrap().contains("unit"));
+        let c = reading(
+            0.3,
+            HeadLayout::SameBlock,
+            LambdaUnit::InitialSigmaMax,
+            ShiftInput::Normalized,
+        );
+        let text = serde_json::to_string(&c).unwrap();
+        assert!(
+            text.contains(r#""unit":"initial_sigma_max""#)
+                && text.contains(r#""input":"normalized""#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Conditioning>(&text).unwrap(), c);
+        assert_eq!(c.label(), "λ=0.3·σ₀ (same block) (on x̂)");
+        let bad = r#"{"kind": "identity", "lambda": 1.0, "layout": "shifted", "unit": "relative"}"#;
+        assert!(serde_json::from_str::<Conditioning>(bad).is_err());
     }
 }

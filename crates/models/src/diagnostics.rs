@@ -463,10 +463,7 @@ mod tests {
             summarize(&diagnose(&vit, &traces, &DiagnosticsConfig::default()).unwrap())
         };
         let base = run(Conditioning::None);
-        let ten = run(Conditioning::Identity {
-            lambda: 10.0,
-            layout: HeadLayout::Shifted,
-        });
+        let ten = run(Conditioning::identity(10.0, HeadLayout::Shifted));
         assert!(base.saturated_fraction < 0.1, "{base:?}");
         assert!(ten.saturated_fraction > 0.9, "{ten:?}");
         assert!(ten.kappa_wq < base.kappa_wq && ten.sigma_min_wq > base.sigma_min_wq);

@@ -351,10 +351,10 @@ mod tests {
         let vs = nn::VarStore::new(Device::Cpu);
         let m = Gpt::new(
             &vs.root(),
-            GptConfig::tiny(20).with_conditioning(Conditioning::Identity {
-                lambda: 1.0,
-                layout: kappa_attention::HeadLayout::Shifted,
-            }),
+            GptConfig::tiny(20).with_conditioning(Conditioning::identity(
+                1.0,
+                kappa_attention::HeadLayout::Shifted,
+            )),
         )
         .unwrap();
         let idx = Tensor::randint(20, [3, 16], (Kind::Int64, Device::Cpu));

@@ -36,6 +36,13 @@ impl LayerNorm {
     }
 }
 
+impl LayerNorm {
+    /// The normalized tokens x̂ = (x − μ)/√(σ² + ε), without the gain and bias.
+    pub fn normalize(&self, xs: &Tensor) -> Tensor {
+        xs.layer_norm([self.dim], None::<Tensor>, None::<Tensor>, 1e-5, true)
+    }
+}
+
 impl nn::Module for LayerNorm {
     fn forward(&self, xs: &Tensor) -> Tensor {
         xs.layer_norm(
@@ -100,7 +107,13 @@ impl Block {
 
     /// The block on x (B×T×D), with the attention trace when asked.
     pub fn forward_trace(&self, x: &Tensor, trace: bool) -> (Tensor, Option<AttentionTrace>) {
-        let (a, t) = self.attn.forward_trace(&self.ln_1.forward(x), trace);
+        let x_hat = self
+            .attn
+            .shifts_normalized_tokens()
+            .then(|| self.ln_1.normalize(x));
+        let (a, t) = self
+            .attn
+            .forward_shifted(&self.ln_1.forward(x), x_hat.as_ref(), trace);
         let x = x + a;
         let y = &x + self.mlp.forward(&self.ln_2.forward(&x));
         (y, t)

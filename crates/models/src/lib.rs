@@ -38,6 +38,7 @@ pub mod vit;
 pub use classifier::{SequenceClassifier, SequenceClassifierConfig};
 pub use conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, ConditionedAttention, Conditioning,
+    LambdaUnit, ShiftInput,
 };
 pub use data::{
     FashionMnist, ImageSet, ImageSplits, Normalize, Split, SplitOptions, TextCorpus, Tokenizer,

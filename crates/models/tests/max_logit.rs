@@ -75,10 +75,7 @@ fn the_chunked_max_equals_the_materialized_one_and_excludes_the_future() {
 fn the_capture_matches_the_diagnostics_and_does_not_change_the_forward() {
     for conditioning in [
         Conditioning::None,
-        Conditioning::Identity {
-            lambda: 2.0,
-            layout: HeadLayout::Shifted,
-        },
+        Conditioning::identity(2.0, HeadLayout::Shifted),
     ] {
         tch::manual_seed(1);
         let vs = nn::VarStore::new(CPU);
@@ -174,14 +171,8 @@ fn allowance(d: usize, k: usize) -> f64 {
 fn the_clip_brings_every_head_of_the_captured_input_to_tau() {
     for conditioning in [
         Conditioning::None,
-        Conditioning::Identity {
-            lambda: 3.0,
-            layout: HeadLayout::Shifted,
-        },
-        Conditioning::Identity {
-            lambda: 3.0,
-            layout: HeadLayout::SameBlock,
-        },
+        Conditioning::identity(3.0, HeadLayout::Shifted),
+        Conditioning::identity(3.0, HeadLayout::SameBlock),
         Conditioning::Svd { every: 1 },
     ] {
         for (bias, causal) in [(false, true), (true, true), (true, false)] {

@@ -190,10 +190,7 @@ fn layer_unseeded(kernel: AttentionKernel) -> (nn::VarStore, ConditionedAttentio
         bias: true,
         causal: false,
         scaling: ScoreScale::InvSqrtK,
-        conditioning: Conditioning::Identity {
-            lambda: 0.5,
-            layout: kappa_models::HeadLayout::Shifted,
-        },
+        conditioning: Conditioning::identity(0.5, kappa_models::HeadLayout::Shifted),
         fused_kernel: true,
         kernel,
     };

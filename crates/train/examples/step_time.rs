@@ -42,10 +42,7 @@ fn main() {
     tch::set_num_threads(threads);
     let conds = [
         Conditioning::None,
-        Conditioning::Identity {
-            lambda: 10.0,
-            layout: HeadLayout::Shifted,
-        },
+        Conditioning::identity(10.0, HeadLayout::Shifted),
         Conditioning::Svd { every: 1 },
     ];
     for c in conds {

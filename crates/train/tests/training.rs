@@ -450,10 +450,7 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
     let vs = nn::VarStore::new(Device::Cpu);
     // λ = 0.3: at D = 16 with LayerNorm tokens, λ = 1 already saturates the class token's
     // attention onto itself and the model stays at chance on this fixture (docs/models.md, "Why a large λ collapses attention").
-    let c = Conditioning::Identity {
-        lambda: 0.3,
-        layout: HeadLayout::Shifted,
-    };
+    let c = Conditioning::identity(0.3, HeadLayout::Shifted);
     let vit = seeded(0, || {
         Vit::new(&vs.root(), VitConfig::tiny().with_conditioning(c))
     })
@@ -584,10 +581,7 @@ fn a_nystrom_classifier_trains_on_listops() {
         seq_len: data.seq_len,
         pad_id: data.pad_id,
         num_classes: data.num_classes,
-        conditioning: Conditioning::Identity {
-            lambda: 0.3,
-            layout: HeadLayout::Shifted,
-        },
+        conditioning: Conditioning::identity(0.3, HeadLayout::Shifted),
         ..SequenceClassifierConfig::tiny(AttentionKernel::Nystrom(NystromConfig::paper(8)))
     };
     let vs = nn::VarStore::new(Device::Cpu);
