@@ -231,15 +231,16 @@ struct ReadingAnswer {
 }
 
 /// Δ = mean(a) − mean(b) and whether |Δ| exceeds the root sum of squares of the two sample
-/// stds (the rule of the other conditioning reports).
+/// stds (the rule of the other conditioning reports). With fewer than two seeds on a side
+/// there is no noise estimate, and no Δ counts as beyond it.
 fn gain(a: &[f64], b: &[f64]) -> Option<(f64, bool)> {
     let ((ma, sa), (mb, sb)) = (mean_std(a), mean_std(b));
     if ma.is_nan() || mb.is_nan() {
         return None;
     }
     let noise = (sa.powi(2) + sb.powi(2)).sqrt();
-    let noise = if noise.is_nan() { 0.0 } else { noise };
-    Some((ma - mb, (ma - mb).abs() > noise))
+    let measured = a.len() >= 2 && b.len() >= 2 && !noise.is_nan();
+    Some((ma - mb, measured && (ma - mb).abs() > noise))
 }
 
 impl Answer {
@@ -401,8 +402,8 @@ mod tests {
         assert!((d - 0.1).abs() < 1e-15 && !beyond);
         assert_eq!(gain(&[0.9, 0.9], &[0.5, 0.5]), Some((0.4, true)));
         assert_eq!(gain(&[], &[0.5]), None);
-        // One seed each: no spread, so any difference is beyond it.
-        assert_eq!(gain(&[0.6], &[0.5]).map(|g| g.1), Some(true));
+        // One seed on a side: no noise estimate, so no difference is beyond it.
+        assert_eq!(gain(&[0.6], &[0.5, 0.5]).map(|g| g.1), Some(false));
     }
 
     #[test]
