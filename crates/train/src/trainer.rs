@@ -337,8 +337,9 @@ pub struct OptimizerStats {
     /// Mean dual-ascent iterations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dual_steps: Option<f64>,
-    /// Mean msign calls per update (dual ascent, closed form and diagnostics; the retraction
-    /// not included).
+    /// Mean msign calls per update made by the tangent-problem solver (the dual ascent's K, 1
+    /// for the square closed form, ADMM's 2 per iteration + 1): neither the retraction nor the
+    /// diagnostic ‖G‖_* (`DualReport`'s descent statistics) is counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub msign_calls: Option<f64>,
     /// Mean final tangent violation ‖P(WᵀA + AᵀW)‖_F/n.
