@@ -2,7 +2,8 @@
 //! spectral conditioning of *Spectral Conditioning of Attention* — λ·I_k added to W_Q, W_K, W_V
 //! at the paper's λ = 10, at the best λ of a small sweep, and the scale-aware λ — on the tasks of
 //! [`kappa_models::data::sequences`]: ListOps, Text (bytes of movie reviews), Image (pixels of
-//! Fashion-MNIST; LRA reads gray CIFAR-10 the same way) and Pathfinder. LRA's Retrieval task has
+//! Fashion-MNIST, optionally average-pooled to a smaller side; LRA reads gray CIFAR-10 the same
+//! way) and Pathfinder. LRA's Retrieval task has
 //! no data here; the report says so.
 //!
 //! Every run (one seed) trains, task by task, every variant of [`Config::variants`] through
@@ -28,6 +29,7 @@ use kappa_models::{
 };
 use kappa_train::{SequenceClassification, TrainConfig};
 use serde::{Deserialize, Serialize};
+use tch::Kind;
 
 use crate::conditioning::{train_conditioned, Variant};
 use crate::report::Section;
@@ -143,6 +145,9 @@ pub struct DataConfig {
     pub text: TextConfig,
     /// Image's validation split and training limit.
     pub image: ImageSequenceConfig,
+    /// The side S the 28×28 images are average-pooled to (S must divide 28; 28: the full
+    /// images), so Image has T = S² pixel tokens.
+    pub image_side: usize,
     /// Pathfinder's image size, paths and splits.
     pub pathfinder: PathfinderConfig,
     /// Test accuracy on at most this many test examples (the first of the split; absent: all).
@@ -224,7 +229,7 @@ impl Config {
                 Some(listops::PAD),
             ),
             LraTask::Text => (self.data.text.seq_len, 257, 2, Some(text::PAD)),
-            LraTask::Image => (image::SIDE * image::SIDE, 256, 10, None),
+            LraTask::Image => (self.data.image_side.pow(2), 256, 10, None),
             LraTask::Pathfinder => (self.data.pathfinder.size.pow(2), 256, 2, None),
         }
     }
@@ -258,12 +263,45 @@ impl Config {
                 MovieReviews::load(&data_dir.join(MovieReviews::SET), &self.data.text, device)?
             }
             LraTask::Image => {
-                load_fashion_mnist(&data_dir.join(FashionMnist::SET), &self.data.image, device)?
+                let d = load_fashion_mnist(&data_dir.join(FashionMnist::SET), &self.data.image, device)?;
+                pool_pixels(d, self.data.image_side)
             }
             LraTask::Pathfinder => {
                 Pathfinder::generate(&self.data.pathfinder, self.data.seed, device)?
             }
         })
+    }
+}
+
+/// The pixel splits (28×28 images as 784 tokens) average-pooled to `side`×`side` (`side`
+/// divides 28), each pooled gray level rounded to the nearest integer (so still in 0..=255).
+fn pool_pixels(d: SequenceSplits, side: usize) -> SequenceSplits {
+    if side == image::SIDE {
+        return d;
+    }
+    let f = (image::SIDE / side) as i64;
+    let pool = |s: &SequenceSet| {
+        let n = s.tokens.size()[0];
+        let full = image::SIDE as i64;
+        let tokens = s
+            .tokens
+            .view([n, 1, full, full])
+            .to_kind(Kind::Float)
+            .avg_pool2d([f, f], [f, f], [0, 0], false, true, None::<i64>)
+            .round()
+            .to_kind(Kind::Int64)
+            .view([n, (side * side) as i64]);
+        SequenceSet {
+            tokens,
+            labels: s.labels.shallow_clone(),
+        }
+    };
+    SequenceSplits {
+        train: pool(&d.train),
+        validation: pool(&d.validation),
+        test: pool(&d.test),
+        seq_len: side * side,
+        ..d
     }
 }
 
@@ -327,6 +365,12 @@ impl Experiment for Lra {
         ] {
             anyhow::ensure!(v >= 1, "{key}: must be at least 1, found 0");
         }
+        let side = c.data.image_side;
+        anyhow::ensure!(
+            side >= 1 && image::SIDE % side == 0,
+            "data.image_side: must divide {}, found {side}",
+            image::SIDE
+        );
         anyhow::ensure!(
             c.alpha > 0.0 && c.alpha < 1.0,
             "alpha: must lie in (0, 1), found {}",

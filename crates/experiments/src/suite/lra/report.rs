@@ -227,8 +227,13 @@ fn setup(c: &Config) -> String {
         .collect();
     let kernel = match c.model.kernel {
         kappa_models::AttentionKernel::Nystrom(n) => format!(
-            "Nyström attention with {} landmarks, pseudo-inverse {:?}, convolution skip {}",
-            n.landmarks, n.pinv, n.conv_kernel
+            "Nyström attention with {} landmarks, pseudo-inverse {}, convolution skip {}",
+            n.landmarks,
+            match n.pinv {
+                kappa_models::Pinv::Exact => "exact".to_string(),
+                kappa_models::Pinv::Iterative { steps } => format!("by {steps} iterations"),
+            },
+            n.conv_kernel
         ),
         kappa_models::AttentionKernel::Softmax => "exact softmax attention".into(),
     };
@@ -238,7 +243,7 @@ fn setup(c: &Config) -> String {
          warmup {} then cosine to {}), validation accuracy on the whole validation split every \
          {} steps, test accuracy at the end{}. Sequence lengths: {} — shorter than LRA's, so \
          these runs test the claim at CPU scale, not at LRA's. Image is Fashion-MNIST read as \
-         784 pixel tokens (LRA's Image task reads gray CIFAR-10 the same way, at 32×32 = 1024); \
+         pixel tokens, {} (LRA's Image task reads gray CIFAR-10 the same way, at 32×32 = 1024); \
          Pathfinder is this crate's generator, not LRA's images; Text is byte-level sentiment of \
          movie-review sentences (LRA: IMDb reviews); Retrieval (AAN document pairs) has no data \
          in the registries here and is not run. Chance: 10% for ListOps and Image, 50% for Text \
@@ -262,9 +267,20 @@ fn setup(c: &Config) -> String {
         c.data.test_limit
             .map_or(String::new(), |n| format!(" (the first {n} test examples)")),
         lengths.join(", "),
+        image_note(c.data.image_side),
         c.conditioning.sweep,
         c.alpha
     )
+}
+
+/// How the images were read.
+fn image_note(side: usize) -> String {
+    if side == 28 {
+        "28×28 = 784 of them".into()
+    } else {
+        let f = 28 / side;
+        format!("average-pooled {f}×{f} to {side}×{side} = {} of them", side * side)
+    }
 }
 
 /// The headline table: per task the paper's numbers, ours, and a verdict per conditioned
