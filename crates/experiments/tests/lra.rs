@@ -132,7 +132,10 @@ fn bad_settings_are_refused_naming_the_key() {
         let err = Lra.load(&source, &sets).unwrap_err().to_string();
         assert!(err.contains(key), "--set {set}: {err}");
     };
-    refused("tasks=[\"text\", \"text\"]", "tasks.1: text is listed twice");
+    refused(
+        "tasks=[\"text\", \"text\"]",
+        "tasks.1: text is listed twice",
+    );
     refused("tasks=[\"retrieval\"]", "tasks");
     refused("tasks=[]", "tasks: need at least one");
     refused("conditioning.sweep=[0.1, 10.0]", "conditioning.sweep.1");

@@ -263,7 +263,11 @@ impl Config {
                 MovieReviews::load(&data_dir.join(MovieReviews::SET), &self.data.text, device)?
             }
             LraTask::Image => {
-                let d = load_fashion_mnist(&data_dir.join(FashionMnist::SET), &self.data.image, device)?;
+                let d = load_fashion_mnist(
+                    &data_dir.join(FashionMnist::SET),
+                    &self.data.image,
+                    device,
+                )?;
                 pool_pixels(d, self.data.image_side)
             }
             LraTask::Pathfinder => {
@@ -416,7 +420,8 @@ impl Experiment for Lra {
                     Ok(SequenceClassification::new(classifier, splits, seed)?)
                 };
                 let test = |task: &mut SequenceClassification| {
-                    let eval = task.evaluate_split(Split::Test, config.data.test_limit, TEST_BATCH)?;
+                    let eval =
+                        task.evaluate_split(Split::Test, config.data.test_limit, TEST_BATCH)?;
                     Ok(eval.accuracy.unwrap_or(f64::NAN))
                 };
                 let index = t * variants.len() + i;
@@ -469,4 +474,62 @@ fn validate_lists(c: &Config) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Tensor};
+
+    /// Pooling 28×28 to 14×14 averages each 2×2 block and rounds to the nearest level; side 28
+    /// leaves the splits as they are.
+    #[test]
+    fn pooled_pixels_are_rounded_block_means() {
+        // Image 0: pixel (r, c) = r + c, whose 2×2 block means are 2(R + C) + 1 exactly.
+        // Image 1: one lit pixel of 1 per block gives means of 0.25 → 0; three give 0.75 → 1.
+        let mut ids = Vec::new();
+        for r in 0..28i64 {
+            for c in 0..28i64 {
+                ids.push(r + c);
+            }
+        }
+        for r in 0..28i64 {
+            for c in 0..28i64 {
+                let lit = if r < 14 {
+                    r % 2 == 0 && c % 2 == 0
+                } else {
+                    r % 2 == 0 || c % 2 == 0
+                };
+                ids.push(i64::from(lit));
+            }
+        }
+        let set = || SequenceSet {
+            tokens: Tensor::from_slice(&ids).view([2, 784]),
+            labels: Tensor::from_slice(&[3i64, 4]),
+        };
+        let splits = || SequenceSplits {
+            train: set(),
+            validation: set(),
+            test: set(),
+            vocab_size: 256,
+            num_classes: 10,
+            pad_id: None,
+            seq_len: 784,
+        };
+        let p = pool_pixels(splits(), 14);
+        assert_eq!(p.seq_len, 196);
+        assert_eq!(p.test.tokens.size(), [2, 196]);
+        assert_eq!(p.test.tokens.device(), Device::Cpu);
+        let got: Vec<i64> = Vec::try_from(p.test.tokens.view([-1])).unwrap();
+        for r in 0..14 {
+            for c in 0..14 {
+                assert_eq!(got[r * 14 + c], 2 * (r + c) as i64 + 1);
+                assert_eq!(got[196 + r * 14 + c], i64::from(r >= 7));
+            }
+        }
+        assert_eq!(Vec::<i64>::try_from(&p.test.labels).unwrap(), [3, 4]);
+        let same = pool_pixels(splits(), 28);
+        assert_eq!(same.seq_len, 784);
+        assert!(same.train.tokens.equal(&set().tokens));
+    }
 }

@@ -52,7 +52,10 @@ struct Trace {
 
 impl Trace {
     fn add(&mut self, line: Line) {
-        if let Some(Record::Eval { step, eval, heads, .. }) = line.record {
+        if let Some(Record::Eval {
+            step, eval, heads, ..
+        }) = line.record
+        {
             self.validation
                 .push((step, eval.accuracy.unwrap_or(f64::NAN)));
             if !heads.is_empty() {
@@ -106,7 +109,12 @@ impl Cell<'_> {
 
     /// Test accuracy in %, mean ± std over completed seeds.
     fn test_cell(&self) -> String {
-        let acc: Vec<f64> = self.outcomes().accuracies.iter().map(|a| 100.0 * a).collect();
+        let acc: Vec<f64> = self
+            .outcomes()
+            .accuracies
+            .iter()
+            .map(|a| 100.0 * a)
+            .collect();
         over_seeds(&acc, 2)
     }
 
@@ -123,7 +131,13 @@ impl Cell<'_> {
 
     /// A mean over seeds of one of the attention statistics at the last evaluation.
     fn attention(&self, i: usize) -> f64 {
-        mean(&self.traces.iter().filter_map(|t| t.attention.map(|a| a[i])).collect::<Vec<_>>())
+        mean(
+            &self
+                .traces
+                .iter()
+                .filter_map(|t| t.attention.map(|a| a[i]))
+                .collect::<Vec<_>>(),
+        )
     }
 }
 
@@ -264,7 +278,8 @@ fn setup(c: &Config) -> String {
         c.train.warmup_steps,
         c.train.min_lr,
         c.train.eval_every,
-        c.data.test_limit
+        c.data
+            .test_limit
             .map_or(String::new(), |n| format!(" (the first {n} test examples)")),
         lengths.join(", "),
         image_note(c.data.image_side),
@@ -279,7 +294,10 @@ fn image_note(side: usize) -> String {
         "28×28 = 784 of them".into()
     } else {
         let f = 28 / side;
-        format!("average-pooled {f}×{f} to {side}×{side} = {} of them", side * side)
+        format!(
+            "average-pooled {f}×{f} to {side}×{side} = {} of them",
+            side * side
+        )
     }
 }
 
@@ -366,7 +384,11 @@ fn task_section(section: &mut Section, c: &Config, d: &TaskData<'_>, figures: &F
                 format!("{:.3} / {:.3}", cell.attention(0), cell.attention(1)),
                 format!("{:.1}%", 100.0 * cell.attention(2)),
                 format!("{:.2}", cell.attention(3)),
-                format!("{:.1} ({:+.0}%)", 1e3 * step, 100.0 * (step / base_step - 1.0)),
+                format!(
+                    "{:.1} ({:+.0}%)",
+                    1e3 * step,
+                    100.0 * (step / base_step - 1.0)
+                ),
             ]
         })
         .collect();
@@ -401,10 +423,19 @@ fn task_section(section: &mut Section, c: &Config, d: &TaskData<'_>, figures: &F
             .traces
             .iter()
             .flat_map(|t| t.validation.iter().map(|&(s, a)| (s, 100.0 * a)));
-        plot = plot.series(&cell.variant.variant.name, per_step(points, mean), Mark::Line);
+        plot = plot.series(
+            &cell.variant.variant.name,
+            per_step(points, mean),
+            Mark::Line,
+        );
     }
     let file = format!("lra-{}-validation.png", d.task.name());
-    figures.add_if_drawn(section, &format!("{} validation accuracy", d.task.name()), &plot, &file);
+    figures.add_if_drawn(
+        section,
+        &format!("{} validation accuracy", d.task.name()),
+        &plot,
+        &file,
+    );
 }
 
 /// Seconds per step of every seed that timed a step.

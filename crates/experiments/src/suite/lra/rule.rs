@@ -219,7 +219,11 @@ mod tests {
         }
         let v = verdict(&better, &base, 0.05);
         assert!(matches!(v, Verdict::NotReproduced { .. }), "{v:?}");
-        assert!(v.cell().starts_with("not reproduced (Δ = -10.00"), "{}", v.cell());
+        assert!(
+            v.cell().starts_with("not reproduced (Δ = -10.00"),
+            "{}",
+            v.cell()
+        );
     }
 
     #[test]
