@@ -8,7 +8,7 @@
 //!
 //! Every run (one seed) trains, task by task, every variant of [`Config::variants`] through
 //! [`crate::conditioning::train_conditioned`] (so an interrupted run resumes, and a diverged
-//! variant is a result); the headline metric is test accuracy. The report ([`report`]) picks the
+//! variant is a result); the headline metric is test accuracy. The report picks the
 //! best λ of the sweep by validation accuracy and decides each claim by the rule in [`rule`].
 
 pub mod rule;
@@ -371,7 +371,7 @@ impl Experiment for Lra {
         }
         let side = c.data.image_side;
         anyhow::ensure!(
-            side >= 1 && image::SIDE % side == 0,
+            side >= 1 && image::SIDE.is_multiple_of(side),
             "data.image_side: must divide {}, found {side}",
             image::SIDE
         );
