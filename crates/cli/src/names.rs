@@ -25,6 +25,7 @@ macro_rules! with_experiment_names {
             "gpt-sotu",
             "manifolds",
             "optimizer-race",
+            "lra",
             "lambda-readings"
         ]
     };

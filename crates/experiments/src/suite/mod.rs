@@ -4,6 +4,7 @@
 pub mod convergence;
 pub mod gpt_sotu;
 pub mod lambda_readings;
+pub mod lra;
 pub mod manifolds;
 pub mod optim_geometry;
 pub mod optimizer_race;
