@@ -24,7 +24,8 @@ macro_rules! with_experiment_names {
             "vit-fmnist",
             "gpt-sotu",
             "manifolds",
-            "optimizer-race"
+            "optimizer-race",
+            "bert-sentiment"
         ]
     };
 }

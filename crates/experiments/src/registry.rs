@@ -253,6 +253,7 @@ pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
         Box::new(suite::gpt_sotu::GptSotu),
         Box::new(suite::manifolds::Manifolds),
         Box::new(suite::optimizer_race::OptimizerRace),
+        Box::new(suite::bert_sentiment::BertSentiment),
     ]
 }
 
