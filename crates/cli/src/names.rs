@@ -26,6 +26,7 @@ macro_rules! with_experiment_names {
             "manifolds",
             "optimizer-race",
             "lra",
+            "bert-sentiment",
             "lambda-readings"
         ]
     };

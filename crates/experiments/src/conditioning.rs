@@ -1,6 +1,9 @@
-//! What `vit-fmnist` and `gpt-sotu` share: a variant (a name and a spectral correction), its
-//! training through [`kappa_train::train_variant`] with AdamW groups, and the report (tables over seeds, plots of κ(W_Q), σ_min(W_Q), attention entropy and κ(J)
-//! over training, and a verdict per claim computed from the data).
+//! What `vit-fmnist`, `gpt-sotu` and `bert-sentiment` share: a variant (a name and a spectral
+//! correction), its training through [`kappa_train::train_variant`] with AdamW groups, and the
+//! report (tables over seeds — κ and σ_min of the effective W_Q, W_K, W_V among them —, plots
+//! of κ(W_Q), σ_min(W_Q), attention entropy and κ(J) over training, and a verdict per claim
+//! computed from the data). An experiment that trains each variant in stages (pretraining,
+//! then fine-tuning) reports each stage on its own ([`Stage`]).
 
 use std::path::Path;
 
@@ -67,8 +70,27 @@ pub struct ReportSpec {
     pub scale: f64,
     /// Whether larger is better (accuracy) or smaller (loss).
     pub higher_is_better: bool,
-    /// The paper's numbers, labelled as such.
+    /// The paper's numbers, labelled as such (empty: none).
     pub paper: &'static str,
+    /// Report only the variants of one stage (`None`: every variant).
+    pub stage: Option<Stage>,
+}
+
+/// One stage of variants trained in stages: the variants logged as `<name><suffix>`, shown as
+/// `<name>`, with plots saved as `<files><plot>.png`.
+#[derive(Clone, Copy, Debug)]
+pub struct Stage {
+    /// The suffix of the stage's variant names (` · MLM`).
+    pub suffix: &'static str,
+    /// The prefix of the stage's plot files (`mlm-`).
+    pub files: &'static str,
+}
+
+impl Stage {
+    /// The logged name of variant `name` in this stage.
+    pub fn name(&self, name: &str) -> String {
+        format!("{name}{}", self.suffix)
+    }
 }
 
 /// The diagnostics of one evaluation, averaged over layers and heads ([`summarize`]).
@@ -76,6 +98,11 @@ pub struct ReportSpec {
 struct Diagnostics {
     kappa_wq: f64,
     sigma_min_wq: f64,
+    /// Mean κ and σ_min of the effective W_K^h and W_V^h.
+    kappa_wk: f64,
+    sigma_min_wk: f64,
+    kappa_wv: f64,
+    sigma_min_wv: f64,
     entropy: f64,
     jacobian_kappa: f64,
     saturated: f64,
@@ -86,9 +113,16 @@ struct Diagnostics {
 impl Diagnostics {
     fn of(heads: &[HeadDiagnostics]) -> Self {
         let s = summarize(heads);
+        let mean = |f: fn(&HeadDiagnostics) -> f64| {
+            heads.iter().map(f).sum::<f64>() / heads.len().max(1) as f64
+        };
         Self {
             kappa_wq: s.kappa_wq,
             sigma_min_wq: s.sigma_min_wq,
+            kappa_wk: mean(|h| h.wk.kappa),
+            sigma_min_wk: mean(|h| h.wk.sigma_min),
+            kappa_wv: mean(|h| h.wv.kappa),
+            sigma_min_wv: mean(|h| h.wv.sigma_min),
             entropy: s.entropy,
             jacobian_kappa: s.jacobian_kappa,
             saturated: s.saturated_fraction,
@@ -174,15 +208,20 @@ impl VariantData {
     }
 }
 
-/// Every variant's data over the runs that did not fail, in the configured order.
-fn read_data(runs: &[RunRecord]) -> Result<Vec<VariantData>> {
+/// Every variant's data over the runs that did not fail, in the configured order; with a
+/// stage, that stage's variants only, under their names without the stage's suffix.
+fn read_data(runs: &[RunRecord], stage: Option<Stage>) -> Result<Vec<VariantData>> {
     let mut variants = read_variants(runs, VariantRun::add)?;
     Ok(variants
         .order
         .into_iter()
-        .map(|name| {
+        .filter_map(|name| {
+            let shown = match stage {
+                Some(s) => name.strip_suffix(s.suffix)?.to_string(),
+                None => name.clone(),
+            };
             let runs = variants.runs.remove(&name).unwrap_or_default();
-            VariantData::new(name, runs)
+            Some(VariantData::new(shown, runs))
         })
         .collect())
 }
@@ -195,13 +234,15 @@ pub fn conditioning_report(
     report_dir: &Path,
     spec: &ReportSpec,
 ) -> Result<()> {
-    let data = read_data(runs)?;
+    let data = read_data(runs, spec.stage)?;
     if data.is_empty() {
         section.paragraph("No completed runs to report.");
         return Ok(());
     }
     final_table(section, &data, spec);
-    plots(section, &data, &Figures::new(out_dir, report_dir))?;
+    projection_table(section, &data);
+    let files = spec.stage.map_or("", |s| s.files);
+    plots(section, &data, &Figures::new(out_dir, report_dir), files)?;
     verdict_table(section, &data, spec);
     collapse(section, &data);
     Ok(())
@@ -263,14 +304,62 @@ fn final_table(section: &mut Section, data: &[VariantData], spec: &ReportSpec) {
         ],
         &rows,
     );
-    section.paragraph(spec.paper);
+    if !spec.paper.is_empty() {
+        section.paragraph(spec.paper);
+    }
+}
+
+/// κ and σ_min of the effective W_Q, W_K and W_V at the last evaluation, per variant.
+fn projection_table(section: &mut Section, data: &[VariantData]) {
+    type Value = fn(&Diagnostics) -> f64;
+    let columns: [Value; 6] = [
+        |d| d.kappa_wq,
+        |d| d.sigma_min_wq,
+        |d| d.kappa_wk,
+        |d| d.sigma_min_wk,
+        |d| d.kappa_wv,
+        |d| d.sigma_min_wv,
+    ];
+    let rows: Vec<Vec<String>> = data
+        .iter()
+        .map(|d| {
+            let mut row = vec![d.name.clone()];
+            row.extend(
+                columns
+                    .iter()
+                    .map(|&c| mean_std_or(d.last_mean_std(c), 3, MISSING)),
+            );
+            row
+        })
+        .collect();
+    section.paragraph(
+        "The effective projections W + C at the last evaluation, mean over layers and heads, \
+         mean ± std over seeds.",
+    );
+    section.table(
+        &[
+            "variant",
+            "κ(W_Q)",
+            "σ_min(W_Q)",
+            "κ(W_K)",
+            "σ_min(W_K)",
+            "κ(W_V)",
+            "σ_min(W_V)",
+        ],
+        &rows,
+    );
 }
 
 /// A diagnostic plotted over training: file stem, title, log axis, value.
 type Diagnostic = (&'static str, &'static str, bool, fn(&Diagnostics) -> f64);
 
 /// The diagnostics over training, median over seeds per step, one line per variant.
-fn plots(section: &mut Section, data: &[VariantData], figures: &Figures<'_>) -> Result<()> {
+fn plots(
+    section: &mut Section,
+    data: &[VariantData],
+    figures: &Figures<'_>,
+    files: &str,
+) -> Result<()> {
     let diagnostics: [Diagnostic; 4] = [
         ("kappa_wq", "κ(W_Q), mean over heads", true, |d| d.kappa_wq),
         ("sigma_min_wq", "σ_min(W_Q), mean over heads", true, |d| {
@@ -307,7 +396,7 @@ fn plots(section: &mut Section, data: &[VariantData], figures: &Figures<'_>) -> 
             }
         }
         if any {
-            figures.add(section, title, &plot, &format!("{file}.png"))?;
+            figures.add(section, title, &plot, &format!("{files}{file}.png"))?;
         }
     }
     Ok(())

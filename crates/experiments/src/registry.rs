@@ -254,6 +254,7 @@ pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
         Box::new(suite::manifolds::Manifolds),
         Box::new(suite::optimizer_race::OptimizerRace),
         Box::new(suite::lra::Lra),
+        Box::new(suite::bert_sentiment::BertSentiment),
         Box::new(suite::lambda_readings::LambdaReadings),
     ]
 }

@@ -1,5 +1,5 @@
 //! The `gpu` scale's configs, checked on the CPU for one step: for each experiment that trains a
-//! model (vit-fmnist, gpt-sotu, manifolds), `experiments/<name>/gpu.toml` builds its models at
+//! model (vit-fmnist, gpt-sotu, manifolds, bert-sentiment — its pretraining and fine-tuning), `experiments/<name>/gpu.toml` builds its models at
 //! their full width, trains one step of every variant the seed runs, logs, writes a checkpoint
 //! and is "killed" there; resumed, it finishes step two, evaluates and ends completed.
 //!
@@ -18,6 +18,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use kappa_experiments::run::{Resumed, Run, RunContext, RunRecord, RunStatus};
+use kappa_experiments::suite::bert_sentiment::{BertSentiment, FINE_TUNING, PRETRAINING};
 use kappa_experiments::suite::gpt_sotu::GptSotu;
 use kappa_experiments::suite::manifolds::Manifolds;
 use kappa_experiments::suite::vit_fmnist::VitFmnist;
@@ -203,5 +204,39 @@ fn manifolds_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
     assert_eq!(names.len(), 5);
     check(&Manifolds, 1, &config, &names, |data| {
         write_sotu_text(&data.join("sotu"))
+    });
+}
+
+/// BERT-base sizes (12 × 768, 128 bytes); the pretraining of the baseline is the variant that is
+/// killed after one step and resumed, and every fine-tuning starts from its pretraining's
+/// checkpoint.
+#[test]
+fn bert_sentiment_gpu_config_pretrains_fine_tunes_and_resumes_on_the_cpu() {
+    let mut config = BertSentiment.config(Scale::Gpu).unwrap();
+    assert_eq!(
+        (
+            config.model.n_embd,
+            config.model.n_layer,
+            config.model.seq_len
+        ),
+        (768, 12, 128),
+        "BERT-base"
+    );
+    config.model.n_layer = 1;
+    two_short_steps(&mut config.pretrain);
+    two_short_steps(&mut config.finetune);
+    config.final_eval_batches = 1;
+    config.sentences.validation = 4;
+    config.sentences.test = 4;
+    let names: Vec<String> = config
+        .variants
+        .iter()
+        .flat_map(|v| [PRETRAINING.name(&v.name), FINE_TUNING.name(&v.name)])
+        .collect();
+    check(&BertSentiment, 0, &config, &names, |data| {
+        write_sotu_text(&data.join("sotu"));
+        kappa_models::data::fixtures::write_brown(&data.join("brown"), 20).unwrap();
+        let reviews = data.join("movie-reviews");
+        kappa_models::data::sequences::fixtures::write_movie_reviews(&reviews, 24, 0).unwrap();
     });
 }

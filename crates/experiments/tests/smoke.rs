@@ -15,6 +15,7 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
     kappa_models::data::fixtures::write_fashion_mnist(&data.join("fashion-mnist"), 80, 30, 0)
         .unwrap();
     kappa_models::data::fixtures::write_sotu(&data.join("sotu")).unwrap();
+    kappa_models::data::fixtures::write_brown(&data.join("brown"), 20).unwrap();
     kappa_models::data::sequences::fixtures::write_movie_reviews(
         &data.join("movie-reviews"),
         60,

@@ -1,7 +1,9 @@
-//! A sequence classifier for long-range tasks (Long Range Arena style): token embedding, learned
-//! positions, pre-LN blocks with bidirectional attention — exact softmax or Nyström
-//! ([`AttentionKernel`]), either with any conditioning — a final LayerNorm, mean pooling over
-//! the non-padding tokens and a linear head.
+//! A sequence classifier for long-range tasks (Long Range Arena style) and for fine-tuning a
+//! pretrained encoder: the shared [`Encoder`] (token embedding, learned positions, pre-LN
+//! blocks with bidirectional attention — exact softmax or Nyström ([`AttentionKernel`]), either
+//! with any conditioning — and a final LayerNorm) under the var-store path
+//! [`ENCODER`](crate::encoder::ENCODER), mean pooling over the non-padding tokens and a linear
+//! head (`head`).
 //!
 //! Padding: tokens equal to `pad_id` are excluded from the pooled mean (a sequence of padding
 //! only pools to 0); attention itself sees them as tokens (no attention mask: Nyström's segment
@@ -18,8 +20,9 @@ use kappa_attention::ScoreScale;
 use crate::conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
 };
+use crate::encoder::{Encoder, EncoderConfig, ENCODER};
 use crate::error::{ModelsError, Result};
-use crate::layers::{Block, LayerNorm, Transformer};
+use crate::layers::{Block, Transformer};
 use crate::linear::Linear;
 
 /// The size and attention settings of a [`SequenceClassifier`].
@@ -77,11 +80,19 @@ impl SequenceClassifierConfig {
 
     /// The attention settings of every layer (bidirectional).
     pub fn attention(&self) -> AttentionConfig {
-        AttentionConfig {
-            n_embd: self.n_embd,
+        self.encoder().attention()
+    }
+
+    /// The encoder part of the config.
+    pub fn encoder(&self) -> EncoderConfig {
+        EncoderConfig {
+            vocab_size: self.vocab_size,
+            seq_len: self.seq_len,
+            n_layer: self.n_layer,
             n_head: self.n_head,
+            n_embd: self.n_embd,
+            mlp_ratio: self.mlp_ratio,
             bias: self.bias,
-            causal: false,
             scaling: self.scaling,
             conditioning: self.conditioning,
             fused_kernel: self.fused_kernel,
@@ -89,19 +100,32 @@ impl SequenceClassifierConfig {
         }
     }
 
+    /// A classifier on `encoder` with `num_classes` classes and the padding token `pad_id`
+    /// (the fine-tuning model of a pretrained encoder).
+    pub fn from_encoder(encoder: EncoderConfig, pad_id: Option<i64>, num_classes: usize) -> Self {
+        Self {
+            vocab_size: encoder.vocab_size,
+            seq_len: encoder.seq_len,
+            pad_id,
+            num_classes,
+            n_layer: encoder.n_layer,
+            n_head: encoder.n_head,
+            n_embd: encoder.n_embd,
+            mlp_ratio: encoder.mlp_ratio,
+            bias: encoder.bias,
+            scaling: encoder.scaling,
+            conditioning: encoder.conditioning,
+            fused_kernel: encoder.fused_kernel,
+            kernel: encoder.kernel,
+        }
+    }
+
     /// Checks every size; errors name the field.
     pub fn validate(&self) -> Result<()> {
-        for (name, v) in [
-            ("vocab_size", self.vocab_size),
-            ("seq_len", self.seq_len),
-            ("num_classes", self.num_classes),
-            ("n_layer", self.n_layer),
-            ("mlp_ratio", self.mlp_ratio),
-        ] {
-            if v == 0 {
-                return Err(ModelsError::config(format!("model.{name}"), "must be ≥ 1"));
-            }
+        if self.num_classes == 0 {
+            return Err(ModelsError::config("model.num_classes", "must be ≥ 1"));
         }
+        self.encoder().validate()?;
         if let Some(pad) = self
             .pad_id
             .filter(|p| !(0..self.vocab_size as i64).contains(p))
@@ -114,18 +138,7 @@ impl SequenceClassifierConfig {
                 ),
             ));
         }
-        if let AttentionKernel::Nystrom(n) = &self.kernel {
-            if !self.seq_len.is_multiple_of(n.landmarks.max(1)) {
-                return Err(ModelsError::config(
-                    "model.kernel.nystrom.landmarks",
-                    format!(
-                        "must divide seq_len = {}, found {}",
-                        self.seq_len, n.landmarks
-                    ),
-                ));
-            }
-        }
-        self.attention().validate("model")
+        Ok(())
     }
 }
 
@@ -133,13 +146,8 @@ impl SequenceClassifierConfig {
 #[derive(Debug)]
 pub struct SequenceClassifier {
     cfg: SequenceClassifierConfig,
-    /// vocab×D.
-    pub wte: Tensor,
-    /// 1×T×D.
-    pub wpe: Tensor,
-    blocks: Vec<Block>,
-    /// The final LayerNorm.
-    pub ln_f: LayerNorm,
+    /// The encoder (var-store path `encoder`).
+    pub encoder: Encoder,
     /// D → classes.
     pub head: Linear,
 }
@@ -160,27 +168,10 @@ impl SequenceClassifier {
     /// ```
     pub fn new(p: &nn::Path<'_>, cfg: SequenceClassifierConfig) -> Result<Self> {
         cfg.validate()?;
+        let encoder = Encoder::new(&(p / ENCODER), cfg.encoder())?;
         let d = cfg.n_embd as i64;
-        let init = nn::Init::Randn {
-            mean: 0.0,
-            stdev: 0.02,
-        };
-        let wte = p.f_var("wte", &[cfg.vocab_size as i64, d], init)?;
-        let wpe = p.f_var("wpe", &[1, cfg.seq_len as i64, d], init)?;
-        let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
-        let blocks = (0..cfg.n_layer)
-            .map(|i| Block::new(&(p / "h" / i), cfg.attention(), cfg.mlp_ratio, proj_std))
-            .collect::<Result<Vec<_>>>()?;
-        let ln_f = LayerNorm::new(&(p / "ln_f"), d, cfg.bias)?;
         let head = Linear::new(&(p / "head"), d, cfg.num_classes as i64, cfg.bias, 0.02)?;
-        Ok(Self {
-            cfg,
-            wte,
-            wpe,
-            blocks,
-            ln_f,
-            head,
-        })
+        Ok(Self { cfg, encoder, head })
     }
 
     /// The config.
@@ -188,47 +179,16 @@ impl SequenceClassifier {
         &self.cfg
     }
 
-    fn check(&self, tokens: &Tensor) -> Result<()> {
-        let size = tokens.size();
-        let t = self.cfg.seq_len as i64;
-        if size.len() != 2 || size[1] != t || tokens.kind() != Kind::Int64 {
-            return Err(ModelsError::Shape {
-                arg: "tokens",
-                reason: format!(
-                    "expected B×{t} Int64 tokens, found {size:?} {:?}",
-                    tokens.kind()
-                ),
-            });
-        }
-        let (lo, hi) = (tokens.min().int64_value(&[]), tokens.max().int64_value(&[]));
-        if lo < 0 || hi >= self.cfg.vocab_size as i64 {
-            return Err(ModelsError::Shape {
-                arg: "tokens",
-                reason: format!(
-                    "token ids must lie in [0, {}), found [{lo}, {hi}]",
-                    self.cfg.vocab_size
-                ),
-            });
-        }
-        Ok(())
-    }
-
     /// Logits B×classes and, with `trace`, every layer's attention trace. Not checked.
     pub fn forward_trace(&self, tokens: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
-        let mut x = Tensor::embedding(&self.wte, tokens, -1, false, false) + &self.wpe;
-        let mut traces = Vec::new();
-        for block in &self.blocks {
-            let (y, tr) = block.forward_trace(&x, trace);
-            x = y;
-            traces.extend(tr);
-        }
-        let pooled = pool(&self.ln_f.forward(&x), tokens, self.cfg.pad_id);
+        let (h, traces) = self.encoder.forward_trace(tokens, trace);
+        let pooled = pool(&h, tokens, self.cfg.pad_id);
         (self.head.forward(&pooled), traces)
     }
 
     /// Checked logits B×classes.
     pub fn logits(&self, tokens: &Tensor) -> Result<Tensor> {
-        self.check(tokens)?;
+        self.encoder.check(tokens)?;
         Ok(self.forward_trace(tokens, false).0)
     }
 
@@ -263,7 +223,7 @@ fn pool(h: &Tensor, tokens: &Tensor, pad_id: Option<i64>) -> Tensor {
 
 impl Transformer for SequenceClassifier {
     fn blocks(&self) -> &[Block] {
-        &self.blocks
+        self.encoder.blocks()
     }
 }
 

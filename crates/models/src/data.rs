@@ -1,5 +1,5 @@
-//! Data loaders for the sets `cargo xtask setup` installs — Fashion-MNIST (IDX files) and the
-//! State of the Union text (characters or GPT-2 BPE) — and for a user's own data: a plain-text
+//! Data loaders for the sets `cargo xtask setup` installs — Fashion-MNIST (IDX files), the
+//! State of the Union text and the Brown corpus (characters, GPT-2 BPE or bytes) — and for a user's own data: a plain-text
 //! file ([`TextCorpus::from_file`]), a folder of gray IDX images of any size
 //! ([`ImageSplits::from_idx_dir`]) or of PNG images in torchvision's `ImageFolder` layout
 //! ([`ImageSplits::from_image_folder`]), with deterministic batching. Every image source
@@ -21,6 +21,7 @@
 //! |---|---|---|
 //! | `fashion-mnist` | `<data>/fashion-mnist` | `{train,t10k}-{images-idx3,labels-idx1}-ubyte`, uncompressed IDX |
 //! | `sotu` | `<data>/sotu` | `train.txt` (addresses 1790–1999), `val.txt` (2000–2021) |
+//! | `brown` | `<data>/brown` | `brown.txt`: one sentence a line, a blank line between its 500 files ([`TextCorpus::read_brown`]) |
 //! | `movie-reviews` | `<data>/movie-reviews` | `sentences.tsv`: `label<TAB>score<TAB>sentence` ([`sequences::text`]) |
 //!
 //! A user's image folder: `DIR/train/<class>/*.png` and `DIR/test/<class>/*.png`.
@@ -137,6 +138,9 @@ pub enum TokenizerKind {
     Char,
     /// GPT-2's byte-pair encoding (`r50k_base`, 50 257 tokens) through `tiktoken-rs`.
     Gpt2Bpe,
+    /// One token per UTF-8 byte (ids 0–255, whatever the text): the tokens of the masked-LM
+    /// pretraining and of the byte-level movie-review task ([`crate::mlm`]).
+    Bytes,
 }
 
 /// A tokenizer: characters or GPT-2 BPE.
@@ -150,6 +154,8 @@ pub enum Tokenizer {
     },
     /// GPT-2 BPE.
     Gpt2Bpe(Box<tiktoken_rs::CoreBPE>),
+    /// UTF-8 bytes.
+    Bytes,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -157,6 +163,7 @@ impl std::fmt::Debug for Tokenizer {
         match self {
             Tokenizer::Char { chars, .. } => write!(f, "Tokenizer::Char({} chars)", chars.len()),
             Tokenizer::Gpt2Bpe(_) => write!(f, "Tokenizer::Gpt2Bpe"),
+            Tokenizer::Bytes => write!(f, "Tokenizer::Bytes"),
         }
     }
 }
@@ -187,6 +194,7 @@ impl Tokenizer {
         match self {
             Tokenizer::Char { chars, .. } => chars.len(),
             Tokenizer::Gpt2Bpe(_) => 50257,
+            Tokenizer::Bytes => 256,
         }
     }
 
@@ -206,6 +214,7 @@ impl Tokenizer {
                 .into_iter()
                 .map(i64::from)
                 .collect()),
+            Tokenizer::Bytes => Ok(text.bytes().map(i64::from).collect()),
         }
     }
 
@@ -229,6 +238,13 @@ impl Tokenizer {
                     .collect::<Result<Vec<_>>>()?;
                 bpe.decode(&ranks)
                     .map_err(|e| ModelsError::Tokenizer(e.to_string()))
+            }
+            Tokenizer::Bytes => {
+                let bytes = ids
+                    .iter()
+                    .map(|&i| u8::try_from(i).map_err(|_| bad(i)))
+                    .collect::<Result<Vec<_>>>()?;
+                String::from_utf8(bytes).map_err(|e| ModelsError::Tokenizer(e.to_string()))
             }
         }
     }
@@ -261,6 +277,9 @@ impl TextCorpus {
     /// The `cargo xtask setup --data` name and the folder under the data root.
     pub const SOTU: &'static str = "sotu";
 
+    /// The `cargo xtask setup --data` name and the folder of the Brown corpus.
+    pub const BROWN: &'static str = "brown";
+
     /// Loads `train.txt` and `val.txt` from `dir` (the `sotu` folder), keeping at most
     /// `max_chars` characters of each (the first ones), and tokenizes them onto `device`.
     ///
@@ -271,26 +290,45 @@ impl TextCorpus {
         max_chars: Option<usize>,
         device: Device,
     ) -> Result<Self> {
-        let read = |name: &str| -> Result<String> {
-            let path = dir.join(name);
-            if !path.is_file() {
-                return Err(ModelsError::missing_set(Self::SOTU, path));
-            }
-            let text = fs::read_to_string(&path).map_err(|e| ModelsError::io(&path, e))?;
-            let text = match max_chars {
-                Some(m) => text.chars().take(m).collect(),
-                None => text,
-            };
-            if text.chars().count() < 2 {
-                return Err(ModelsError::BadData {
-                    path,
-                    reason: "the text is empty".into(),
-                });
-            }
-            Ok(text)
-        };
-        let (train, val) = (read("train.txt")?, read("val.txt")?);
+        let (train, val) = Self::read_sotu(dir, max_chars)?;
         Self::from_texts(&train, &val, tokenizer, device)
+    }
+
+    /// The training and validation texts of the SOTU folder `dir` (`train.txt`, `val.txt`),
+    /// each cut to its first `max_chars` characters. Errors as [`TextCorpus::load_sotu`].
+    pub fn read_sotu(dir: &Path, max_chars: Option<usize>) -> Result<(String, String)> {
+        let read = |name: &str| read_text(Self::SOTU, &dir.join(name), max_chars);
+        Ok((read("train.txt")?, read("val.txt")?))
+    }
+
+    /// The training and validation texts of the Brown corpus folder `dir` (`brown.txt`: one
+    /// sentence a line, a blank line between its 500 files): file i (0-based, in the file's
+    /// order) is validation text when i mod 10 = 9 (50 files, every genre), training text
+    /// otherwise; each text is cut to its first `max_chars` characters.
+    ///
+    /// Errors: [`ModelsError::MissingData`] naming `cargo xtask setup --data brown`;
+    /// [`ModelsError::BadData`] when either split is empty.
+    pub fn read_brown(dir: &Path, max_chars: Option<usize>) -> Result<(String, String)> {
+        let path = dir.join("brown.txt");
+        let text = read_text(Self::BROWN, &path, None)?;
+        let (mut train, mut val) = (String::new(), String::new());
+        for (i, file) in text.split("\n\n").enumerate() {
+            let out = if i % 10 == 9 { &mut val } else { &mut train };
+            out.push_str(file.trim_end());
+            out.push('\n');
+        }
+        let cut = |t: String| match max_chars {
+            Some(m) => t.chars().take(m).collect(),
+            None => t,
+        };
+        let (train, val) = (cut(train), cut(val));
+        if train.chars().count() < 2 || val.chars().count() < 2 {
+            return Err(ModelsError::bad_data(
+                &path,
+                "fewer than 10 files: the validation split (every 10th file) is empty",
+            ));
+        }
+        Ok((train, val))
     }
 
     /// Loads one plain-text file (UTF-8) as nanoGPT does: the first 1 − `validation_fraction`
@@ -340,8 +378,9 @@ impl TextCorpus {
         Self::from_texts(train, val, tokenizer, device)
     }
 
-    /// Tokenizes a training and a validation text onto `device`.
-    fn from_texts(
+    /// Tokenizes a training and a validation text onto `device` (a character vocabulary is
+    /// built from both).
+    pub fn from_texts(
         train: &str,
         val: &str,
         tokenizer: TokenizerKind,
@@ -350,6 +389,7 @@ impl TextCorpus {
         let tok = match tokenizer {
             TokenizerKind::Char => Tokenizer::chars_of(&[train, val]),
             TokenizerKind::Gpt2Bpe => Tokenizer::gpt2()?,
+            TokenizerKind::Bytes => Tokenizer::Bytes,
         };
         let ids = |t: &str| -> Result<Tensor> {
             Ok(Tensor::from_slice(&tok.encode(t)?).to_device(device))
@@ -401,6 +441,23 @@ impl TextCorpus {
         }
         Ok((Tensor::stack(&xs, 0), Tensor::stack(&ys, 0)))
     }
+}
+
+/// The text of `path` (a file of set `set`), cut to its first `max_chars` characters.
+/// Errors: [`ModelsError::MissingData`] naming the set; a text of fewer than 2 characters.
+fn read_text(set: &str, path: &Path, max_chars: Option<usize>) -> Result<String> {
+    if !path.is_file() {
+        return Err(ModelsError::missing_set(set, path));
+    }
+    let text = fs::read_to_string(path).map_err(|e| ModelsError::io(path, e))?;
+    let text = match max_chars {
+        Some(m) => text.chars().take(m).collect(),
+        None => text,
+    };
+    if text.chars().count() < 2 {
+        return Err(ModelsError::bad_data(path, "the text is empty"));
+    }
+    Ok(text)
 }
 
 /// Tiny fixture data sets in the real on-disk formats, for tests that must not depend on the
@@ -513,6 +570,42 @@ pub mod fixtures {
             }
         }
         Ok(())
+    }
+
+    /// Writes `brown.txt` into `dir` (created) in the installed layout: `files` files of a few
+    /// sentences each, one sentence a line, a blank line between files.
+    pub fn write_brown(dir: &Path, files: usize) -> Result<()> {
+        const WORDS: [&str; 12] = [
+            "the",
+            "jury",
+            "said",
+            "an",
+            "investigation",
+            "of",
+            "recent",
+            "election",
+            "produced",
+            "no",
+            "evidence",
+            "city",
+        ];
+        fs::create_dir_all(dir).map_err(|e| ModelsError::io(dir, e))?;
+        let mut rng = ChaCha8Rng::seed_from_u64(files as u64);
+        let mut text = String::new();
+        for f in 0..files {
+            if f > 0 {
+                text.push('\n');
+            }
+            for _ in 0..3 {
+                let n = rng.gen_range(5..12);
+                let words: Vec<&str> = (0..n)
+                    .map(|_| WORDS[rng.gen_range(0..WORDS.len())])
+                    .collect();
+                text.push_str(&format!("{} .\n", words.join(" ")));
+            }
+        }
+        let path = dir.join("brown.txt");
+        fs::write(&path, text).map_err(|e| ModelsError::io(&path, e))
     }
 
     /// Writes `train.txt` and `val.txt` (a few KB of English-like text) into `dir` (created).
@@ -644,6 +737,28 @@ mod tests {
         assert_eq!(ids[0], 464); // "The" in GPT-2's vocabulary
         assert_eq!(b.tokenizer.decode(&ids).unwrap(), "The state of the union");
         assert!(b.train.size()[0] < c.train.size()[0] / 2);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn byte_tokens_and_the_brown_split() {
+        let dir = temp("brown");
+        let missing = TextCorpus::read_brown(&dir, None).unwrap_err().to_string();
+        assert!(
+            missing.contains("cargo xtask setup --data brown"),
+            "{missing}"
+        );
+        fixtures::write_brown(&dir, 20).unwrap();
+        let (train, val) = TextCorpus::read_brown(&dir, None).unwrap();
+        // 20 files of 3 sentences: files 9 and 19 are validation text.
+        assert_eq!((train.lines().count(), val.lines().count()), (54, 6));
+        let c = TextCorpus::from_texts(&train, "héllo", TokenizerKind::Bytes, Device::Cpu).unwrap();
+        assert_eq!(c.tokenizer.vocab_size(), 256);
+        assert_eq!(c.validation.size(), vec![6]); // é is two bytes
+        let ids = c.tokenizer.encode("héllo").unwrap();
+        assert_eq!(c.tokenizer.decode(&ids).unwrap(), "héllo");
+        assert!(c.tokenizer.decode(&[256]).is_err());
+        assert!(c.tokenizer.decode(&[0xc3]).is_err()); // half a character
         fs::remove_dir_all(&dir).unwrap();
     }
 }

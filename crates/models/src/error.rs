@@ -68,6 +68,9 @@ pub enum ModelsError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// Pretrained encoder weights that do not fit the model (names every mismatch).
+    #[error("encoder weight transfer: {0}")]
+    Transfer(String),
     /// The GPT-2 tokenizer could not be built or could not decode.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -9,6 +9,9 @@
 //! | [`layers`] | `LayerNorm`, `Mlp`, [`Block`] (pre-LN), the [`Transformer`] trait |
 //! | [`gpt`] | [`Gpt`], [`GptConfig`] (`tiny`, `cpu`, `gpt2_small`) |
 //! | [`vit`] | [`Vit`], [`VitConfig`] (`tiny`, `cpu`, `vit_b16`) |
+//! | [`encoder`] | [`Encoder`], [`EncoderConfig`]: the bidirectional encoder of the sequence classifier and the masked LM; [`copy_encoder`], [`load_encoder`] (pretrained weights by name) |
+//! | [`classifier`] | [`SequenceClassifier`], [`SequenceClassifierConfig`] (the encoder, mean pooling, a linear head) |
+//! | [`mlm`] | [`MaskedLm`] (the encoder and a tied masked-LM head), [`MaskingRule`] and [`mask_tokens`] (BERT's 15 %, 80/10/10), the byte vocabulary (`PAD`, `MASK`) |
 //! | [`data`] | [`ImageSplits`] (train/validation/test images and their classes) from [`FashionMnist`], any gray IDX folder or a PNG image folder (`train/<class>/*.png`, `test/<class>/*.png`); [`TextCorpus`] (SOTU or a text file; characters or GPT-2 BPE); deterministic batches, `fixtures` |
 //! | [`max_logit`] | [`head_max_logits`](max_logit::head_max_logits) (per-head max of the masked logits, chunked, no gradient), [`QkClipReport`]; the opt-in capture is `ConditionedAttention::capture_max_logits`, QK-clip `ConditionedAttention::clip_qk` / `Transformer::clip_qk` |
 //! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy, saturation and softmax-Jacobian norm, exact κ(J); [`matrix_diagnostics`] (spectrum, Gram off-diagonal, column norms) |
@@ -24,6 +27,7 @@ pub mod conditioned_attention;
 pub mod data;
 pub mod device;
 pub mod diagnostics;
+pub mod encoder;
 pub mod error;
 pub mod float;
 pub mod gpt;
@@ -31,6 +35,7 @@ pub mod layers;
 pub mod linear;
 mod link;
 pub mod max_logit;
+pub mod mlm;
 pub mod nystrom;
 pub mod seed;
 pub mod vit;
@@ -48,6 +53,7 @@ pub use device::parse_device;
 pub use diagnostics::{
     diagnose, matrix_diagnostics, summarize, DiagnosticsConfig, HeadDiagnostics, MatrixDiagnostics,
 };
+pub use encoder::{copy_encoder, load_encoder, Encoder, EncoderConfig};
 pub use error::{ModelsError, Result};
 pub use gpt::{Gpt, GptConfig};
 /// The per-head layout of λ·I_k and the score scale of a model config: kappa-attention's types
@@ -55,6 +61,7 @@ pub use gpt::{Gpt, GptConfig};
 pub use kappa_attention::{HeadLayout, ScoreScale};
 pub use layers::{Block, Transformer};
 pub use max_logit::QkClipReport;
+pub use mlm::{mask_tokens, MaskedLm, MaskingRule};
 pub use nystrom::{NystromConfig, Pinv};
 pub use seed::seeded;
 pub use vit::{Vit, VitConfig};

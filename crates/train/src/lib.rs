@@ -36,11 +36,11 @@ pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
 pub use stop::StopFlag;
 pub use tasks::{
     Classification, ClassificationData, ClassifierModel, ImageClassification, LanguageModeling,
-    SequenceClassification,
+    MaskedLanguageModeling, SequenceClassification,
 };
 pub use trainer::{
     adamw_groups, clip_grad_norm, seeded, AdamWGroup, DivergenceReference, Eval, GradientDropper,
     GroupOptimizer, OptimizerStats, Outcome, ParamGroup, QkClipStats, Record, Summary, Task,
-    TrainConfig, TrainPrecision, Trainer,
+    TrainConfig, TrainPrecision, Trainer, CKPT_MODEL,
 };
 pub use variants::{train_language_model, train_variant, Final, Line, VariantId};

@@ -1,7 +1,9 @@
 //! The tasks of the experiments, as [`Task`]s for the [`Trainer`](crate::Trainer):
 //! next-token prediction with a [`Gpt`] on a [`TextCorpus`], image classification with a
 //! [`Vit`] on [`ImageSplits`] (Fashion-MNIST, an IDX folder or a PNG image folder), and sequence
-//! classification with a [`SequenceClassifier`] on [`SequenceSplits`] (the long-range tasks).
+//! classification with a [`SequenceClassifier`] on [`SequenceSplits`] (the long-range tasks),
+//! and masked language modelling with a [`MaskedLm`] on byte-level text
+//! ([`MaskedLanguageModeling`]).
 //!
 //! Evaluation batches and the diagnostic batch are drawn with fixed seeds that do not depend
 //! on the run's seed, so every run of an experiment is measured on the same data.
@@ -11,11 +13,13 @@ use tch::{Kind, Tensor};
 use crate::trainer::{Eval, Task};
 use kappa_models::classifier::SequenceClassifier;
 use kappa_models::data::sequences::SequenceSplits;
+use kappa_models::data::Tokenizer;
 use kappa_models::data::{ImageSplits, Split, TextCorpus};
 use kappa_models::diagnostics::{diagnose, DiagnosticsConfig, HeadDiagnostics};
 use kappa_models::error::{ModelsError, Result};
 use kappa_models::gpt::Gpt;
 use kappa_models::layers::Transformer;
+use kappa_models::mlm::{mask_tokens, MaskedLm, MaskingRule, BYTE_VOCAB};
 use kappa_models::vit::Vit;
 use kappa_models::AttentionTrace;
 
@@ -104,6 +108,119 @@ impl Task for LanguageModeling {
             config.samples.max(1),
             t,
         )?;
+        let (_, traces) = self.model.forward_trace(&x, true);
+        diagnose(&self.model, &traces, config)
+    }
+
+    fn after_step(&mut self, step: u64) -> Result<()> {
+        self.model.refresh_conditioning(step)
+    }
+
+    fn transformer(&self) -> Option<&dyn Transformer> {
+        Some(&self.model)
+    }
+}
+
+/// The salt that separates the masks' random stream from the windows' (both are seeded by the
+/// run's seed and drawn on the step's stream).
+pub const MASK_SALT: u64 = 0x6d61_736b_6564;
+
+/// Masked language modelling (BERT) on byte-level text: the batch of step s is `batch_size`
+/// windows of T = `seq_len` bytes ([`TextCorpus::batch`], seed and step) masked by BERT's rule
+/// ([`mask_tokens`], seed ⊕ [`MASK_SALT`], stream s): a pure function of (seed, step).
+/// Evaluation: the masked-token loss and accuracy on held-out windows and masks drawn with
+/// [`EVAL_SEED`] (the same for every run), weighted by the predicted positions of each batch.
+#[derive(Debug)]
+pub struct MaskedLanguageModeling {
+    /// The model.
+    pub model: MaskedLm,
+    /// Byte-level text.
+    pub corpus: TextCorpus,
+    /// BERT's masking rule.
+    pub rule: MaskingRule,
+    /// The data-order seed.
+    pub seed: u64,
+}
+
+impl MaskedLanguageModeling {
+    /// Checks that the corpus is byte-level, that the model's vocabulary holds the bytes and
+    /// the special tokens, the rule, and that both splits hold more than one window.
+    pub fn new(model: MaskedLm, corpus: TextCorpus, rule: MaskingRule, seed: u64) -> Result<Self> {
+        if !matches!(corpus.tokenizer, Tokenizer::Bytes) {
+            return Err(ModelsError::config(
+                "tokenizer",
+                format!("masked LM needs byte tokens, found {:?}", corpus.tokenizer),
+            ));
+        }
+        let (v, t) = (model.config().vocab_size, model.config().seq_len);
+        if v < BYTE_VOCAB {
+            return Err(ModelsError::config(
+                "model.vocab_size",
+                format!("is {v}, fewer than the {BYTE_VOCAB} bytes and special tokens"),
+            ));
+        }
+        rule.validate()?;
+        for split in [Split::Train, Split::Validation] {
+            let n = corpus.tokens(split).size()[0] as usize;
+            if n < t + 1 {
+                return Err(ModelsError::config(
+                    "model.seq_len",
+                    format!("{t} needs more than the {n} bytes of the {split:?} split"),
+                ));
+            }
+        }
+        Ok(Self {
+            model,
+            corpus,
+            rule,
+            seed,
+        })
+    }
+
+    /// The masked batch (inputs, targets) of `step` drawn with `seed` from `split`.
+    pub fn batch(
+        &self,
+        split: Split,
+        seed: u64,
+        step: u64,
+        batch_size: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let t = self.model.config().seq_len;
+        let (x, _) = self.corpus.batch(split, seed, step, batch_size, t)?;
+        mask_tokens(&x, &self.rule, seed ^ MASK_SALT, step)
+    }
+}
+
+impl Task for MaskedLanguageModeling {
+    fn unit(&self) -> &'static str {
+        "tokens"
+    }
+
+    fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)> {
+        let (x, y) = self.batch(Split::Train, self.seed, step, batch_size)?;
+        let t = self.model.config().seq_len;
+        Ok((self.model.loss(&x, &y)?.loss, (batch_size * t) as u64))
+    }
+
+    fn evaluate(&mut self, batches: usize, batch_size: usize) -> Result<Eval> {
+        let _guard = tch::no_grad_guard();
+        let (mut loss, mut correct, mut predicted) = (0.0, 0i64, 0i64);
+        for i in 0..batches.max(1) {
+            let (x, y) = self.batch(Split::Validation, EVAL_SEED, i as u64, batch_size)?;
+            let out = self.model.loss(&x, &y)?;
+            loss += out.loss.double_value(&[]) * out.predicted as f64;
+            correct += out.correct;
+            predicted += out.predicted;
+        }
+        let n = predicted.max(1) as f64;
+        Ok(Eval {
+            loss: loss / n,
+            accuracy: Some(correct as f64 / n),
+        })
+    }
+
+    fn diagnostics(&mut self, config: &DiagnosticsConfig) -> Result<Vec<HeadDiagnostics>> {
+        let (x, _) = self.batch(Split::Validation, DIAGNOSTIC_SEED, 0, config.samples.max(1))?;
         let (_, traces) = self.model.forward_trace(&x, true);
         diagnose(&self.model, &traces, config)
     }

@@ -784,7 +784,8 @@ pub struct Trainer<'a> {
     label: String,
 }
 
-const CKPT_MODEL: &str = "model/";
+/// The prefix of the model's variables in a checkpoint: variable `v` is stored as `model/v`.
+pub const CKPT_MODEL: &str = "model/";
 const CKPT_OPTIM: &str = "optim/";
 /// Matrices with at most this many singular values log all of them.
 const MATRIX_SINGULAR_VALUES: usize = 1024;

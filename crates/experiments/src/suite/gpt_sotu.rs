@@ -113,6 +113,7 @@ impl Experiment for GptSotu {
             paper: "The paper reports no language-model pretraining loss. Its closest rows are \
                     Crammed BERT on GLUE (average 78.6 → 79.4) and Nyströmformer on Long Range \
                     Arena (mean 58.70 → 59.42): different models, tasks and scales.",
+            stage: None,
         };
         conditioning_report(&mut section, runs, out_dir, report_dir, &spec)?;
         Ok(section)

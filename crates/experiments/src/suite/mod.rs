@@ -1,6 +1,7 @@
 //! The suite: the experiments, one module each (`kappa_experiments::suite::<name>`), in
 //! the order of [`crate::registry()`].
 
+pub mod bert_sentiment;
 pub mod convergence;
 pub mod gpt_sotu;
 pub mod lambda_readings;

@@ -129,6 +129,7 @@ impl Experiment for VitFmnist {
             higher_is_better: true,
             paper: "Paper, ViT-B/16 on ImageNet-1k top-1 (a different model, data set and scale): \
                     baseline 80.7 (±0.41), + spectral conditioning 81.7 (±0.38), Δ = +1.0.",
+            stage: None,
         };
         conditioning_report(&mut section, runs, out_dir, report_dir, &spec)?;
         Ok(section)
