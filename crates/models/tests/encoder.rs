@@ -55,13 +55,7 @@ fn the_classifier_computes_what_it_computed_before_the_encoder_was_split_out() {
     });
     for (bias, conditioning) in [
         (false, Conditioning::None),
-        (
-            true,
-            Conditioning::Identity {
-                lambda: 10.0,
-                layout: HeadLayout::Shifted,
-            },
-        ),
+        (true, Conditioning::identity(10.0, HeadLayout::Shifted)),
     ] {
         let cfg = SequenceClassifierConfig {
             bias,
@@ -189,10 +183,7 @@ fn encoder_weights_move_from_the_masked_lm_into_the_classifier_by_name() {
     use kappa_models::encoder::is_encoder_variable;
     use kappa_models::mlm::{MaskedLm, PAD};
     use kappa_models::{copy_encoder, load_encoder};
-    let cond = Conditioning::Identity {
-        lambda: 10.0,
-        layout: HeadLayout::Shifted,
-    };
+    let cond = Conditioning::identity(10.0, HeadLayout::Shifted);
     let enc = encoder_config(cond);
     let (src, dst) = (
         nn::VarStore::new(Device::Cpu),

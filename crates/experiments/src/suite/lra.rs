@@ -179,10 +179,7 @@ impl Config {
     /// The variants of every task, baseline first: the paper's λ, the sweep, the scale-aware λ.
     pub fn variants(&self) -> Vec<LraVariant> {
         let c = &self.conditioning;
-        let identity = |lambda| Conditioning::Identity {
-            lambda,
-            layout: c.layout,
-        };
+        let identity = |lambda| Conditioning::identity(lambda, c.layout);
         let one = |role, name: String, conditioning| LraVariant {
             role,
             variant: Variant { name, conditioning },

@@ -124,14 +124,14 @@ pub fn report(
 }
 
 /// The paper's SST-2 number for a variant: the baseline's for no conditioning, the
-/// conditioned one for λ·I_k at λ = 10 in the fused reading; none otherwise.
+/// conditioned one for λ·I_k at λ = 10 in the fused reading (the paper's: absolute λ on the
+/// LayerNorm's output); none otherwise.
 fn paper_cell(conditioning: &Conditioning) -> String {
-    match conditioning {
+    match *conditioning {
         Conditioning::None => format!("{:.1}", PAPER_SST2.0),
-        Conditioning::Identity {
-            lambda,
-            layout: HeadLayout::Shifted,
-        } if *lambda == 10.0 => format!("{:.1}", PAPER_SST2.1),
+        c if c == Conditioning::identity(10.0, HeadLayout::Shifted) => {
+            format!("{:.1}", PAPER_SST2.1)
+        }
         _ => MISSING.into(),
     }
 }

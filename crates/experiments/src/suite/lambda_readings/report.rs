@@ -305,10 +305,10 @@ fn answer(section: &mut Section, config: &Config, answers: &[Answer]) {
             ]);
         }
     }
-    section.paragraph(&format!(
+    section.paragraph(
         "Verdicts per reading (Δ: test accuracy minus the baseline's, in points; \"beyond \
-         noise\" when |Δ| exceeds the root sum of squares of the two stds)."
-    ));
+         noise\" when |Δ| exceeds the root sum of squares of the two stds).",
+    );
     section.table(
         &[
             "model",
