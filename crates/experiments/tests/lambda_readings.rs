@@ -95,6 +95,13 @@ fn reproduce_only_lambda_readings_writes_the_reading_table() {
             r.name
         );
     }
+    // Readings that share a score scale share its baseline: every row has a λ = 0 cell.
+    let accuracy = text.split("final test accuracy").nth(1).unwrap();
+    for r in &config.readings {
+        let head = format!("| {} |", r.name);
+        let row = accuracy.lines().find(|l| l.starts_with(&head)).unwrap();
+        assert!(!row.starts_with(&format!("{head} — |")), "{row}");
+    }
     fs::remove_dir_all(&results).unwrap();
 }
 
@@ -112,7 +119,7 @@ fn bad_reading_settings_are_refused_before_any_run() {
     let err = format!("{:#}", LambdaReadings.validate(&c).unwrap_err());
     assert!(err.contains("lambdas[") && err.contains("> 0"), "{err}");
     let mut c = LambdaReadings.config(Scale::Cpu).unwrap();
-    c.collapse_diagonal = 1.5;
+    c.collapse_saturated = 1.5;
     let err = format!("{:#}", LambdaReadings.validate(&c).unwrap_err());
-    assert!(err.contains("collapse_diagonal"), "{err}");
+    assert!(err.contains("collapse_saturated"), "{err}");
 }

@@ -37,9 +37,9 @@ pub struct Config {
     pub lambdas: Vec<f64>,
     /// The paper's λ (one of `lambdas`): the verdicts ask whether it collapses and gains.
     pub paper_lambda: f64,
-    /// A cell collapsed when the mean diagonal attention P[i,i] (over layers, heads and
-    /// sampled rows, at the last evaluation) is at least this.
-    pub collapse_diagonal: f64,
+    /// A cell collapsed when at least this share of attention rows (over layers, heads and
+    /// sampled rows, at the last evaluation) put more than 0.99 of their mass on one token.
+    pub collapse_saturated: f64,
     /// The readings, kappa's default first.
     pub readings: Vec<Reading>,
     /// The trained models.
@@ -251,9 +251,9 @@ fn validate_config(c: &Config) -> Result<()> {
         c.paper_lambda
     );
     anyhow::ensure!(
-        c.collapse_diagonal > 0.0 && c.collapse_diagonal <= 1.0,
-        "collapse_diagonal: must be in (0, 1], found {}",
-        c.collapse_diagonal
+        c.collapse_saturated > 0.0 && c.collapse_saturated <= 1.0,
+        "collapse_saturated: must be in (0, 1], found {}",
+        c.collapse_saturated
     );
     for (i, spec) in c.models.iter().enumerate() {
         spec.train()

@@ -3,6 +3,7 @@
 //! is best, and does it beat its baseline beyond the noise?), and one computed answer over the
 //! models: the readings that survive the paper's λ and what to set.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
@@ -68,7 +69,7 @@ impl CellRun {
 }
 
 /// One cell over seeds.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct CellData {
     /// Completed seeds' final metrics.
     pub metrics: Vec<f64>,
@@ -97,10 +98,11 @@ impl CellData {
         mean(&self.first.iter().map(f).collect::<Vec<_>>())
     }
 
-    /// Whether the cell's attention collapsed onto the diagonal at its last evaluation.
+    /// Whether the cell's attention collapsed into a hard one-token lookup at its last
+    /// evaluation: at least `threshold` of the rows saturated.
     pub fn collapsed(&self, threshold: f64) -> Option<bool> {
-        let d = self.last_mean(|a| a.diagonal);
-        (!d.is_nan()).then_some(d >= threshold)
+        let s = self.last_mean(|a| a.saturated);
+        (!s.is_nan()).then_some(s >= threshold)
     }
 }
 
@@ -115,16 +117,24 @@ pub fn write(
         section.paragraph("No completed runs to report.");
         return Ok(());
     };
-    let mut variants = read_variants(runs, CellRun::add)?;
-    let mut cell = |name: &str| CellData::new(variants.runs.remove(name).unwrap_or_default());
+    // Several readings share a baseline (one per score scale): cells are looked up, not taken.
+    let cells: BTreeMap<String, CellData> = read_variants(runs, CellRun::add)?
+        .runs
+        .into_iter()
+        .map(|(name, runs)| (name, CellData::new(runs)))
+        .collect();
+    let cell = |name: &str| cells.get(name).cloned().unwrap_or_default();
     let paper = config.paper_lambda;
     section.paragraph(&format!(
         "Every reading is trained at λ ∈ {:?} beside the baseline of its score scale (λ = 0). \
-         A cell **collapsed** when the mean diagonal attention P[i,i] at its last evaluation \
-         (over layers, heads and sampled rows, then seeds) is at least {}: each token attends \
-         mostly to itself. Means ± sample std over {} seed(s).",
+         A cell **collapsed** when at least {:.0}% of its attention rows put more than 0.99 of \
+         their mass on one token at its last evaluation (over layers, heads and sampled rows, \
+         then seeds): attention is then a hard lookup — of the token itself (the identity) when \
+         the mean diagonal P[i,i] is near 1, else of a token whose shifted columns are longer \
+         (⟨x_i, x_j⟩ exceeds ‖x_i‖² when ‖x_j‖ > ‖x_i‖ on those columns). Means ± sample std \
+         over {} seed(s).",
         config.lambdas,
-        config.collapse_diagonal,
+        100.0 * config.collapse_saturated,
         runs.len()
     ));
     let mut answers = Vec::new();
@@ -176,10 +186,10 @@ fn model_part(
         .collect();
     section.table(&headers, &rows);
     section.paragraph(&format!(
-        "**{model}**: mean diagonal attention at initialization → after training (after \
+        "**{model}**: mean diagonal attention P[i,i] at initialization → after training (after \
          training: rows saturated, entropy over the uniform attention's; **collapsed** at ≥ \
-         {}).",
-        config.collapse_diagonal
+         {:.0}% saturated rows).",
+        100.0 * config.collapse_saturated
     ));
     let rows: Vec<Vec<String>> = grid
         .iter()
@@ -203,7 +213,7 @@ fn attention_cell(c: &CellData, config: &Config) -> String {
     let (first, last) = (c.first_mean(|a| a.diagonal), c.last_mean(|a| a.diagonal));
     let sat = 100.0 * c.last_mean(|a| a.saturated);
     let entropy = c.last_mean(|a| a.entropy_ratio);
-    let mark = if c.collapsed(config.collapse_diagonal) == Some(true) {
+    let mark = if c.collapsed(config.collapse_saturated) == Some(true) {
         " **collapsed**"
     } else {
         ""
@@ -265,7 +275,7 @@ impl Answer {
                     name: r.name.clone(),
                     lambda_used: paper_cell.map_or(f64::NAN, |c| c.first_mean(|a| a.lambda)),
                     collapsed_at_paper: paper_cell
-                        .and_then(|c| c.collapsed(config.collapse_diagonal)),
+                        .and_then(|c| c.collapsed(config.collapse_saturated)),
                     paper_gain: paper_cell.and_then(|c| gain(&c.metrics, &base.metrics)),
                     best,
                 }
@@ -407,19 +417,19 @@ mod tests {
     }
 
     #[test]
-    fn a_cell_collapses_at_the_threshold_of_its_mean_last_diagonal() {
-        let at = |d| Attention {
-            diagonal: d,
+    fn a_cell_collapses_at_the_threshold_of_its_mean_last_saturation() {
+        let at = |s| Attention {
+            saturated: s,
             ..Attention::default()
         };
         let c = CellData {
             metrics: vec![],
             first: vec![at(0.1)],
-            last: vec![at(0.95), at(0.85)],
+            last: vec![at(0.75), at(0.25)],
         };
-        assert_eq!(c.collapsed(0.9), Some(true));
-        assert_eq!(c.collapsed(0.91), Some(false));
-        assert_eq!(CellData::default().collapsed(0.9), None);
+        assert_eq!(c.collapsed(0.5), Some(true));
+        assert_eq!(c.collapsed(0.51), Some(false));
+        assert_eq!(CellData::default().collapsed(0.5), None);
     }
 
     #[test]
