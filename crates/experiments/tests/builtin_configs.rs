@@ -45,6 +45,6 @@ fn every_file_is_exactly_the_config_its_runs_use() {
         assert_eq!(used, toml::Value::Table(written), "{}", source.origin());
         files += 1;
     }
-    // Eight experiments at smoke, cpu, gpu and paper; manifolds at long.
-    assert_eq!(files, 33);
+    // Nine experiments at smoke, cpu, gpu and paper; manifolds at long.
+    assert_eq!(files, 37);
 }
