@@ -2,7 +2,7 @@
 //! pretrained encoder: the shared [`Encoder`] (token embedding, learned positions, pre-LN
 //! blocks with bidirectional attention — exact softmax or Nyström ([`AttentionKernel`]), either
 //! with any conditioning — and a final LayerNorm) under the var-store path
-//! [`ENCODER`](crate::encoder::ENCODER), mean pooling over the non-padding tokens and a linear
+//! [`ENCODER`], mean pooling over the non-padding tokens and a linear
 //! head (`head`).
 //!
 //! Padding: tokens equal to `pad_id` are excluded from the pooled mean (a sequence of padding

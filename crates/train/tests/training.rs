@@ -612,3 +612,65 @@ fn a_nystrom_classifier_trains_on_listops() {
     let err = SequenceClassification::new(net, data, 0).unwrap_err();
     assert!(err.to_string().contains("model.seq_len"), "{err}");
 }
+
+/// The masked-LM task: batches are a pure function of (seed, step) with BERT's selection count,
+/// a corpus of characters is refused, and a few steps of training on the SOTU fixture lower the
+/// held-out masked-byte loss, which is evaluated with its accuracy.
+#[test]
+fn masked_language_modeling_batches_evaluates_and_learns() {
+    use kappa_models::mlm::{MaskedLm, MaskingRule, BYTE_VOCAB, IGNORE};
+    use kappa_models::{EncoderConfig, SequenceClassifierConfig, Split};
+    use kappa_train::{MaskedLanguageModeling, Task, Trainer};
+    let dir = temp("mlm");
+    fixtures::write_sotu(&dir).unwrap();
+    let encoder: EncoderConfig = SequenceClassifierConfig {
+        vocab_size: BYTE_VOCAB,
+        seq_len: 32,
+        ..SequenceClassifierConfig::tiny(kappa_models::AttentionKernel::Softmax)
+    }
+    .encoder();
+    let corpus = |kind| TextCorpus::load_sotu(&dir, kind, None, Device::Cpu).unwrap();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = seeded(1, || MaskedLm::new(&vs.root(), encoder)).unwrap();
+    let chars = MaskedLanguageModeling::new(
+        model,
+        corpus(TokenizerKind::Char),
+        MaskingRule::default(),
+        5,
+    );
+    assert!(chars.unwrap_err().to_string().contains("tokenizer"));
+
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = seeded(1, || MaskedLm::new(&vs.root(), encoder)).unwrap();
+    let mut task = MaskedLanguageModeling::new(
+        model,
+        corpus(TokenizerKind::Bytes),
+        MaskingRule::default(),
+        5,
+    )
+    .unwrap();
+    let (x, y) = task.batch(Split::Train, 5, 3, 4).unwrap();
+    let (x2, y2) = task.batch(Split::Train, 5, 3, 4).unwrap();
+    assert!(x.equal(&x2) && y.equal(&y2));
+    assert!(!task.batch(Split::Train, 5, 4, 4).unwrap().1.equal(&y));
+    // round(0.15 · 32) = 5 predictions per window (no padding in running text).
+    assert_eq!(y.ne(IGNORE).sum(Kind::Int64).int64_value(&[]), 4 * 5);
+
+    let before = task.evaluate(4, 8).unwrap();
+    let acc = before.accuracy.unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+    // Untrained: about ln 258 nats per masked byte.
+    assert!(
+        (before.loss - (BYTE_VOCAB as f64).ln()).abs() < 0.5,
+        "{before:?}"
+    );
+    let mut trainer = Trainer::new(&vs, config(60), &context()).unwrap();
+    let mut records = Vec::new();
+    let summary = trainer
+        .run(&mut task, &mut collect(&mut records), None)
+        .unwrap();
+    assert_eq!(summary.outcome, kappa_train::Outcome::Completed);
+    let after = task.evaluate(4, 8).unwrap();
+    assert!(after.loss < before.loss - 1.0, "{before:?} → {after:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
