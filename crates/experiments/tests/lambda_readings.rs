@@ -7,7 +7,7 @@ use std::fs;
 
 use kappa_experiments::runner::{report, reproduce, select, Settings};
 use kappa_experiments::suite::lambda_readings::{cell_name, LambdaReadings};
-use kappa_experiments::{Experiment, RunRecord, Scale};
+use kappa_experiments::{Experiment, RunRecord, RunStatus, Scale};
 use kappa_train::{Line, Record};
 
 /// The mean λ the layers of `variant` reported at its first evaluation.
@@ -30,6 +30,8 @@ fn reproduce_only_lambda_readings_writes_the_reading_table() {
     let results = std::env::temp_dir().join(format!("kappa-readings-{}", std::process::id()));
     let _ = fs::remove_dir_all(&results);
     let data = results.join("data");
+    kappa_models::data::fixtures::write_sotu(&data.join("sotu")).unwrap();
+    kappa_models::data::fixtures::write_brown(&data.join("brown"), 20).unwrap();
     let experiments = select(&["lambda-readings".to_string()]).unwrap();
     let settings = Settings {
         scale: Scale::Smoke,
@@ -50,16 +52,20 @@ fn reproduce_only_lambda_readings_writes_the_reading_table() {
     let config = LambdaReadings.config(Scale::Smoke).unwrap();
     let runs = RunRecord::read_all(&results.join("lambda-readings").join("smoke")).unwrap();
     let lines: Vec<Line> = runs[0].metrics().unwrap();
-    let model = config.models[0].name();
-    for cell in config.cells(model) {
-        assert!(
-            lines
-                .iter()
-                .any(|l| l.variant == cell.name && l.summary.is_some()),
-            "no summary for {}",
-            cell.name
-        );
+    assert_eq!(runs[0].info.status, RunStatus::Completed);
+    assert_eq!(config.models.len(), 2, "the classifier and the masked LM");
+    for spec in &config.models {
+        for cell in config.cells(spec.name()) {
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.variant == cell.name && l.summary.is_some()),
+                "no summary for {}",
+                cell.name
+            );
+        }
     }
+    let model = config.models[0].name();
     // Two score scales among the readings: two baselines, each trained once.
     let baselines = config
         .cells(model)
@@ -88,6 +94,10 @@ fn reproduce_only_lambda_readings_writes_the_reading_table() {
         "{text}"
     );
     assert!(text.contains("**Answer.**"), "{text}");
+    assert!(
+        text.contains("crammed BERT (MLM)**: final held-out masked-byte accuracy"),
+        "{text}"
+    );
     for r in &config.readings {
         assert!(
             text.contains(&format!("| {} |", r.name)),

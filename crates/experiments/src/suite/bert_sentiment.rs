@@ -194,12 +194,13 @@ impl Experiment for BertSentiment {
     }
 }
 
-/// The byte-level pretraining corpus of `config` from the run's data folder.
-fn corpus(config: &Config, run: &Run) -> Result<TextCorpus> {
+/// The byte-level pretraining corpus from the run's data folder (also `lambda-readings`'
+/// masked-LM model's text).
+pub fn corpus(corpus: &Corpus, run: &Run) -> Result<TextCorpus> {
     let data = &run.context().data_dir;
     let (mut train, mut val) = (Vec::new(), Vec::new());
-    for text in &config.corpus.texts {
-        let max = config.corpus.max_chars;
+    for text in &corpus.texts {
+        let max = corpus.max_chars;
         let (t, v) = match text {
             PretrainingText::Sotu => TextCorpus::read_sotu(&data.join(TextCorpus::SOTU), max)?,
             PretrainingText::Brown => TextCorpus::read_brown(&data.join(TextCorpus::BROWN), max)?,
@@ -224,7 +225,7 @@ fn pretrain(config: &Config, run: &mut Run, i: usize, variant: &Variant) -> Resu
         conditioning: variant.conditioning,
     };
     let model = config.model.with_conditioning(variant.conditioning);
-    let text = corpus(config, run)?;
+    let text = corpus(&config.corpus, run)?;
     let (seed, rule) = (run.context().seed, config.masking);
     let (batches, batch) = (config.final_eval_batches, config.pretrain.batch_size);
     train_conditioned(

@@ -13,16 +13,18 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use kappa_models::data::sequences::{ListOps, ListOpsConfig};
+use kappa_models::mlm::{MaskedLm, MaskingRule};
 use kappa_models::{
-    Conditioning, HeadLayout, LambdaUnit, ScoreScale, SequenceClassifier, SequenceClassifierConfig,
-    ShiftInput, Split,
+    Conditioning, EncoderConfig, HeadLayout, LambdaUnit, ScoreScale, SequenceClassifier,
+    SequenceClassifierConfig, ShiftInput, Split,
 };
-use kappa_train::{Outcome, SequenceClassification, TrainConfig};
+use kappa_train::{MaskedLanguageModeling, Outcome, SequenceClassification, Task, TrainConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::conditioning::{train_conditioned, Variant};
 use crate::report::{opened, Section};
 use crate::run::{Run, RunRecord, RunStatus};
+use crate::suite::bert_sentiment::{corpus, Corpus};
 use crate::Experiment;
 
 /// The experiment (registered as `lambda-readings`).
@@ -92,19 +94,43 @@ pub enum ModelSpec {
         /// Training settings.
         train: TrainConfig,
     },
+    /// A crammed BERT (the `bert-sentiment` experiment's encoder) pretrained with masked
+    /// language modelling on byte-level text; the metric is the held-out masked-byte accuracy.
+    MaskedLm {
+        /// Table label.
+        name: String,
+        /// The encoder (its `scaling` and `conditioning` are each cell's).
+        model: EncoderConfig,
+        /// The pretraining text.
+        corpus: Corpus,
+        /// BERT's masking rule.
+        masking: MaskingRule,
+        /// Held-out batches of the final metric.
+        final_eval_batches: usize,
+        /// Training settings.
+        train: TrainConfig,
+    },
 }
 
 impl ModelSpec {
     /// The model's label.
     pub fn name(&self) -> &str {
         match self {
-            ModelSpec::ListOps { name, .. } => name,
+            ModelSpec::ListOps { name, .. } | ModelSpec::MaskedLm { name, .. } => name,
+        }
+    }
+
+    /// What the final metric is (a fraction; the report shows it in %).
+    pub fn metric(&self) -> &'static str {
+        match self {
+            ModelSpec::ListOps { .. } => "test accuracy",
+            ModelSpec::MaskedLm { .. } => "held-out masked-byte accuracy",
         }
     }
 
     fn train(&self) -> &TrainConfig {
         match self {
-            ModelSpec::ListOps { train, .. } => train,
+            ModelSpec::ListOps { train, .. } | ModelSpec::MaskedLm { train, .. } => train,
         }
     }
 
@@ -113,9 +139,13 @@ impl ModelSpec {
             ModelSpec::ListOps { model, data, .. } => {
                 data.validate()?;
                 cell.model_config(model).attention().validate("model")?;
-                Ok(())
+            }
+            ModelSpec::MaskedLm { model, masking, .. } => {
+                masking.validate()?;
+                cell.encoder_config(model).attention().validate("model")?;
             }
         }
+        Ok(())
     }
 }
 
@@ -133,6 +163,14 @@ pub struct Cell {
 impl Cell {
     fn model_config(&self, model: &SequenceClassifierConfig) -> SequenceClassifierConfig {
         SequenceClassifierConfig {
+            scaling: self.scaling,
+            conditioning: self.conditioning,
+            ..*model
+        }
+    }
+
+    fn encoder_config(&self, model: &EncoderConfig) -> EncoderConfig {
+        EncoderConfig {
             scaling: self.scaling,
             conditioning: self.conditioning,
             ..*model
@@ -205,6 +243,11 @@ impl Experiment for LambdaReadings {
 
     fn default_seeds(&self, _scale: crate::Scale) -> u32 {
         2
+    }
+
+    fn data_needs(&self) -> &'static [&'static str] {
+        // The masked-LM model reads SOTU and Brown (the built-in configs use both).
+        &["sotu", "brown"]
     }
 
     fn validate(&self, c: &Config) -> Result<()> {
@@ -280,6 +323,7 @@ fn train_cell(spec: &ModelSpec, cell: &Cell, index: usize, run: &mut Run) -> Res
         name: cell.name.clone(),
         conditioning: cell.conditioning,
     };
+    let accuracy = |eval: kappa_train::Eval| eval.accuracy.unwrap_or(f64::NAN);
     match spec {
         ModelSpec::ListOps {
             model, data, train, ..
@@ -297,12 +341,30 @@ fn train_cell(spec: &ModelSpec, cell: &Cell, index: usize, run: &mut Run) -> Res
                     let m = SequenceClassifier::new(&vs.root(), config)?;
                     Ok(SequenceClassification::new(m, splits, seed)?)
                 },
-                |task| {
-                    Ok(task
-                        .evaluate_split(Split::Test, None, 256)?
-                        .accuracy
-                        .unwrap_or(f64::NAN))
+                |task| Ok(accuracy(task.evaluate_split(Split::Test, None, 256)?)),
+            )
+        }
+        ModelSpec::MaskedLm {
+            model,
+            corpus: text,
+            masking,
+            final_eval_batches,
+            train,
+            ..
+        } => {
+            let config = cell.encoder_config(model);
+            let text = corpus(text, run)?;
+            let (rule, batches) = (*masking, *final_eval_batches);
+            train_conditioned(
+                run,
+                index,
+                &variant,
+                train,
+                |vs| {
+                    let m = MaskedLm::new(&vs.root(), config)?;
+                    Ok(MaskedLanguageModeling::new(m, text, rule, seed)?)
                 },
+                |task| Ok(accuracy(task.evaluate(batches, train.batch_size)?)),
             )
         }
     }

@@ -153,7 +153,7 @@ pub fn write(
                 (r.clone(), base, cells)
             })
             .collect();
-        model_part(section, &config, model, &grid);
+        model_part(section, &config, model, spec.metric(), &grid);
         answers.push(Answer::of(&config, model, &grid, paper));
     }
     answer(section, &config, &answers);
@@ -171,11 +171,12 @@ fn model_part(
     section: &mut Section,
     config: &Config,
     model: &str,
+    metric: &str,
     grid: &[(Reading, CellData, Vec<CellData>)],
 ) {
     let headers = lambda_headers(config);
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-    section.paragraph(&format!("**{model}**: final test accuracy (%)."));
+    section.paragraph(&format!("**{model}**: final {metric} (%)."));
     let rows: Vec<Vec<String>> = grid
         .iter()
         .map(|(r, base, cells)| {
@@ -316,7 +317,7 @@ fn answer(section: &mut Section, config: &Config, answers: &[Answer]) {
         }
     }
     section.paragraph(
-        "Verdicts per reading (Δ: test accuracy minus the baseline's, in points; \"beyond \
+        "Verdicts per reading (Δ: the model's metric minus the baseline's, in points; \"beyond \
          noise\" when |Δ| exceeds the root sum of squares of the two stds).",
     );
     section.table(
