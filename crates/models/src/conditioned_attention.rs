@@ -1270,35 +1270,6 @@ mod tests {
         }
     }
 
-    /// A block hands its attention the normalized tokens of its input only under the
-    /// `Normalized` reading, and the layer uses them: the block's attention output is exactly
-    /// `forward_shifted(LN(x), x̂)`, which differs from shifting LN(x) once the gain is not 1.
-    #[test]
-    fn a_block_passes_the_normalized_tokens_to_its_attention() {
-        let c = reading(
-            2.0,
-            HeadLayout::Shifted,
-            LambdaUnit::Absolute,
-            ShiftInput::Normalized,
-        );
-        let vs = nn::VarStore::new(Device::Cpu);
-        let block =
-            crate::layers::Block::new(&(vs.root() / "b"), cfg(c, true, false), 2, 0.02).unwrap();
-        tch::no_grad(|| {
-            let _ = block.ln_1.weight.shallow_clone().fill_(3.0);
-        });
-        let xs = x(10);
-        let h = block.ln_1.forward(&xs);
-        let (shifted, _) = block
-            .attn
-            .forward_shifted(&h, Some(&block.ln_1.normalize(&xs)), false);
-        let (on_ln, _) = block.attn.forward_trace(&h, false);
-        let x1 = &xs + &shifted;
-        let want = &x1 + block.mlp.forward(&block.ln_2.forward(&x1));
-        assert!(block.forward_trace(&xs, false).0.equal(&want));
-        assert!(max_diff(&shifted, &on_ln) > 1e-4);
-    }
-
     #[test]
     fn readings_round_trip_and_old_configs_parse() {
         let old: Conditioning =

@@ -165,3 +165,49 @@ pub trait Transformer {
         Ok(reports)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conditioned_attention::{AttentionKernel, Conditioning, LambdaUnit, ShiftInput};
+    use kappa_attention::{HeadLayout, ScoreScale};
+    use tch::{Device, Kind};
+
+    /// A block hands its attention the normalized tokens of its input only under the
+    /// `Normalized` reading, and the layer uses them: the block's attention output is exactly
+    /// `forward_shifted(LN(x), x̂)`, which differs from shifting LN(x) once the gain is not 1.
+    #[test]
+    fn a_block_passes_the_normalized_tokens_to_its_attention() {
+        let cfg = AttentionConfig {
+            n_embd: 12,
+            n_head: 3,
+            bias: false,
+            causal: true,
+            scaling: ScoreScale::InvSqrtK,
+            conditioning: Conditioning::Identity {
+                lambda: 2.0,
+                layout: HeadLayout::Shifted,
+                unit: LambdaUnit::Absolute,
+                input: ShiftInput::Normalized,
+            },
+            fused_kernel: true,
+            kernel: AttentionKernel::Softmax,
+        };
+        let vs = nn::VarStore::new(Device::Cpu);
+        let block = crate::seeded(10, || Block::new(&(vs.root() / "b"), cfg, 2, 0.02)).unwrap();
+        tch::no_grad(|| {
+            let _ = block.ln_1.weight.shallow_clone().fill_(3.0);
+        });
+        let xs = crate::seeded(11, || Tensor::randn([2, 5, 12], (Kind::Float, Device::Cpu)));
+        let h = block.ln_1.forward(&xs);
+        let (shifted, _) = block
+            .attn
+            .forward_shifted(&h, Some(&block.ln_1.normalize(&xs)), false);
+        let (on_ln, _) = block.attn.forward_trace(&h, false);
+        let x1 = &xs + &shifted;
+        let want = &x1 + block.mlp.forward(&block.ln_2.forward(&x1));
+        assert!(block.forward_trace(&xs, false).0.equal(&want));
+        let apart = (&shifted - &on_ln).abs().max().double_value(&[]);
+        assert!(apart > 1e-4, "{apart}");
+    }
+}
