@@ -346,32 +346,31 @@ fn delta(d: f64, beyond: bool) -> String {
     )
 }
 
+/// The names of the readings for which `holds` is true in every model.
+fn in_every_model<'a>(
+    config: &'a Config,
+    answers: &[Answer],
+    holds: impl Fn(&ReadingAnswer) -> bool,
+) -> Vec<&'a str> {
+    config
+        .readings
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| answers.iter().all(|a| holds(&a.readings[*i])))
+        .map(|(_, r)| r.name.as_str())
+        .collect()
+}
+
 /// The computed answer: which readings keep the paper's λ from collapsing in every model,
 /// whether any gains beyond noise at it, and what to set.
 fn recommendation(config: &Config, answers: &[Answer]) -> String {
     let paper = config.paper_lambda;
-    let survivors: Vec<&str> = config
-        .readings
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| {
-            answers
-                .iter()
-                .all(|a| a.readings[*i].collapsed_at_paper == Some(false))
-        })
-        .map(|(_, r)| r.name.as_str())
-        .collect();
-    let gaining: Vec<&str> = config
-        .readings
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| {
-            answers
-                .iter()
-                .all(|a| matches!(a.readings[*i].paper_gain, Some((d, true)) if d > 0.0))
-        })
-        .map(|(_, r)| r.name.as_str())
-        .collect();
+    let survivors = in_every_model(config, answers, |r| r.collapsed_at_paper == Some(false));
+    let gaining = in_every_model(
+        config,
+        answers,
+        |r| matches!(r.paper_gain, Some((d, true)) if d > 0.0),
+    );
     let list = |v: &[&str]| {
         if v.is_empty() {
             "none".to_string()
