@@ -1,5 +1,7 @@
 //! The `gpu` scale's configs, checked on the CPU for one step: for each experiment that trains a
-//! model (vit-fmnist, gpt-sotu, manifolds, bert-sentiment — its pretraining and fine-tuning), `experiments/<name>/gpu.toml` builds its models at
+//! model (vit-fmnist, gpt-sotu, manifolds, bert-sentiment — its pretraining and fine-tuning —,
+//! lra — every task at its gpu length —, lambda-readings — both models, every reading × λ),
+//! `experiments/<name>/gpu.toml` builds its models at
 //! their full width, trains one step of every variant the seed runs, logs, writes a checkpoint
 //! and is "killed" there; resumed, it finishes step two, evaluates and ends completed.
 //!
@@ -20,6 +22,8 @@ use std::path::{Path, PathBuf};
 use kappa_experiments::run::{Resumed, Run, RunContext, RunRecord, RunStatus};
 use kappa_experiments::suite::bert_sentiment::{BertSentiment, FINE_TUNING, PRETRAINING};
 use kappa_experiments::suite::gpt_sotu::GptSotu;
+use kappa_experiments::suite::lambda_readings::{LambdaReadings, ModelSpec};
+use kappa_experiments::suite::lra::{Config as LraConfig, Lra};
 use kappa_experiments::suite::manifolds::Manifolds;
 use kappa_experiments::suite::vit_fmnist::VitFmnist;
 use kappa_experiments::{Experiment, Scale};
@@ -238,5 +242,82 @@ fn bert_sentiment_gpu_config_pretrains_fine_tunes_and_resumes_on_the_cpu() {
         kappa_models::data::fixtures::write_brown(&data.join("brown"), 20).unwrap();
         let reviews = data.join("movie-reviews");
         kappa_models::data::sequences::fixtures::write_movie_reviews(&reviews, 24, 0).unwrap();
+    });
+}
+
+/// Every task at its gpu length (ListOps and Text 1024 tokens, Image 784 pixels, Pathfinder
+/// 32×32) with every variant; the generated sets and the fixture data are cut to a few
+/// examples (their lengths are the file's).
+#[test]
+fn lra_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
+    let mut config = Lra.config(Scale::Gpu).unwrap();
+    assert_eq!(config.data.listops.max_length, 1024, "LRA-like length");
+    config.model.n_layer = 1;
+    two_short_steps(&mut config.train);
+    let d = &mut config.data;
+    (d.listops.train, d.listops.validation, d.listops.test) = (8, 4, 4);
+    (
+        d.pathfinder.train,
+        d.pathfinder.validation,
+        d.pathfinder.test,
+    ) = (8, 4, 4);
+    (d.text.validation, d.text.test) = (4, 4);
+    d.image.validation = 20;
+    d.test_limit = Some(4);
+    let names: Vec<String> = config
+        .tasks
+        .iter()
+        .flat_map(|&t| {
+            config
+                .variants()
+                .into_iter()
+                .map(move |v| LraConfig::variant_name(t, &v))
+        })
+        .collect();
+    check(&Lra, 0, &config, &names, |data| {
+        kappa_models::data::fixtures::write_fashion_mnist(&data.join("fashion-mnist"), 60, 20, 0)
+            .unwrap();
+        let reviews = data.join("movie-reviews");
+        kappa_models::data::sequences::fixtures::write_movie_reviews(&reviews, 24, 0).unwrap();
+    });
+}
+
+/// Both trained models at their gpu sizes (the ListOps Nyströmformer at length 2000, the masked
+/// LM at BERT-base width), every reading × λ; the generated ListOps set is cut to a few
+/// expressions.
+#[test]
+fn lambda_readings_gpu_config_trains_checkpoints_and_resumes_on_the_cpu() {
+    let mut config = LambdaReadings.config(Scale::Gpu).unwrap();
+    for spec in &mut config.models {
+        match spec {
+            ModelSpec::ListOps {
+                model, data, train, ..
+            } => {
+                assert_eq!(model.seq_len, 2000, "LRA's ListOps length");
+                model.n_layer = 1;
+                (data.train, data.validation, data.test) = (8, 4, 4);
+                two_short_steps(train);
+            }
+            ModelSpec::MaskedLm {
+                model,
+                train,
+                final_eval_batches,
+                ..
+            } => {
+                assert_eq!((model.n_embd, model.n_layer), (768, 12), "BERT-base");
+                model.n_layer = 1;
+                *final_eval_batches = 1;
+                two_short_steps(train);
+            }
+        }
+    }
+    let names: Vec<String> = config
+        .models
+        .iter()
+        .flat_map(|m| config.cells(m.name()).into_iter().map(|c| c.name))
+        .collect();
+    check(&LambdaReadings, 0, &config, &names, |data| {
+        write_sotu_text(&data.join("sotu"));
+        kappa_models::data::fixtures::write_brown(&data.join("brown"), 20).unwrap();
     });
 }
