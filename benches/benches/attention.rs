@@ -39,14 +39,13 @@
 //!   tch autograd backward through a retained graph (goal ≤ 1.0), and forward + VJP over
 //!   forward + backward.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, BenchmarkId, Criterion};
 use kappa_attention::{AttentionOptions, JacobianWorkspace, ScoreScale, SelfAttention};
 use kappa_benches::paired::Spread;
+use kappa_benches::peer::{reference_command, Peer};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds};
 use kappa_linalg::tch_backend::tensor_from_array;
 use ndarray::Array2;
@@ -352,86 +351,31 @@ impl std::fmt::Display for Rounds {
     }
 }
 
-fn workspace_root() -> PathBuf {
-    kappa_testkit::crate_dir()
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default()
-}
-
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("KAPPA_PYTHON") {
-        return PathBuf::from(p);
-    }
-    std::env::var_os("KAPPA_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv"))
-        .join("bin/python")
-}
-
 /// The jacrev reference as a child process (`benches/reference/jacobian_reference.py`).
-struct Jacrev {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
+struct Jacrev(Peer);
 
 impl Jacrev {
     fn start(n: usize, d: usize, k: usize, threads: usize) -> Result<Self, String> {
-        let py = python();
-        let script = workspace_root().join("benches/reference/jacobian_reference.py");
-        let mut child = Command::new(&py)
-            .arg(&script)
-            .args(["--n", &n.to_string(), "--d", &d.to_string()])
-            .args(["--k", &k.to_string(), "--threads", &threads.to_string()])
-            .env("OMP_NUM_THREADS", threads.to_string())
-            .env("OPENBLAS_NUM_THREADS", threads.to_string())
-            .env("MKL_NUM_THREADS", threads.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("{}: {e}", py.display()))?;
-        let stdin = child.stdin.take().ok_or("no stdin")?;
-        let stdout = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-        let mut me = Jacrev {
-            child,
-            stdin,
-            stdout,
-        };
-        let line = me.line()?;
+        let mut cmd = reference_command("jacobian_reference.py", threads);
+        cmd.args(["--n", &n.to_string(), "--d", &d.to_string()])
+            .args(["--k", &k.to_string(), "--threads", &threads.to_string()]);
+        let (peer, line) = Peer::start(cmd)?;
         let want = format!("ready {} {}", n * k, 3 * d * k);
         if line != want {
             return Err(format!(
-                "expected {want:?} from {}, got {line:?}",
-                script.display()
+                "expected {want:?} from jacobian_reference.py, got {line:?}"
             ));
         }
-        Ok(me)
-    }
-
-    fn line(&mut self) -> Result<String, String> {
-        let mut s = String::new();
-        let got = self.stdout.read_line(&mut s).map_err(|e| e.to_string())?;
-        if got == 0 {
-            return Err("the reference exited (run it by hand to see why)".into());
-        }
-        Ok(s.trim().to_string())
+        Ok(Self(peer))
     }
 
     /// Seconds of one jacrev Jacobian, as the script measured it.
     fn time(&mut self) -> Result<f64, String> {
-        writeln!(self.stdin, "jac").map_err(|e| e.to_string())?;
-        let line = self.line()?;
-        line.parse()
-            .map_err(|_| format!("unexpected reply {line:?}"))
-    }
-}
-
-impl Drop for Jacrev {
-    fn drop(&mut self) {
-        let _ = writeln!(self.stdin, "quit");
-        let _ = self.child.wait();
+        let reply = self.0.ask_numbers("jac")?;
+        reply
+            .first()
+            .copied()
+            .ok_or_else(|| "an empty reply".into())
     }
 }
 

@@ -111,12 +111,7 @@ type Sgemm = unsafe extern "C" fn(
 /// The scipy-openblas32 library in the project's virtual environment, if installed: its
 /// `cblas_sgemm`, its version string and its kernel name.
 fn newer_openblas(threads: usize) -> Option<(Sgemm, String)> {
-    let venv = std::env::var("KAPPA_VENV").ok().or_else(|| {
-        std::env::var("HOME")
-            .ok()
-            .map(|h| format!("{h}/.cache/kappa/venv"))
-    })?;
-    let lib = std::fs::read_dir(format!("{venv}/lib"))
+    let lib = std::fs::read_dir(kappa_benches::peer::venv().join("lib"))
         .ok()?
         .filter_map(|e| e.ok())
         .map(|e| {

@@ -8,7 +8,7 @@
 //!
 //! * `KAPPA_BENCH_THREADS` — 1 or 2 (libtorch and OpenBLAS threads; also passed to the script).
 //! * `KAPPA_BENCH_SECONDS` — criterion measurement time per function (default 5).
-//! * `KAPPA_VENV` — the virtual environment holding torch (default `<workspace>/.venv`).
+//! * `KAPPA_PYTHON` or `KAPPA_VENV` — the Python that runs the script (`kappa_benches::peer::python`).
 //! * `KAPPA_BENCH_REFERENCE_STEPS` — timed steps of the PyTorch script (default 30).
 //! * `KAPPA_BENCH_PAIRS` — pairs of the paired overhead measurement (default 60; 0 skips it).
 //! * `KAPPA_BENCH_VERSUS_PAIRS` — pairs of the paired kappa-vs-PyTorch GPT measurement
@@ -41,12 +41,11 @@
 //! same clipping). Only that section:
 //! `KAPPA_BENCH_VERSUS_ONLY=1 cargo bench -p kappa-benches --bench models`.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
+use kappa_benches::peer::{reference_command, Peer};
 use kappa_benches::{
     configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with, NOT_RUN,
 };
@@ -276,33 +275,13 @@ fn sgemm_flops() -> f64 {
     2.0 * (n as f64).powi(3) / best
 }
 
-fn workspace() -> PathBuf {
-    kappa_testkit::crate_dir()
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default()
-}
-
-/// The command running `benches/reference/models_reference.py` with the virtual environment's
-/// Python (`KAPPA_VENV`, default `<workspace>/.venv`) for a model, config, batch, λ and thread
-/// count.
-fn reference_command(
-    model: &str,
-    config: &str,
-    batch: i64,
-    lambda: f64,
-    threads: usize,
-) -> Command {
-    let venv = std::env::var_os("KAPPA_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join(".venv"));
-    let mut cmd = Command::new(venv.join("bin/python"));
-    cmd.arg(workspace().join("benches/reference/models_reference.py"))
-        .args(["--model", model, "--config", config])
+/// The command running `benches/reference/models_reference.py` for a model, config, batch, λ
+/// and thread count.
+fn models_reference(model: &str, config: &str, batch: i64, lambda: f64, threads: usize) -> Command {
+    let mut cmd = reference_command("models_reference.py", threads);
+    cmd.args(["--model", model, "--config", config])
         .args(["--batch", &batch.to_string(), "--lam", &lambda.to_string()])
-        .args(["--threads", &threads.to_string()])
-        .env("OMP_NUM_THREADS", threads.to_string())
-        .env("OPENBLAS_NUM_THREADS", threads.to_string());
+        .args(["--threads", &threads.to_string()]);
     cmd
 }
 
@@ -315,7 +294,7 @@ fn reference(
     threads: usize,
 ) -> Result<f64, String> {
     let steps = std::env::var("KAPPA_BENCH_REFERENCE_STEPS").unwrap_or_else(|_| "30".into());
-    let out = reference_command(model, config, batch, lambda, threads)
+    let out = models_reference(model, config, batch, lambda, threads)
         .args(["--steps", &steps])
         .output()
         .map_err(|e| format!("the reference script: {e}"))?;
@@ -335,11 +314,7 @@ fn reference(
 /// The PyTorch reference as a child process stepping on command (`models_reference.py
 /// --serve`): it builds the same model, then runs one training step per `step` line and answers
 /// with that step's wall and CPU seconds, measured inside Python.
-struct ReferenceServer {
-    child: Child,
-    input: ChildStdin,
-    output: BufReader<ChildStdout>,
-}
+struct ReferenceServer(Peer);
 
 impl ReferenceServer {
     fn start(
@@ -349,57 +324,23 @@ impl ReferenceServer {
         threads: usize,
         precision: TrainPrecision,
     ) -> Result<Self, String> {
-        let mut cmd = reference_command(model, config, batch, 0.0, threads);
+        let mut cmd = models_reference(model, config, batch, 0.0, threads);
         if precision == TrainPrecision::Bf16 {
             cmd.arg("--bf16");
         }
-        let mut child = cmd
-            .arg("--serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        let input = child.stdin.take().ok_or("no stdin")?;
-        let output = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-        let mut server = Self {
-            child,
-            input,
-            output,
-        };
-        match server.line()?.as_str() {
-            "ready" => Ok(server),
-            other => Err(format!("expected `ready`, got {other:?}")),
-        }
-    }
-
-    fn line(&mut self) -> Result<String, String> {
-        let mut line = String::new();
-        match self.output.read_line(&mut line) {
-            Ok(0) => Err("the reference exited".into()),
-            Ok(_) => Ok(line.trim().to_string()),
-            Err(e) => Err(e.to_string()),
+        cmd.arg("--serve");
+        match Peer::start(cmd)? {
+            (peer, ready) if ready == "ready" => Ok(Self(peer)),
+            (_, other) => Err(format!("expected `ready`, got {other:?}")),
         }
     }
 
     /// One step: (wall seconds, CPU seconds).
     fn step(&mut self) -> Result<(f64, f64), String> {
-        writeln!(self.input, "step").map_err(|e| e.to_string())?;
-        self.input.flush().map_err(|e| e.to_string())?;
-        let line = self.line()?;
-        let mut it = line.split(' ').map(str::parse::<f64>);
-        match (it.next(), it.next()) {
-            (Some(Ok(w)), Some(Ok(c))) => Ok((w, c)),
-            _ => Err(format!("unexpected answer {line:?}")),
+        match self.0.ask_numbers("step")?.as_slice() {
+            &[wall, cpu] => Ok((wall, cpu)),
+            other => Err(format!("unexpected answer {other:?}")),
         }
-    }
-}
-
-impl Drop for ReferenceServer {
-    fn drop(&mut self) {
-        let _ = writeln!(self.input, "quit");
-        let _ = self.input.flush();
-        let _ = self.child.wait();
     }
 }
 

@@ -2,28 +2,29 @@
 //! bf16 on CPUs with native bf16 products): one Muon step against its bare
 //! Newton–Schulz matmuls, one Stiefel and one DGram manifold-Muon step (paper preset, K = 20)
 //! against one AdamW step (tch's), the dual-ascent cost in msign units, and kappa's Muon against
-//! `torch.optim.Muon` (run as a subprocess, `benches/reference/muon_torch.py`) at the same shapes
-//! and thread count.
+//! `torch.optim.Muon` at the same shapes and thread count, in f32 and bf16: the peer is a child
+//! process stepping on command (`benches/reference/muon_torch.py`), and single steps of the two
+//! alternate in one run.
 //!
 //! Group `optim_batch`: (a) Muon's step over all hidden matrices of a small GPT (4 layers ×
-//! 256 wide: QKV 768×256, out 256×256, fc 1024×256, proj 256×1024, 16 matrices), one batched
+//! 256 or × 64 wide: QKV 3D×D, out D×D, fc 4D×D, proj D×4D, 16 matrices), one batched
 //! call per shape (`Muon::step_batch`) against one `Muon::step` per matrix; (b) at 384², 768²
 //! and 768×3072 the Muon step (Keller's config) beside its own bare msign (the same quintic, the
 //! same precision), in f32 and Auto, printed as a ratio (goal ≤ 1.1).
 //!
 //! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench optim` (and again with 2).
-//! `KAPPA_BENCH_QUICK=1` keeps only 384×384 (a smoke run). The manifold steps take seconds at the
+//! `KAPPA_BENCH_QUICK=1` keeps only 384×384 (a smoke run); `KAPPA_BENCH_VERSUS_ONLY=1` runs only
+//! the side-by-side table against `torch.optim.Muon` (`KAPPA_BENCH_VERSUS_PAIRS` pairs per cell,
+//! default 15). The manifold steps take seconds at the
 //! larger shapes (20 Polar Express msigns of 10 steps each), so they are timed by hand (one warm-up,
 //! then the median of `KAPPA_BENCH_REPS` runs, default 3) instead of through criterion.
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, BenchmarkId, Criterion};
-use kappa_benches::{
-    configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, shape_id, NOT_RUN,
-};
+use kappa_benches::paired::{cpu_model, ratios, seconds, Spread};
+use kappa_benches::peer::{reference_command, Peer};
+use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, shape_id};
 use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_linalg::Matrix;
 use kappa_optim::{
@@ -36,8 +37,8 @@ use tch::{Device, Kind, Tensor};
 
 const GROUP: &str = "optim_f32";
 const BATCH_GROUP: &str = "optim_batch";
-/// The hidden matrices of one layer of the small GPT (4 layers × 256 wide).
-const GPT_SHAPES: [(usize, usize); 4] = [(768, 256), (256, 256), (1024, 256), (256, 1024)];
+/// Widths of the small GPTs whose matrices are stepped batched and one by one.
+const GPT_WIDTHS: [usize; 2] = [256, 64];
 const GPT_LAYERS: usize = 4;
 /// Shapes of the step / own-msign comparison.
 const RATIO_SHAPES: [(usize, usize); 3] = [(384, 384), (768, 768), (768, 3072)];
@@ -120,10 +121,15 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-/// The small GPT's matrices by shape: (parameters, gradients) per shape, `GPT_LAYERS` each.
-fn gpt_matrices() -> Vec<(Vec<Tensor>, Vec<Tensor>)> {
+/// The hidden matrices of one layer of a GPT `d` wide: QKV, out, fc, proj.
+fn gpt_shapes(d: usize) -> [(usize, usize); 4] {
+    [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)]
+}
+
+/// A small GPT's matrices by shape: (parameters, gradients) per shape, `GPT_LAYERS` each.
+fn gpt_matrices(d: usize) -> Vec<(Vec<Tensor>, Vec<Tensor>)> {
     let mut seed = 100;
-    GPT_SHAPES
+    gpt_shapes(d)
         .iter()
         .map(|&(m, n)| {
             let mut one = || {
@@ -145,31 +151,45 @@ fn keller(precision: Precision) -> Muon {
     .expect("muon")
 }
 
+/// One Muon step over a `d`-wide GPT's 16 matrices: one call per matrix, and one batched call
+/// per shape.
+fn bench_gpt_matrices(
+    g: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>,
+    muon: &Muon,
+    d: usize,
+    pname: &str,
+) {
+    let id = format!("{d}_{pname}");
+    let mut mats = gpt_matrices(d);
+    let mut states: Vec<Vec<MuonState<Tensor>>> = mats
+        .iter()
+        .map(|(ws, _)| ws.iter().map(|_| MuonState::new()).collect())
+        .collect();
+    g.bench_function(BenchmarkId::new("gpt_per_matrix", &id), |b| {
+        b.iter(|| {
+            for ((ws, gs), st) in mats.iter_mut().zip(&mut states) {
+                for ((w, gr), s) in ws.iter_mut().zip(gs.iter()).zip(st.iter_mut()) {
+                    muon.step(w, gr, s).expect("step");
+                }
+            }
+        })
+    });
+    g.bench_function(BenchmarkId::new("gpt_batched", &id), |b| {
+        b.iter(|| {
+            for ((ws, gs), st) in mats.iter_mut().zip(&mut states) {
+                muon.step_batch(ws, gs, st).expect("step_batch");
+            }
+        })
+    });
+}
+
 fn bench_batch(c: &mut Criterion) {
     let mut g = c.benchmark_group(BATCH_GROUP);
     for (pname, precision) in PRECISIONS {
         let muon = keller(precision);
-        let mut mats = gpt_matrices();
-        let mut states: Vec<Vec<MuonState<Tensor>>> = mats
-            .iter()
-            .map(|(ws, _)| ws.iter().map(|_| MuonState::new()).collect())
-            .collect();
-        g.bench_function(BenchmarkId::new("gpt_per_matrix", pname), |b| {
-            b.iter(|| {
-                for ((ws, gs), st) in mats.iter_mut().zip(&mut states) {
-                    for ((w, gr), s) in ws.iter_mut().zip(gs.iter()).zip(st.iter_mut()) {
-                        muon.step(w, gr, s).expect("step");
-                    }
-                }
-            })
-        });
-        g.bench_function(BenchmarkId::new("gpt_batched", pname), |b| {
-            b.iter(|| {
-                for ((ws, gs), st) in mats.iter_mut().zip(&mut states) {
-                    muon.step_batch(ws, gs, st).expect("step_batch");
-                }
-            })
-        });
+        for d in GPT_WIDTHS {
+            bench_gpt_matrices(&mut g, &muon, d, pname);
+        }
         for (m, n) in RATIO_SHAPES {
             let id = format!("{}_{pname}", shape_id(m, n));
             let mut w = t32(&gaussian(m, n, 1));
@@ -188,16 +208,19 @@ fn bench_batch(c: &mut Criterion) {
 
 /// Prints group `optim_batch`'s ratios (after criterion has run it).
 fn print_batch_summary() {
-    println!("\nMuon batched over a 4-layer × 256 GPT's 16 matrices, and step / own msign:");
+    println!("\nMuon batched over a 4-layer GPT's 16 matrices, and step / own msign:");
     for (pname, _) in PRECISIONS {
-        let per = median_seconds(BATCH_GROUP, "gpt_per_matrix", pname);
-        let bat = median_seconds(BATCH_GROUP, "gpt_batched", pname);
-        println!(
-            "{pname:<5} GPT: per matrix {} ms, batched {} ms, speed-up {} (goal ≥ 3)",
-            fmt_ms(per),
-            fmt_ms(bat),
-            fmt_ratio(ratio(per, bat))
-        );
+        for d in GPT_WIDTHS {
+            let id = format!("{d}_{pname}");
+            let per = median_seconds(BATCH_GROUP, "gpt_per_matrix", &id);
+            let bat = median_seconds(BATCH_GROUP, "gpt_batched", &id);
+            println!(
+                "{pname:<5} GPT 4 × {d:<4}: per matrix {} ms, batched {} ms, speed-up {} (goal ≥ 3)",
+                fmt_ms(per),
+                fmt_ms(bat),
+                fmt_ratio(ratio(per, bat))
+            );
+        }
         for (m, n) in RATIO_SHAPES {
             let id = format!("{}_{pname}", shape_id(m, n));
             let step = median_seconds(BATCH_GROUP, "step", &id);
@@ -296,27 +319,137 @@ fn kappa_band(m: usize, n: usize, precision: Precision) -> (f64, f64) {
     (s[s.len() - 1], s[0])
 }
 
-fn torch_reference(threads: usize, shapes: &[(usize, usize)]) -> Option<serde_json::Value> {
-    let root = kappa_testkit::crate_dir();
-    let python = std::env::var_os("KAPPA_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("../.venv/bin/python"));
-    let out = Command::new(python)
-        .arg(root.join("reference/muon_torch.py"))
-        .arg(threads.to_string())
-        .args(shapes.iter().map(|&(m, n)| shape_id(m, n)))
-        .env("OMP_NUM_THREADS", threads.to_string())
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        eprintln!(
-            "torch reference failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        return None;
+/// kappa's Muon step against `torch.optim.Muon`'s at one shape and precision: single steps
+/// alternated pair by pair (kappa first in even pairs), each side timed in its own process.
+struct VersusTorch {
+    kappa: Spread,
+    torch: Spread,
+    /// kappa / torch, pair by pair.
+    ratio: Spread,
+    kappa_band: (f64, f64),
+    torch_band: (f64, f64),
+}
+
+/// Pairs per cell: `KAPPA_BENCH_VERSUS_PAIRS` (default 15), fewer when a cell passes 30 s (at
+/// least 3).
+fn versus_torch(
+    torch: &mut Peer,
+    (m, n): (usize, usize),
+    (name, precision): (&str, Precision),
+) -> Result<VersusTorch, String> {
+    let band = torch.ask_numbers(&format!("setup {} {name}", shape_id(m, n)))?;
+    let &[lo, hi] = band.as_slice() else {
+        return Err(format!("unexpected band {band:?}"));
+    };
+    let muon = keller(precision);
+    let (mut w, grad) = (t32(&gaussian(m, n, 1)), t32(&gaussian(m, n, 2)));
+    let mut st = MuonState::new();
+    let settle = || {
+        // With more than one thread, the process that just stepped keeps its OpenMP workers
+        // spinning for a while and takes cores from the other: a pause lets them go to sleep
+        // (as `paired::alternate_settled` does), so each side is timed on its own.
+        if tch::get_num_threads() > 1 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let mut kappa_step = || {
+        settle();
+        seconds(&mut || {
+            muon.step(&mut w, &grad, &mut st).expect("step");
+        })
+    };
+    for _ in 0..2 {
+        kappa_step();
+        torch.ask_numbers("step")?;
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.lines().last()?).ok()
+    let pairs = std::env::var("KAPPA_BENCH_VERSUS_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15usize);
+    let (mut tk, mut tt) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    for i in 0..pairs.max(3) {
+        if i >= 3 && start.elapsed() > Duration::from_secs(30) {
+            break;
+        }
+        let torch_step = |torch: &mut Peer| {
+            let reply = torch.ask_numbers("step")?;
+            reply
+                .first()
+                .copied()
+                .ok_or_else(|| "an empty reply".to_string())
+        };
+        if i % 2 == 0 {
+            tk.push(kappa_step());
+            tt.push(torch_step(torch)?);
+        } else {
+            tt.push(torch_step(torch)?);
+            tk.push(kappa_step());
+        }
+    }
+    Ok(VersusTorch {
+        ratio: Spread::of(ratios(&tk, &tt)),
+        kappa: Spread::of(tk),
+        torch: Spread::of(tt),
+        kappa_band: kappa_band(m, n, precision),
+        torch_band: (lo, hi),
+    })
+}
+
+/// The side-by-side table: kappa's Muon against `torch.optim.Muon` in f32 and bf16 at `shapes`.
+fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
+    let native = kappa_optim::cpu_has_native_bf16();
+    println!(
+        "\nkappa's Muon step against torch.optim.Muon, {threads} thread(s), {} — single steps \
+         alternated in one run; ms are medians, kappa/torch the median per-pair ratio \
+         [min–max]. Goal ≤ 0.8 in f32, and in bf16 where the CPU has native bf16 ({native} here).",
+        cpu_model()
+    );
+    let started = Peer::start({
+        let mut cmd = reference_command("muon_torch.py", threads);
+        cmd.arg(threads.to_string());
+        cmd
+    });
+    let mut torch = match started {
+        Ok((peer, ready)) if ready == "ready" => peer,
+        Ok((_, other)) => return println!("torch reference: expected `ready`, got {other:?}"),
+        Err(e) => return println!("torch reference not run: {e}"),
+    };
+    println!(
+        "{:<10} {:<5} {:>9} {:>9} {:>24} {:>13} {:>13}",
+        "shape", "prec", "kappa ms", "torch ms", "kappa/torch", "σ band kappa", "σ band torch"
+    );
+    let cells: &[(&str, Precision)] = if native {
+        &[("f32", Precision::F32), ("bf16", Precision::Bf16)]
+    } else {
+        // Emulated bf16 products run 20–40× slower than f32 (measured on an AMD EPYC without
+        // bf16 units: 571 vs 31 ms per 384² step) on both sides; kappa's Auto picks f32 there.
+        println!("(bf16 rows skipped: this CPU has no native bf16 products)");
+        &[("f32", Precision::F32)]
+    };
+    for &shape in shapes {
+        for &cell in cells {
+            match versus_torch(&mut torch, shape, cell) {
+                Ok(v) => println!(
+                    "{:<10} {:<5} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
+                    shape_id(shape.0, shape.1),
+                    cell.0,
+                    v.kappa.median * 1e3,
+                    v.torch.median * 1e3,
+                    v.ratio.to_string(),
+                    v.kappa_band.0,
+                    v.kappa_band.1,
+                    v.torch_band.0,
+                    v.torch_band.1,
+                ),
+                Err(e) => println!(
+                    "{:<10} {:<5} not run: {e}",
+                    shape_id(shape.0, shape.1),
+                    cell.0
+                ),
+            }
+        }
+    }
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -325,6 +458,9 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 fn main() {
     let threads = configure_threads();
+    if std::env::var("KAPPA_BENCH_VERSUS_ONLY").is_ok_and(|v| v == "1") {
+        return print_versus_torch(threads, &shapes());
+    }
     let mut c = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
@@ -340,7 +476,6 @@ fn main() {
         .unwrap_or(3usize)
         .max(1);
     let shapes = shapes();
-    let torch = torch_reference(threads, &shapes);
     let auto = Tensor::zeros([1, 1], (Kind::Float, Device::Cpu))
         .working_name(Precision::Auto)
         .unwrap_or("?");
@@ -350,7 +485,7 @@ fn main() {
         kappa_optim::cpu_has_native_bf16()
     );
     println!(
-        "{:<10} {:>9} {:>9} {:>7} {:>9} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>8} {:>17} {:>17}",
+        "{:<10} {:>9} {:>9} {:>7} {:>9} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9}",
         "shape",
         "muon ms",
         "ns5 ms",
@@ -362,11 +497,9 @@ fn main() {
         "dg/adamw",
         "msign ms",
         "dual/msg",
-        "torch ms",
-        "torch/kappa",
-        "σ band kappa|torch"
+        "Auto ms",
     );
-    for (m, n) in shapes {
+    for &(m, n) in &shapes {
         let id = shape_id(m, n);
         let get = |f: &str| median_seconds(GROUP, f, &id);
         let (muon, ns, adamw, ms) = (
@@ -376,20 +509,9 @@ fn main() {
             get("msign_pe10"),
         );
         let mt = manifold_times(m, n, reps);
-        let (klo, khi) = kappa_band(m, n, Precision::F32);
-        let (alo, ahi) = kappa_band(m, n, Precision::Auto);
         let muon_auto = get("muon_step_auto");
-        let tr = torch.as_ref().map(|t| &t[&id]);
-        let tsec = tr.and_then(|t| t["seconds"].as_f64());
-        let tband = tr.map_or(NOT_RUN.into(), |t| {
-            format!(
-                "{:.3}-{:.3}",
-                t["sigma_min"].as_f64().unwrap_or(f64::NAN),
-                t["sigma_max"].as_f64().unwrap_or(f64::NAN)
-            )
-        });
         println!(
-            "{:<10} {:>9} {:>9} {:>7} {:>9} {:>10.1} {:>10.1} {:>8.0} {:>8.0} {:>9} {:>9} {:>8} {:>17} {:>8.3}-{:.3}|{}",
+            "{:<10} {:>9} {:>9} {:>7} {:>9} {:>10.1} {:>10.1} {:>8.0} {:>8.0} {:>9} {:>9} {:>9}",
             id,
             fmt_ms(muon),
             fmt_ms(ns),
@@ -401,17 +523,7 @@ fn main() {
             ratio(Some(mt.dgram), adamw).unwrap_or(f64::NAN),
             fmt_ms(ms),
             fmt_ratio(ratio(Some(mt.stiefel), ms)),
-            fmt_ms(tsec),
-            fmt_ratio(ratio(tsec, muon)),
-            klo,
-            khi,
-            tband,
-        );
-        println!(
-            "{:<10} Auto ({auto}): muon {} ms, torch/kappa-auto {}, σ band {alo:.3}-{ahi:.3}",
-            id,
             fmt_ms(muon_auto),
-            fmt_ratio(ratio(tsec, muon_auto)),
         );
         println!(
             "{:<10} DGram: step / msign {} ({} ascent msigns + 1 diagnostic + retraction of {} msign = 1 SVD); \
@@ -428,7 +540,8 @@ fn main() {
     println!(
         "m/ns5: Muon step / its 5 bare quintic steps (goal ≤ 1.1). st/adamw, dg/adamw: manifold step / \
          tch AdamW step. dual/msg: Stiefel step / one Polar Express msign (K = 20 → ≈ 20–22 expected \
-         with the retraction and the ‖G‖_* diagnostic). torch/kappa: torch.optim.Muon step (bf16) / \
-         kappa Muon step (f32), goal ≥ 10; the Auto line repeats it with kappa's per-device precision."
+         with the retraction and the ‖G‖_* diagnostic). Auto: kappa's Muon step with \
+         Precision::Auto ({auto} here)."
     );
+    print_versus_torch(threads, &shapes);
 }

@@ -1,60 +1,85 @@
-"""torch.optim.Muon side by side with kappa's Muon (called by `cargo bench --bench optim`).
+"""torch.optim.Muon, stepped on command beside kappa's Muon (`cargo bench --bench optim`).
 
-Usage: muon_torch.py THREADS MxN [MxN ...]
-Prints one JSON object: {"MxN": {"seconds": median seconds per step, "reps": n,
-"sigma_min": ..., "sigma_max": ...}} where sigma_* are the extreme singular values of the
-orthogonalized update O = -(W_after - W_before)/adjusted_lr (weight decay 0), i.e. the band
-torch's bf16 Newton-Schulz lands in. Inputs are seeded Gaussians in f32 on the CPU, the same
-setting (momentum 0.95 Nesterov, 5 quintic steps, adjust_lr_fn="original") as kappa's
-`MuonConfig::keller()`.
+Usage: muon_torch.py THREADS. Prints "ready", then answers one line per command:
+
+  setup MxN PRECISION   a fresh torch.optim.Muon on one seeded Gaussian M×N parameter with a
+                        fixed seeded Gaussian gradient; takes one step and answers
+                        "sigma_min sigma_max", the extreme singular values of that step's
+                        orthogonalized update O = -(W_after - W_before)/adjusted_lr (weight decay
+                        0), i.e. the band its Newton-Schulz lands in.
+  step                  one optimizer step on the current parameter; answers its wall seconds.
+  quit                  exits.
+
+PRECISION is "bf16" (torch.optim.Muon as shipped: its Newton-Schulz casts to bfloat16) or "f32"
+(the same optimizer with its Newton-Schulz run in float32; see `newton_schulz_f32`). The setting
+is the one of kappa's `MuonConfig::keller()`: momentum 0.95 with Nesterov, 5 quintic steps,
+adjust_lr_fn="original".
 """
-import json
 import math
 import sys
 import time
-
 import warnings
 
 # The project's environment has no NumPy (nothing here needs it); torch warns about that on import.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch
+import torch.optim._muon as muon_module
+
+SHIPPED_NEWTON_SCHULZ = muon_module._zeropower_via_newtonschulz
 
 
-def bench(m, n, budget=3.0, max_reps=5):
+def newton_schulz_f32(grad, ns_coefficients, ns_steps, eps):
+    """The quintic iteration torch.optim.Muon runs, in float32: X = G/‖G‖_F in the wide
+    orientation, then per step A = X Xᵀ, B = b·A + c·A², X = a·X + B·X (one product and two
+    addmm, as the shipped function does them in bfloat16)."""
+    a, b, c = ns_coefficients
+    x = grad.float()
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, poly, x, beta=a)
+    return x.T if tall else x
+
+
+def setup(shape, precision):
+    m, n = (int(v) for v in shape.split("x"))
+    muon_module._zeropower_via_newtonschulz = {
+        "bf16": SHIPPED_NEWTON_SCHULZ,
+        "f32": newton_schulz_f32,
+    }[precision]
     g = torch.Generator().manual_seed(1)
     w = torch.nn.Parameter(torch.randn(m, n, generator=g) * 0.02)
-    grad = torch.randn(m, n, generator=g)
+    w.grad = torch.randn(m, n, generator=g)
     opt = torch.optim.Muon([w], lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True)
-    w.grad = grad.clone()
     before = w.detach().clone()
-    opt.step()  # warm-up, also gives the update for the band check
-    adjusted = 0.02 * math.sqrt(max(1.0, m / n))
-    update = -(w.detach() - before) / adjusted
+    opt.step()
+    update = -(w.detach() - before) / (0.02 * math.sqrt(max(1.0, m / n)))
     s = torch.linalg.svdvals(update.double())
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (time.perf_counter() - start < budget or len(times) < 1):
-        t0 = time.perf_counter()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return {
-        "seconds": times[len(times) // 2],
-        "reps": len(times),
-        "sigma_min": s.min().item(),
-        "sigma_max": s.max().item(),
-    }
+    return opt, f"{s.min().item()} {s.max().item()}"
 
 
 def main():
-    threads = int(sys.argv[1])
-    torch.set_num_threads(threads)
-    out = {}
-    for shape in sys.argv[2:]:
-        m, n = (int(x) for x in shape.split("x"))
-        out[shape] = bench(m, n)
-    print(json.dumps(out))
+    torch.set_num_threads(int(sys.argv[1]))
+    opt = None
+    print("ready", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        if words[0] == "setup":
+            opt, reply = setup(words[1], words[2])
+        elif words[0] == "step" and opt is not None:
+            t0 = time.perf_counter()
+            opt.step()
+            reply = str(time.perf_counter() - t0)
+        else:
+            reply = f"error: unknown command {line.strip()!r}"
+        print(reply, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 //! kappa-benches: shared helpers for the criterion benchmarks (threads, inputs, summaries).
 
 pub mod paired;
+pub mod peer;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -252,11 +252,9 @@ pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     let threads = args.threads.to_string();
     let mut cmd = cargo(ws, &tc);
     cmd.args(["bench", "--locked", "-p", "kappa-benches"]);
-    // The PyTorch columns (optim, attention) run the reference scripts with the Python that
-    // setup installed torch into, unless the caller named another.
-    if env::var_os("KAPPA_PYTHON").is_none() {
-        cmd.env("KAPPA_PYTHON", ws.venv_dir().join("bin").join("python"));
-    }
+    // The PyTorch columns run the reference scripts with the Python of the environment that
+    // setup installed torch into (`kappa_benches::peer::python`; `KAPPA_PYTHON` overrides it).
+    cmd.env("KAPPA_VENV", ws.venv_dir());
     if let Some(bench) = &args.bench {
         cmd.args(["--bench", bench]);
     }

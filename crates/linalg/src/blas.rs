@@ -190,6 +190,12 @@ fn coretype_env() -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
+/// The number of threads the system OpenBLAS computes on, or `None` when kappa-linalg is built
+/// without it (feature `openblas-system`) and cannot tell.
+pub fn blas_threads() -> Option<usize> {
+    openblas::threads()
+}
+
 /// Which BLAS kernel this process runs (see the module docs).
 ///
 /// ```
@@ -336,6 +342,13 @@ mod openblas {
     extern "C" {
         fn openblas_get_config() -> *const c_char;
         fn openblas_get_corename() -> *const c_char;
+        fn openblas_get_num_threads() -> std::ffi::c_int;
+    }
+
+    /// The number of threads OpenBLAS computes on.
+    pub(super) fn threads() -> Option<usize> {
+        // SAFETY: takes no arguments and reads OpenBLAS's thread count, set at load time.
+        Some(unsafe { openblas_get_num_threads() }.max(1) as usize)
     }
 
     fn owned(p: *const c_char) -> Option<String> {
@@ -408,6 +421,10 @@ mod openblas {
 
     pub(super) fn names() -> (Option<String>, Option<String>) {
         (None, None)
+    }
+
+    pub(super) fn threads() -> Option<usize> {
+        None
     }
 
     pub(super) fn can_switch() -> bool {

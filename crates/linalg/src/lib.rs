@@ -64,6 +64,7 @@ pub mod polar_express;
 pub mod psd;
 pub mod scalar;
 pub mod svd;
+pub mod syrk;
 #[cfg(feature = "tch")]
 pub mod tch_backend;
 

@@ -25,6 +25,7 @@ use crate::error::{rename, LinalgError, Result};
 use crate::input::{shape_str, InputError};
 use crate::scalar::{array_norm, Pow2, Real};
 use crate::svd::{polar_factor, scaled_singular_values, scaled_thin, SvdDriver};
+use crate::syrk::syrk_array;
 
 /// A dense real matrix, as the algorithms of this crate see it.
 ///
@@ -48,9 +49,19 @@ pub trait Matrix: Sized {
     /// ([`LinalgError::TooLarge`], argument `rhs`).
     fn matmul(&self, rhs: &Self) -> Result<Self>;
 
-    /// The Gram matrix `self · selfᵀ` (rows × rows). Errors: rows² beyond
+    /// The Gram matrix `self · selfᵀ` (rows × rows): f32/f64 matrices on the CPU compute one
+    /// triangle by BLAS `syrk` in half a general product's flops and mirror it, so the result is
+    /// exactly symmetric (see [`crate::syrk`]); bf16 and CUDA tensors take a general product,
+    /// symmetric to rounding. Errors: rows² beyond
     /// [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES) ([`LinalgError::TooLarge`], argument `self`).
     fn gram(&self) -> Result<Self>;
+
+    /// `alpha·(self · selfᵀ) + beta·c` for a **symmetric** `c` (rows × rows) as a new matrix, by
+    /// `syrk` where [`Matrix::gram`] uses it (exactly symmetric; only `c`'s upper triangle is
+    /// read), elsewhere by a general product (`c` read whole). With `c` = `self`
+    /// symmetric this is `beta·A + alpha·A²` (A·A = A·Aᵀ), the polynomial part of a
+    /// Newton–Schulz step. Errors: `c` not rows × rows (argument `c`).
+    fn gram_add(&self, alpha: f64, c: &Self, beta: f64) -> Result<Self>;
 
     /// BLAS `gemm` in place: `self ← alpha·(a·b) + beta·self`. `self` must not be `a` or `b`.
     fn gemm(&mut self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<()>;
@@ -202,7 +213,29 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn gram(&self) -> Result<Self> {
         crate::error::check_dense("self", self.nrows(), self.nrows())?;
-        Ok(self.dot(&self.t()))
+        let m = self.nrows();
+        Ok(syrk_array(self, 1.0, None).unwrap_or_else(|| {
+            let mut out = Array2::zeros((m, m));
+            general_mat_mul(A::one(), self, &self.t(), A::zero(), &mut out);
+            out
+        }))
+    }
+
+    fn gram_add(&self, alpha: f64, c: &Self, beta: f64) -> Result<Self> {
+        let m = self.nrows();
+        check_product("c", (m, self.ncols()), (self.ncols(), m), Some(c.dim()))?;
+        if let Some(out) = syrk_array(self, alpha, Some((c, beta))) {
+            return Ok(out);
+        }
+        let mut out = c.to_owned();
+        general_mat_mul(
+            A::from_f64_lossy(alpha),
+            self,
+            &self.t(),
+            A::from_f64_lossy(beta),
+            &mut out,
+        );
+        Ok(out)
     }
 
     fn gemm(&mut self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<()> {

@@ -8,7 +8,10 @@
 //!
 //!   X ← a·X + b·(XXᵀ)X + c·(XXᵀ)²X = U·p(Σ)·Vᵀ,  p(x) = a·x + b·x³ + c·x⁵,
 //!
-//! evaluated as A = XXᵀ, B = b·A + c·A·A, X ← a·X + B·X (three `gemm`s; two when c = 0).
+//! evaluated as A = XXᵀ, B = b·A + c·A·A, X ← a·X + B·X (three products; two when c = 0). The
+//! first two are symmetric (A·A = A·Aᵀ), and [`Matrix::gram`] and [`Matrix::gram_add`] compute
+//! them by BLAS `syrk` in half the flops where the backend allows (f32/f64 on the CPU; see
+//! [`crate::syrk`]).
 //! The iteration first divides X by `normalization`·‖X‖_F (Frobenius ≥ spectral, so every
 //! singular value lands in [0, 1/normalization]), and works on the *wide orientation* (X is
 //! transposed when it has more rows than columns), so the Gram matrix A is min(m,n)². The result
@@ -34,8 +37,9 @@
 //!   with **no additive epsilon**, so NS(αX) = NS(X) for every α > 0 down to the smallest
 //!   normal numbers. (Muon's reference divides by ‖X‖_F + 1e-7, which shrinks inputs of norm
 //!   ≲ 1e-7 and breaks this.) The zero matrix is returned as the zero matrix.
-//! * Cost per step, X ∈ ℝ^{r×s}, r ≤ s: 4r²s + 2r³ flops for a quintic step, 4r²s for a cubic
-//!   one (c = 0 skips the A·A product). Memory: two r×s and two r×r buffers.
+//! * Cost per step, X ∈ ℝ^{r×s}, r ≤ s: 4r²s + 2r³ flops for a quintic step with general
+//!   products (bf16, CUDA), 3r²s + r³ with the symmetric ones (f32/f64 on the CPU); a cubic step
+//!   skips the A·A product (c = 0). Memory: two r×s and two r×r buffers.
 //! * Accuracy: each step is a few matrix products, so rounding adds O(s·ε) relative error per
 //!   step in the working precision (`f32`, `bf16` or `f64`); the band and convergence statements
 //!   hold to that accuracy.
@@ -318,7 +322,8 @@ impl<M> Prepared<M> {
 /// none otherwise); the step is then X ← a·X + B·X.
 pub(crate) fn poly_part<M: Matrix>(gram: &M, p: &PolyStep) -> Result<M> {
     if p.c != 0.0 {
-        gram.mul_add(p.c, gram, gram, p.b)
+        // The Gram matrix is symmetric, so A·A = A·Aᵀ: a symmetric rank-k update (`syrk`).
+        gram.gram_add(p.c, gram, p.b)
     } else {
         let mut b = gram.duplicate()?;
         b.scale(p.b)?;

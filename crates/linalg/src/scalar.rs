@@ -14,7 +14,12 @@ mod sealed {
 /// Every `ndarray` entry point of this crate is generic over `A: Real`, so call sites written for
 /// `f64` compile unchanged and `f32` works the same way, computing in `f32` throughout.
 pub trait Real:
-    NdFloat + Lapack + ndarray_linalg::Scalar<Real = Self> + Default + sealed::Sealed
+    NdFloat
+    + Lapack
+    + ndarray_linalg::Scalar<Real = Self>
+    + Default
+    + sealed::Sealed
+    + crate::syrk::SyrkElement
 {
     /// Machine epsilon of the type: 2⁻²³ for `f32`, 2⁻⁵² for `f64`.
     const EPS: f64;

@@ -33,10 +33,11 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{LinalgError, Result};
 use crate::matrix::Matrix;
 use crate::scalar::{Pow2, Real};
+use crate::syrk::syrk_tensor;
 
 const SUPPORTED: &str = "Float (f32), BFloat16 (bf16), Double (f64)";
 
-fn backend(arg: &'static str) -> impl FnOnce(tch::TchError) -> LinalgError {
+pub(crate) fn backend(arg: &'static str) -> impl FnOnce(tch::TchError) -> LinalgError {
     // libtorch appends a C++ backtrace to its messages; keep the first line.
     move |e| LinalgError::Backend {
         arg,
@@ -205,6 +206,16 @@ impl Matrix for Tensor {
             return Err(InputError::Empty { arg, rows, cols }.into());
         }
         let _g = tch::no_grad_guard();
+        // Fast path, one pass and no temporary: a sum in the tensor's own kind is NaN or ±∞
+        // when any entry is, and finite entries make it non-finite only by overflowing, so a
+        // finite sum proves every entry finite. A non-finite sum takes the exact search below.
+        let sum = self
+            .f_sum(self.kind())
+            .and_then(|s| s.f_double_value(&[]))
+            .map_err(backend(arg))?;
+        if sum.is_finite() {
+            return Ok(());
+        }
         let finite = self.f_isfinite().map_err(backend(arg))?;
         let all = finite
             .f_all()
@@ -252,8 +263,26 @@ impl Matrix for Tensor {
     fn gram(&self) -> Result<Self> {
         let (m, _) = check_2d("self", self)?;
         crate::error::check_dense("self", m, m)?;
+        check_operands(&[("self", self)])?;
         let _g = tch::no_grad_guard();
+        if let Some(out) = syrk_tensor(self, 1.0, None)? {
+            return Ok(out);
+        }
         self.f_matmul(&self.tr()).map_err(backend("self"))
+    }
+
+    fn gram_add(&self, alpha: f64, c: &Self, beta: f64) -> Result<Self> {
+        let (m, _) = check_2d("self", self)?;
+        let sc = check_2d("c", c)?;
+        if sc != (m, m) {
+            return Err(shape_err("c", crate::input::shape_str(m, m), sc));
+        }
+        check_operands(&[("self", self), ("c", c)])?;
+        let _g = tch::no_grad_guard();
+        if let Some(out) = syrk_tensor(self, alpha, Some((c, beta)))? {
+            return Ok(out);
+        }
+        c.mul_add(alpha, self, &self.tr(), beta)
     }
 
     fn gemm(&mut self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<()> {

@@ -14,6 +14,7 @@ mod properties {
     pub mod polar_express;
     pub mod psd;
     pub mod svd;
+    pub mod symmetric_products;
     #[cfg(feature = "tch")]
     pub mod tch_backend;
 }
