@@ -7,7 +7,7 @@
 //! alternate in one run.
 //!
 //! Group `optim_batch`: (a) Muon's step over all hidden matrices of a small GPT (4 layers ×
-//! 256 or × 64 wide: QKV 3D×D, out D×D, fc 4D×D, proj D×4D, 16 matrices), one batched
+//! 256, 64 or 32 wide: QKV 3D×D, out D×D, fc 4D×D, proj D×4D, 16 matrices), one batched
 //! call per shape (`Muon::step_batch`) against one `Muon::step` per matrix; (b) at 384², 768²
 //! and 768×3072 the Muon step (Keller's config) beside its own bare msign (the same quintic, the
 //! same precision), in f32 and Auto, printed as a ratio (goal ≤ 1.1).
@@ -38,7 +38,7 @@ use tch::{Device, Kind, Tensor};
 const GROUP: &str = "optim_f32";
 const BATCH_GROUP: &str = "optim_batch";
 /// Widths of the small GPTs whose matrices are stepped batched and one by one.
-const GPT_WIDTHS: [usize; 2] = [256, 64];
+const GPT_WIDTHS: [usize; 3] = [256, 64, 32];
 const GPT_LAYERS: usize = 4;
 /// Shapes of the step / own-msign comparison.
 const RATIO_SHAPES: [(usize, usize); 3] = [(384, 384), (768, 768), (768, 3072)];

@@ -336,7 +336,8 @@ pub(crate) fn poly_part<M: Matrix>(gram: &M, p: &PolyStep) -> Result<M> {
 /// orientation.
 pub(crate) fn finish<M: Matrix>(x: Prepared<M>, transposed: bool) -> Result<M> {
     let (Prepared::Normalized(x) | Prepared::Zero(x)) = x;
-    if !x.frobenius_norm()?.is_finite() {
+    // `validate` is the backends' cheapest all-finite check (one pass, no temporary on `tch`).
+    if let Err(LinalgError::Input(InputError::NonFinite { .. })) = x.validate("schedule") {
         return Err(LinalgError::Overflow {
             arg: "schedule",
             reason: "the polynomial steps drove the iterate beyond the element type's range".into(),
