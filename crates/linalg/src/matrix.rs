@@ -25,7 +25,7 @@ use crate::error::{rename, LinalgError, Result};
 use crate::input::{shape_str, InputError};
 use crate::scalar::{array_norm, Pow2, Real};
 use crate::svd::{polar_factor, scaled_singular_values, scaled_thin, SvdDriver};
-use crate::syrk::syrk_array;
+use crate::syrk::syrk_slice;
 
 /// A dense real matrix, as the algorithms of this crate see it.
 ///
@@ -146,6 +146,39 @@ pub(crate) fn check_len(arg: &'static str, len: usize, expected: usize, what: &s
         )
         .into())
     }
+}
+
+/// α·A·Aᵀ (+ β·C) by BLAS `syrk` (see [`crate::syrk`]; a matrix contiguous in neither order is
+/// copied to standard layout first), as a new standard-layout matrix; `None` only for sizes
+/// beyond BLAS's integers.
+fn syrk_array<A: Real>(
+    a: &Array2<A>,
+    alpha: f64,
+    c: Option<(&Array2<A>, f64)>,
+) -> Option<Array2<A>> {
+    let (m, k) = a.dim();
+    let copy;
+    let (data, column_major) = match (a.as_slice(), a.t().to_slice()) {
+        (Some(data), _) => (data, false),
+        (None, Some(data)) => (data, true),
+        (None, None) => {
+            copy = a.as_standard_layout().into_owned();
+            (copy.as_slice()?, false)
+        }
+    };
+    let beta = c.map_or(0.0, |(_, beta)| beta);
+    let mut out = match c {
+        Some((c, _)) if beta != 0.0 => c.as_standard_layout().into_owned(),
+        _ => Array2::zeros((m, m)),
+    };
+    syrk_slice(
+        data,
+        (m, k),
+        column_major,
+        (alpha, beta),
+        out.as_slice_mut()?,
+    )
+    .then_some(out)
 }
 
 fn check_product(

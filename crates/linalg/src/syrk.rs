@@ -17,8 +17,8 @@
 //!
 //! # Which matrices
 //!
-//! f32 and f64 matrices with dimensions within BLAS's 32-bit integers (a layout without a unit
-//! stride is copied first), through the process's CBLAS `cblas_?syrk` (the system OpenBLAS by
+//! f32 and f64 matrices with dimensions within BLAS's 32-bit integers (a matrix contiguous in
+//! neither row- nor column-major order is copied first), through the process's CBLAS `cblas_?syrk` (the system OpenBLAS by
 //! default, the library of ndarray's other products). Everything else takes the general
 //! product, with the same result to rounding but symmetric only to rounding.
 //!
@@ -39,7 +39,6 @@
 #![allow(unsafe_code)]
 
 use cblas_sys::{CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_UPLO};
-use ndarray::Array2;
 #[cfg(feature = "tch")]
 use tch::{Device, Kind, Tensor};
 
@@ -132,11 +131,10 @@ mod element {
     }
 }
 
-/// How BLAS reads an `rows`×`cols` matrix with strides `(row_stride, col_stride)` (in elements):
-/// row-major as it is, or as the transpose of a row-major matrix; `None` when it has no unit
-/// stride or does not fit BLAS's integers.
+/// How BLAS reads a contiguous `rows`×`cols` matrix: `None` where a dimension does not fit
+/// BLAS's integers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct BlasLayout {
+struct BlasLayout {
     /// Memory holds Aᵀ row-major (A is column-major).
     transposed: bool,
     n: i32,
@@ -145,86 +143,68 @@ pub(crate) struct BlasLayout {
 }
 
 impl BlasLayout {
-    /// The layout of A (rows × cols, A·Aᵀ is rows × rows), if BLAS can read it in place.
-    pub(crate) fn of(
-        rows: usize,
-        cols: usize,
-        row_stride: isize,
-        col_stride: isize,
-    ) -> Option<Self> {
-        let n = i32::try_from(rows).ok()?;
-        let k = i32::try_from(cols).ok()?;
-        if rows == 0 || cols == 0 || i32::try_from(rows.checked_mul(rows)?).is_err() {
+    fn of(rows: usize, cols: usize, column_major: bool) -> Option<Self> {
+        if rows == 0 || cols == 0 {
             return None;
         }
-        // Row-major: A itself, leading dimension = row stride (≥ cols; any value for one row).
-        if col_stride == 1 || cols == 1 {
-            let lda = if rows == 1 { cols as isize } else { row_stride };
-            if lda >= cols as isize {
-                return Some(Self {
-                    transposed: false,
-                    n,
-                    k,
-                    lda: i32::try_from(lda).ok()?,
-                });
-            }
-        }
-        // Column-major: memory holds Aᵀ (cols × rows) row-major, and A·Aᵀ = (Aᵀ)ᵀ·Aᵀ.
-        if row_stride == 1 || rows == 1 {
-            let lda = if cols == 1 { rows as isize } else { col_stride };
-            if lda >= rows as isize {
-                return Some(Self {
-                    transposed: true,
-                    n,
-                    k,
-                    lda: i32::try_from(lda).ok()?,
-                });
-            }
-        }
-        None
+        i32::try_from(rows.checked_mul(rows)?).ok()?;
+        let (n, k) = (i32::try_from(rows).ok()?, i32::try_from(cols).ok()?);
+        // Row-major: A itself, rows `cols` apart. Column-major: memory holds Aᵀ (cols × rows)
+        // row-major, rows `rows` apart, and A·Aᵀ = (Aᵀ)ᵀ·Aᵀ.
+        let lda = if column_major { n } else { k };
+        Some(Self {
+            transposed: column_major,
+            n,
+            k,
+            lda,
+        })
     }
 }
 
-/// `out` ← α·A·Aᵀ + β·`out`, both triangles (`out` is rows × rows, row-major, contiguous; with
-/// β = 0 its contents are not read). Only the upper triangle of `out` is read when β ≠ 0, so a
-/// symmetric `out` is required for the result to mean α·A·Aᵀ + β·C.
-///
-/// # Safety
-/// `a` must point at the first element of a matrix readable with `layout` (which must come from
-/// [`BlasLayout::of`] for that matrix's shape and strides), and must not overlap `out`.
-pub(crate) unsafe fn syrk_into<T: SyrkElement>(
-    a: *const T,
-    layout: BlasLayout,
-    alpha: f64,
-    beta: f64,
+/// `out` ← α·A·Aᵀ + β·`out`, both triangles, for a contiguous `rows`×`cols` matrix A given by
+/// its elements `a` in row-major (or, with `column_major`, column-major) order; `out` is
+/// rows × rows, row-major (with β = 0 its contents are not read; otherwise only its upper
+/// triangle is, so it must be symmetric for the result to mean α·A·Aᵀ + β·C). Returns `false`,
+/// touching nothing, when the lengths do not match the shape or the shape does not fit BLAS.
+pub(crate) fn syrk_slice<T: SyrkElement>(
+    a: &[T],
+    (rows, cols): (usize, usize),
+    column_major: bool,
+    (alpha, beta): (f64, f64),
     out: &mut [T],
-) {
-    let n = layout.n as usize;
-    assert_eq!(out.len(), n * n, "syrk_into: out must be rows × rows");
-    // SAFETY: the caller's contract for `a`; `out` is an exclusive n×n row-major buffer.
+) -> bool {
+    let Some(layout) = BlasLayout::of(rows, cols, column_major) else {
+        return false;
+    };
+    if Some(a.len()) != rows.checked_mul(cols) || out.len() != rows * rows {
+        return false;
+    }
     let trans = if layout.transposed {
         CBLAS_TRANSPOSE::CblasTrans
     } else {
         CBLAS_TRANSPOSE::CblasNoTrans
     };
+    // SAFETY: `a` holds exactly the rows·cols elements BLAS reads for this layout (leading
+    // dimension = the stored row length), `out` exactly rows², and the borrows keep them apart.
     unsafe {
         T::syrk_upper(
             trans,
             layout.n,
             layout.k,
             alpha,
-            a,
+            a.as_ptr(),
             layout.lda,
             beta,
             out.as_mut_ptr(),
         )
     };
-    mirror_upper(out, n);
+    mirror_upper(out, rows);
+    true
 }
 
 /// Copies the strict upper triangle of the row-major n×n matrix `c` into its lower triangle, in
 /// cache-sized tiles.
-pub(crate) fn mirror_upper<T: Copy>(c: &mut [T], n: usize) {
+fn mirror_upper<T: Copy>(c: &mut [T], n: usize) {
     const TILE: usize = 64;
     for ib in (0..n).step_by(TILE) {
         for jb in (ib..n).step_by(TILE) {
@@ -237,87 +217,50 @@ pub(crate) fn mirror_upper<T: Copy>(c: &mut [T], n: usize) {
     }
 }
 
-/// α·A·Aᵀ (+ β·C) by BLAS `syrk` (see [`crate::syrk`]; a layout BLAS cannot read is copied to
-/// standard layout first), as a new standard-layout matrix; `None` only for sizes beyond BLAS's
-/// integers.
-pub(crate) fn syrk_array<A: crate::Real>(
-    a: &Array2<A>,
-    alpha: f64,
-    c: Option<(&Array2<A>, f64)>,
-) -> Option<Array2<A>> {
-    let (m, k) = a.dim();
-    let strides = a.strides();
-    if BlasLayout::of(m, k, strides[0], strides[1]).is_none() {
-        // No unit stride (or a negative one): a standard-layout copy, O(mk) against the
-        // product's O(m²k), so that every layout gets the same exactly symmetric result.
-        let copy = a.as_standard_layout().into_owned();
-        if BlasLayout::of(m, k, k as isize, 1).is_some() {
-            return syrk_array(&copy, alpha, c);
-        }
-        return None;
-    }
-    let layout = BlasLayout::of(m, k, strides[0], strides[1])?;
-    let beta = c.map_or(0.0, |(_, beta)| beta);
-    let mut out = match c {
-        Some((c, _)) if beta != 0.0 => c.as_standard_layout().into_owned(),
-        _ => Array2::zeros((m, m)),
-    };
-    let buf = out.as_slice_mut()?;
-    // SAFETY: `a` is a live array with the shape and strides `layout` was made from, and `out`
-    // is a new array that shares no memory with it.
-    unsafe { syrk_into(a.as_ptr(), layout, alpha, beta, buf) };
-    Some(out)
-}
-
+/// α·X·Xᵀ (+ β·C) by `syrk` for a 2-D CPU f32/f64 tensor (a tensor contiguous in neither order
+/// is copied first), as a new contiguous tensor; `Ok(None)` for every other tensor, which takes
+/// the general product. Operands are checked, and the thread rule of "Tensors" (module docs)
+/// applied, by the caller (`tch_backend`).
 #[cfg(feature = "tch")]
-/// α·X·Xᵀ (+ β·C) by CBLAS `syrk` for a CPU f32/f64 tensor while libtorch and the BLAS each run
-/// one thread (see "Tensors" in the module docs; a layout BLAS cannot read is copied to a
-/// contiguous tensor first), as a new contiguous tensor; `Ok(None)` for every other tensor and
-/// setting, which takes the general product. Operands are checked by the caller.
 pub(crate) fn syrk_tensor(
     x: &Tensor,
     alpha: f64,
     c: Option<(&Tensor, f64)>,
-) -> crate::error::Result<Option<Tensor>> {
-    let backend = crate::tch_backend::backend;
+) -> Result<Option<Tensor>, tch::TchError> {
     let &[m, k] = x.size().as_slice() else {
         return Ok(None);
     };
-    let (m, k, kind) = (m as usize, k as usize, x.kind());
-    let single_threaded = tch::get_num_threads() == 1 && crate::blas::blas_threads() == Some(1);
-    if x.device() != Device::Cpu || !matches!(kind, Kind::Float | Kind::Double) || !single_threaded
-    {
+    if x.device() != Device::Cpu || !matches!(x.kind(), Kind::Float | Kind::Double) {
         return Ok(None);
     }
-    let strides = x.stride();
-    let Some(layout) = BlasLayout::of(m, k, strides[0] as isize, strides[1] as isize) else {
-        // No unit stride: a contiguous copy (as for arrays), unless the size is beyond BLAS.
-        if !x.is_contiguous() {
-            return syrk_tensor(&x.f_contiguous().map_err(backend("self"))?, alpha, c);
-        }
-        return Ok(None);
+    let (m, k, kind) = (m as usize, k as usize, x.kind());
+    let column_major = !x.is_contiguous() && x.tr().is_contiguous();
+    let x = if x.is_contiguous() || column_major {
+        x.shallow_clone()
+    } else {
+        x.f_contiguous()?
     };
     let beta = c.map_or(0.0, |(_, beta)| beta);
-    let mut out =
-        Tensor::f_empty([m as i64, m as i64], (kind, Device::Cpu)).map_err(backend("self"))?;
+    let mut out = Tensor::f_empty([m as i64, m as i64], (kind, Device::Cpu))?;
     if let Some((c, _)) = c.filter(|_| beta != 0.0) {
-        out.f_copy_(c).map_err(backend("c"))?;
+        out.f_copy_(c)?;
     }
-    let (a, len) = (x.data_ptr(), m * m);
-    // SAFETY: `x` is a live CPU tensor of kind `kind` whose data pointer addresses its first
-    // element with the shape and strides `layout` was made from; `out` is a new contiguous
-    // m×m tensor of the same kind, shared with nothing, so its storage is an exclusive slice of
-    // `len` elements for the duration of the call.
-    unsafe {
+    let (a, o) = (x.data_ptr(), out.data_ptr());
+    // SAFETY: `x` is a live CPU tensor of kind `kind`, contiguous in row-major or (with
+    // `column_major`) column-major order, so its data pointer addresses exactly m·k elements;
+    // `out` is a new contiguous m×m tensor of the same kind that shares no storage with `x`.
+    let done = unsafe {
         if kind == Kind::Float {
-            let buf = std::slice::from_raw_parts_mut(out.data_ptr() as *mut f32, len);
-            syrk_into(a as *const f32, layout, alpha, beta, buf)
+            let a = std::slice::from_raw_parts(a as *const f32, m * k);
+            let o = std::slice::from_raw_parts_mut(o as *mut f32, m * m);
+            syrk_slice(a, (m, k), column_major, (alpha, beta), o)
         } else {
-            let buf = std::slice::from_raw_parts_mut(out.data_ptr() as *mut f64, len);
-            syrk_into(a as *const f64, layout, alpha, beta, buf)
+            let a = std::slice::from_raw_parts(a as *const f64, m * k);
+            let o = std::slice::from_raw_parts_mut(o as *mut f64, m * m);
+            syrk_slice(a, (m, k), column_major, (alpha, beta), o)
         }
-    }
-    Ok(Some(out))
+    };
+    Ok(done.then_some(out))
 }
 
 #[cfg(test)]
@@ -325,25 +268,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layouts_are_read_in_place_or_refused() {
-        let row = BlasLayout::of(3, 5, 5, 1).unwrap();
+    fn layouts_fit_blas_or_are_refused() {
+        let row = BlasLayout::of(3, 5, false).unwrap();
         assert_eq!((row.transposed, row.lda), (false, 5));
-        let padded = BlasLayout::of(3, 5, 8, 1).unwrap();
-        assert_eq!(padded.lda, 8);
-        let col = BlasLayout::of(3, 5, 1, 3).unwrap();
+        let col = BlasLayout::of(3, 5, true).unwrap();
         assert_eq!((col.transposed, col.lda), (true, 3));
-        assert_eq!(BlasLayout::of(3, 5, 10, 2), None, "no unit stride");
-        assert_eq!(BlasLayout::of(3, 5, 4, 1), None, "rows overlap");
-        assert_eq!(BlasLayout::of(3, 5, -5, 1), None, "negative stride");
-        assert_eq!(BlasLayout::of(0, 5, 5, 1), None, "empty");
-        assert!(
-            BlasLayout::of(1, 5, 0, 1).is_some(),
-            "one row: any row stride"
-        );
-        assert!(
-            BlasLayout::of(4, 1, 1, 0).is_some(),
-            "one column: any column stride"
-        );
+        assert_eq!(BlasLayout::of(0, 5, false), None, "empty");
+        assert_eq!(BlasLayout::of(1 << 16, 1, false), None, "rows² beyond i32");
+        assert_eq!(BlasLayout::of(2, 1 << 31, false), None, "cols beyond i32");
+    }
+
+    #[test]
+    fn slices_of_the_wrong_length_are_refused() {
+        let a = [1.0f64; 6];
+        let mut out = [0.0f64; 9];
+        assert!(!syrk_slice(&a[..5], (3, 2), false, (1.0, 0.0), &mut out));
+        assert!(!syrk_slice(&a, (3, 2), false, (1.0, 0.0), &mut out[..8]));
+        assert_eq!(out, [0.0; 9]);
+        assert!(syrk_slice(&a, (3, 2), false, (1.0, 0.0), &mut out));
+        assert_eq!(out, [2.0; 9]);
     }
 
     #[test]

@@ -37,7 +37,7 @@ use crate::syrk::syrk_tensor;
 
 const SUPPORTED: &str = "Float (f32), BFloat16 (bf16), Double (f64)";
 
-pub(crate) fn backend(arg: &'static str) -> impl FnOnce(tch::TchError) -> LinalgError {
+fn backend(arg: &'static str) -> impl FnOnce(tch::TchError) -> LinalgError {
     // libtorch appends a C++ backtrace to its messages; keep the first line.
     move |e| LinalgError::Backend {
         arg,
@@ -92,6 +92,28 @@ fn check_2d(arg: &'static str, t: &Tensor) -> Result<(usize, usize)> {
 
 fn shape_err(arg: &'static str, expected: String, found: (usize, usize)) -> LinalgError {
     InputError::shape_mismatch(arg, expected, crate::input::shape_str(found.0, found.1)).into()
+}
+
+/// Whether a tensor's Gram products take `syrk`: a CPU f32/f64 tensor while libtorch and
+/// OpenBLAS each compute on one thread ("Tensors" in the `syrk` module docs: two pools contend
+/// otherwise).
+pub(crate) fn takes_syrk(x: &Tensor) -> bool {
+    x.device() == Device::Cpu
+        && matches!(x.kind(), Kind::Float | Kind::Double)
+        && tch::get_num_threads() == 1
+        && crate::blas::blas_threads() == Some(1)
+}
+
+/// [`syrk_tensor`] where [`takes_syrk`], `Ok(None)` (the general product) elsewhere.
+fn syrk_if_single_threaded(
+    x: &Tensor,
+    alpha: f64,
+    c: Option<(&Tensor, f64)>,
+) -> Result<Option<Tensor>> {
+    if !takes_syrk(x) {
+        return Ok(None);
+    }
+    syrk_tensor(x, alpha, c).map_err(backend("self"))
 }
 
 /// Copies an `ndarray` matrix into a new 2-D tensor of the given kind on the given device.
@@ -265,7 +287,7 @@ impl Matrix for Tensor {
         crate::error::check_dense("self", m, m)?;
         check_operands(&[("self", self)])?;
         let _g = tch::no_grad_guard();
-        if let Some(out) = syrk_tensor(self, 1.0, None)? {
+        if let Some(out) = syrk_if_single_threaded(self, 1.0, None)? {
             return Ok(out);
         }
         self.f_matmul(&self.tr()).map_err(backend("self"))
@@ -279,7 +301,7 @@ impl Matrix for Tensor {
         }
         check_operands(&[("self", self), ("c", c)])?;
         let _g = tch::no_grad_guard();
-        if let Some(out) = syrk_tensor(self, alpha, Some((c, beta)))? {
+        if let Some(out) = syrk_if_single_threaded(self, alpha, Some((c, beta)))? {
             return Ok(out);
         }
         c.mul_add(alpha, self, &self.tr(), beta)

@@ -91,3 +91,32 @@ fn tensors_take_syrk_with_one_thread_on_each_side() {
         }
     }
 }
+
+/// The batched Newton–Schulz takes the symmetric products slice by slice at this size
+/// (r²s ≥ 2²²) and must still agree with the one-by-one iteration: to the backends' documented
+/// f32 agreement of Newton–Schulz results, max |Δ| ≤ 1e-4 (entries O(1/√n); the tch backend's
+/// module docs), and every slice's singular values inside Muon's band (to 1e-3, ten times that).
+#[test]
+fn batched_newton_schulz_with_symmetric_products_agrees_slice_by_slice() {
+    // SAFETY: as above; this binary's tests set the same values.
+    unsafe { openblas_set_num_threads(1) };
+    tch::set_num_threads(1);
+    let schedule = kappa_linalg::NsSchedule::muon();
+    let slices: Vec<Tensor> = (0..3)
+        .map(|i| {
+            tensor_from_array(gaussian(160, 200, 40 + i).view(), Kind::Float, Device::Cpu).unwrap()
+        })
+        .collect();
+    let batched = kappa_linalg::batched::newton_schulz_each(&slices, &schedule).unwrap();
+    for (x, got) in slices.iter().zip(&batched) {
+        let want = kappa_linalg::newton_schulz(x, &schedule).unwrap();
+        let diff = (got - &want).abs().max().double_value(&[]);
+        assert!(diff <= 1e-4, "batched vs one by one: {diff:e}");
+        let s = got.to_kind(Kind::Double).singular_values().unwrap();
+        let (lo, hi) = kappa_linalg::MUON_BAND;
+        assert!(
+            s.iter().all(|&v| v > lo - 1e-3 && v < hi + 1e-3),
+            "σ outside the band: {s:?}"
+        );
+    }
+}
