@@ -1,5 +1,6 @@
-//! Symmetric products in half the flops: A·Aᵀ by BLAS `syrk`, for [`Matrix::gram`] and
-//! [`Matrix::gram_add`] on both backends.
+//! Symmetric products in half the flops: A·Aᵀ by BLAS `syrk`, for
+//! [`Matrix::gram`](crate::Matrix::gram) and [`Matrix::gram_add`](crate::Matrix::gram_add) on
+//! both backends.
 //!
 //! # Math
 //!
