@@ -61,7 +61,17 @@ pub trait Matrix: Sized {
     /// read), elsewhere by a general product (`c` read whole). With `c` = `self`
     /// symmetric this is `beta·A + alpha·A²` (A·A = A·Aᵀ), the polynomial part of a
     /// Newton–Schulz step. Errors: `c` not rows × rows (argument `c`).
-    fn gram_add(&self, alpha: f64, c: &Self, beta: f64) -> Result<Self>;
+    ///
+    /// The default (for backends of other crates) is the general product
+    /// `c.mul_add(alpha, self, selfᵀ, beta)`; both of this crate's backends override it.
+    fn gram_add(&self, alpha: f64, c: &Self, beta: f64) -> Result<Self> {
+        let (m, _) = self.shape();
+        if c.shape() != (m, m) {
+            let found = shape_str(c.shape().0, c.shape().1);
+            return Err(InputError::shape_mismatch("c", shape_str(m, m), found).into());
+        }
+        c.mul_add(alpha, self, &self.duplicate()?.into_transpose(), beta)
+    }
 
     /// BLAS `gemm` in place: `self ← alpha·(a·b) + beta·self`. `self` must not be `a` or `b`.
     fn gemm(&mut self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<()>;
