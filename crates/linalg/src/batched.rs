@@ -12,10 +12,10 @@
 //!   A = X·Xᵀ (`bmm`), B = b·A + c·A·A (`baddbmm`), X ← a·X + B·X (`baddbmm`),
 //!
 //! on the batch (A and B slice by slice with the symmetric products on one CPU thread when the
-//! slices are large; see `poly_part_batched`). Only the products differ from the per-matrix path (a batched kernel may sum in
-//! another order than `mm`), so each slice agrees with [`newton_schulz`](crate::newton_schulz())
-//! to the rounding of those products in the working type, amplified as the iteration amplifies
-//! any rounding (the tests bound it by the measured amplification of an input perturbation of
+//! slices are large; see `poly_part_batched`). Only the products differ from the per-matrix
+//! path (a batched kernel may sum in another order than `mm`), so each slice agrees with
+//! [`newton_schulz`](crate::newton_schulz()) to the rounding of those products in the working
+//! type, amplified as the iteration amplifies any rounding (the tests bound it by the measured amplification of an input perturbation of
 //! one unit roundoff). A zero slice stays zero. The Gram form
 //! ([`gram_newton_schulz`](crate::gram_newton_schulz())) is not batched here.
 
@@ -25,13 +25,7 @@ use crate::error::{LinalgError, Result};
 use crate::input::InputError;
 use crate::matrix::Matrix;
 use crate::newton_schulz::{poly_part, prepare, NsSchedule, PolyStep, Prepared};
-
-fn backend(arg: &'static str) -> impl FnOnce(tch::TchError) -> LinalgError {
-    move |e| LinalgError::Backend {
-        arg,
-        message: e.to_string().lines().next().unwrap_or_default().to_string(),
-    }
-}
+use crate::tch_backend::{backend, takes_syrk};
 
 /// (B, m, n) of a 3-D tensor of a supported kind, or the error [`newton_schulz_batched`]
 /// reports for it (argument `x`): not 3-D, another kind, or an empty batch or matrix.
@@ -126,7 +120,7 @@ fn poly_part_batched(xb: &Tensor, p: &PolyStep) -> Result<Tensor> {
         let found = format!("{:?}", xb.size());
         return Err(InputError::shape_mismatch("x", "a 3-D tensor [B, m, n]", found).into());
     };
-    if r * r * s >= 1 << 22 && crate::tch_backend::takes_syrk(xb) {
+    if r * r * s >= 1 << 22 && takes_syrk(xb) {
         let mut parts = Vec::with_capacity(b as usize);
         for i in 0..b {
             let a = Matrix::gram(&xb.f_select(0, i).map_err(backend("x"))?)?;

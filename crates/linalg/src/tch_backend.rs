@@ -37,7 +37,7 @@ use crate::syrk::syrk_tensor;
 
 const SUPPORTED: &str = "Float (f32), BFloat16 (bf16), Double (f64)";
 
-fn backend(arg: &'static str) -> impl FnOnce(tch::TchError) -> LinalgError {
+pub(crate) fn backend(arg: &'static str) -> impl FnOnce(tch::TchError) -> LinalgError {
     // libtorch appends a C++ backtrace to its messages; keep the first line.
     move |e| LinalgError::Backend {
         arg,
