@@ -73,6 +73,21 @@ pub trait Matrix: Sized {
         c.mul_add(alpha, self, &self.duplicate()?.into_transpose(), beta)
     }
 
+    /// `alpha·S² + beta·S` for a **symmetric** square `self` = S as a new matrix: the polynomial
+    /// part b·A + c·A² of a Newton–Schulz step on its Gram matrix A. The default is
+    /// [`Matrix::gram_add`] (S·Sᵀ = S², by `syrk` where the backend has it); tensors without
+    /// `syrk` (bf16, CUDA, more than one thread) multiply S·S instead, the form libtorch's fused
+    /// bf16 product is fast at. Errors: `self` not square (argument `self`).
+    fn symmetric_square_add(&self, alpha: f64, beta: f64) -> Result<Self> {
+        let (m, n) = self.shape();
+        if m != n {
+            return Err(
+                InputError::shape_mismatch("self", shape_str(m, m), shape_str(m, n)).into(),
+            );
+        }
+        self.gram_add(alpha, self, beta)
+    }
+
     /// BLAS `gemm` in place: `self ← alpha·(a·b) + beta·self`. `self` must not be `a` or `b`.
     fn gemm(&mut self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<()>;
 

@@ -322,8 +322,9 @@ impl<M> Prepared<M> {
 /// none otherwise); the step is then X ← a·X + B·X.
 pub(crate) fn poly_part<M: Matrix>(gram: &M, p: &PolyStep) -> Result<M> {
     if p.c != 0.0 {
-        // The Gram matrix is symmetric, so A·A = A·Aᵀ: a symmetric rank-k update (`syrk`).
-        gram.gram_add(p.c, gram, p.b)
+        // The Gram matrix is symmetric, so A·A = A·Aᵀ: a symmetric rank-k update (`syrk`) where
+        // the backend has one.
+        gram.symmetric_square_add(p.c, p.b)
     } else {
         let mut b = gram.duplicate()?;
         b.scale(p.b)?;

@@ -94,6 +94,30 @@ fn shape_err(arg: &'static str, expected: String, found: (usize, usize)) -> Lina
     InputError::shape_mismatch(arg, expected, crate::input::shape_str(found.0, found.1)).into()
 }
 
+/// α·A·B + β·C as a new tensor (operands checked by the caller; β = 0 ignores C, as BLAS does).
+///
+/// f32/f64 on the CPU: `addmm_` on β·C, with α folded into A (tch's `addmm` takes neither α nor
+/// β), because libtorch's `baddbmm` runs a batch of one on one thread there (B·X at 768×3072 f32
+/// on 2 threads: 33.9 ms against 21.4; `docs/linalg.md`, "Products on tensors"). Rounding: one
+/// for β·C, one for α·A (none when α = 1), the product's k and one for the sum: within γ_{k+3}.
+/// Elsewhere (bf16 on the CPU, CUDA) one fused `baddbmm`, rounded once, as `torch.addmm` does.
+fn product_plus(alpha: f64, a: &Tensor, b: &Tensor, c: &Tensor, beta: f64) -> tch::Result<Tensor> {
+    if c.device() != Device::Cpu || !matches!(c.kind(), Kind::Float | Kind::Double) {
+        return c
+            .f_unsqueeze(0)?
+            .f_baddbmm(&a.f_unsqueeze(0)?, &b.f_unsqueeze(0)?, beta, alpha)?
+            .f_squeeze_dim(0);
+    }
+    let scaled_a = (alpha != 1.0).then(|| a.f_mul_scalar(alpha)).transpose()?;
+    let a = scaled_a.as_ref().unwrap_or(a);
+    if beta == 0.0 {
+        return a.f_matmul(b);
+    }
+    let mut out = c.f_mul_scalar(beta)?;
+    let _ = out.f_addmm_(a, b)?;
+    Ok(out)
+}
+
 /// Whether a tensor's Gram products take `syrk`: a CPU f32/f64 tensor while libtorch and
 /// OpenBLAS each compute on one thread ("Tensors" in the `syrk` module docs: two pools contend
 /// otherwise).
@@ -304,7 +328,22 @@ impl Matrix for Tensor {
         if let Some(out) = syrk_if_single_threaded(self, alpha, Some((c, beta)))? {
             return Ok(out);
         }
-        c.mul_add(alpha, self, &self.tr(), beta)
+        product_plus(alpha, self, &self.tr(), c, beta).map_err(backend("self"))
+    }
+
+    fn symmetric_square_add(&self, alpha: f64, beta: f64) -> Result<Self> {
+        if takes_syrk(self) {
+            return self.gram_add(alpha, self, beta);
+        }
+        let (m, n) = check_2d("self", self)?;
+        if m != n {
+            return Err(shape_err("self", crate::input::shape_str(m, m), (m, n)));
+        }
+        check_operands(&[("self", self)])?;
+        let _g = tch::no_grad_guard();
+        // S·S, not S·Sᵀ: libtorch's fused bf16 product is slow with a transposed operand
+        // (768² on one thread: 3.05 ms against 2.13), and torch.optim.Muon multiplies A·A too.
+        product_plus(alpha, self, self, self, beta).map_err(backend("self"))
     }
 
     fn gemm(&mut self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<()> {
@@ -319,12 +358,7 @@ impl Matrix for Tensor {
         }
         check_operands(&[("self", self), ("a", a), ("b", b)])?;
         let _g = tch::no_grad_guard();
-        let out = self
-            .unsqueeze(0)
-            .f_baddbmm(&a.unsqueeze(0), &b.unsqueeze(0), beta, alpha)
-            .and_then(|t| t.f_squeeze_dim(0))
-            .map_err(backend("a"))?;
-        *self = out;
+        *self = product_plus(alpha, a, b, self, beta).map_err(backend("a"))?;
         Ok(())
     }
 
@@ -340,10 +374,7 @@ impl Matrix for Tensor {
         }
         check_operands(&[("self", self), ("a", a), ("b", b)])?;
         let _g = tch::no_grad_guard();
-        self.unsqueeze(0)
-            .f_baddbmm(&a.unsqueeze(0), &b.unsqueeze(0), beta, alpha)
-            .and_then(|t| t.f_squeeze_dim(0))
-            .map_err(backend("a"))
+        product_plus(alpha, a, b, self, beta).map_err(backend("a"))
     }
 
     fn scale(&mut self, alpha: f64) -> Result<()> {
@@ -361,6 +392,17 @@ impl Matrix for Tensor {
         }
         check_operands(&[("self", self), ("x", x)])?;
         let _g = tch::no_grad_guard();
+        if self.device() == Device::Cpu && matches!(self.kind(), Kind::Float | Kind::Double) {
+            // One pass (self + x·α by `addcmul_`, α a 0-d tensor of self's kind, as `mul_scalar`
+            // rounds it) instead of a scaled temporary and an add: 3 memory passes, not 5.
+            let a = Tensor::from(alpha)
+                .f_to_kind(self.kind())
+                .map_err(backend("x"))?;
+            let _ = self.f_addcmul_(x, &a).map_err(backend("x"))?;
+            return Ok(());
+        }
+        // bf16: libtorch keeps a Scalar factor in f32 for bf16 arithmetic, a 0-d bf16 tensor
+        // would round α to 8 bits; CUDA: a host scalar needs no copy to the device.
         let scaled = x.f_mul_scalar(alpha).map_err(backend("x"))?;
         let _ = self.f_add_(&scaled).map_err(backend("x"))?;
         Ok(())
