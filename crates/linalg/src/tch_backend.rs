@@ -392,12 +392,15 @@ impl Matrix for Tensor {
         }
         check_operands(&[("self", self), ("x", x)])?;
         let _g = tch::no_grad_guard();
-        if self.device() == Device::Cpu && matches!(self.kind(), Kind::Float | Kind::Double) {
-            // One pass (self + x·α by `addcmul_`, α a 0-d tensor of self's kind, as `mul_scalar`
-            // rounds it) instead of a scaled temporary and an add: 3 memory passes, not 5.
-            let a = Tensor::from(alpha)
-                .f_to_kind(self.kind())
-                .map_err(backend("x"))?;
+        // One pass (self + x·α by `addcmul_`, α a 0-d tensor of self's kind, rounded as
+        // `mul_scalar` rounds it) instead of a scaled temporary and an add: 3 memory passes, not
+        // 5. An α beyond f32's range keeps the general path (and libtorch's error).
+        let factor = match self.kind() {
+            Kind::Float if (alpha as f32).is_finite() => Some(Tensor::from(alpha as f32)),
+            Kind::Double => Some(Tensor::from(alpha)),
+            _ => None,
+        };
+        if let Some(a) = factor.filter(|_| self.device() == Device::Cpu) {
             let _ = self.f_addcmul_(x, &a).map_err(backend("x"))?;
             return Ok(());
         }

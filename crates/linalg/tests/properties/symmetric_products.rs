@@ -105,7 +105,15 @@ fn check_all<A: Real>(m: usize, n: usize, seed: u64) -> Result<(), String> {
         &a,
         -4.7750,
     )
-    .map_err(|e| format!("{} polynomial part {m}: {e}", A::NAME))
+    .map_err(|e| format!("{} polynomial part {m}: {e}", A::NAME))?;
+    check(
+        &a.symmetric_square_add(2.0315, -4.7750).unwrap(),
+        &a,
+        2.0315,
+        &a,
+        -4.7750,
+    )
+    .map_err(|e| format!("{} symmetric_square_add {m}: {e}", A::NAME))
 }
 
 proptest! {
@@ -133,6 +141,13 @@ fn gram_add_checks_the_shape_of_c() {
     let wrong: Array2<f64> = gaussian(3, 4, 2);
     let e = x.gram_add(1.0, &wrong, 1.0).unwrap_err();
     assert!(e.to_string().contains('c'), "{e}");
+}
+
+#[test]
+fn symmetric_square_add_needs_a_square_matrix() {
+    let x: Array2<f64> = gaussian(3, 5, 1);
+    let e = x.symmetric_square_add(1.0, 1.0).unwrap_err();
+    assert!(e.to_string().contains("self"), "{e}");
 }
 
 #[cfg(feature = "tch")]
@@ -230,6 +245,46 @@ mod tensors {
                 agree(m, n, seed, kind).map_err(TestCaseError::fail)?;
             }
         }
+    }
+
+    /// b·A + c·A² of a symmetric tensor A (Newton–Schulz's polynomial part) by
+    /// `symmetric_square_add` against the f64 product of the same rounded entries, within the
+    /// bound of `check_eps` (A·A = A·Aᵀ, so the dot-product bound is the same); with more than
+    /// one thread the f32/f64 tensors take the general product too (`syrk` needs one on each
+    /// side), so this covers the path libtorch computes.
+    fn square_agrees(m: usize, seed: u64, kind: Kind) -> Result<(), String> {
+        let a64 = symmetric::<f64>(m, seed);
+        let a = tensor(&a64, kind);
+        let ar: Array2<f64> = array_from_tensor(&a).unwrap();
+        for (alpha, beta) in [(2.0315, -4.7750), (1.0, 0.0), (-0.7, 1.3)] {
+            let got = a.symmetric_square_add(alpha, beta).unwrap();
+            assert_eq!(got.kind(), kind);
+            let got: Array2<f64> = array_from_tensor(&got).unwrap();
+            let eps = match kind {
+                Kind::Float => f32::EPSILON as f64,
+                Kind::Double => f64::EPSILON,
+                _ => 2f64.powi(-7),
+            };
+            check_eps(&got, &ar, alpha, &ar, beta, eps, false)
+                .map_err(|e| format!("{kind:?} {m}² (α {alpha}, β {beta}): {e}"))?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn tensor_symmetric_squares_agree_with_the_bound() {
+        for kind in [Kind::Float, Kind::Double, Kind::BFloat16] {
+            // bf16: the bound with bf16's roundoff is defined (k·u < ½) up to k ≈ 60 only.
+            let largest = if kind == Kind::BFloat16 { 33 } else { 130 };
+            for (m, seed) in [(1, 1), (7, 2), (33, 3), (130, 4)] {
+                if m <= largest {
+                    square_agrees(m, seed, kind).unwrap();
+                }
+            }
+        }
+        let wide = tensor(&gaussian::<f64>(3, 5, 1), Kind::Float);
+        let e = wide.symmetric_square_add(1.0, 1.0).unwrap_err();
+        assert!(e.to_string().contains("self"), "{e}");
     }
 
     #[test]
