@@ -7,7 +7,8 @@
 //! Slice i gets exactly what [`newton_schulz`](crate::newton_schulz()) does to it alone: the
 //! same validation, the same wide orientation (all slices share one shape, so one orientation:
 //! Xᵢ is transposed when m > n), the same normalization Xᵢ/(c·‖Xᵢ‖_F) (per matrix, with the same
-//! power-of-two guards, computed slice by slice), then for every step (a, b, c)
+//! power-of-two guards; in a few calls for the whole batch when every slice is finite with a
+//! factor 1/(c·‖Xᵢ‖_F) in [1e-30, 1e30], slice by slice otherwise), then for every step (a, b, c)
 //!
 //!   A = X·Xᵀ (`bmm`), B = b·A + c·A·A (`baddbmm`), X ← a·X + B·X (`baddbmm`),
 //!
@@ -74,18 +75,12 @@ fn batch_dims(x: &Tensor) -> Result<(i64, usize, usize)> {
 /// assert!((q.get(1) - q1).abs().max().double_value(&[]) < 1e-12);
 /// ```
 pub fn newton_schulz_batched(x: &Tensor, schedule: &NsSchedule) -> Result<Tensor> {
-    let (b, _, _) = batch_dims(x)?;
+    batch_dims(x)?;
     let _g = tch::no_grad_guard();
-    let mut slices = Vec::with_capacity(b as usize);
-    let mut transposed = false;
-    for i in 0..b {
-        let (p, t) = prepare(&x.f_select(0, i).map_err(backend("x"))?, schedule)?;
-        transposed = t;
-        let (Prepared::Normalized(s) | Prepared::Zero(s)) = p;
-        slices.push(s);
-    }
-    let mut xb = Tensor::f_stack(&slices, 0).map_err(backend("x"))?;
-    drop(slices);
+    let (mut xb, transposed) = match normalized_at_once(x, schedule)? {
+        Some(prepared) => prepared,
+        None => normalized_slice_by_slice(x, schedule)?,
+    };
     for p in &schedule.steps {
         let poly = poly_part_batched(&xb, p)?;
         xb = xb.f_baddbmm(&poly, &xb, p.a, 1.0).map_err(backend("x"))?;
@@ -107,6 +102,77 @@ pub fn newton_schulz_batched(x: &Tensor, schedule: &NsSchedule) -> Result<Tensor
     } else {
         xb
     })
+}
+
+/// Every slice through [`prepare`] (validation, orientation, normalization with its guards), then
+/// stacked: the iteration's input in the wide orientation, and whether it was transposed.
+fn normalized_slice_by_slice(x: &Tensor, schedule: &NsSchedule) -> Result<(Tensor, bool)> {
+    let (b, _, _) = batch_dims(x)?;
+    let mut slices = Vec::with_capacity(b as usize);
+    let mut transposed = false;
+    for i in 0..b {
+        let (p, t) = prepare(&x.f_select(0, i).map_err(backend("x"))?, schedule)?;
+        transposed = t;
+        let (Prepared::Normalized(s) | Prepared::Zero(s)) = p;
+        slices.push(s);
+    }
+    Ok((
+        Tensor::f_stack(&slices, 0).map_err(backend("x"))?,
+        transposed,
+    ))
+}
+
+/// What [`normalized_slice_by_slice`] computes, in a handful of calls for the whole batch — one
+/// finiteness sum, one reduction for the B norms (in f64, as `Matrix::frobenius_norm`), one
+/// product with the B factors 1/(c·‖Xᵢ‖_F) — when every slice is the common case: all entries
+/// finite and each factor a normal number in [1e-30, 1e30], which [`prepare`] applies as one
+/// factor too. `Ok(None)` sends any other batch (a zero, tiny or huge slice, a non-finite entry:
+/// the per-slice path reports which) slice by slice. The factor multiplies in the slice's
+/// arithmetic (f32 for f32 and bf16, as `mul_scalar` keeps a Scalar), rounded once.
+fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tensor, bool)>> {
+    schedule.validate()?;
+    let (b, m, n) = batch_dims(x)?;
+    let sum = x
+        .f_sum(x.kind())
+        .and_then(|s| s.f_double_value(&[]))
+        .map_err(backend("x"))?;
+    if !sum.is_finite() {
+        return Ok(None);
+    }
+    let norms = x
+        .f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
+        .and_then(|t| Vec::<f64>::try_from(&t).map_err(Into::into))
+        .map_err(backend("x"))?;
+    let factors: Vec<f64> = norms
+        .iter()
+        .map(|&fro| (1.0 / fro) / schedule.normalization)
+        .collect();
+    let common = |(&fro, &f): (&f64, &f64)| {
+        fro.is_finite() && fro >= 1e-290 && f.is_finite() && (1e-30..=1e30).contains(&f)
+    };
+    if norms.len() != b as usize || !norms.iter().zip(&factors).all(common) {
+        return Ok(None);
+    }
+    let transposed = m > n;
+    let oriented = if transposed {
+        x.f_transpose(1, 2)
+    } else {
+        Ok(x.shallow_clone())
+    };
+    let arithmetic = if x.kind() == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    };
+    let normalized = Tensor::f_from_slice(&factors)
+        .and_then(|f| f.f_reshape([b, 1, 1]))
+        .and_then(|f| f.f_to_kind(arithmetic))
+        .and_then(|f| f.f_to_device(x.device()))
+        .and_then(|f| oriented?.f_mul(&f))
+        .and_then(|y| y.f_to_kind(x.kind()))
+        .and_then(|y| y.f_contiguous())
+        .map_err(backend("x"))?;
+    Ok(Some((normalized, transposed)))
 }
 
 /// The polynomial part B = b·A + c·A², A = X·Xᵀ, of one step for every slice of `xb`: one `bmm`
@@ -198,10 +264,15 @@ mod tests {
         tch::manual_seed(7);
         let schedules = [NsSchedule::muon(), NsSchedule::polar_express(10).unwrap()];
         for kind in [Kind::Double, Kind::Float] {
-            for (b, m, n) in [(3, 24, 24), (4, 40, 16), (2, 16, 40)] {
+            // With a zero slice the batch is normalized slice by slice, without one all at once.
+            for ((b, m, n), with_zero) in [(3, 24, 24), (4, 40, 16), (2, 16, 40)]
+                .into_iter()
+                .flat_map(|shape| [(shape, true), (shape, false)])
+            {
                 let x = Tensor::randn([b, m, n], (kind, Device::Cpu));
-                // A zero slice stays zero.
-                let _ = x.get(b - 1).zero_();
+                if with_zero {
+                    let _ = x.get(b - 1).zero_();
+                }
                 for s in &schedules {
                     let q = newton_schulz_batched(&x, s).unwrap();
                     assert_eq!(q.size(), x.size());
@@ -218,7 +289,9 @@ mod tests {
                         let d = max_abs(&(q.get(i) - &one));
                         assert!(d <= tol, "{kind:?} {b}×{m}×{n} slice {i}: {d:e} > {tol:e}");
                     }
-                    assert_eq!(max_abs(&q.get(b - 1)), 0.0);
+                    if with_zero {
+                        assert_eq!(max_abs(&q.get(b - 1)), 0.0, "a zero slice stays zero");
+                    }
                 }
             }
         }
