@@ -15,10 +15,10 @@
 //! AOL) run one msign per matrix, with the same results as [`Muon::step`].
 
 use kappa_linalg::input::InputError;
-use kappa_linalg::{newton_schulz_each, Matrix};
+use kappa_linalg::newton_schulz_each;
 use tch::Tensor;
 
-use crate::error::{from_linalg, Result};
+use crate::error::Result;
 use crate::msign::{msign, Msign, Working};
 use crate::muon::{apply_update, check_step_inputs, Muon, MuonConfig, MuonState, MuonStep};
 use crate::precision::WorkingPrecision;
@@ -123,9 +123,10 @@ fn directions(c: &MuonConfig, us: &[&Tensor]) -> Result<Vec<Tensor>> {
     let Some(schedule) = schedule else {
         return us.iter().map(|u| msign(*u, c.msign, c.precision)).collect();
     };
+    // `Working::of` reports a non-finite input as `msign`'s validation does; empty inputs
+    // cannot reach here (`check_batch` validated the weights of the same shape).
     let mut works = Vec::with_capacity(us.len());
     for u in us {
-        u.validate("x").map_err(from_linalg)?;
         works.push(Working::of(*u, c.precision)?);
     }
     let inputs: Vec<Tensor> = works

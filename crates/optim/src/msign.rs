@@ -461,9 +461,15 @@ pub(crate) struct Working<M> {
 }
 
 impl<M: WorkingPrecision> Working<M> {
-    /// The working input of the finite matrix `x` for `precision`.
+    /// The working input of `x` for `precision`. A non-finite entry is the error `validate`
+    /// reports (argument `x`), checked only when the norm is not finite (finite f32/bf16 entries
+    /// always give a finite f64 norm; finite f64 entries may overflow it and pass), so a caller
+    /// that has not validated `x` pays no separate pass.
     pub(crate) fn of(x: &M, precision: Precision) -> Result<Self> {
         let fro = x.frobenius_norm()?;
+        if !fro.is_finite() {
+            x.validate("x").map_err(crate::error::from_linalg)?;
+        }
         let scaled = power_of_two_scaled_from(x, fro)?.map(|(y, _)| y);
         let working = scaled.as_ref().unwrap_or(x).to_working(precision)?;
         Ok(Self {
