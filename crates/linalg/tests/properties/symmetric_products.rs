@@ -160,6 +160,15 @@ mod tensors {
         tensor_from_array(a.view(), kind, Device::Cpu).unwrap()
     }
 
+    /// The precision (2·unit roundoff) `check_eps` takes for a kind; bf16: 8 significant bits.
+    fn precision_of(kind: Kind) -> f64 {
+        match kind {
+            Kind::Float => f32::EPSILON as f64,
+            Kind::Double => f64::EPSILON,
+            _ => 2f64.powi(-7),
+        }
+    }
+
     /// A tensor's Gram products against the ndarray backend's on the same (rounded) values, for
     /// the tensor as stored and for a transposed view of its transpose (column-major).
     fn agree(m: usize, n: usize, seed: u64, kind: Kind) -> Result<(), String> {
@@ -175,12 +184,7 @@ mod tensors {
                 let got = view.gram_add(alpha, &c, beta).unwrap();
                 assert_eq!(got.kind(), kind);
                 let got: Array2<f64> = array_from_tensor(&got).unwrap();
-                let eps = match kind {
-                    Kind::Float => f32::EPSILON as f64,
-                    Kind::Double => f64::EPSILON,
-                    // bf16: 8 significant bits, and the result is rounded to them once more.
-                    _ => 2f64.powi(-7),
-                };
+                let eps = precision_of(kind);
                 // Exact symmetry is `syrk`'s, which tensors take only with one thread on each
                 // side (tests/syrk_tensors.rs checks that case in a process of its own).
                 check_eps(&got, &xr, alpha, &cr, beta, eps, false)
@@ -260,12 +264,7 @@ mod tensors {
             let got = a.symmetric_square_add(alpha, beta).unwrap();
             assert_eq!(got.kind(), kind);
             let got: Array2<f64> = array_from_tensor(&got).unwrap();
-            let eps = match kind {
-                Kind::Float => f32::EPSILON as f64,
-                Kind::Double => f64::EPSILON,
-                _ => 2f64.powi(-7),
-            };
-            check_eps(&got, &ar, alpha, &ar, beta, eps, false)
+            check_eps(&got, &ar, alpha, &ar, beta, precision_of(kind), false)
                 .map_err(|e| format!("{kind:?} {m}² (α {alpha}, β {beta}): {e}"))?;
         }
         Ok(())
