@@ -141,7 +141,7 @@ fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tenso
     }
     let norms = x
         .f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
-        .and_then(|t| Vec::<f64>::try_from(&t).map_err(Into::into))
+        .and_then(|t| Vec::<f64>::try_from(&t))
         .map_err(backend("x"))?;
     let factors: Vec<f64> = norms
         .iter()
