@@ -125,12 +125,11 @@ fn normalized_slice_by_slice(x: &Tensor, schedule: &NsSchedule) -> Result<(Tenso
 /// What [`normalized_slice_by_slice`] computes, in a handful of calls for the whole batch — one
 /// finiteness sum, one reduction for the B norms (in f64, as `Matrix::frobenius_norm`), one
 /// product with the B factors 1/(c·‖Xᵢ‖_F) — when every slice is the common case: all entries
-/// finite and each factor a normal number in [1e-30, 1e30], which [`prepare`] applies as one
-/// factor too. `Ok(None)` sends any other batch (a zero, tiny or huge slice, a non-finite entry:
+/// finite, each norm above 1e-140 and each factor in [1e-30, 1e30], which [`prepare`] applies as
+/// one factor too. `Ok(None)` sends any other batch (a zero, tiny or huge slice, a non-finite entry:
 /// the per-slice path reports which) slice by slice. The factor multiplies in the slice's
 /// arithmetic (f32 for f32 and bf16, as `mul_scalar` keeps a Scalar), rounded once.
 fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tensor, bool)>> {
-    schedule.validate()?;
     let (b, m, n) = batch_dims(x)?;
     let sum = x
         .f_sum(x.kind())
@@ -139,6 +138,8 @@ fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tenso
     if !sum.is_finite() {
         return Ok(None);
     }
+    // After the input's check, as `prepare` orders its errors.
+    schedule.validate()?;
     let norms = x
         .f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
         .and_then(|t| Vec::<f64>::try_from(&t))
@@ -147,8 +148,10 @@ fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tenso
         .iter()
         .map(|&fro| (1.0 / fro) / schedule.normalization)
         .collect();
+    // Above 1e-140 the direct f64 reduction is the norm `Matrix::frobenius_norm` returns (below,
+    // f64 squares lose bits and it rescales first); every non-zero f32/bf16 slice is above.
     let common = |(&fro, &f): (&f64, &f64)| {
-        fro.is_finite() && fro >= 1e-290 && f.is_finite() && (1e-30..=1e30).contains(&f)
+        fro.is_finite() && fro > 1e-140 && f.is_finite() && (1e-30..=1e30).contains(&f)
     };
     if norms.len() != b as usize || !norms.iter().zip(&factors).all(common) {
         return Ok(None);
@@ -264,14 +267,24 @@ mod tests {
         tch::manual_seed(7);
         let schedules = [NsSchedule::muon(), NsSchedule::polar_express(10).unwrap()];
         for kind in [Kind::Double, Kind::Float] {
-            // With a zero slice the batch is normalized slice by slice, without one all at once.
-            for ((b, m, n), with_zero) in [(3, 24, 24), (4, 40, 16), (2, 16, 40)]
+            // With a zero slice, or one whose f64 norm is below 1e-140 (squares in the subnormal range), the batch is normalized
+            // slice by slice; with neither, all at once.
+            for ((b, m, n), (with_zero, tiny)) in [(3, 24, 24), (4, 40, 16), (2, 16, 40)]
                 .into_iter()
-                .flat_map(|shape| [(shape, true), (shape, false)])
+                .flat_map(|shape| {
+                    [
+                        (shape, (true, false)),
+                        (shape, (false, false)),
+                        (shape, (false, true)),
+                    ]
+                })
             {
                 let x = Tensor::randn([b, m, n], (kind, Device::Cpu));
                 if with_zero {
                     let _ = x.get(b - 1).zero_();
+                }
+                if tiny && kind == Kind::Double {
+                    let _ = x.get(0).g_mul_scalar_(1e-160);
                 }
                 for s in &schedules {
                     let q = newton_schulz_batched(&x, s).unwrap();

@@ -332,12 +332,12 @@ impl Matrix for Tensor {
     }
 
     fn symmetric_square_add(&self, alpha: f64, beta: f64) -> Result<Self> {
-        if takes_syrk(self) {
-            return self.gram_add(alpha, self, beta);
-        }
         let (m, n) = check_2d("self", self)?;
         if m != n {
             return Err(shape_err("self", crate::input::shape_str(m, m), (m, n)));
+        }
+        if takes_syrk(self) {
+            return self.gram_add(alpha, self, beta);
         }
         check_operands(&[("self", self)])?;
         let _g = tch::no_grad_guard();
@@ -395,12 +395,14 @@ impl Matrix for Tensor {
         // One pass (self + x·α by `addcmul_`, α a 0-d tensor of self's kind, rounded as
         // `mul_scalar` rounds it) instead of a scaled temporary and an add: 3 memory passes, not
         // 5. An α beyond f32's range keeps the general path (and libtorch's error).
-        let factor = match self.kind() {
-            Kind::Float if (alpha as f32).is_finite() => Some(Tensor::from(alpha as f32)),
-            Kind::Double => Some(Tensor::from(alpha)),
+        let factor = match (self.device(), self.kind()) {
+            (Device::Cpu, Kind::Float) if (alpha as f32).is_finite() => {
+                Some(Tensor::from(alpha as f32))
+            }
+            (Device::Cpu, Kind::Double) => Some(Tensor::from(alpha)),
             _ => None,
         };
-        if let Some(a) = factor.filter(|_| self.device() == Device::Cpu) {
+        if let Some(a) = factor {
             let _ = self.f_addcmul_(x, &a).map_err(backend("x"))?;
             return Ok(());
         }
