@@ -11,7 +11,6 @@
 use kappa_linalg::Matrix;
 
 #[cfg(feature = "tch")]
-use crate::error::from_linalg;
 use crate::error::Result;
 
 /// Row-wise and masked entrywise operations (module docs).
@@ -90,17 +89,9 @@ impl<A: kappa_linalg::Real> Elementwise for ndarray::Array2<A> {
 #[cfg(feature = "tch")]
 mod tch_impl {
     use super::*;
-    use kappa_linalg::LinalgError;
+    use crate::error::libtorch;
     use tch::{Device, Kind, Tensor};
 
-    fn backend(arg: &'static str) -> impl FnOnce(tch::TchError) -> crate::OptimError {
-        move |e| {
-            from_linalg(LinalgError::Backend {
-                arg,
-                message: e.to_string().lines().next().unwrap_or_default().to_string(),
-            })
-        }
-    }
 
     impl Elementwise for Tensor {
         fn row_mean_squares(&self) -> Result<Vec<f64>> {
@@ -110,8 +101,8 @@ mod tch_impl {
                 .and_then(|x| x.f_square())
                 .and_then(|x| x.f_mean_dim(1, false, Kind::Double))
                 .and_then(|x| x.f_to_device(Device::Cpu))
-                .map_err(backend("self"))?;
-            Vec::<f64>::try_from(&ms).map_err(backend("self"))
+                .map_err(libtorch("self"))?;
+            Vec::<f64>::try_from(&ms).map_err(libtorch("self"))
         }
 
         fn scale_rows(&mut self, s: &[f64]) -> Result<()> {
@@ -121,8 +112,8 @@ mod tch_impl {
                 .f_to_kind(self.kind())
                 .and_then(|x| x.f_to_device(self.device()))
                 .and_then(|x| x.f_view([s.len() as i64, 1]))
-                .map_err(backend("s"))?;
-            let _ = self.f_mul_(&f).map_err(backend("s"))?;
+                .map_err(libtorch("s"))?;
+            let _ = self.f_mul_(&f).map_err(libtorch("s"))?;
             Ok(())
         }
 
@@ -136,8 +127,8 @@ mod tch_impl {
                 .and_then(|m| m.f_to_kind(self.kind()))
                 .and_then(|m| m.f_mul_scalar(factor - 1.0))
                 .and_then(|m| m.f_add_scalar(1.0))
-                .map_err(backend("update"))?;
-            let _ = self.f_mul_(&f).map_err(backend("update"))?;
+                .map_err(libtorch("update"))?;
+            let _ = self.f_mul_(&f).map_err(libtorch("update"))?;
             Ok(())
         }
     }

@@ -159,6 +159,20 @@ pub(crate) fn from_linalg(e: kappa_linalg::LinalgError) -> OptimError {
     }
 }
 
+/// A libtorch failure in a call on argument `arg`: [`LinalgError::Backend`] with the first
+/// line of libtorch's message (the rest is its C++ backtrace).
+///
+/// [`LinalgError::Backend`]: kappa_linalg::LinalgError::Backend
+#[cfg(feature = "tch")]
+pub(crate) fn libtorch(arg: &'static str) -> impl Fn(tch::TchError) -> OptimError {
+    move |e| {
+        OptimError::Linalg(kappa_linalg::LinalgError::Backend {
+            arg,
+            message: e.to_string().lines().next().unwrap_or_default().to_string(),
+        })
+    }
+}
+
 /// Converts a `kappa-linalg` error from a call on an intermediate result: a result that does not
 /// fit in f64 ([`LinalgError::Overflow`](kappa_linalg::LinalgError::Overflow), which would name
 /// the linalg routine's own parameter) becomes [`OptimError::Overflow`] naming the quantity and

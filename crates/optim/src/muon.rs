@@ -447,16 +447,8 @@ impl Muon {
             return Err(InputError::invalid("w", msg).into());
         }
         let flat = [size[0], size[1..].iter().product()];
-        let backend = |arg: &'static str| {
-            move |e: tch::TchError| {
-                from_linalg(kappa_linalg::LinalgError::Backend {
-                    arg,
-                    message: e.to_string().lines().next().unwrap_or_default().to_string(),
-                })
-            }
-        };
-        let mut w2 = w.f_view(flat).map_err(backend("w"))?;
-        let g2 = grad.f_reshape(flat).map_err(backend("grad"))?;
+        let mut w2 = w.f_view(flat).map_err(crate::error::libtorch("w"))?;
+        let g2 = grad.f_reshape(flat).map_err(crate::error::libtorch("grad"))?;
         self.step(&mut w2, &g2, state)
     }
 }

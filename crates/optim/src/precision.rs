@@ -140,7 +140,7 @@ impl<A: kappa_linalg::Real> WorkingPrecision for ndarray::Array2<A> {
 #[cfg(feature = "tch")]
 mod tch_impl {
     use super::*;
-    use crate::OptimError;
+    use crate::error::libtorch;
     use tch::{Kind, Tensor};
 
     fn kind_name(k: Kind) -> &'static str {
@@ -167,12 +167,6 @@ mod tch_impl {
         }
     }
 
-    fn backend(e: tch::TchError) -> OptimError {
-        OptimError::Linalg(kappa_linalg::LinalgError::Backend {
-            arg: "precision",
-            message: e.to_string().lines().next().unwrap_or_default().to_string(),
-        })
-    }
 
     impl WorkingPrecision for Tensor {
         fn to_working(&self, p: Precision) -> Result<Option<Self>> {
@@ -181,12 +175,12 @@ mod tch_impl {
                 return Ok(None);
             }
             let _g = tch::no_grad_guard();
-            self.f_to_kind(k).map(Some).map_err(backend)
+            self.f_to_kind(k).map(Some).map_err(libtorch("precision"))
         }
 
         fn to_kind_of(&self, like: &Self) -> Result<Self> {
             let _g = tch::no_grad_guard();
-            self.f_to_kind(like.kind()).map_err(backend)
+            self.f_to_kind(like.kind()).map_err(libtorch("precision"))
         }
 
         fn working_name(&self, p: Precision) -> Result<&'static str> {

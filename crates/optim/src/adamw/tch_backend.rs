@@ -2,12 +2,11 @@
 //! f32 kernel ([`crate::fused`]) or libtorch's whole-tensor operations ([`AdamWKernel`]).
 
 use kappa_linalg::input::InputError;
-use kappa_linalg::LinalgError;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use super::{check_lr, check_shape, AdamW, AdamWScalars, AdamWState};
-use crate::error::{OptimError, Result};
+use crate::error::{libtorch, Result};
 
 /// How [`AdamW::step_tensors`] runs its update.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,15 +23,6 @@ pub enum AdamWKernel {
     Ops,
 }
 
-/// A libtorch error on argument `arg`.
-fn backend(arg: &'static str) -> impl Fn(tch::TchError) -> OptimError {
-    move |e| {
-        OptimError::Linalg(LinalgError::Backend {
-            arg,
-            message: e.to_string(),
-        })
-    }
-}
 
 fn size_usize(t: &Tensor) -> Vec<usize> {
     t.size().iter().map(|&d| d as usize).collect()
@@ -122,7 +112,7 @@ impl AdamW {
         let _guard = tch::no_grad_guard();
         for &i in &live {
             if states[i].moments.is_none() {
-                let zeros = || params[i].f_zeros_like().map_err(backend("params"));
+                let zeros = || params[i].f_zeros_like().map_err(libtorch("params"));
                 states[i].moments = Some((zeros()?, zeros()?));
             }
         }
@@ -168,7 +158,7 @@ impl AdamW {
         for (&i, c) in live.iter().zip(scalars) {
             let (m, v) = moments(i)?;
             self.step_ops(&params[i], &grads[i], m, v, c)
-                .map_err(backend("params"))?;
+                .map_err(libtorch("params"))?;
         }
         Ok(())
     }
@@ -199,7 +189,7 @@ impl AdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::AdamWConfig;
+    use crate::{AdamWConfig, OptimError};
     use tch::{Device, Kind};
 
     /// AdamW with β = (0.9, 0.95), ε = 1e-8 and weight decay `wd`.
