@@ -1,25 +1,34 @@
-//! Muon on a batch of same-shape `tch` parameters (feature `tch`): momentum, NorMuon, decay and
-//! the update per matrix, as [`Muon::step`] does them, and **one** batched orthogonalization
-//! ([`kappa_linalg::newton_schulz_batched`]) for the whole batch.
+//! Muon on a batch of same-shape `tch` parameters (feature `tch`), run as one **bank**: the B
+//! gradients and momentum buffers stacked as one (B·m)×n matrix, the momentum ([`Momentum`]'s
+//! one code) on it, one conversion to the working type and back, and **one** batched
+//! orthogonalization ([`kappa_linalg::newton_schulz_batched`]) for the whole batch; then NorMuon,
+//! decay and the update per matrix. The checks stack too (one finiteness sum for all weights, one
+//! for all gradients, one for all buffers; per matrix only when one fails, to report the first
+//! error in order).
 //!
 //! Small matrices are bound by per-call overhead (the three products of a Newton–Schulz step
-//! on a 256×256 matrix are a few microseconds of work each); one `bmm`/`baddbmm` per product
-//! for all same-shape matrices of a model removes most of it.
+//! on a 32×96 matrix are a few microseconds of work each, a libtorch call costs about as much);
+//! one call per operation for all same-shape matrices of a model removes most of it.
 //!
 //! Each matrix's result equals [`Muon::step`]'s on it except for the rounding of the batched
-//! products (kappa-linalg's `batched` module bounds it): the momentum, the working-precision
-//! conversion, the per-matrix normalization (with its power-of-two guards), NorMuon and the
-//! update are the per-matrix code itself. The msign variants that are a plain Newton–Schulz
-//! schedule — `MuonQuintic`, `PolarExpress`, `PolarExpressDesigned` — run batched; the others
-//! (`Exact`, `MuonQuinticEps`, whose normalization depends on each norm, the Gram form and
-//! AOL) run one msign per matrix, with the same results as [`Muon::step`].
+//! products (kappa-linalg's `batched` module bounds it): the momentum is elementwise, so the
+//! stacked buffers are the per-matrix ones bit for bit; the per-matrix normalization (with its
+//! power-of-two guards) happens inside the batched iteration. A batch outside the common case
+//! takes the per-matrix preparation (momentum, rescaling, conversion per matrix) before the same
+//! batched call: some states with a buffer and some without, or a momentum input msign would
+//! rescale (norm zero, not finite, or outside msign's safe range). The msign variants that are
+//! a plain Newton–Schulz schedule — `MuonQuintic`, `PolarExpress`, `PolarExpressDesigned` — run
+//! batched; the others (`Exact`, `MuonQuinticEps`, whose normalization depends on each norm, the
+//! Gram form and AOL) run one msign per matrix, with the same results as [`Muon::step`].
+//!
+//! [`Momentum`]: crate::Momentum
 
 use kappa_linalg::input::InputError;
-use kappa_linalg::newton_schulz_each;
-use tch::Tensor;
+use kappa_linalg::{newton_schulz_batched, newton_schulz_each, Matrix, NsSchedule};
+use tch::{Kind, Tensor};
 
-use crate::error::Result;
-use crate::msign::{msign, Msign, Working};
+use crate::error::{libtorch, Result};
+use crate::msign::{msign, Msign, Working, SAFE_FRO};
 use crate::muon::{apply_update, check_step_inputs, Muon, MuonConfig, MuonState, MuonStep};
 use crate::precision::WorkingPrecision;
 
@@ -55,6 +64,12 @@ impl Muon {
             return Ok(Vec::new());
         };
         let precision = first.working_name(c.precision)?;
+        if let Some(scales) = step_bank(&c, ws, grads, states)? {
+            return Ok(scales
+                .into_iter()
+                .map(|scale| MuonStep { scale, precision })
+                .collect());
+        }
         let mut advanced = Vec::with_capacity(ws.len());
         for (g, s) in grads.iter().zip(states.iter()) {
             advanced.push(c.momentum.advance_lean(s.buffer(), g)?);
@@ -73,6 +88,82 @@ impl Muon {
         Ok(steps)
     }
 }
+
+/// The batch as one bank (module docs): momentum on the gradients and buffers stacked as one
+/// (B·m)×n matrix, one conversion to the working type and back, one batched Newton–Schulz call;
+/// then the per-matrix update. Returns the shape factors, or `Ok(None)` (nothing computed that
+/// is kept) when the batch is not the common case: an msign without a batched schedule, some
+/// matrices with a momentum buffer and some without, or a momentum input whose norm asks
+/// msign for a power-of-two rescaling (or is zero or not finite) — the per-matrix path handles
+/// those.
+fn step_bank(
+    c: &MuonConfig,
+    ws: &mut [Tensor],
+    grads: &[Tensor],
+    states: &mut [MuonState<Tensor>],
+) -> Result<Option<Vec<f64>>> {
+    let Some(schedule) = batched_schedule(c.msign) else {
+        return Ok(None);
+    };
+    let buffers: Vec<&Tensor> = states.iter().filter_map(|s| s.buffer()).collect();
+    if !buffers.is_empty() && buffers.len() != states.len() {
+        return Ok(None);
+    }
+    let _g = tch::no_grad_guard();
+    let (m, n) = ws[0].shape();
+    let dims = [ws.len() as i64, m as i64, n as i64];
+    let old = (!buffers.is_empty())
+        .then(|| Tensor::f_cat(&buffers, 0))
+        .transpose()
+        .map_err(libtorch("states"))?;
+    let g = Tensor::f_cat(grads, 0).map_err(libtorch("grads"))?;
+    let (buffer, u) = c.momentum.advance_lean(old.as_ref(), &g)?;
+    let u = u.as_ref().unwrap_or(&buffer);
+    let u3 = u.f_view(dims).map_err(libtorch("grads"))?;
+    if !norms_need_no_rescaling(&u3)? {
+        return Ok(None);
+    }
+    let working = u3.to_working(c.precision)?;
+    let out = newton_schulz_batched(working.as_ref().unwrap_or(&u3), &schedule)?;
+    let out = match working {
+        Some(_) => out.to_kind_of(&u3)?,
+        None => out,
+    };
+    let buffers = buffer
+        .f_view(dims)
+        .and_then(|b| b.f_unbind_copy(0))
+        .map_err(libtorch("states"))?;
+    let mut scales = Vec::with_capacity(ws.len());
+    let jobs = ws.iter_mut().zip(states.iter_mut()).zip(buffers);
+    for (i, ((w, s), b)) in jobs.enumerate() {
+        let o = out.f_select(0, i as i64).map_err(libtorch("grads"))?;
+        scales.push(apply_update(c, w, o, s, b)?);
+    }
+    Ok(Some(scales))
+}
+
+/// The schedule of an msign that runs batched (module docs), `None` for the others.
+fn batched_schedule(msign: Msign) -> Option<NsSchedule> {
+    match msign {
+        Msign::MuonQuintic | Msign::PolarExpress { .. } | Msign::PolarExpressDesigned { .. } => {
+            msign.schedule()
+        }
+        _ => None,
+    }
+}
+
+/// Whether every slice of `u3` = [B, m, n] has a Frobenius norm msign takes as it is (neither
+/// zero nor outside its safe range, with a factor-2 margin so that the batched reduction's
+/// rounding cannot flip the decision [`Working::of`] makes from the per-matrix norm).
+fn norms_need_no_rescaling(u3: &Tensor) -> Result<bool> {
+    let norms = u3
+        .f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
+        .and_then(|t| Vec::<f64>::try_from(&t))
+        .map_err(libtorch("grads"))?;
+    let (lo, hi) = SAFE_FRO;
+    Ok(norms.iter().all(|&f| f.is_finite() && (2.0 * lo..=hi / 2.0).contains(&f)))
+}
+
 
 /// The checks of [`Muon::step_batch`], in its documented order.
 fn check_batch(ws: &[Tensor], grads: &[Tensor], states: &[MuonState<Tensor>]) -> Result<()> {
@@ -105,22 +196,43 @@ fn check_batch(ws: &[Tensor], grads: &[Tensor], states: &[MuonState<Tensor>]) ->
             return Err(InputError::invalid("ws", why).into());
         }
     }
+    if all_valid_at_once(ws, grads, states) {
+        return Ok(());
+    }
     for ((w, g), s) in ws.iter().zip(grads).zip(states) {
         check_step_inputs(w, g, s.buffer())?;
     }
     Ok(())
 }
 
+/// Whether every matrix of the batch passes [`check_step_inputs`], decided by validating the
+/// weights, the gradients and the buffers each stacked as one matrix (one finiteness sum each
+/// instead of one per matrix). `false` — the per-matrix checks then report the first error in
+/// order — when any of them fails, or when a gradient or buffer differs from the weights in
+/// shape, kind or device (stacking would hide it).
+fn all_valid_at_once(ws: &[Tensor], grads: &[Tensor], states: &[MuonState<Tensor>]) -> bool {
+    let Some(first) = ws.first() else {
+        return true;
+    };
+    let like = (first.size(), first.kind(), first.device());
+    let same = |t: &&Tensor| (t.size(), t.kind(), t.device()) == like;
+    let buffers: Vec<&Tensor> = states.iter().filter_map(|s| s.buffer()).collect();
+    if !grads.iter().all(|g| same(&g)) || !buffers.iter().all(same) {
+        return false;
+    }
+    let valid = |group: &[&Tensor]| {
+        group.is_empty()
+            || Tensor::f_cat(group, 0).is_ok_and(|stacked| stacked.validate("batch").is_ok())
+    };
+    let ws: Vec<&Tensor> = ws.iter().collect();
+    let grads: Vec<&Tensor> = grads.iter().collect();
+    valid(&ws) && valid(&grads) && valid(&buffers)
+}
+
 /// msign of every momentum input: one batched Newton–Schulz call for the schedule variants,
 /// one msign per matrix otherwise (module docs). Each input is validated as msign validates it.
 fn directions(c: &MuonConfig, us: &[&Tensor]) -> Result<Vec<Tensor>> {
-    let schedule = match c.msign {
-        Msign::MuonQuintic | Msign::PolarExpress { .. } | Msign::PolarExpressDesigned { .. } => {
-            c.msign.schedule()
-        }
-        _ => None,
-    };
-    let Some(schedule) = schedule else {
+    let Some(schedule) = batched_schedule(c.msign) else {
         return us.iter().map(|u| msign(*u, c.msign, c.precision)).collect();
     };
     // `Working::of` reports a non-finite input as `msign`'s validation does; empty inputs

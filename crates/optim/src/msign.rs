@@ -291,7 +291,7 @@ fn designed_schedule(lower: f64, steps: usize, safety: f64) -> Option<NsSchedule
 
 /// Frobenius norms outside this range are brought into [0.5, 2) by an exact power of two before
 /// msign, the SVD and the spectral-norm estimate (module docs, "Scale").
-const SAFE_FRO: (f64, f64) = (9.5367431640625e-7, 1048576.0); // 2⁻²⁰, 2²⁰
+pub(crate) const SAFE_FRO: (f64, f64) = (9.5367431640625e-7, 1048576.0); // 2⁻²⁰, 2²⁰
 
 /// `x·2^k` with ‖x·2^k‖_F ∈ [0.5, 2), and k, when ‖x‖_F is outside [`SAFE_FRO`] or overflows;
 /// `None` for the zero matrix and for norms inside the range. Each multiplication is by at most

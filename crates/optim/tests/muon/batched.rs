@@ -10,7 +10,9 @@
 //! rounding injection; the batched path injects 3 per Newton–Schulz step into products of length
 //! ≤ k (the longer side), so tol = 3·steps·√k·max(d, u·max|ΔW|) per Muon step (the √k of
 //! Higham & Mary, as `tch_backend.rs`), summed over the steps taken. Variants that are not
-//! batched (`Exact`) must agree exactly.
+//! batched (`Exact`) must agree exactly. The common batch runs as one bank (momentum on the
+//! stacked matrices: elementwise, so the buffers still agree bit for bit); a tiny momentum input
+//! and a batch of fresh and older states take the per-matrix path, and are in the test too.
 
 use kappa_optim::*;
 use tch::{Device, Kind, Tensor};
@@ -84,7 +86,16 @@ fn a_batched_step_matches_one_step_per_matrix() {
                 let (u, k) = (unit(kind), m.max(n) as f64);
                 let mut tol = vec![0.0; b];
                 for step in 0..3 {
-                    let g: Vec<Tensor> = (0..b).map(|_| Tensor::randn([m, n], opts)).collect();
+                    let mut g: Vec<Tensor> =
+                        (0..b).map(|_| Tensor::randn([m, n], opts)).collect();
+                    // The batch's per-matrix path: a momentum input whose norm msign rescales
+                    // (‖U‖_F ≈ 3e-8 < 2⁻²⁰) and, a step later, one fresh state beside older ones.
+                    if step == 0 && b == 2 {
+                        g[1] = &g[1] * 1e-9;
+                    }
+                    if step == 1 && b == 3 {
+                        (sb[0], s1[0]) = (MuonState::new(), MuonState::new());
+                    }
                     let report = muon.step_batch(&mut wb, &g, &mut sb).unwrap();
                     assert_eq!(report.len(), b);
                     for i in 0..b {
