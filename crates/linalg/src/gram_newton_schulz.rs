@@ -37,8 +37,10 @@ use crate::newton_schulz::{finish, poly_part, prepare, NsSchedule, PolyStep};
 /// quintic steps and ≈ 33 for the first two Polar Express steps, against ≈ 41 and ≈ 130 for
 /// three. Measured on a 64×64 Gaussian (σ_min/‖X‖_F ≈ 7e-4, the hard case) in bf16, Polar
 /// Express ×10 keeps its output σ in [0.995, 1.006] with restart 2 (plain Newton–Schulz in bf16:
-/// [0.997, 1.005]), while restart 4 lets one reach 1.87 and no restart 1.22; tall inputs are
-/// benign at every period (docs/linalg.md). Two steps per block also keep the r×s work at half of
+/// [0.997, 1.005]), while restart 4 lets one reach 1.87 and no restart 1.22. Tall Gaussians are
+/// benign at every period, but not tall inputs with graded spectra: Polar Express ×5 in bf16 at
+/// period 3 reached max |Δ| 4.1 (16×48) and 93 (96×24) from the f64 map with κ = 10², against
+/// ≤ 0.03 at period 2 (docs/linalg.md). Two steps per block also keep the r×s work at half of
 /// plain Newton–Schulz's. (Dao et al.'s Gram Newton–Schulz restarts once, after the 2nd of 5
 /// steps, in half precision.)
 pub const GRAM_NS_RESTART: usize = 2;
