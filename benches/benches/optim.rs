@@ -311,10 +311,10 @@ fn manifold_times(m: usize, n: usize, reps: usize) -> ManifoldTimes {
 }
 
 /// kappa Muon's update band at this shape (σ of msign(U) for the first step from zero momentum)
-/// in `precision`.
-fn kappa_band(m: usize, n: usize, precision: Precision) -> (f64, f64) {
+/// with `cell`'s orthogonalizer and precision.
+fn kappa_band(m: usize, n: usize, cell: &Cell) -> (f64, f64) {
     let g = t32(&gaussian(m, n, 2));
-    let o = msign(&g, Msign::MuonQuintic, precision).expect("msign");
+    let o = msign(&g, cell.msign, cell.precision).expect("msign");
     let s = o.to_kind(Kind::Double).singular_values().expect("svd");
     (s[s.len() - 1], s[0])
 }
@@ -330,18 +330,56 @@ struct VersusTorch {
     torch_band: (f64, f64),
 }
 
+/// One row kind of the table: kappa's Muon (Keller's settings) with `msign` in `precision`,
+/// against `torch.optim.Muon` in `torch` ("f32": its quintic run in f32; "bf16": as shipped).
+struct Cell {
+    label: &'static str,
+    torch: &'static str,
+    precision: Precision,
+    msign: Msign,
+}
+
+const F32: Cell = Cell {
+    label: "f32",
+    torch: "f32",
+    precision: Precision::F32,
+    msign: Msign::MuonQuintic,
+};
+const BF16: Cell = Cell {
+    label: "bf16",
+    torch: "bf16",
+    precision: Precision::Bf16,
+    msign: Msign::MuonQuintic,
+};
+/// Polar Express ×5 as Gram Newton–Schulz in bf16 (a narrower σ band than the quintic's at the
+/// same step count, fewer flops where s ≥ 2r): the same precision as the shipped torch step.
+const BF16_GRAM: Cell = Cell {
+    label: "bf16 gram",
+    torch: "bf16",
+    precision: Precision::Bf16,
+    msign: Msign::GramPolarExpress {
+        steps: 5,
+        restart: kappa_linalg::GRAM_NS_RESTART,
+    },
+};
+
 /// Pairs per cell: `KAPPA_BENCH_VERSUS_PAIRS` (default 15), fewer when a cell passes 30 s (at
 /// least 3).
 fn versus_torch(
     torch: &mut Peer,
     (m, n): (usize, usize),
-    (name, precision): (&str, Precision),
+    cell: &Cell,
 ) -> Result<VersusTorch, String> {
-    let band = torch.ask_numbers(&format!("setup {} {name}", shape_id(m, n)))?;
+    let band = torch.ask_numbers(&format!("setup {} {}", shape_id(m, n), cell.torch))?;
     let &[lo, hi] = band.as_slice() else {
         return Err(format!("unexpected band {band:?}"));
     };
-    let muon = keller(precision);
+    let muon = Muon::new(MuonConfig {
+        precision: cell.precision,
+        msign: cell.msign,
+        ..MuonConfig::keller()
+    })
+    .map_err(|e| e.to_string())?;
     let (mut w, grad) = (t32(&gaussian(m, n, 1)), t32(&gaussian(m, n, 2)));
     let mut st = MuonState::new();
     let settle = || {
@@ -391,7 +429,7 @@ fn versus_torch(
         ratio: Spread::of(ratios(&tk, &tt)),
         kappa: Spread::of(tk),
         torch: Spread::of(tt),
-        kappa_band: kappa_band(m, n, precision),
+        kappa_band: kappa_band(m, n, cell),
         torch_band: (lo, hi),
     })
 }
@@ -416,24 +454,26 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
         Err(e) => return println!("torch reference not run: {e}"),
     };
     println!(
-        "{:<10} {:<5} {:>9} {:>9} {:>24} {:>13} {:>13}",
+        "{:<10} {:<9} {:>9} {:>9} {:>24} {:>13} {:>13}",
         "shape", "prec", "kappa ms", "torch ms", "kappa/torch", "σ band kappa", "σ band torch"
     );
-    let cells: &[(&str, Precision)] = if native {
-        &[("f32", Precision::F32), ("bf16", Precision::Bf16)]
+    let cells: &[Cell] = if native {
+        &[F32, BF16, BF16_GRAM]
     } else {
         // Emulated bf16 products run 20–40× slower than f32 (measured on an AMD EPYC without
         // bf16 units: 571 vs 31 ms per 384² step) on both sides; kappa's Auto picks f32 there.
         println!("(bf16 rows skipped: this CPU has no native bf16 products)");
-        &[("f32", Precision::F32)]
+        &[F32]
     };
     for &shape in shapes {
-        for &cell in cells {
+        // The Gram form pays only on shapes at least twice as long as wide.
+        let gram_pays = shape.0.max(shape.1) >= 2 * shape.0.min(shape.1);
+        for cell in cells.iter().filter(|c| gram_pays || c.label != BF16_GRAM.label) {
+            let id = shape_id(shape.0, shape.1);
             match versus_torch(&mut torch, shape, cell) {
                 Ok(v) => println!(
-                    "{:<10} {:<5} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
-                    shape_id(shape.0, shape.1),
-                    cell.0,
+                    "{id:<10} {:<9} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
+                    cell.label,
                     v.kappa.median * 1e3,
                     v.torch.median * 1e3,
                     v.ratio.to_string(),
@@ -442,11 +482,7 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
                     v.torch_band.0,
                     v.torch_band.1,
                 ),
-                Err(e) => println!(
-                    "{:<10} {:<5} not run: {e}",
-                    shape_id(shape.0, shape.1),
-                    cell.0
-                ),
+                Err(e) => println!("{id:<10} {:<9} not run: {e}", cell.label),
             }
         }
     }

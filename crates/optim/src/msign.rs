@@ -18,7 +18,7 @@
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
 //! | `PolarExpressDesigned { lower, steps, safety }` | a schedule generated for σ/‖X‖_F ∈ [ℓ, 1] ([`kappa_linalg::PolarExpressSpec`], degree 5, cushion 0.024; cached), normalization s·‖X‖_F | inside the predicted band [`kappa_linalg::PolarExpressDesign::bands`] for σ/‖X‖_F ∈ [ℓ, 1] (f64; `{ 1e-3, 10, 1.01 }` is the published schedule to ≤ 2e-12 relative) |
 //! | `Aol { steps }` | Turbo-Muon: X·D, D = diag(Σ_i \|(XᵀX)_ij\|)^{-1/2} (small side; ‖X·D‖₂ ≤ 1) in place of X/‖X‖_F, then the last `steps` of the Turbo-Muon list ([`kappa_linalg::aol_newton_schulz`]) | computes msign(X·D) ≠ msign(X); 96×256 Gaussian, 4 steps: σ ∈ [0.978, 1.032] (NS5 [0.682, 1.134]), ⟨X, O⟩/‖X‖_* 0.966 (NS5 0.725), ‖msign(XD) − msign(X)‖_F/‖msign(X)‖_F 0.009; κ = 1e4: σ ∈ [0.0104, 1.144], quality 0.870 (NS5 0.743), distance 0.117 |
-//! | `GramPolarExpress { steps, restart }` | the same schedule as [`kappa_linalg::gram_newton_schulz()`]: r×r products only, XXᵀ re-formed every `restart` steps (default 2) | as `PolarExpress` to its rounding: 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64, restart 1–3; rounding bound derived in kappa-linalg's tests) |
+//! | `GramPolarExpress { steps, restart }` | the same schedule as [`kappa_linalg::gram_newton_schulz()`]: r×r products only, XXᵀ re-formed every `restart` steps (default 2; at most 2 in bf16, where longer periods diverged) | as `PolarExpress` to its rounding: 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64, restart 1–3; rounding bound derived in kappa-linalg's tests) |
 //!
 //! `MuonQuinticEps { eps }` runs the same five quintic steps after X/(‖X‖_F + eps) — Keller
 //! Jordan's reference normalization with eps = [`MUON_REFERENCE_EPS`] = 1e-7
@@ -68,6 +68,7 @@
 use kappa_linalg::input::InputError;
 use kappa_linalg::{
     aol_newton_schulz, gram_newton_schulz, newton_schulz, Matrix, NsSchedule, PolarExpressSpec,
+    GRAM_NS_RESTART,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -410,7 +411,8 @@ fn quintic_eps<M: Matrix>(x: &M, fro: f64, eps: f64) -> Result<M> {
 ///
 /// Every finite input is accepted, from subnormal to `f64::MAX` entries (module docs, "Scale").
 /// Errors: `x` empty or non-finite ([`InputError::Empty`], [`InputError::NonFinite`], argument
-/// `x`), a precision the backend cannot use, an invalid method, libtorch or LAPACK failures.
+/// `x`), a precision the backend cannot use, an invalid method (also `GramPolarExpress` with
+/// restart > 2 in bf16, [`InputError::InvalidArgument`] on `msign`), libtorch or LAPACK failures.
 ///
 /// ```
 /// use kappa_optim::{msign, Msign, Precision};
@@ -427,6 +429,7 @@ fn quintic_eps<M: Matrix>(x: &M, fro: f64, eps: f64) -> Result<M> {
 pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) -> Result<M> {
     method.validate()?;
     x.validate("x").map_err(crate::error::from_linalg)?;
+    check_gram_period(method, x.working_name(precision)?)?;
     let w = Working::of(x, precision)?;
     let input = w.input(x);
     let out = match (method, method.schedule()) {
@@ -446,6 +449,24 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
         (_, None) => exact(input, x.working_name(precision)?)?,
     };
     w.back(out, x)
+}
+
+/// The Gram form's restart period in bf16 may not exceed [`GRAM_NS_RESTART`]: with three
+/// Polar Express steps per block (gain ≈ 130) the Gram recurrence's bf16 rounding diverged on
+/// small inputs with graded spectra (max |Δ| 4.1 at 16×48 and 93 at 96×24 with κ = 10², against
+/// ≤ 0.03 at period 2; kappa-linalg's `bf16_gram_polar_express_keeps_the_band_at_periods_1_and_2`).
+fn check_gram_period(method: Msign, working: &str) -> Result<()> {
+    match method {
+        Msign::GramPolarExpress { restart, .. } if working == "bf16" && restart > GRAM_NS_RESTART => {
+            let why = format!(
+                "GramPolarExpress with restart {restart} in bf16: periods above {GRAM_NS_RESTART} \
+                 let the bf16 Gram recurrence diverge on ill-conditioned inputs; use restart ≤ \
+                 {GRAM_NS_RESTART} or Precision::F32"
+            );
+            Err(InputError::invalid("msign", why).into())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// msign's input in its working precision (module docs, "Scale"): `x` multiplied by an exact

@@ -263,6 +263,23 @@ fn bf16_msign_is_available_and_loose() {
 }
 
 #[test]
+fn the_gram_form_refuses_long_periods_in_bf16_only() {
+    // Period 3 diverged in bf16 on graded inputs (kappa-linalg's Gram tests): a clear error
+    // naming the setting, before anything is computed; f32 and the default period still run.
+    let t = t32(&gaussian(48, 16, 3));
+    let long = Msign::GramPolarExpress {
+        steps: 5,
+        restart: 3,
+    };
+    match msign(&t, long, Precision::Bf16) {
+        Err(OptimError::Input(e)) => assert_eq!(e.arg(), "msign"),
+        other => panic!("expected an input error on `msign`, got {other:?}"),
+    }
+    assert!(msign(&t, long, Precision::F32).is_ok());
+    assert!(msign(&t, Msign::gram_polar_express(), Precision::Bf16).is_ok());
+}
+
+#[test]
 fn auto_precision_follows_the_cpu_rule() {
     // CPU tensors: bf16 where the CPU multiplies bf16 natively, f32 elsewhere; f64 stays f64.
     let t = t32(&gaussian(8, 4, 1));
