@@ -30,7 +30,7 @@ use tch::{Kind, Tensor};
 use crate::error::{libtorch, Result};
 use crate::msign::{msign, Msign, Working, SAFE_FRO};
 use crate::muon::{apply_update, check_step_inputs, Muon, MuonConfig, MuonState, MuonStep};
-use crate::precision::WorkingPrecision;
+use crate::precision::{batch_precision, WorkingPrecision};
 
 impl Muon {
     /// [`Muon::step`] on every matrix of `ws` (same shape, kind and device), with `grads[i]` and
@@ -58,11 +58,15 @@ impl Muon {
         states: &mut [MuonState<Tensor>],
         lr_multiplier: f64,
     ) -> Result<Vec<MuonStep>> {
-        let c = self.scaled_config(lr_multiplier)?;
+        let mut c = self.scaled_config(lr_multiplier)?;
         check_batch(ws, grads, states)?;
         let Some(first) = ws.first() else {
             return Ok(Vec::new());
         };
+        if batched_schedule(c.msign).is_some() {
+            // One working type for the whole batch, whichever path prepares it.
+            c.precision = batch_precision(first, ws.len(), c.precision);
+        }
         let precision = first.working_name(c.precision)?;
         if let Some(scales) = step_bank(&c, ws, grads, states)? {
             return Ok(scales

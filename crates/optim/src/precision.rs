@@ -11,7 +11,8 @@
 //! |---|---|
 //! | f64 (any device) | f64 |
 //! | f32 / bf16 on CUDA | bf16 |
-//! | f32 / bf16 on a CPU with native bf16 products ([`cpu_has_native_bf16`]) | bf16 |
+//! | f32 / bf16 on a CPU with native bf16 products ([`cpu_has_native_bf16`]), ≥ [`AUTO_BF16_MIN_STEP_FLOPS`] per Newton–Schulz step (from about 112×112 or 320×80; a batch counts whole) | bf16 |
+//! | f32 / bf16 on such a CPU, smaller matrices (bf16 products cost a fixed ≈ 18 µs per call there: f32 is faster and more accurate) | f32 |
 //! | f32 / bf16 on any other CPU | f32 |
 //! | `ndarray` matrices | their own type |
 //!
@@ -38,6 +39,30 @@ use crate::error::Result;
 
 /// The environment variable that overrides [`cpu_has_native_bf16`] (`0` or `1`).
 pub const CPU_BF16_ENV: &str = "KAPPA_CPU_BF16";
+
+/// The flops of one Newton–Schulz step, per library call, from which [`Precision::Auto`]
+/// computes a CPU tensor's msign in bf16 (on CPUs with native bf16); below, in f32.
+///
+/// libtorch's bf16 products on the CPU (oneDNN) cost ≈ 18 µs per call whatever their size, f32
+/// products (MKL) a few µs plus their arithmetic, so small matrices orthogonalize faster in f32
+/// — and more accurately. Measured (AMD EPYC Zen 5, one msign of Muon's quintic, bf16 time / f32
+/// time, 1 thread): 64×64 2.0–2.5, 256×64 1.14–1.43, 96×96 0.81–1.05, 112×112 0.64–0.77,
+/// 320×80 0.71–1.01, 128×128 0.55–0.75, 384×384 0.25–0.28 (2 threads move the crossover up about
+/// 2×; the rule keeps the one-thread value, so that the choice depends only on the shape).
+/// 8·10⁶ sits between 96×96 (5.3·10⁶ per step: f32) and 112×112 (8.4·10⁶: bf16).
+pub const AUTO_BF16_MIN_STEP_FLOPS: f64 = 8e6;
+
+/// Flops of one quintic Newton–Schulz step on a matrix of shape `[.., m, n]` (leading
+/// dimensions are a batch): B·(4r²s + 2r³) with r = min(m, n), s = max(m, n) — two r×s
+/// products and one r×r, as [`AUTO_BF16_MIN_STEP_FLOPS`] counts them.
+pub fn ns_step_flops(shape: &[i64]) -> f64 {
+    let [batch @ .., m, n] = shape else {
+        return 0.0;
+    };
+    let b: f64 = batch.iter().map(|&d| d as f64).product();
+    let (r, s) = ((*m).min(*n) as f64, (*m).max(*n) as f64);
+    b * r * r * (4.0 * s + 2.0 * r)
+}
 
 /// Whether this CPU has native bf16 matrix products, i.e. bf16 dot-product instructions that
 /// libtorch's oneDNN GEMM uses: x86 AVX512-BF16 (which every AMX-BF16 CPU also has), Arm's BF16 extension. Asked once
@@ -77,8 +102,9 @@ pub fn detect_native_bf16() -> bool {
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
     /// bf16 where the device multiplies bf16 natively (CUDA tensors; CPU tensors when
-    /// [`cpu_has_native_bf16`]), f32 on other CPUs (bf16 is emulated there, and slower than f32);
-    /// f64 stays f64, and `ndarray` matrices compute in their own type.
+    /// [`cpu_has_native_bf16`] and the matrix has at least [`AUTO_BF16_MIN_STEP_FLOPS`] per
+    /// Newton–Schulz step), f32 on other CPUs (bf16 is emulated there, and slower than f32) and
+    /// for smaller matrices; f64 stays f64, and `ndarray` matrices compute in their own type.
     #[default]
     Auto,
     /// Always the parameter's own type.
@@ -138,6 +164,9 @@ impl<A: kappa_linalg::Real> WorkingPrecision for ndarray::Array2<A> {
 }
 
 #[cfg(feature = "tch")]
+pub(crate) use tch_impl::batch_precision;
+
+#[cfg(feature = "tch")]
 mod tch_impl {
     use super::*;
     use crate::error::libtorch;
@@ -153,6 +182,13 @@ mod tch_impl {
     }
 
     fn resolve(t: &Tensor, p: Precision) -> Kind {
+        resolve_batch(t, p, 1)
+    }
+
+    /// The kind `p` resolves to for `t` when `t`'s msign runs in one library call with
+    /// `count − 1` more matrices of its shape (a batched Newton–Schulz): `Auto`'s size rule
+    /// counts the flops of the whole call.
+    fn resolve_batch(t: &Tensor, p: Precision, count: usize) -> Kind {
         let kind = t.kind();
         match p {
             Precision::Native => kind,
@@ -161,12 +197,27 @@ mod tch_impl {
             Precision::Auto => match (kind, t.device().is_cuda()) {
                 (Kind::Double, _) => Kind::Double,
                 (_, true) => Kind::BFloat16,
-                (_, false) if cpu_has_native_bf16() => Kind::BFloat16,
+                (_, false)
+                    if cpu_has_native_bf16()
+                        && count as f64 * ns_step_flops(&t.size()) >= AUTO_BF16_MIN_STEP_FLOPS =>
+                {
+                    Kind::BFloat16
+                }
                 (_, false) => Kind::Float,
             },
         }
     }
 
+    /// `p` made explicit for a batch of `count` matrices like `first` orthogonalized in one
+    /// call ([`Precision::Auto`] decided on the batch's flops), so that every path of a
+    /// batched step computes in the same type.
+    pub(crate) fn batch_precision(first: &Tensor, count: usize, p: Precision) -> Precision {
+        match resolve_batch(first, p, count) {
+            k if k == first.kind() => Precision::Native,
+            Kind::BFloat16 => Precision::Bf16,
+            _ => Precision::F32,
+        }
+    }
 
     impl WorkingPrecision for Tensor {
         fn to_working(&self, p: Precision) -> Result<Option<Self>> {

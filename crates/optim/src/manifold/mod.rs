@@ -38,9 +38,11 @@
 //! * Init: call [`ManifoldMuon::retract_onto`] once before training (the paper retracts the
 //!   nanoGPT init). A first step on a matrix that is off its manifold by more than
 //!   `manifold_tol` is [`OptimError::NotOnManifold`].
-//! * Precision: with bf16 msign (the paper; `Precision::Auto` on CUDA and on CPUs with native bf16
-//!   products) the Stiefel constraint holds
+//! * Precision: with bf16 msign (the paper; `Precision::Auto` on CUDA, and on CPUs with native
+//!   bf16 products for matrices above [`AUTO_BF16_MIN_STEP_FLOPS`]) the Stiefel constraint holds
 //!   only to ≈ 1e-2 (max |σ − 1| ≈ 3.5e-3); f64 with `Msign::Exact` holds it to 1e-10.
+//!
+//!   [`AUTO_BF16_MIN_STEP_FLOPS`]: crate::precision::AUTO_BF16_MIN_STEP_FLOPS
 //! * Cost: K msign calls per step (tol 1e-6 rarely triggers for tall matrices), plus one
 //!   msign (Stiefel, DGram column-norm), one SVD (DGram paper) or one Gram product WᵀW (Oblique)
 //!   for the retraction, plus one msign

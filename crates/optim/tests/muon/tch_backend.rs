@@ -281,17 +281,27 @@ fn the_gram_form_refuses_long_periods_in_bf16_only() {
 
 #[test]
 fn auto_precision_follows_the_cpu_rule() {
-    // CPU tensors: bf16 where the CPU multiplies bf16 natively, f32 elsewhere; f64 stays f64.
-    let t = t32(&gaussian(8, 4, 1));
-    let want = if cpu_has_native_bf16() { "bf16" } else { "f32" };
-    assert_eq!(t.working_name(Precision::Auto).unwrap(), want);
-    assert_eq!(
-        t.to_kind(Kind::BFloat16)
-            .working_name(Precision::Auto)
-            .unwrap(),
-        want
-    );
-    let d = t.to_kind(Kind::Double);
+    // CPU tensors: bf16 where the CPU multiplies bf16 natively and the matrix is large enough
+    // (≥ AUTO_BF16_MIN_STEP_FLOPS per Newton–Schulz step), f32 elsewhere; f64 stays f64.
+    let large = if cpu_has_native_bf16() { "bf16" } else { "f32" };
+    let (small, big) = (t32(&gaussian(8, 4, 1)), t32(&gaussian(128, 128, 1)));
+    for (t, want) in [(&small, "f32"), (&big, large)] {
+        assert_eq!(t.working_name(Precision::Auto).unwrap(), want);
+        let b = t.to_kind(Kind::BFloat16);
+        assert_eq!(b.working_name(Precision::Auto).unwrap(), want);
+    }
+    // The boundary, counted per step: 96×96 below, 112×112 and 320×80 above; a batch counts
+    // whole (four 64×192 matrices in one call are above, one is below).
+    let flops = precision::ns_step_flops;
+    assert!(flops(&[96, 96]) < precision::AUTO_BF16_MIN_STEP_FLOPS);
+    assert!(flops(&[112, 112]) >= precision::AUTO_BF16_MIN_STEP_FLOPS);
+    assert!(flops(&[320, 80]) >= precision::AUTO_BF16_MIN_STEP_FLOPS);
+    assert!(flops(&[64, 192]) < precision::AUTO_BF16_MIN_STEP_FLOPS);
+    assert!(flops(&[4, 64, 192]) >= precision::AUTO_BF16_MIN_STEP_FLOPS);
+    assert_eq!(flops(&[64, 192]), flops(&[192, 64]));
+    let batch = Tensor::zeros([4, 64, 192], (Kind::Float, Device::Cpu));
+    assert_eq!(batch.working_name(Precision::Auto).unwrap(), large);
+    let d = small.to_kind(Kind::Double);
     assert_eq!(d.working_name(Precision::Auto).unwrap(), "f64");
     // Without the environment override, the answer is the hardware's.
     if std::env::var_os(precision::CPU_BF16_ENV).is_none() {
