@@ -35,9 +35,11 @@ pub fn python() -> PathBuf {
 }
 
 /// A command running `benches/reference/<script>` with [`python`] on `threads` threads (the
-/// OpenMP, MKL and OpenBLAS pools all told).
+/// OpenMP, MKL and OpenBLAS pools all told). The reference runs without `LD_PRELOAD`: a library
+/// preloaded into the bench (an allocator, docs/architecture.md) applies to kappa's side only.
 pub fn reference_command(script: &str, threads: usize) -> Command {
     let mut cmd = Command::new(python());
+    cmd.env_remove("LD_PRELOAD");
     cmd.arg(workspace_root().join("benches/reference").join(script));
     for var in ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"] {
         cmd.env(var, threads.to_string());
