@@ -39,6 +39,10 @@
 //!   tch autograd backward through a retained graph (goal ≤ 1.0), and forward + VJP over
 //!   forward + backward.
 
+// libtorch's MKL chooses kernels by CPU features, as in kappa's binaries (build.rs).
+#[cfg(target_os = "linux")]
+kappa_linalg::mkl_intel_path!();
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 

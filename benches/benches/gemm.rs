@@ -24,6 +24,10 @@
 
 #![allow(unsafe_code)] // switching OpenBLAS's kernel for the contrast row (no BLAS call in flight)
 
+// libtorch's MKL chooses kernels by CPU features, as in kappa's binaries (build.rs).
+#[cfg(target_os = "linux")]
+kappa_linalg::mkl_intel_path!();
+
 use std::hint::black_box;
 
 use kappa_benches::paired::{alternate_settled, cpu_model, ratios, Spread};

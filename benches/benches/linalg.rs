@@ -4,6 +4,10 @@
 //! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench linalg` (and again with 2).
 //! After the criterion output a summary table prints the ratios directly.
 
+// libtorch's MKL chooses kernels by CPU features, as in kappa's binaries (build.rs).
+#[cfg(target_os = "linux")]
+kappa_linalg::mkl_intel_path!();
+
 use std::time::Duration;
 
 use criterion::{black_box, BenchmarkId, Criterion};

@@ -19,6 +19,10 @@
 //! (`Admm::standard()`) on a Stiefel point with a Gaussian gradient, each run to the same
 //! violation (1e-3, at most 200 msign calls), with the msign calls each needed printed.
 
+// libtorch's MKL chooses kernels by CPU features, as in kappa's binaries (build.rs).
+#[cfg(target_os = "linux")]
+kappa_linalg::mkl_intel_path!();
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

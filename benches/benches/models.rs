@@ -41,6 +41,10 @@
 //! same clipping). Only that section:
 //! `KAPPA_BENCH_VERSUS_ONLY=1 cargo bench -p kappa-benches --bench models`.
 
+// libtorch's MKL chooses kernels by CPU features, as in kappa's binaries (build.rs).
+#[cfg(target_os = "linux")]
+kappa_linalg::mkl_intel_path!();
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 

@@ -16,6 +16,10 @@
 //! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench nystrom` (and with 2).
 //! `KAPPA_BENCH_PAIRS` sets the alternations per length (default 7).
 
+// libtorch's MKL chooses kernels by CPU features, as in kappa's binaries (build.rs).
+#[cfg(target_os = "linux")]
+kappa_linalg::mkl_intel_path!();
+
 use std::process::Command;
 use std::time::Instant;
 

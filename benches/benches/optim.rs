@@ -19,6 +19,10 @@
 //! larger shapes (20 Polar Express msigns of 10 steps each), so they are timed by hand (one warm-up,
 //! then the median of `KAPPA_BENCH_REPS` runs, default 3) instead of through criterion.
 
+// libtorch's MKL chooses kernels by CPU features, as in kappa's binaries (build.rs).
+#[cfg(target_os = "linux")]
+kappa_linalg::mkl_intel_path!();
+
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, BenchmarkId, Criterion};

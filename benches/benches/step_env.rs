@@ -15,6 +15,10 @@
 //!
 //! `cargo bench -p kappa-benches --bench step_env` (needs `LIBTORCH`, as every tch benchmark).
 
+// libtorch's MKL chooses kernels by CPU features, as in kappa's binaries (build.rs).
+#[cfg(target_os = "linux")]
+kappa_linalg::mkl_intel_path!();
+
 use std::hint::black_box;
 use std::process::Command;
 use std::time::Instant;

@@ -12,7 +12,8 @@
 //! - `kappa-experiments train --config FILE [--set KEY=VALUE]… [--seed N] [--threads N]
 //!   [--device D] [--out DIR] [--resume]` trains one model on a user's data (kappa-cli's
 //!   [`TrainArgs`]; see `kappa_experiments::train`).
-//! - `kappa-experiments blas` says which BLAS kernel the process runs and how it was chosen.
+//! - `kappa-experiments blas` says which BLAS kernel the process runs and how it was chosen, and
+//!   which code path libtorch's MKL takes.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -28,6 +29,11 @@ use kappa_experiments::runner::{
 use kappa_experiments::units::{render, unit_ids};
 use kappa_experiments::RegisteredExperiment;
 use kappa_train::StopFlag;
+
+// libtorch's MKL chooses its kernels by the CPU's features, not its vendor (AVX-512 on AMD CPUs
+// that have it; `kappa_linalg::mkl`). Exported by `build.rs`.
+#[cfg(target_os = "linux")]
+kappa_linalg::mkl_intel_path!();
 
 #[derive(Parser)]
 #[command(
@@ -121,7 +127,11 @@ fn run(cli: Cli) -> Result<()> {
         eprintln!("kappa-experiments: {blas}");
     }
     match cli.command {
-        Command::Blas => println!("{blas}"),
+        Command::Blas => {
+            println!("{blas}");
+            #[cfg(target_os = "linux")]
+            println!("{}", kappa_linalg::mkl::mkl_dispatch());
+        }
         Command::List(selection) => list(&selection.experiments()?),
         Command::DataNeeds(selection) => {
             let needs: BTreeSet<&str> = selection

@@ -58,3 +58,34 @@ fn the_experiments_binary_loads_libtorchs_cuda_library_where_libtorch_has_one() 
         "libtorch_cuda.so is not a needed library of kappa-experiments:\n{dynamic}"
     );
 }
+
+/// The binary answers MKL's vendor check (`kappa_linalg::mkl_intel_path!`, exported by
+/// build.rs), so libtorch's MKL takes its feature-based ("Intel") code path on every x86 CPU;
+/// with `KAPPA_MKL_VENDOR_CHECK=keep` a non-Intel CPU is back on MKL's generic path. Skipped,
+/// with a message, where the loaded libtorch has no MKL (an Arm build).
+#[test]
+fn libtorchs_mkl_chooses_kernels_by_cpu_features_in_the_experiments_binary() {
+    let report = |keep: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kappa-experiments"));
+        cmd.arg("blas");
+        if keep {
+            cmd.env("KAPPA_MKL_VENDOR_CHECK", "keep");
+        } else {
+            cmd.env_remove("KAPPA_MKL_VENDOR_CHECK");
+        }
+        let out = cmd.output().expect("running kappa-experiments blas");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let opted = report(false);
+    eprintln!("{opted}");
+    if opted.contains("libtorch MKL: not found") {
+        eprintln!("skipped: this libtorch exports no MKL vendor check");
+        return;
+    }
+    assert!(opted.contains("Intel code path"), "{opted}");
+    let kept = report(true);
+    if kept.contains("non-Intel CPU") {
+        assert!(kept.contains("generic code path"), "{kept}");
+    }
+}

@@ -17,6 +17,8 @@
 //! | [`aol`] | [`aol_newton_schulz`] (Turbo-Muon: AOL rescaling D·X in place of ‖X‖_F, then a schedule; computes msign(D·X)), [`NsSchedule::turbo_muon`], [`TURBO_MUON_COEFFICIENTS`] |
 //! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
+//! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback) |
+//! | `mkl` (with `tch`, Linux) | `mkl_dispatch` (the code path libtorch's MKL takes), `mkl_intel_path!` (a binary's opt-in to MKL's feature-based kernels on AMD CPUs) |
 //!
 //! # Conventions
 //!
@@ -59,6 +61,8 @@ pub mod input;
 pub mod iterative;
 pub mod kron;
 pub mod matrix;
+#[cfg(all(feature = "tch", target_os = "linux"))]
+pub mod mkl;
 pub mod newton_schulz;
 pub mod polar_express;
 pub mod psd;

@@ -76,10 +76,21 @@ pub struct RunInfo {
     /// time recorded by earlier failed attempts; time lost in a killed process is not counted.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resumes: u32,
-    /// The BLAS kernel the run's process used ([`kappa_linalg::blas_report`]), e.g.
-    /// `OpenBLAS 0.3.21 … Haswell, kernel Haswell; CPU level Avx512`.
+    /// The BLAS kernels the run's process used: OpenBLAS's ([`kappa_linalg::blas_report`]) and,
+    /// on Linux, the code path of libtorch's MKL (`kappa_linalg::mkl::mkl_dispatch`), e.g.
+    /// `OpenBLAS 0.3.21 … Haswell, kernel Haswell; CPU level Avx512; libtorch MKL: non-Intel
+    /// CPU, Intel code path (vendor check answered by this binary)`.
     #[serde(default)]
     pub blas: String,
+}
+
+/// [`RunInfo::blas`] for this process.
+fn blas_description() -> String {
+    let openblas = kappa_linalg::blas_report();
+    #[cfg(target_os = "linux")]
+    return format!("{openblas}; {}", kappa_linalg::mkl::mkl_dispatch());
+    #[cfg(not(target_os = "linux"))]
+    return openblas.to_string();
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -313,7 +324,7 @@ impl Run {
             wall_seconds: self.earlier_seconds + self.started.elapsed().as_secs_f64(),
             started_unix: self.started_unix,
             resumes: self.resumes,
-            blas: kappa_linalg::blas_report().to_string(),
+            blas: blas_description(),
         };
         let path = self.dir.join("run.json");
         let text =

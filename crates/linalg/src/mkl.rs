@@ -1,0 +1,141 @@
+//! libtorch's MKL on AMD CPUs: which code path its f32/f64 GEMM takes, and a binary's way to
+//! give it the one the CPU can run.
+//!
+//! libtorch's x86-64 Linux builds link Intel MKL statically for their f32/f64 matrix products
+//! (`libtorch_cpu.so`). MKL picks its kernels by vendor before features: on a CPU that is not
+//! Intel's it runs its AVX2 kernels even where the CPU has AVX-512. Measured on an AMD EPYC Zen 5
+//! (one thread, `torch.mm`, f32): 85–95 GFLOP/s at 512²–2048², against 215–223 with the vendor
+//! check answered "Intel"; kappa's 4×4×256 GPT training step, 85 % GEMM, went from 280–299 to
+//! 153–162 ms. `MKL_ENABLE_INSTRUCTIONS` and `MKL_CBWR` do not change the vendor branch.
+//!
+//! MKL asks `mkl_serv_intel_cpu_true()`, which `libtorch_cpu.so` exports and calls through its
+//! procedure linkage table, so a definition exported by the executable comes first in symbol
+//! lookup and answers for it. Which instructions MKL then uses still follows the CPU's feature
+//! flags (an AMD CPU without AVX-512 keeps AVX2 kernels). This is process-wide, so no library
+//! decides it: a binary opts in with [`mkl_intel_path!`](crate::mkl_intel_path) and exports the
+//! symbol at link time (`build.rs`: `cargo:rustc-link-arg-bins=-Wl,--export-dynamic-symbol=
+//! mkl_serv_intel_cpu_true`, GNU ld ≥ 2.35 or lld). `KAPPA_MKL_VENDOR_CHECK=keep` in the
+//! environment makes the opted-in binary answer what MKL would (libtorch's own function).
+//! [`mkl_dispatch`] reports which path the process takes; kappa's runs write it into `run.json`.
+//!
+//! The products change at the rounding level (another kernel, another summation order); kappa's
+//! tests compare products with rounding bounds, not bits.
+
+// dlopen/dlsym and calls through the function pointers they return are unsafe by nature; each
+// use states its contract.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_int, c_void, CStr};
+use std::fmt;
+use std::sync::OnceLock;
+
+/// The name of MKL's vendor check.
+const CHECK: &CStr = c"mkl_serv_intel_cpu_true";
+
+/// The environment variable that keeps MKL's own vendor answer in a binary that opted in.
+pub const VENDOR_CHECK_ENV: &str = "KAPPA_MKL_VENDOR_CHECK";
+
+/// The code path libtorch's MKL takes in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MklDispatch {
+    /// MKL's own answer: the CPU is Intel's (`None`: no MKL in the loaded libtorch, e.g. an Arm
+    /// build, or a libtorch that does not export the check).
+    pub vendor_intel: Option<bool>,
+    /// This process answers the check itself ([`mkl_intel_path!`](crate::mkl_intel_path)).
+    pub overridden: bool,
+    /// The answer MKL gets: its Intel code path (kernels by feature flags) or its generic one.
+    pub intel_path: Option<bool>,
+}
+
+impl fmt::Display for MklDispatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.vendor_intel, self.intel_path) {
+            (Some(true), _) => write!(f, "libtorch MKL: Intel CPU, Intel code path"),
+            (Some(false), Some(true)) => write!(
+                f,
+                "libtorch MKL: non-Intel CPU, Intel code path (vendor check answered by this binary)"
+            ),
+            (Some(false), _) if self.overridden => write!(
+                f,
+                "libtorch MKL: non-Intel CPU, generic code path ({VENDOR_CHECK_ENV}=keep)"
+            ),
+            (Some(false), _) => write!(f, "libtorch MKL: non-Intel CPU, generic code path"),
+            (None, _) => write!(f, "libtorch MKL: not found"),
+        }
+    }
+}
+
+type Check = unsafe extern "C" fn() -> c_int;
+
+/// The function `dlsym` finds for `name` in `handle`, as a vendor check.
+fn lookup(handle: *mut c_void) -> Option<Check> {
+    // SAFETY: `handle` is RTLD_DEFAULT or a handle from dlopen; CHECK is NUL-terminated.
+    let p = unsafe { libc::dlsym(handle, CHECK.as_ptr()) };
+    // SAFETY: a non-null result is the address of the exported function, whose C signature is
+    // `int f(void)` (MKL's and the one `mkl_intel_path!` defines).
+    (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Check>(p) })
+}
+
+/// libtorch's own vendor check (the definition in `libtorch_cpu.so`), if it is loaded.
+fn libtorch_check() -> Option<Check> {
+    // SAFETY: RTLD_NOLOAD only returns a handle to an already loaded library (never loads or
+    // initializes one); the name is NUL-terminated. The handle stays open for the process.
+    let handle = unsafe { libc::dlopen(c"libtorch_cpu.so".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if handle.is_null() {
+        return None;
+    }
+    lookup(handle)
+}
+
+/// Which code path libtorch's MKL takes in this process (module docs).
+pub fn mkl_dispatch() -> MklDispatch {
+    let own = libtorch_check();
+    let seen = lookup(libc::RTLD_DEFAULT);
+    // SAFETY: both are MKL's or `mkl_intel_path!`'s `int f(void)`, which only read CPUID and
+    // the environment.
+    let call = |c: Check| unsafe { c() } != 0;
+    MklDispatch {
+        vendor_intel: own.map(call),
+        overridden: matches!((own, seen), (Some(a), Some(b)) if a as usize != b as usize),
+        intel_path: own.and(seen).map(call),
+    }
+}
+
+/// The answer of the vendor check [`mkl_intel_path!`](crate::mkl_intel_path) defines: "Intel"
+/// (1), or libtorch's own answer when `KAPPA_MKL_VENDOR_CHECK=keep` (asked once per process).
+pub fn vendor_check_answer() -> c_int {
+    static ANSWER: OnceLock<c_int> = OnceLock::new();
+    *ANSWER.get_or_init(|| {
+        let keep = std::env::var(VENDOR_CHECK_ENV).is_ok_and(|v| v.trim() == "keep");
+        match (keep, libtorch_check()) {
+            // SAFETY: libtorch's `int mkl_serv_intel_cpu_true(void)`.
+            (true, Some(own)) => unsafe { own() },
+            _ => 1,
+        }
+    })
+}
+
+/// Defines MKL's vendor check in the binary that expands it, answering "Intel" so that libtorch's
+/// MKL chooses its kernels by the CPU's feature flags (module docs: AVX-512 kernels on AMD CPUs
+/// that have AVX-512, 2.3× the f32 GEMM throughput on a Zen 5). Expand it once, at the top
+/// level of a binary crate, and export the symbol when linking that binary
+/// (`cargo:rustc-link-arg-bins=-Wl,--export-dynamic-symbol=mkl_serv_intel_cpu_true` in its
+/// build script); without the export it has no effect. Libraries must not expand it.
+///
+/// ```ignore
+/// kappa_linalg::mkl_intel_path!();
+/// fn main() {
+///     println!("{}", kappa_linalg::mkl::mkl_dispatch());
+/// }
+/// ```
+#[macro_export]
+macro_rules! mkl_intel_path {
+    () => {
+        /// MKL's vendor check, answered by kappa-linalg (`kappa_linalg::mkl`).
+        #[allow(unsafe_code)]
+        #[no_mangle]
+        pub extern "C" fn mkl_serv_intel_cpu_true() -> ::std::ffi::c_int {
+            $crate::mkl::vendor_check_answer()
+        }
+    };
+}
