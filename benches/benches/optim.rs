@@ -472,7 +472,10 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
     for &shape in shapes {
         // The Gram form pays only on shapes at least twice as long as wide.
         let gram_pays = shape.0.max(shape.1) >= 2 * shape.0.min(shape.1);
-        for cell in cells.iter().filter(|c| gram_pays || c.label != BF16_GRAM.label) {
+        for cell in cells
+            .iter()
+            .filter(|c| gram_pays || c.label != BF16_GRAM.label)
+        {
             let id = shape_id(shape.0, shape.1);
             match versus_torch(&mut torch, shape, cell) {
                 Ok(v) => println!(

@@ -80,7 +80,12 @@ fn lookup(handle: *mut c_void) -> Option<Check> {
 fn libtorch_check() -> Option<Check> {
     // SAFETY: RTLD_NOLOAD only returns a handle to an already loaded library (never loads or
     // initializes one); the name is NUL-terminated. The handle stays open for the process.
-    let handle = unsafe { libc::dlopen(c"libtorch_cpu.so".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    let handle = unsafe {
+        libc::dlopen(
+            c"libtorch_cpu.so".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        )
+    };
     if handle.is_null() {
         return None;
     }

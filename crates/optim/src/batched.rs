@@ -165,9 +165,10 @@ fn norms_need_no_rescaling(u3: &Tensor) -> Result<bool> {
         .and_then(|t| Vec::<f64>::try_from(&t))
         .map_err(libtorch("grads"))?;
     let (lo, hi) = SAFE_FRO;
-    Ok(norms.iter().all(|&f| f.is_finite() && (2.0 * lo..=hi / 2.0).contains(&f)))
+    Ok(norms
+        .iter()
+        .all(|&f| f.is_finite() && (2.0 * lo..=hi / 2.0).contains(&f)))
 }
-
 
 /// The checks of [`Muon::step_batch`], in its documented order.
 fn check_batch(ws: &[Tensor], grads: &[Tensor], states: &[MuonState<Tensor>]) -> Result<()> {

@@ -92,7 +92,6 @@ mod tch_impl {
     use crate::error::libtorch;
     use tch::{Device, Kind, Tensor};
 
-
     impl Elementwise for Tensor {
         fn row_mean_squares(&self) -> Result<Vec<f64>> {
             let _g = tch::no_grad_guard();

@@ -457,7 +457,9 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
 /// ≤ 0.03 at period 2; kappa-linalg's `bf16_gram_polar_express_keeps_the_band_at_periods_1_and_2`).
 fn check_gram_period(method: Msign, working: &str) -> Result<()> {
     match method {
-        Msign::GramPolarExpress { restart, .. } if working == "bf16" && restart > GRAM_NS_RESTART => {
+        Msign::GramPolarExpress { restart, .. }
+            if working == "bf16" && restart > GRAM_NS_RESTART =>
+        {
             let why = format!(
                 "GramPolarExpress with restart {restart} in bf16: periods above {GRAM_NS_RESTART} \
                  let the bf16 Gram recurrence diverge on ill-conditioned inputs; use restart ≤ \

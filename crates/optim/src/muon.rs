@@ -448,7 +448,9 @@ impl Muon {
         }
         let flat = [size[0], size[1..].iter().product()];
         let mut w2 = w.f_view(flat).map_err(crate::error::libtorch("w"))?;
-        let g2 = grad.f_reshape(flat).map_err(crate::error::libtorch("grad"))?;
+        let g2 = grad
+            .f_reshape(flat)
+            .map_err(crate::error::libtorch("grad"))?;
         self.step(&mut w2, &g2, state)
     }
 }

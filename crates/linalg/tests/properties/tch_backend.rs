@@ -202,7 +202,10 @@ fn bf16_gram_polar_express_keeps_the_band_at_periods_1_and_2() {
         for restart in [1, GRAM_NS_RESTART] {
             let o = gram_newton_schulz(&t, &sched, restart).unwrap();
             let e = max_abs_diff(&array_from_tensor(&o).unwrap(), &exact);
-            assert!(e <= 0.1, "{m}×{n}, period {restart}: bf16 Gram PE×5 vs f64: {e}");
+            assert!(
+                e <= 0.1,
+                "{m}×{n}, period {restart}: bf16 Gram PE×5 vs f64: {e}"
+            );
         }
     }
 }
@@ -320,4 +323,3 @@ fn requires_grad_inputs_are_not_tracked() {
     let o = newton_schulz_muon(&t).unwrap();
     assert!(!o.requires_grad());
 }
-

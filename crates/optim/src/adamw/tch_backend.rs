@@ -23,7 +23,6 @@ pub enum AdamWKernel {
     Ops,
 }
 
-
 fn size_usize(t: &Tensor) -> Vec<usize> {
     t.size().iter().map(|&d| d as usize).collect()
 }

@@ -86,8 +86,7 @@ fn a_batched_step_matches_one_step_per_matrix() {
                 let (u, k) = (unit(kind), m.max(n) as f64);
                 let mut tol = vec![0.0; b];
                 for step in 0..3 {
-                    let mut g: Vec<Tensor> =
-                        (0..b).map(|_| Tensor::randn([m, n], opts)).collect();
+                    let mut g: Vec<Tensor> = (0..b).map(|_| Tensor::randn([m, n], opts)).collect();
                     // The batch's per-matrix path: a momentum input whose norm msign rescales
                     // (‖U‖_F ≈ 3e-8 < 2⁻²⁰) and, a step later, one fresh state beside older ones.
                     if step == 0 && b == 2 {
