@@ -145,7 +145,7 @@ impl Msign {
     }
 
     /// Polar Express with 10 steps as Gram Newton–Schulz, restarted every
-    /// [`GRAM_NS_RESTART`](kappa_linalg::GRAM_NS_RESTART) = 2 steps.
+    /// [`GRAM_NS_RESTART`] = 2 steps.
     pub const fn gram_polar_express() -> Self {
         Msign::GramPolarExpress {
             steps: 10,

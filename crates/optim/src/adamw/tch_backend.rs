@@ -56,7 +56,7 @@ impl AdamW {
     /// Errors (nothing is modified): `lr` negative or not finite; `grads` or `states` of another
     /// length than `params`; an undefined parameter with a defined gradient; a gradient or moment
     /// of another size, kind or device than its parameter ([`InputError::ShapeMismatch`],
-    /// [`InputError::InvalidArgument`]); libtorch failures ([`OptimError::Linalg`]). The values
+    /// [`InputError::InvalidArgument`]); libtorch failures ([`OptimError::Linalg`](crate::OptimError::Linalg)). The values
     /// are not checked for NaN (that would cost a pass over the memory): a NaN gradient gives NaN
     /// parameters.
     ///
