@@ -10,7 +10,6 @@
 
 use kappa_linalg::Matrix;
 
-#[cfg(feature = "tch")]
 use crate::error::Result;
 
 /// Row-wise and masked entrywise operations (module docs).
