@@ -67,7 +67,7 @@ impl fmt::Display for MklDispatch {
 
 type Check = unsafe extern "C" fn() -> c_int;
 
-/// The function `dlsym` finds for `name` in `handle`, as a vendor check.
+/// The vendor check `dlsym` finds in `handle`, as a function pointer.
 fn lookup(handle: *mut c_void) -> Option<Check> {
     // SAFETY: `handle` is RTLD_DEFAULT or a handle from dlopen; CHECK is NUL-terminated.
     let p = unsafe { libc::dlsym(handle, CHECK.as_ptr()) };

@@ -59,7 +59,7 @@ impl Muon {
         lr_multiplier: f64,
     ) -> Result<Vec<MuonStep>> {
         let mut c = self.scaled_config(lr_multiplier)?;
-        check_batch(ws, grads, states)?;
+        let stacked = check_batch(ws, grads, states)?;
         let Some(first) = ws.first() else {
             return Ok(Vec::new());
         };
@@ -68,7 +68,11 @@ impl Muon {
             c.precision = batch_precision(first, ws.len(), c.precision);
         }
         let precision = first.working_name(c.precision)?;
-        if let Some(scales) = step_bank(&c, ws, grads, states)? {
+        let bank = match stacked {
+            Some(stacked) => step_bank(&c, ws, states, stacked)?,
+            None => None,
+        };
+        if let Some(scales) = bank {
             return Ok(scales
                 .into_iter()
                 .map(|scale| MuonStep { scale, precision })
@@ -93,35 +97,34 @@ impl Muon {
     }
 }
 
-/// The batch as one bank (module docs): momentum on the gradients and buffers stacked as one
-/// (B·m)×n matrix, one conversion to the working type and back, one batched Newton–Schulz call;
-/// then the per-matrix update. Returns the shape factors, or `Ok(None)` (nothing computed that
-/// is kept) when the batch is not the common case: an msign without a batched schedule, some
-/// matrices with a momentum buffer and some without, or a momentum input whose norm asks
-/// msign for a power-of-two rescaling (or is zero or not finite) — the per-matrix path handles
-/// those.
+/// The gradients and momentum buffers of a checked batch, each stacked as one (B·m)×n matrix
+/// once, for the checks and the bank; `buffers` is `None` when no state has one yet.
+struct Stacked {
+    grads: Tensor,
+    buffers: Option<Tensor>,
+}
+
+/// The batch as one bank (module docs): momentum on the stacked gradients and buffers, one
+/// conversion to the working type and back, one batched Newton–Schulz call; then the
+/// per-matrix update. Returns the shape factors, or `Ok(None)` (nothing computed that is kept)
+/// when the batch is not the common case: an msign without a batched schedule, or a momentum
+/// input whose norm asks msign for a power-of-two rescaling (or is zero or not finite) — the
+/// per-matrix path handles those.
 fn step_bank(
     c: &MuonConfig,
     ws: &mut [Tensor],
-    grads: &[Tensor],
     states: &mut [MuonState<Tensor>],
+    stacked: Stacked,
 ) -> Result<Option<Vec<f64>>> {
     let Some(schedule) = batched_schedule(c.msign) else {
         return Ok(None);
     };
-    let buffers: Vec<&Tensor> = states.iter().filter_map(|s| s.buffer()).collect();
-    if !buffers.is_empty() && buffers.len() != states.len() {
-        return Ok(None);
-    }
     let _g = tch::no_grad_guard();
     let (m, n) = ws[0].shape();
     let dims = [ws.len() as i64, m as i64, n as i64];
-    let old = (!buffers.is_empty())
-        .then(|| Tensor::f_cat(&buffers, 0))
-        .transpose()
-        .map_err(libtorch("states"))?;
-    let g = Tensor::f_cat(grads, 0).map_err(libtorch("grads"))?;
-    let (buffer, u) = c.momentum.advance_lean(old.as_ref(), &g)?;
+    let (buffer, u) = c
+        .momentum
+        .advance_lean(stacked.buffers.as_ref(), &stacked.grads)?;
     let u = u.as_ref().unwrap_or(&buffer);
     let u3 = u.f_view(dims).map_err(libtorch("grads"))?;
     if !norms_need_no_rescaling(&u3)? {
@@ -170,8 +173,14 @@ fn norms_need_no_rescaling(u3: &Tensor) -> Result<bool> {
         .all(|&f| f.is_finite() && (2.0 * lo..=hi / 2.0).contains(&f)))
 }
 
-/// The checks of [`Muon::step_batch`], in its documented order.
-fn check_batch(ws: &[Tensor], grads: &[Tensor], states: &[MuonState<Tensor>]) -> Result<()> {
+/// The checks of [`Muon::step_batch`], in its documented order. Returns the stacked gradients
+/// and buffers when the stacked checks decided (every state with a buffer, or none), `None`
+/// when the per-matrix checks ran.
+fn check_batch(
+    ws: &[Tensor],
+    grads: &[Tensor],
+    states: &[MuonState<Tensor>],
+) -> Result<Option<Stacked>> {
     let count = |arg: &'static str, len: usize| -> Result<()> {
         if len == ws.len() {
             return Ok(());
@@ -201,37 +210,46 @@ fn check_batch(ws: &[Tensor], grads: &[Tensor], states: &[MuonState<Tensor>]) ->
             return Err(InputError::invalid("ws", why).into());
         }
     }
-    if all_valid_at_once(ws, grads, states) {
-        return Ok(());
+    if let Some(stacked) = stacked_if_valid(ws, grads, states) {
+        return Ok(Some(stacked));
     }
     for ((w, g), s) in ws.iter().zip(grads).zip(states) {
         check_step_inputs(w, g, s.buffer())?;
     }
-    Ok(())
+    Ok(None)
 }
 
-/// Whether every matrix of the batch passes [`check_step_inputs`], decided by validating the
-/// weights, the gradients and the buffers each stacked as one matrix (one finiteness sum each
-/// instead of one per matrix). `false` — the per-matrix checks then report the first error in
-/// order — when any of them fails, or when a gradient or buffer differs from the weights in
-/// shape, kind or device (stacking would hide it).
-fn all_valid_at_once(ws: &[Tensor], grads: &[Tensor], states: &[MuonState<Tensor>]) -> bool {
-    let Some(first) = ws.first() else {
-        return true;
-    };
+/// The stacked gradients and buffers when every matrix of the batch passes
+/// [`check_step_inputs`], decided by validating the weights, the gradients and the buffers each
+/// stacked as one matrix (one finiteness sum each instead of one per matrix). `None` — the
+/// per-matrix checks then run, and report the first error in order — when any of them fails,
+/// when a gradient or buffer differs from the weights in shape, kind or device (stacking would
+/// hide it), or when some states have a buffer and some not.
+fn stacked_if_valid(
+    ws: &[Tensor],
+    grads: &[Tensor],
+    states: &[MuonState<Tensor>],
+) -> Option<Stacked> {
+    let first = ws.first()?;
     let like = (first.size(), first.kind(), first.device());
     let same = |t: &&Tensor| (t.size(), t.kind(), t.device()) == like;
     let buffers: Vec<&Tensor> = states.iter().filter_map(|s| s.buffer()).collect();
-    if !grads.iter().all(|g| same(&g)) || !buffers.iter().all(same) {
-        return false;
+    let uniform = buffers.is_empty() || buffers.len() == states.len();
+    if !uniform || !grads.iter().all(|g| same(&g)) || !buffers.iter().all(same) {
+        return None;
     }
     let valid = |group: &[&Tensor]| {
-        group.is_empty()
-            || Tensor::f_cat(group, 0).is_ok_and(|stacked| stacked.validate("batch").is_ok())
+        Tensor::f_cat(group, 0)
+            .ok()
+            .filter(|stacked| stacked.validate("batch").is_ok())
     };
-    let ws: Vec<&Tensor> = ws.iter().collect();
-    let grads: Vec<&Tensor> = grads.iter().collect();
-    valid(&ws) && valid(&grads) && valid(&buffers)
+    let _weights = valid(&ws.iter().collect::<Vec<_>>())?;
+    let grads = valid(&grads.iter().collect::<Vec<_>>())?;
+    let buffers = match buffers.is_empty() {
+        true => None,
+        false => Some(valid(&buffers)?),
+    };
+    Some(Stacked { grads, buffers })
 }
 
 /// msign of every momentum input: one batched Newton–Schulz call for the schedule variants,
