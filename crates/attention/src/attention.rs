@@ -17,6 +17,7 @@
 //! without forming W + λ I_k: X (W + λ E) = X W + λ X[:, offset..offset + k].
 
 use kappa_linalg::input::{check_matrix, check_positive, check_shape, shape_str, InputError};
+use kappa_linalg::product::mat_mul;
 use kappa_linalg::Real;
 use ndarray::{s, Array2, ArrayView2};
 
@@ -274,10 +275,11 @@ impl<A: Real> SelfAttention<A> {
         check_computed("x", &q.view(), "the queries Q = X W_Q")?;
         check_computed("x", &kk.view(), "the keys K = X W_K")?;
         check_computed("x", &v.view(), "the values V = X W_V")?;
-        let scores = q.dot(&kk.t()).mapv(|e| e / s);
+        let mut scores = mat_mul(&q, &kk.t());
+        scores.mapv_inplace(|e| e / s);
         check_computed("x", &scores.view(), "the scores Q Kᵀ/s")?;
         let p = softmax_unchecked(scores.view(), self.options.causal);
-        let output = p.dot(&v);
+        let output = mat_mul(&p, &v);
         check_computed("x", &output.view(), "the output P V")?;
         let [wq, wk, wv] = self.effective_weights();
         debug_assert_eq!(q.dim(), (x.nrows(), k));
@@ -300,17 +302,17 @@ impl<A: Real> SelfAttention<A> {
     /// X W_• (+ the correction), without materializing W + λ I_k for the identity shift.
     fn project(&self, x: ArrayView2<'_, A>, which: usize, w: &Array2<A>) -> Array2<A> {
         match &self.correction {
-            Correction::None => x.dot(w),
+            Correction::None => mat_mul(&x, w),
             Correction::Shift(shift) => {
                 // `with_identity_shift` checked offset + k ≤ D.
                 let k = w.ncols();
                 let lambda = A::from_f64_lossy(shift.lambda());
-                let mut out = x.dot(w);
+                let mut out = mat_mul(&x, w);
                 let off = shift.offset();
                 out.scaled_add(lambda, &x.slice(s![.., off..off + k]));
                 out
             }
-            Correction::Svd(_) => x.dot(&self.correction.apply(which, w)),
+            Correction::Svd(_) => mat_mul(&x, &self.correction.apply(which, w)),
         }
     }
 }

@@ -67,8 +67,8 @@
 use std::sync::Arc;
 
 use kappa_linalg::input::{check_length, check_shape, shape_str, InputError};
+use kappa_linalg::product::{mat_mul, mat_mul_into};
 use kappa_linalg::{commutation_matrix, kron, unvec, Real};
-use ndarray::linalg::general_mat_mul;
 use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, Zip};
 use rayon::prelude::*;
 
@@ -156,8 +156,8 @@ impl<A: Real> Forward<A> {
         let vc = self.v.column(c);
         // P diag(V[:, c])
         let pv = &self.p * &vc.insert_axis(Axis(0));
-        let mut g = pv.dot(&self.k);
-        let mut h = pv.dot(&self.x);
+        let mut g = mat_mul(&pv, &self.k);
+        let mut h = mat_mul(&pv, &self.x);
         let ac = self.output.column(c);
         let inv_s = A::one() / self.s;
         Zip::from(g.rows_mut())
@@ -292,13 +292,13 @@ impl<A: Real> Forward<A> {
         let (n, d, k) = self.dims();
         check_dense("jacobian", n * k, n * d)?;
         let inv_s = A::one() / self.s;
-        let pk = self.p.dot(&self.k);
-        let px = self.p.dot(&self.x);
-        let qt = self.q.dot(&self.wk.t()); // Q W_Kᵀ, N×D
+        let pk = mat_mul(&self.p, &self.k);
+        let px = mat_mul(&self.p, &self.x);
+        let qt = mat_mul(&self.q, &self.wk.t()); // Q W_Kᵀ, N×D
         let mut jx = Array2::<A>::zeros((n * k, n * d));
         for c in 0..k {
             let (g, _) = self.gh(c, &pk, &px);
-            let gw = g.dot(&self.wq.t()); // row i: (G_i W_Qᵀ)[c, :]
+            let gw = mat_mul(&g, &self.wq.t()); // row i: (G_i W_Qᵀ)[c, :]
             for i in 0..n {
                 let r = i + c * n;
                 let aic = self.output[[i, c]];
@@ -353,12 +353,12 @@ impl<A: Real> Forward<A> {
         dwv: ArrayView2<'_, A>,
     ) -> Array2<A> {
         let inv_s = A::one() / self.s;
-        let mut ds = self.x.dot(&dwq).dot(&self.k.t());
-        ds += &self.q.dot(&self.x.dot(&dwk).t());
+        let mut ds = mat_mul(&mat_mul(&self.x, &dwq), &self.k.t());
+        ds += &mat_mul(&self.q, &mat_mul(&self.x, &dwk).t());
         ds.mapv_inplace(|e| e * inv_s);
         let dp = self.softmax_apply(&ds);
-        let mut da = dp.dot(&self.v);
-        da += &self.p.dot(&self.x.dot(&dwv));
+        let mut da = mat_mul(&dp, &self.v);
+        da += &mat_mul(&self.p, &mat_mul(&self.x, &dwv));
         da
     }
 
@@ -395,28 +395,28 @@ impl<A: Real> Forward<A> {
         let (one, zero) = (A::one(), A::zero());
         let inv_s = one / self.s;
         let mut gs = Array2::<A>::zeros((n, n));
-        general_mat_mul(one, &g, &self.v.t(), zero, &mut gs);
+        mat_mul_into(one, &g, &self.v.t(), zero, &mut gs);
         softmax_backward_in_place(self.p.view(), &mut gs);
-        // Each cotangent Y_• (N×k) becomes its gradient Xᵀ Y_• (D×k) and is dropped before the
-        // next is formed, so at most gS and one N×k temporary are alive.
-        let xt = self.x.t();
-        let grad = |alpha: A, a: ArrayView2<'_, A>, b: ArrayView2<'_, A>| {
-            let mut y = Array2::<A>::zeros((n, k));
-            general_mat_mul(alpha, &a, &b, zero, &mut y);
-            let mut w = Array2::<A>::zeros((d, k));
-            general_mat_mul(one, &xt, &y, zero, &mut w);
-            w
-        };
-        [
-            grad(inv_s, gs.view(), self.k.view()),
-            grad(inv_s, gs.t(), self.q.view()),
-            grad(one, self.p.t(), g),
-        ]
+        // Y = [Y_Q | Y_K | Y_V] side by side, then one product Xᵀ Y for the three gradients.
+        let mut y = Array2::<A>::zeros((n, 3 * k));
+        let cotangents = [
+            (inv_s, gs.view(), self.k.view()),
+            (inv_s, gs.t(), self.q.view()),
+            (one, self.p.t(), g.view()),
+        ];
+        for (b, (alpha, l, r)) in cotangents.into_iter().enumerate() {
+            let mut yb = y.slice_mut(s![.., b * k..(b + 1) * k]);
+            mat_mul_into(alpha, &l, &r, zero, &mut yb);
+        }
+        let w = mat_mul(&self.x.t(), &y);
+        let block = |b: usize| w.slice(s![.., b * k..(b + 1) * k]).to_owned();
+        debug_assert_eq!(w.dim(), (d, 3 * k));
+        [block(0), block(1), block(2)]
     }
 
     /// gS = P ⊙ (gP − rowsum(P ⊙ gP)), gP = G Vᵀ.
     fn score_cotangent(&self, g: ArrayView2<'_, A>) -> Array2<A> {
-        let gp = g.dot(&self.v.t());
+        let gp = mat_mul(&g, &self.v.t());
         self.softmax_apply(&gp)
     }
 
@@ -439,15 +439,15 @@ impl<A: Real> Forward<A> {
 
     fn jvp_input_unchecked(&self, dx: ArrayView2<'_, A>) -> Array2<A> {
         let inv_s = A::one() / self.s;
-        let dq = dx.dot(&self.wq);
-        let dk = dx.dot(&self.wk);
-        let dv = dx.dot(&self.wv);
-        let mut ds = dq.dot(&self.k.t());
-        ds += &self.q.dot(&dk.t());
+        let dq = mat_mul(&dx, &self.wq);
+        let dk = mat_mul(&dx, &self.wk);
+        let dv = mat_mul(&dx, &self.wv);
+        let mut ds = mat_mul(&dq, &self.k.t());
+        ds += &mat_mul(&self.q, &dk.t());
         ds.mapv_inplace(|e| e * inv_s);
         let dp = self.softmax_apply(&ds);
-        let mut da = dp.dot(&self.v);
-        da += &self.p.dot(&dv);
+        let mut da = mat_mul(&dp, &self.v);
+        da += &mat_mul(&self.p, &dv);
         da
     }
 
@@ -470,12 +470,12 @@ impl<A: Real> Forward<A> {
     fn vjp_input_unchecked(&self, g: ArrayView2<'_, A>) -> Array2<A> {
         let gs = self.score_cotangent(g);
         let inv_s = A::one() / self.s;
-        let gq = gs.dot(&self.k).mapv(|e| e * inv_s);
-        let gk = gs.t().dot(&self.q).mapv(|e| e * inv_s);
-        let gv = self.p.t().dot(&g);
-        let mut gx = gq.dot(&self.wq.t());
-        gx += &gk.dot(&self.wk.t());
-        gx += &gv.dot(&self.wv.t());
+        let gq = mat_mul(&gs, &self.k).mapv(|e| e * inv_s);
+        let gk = mat_mul(&gs.t(), &self.q).mapv(|e| e * inv_s);
+        let gv = mat_mul(&self.p.t(), &g);
+        let mut gx = mat_mul(&gq, &self.wq.t());
+        gx += &mat_mul(&gk, &self.wk.t());
+        gx += &mat_mul(&gv, &self.wv.t());
         gx
     }
 
@@ -602,10 +602,10 @@ impl<A: Real> Factors<A> {
                     .for_each(|o, &x| *o = vjc * x);
             }
         }
-        general_mat_mul(one, &f.p, &self.vk, zero, &mut self.g);
-        general_mat_mul(one, &f.p, &self.vx, zero, &mut self.h);
-        general_mat_mul(one, &f.p, &f.k, zero, &mut self.pk);
-        general_mat_mul(one, &f.p, &f.x, zero, &mut self.px);
+        mat_mul_into(one, &f.p, &self.vk, zero, &mut self.g);
+        mat_mul_into(one, &f.p, &self.vx, zero, &mut self.h);
+        mat_mul_into(one, &f.p, &f.k, zero, &mut self.pk);
+        mat_mul_into(one, &f.p, &f.x, zero, &mut self.px);
         // G_i[c, e] = (row i of P·VK − A[i, c] (PK)[i, e]) / s, and H likewise with P X.
         for i in 0..n {
             let (pki, pxi) = (self.pk.row(i), self.px.row(i));

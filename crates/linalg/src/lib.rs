@@ -65,6 +65,7 @@ pub mod matrix;
 pub mod mkl;
 pub mod newton_schulz;
 pub mod polar_express;
+pub mod product;
 pub mod psd;
 pub mod scalar;
 pub mod svd;

@@ -19,7 +19,9 @@
 //! their iterates in range (as Newton–Schulz does by normalizing). The SVD-based operations
 //! validate their input and are scale-safe.
 
-use ndarray::{linalg::general_mat_mul, Array2, ShapeBuilder};
+use ndarray::{Array2, ShapeBuilder};
+
+use crate::product::{mat_mul, mat_mul_into};
 
 use crate::error::{rename, LinalgError, Result};
 use crate::input::{shape_str, InputError};
@@ -266,7 +268,7 @@ impl<A: Real> Matrix for Array2<A> {
     fn matmul(&self, rhs: &Self) -> Result<Self> {
         check_product("rhs", self.dim(), rhs.dim(), None)?;
         crate::error::check_dense("rhs", self.nrows(), rhs.ncols())?;
-        Ok(self.dot(rhs))
+        Ok(mat_mul(self, rhs))
     }
 
     fn gram(&self) -> Result<Self> {
@@ -274,7 +276,7 @@ impl<A: Real> Matrix for Array2<A> {
         let m = self.nrows();
         Ok(syrk_array(self, 1.0, None).unwrap_or_else(|| {
             let mut out = Array2::zeros((m, m));
-            general_mat_mul(A::one(), self, &self.t(), A::zero(), &mut out);
+            mat_mul_into(A::one(), self, &self.t(), A::zero(), &mut out);
             out
         }))
     }
@@ -286,19 +288,19 @@ impl<A: Real> Matrix for Array2<A> {
             return Ok(out);
         }
         let mut out = c.to_owned();
-        general_mat_mul(
+        mat_mul_into(
             A::from_f64_lossy(alpha),
             self,
             &self.t(),
             A::from_f64_lossy(beta),
-            &mut out,
+            &mut out.view_mut(),
         );
         Ok(out)
     }
 
     fn gemm(&mut self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<()> {
         check_product("b", a.dim(), b.dim(), Some(self.dim()))?;
-        general_mat_mul(
+        mat_mul_into(
             A::from_f64_lossy(alpha),
             a,
             b,
@@ -311,12 +313,12 @@ impl<A: Real> Matrix for Array2<A> {
     fn mul_add(&self, alpha: f64, a: &Self, b: &Self, beta: f64) -> Result<Self> {
         check_product("b", a.dim(), b.dim(), Some(self.dim()))?;
         let mut out = self.duplicate()?;
-        general_mat_mul(
+        mat_mul_into(
             A::from_f64_lossy(alpha),
             a,
             b,
             A::from_f64_lossy(beta),
-            &mut out,
+            &mut out.view_mut(),
         );
         Ok(out)
     }

@@ -12,6 +12,7 @@ mod properties {
     pub mod matrix_ops;
     pub mod newton_schulz;
     pub mod polar_express;
+    pub mod products;
     pub mod psd;
     pub mod svd;
     pub mod symmetric_products;
