@@ -1,7 +1,8 @@
 //! GEMM throughput of each path kappa multiplies matrices on, against libtorch's MKL (the
-//! fastest GEMM this machine has), in one run: ndarray f32/f64 (the system OpenBLAS, with the
-//! kernel kappa-linalg runs), tch f32/f64/bf16 (libtorch), and for contrast: faer (pure Rust,
-//! runtime CPU dispatch; a candidate for kappa-linalg's CPU kernels), ndarray f32 on OpenBLAS's
+//! fastest GEMM this machine has), in one run: kappa-linalg's `product` (faer's kernels, run-time
+//! CPU dispatch: every general ndarray product of kappa-linalg and kappa-attention), ndarray
+//! f32/f64 (the system OpenBLAS with the kernel kappa-linalg runs: its `syrk`, LAPACK, and a
+//! user's own `dot`), tch f32/f64/bf16 (libtorch), and for contrast: ndarray f32 on OpenBLAS's
 //! generic "Prescott" kernel (what a CPU the library does not know gets without kappa's kernel
 //! selection) and, where it is installed, a newer OpenBLAS (the `scipy-openblas32` wheel's, with
 //! prefixed symbols, so it loads beside the system one: `pip install scipy-openblas32` into the
@@ -71,7 +72,7 @@ fn ndarray_mm<A: kappa_linalg::Real + ndarray::LinalgScalar>(n: usize) -> impl F
     move || general_mat_mul(A::one(), &a, &b, A::zero(), &mut c)
 }
 
-/// The thread setting for faer: sequential at one thread, rayon's pool otherwise.
+/// The thread setting for faer (the SVD table): sequential at one thread, rayon's pool otherwise.
 fn faer_par(threads: usize) -> faer::Par {
     if threads == 1 {
         faer::Par::Seq
@@ -80,18 +81,12 @@ fn faer_par(threads: usize) -> faer::Par {
     }
 }
 
-/// One n×n product on faer (`matmul` into a preallocated result).
-fn faer_mm<A: faer::traits::ComplexField + kappa_linalg::Real>(
-    n: usize,
-    par: faer::Par,
-) -> impl FnMut() {
+/// One n×n product by kappa-linalg's `product::mat_mul_into` (faer's kernels on ndarray
+/// matrices, the path of kappa's general products; no allocation per call).
+fn kappa_mm<A: kappa_linalg::Real>(n: usize) -> impl FnMut() {
     let (a, b) = (gaussian::<A>(n, n, 1), gaussian::<A>(n, n, 2));
-    let a = faer::Mat::<A>::from_fn(n, n, |i, j| a[[i, j]]);
-    let b = faer::Mat::<A>::from_fn(n, n, |i, j| b[[i, j]]);
-    let mut c = faer::Mat::<A>::zeros(n, n);
-    move || {
-        faer::linalg::matmul::matmul(&mut c, faer::Accum::Replace, &a, &b, A::one(), par);
-    }
+    let mut c = Array2::<A>::zeros((n, n));
+    move || kappa_linalg::product::mat_mul_into(A::one(), &a, &b, A::zero(), &mut c)
 }
 
 /// `cblas_sgemm` of a newer OpenBLAS with prefixed symbols (the `scipy-openblas32` wheel).
@@ -340,7 +335,6 @@ fn main() {
         "{:<6} {:<26} {:>9} {:>9}   ratio",
         "n", "path", "GFLOP/s", "MKL"
     );
-    let par = faer_par(threads);
     for n in SIZES {
         let (f32_mkl, f64_mkl) = (|| torch_mm(n, Kind::Float), || torch_mm(n, Kind::Double));
         row(n, "ndarray f32 (OpenBLAS)", ndarray_mm::<f32>(n), f32_mkl());
@@ -357,8 +351,8 @@ fn main() {
             torch_mm(n, Kind::BFloat16),
             f32_mkl(),
         );
-        row(n, "faer f32 (pure Rust)", faer_mm::<f32>(n, par), f32_mkl());
-        row(n, "faer f64 (pure Rust)", faer_mm::<f64>(n, par), f64_mkl());
+        row(n, "kappa product f32 (faer)", kappa_mm::<f32>(n), f32_mkl());
+        row(n, "kappa product f64 (faer)", kappa_mm::<f64>(n), f64_mkl());
     }
     match newer_openblas(threads) {
         Some((sgemm, name)) => {
