@@ -66,6 +66,7 @@ pub mod mkl;
 pub mod newton_schulz;
 pub mod polar_express;
 pub mod product;
+mod product_element;
 pub mod psd;
 pub mod scalar;
 pub mod svd;

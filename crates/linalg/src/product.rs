@@ -49,16 +49,6 @@
 
 use ndarray::{Array2, ArrayBase, ArrayView2, ArrayViewMut2, Data, DataMut, Ix2};
 
-pub(crate) use element::ProductElement;
-
-mod element {
-    /// The element types faer multiplies for kappa (f32, f64); a bound of [`crate::Real`] that
-    /// only this crate can name or implement, so faer's traits stay out of kappa's API.
-    pub trait ProductElement: Copy + faer::traits::ComplexField {}
-    impl ProductElement for f32 {}
-    impl ProductElement for f64 {}
-}
-
 /// A·B as a new matrix (ndarray's `a.dot(b)` for 2-D arrays, on faer's kernels).
 ///
 /// # Panics

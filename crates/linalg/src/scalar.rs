@@ -20,7 +20,7 @@ pub trait Real:
     + Default
     + sealed::Sealed
     + crate::syrk::SyrkElement
-    + crate::product::ProductElement
+    + crate::product_element::ProductElement
 {
     /// Machine epsilon of the type: 2⁻²³ for `f32`, 2⁻⁵² for `f64`.
     const EPS: f64;
