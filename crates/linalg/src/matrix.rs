@@ -21,10 +21,9 @@
 
 use ndarray::{Array2, ShapeBuilder};
 
-use crate::product::{mat_mul, mat_mul_into};
-
 use crate::error::{rename, LinalgError, Result};
 use crate::input::{shape_str, InputError};
+use crate::product::{mat_mul, mat_mul_into};
 use crate::scalar::{array_norm, Pow2, Real};
 use crate::svd::{polar_factor, scaled_singular_values, scaled_thin, SvdDriver};
 use crate::syrk::syrk_slice;
@@ -293,7 +292,7 @@ impl<A: Real> Matrix for Array2<A> {
             self,
             &self.t(),
             A::from_f64_lossy(beta),
-            &mut out.view_mut(),
+            &mut out,
         );
         Ok(out)
     }
@@ -318,7 +317,7 @@ impl<A: Real> Matrix for Array2<A> {
             a,
             b,
             A::from_f64_lossy(beta),
-            &mut out.view_mut(),
+            &mut out,
         );
         Ok(out)
     }

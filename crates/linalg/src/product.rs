@@ -7,10 +7,15 @@
 //! depends on which kernel that build knows for the CPU and on `OPENBLAS_CORETYPE`, which kappa
 //! never overrides. faer's kernels are chosen at run time from the CPU's own features (AVX-512,
 //! AVX2+FMA, or portable code), whatever the BLAS: measured on an AMD EPYC Zen 5 at one thread,
-//! its f64 products run at 0.93–1.02 of libtorch's MKL on its AVX-512 kernels at 256²–1024²,
-//! where Debian's OpenBLAS 0.3.21 runs at 0.72–0.86 on its best kernel and 0.48–0.52 on the
-//! AVX2 one an environment may force (docs/architecture.md has the tables). LAPACK's
-//! factorizations (SVD, eigenproblems) stay on ndarray-linalg.
+//! these products run at 0.90–1.02 of libtorch's MKL on its AVX-512 kernels at 256²–2048² (f32
+//! and f64), where Debian's OpenBLAS 0.3.21 runs at 0.72–0.86 (f64) on its best kernel and
+//! 0.47–0.51 on the AVX2 one an environment may force (docs/architecture.md has the tables).
+//! LAPACK's factorizations (SVD, eigenproblems) and the symmetric `syrk` products stay on the
+//! BLAS.
+//!
+//! Shapes that disagree panic, as ndarray's `dot` and `general_mat_mul` do (a caller's bug, not
+//! bad data); callers taking matrices from users check shapes first (`Matrix::matmul` returns
+//! a typed error). NaN and infinities propagate as in any BLAS product.
 //!
 //! # Contract
 //!
