@@ -19,6 +19,11 @@
 #[cfg(target_os = "linux")]
 kappa_linalg::mkl_intel_path!();
 
+// Rust's allocations on mimalloc, which keeps freed pages for reuse (glibc returns N×N
+// temporaries to the kernel; docs/architecture.md, "The memory allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 use std::process::Command;
 use std::time::Instant;
