@@ -8,11 +8,16 @@
 //! `KAPPA_BENCH_THREADS` (1 or 2), `KAPPA_BENCH_SECONDS` (criterion measurement time, default 5),
 //! `KAPPA_BENCH_D` (model width, default 64).
 //!
-//! After the criterion output a summary prints, per preset: the step time and its ratio to
-//! UNCONSTRAINED, the time inside the Muon / manifold-Muon updates and its share of the step,
+//! Each preset runs three times: one optimizer call per matrix; `+batch`
+//! (`ModulewiseConfig::batch`: same-shape matrices stepped together, the manifold groups' dual
+//! ascents in lock step, msign's `Precision::Auto` decided on each batch's flops, so bf16 on
+//! CPUs with native bf16 where the single matrix computes in f32); and `+batch-f32` (batched,
+//! msign in f32, the prediction's precision). After the criterion output a summary prints, per
+//! run: the step time and its ratio to UNCONSTRAINED, the time inside the Muon / manifold-Muon updates and its share of the step,
 //! the msign calls those updates made, and the time those calls predict (calls × one msign of
 //! the matrix's shape, timed here) — the goal is measured / predicted ≤ 1, i.e. no overhead
-//! beyond the msign count (20 dual steps + 1 retraction per tall matrix).
+//! beyond the msign count (20 dual steps + 1 retraction per tall matrix); then the same per
+//! group.
 //!
 //! Then, per hidden-matrix shape, the tangent-problem solvers alone (group
 //! `manifolds_tangent_solvers`): the dual ascent (`DualAscent::feasible()`) against ADMM
@@ -67,13 +72,20 @@ struct Stepper {
 }
 
 impl Stepper {
-    fn new(vs: &nn::VarStore, preset: Preset) -> Self {
+    fn new(vs: &nn::VarStore, preset: Preset, run: Run) -> Self {
         let train = TrainConfig {
             lr: LR,
             ..TrainConfig::default()
         };
-        let groups =
-            modulewise_groups(vs, &ModulewiseConfig::paper(preset), &train).expect("groups");
+        let mut cfg = ModulewiseConfig {
+            batch: run != Run::PerMatrix,
+            ..ModulewiseConfig::paper(preset)
+        };
+        if run == Run::BatchedF32 {
+            cfg.muon.precision = Precision::F32;
+            cfg.manifold.precision = Precision::F32;
+        }
+        let groups = modulewise_groups(vs, &cfg, &train).expect("groups");
         let params = groups
             .iter()
             .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
@@ -109,6 +121,29 @@ impl Stepper {
             }
         }
         out
+    }
+}
+
+/// How a preset's optimizers run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Run {
+    /// One optimizer call per matrix.
+    PerMatrix,
+    /// Same-shape matrices together (`ModulewiseConfig::batch`), msign's precision `Auto`
+    /// decided on each batch.
+    Batched,
+    /// Batched with msign in f32, the precision the prediction's single msign takes here.
+    BatchedF32,
+}
+
+const RUNS: [Run; 3] = [Run::PerMatrix, Run::Batched, Run::BatchedF32];
+
+/// The bench name of a preset's run.
+fn run_name(preset: Preset, run: Run) -> String {
+    match run {
+        Run::PerMatrix => preset.name().to_string(),
+        Run::Batched => format!("{}+batch", preset.name()),
+        Run::BatchedF32 => format!("{}+batch-f32", preset.name()),
     }
 }
 
@@ -214,18 +249,21 @@ fn main() {
     });
     let mut optimizer = BTreeMap::new();
     for preset in Preset::ALL {
-        let vs = nn::VarStore::new(Device::Cpu);
-        let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
-        let mut stepper = Stepper::new(&vs, preset);
-        c.benchmark_group(GROUP).bench_function(preset.name(), |b| {
-            b.iter(|| stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss"))))
-        });
-        // Ten more steps for the optimizer's own accounting.
-        stepper.reset_stats();
-        for _ in 0..10 {
-            stepper.step(|| gpt.loss(&idx, &idx).expect("loss"));
+        for run in RUNS {
+            let vs = nn::VarStore::new(Device::Cpu);
+            let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
+            let mut stepper = Stepper::new(&vs, preset, run);
+            let name = run_name(preset, run);
+            c.benchmark_group(GROUP).bench_function(&name, |b| {
+                b.iter(|| stepper.step(|| black_box(gpt.loss(&idx, &idx).expect("loss"))))
+            });
+            // Ten more steps for the optimizer's own accounting.
+            stepper.reset_stats();
+            for _ in 0..10 {
+                stepper.step(|| gpt.loss(&idx, &idx).expect("loss"));
+            }
+            optimizer.insert(name, stepper.stats());
         }
-        optimizer.insert(preset, stepper.stats());
     }
     c.final_summary();
 
@@ -251,9 +289,12 @@ fn main() {
     println!("| preset | step ms | × UNCONSTRAINED | optimizer ms/step | optimizer share | msign calls/step | predicted ms/step | measured / predicted |");
     println!("|---|---|---|---|---|---|---|---|");
     let base = median_seconds(GROUP, Preset::Unconstrained.name(), "");
-    for preset in Preset::ALL {
-        let step = median_seconds(GROUP, preset.name(), "");
-        let groups = &optimizer[&preset];
+    let runs = Preset::ALL
+        .into_iter()
+        .flat_map(|p| RUNS.map(|r| run_name(p, r)));
+    for name in runs {
+        let step = median_seconds(GROUP, &name, "");
+        let groups = &optimizer[&name];
         let (mut seconds, mut calls, mut predicted) = (0.0, 0.0, 0.0);
         for (shape, _updates, s, n) in groups.values() {
             seconds += s / 10.0;
@@ -261,8 +302,7 @@ fn main() {
             predicted += n / 10.0 * shapes[shape];
         }
         println!(
-            "| {} | {} | {} | {} | {} | {calls:.0} | {} | {} |",
-            preset.name(),
+            "| {name} | {} | {} | {} | {} | {calls:.0} | {} | {} |",
             fmt_ms(step),
             fmt_ratio(step.zip(base).map(|(a, b)| a / b)),
             fmt_ms(Some(seconds)),
@@ -270,5 +310,16 @@ fn main() {
             fmt_ms(Some(predicted)),
             fmt_ratio(Some(seconds / predicted)),
         );
+    }
+    println!("\nper group (ms per step: measured / predicted):");
+    for (run, groups) in &optimizer {
+        let parts: Vec<String> = groups
+            .iter()
+            .map(|(g, (shape, _, s, n))| {
+                let predicted = n / 10.0 * shapes[shape];
+                format!("{g} {:.2}/{:.2}", s / 10.0 * 1e3, predicted * 1e3)
+            })
+            .collect();
+        println!("  {run}: {}", parts.join(", "));
     }
 }

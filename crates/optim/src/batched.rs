@@ -30,7 +30,7 @@ use tch::{Kind, Tensor};
 use crate::error::{libtorch, Result};
 use crate::msign::{msign, Msign, Working, SAFE_FRO};
 use crate::muon::{apply_update, check_step_inputs, Muon, MuonConfig, MuonState, MuonStep};
-use crate::precision::{batch_precision, WorkingPrecision};
+use crate::precision::{batch_precision, Precision, WorkingPrecision};
 
 impl Muon {
     /// [`Muon::step`] on every matrix of `ws` (same shape, kind and device), with `grads[i]` and
@@ -127,15 +127,10 @@ fn step_bank(
         .advance_lean(stacked.buffers.as_ref(), &stacked.grads)?;
     let u = u.as_ref().unwrap_or(&buffer);
     let u3 = u.f_view(dims).map_err(libtorch("grads"))?;
-    if !norms_need_no_rescaling(&u3)? {
+    if !take_as_they_are(&slice_norms(&u3, "grads")?) {
         return Ok(None);
     }
-    let working = u3.to_working(c.precision)?;
-    let out = newton_schulz_batched(working.as_ref().unwrap_or(&u3), &schedule)?;
-    let out = match working {
-        Some(_) => out.to_kind_of(&u3)?,
-        None => out,
-    };
+    let out = orthogonalize_stacked(&u3, &schedule, c.precision)?;
     let buffers = buffer
         .f_view(dims)
         .and_then(|b| b.f_unbind_copy(0))
@@ -150,7 +145,7 @@ fn step_bank(
 }
 
 /// The schedule of an msign that runs batched (module docs), `None` for the others.
-fn batched_schedule(msign: Msign) -> Option<NsSchedule> {
+pub(crate) fn batched_schedule(msign: Msign) -> Option<NsSchedule> {
     match msign {
         Msign::MuonQuintic | Msign::PolarExpress { .. } | Msign::PolarExpressDesigned { .. } => {
             msign.schedule()
@@ -159,28 +154,62 @@ fn batched_schedule(msign: Msign) -> Option<NsSchedule> {
     }
 }
 
-/// Whether every slice of `u3` = [B, m, n] has a Frobenius norm msign takes as it is (neither
-/// zero nor outside its safe range, with a factor-2 margin so that the batched reduction's
-/// rounding cannot flip the decision [`Working::of`] makes from the per-matrix norm).
-fn norms_need_no_rescaling(u3: &Tensor) -> Result<bool> {
-    let norms = u3
-        .f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
+/// The Frobenius norm of every slice of `u3` = [B, m, n], accumulated in f64 (errors name
+/// `arg`).
+pub(crate) fn slice_norms(u3: &Tensor, arg: &'static str) -> Result<Vec<f64>> {
+    u3.f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
         .and_then(|t| Vec::<f64>::try_from(&t))
-        .map_err(libtorch("grads"))?;
-    let (lo, hi) = SAFE_FRO;
-    Ok(norms
-        .iter()
-        .all(|&f| f.is_finite() && (2.0 * lo..=hi / 2.0).contains(&f)))
+        .map_err(libtorch(arg))
 }
 
-/// The checks of [`Muon::step_batch`], in its documented order. Returns the stacked gradients
-/// and buffers when the stacked checks decided (every state with a buffer, or none), `None`
-/// when the per-matrix checks ran.
-fn check_batch(
-    ws: &[Tensor],
-    grads: &[Tensor],
-    states: &[MuonState<Tensor>],
-) -> Result<Option<Stacked>> {
+/// Whether every slice norm is one msign takes as it is (neither zero nor outside its safe
+/// range, with a factor-2 margin so that the batched reduction's rounding cannot flip the
+/// decision [`Working::of`] makes from the per-matrix norm).
+fn take_as_they_are(norms: &[f64]) -> bool {
+    let (lo, hi) = SAFE_FRO;
+    norms
+        .iter()
+        .all(|&f| f.is_finite() && (2.0 * lo..=hi / 2.0).contains(&f))
+}
+
+/// One batched Newton–Schulz call on `u3` = [B, m, n] in the working type of `precision`
+/// (converted there and back).
+fn orthogonalize_stacked(
+    u3: &Tensor,
+    schedule: &NsSchedule,
+    precision: Precision,
+) -> Result<Tensor> {
+    let working = u3.to_working(precision)?;
+    let out = newton_schulz_batched(working.as_ref().unwrap_or(u3), schedule)?;
+    match working {
+        Some(_) => out.to_kind_of(u3),
+        None => Ok(out),
+    }
+}
+
+/// msign of every slice of `u3` = [B, m, n] (finite, with Frobenius norms `norms`): one
+/// batched Newton–Schulz call when `method` has a batched schedule and every norm is one msign
+/// takes as it is, one [`msign`] per slice otherwise; the result is stacked as `u3`.
+pub(crate) fn msign_stacked(
+    u3: &Tensor,
+    norms: &[f64],
+    method: Msign,
+    precision: Precision,
+) -> Result<Tensor> {
+    if let Some(schedule) = batched_schedule(method).filter(|_| take_as_they_are(norms)) {
+        return orthogonalize_stacked(u3, &schedule, precision);
+    }
+    let slices = u3.f_unbind(0).map_err(libtorch("x"))?;
+    let out = slices
+        .iter()
+        .map(|u| msign(u, method, precision))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::f_stack(&out, 0).map_err(libtorch("x"))
+}
+
+/// The checks every batched step makes first: one gradient and one state per matrix, and one
+/// shape, kind and device for all matrices (argument `ws`).
+pub(crate) fn check_batch_shape(ws: &[Tensor], grads: usize, states: usize) -> Result<()> {
     let count = |arg: &'static str, len: usize| -> Result<()> {
         if len == ws.len() {
             return Ok(());
@@ -188,15 +217,19 @@ fn check_batch(
         let want = format!("{} entries (one per matrix of `ws`)", ws.len());
         Err(InputError::shape_mismatch(arg, want, format!("{len} entries")).into())
     };
-    count("grads", grads.len())?;
-    count("states", states.len())?;
-    if let Some(first) = ws.first() {
-        let like = (first.size(), first.kind(), first.device());
-        if let Some((i, w)) = ws
-            .iter()
-            .enumerate()
-            .find(|(_, w)| (w.size(), w.kind(), w.device()) != like)
-        {
+    count("grads", grads)?;
+    count("states", states)?;
+    let Some(first) = ws.first() else {
+        return Ok(());
+    };
+    let like = (first.size(), first.kind(), first.device());
+    match ws
+        .iter()
+        .enumerate()
+        .find(|(_, w)| (w.size(), w.kind(), w.device()) != like)
+    {
+        None => Ok(()),
+        Some((i, w)) => {
             let why = format!(
                 "matrix {i} is {:?} {:?} on {:?}, matrix 0 {:?} {:?} on {:?}; a batch needs one \
                  shape, kind and device",
@@ -207,9 +240,20 @@ fn check_batch(
                 like.1,
                 like.2
             );
-            return Err(InputError::invalid("ws", why).into());
+            Err(InputError::invalid("ws", why).into())
         }
     }
+}
+
+/// The checks of [`Muon::step_batch`], in its documented order. Returns the stacked gradients
+/// and buffers when the stacked checks decided (every state with a buffer, or none), `None`
+/// when the per-matrix checks ran.
+fn check_batch(
+    ws: &[Tensor],
+    grads: &[Tensor],
+    states: &[MuonState<Tensor>],
+) -> Result<Option<Stacked>> {
+    check_batch_shape(ws, grads.len(), states.len())?;
     if let Some(stacked) = stacked_if_valid(ws, grads, states) {
         return Ok(Some(stacked));
     }

@@ -9,6 +9,8 @@ mod muon {
     pub mod common;
     pub mod errors;
     pub mod manifold;
+    #[cfg(feature = "tch")]
+    pub mod manifold_batched;
     pub mod msign;
     pub mod oblique;
     pub mod optimizer;

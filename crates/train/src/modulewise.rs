@@ -430,11 +430,13 @@ pub struct ModulewiseConfig {
     /// Per-label multipliers on the peak learning rate (all 1 by default).
     #[serde(default, skip_serializing_if = "LrMultipliers::is_default")]
     pub lr_multipliers: LrMultipliers,
-    /// Step the row blocks of one Muon group that share a shape with one batched
-    /// orthogonalization ([`kappa_optim::Muon::step_batch`]) instead of one call per block; a
-    /// shape that occurs once keeps the per-matrix call. Off by default: the batched products
-    /// round differently from one product per matrix, so the published runs (unbatched) stay
-    /// reproducible bit for bit. Manifold groups are not affected.
+    /// Step the row blocks of one group that share a shape together: Muon groups with one
+    /// batched orthogonalization ([`kappa_optim::Muon::step_batch`]), manifold groups with
+    /// their dual ascents in lock step ([`kappa_optim::ManifoldMuon::step_batch`]), instead of
+    /// one call per block; a shape that occurs once keeps the per-matrix call, and a batched
+    /// manifold group ignores `optimizer_threads`. Off by default: the batched products round
+    /// differently from one product per matrix, so the published runs (unbatched) stay
+    /// reproducible bit for bit.
     #[serde(default, skip_serializing_if = "is_false")]
     pub batch: bool,
 }
@@ -586,7 +588,8 @@ pub fn modulewise_groups(
                     ..config.manifold
                 };
                 let group = ManifoldGroup::new(cfg, blocks, &params)?
-                    .with_threads(config.optimizer_threads);
+                    .with_threads(config.optimizer_threads)
+                    .with_batch(config.batch);
                 (Box::new(group), config.muon_lr)
             }
         };
@@ -798,12 +801,13 @@ fn by_shape<S>(jobs: Vec<Job<S>>) -> Vec<Vec<Job<S>>> {
     groups.into_iter().map(|(_, g)| g).collect()
 }
 
-/// One batched Muon step over same-shape blocks: their states are moved into a slice for
-/// [`Muon::step_batch`] and back (also on error, when the step has changed nothing).
-fn batched_muon_step(
-    muon: &Muon,
-    jobs: Vec<(Tensor, Tensor, &mut MuonState<Tensor>)>,
-) -> Result<u64> {
+/// Runs a batched step `f` on same-shape blocks: their views collected into slices, their
+/// states moved into a slice for `f` and back (also on error, when the step has changed
+/// nothing).
+fn on_batch<S: Default, R>(
+    jobs: Vec<(Tensor, Tensor, &mut S)>,
+    f: impl FnOnce(&mut [Tensor], &[Tensor], &mut [S]) -> R,
+) -> R {
     let mut ws = Vec::with_capacity(jobs.len());
     let mut grads = Vec::with_capacity(jobs.len());
     let mut slots = Vec::with_capacity(jobs.len());
@@ -812,12 +816,12 @@ fn batched_muon_step(
         grads.push(g);
         slots.push(s);
     }
-    let mut states: Vec<MuonState<Tensor>> = slots.iter_mut().map(|s| std::mem::take(*s)).collect();
-    let result = muon.step_batch(&mut ws, &grads, &mut states);
+    let mut states: Vec<S> = slots.iter_mut().map(|s| std::mem::take(*s)).collect();
+    let result = f(&mut ws, &grads, &mut states);
     for (slot, s) in slots.into_iter().zip(states) {
         *slot = s;
     }
-    Ok(result.map_err(optim_err)?.len() as u64)
+    result
 }
 
 impl GroupOptimizer for MuonGroup {
@@ -836,7 +840,8 @@ impl GroupOptimizer for MuonGroup {
         };
         for mut group in groups {
             if group.len() > 1 {
-                self.stats.updates += batched_muon_step(&self.muon, group)?;
+                let steps = on_batch(group, |w, g, s| self.muon.step_batch(w, g, s));
+                self.stats.updates += steps.map_err(optim_err)?.len() as u64;
             } else if let Some((mut w, g, s)) = group.pop() {
                 self.muon.step(&mut w, &g, s).map_err(optim_err)?;
                 self.stats.updates += 1;
@@ -877,6 +882,7 @@ pub struct ManifoldGroup {
     states: Vec<ManifoldState<Tensor>>,
     stats: Accumulator,
     threads: usize,
+    batch: bool,
 }
 
 impl ManifoldGroup {
@@ -899,7 +905,13 @@ impl ManifoldGroup {
             states: (0..n).map(|_| ManifoldState::new()).collect(),
             stats: Accumulator::default(),
             threads: 1,
+            batch: false,
         })
+    }
+
+    /// This group with batching on or off ([`ModulewiseConfig::batch`]).
+    pub fn with_batch(self, batch: bool) -> Self {
+        Self { batch, ..self }
     }
 
     /// Steps the blocks on `threads` worker threads (see
@@ -932,6 +944,18 @@ impl GroupOptimizer for ManifoldGroup {
         self.opt.set_lr(lr).map_err(optim_err)?;
         let jobs = block_jobs(params, &self.parts, &mut self.states)?;
         let opt = &self.opt;
+        if self.batch {
+            for group in by_shape(jobs) {
+                let step = |w: &mut [Tensor], g: &[Tensor], s: &mut [ManifoldState<Tensor>]| {
+                    tch::no_grad(|| opt.step_batch(w, g, s))
+                };
+                for done in on_batch(group, step).map_err(optim_err)? {
+                    self.stats.add_manifold(&done);
+                }
+            }
+            self.stats.seconds += started.elapsed().as_secs_f64();
+            return Ok(());
+        }
         let steps: Vec<Result<kappa_optim::ManifoldStep<Tensor>>> = if self.threads <= 1
             || jobs.len() < 2
         {

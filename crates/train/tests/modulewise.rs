@@ -527,10 +527,16 @@ fn a_resumed_modulewise_run_matches_the_uninterrupted_one() {
         batch: true,
         ..variants
     };
+    // Batched manifold groups: the same-shape blocks' dual ascents in lock step.
+    let hetero_batched = ModulewiseConfig {
+        batch: true,
+        ..modulewise(Preset::Hetero)
+    };
     for (name, cfg) in [
         ("hetero-inv", modulewise(Preset::HeteroInv)),
         ("variants", variants),
         ("batched", batched),
+        ("hetero-batched", hetero_batched),
     ] {
         resumed_run_matches(name, &cfg);
     }

@@ -471,6 +471,109 @@ pub(crate) struct TallProblem<'a, M> {
     pub g: &'a M,
 }
 
+/// Where the ascent starts (module docs): Λ₀ in the units of the ascent's G, that G when the
+/// normalization changed it, the Jacobi weights when preconditioned, and the report so far.
+pub(crate) struct AscentStart<M> {
+    pub lam: M,
+    pub scaled_g: Option<M>,
+    pub weights: Option<Vec<f64>>,
+    pub report: DualReport,
+}
+
+impl<M> AscentStart<M> {
+    /// The G the ascent runs on: the normalized copy, or the caller's.
+    pub(crate) fn g<'a>(&'a self, p: &'a TallProblem<'_, M>) -> &'a M {
+        self.scaled_g.as_ref().unwrap_or(p.g)
+    }
+}
+
+/// Λ₀ = −¼·P(WᵀG + GᵀW) (⊘ the Jacobi weights' inverse when preconditioned), so that
+/// Z₀ = G + 2W·P(Λ₀) is G with its normal component removed: the ascent only ever works on Z₀
+/// (module docs).
+fn initial_multiplier<M: Matrix>(
+    p: &TallProblem<'_, M>,
+    proj: Projector,
+    weights: Option<&[f64]>,
+) -> Result<M> {
+    let mut lam = sym2(p.wt.matmul(p.g)?)?;
+    lam.scale(-0.25)?;
+    proj.apply(&mut lam)?;
+    if let Some(wts) = weights {
+        lam.scale_entries(wts)?;
+    }
+    Ok(lam)
+}
+
+/// The ascent's starting point (Λ₀, the normalization of [`DualAscent::normalize`], the
+/// Jacobi weights of [`DualAscent::precondition`]), shared by the per-matrix and the batched
+/// ascent.
+pub(crate) fn start_ascent<M: WorkingPrecision>(
+    p: &TallProblem<'_, M>,
+    proj: Projector,
+    cfg: &DualAscent,
+) -> Result<AscentStart<M>> {
+    let mut report = DualReport {
+        gradient_scale: 1.0,
+        ..DualReport::default()
+    };
+    let weights = match cfg.precondition {
+        true => Some(jacobi_weights(p.w, p.wt)?),
+        false => None,
+    };
+    let mut lam = initial_multiplier(p, proj, weights.as_deref())?;
+    let mut scaled_g = None;
+    if let Some(target) = cfg.normalize {
+        let est = estimate(&p.g.mul_add(2.0, p.w, &lam, 1.0)?, 5)?;
+        report.z0_norm = Some(est);
+        if est > 0.0 && est.is_finite() {
+            report.gradient_scale = target / est;
+            let mut gs = p.g.duplicate()?;
+            gs.scale(report.gradient_scale)?;
+            lam.scale(report.gradient_scale)?;
+            scaled_g = Some(gs);
+        }
+    }
+    Ok(AscentStart {
+        lam,
+        scaled_g,
+        weights,
+        report,
+    })
+}
+
+/// The error for a Z = G + 2W·P(Λ) that overflowed (entries near `f64::MAX`): the ascent
+/// cannot continue.
+pub(crate) fn overflow<M: Matrix>(report: &DualReport, g: &M) -> Result<OptimError> {
+    Ok(OptimError::DualAscentDiverged {
+        steps: report.dual_steps,
+        initial_violation: report.initial_violation,
+        violation: f64::INFINITY,
+        gradient_norm: g.frobenius_norm()?,
+        remedy: OVERFLOW_REMEDY.to_string(),
+    })
+}
+
+/// Records candidate `k`'s dual objective −⟨Z, A⟩ and violation `v`; true when the ascent
+/// stops at it (converged below `tol`, or a non-finite violation).
+pub(crate) fn record(report: &mut DualReport, k: usize, objective: f64, v: f64, tol: f64) -> bool {
+    report.msign_calls += 1;
+    report.dual_objective.push(objective);
+    if k == 0 {
+        report.initial_violation = v;
+    }
+    report.violation = v;
+    report.violations.push(v);
+    report.converged = v < tol;
+    report.converged || !v.is_finite()
+}
+
+impl DualAscent {
+    /// The step size of dual update `k`: α·(1 − k/K).
+    pub(crate) fn step_size(&self, k: usize) -> f64 {
+        self.alpha * (1.0 - k as f64 / self.steps as f64)
+    }
+}
+
 /// The dual ascent (module docs) on tall W, G: returns the candidate A (step W − η·A), the
 /// multiplier Λ of the last candidate (in the caller's units of G) and the diagnostics.
 /// Divergence is reported in the report, not as an error (the caller decides).
@@ -482,89 +585,91 @@ pub(crate) fn ascend<M: WorkingPrecision>(
     precision: Precision,
     diagnostics: bool,
 ) -> Result<(M, M, DualReport)> {
-    let mut report = DualReport {
-        gradient_scale: 1.0,
-        ..DualReport::default()
-    };
-    // Λ₀ = −¼·P(WᵀG + GᵀW), and Z₀ = G + 2W·P(Λ₀), the gradient with its normal component
-    // removed: the ascent only ever works on Z₀ (module docs).
-    let weights = if cfg.precondition {
-        Some(jacobi_weights(p.w, p.wt)?)
-    } else {
-        None
-    };
-    let mut lam = sym2(p.wt.matmul(p.g)?)?;
-    lam.scale(-0.25)?;
-    proj.apply(&mut lam)?;
-    if let Some(wts) = &weights {
-        lam.scale_entries(wts)?;
-    }
-    let scaled;
-    let g = match cfg.normalize {
-        Some(target) => {
-            let z0 = p.g.mul_add(2.0, p.w, &lam, 1.0)?;
-            let est = estimate(&z0, 5)?;
-            report.z0_norm = Some(est);
-            if est > 0.0 && est.is_finite() {
-                report.gradient_scale = target / est;
-                let mut gs = p.g.duplicate()?;
-                gs.scale(report.gradient_scale)?;
-                lam.scale(report.gradient_scale)?;
-                scaled = gs;
-                &scaled
-            } else {
-                p.g
-            }
-        }
-        None => p.g,
-    };
-    let k_max = cfg.steps;
+    let AscentStart {
+        mut lam,
+        scaled_g,
+        weights,
+        mut report,
+    } = start_ascent(p, proj, cfg)?;
+    let g = scaled_g.as_ref().unwrap_or(p.g);
     let mut a = None;
-    for k in 0..k_max {
+    for k in 0..cfg.steps {
         let z = g.mul_add(2.0, p.w, &lam, 1.0)?;
         if !z.frobenius_norm()?.is_finite() {
-            // G + 2W·P(Λ) overflowed (entries near f64::MAX): the ascent cannot continue.
-            return Err(OptimError::DualAscentDiverged {
-                steps: report.dual_steps,
-                initial_violation: report.initial_violation,
-                violation: f64::INFINITY,
-                gradient_norm: p.g.frobenius_norm()?,
-                remedy: OVERFLOW_REMEDY.to_string(),
-            });
+            return Err(overflow(&report, p.g)?);
         }
         let cand = msign(&z, method, precision)?;
-        report.msign_calls += 1;
-        report.dual_objective.push(-z.inner(&cand)?);
         let (h, v) = violation(p.wt, &cand, proj)?;
-        if k == 0 {
-            report.initial_violation = v;
-        }
-        report.violation = v;
-        report.violations.push(v);
+        let stop = record(&mut report, k, -z.inner(&cand)?, v, cfg.tol);
         a = Some(cand);
-        if v < cfg.tol {
-            report.converged = true;
+        if stop {
             break;
         }
-        if !v.is_finite() {
-            break;
-        }
-        if k + 1 < k_max {
+        if k + 1 < cfg.steps {
             let mut step = h;
             if let Some(wts) = &weights {
                 step.scale_entries(wts)?;
             }
-            lam.axpy(-cfg.alpha * (1.0 - k as f64 / k_max as f64), &step)?;
+            lam.axpy(-cfg.step_size(k), &step)?;
             report.dual_steps += 1;
         }
     }
-    let mut a = a.ok_or_else(|| InputError::invalid("dual.steps", "K must be at least 1"))?;
+    let a = a.ok_or_else(|| InputError::invalid("dual.steps", "K must be at least 1"))?;
+    let ascent = Ascent {
+        a,
+        lam,
+        report,
+        g_sign: None,
+    };
+    let weights = weights.as_deref();
+    finish_ascent(
+        p,
+        proj,
+        cfg,
+        weights,
+        ascent,
+        method,
+        precision,
+        diagnostics,
+    )
+}
+
+/// What the ascent's loop ended with: the last candidate, its multiplier (in the units of the
+/// ascent's G) and the report.
+pub(crate) struct Ascent<M> {
+    pub a: M,
+    pub lam: M,
+    pub report: DualReport,
+    /// msign(G) of the caller's G when already computed (the ‖G‖_* diagnostic).
+    pub g_sign: Option<M>,
+}
+
+/// After the loop (shared by the per-matrix and the batched ascent): the optional projection
+/// onto the tangent space ([`DualAscent::project`]), the descent diagnostics, the certified gap,
+/// the divergence test, and Λ back in the caller's units.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn finish_ascent<M: WorkingPrecision>(
+    p: &TallProblem<'_, M>,
+    proj: Projector,
+    cfg: &DualAscent,
+    weights: Option<&[f64]>,
+    ascent: Ascent<M>,
+    method: Msign,
+    precision: Precision,
+    diagnostics: bool,
+) -> Result<(M, M, DualReport)> {
+    let Ascent {
+        mut a,
+        mut lam,
+        mut report,
+        g_sign,
+    } = ascent;
     report.ascent_violation = report.violation;
     if cfg.project && !report.converged && report.violation.is_finite() {
         // Two feasible candidates: the projected ascent candidate and the projected gradient
         // (a safe fallback when the ascent went astray); keep the one with the larger descent.
-        let from_ascent = project_tangent(p.w, p.wt, &a, proj, weights.as_deref())?;
-        let from_gradient = project_tangent(p.w, p.wt, p.g, proj, weights.as_deref())?;
+        let from_ascent = project_tangent(p.w, p.wt, &a, proj, weights)?;
+        let from_gradient = project_tangent(p.w, p.wt, p.g, proj, weights)?;
         a = if p.g.inner(&from_gradient)? > p.g.inner(&from_ascent)? {
             from_gradient
         } else {
@@ -573,7 +678,10 @@ pub(crate) fn ascend<M: WorkingPrecision>(
         report.violation = violation(p.wt, &a, proj)?.1;
         report.projected = true;
     }
-    finish_report(&mut report, p.g, &a, method, precision, diagnostics)?;
+    match g_sign {
+        Some(sign) if diagnostics => describe_descent(&mut report, p.g, &a, Some(&sign))?,
+        _ => finish_report(&mut report, p.g, &a, method, precision, diagnostics)?,
+    }
     // Weak duality on the (possibly normalized) problem: ⟨G', A⟩ ≤ min_k ‖Z_k‖_*.
     let best = report
         .dual_objective
@@ -585,12 +693,7 @@ pub(crate) fn ascend<M: WorkingPrecision>(
     report.diverged = diverged(&report, cfg);
     if report.diverged && report.z0_norm.is_none() {
         // Size the advice (DualAscent::divergence_remedy): ‖Z₀‖₂ of the caller's G, from Λ₀.
-        let mut lam0 = sym2(p.wt.matmul(p.g)?)?;
-        lam0.scale(-0.25)?;
-        proj.apply(&mut lam0)?;
-        if let Some(wts) = &weights {
-            lam0.scale_entries(wts)?;
-        }
+        let lam0 = initial_multiplier(p, proj, weights)?;
         report.z0_norm = Some(estimate(&p.g.mul_add(2.0, p.w, &lam0, 1.0)?, 5)?);
     }
     // Λ in the caller's units: the ascent ran on G' = gradient_scale·G.
@@ -799,7 +902,8 @@ pub fn tangent_direction<M: WorkingPrecision>(
     Ok((a, report))
 }
 
-/// Fills the descent diagnostics (with the caller's unnormalized G).
+/// Fills the descent diagnostics (with the caller's unnormalized G); msign(G) for ‖G‖_* is
+/// computed with `method` in `precision` when `diagnostics` is on.
 pub(crate) fn finish_report<M: WorkingPrecision>(
     report: &mut DualReport,
     g: &M,
@@ -808,9 +912,23 @@ pub(crate) fn finish_report<M: WorkingPrecision>(
     precision: Precision,
     diagnostics: bool,
 ) -> Result<()> {
+    let g_sign = match diagnostics {
+        true => Some(msign(g, method, precision)?),
+        false => None,
+    };
+    describe_descent(report, g, a, g_sign.as_ref())
+}
+
+/// ⟨G, A⟩ and, given msign(G), ‖G‖_* = ⟨G, msign(G)⟩ and their ratio.
+fn describe_descent<M: Matrix>(
+    report: &mut DualReport,
+    g: &M,
+    a: &M,
+    g_sign: Option<&M>,
+) -> Result<()> {
     report.descent = g.inner(a)?;
-    if diagnostics {
-        let nuc = g.inner(&msign(g, method, precision)?)?;
+    if let Some(sign) = g_sign {
+        let nuc = g.inner(sign)?;
         report.nuclear_norm = Some(nuc);
         report.descent_ratio = Some(if nuc > 0.0 { report.descent / nuc } else { 0.0 });
     }

@@ -49,6 +49,8 @@
 //!   for the ‖G‖_* diagnostic when `diagnostics` is on.
 
 pub mod admm;
+#[cfg(feature = "tch")]
+mod batched;
 pub mod dual;
 pub mod retraction;
 
@@ -367,6 +369,19 @@ impl ManifoldMuon {
         grad: &M,
         state: &mut ManifoldState<M>,
     ) -> Result<ManifoldStep<M>> {
+        let prepared = self.prepare(w, grad, state)?;
+        let direction = self.direction_tall(&prepared.w_tall, &prepared.wt, &prepared.u_tall)?;
+        let settled = self.settle(prepared, state.steps, direction)?;
+        settled.commit(w, state)
+    }
+
+    /// A step's checks and its momentum, before the direction: nothing is modified.
+    fn prepare<M: WorkingPrecision>(
+        &self,
+        w: &M,
+        grad: &M,
+        state: &ManifoldState<M>,
+    ) -> Result<Prepared<M>> {
         check_step_inputs(w, grad, state.buffer.as_ref())?;
         let c = &self.config;
         let precision = w.working_name(c.precision)?;
@@ -385,8 +400,33 @@ impl ManifoldMuon {
             }
         }
         let (buffer, u) = c.momentum.advance_unchecked(state.buffer.as_ref(), grad)?;
-        let u_tall = if flip { u.into_transpose() } else { u };
-        let (a, lam, report) = self.direction_tall(&w_tall, &wt, &u_tall)?;
+        Ok(Prepared {
+            flip,
+            w_tall,
+            wt,
+            u_tall: if flip { u.into_transpose() } else { u },
+            buffer,
+            precision,
+        })
+    }
+
+    /// A step from its direction to the retracted W, still uncommitted: the divergence check,
+    /// W − η·A and the retraction (every error of [`ManifoldMuon::step`] after the direction).
+    fn settle<M: WorkingPrecision>(
+        &self,
+        prepared: Prepared<M>,
+        steps: u64,
+        (a, lam, report): (M, M, DualReport),
+    ) -> Result<Settled<M>> {
+        let c = &self.config;
+        let Prepared {
+            flip,
+            w_tall,
+            u_tall,
+            buffer,
+            precision,
+            ..
+        } = prepared;
         let unusable = !report.ascent_violation.is_finite() || !a.frobenius_norm()?.is_finite();
         let on_divergence = c.solver.on_divergence(&c.dual);
         if unusable || (report.diverged && on_divergence == OnDivergence::Error) {
@@ -406,21 +446,52 @@ impl ManifoldMuon {
         let moved_norm = moved.frobenius_norm()?;
         if !moved_norm.is_finite() && moved.validate("w").is_err() {
             return Err(OptimError::Diverged {
-                step: state.steps as usize,
+                step: steps as usize,
                 quantity: "parameters",
                 value: moved_norm,
                 threshold: f64::INFINITY,
             });
         }
         let (new, manifold_violation) = self.retract_checked(&moved, "w")?;
-        w.copy_from(&if flip { new.into_transpose() } else { new })?;
-        state.record_step(buffer);
-        Ok(ManifoldStep {
-            direction: if flip { a.into_transpose() } else { a },
-            multiplier: c.keep_multiplier.then_some(lam),
-            dual: report,
-            manifold_violation,
-            precision,
+        let orient = |x: M| if flip { x.into_transpose() } else { x };
+        Ok(Settled {
+            new: orient(new),
+            buffer,
+            step: ManifoldStep {
+                direction: orient(a),
+                multiplier: c.keep_multiplier.then_some(lam),
+                dual: report,
+                manifold_violation,
+                precision,
+            },
         })
+    }
+}
+
+/// One matrix's step after [`ManifoldMuon::prepare`]: W, Wᵀ and the momentum input U in the
+/// tall orientation, the momentum buffer to keep, the working precision's name.
+struct Prepared<M> {
+    flip: bool,
+    w_tall: M,
+    wt: M,
+    u_tall: M,
+    buffer: M,
+    precision: &'static str,
+}
+
+/// One matrix's step, computed and not yet applied ([`ManifoldMuon::settle`]).
+struct Settled<M> {
+    /// The retracted W in the caller's orientation.
+    new: M,
+    buffer: M,
+    step: ManifoldStep<M>,
+}
+
+impl<M: WorkingPrecision> Settled<M> {
+    /// Writes the new W and the momentum buffer.
+    fn commit(self, w: &mut M, state: &mut ManifoldState<M>) -> Result<ManifoldStep<M>> {
+        w.copy_from(&self.new)?;
+        state.record_step(self.buffer);
+        Ok(self.step)
     }
 }

@@ -1,0 +1,242 @@
+//! `ManifoldMuon::step_batch` against one `ManifoldMuon::step` per matrix (tch, CPU, f64 and
+//! f32), on Stiefel, DGram and Oblique, tall, wide and square, with the paper's ascent and the
+//! normalized, projected and preconditioned ones.
+//!
+//! # Tolerance (derived, not tuned)
+//!
+//! Both paths take the same momentum (elementwise: the buffers are compared exactly), the same
+//! per-matrix start and finish, and differ only in the rounding of the lock-step ascent's
+//! batched calls: per iteration one `baddbmm` (Z), 3 products per Newton–Schulz step of the
+//! batched msign and one `bmm` (the violation), each a product of length ≤ k (the longer
+//! side). The per-matrix step's response d to its gradient perturbed by one unit roundoff u
+//! (relative, random signs; the momentum is linear in g) is measured, floored at u·max|ΔW| (the
+//! step's own rounding), and bounds the effect of one rounding injection, so per step
+//! tol = K·(2 + 3·s)·√k·max(d, u·max|ΔW|), s the Newton–Schulz steps and K the ascent's msign
+//! calls (the √k of Higham & Mary, as `tch_backend.rs`), summed over the steps taken. The
+//! iteration counts must agree exactly (no case here converges: a convergence decision at the
+//! threshold could differ by a rounding, and is not what this test checks). Batches outside the
+//! lock-step case (`Exact` msign, ADMM, the square Stiefel closed form) run the per-matrix code
+//! and must agree bit for bit. The bound is pessimistic (measured: the f64 differences are
+//! 1e-16–2e-14 against bounds of 4e-13–5e-11, f32 3e-6 against 1e-4–2e-2), so the f64 cases are
+//! the ones that catch an algorithmic difference (a wrong step size or mask moves W by ≈ 1e-3).
+
+use kappa_optim::manifold::{Admm, DualSolver};
+use kappa_optim::*;
+use tch::{Device, Kind, Tensor};
+
+fn unit(kind: Kind) -> f64 {
+    match kind {
+        Kind::Double => f64::EPSILON / 2.0,
+        _ => f32::EPSILON as f64 / 2.0,
+    }
+}
+
+fn max_abs(t: &Tensor) -> f64 {
+    t.abs().max().to_kind(Kind::Double).double_value(&[])
+}
+
+fn copy_state(s: &ManifoldState<Tensor>) -> ManifoldState<Tensor> {
+    MomentumState::from_parts(s.buffer().map(Tensor::copy), s.steps())
+}
+
+/// The settings under test and whether they run the lock-step ascent.
+fn configs() -> Vec<(&'static str, ManifoldMuonConfig, bool)> {
+    let base = |m: Manifold| ManifoldMuonConfig {
+        lr: 0.05,
+        precision: Precision::Native,
+        dual: DualAscent {
+            on_divergence: OnDivergence::Apply,
+            ..DualAscent::paper()
+        },
+        ..ManifoldMuonConfig::paper(m)
+    };
+    let dgram = Manifold::DGram(DGramRetraction::ColumnNorms);
+    vec![
+        ("stiefel paper", base(Manifold::Stiefel), true),
+        (
+            "dgram paper",
+            base(Manifold::DGram(DGramRetraction::Paper)),
+            true,
+        ),
+        ("oblique", base(Manifold::Oblique), true),
+        (
+            "stiefel feasible",
+            ManifoldMuonConfig {
+                dual: DualAscent::feasible(),
+                ..base(Manifold::Stiefel)
+            },
+            true,
+        ),
+        (
+            "dgram preconditioned",
+            ManifoldMuonConfig {
+                dual: DualAscent {
+                    on_divergence: OnDivergence::Apply,
+                    ..DualAscent::preconditioned_feasible()
+                },
+                ..base(dgram)
+            },
+            true,
+        ),
+        (
+            "stiefel exact",
+            ManifoldMuonConfig {
+                msign: Msign::Exact,
+                ..base(Manifold::Stiefel)
+            },
+            false,
+        ),
+        (
+            "stiefel admm",
+            ManifoldMuonConfig {
+                solver: DualSolver::Admm(Admm::standard()),
+                ..base(Manifold::Stiefel)
+            },
+            false,
+        ),
+    ]
+}
+
+fn ns_steps(m: Msign) -> f64 {
+    match m {
+        Msign::PolarExpress { steps } | Msign::PolarExpressDesigned { steps, .. } => steps as f64,
+        _ => 5.0,
+    }
+}
+
+/// The measured response of one per-matrix step from (`w`, `state`) to `g` perturbed by u.
+fn response(
+    opt: &ManifoldMuon,
+    w: &Tensor,
+    g: &Tensor,
+    state: &ManifoldState<Tensor>,
+    u: f64,
+) -> Tensor {
+    let noise = Tensor::randn_like(g).sign() * u;
+    let mut wp = w.copy();
+    opt.step(&mut wp, &(g * (noise + 1.0)), &mut copy_state(state))
+        .unwrap();
+    wp
+}
+
+/// B matrices of `shape` on the optimizer's manifold.
+fn on_manifold(opt: &ManifoldMuon, b: usize, shape: [i64; 2], kind: Kind) -> Vec<Tensor> {
+    (0..b)
+        .map(|_| {
+            let mut w = Tensor::randn(shape, (kind, Device::Cpu));
+            opt.retract_onto(&mut w).unwrap();
+            w
+        })
+        .collect()
+}
+
+fn check_case(name: &str, cfg: ManifoldMuonConfig, batched: bool, kind: Kind, shape: [i64; 2]) {
+    let opt = ManifoldMuon::new(cfg).unwrap();
+    let b = 3;
+    let mut wb = on_manifold(&opt, b, shape, kind);
+    let mut w1: Vec<Tensor> = wb.iter().map(Tensor::copy).collect();
+    let mut sb: Vec<ManifoldState<Tensor>> = (0..b).map(|_| ManifoldState::new()).collect();
+    let mut s1: Vec<ManifoldState<Tensor>> = (0..b).map(|_| ManifoldState::new()).collect();
+    let (u, k) = (unit(kind), shape[0].max(shape[1]) as f64);
+    let mut tol = vec![0.0; b];
+    for step in 0..3 {
+        let g: Vec<Tensor> = (0..b)
+            .map(|_| Tensor::randn(shape, (kind, Device::Cpu)))
+            .collect();
+        let reports = opt.step_batch(&mut wb, &g, &mut sb).unwrap();
+        assert_eq!(reports.len(), b);
+        for i in 0..b {
+            let what = format!("{name} {kind:?} {shape:?} step {step} matrix {i}");
+            let before = w1[i].copy();
+            let wp = response(&opt, &before, &g[i], &s1[i], u);
+            let one = opt.step(&mut w1[i], &g[i], &mut s1[i]).unwrap();
+            let calls = one.dual.msign_calls as f64;
+            assert_eq!(reports[i].dual.msign_calls, one.dual.msign_calls, "{what}");
+            assert_eq!(reports[i].dual.dual_steps, one.dual.dual_steps, "{what}");
+            let converged = one.dual.converged;
+            assert!(
+                !batched || !converged,
+                "{what}: a converged case (see the module docs)"
+            );
+            let d = max_abs(&(&wp - &w1[i]));
+            let floor = u * max_abs(&(&w1[i] - &before));
+            let injections = calls * (2.0 + 3.0 * ns_steps(cfg.msign));
+            tol[i] += injections * k.sqrt() * d.max(floor);
+            if !batched {
+                tol[i] = 0.0;
+            }
+            let diff = max_abs(&(&wb[i] - &w1[i]));
+            assert!(diff <= tol[i], "{what}: {diff:e} > {:e}", tol[i]);
+            let (bb, b1) = (sb[i].buffer().unwrap(), s1[i].buffer().unwrap());
+            assert!(bb.equal(b1), "{what}: momentum buffers differ");
+            assert_eq!(sb[i].steps(), s1[i].steps());
+            assert_eq!(reports[i].precision, one.precision, "{what}");
+            assert_eq!(
+                reports[i].dual.nuclear_norm.is_some(),
+                one.dual.nuclear_norm.is_some(),
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_batched_manifold_step_matches_one_step_per_matrix() {
+    tch::manual_seed(11);
+    for (name, cfg, batched) in configs() {
+        for kind in [Kind::Double, Kind::Float] {
+            for shape in [[40, 16], [12, 36]] {
+                check_case(name, cfg, batched, kind, shape);
+            }
+        }
+    }
+}
+
+#[test]
+fn square_matrices_batch_on_dgram_and_take_the_closed_form_on_stiefel() {
+    tch::manual_seed(12);
+    let (_, dgram, _) = configs()[1];
+    let (_, stiefel, _) = configs()[0];
+    for kind in [Kind::Double, Kind::Float] {
+        check_case("dgram square", dgram, true, kind, [20, 20]);
+        check_case("stiefel square", stiefel, false, kind, [20, 20]);
+    }
+}
+
+#[test]
+fn a_bad_matrix_fails_the_batch_before_anything_changes() {
+    tch::manual_seed(13);
+    let (_, cfg, _) = configs()[0];
+    let opt = ManifoldMuon::new(cfg).unwrap();
+    let opts = (Kind::Double, Device::Cpu);
+    let w0 = on_manifold(&opt, 3, [24, 8], Kind::Double);
+    let mut ws: Vec<Tensor> = w0.iter().map(Tensor::copy).collect();
+    let mut states: Vec<ManifoldState<Tensor>> = (0..3).map(|_| ManifoldState::new()).collect();
+    let mut grads: Vec<Tensor> = (0..3).map(|_| Tensor::randn([24, 8], opts)).collect();
+    let _ = grads[2].get(1).get(3).fill_(f64::NAN);
+    let err = opt.step_batch(&mut ws, &grads, &mut states).unwrap_err();
+    assert!(matches!(err, OptimError::Input(_)), "{err}");
+    // Off the manifold at the first step.
+    grads[2] = Tensor::randn([24, 8], opts);
+    ws[1] = Tensor::randn([24, 8], opts);
+    let err = opt.step_batch(&mut ws, &grads, &mut states).unwrap_err();
+    assert!(matches!(err, OptimError::NotOnManifold { .. }), "{err}");
+    ws[1] = w0[1].copy();
+    for (w, w0) in ws.iter().zip(&w0) {
+        assert!(w.equal(w0), "a failed batch modified a matrix");
+    }
+    assert!(states
+        .iter()
+        .all(|s| s.buffer().is_none() && s.steps() == 0));
+    // Lengths and shapes.
+    let err = opt
+        .step_batch(&mut ws, &grads[..2], &mut states)
+        .unwrap_err();
+    assert!(err.to_string().contains("grads"), "{err}");
+    let mut mixed = vec![ws[0].copy(), Tensor::randn([8, 24], opts)];
+    let err = opt
+        .step_batch(&mut mixed, &grads[..2], &mut states[..2])
+        .unwrap_err();
+    assert!(err.to_string().contains("ws"), "{err}");
+    assert!(opt.step_batch(&mut [], &[], &mut []).unwrap().is_empty());
+}
