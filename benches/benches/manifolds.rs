@@ -17,7 +17,9 @@
 //! the msign calls those updates made, and the time those calls predict (calls × one msign of
 //! the matrix's shape, timed here) — the goal is measured / predicted ≤ 1, i.e. no overhead
 //! beyond the msign count (20 dual steps + 1 retraction per tall matrix); then the same per
-//! group.
+//! group; then the same ratio alternating: per preset the three runs take turns, two steps each per
+//! round, with msign re-timed every round (`KAPPA_BENCH_MANIFOLD_ROUNDS`, default 8), as medians
+//! with their range, beside each run's optimizer time over the per-matrix run's.
 //!
 //! Then, per hidden-matrix shape, the tangent-problem solvers alone (group
 //! `manifolds_tangent_solvers`): the dual ascent (`DualAscent::feasible()`) against ADMM
@@ -37,6 +39,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
+use kappa_benches::paired::Spread;
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step, NOT_RUN};
 use kappa_models::{Gpt, GptConfig};
 use kappa_optim::{
@@ -163,6 +166,83 @@ fn msign_seconds(shape: (i64, i64)) -> f64 {
     }
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
+}
+
+/// Rounds of the alternating table (`KAPPA_BENCH_MANIFOLD_ROUNDS`, default 8).
+fn rounds() -> usize {
+    std::env::var("KAPPA_BENCH_MANIFOLD_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8)
+}
+
+/// One round of a run: two training steps, then the optimizer's time per step over its
+/// msign-count prediction with msign timed in the same round (`msign` caches one timing per
+/// shape per round).
+fn paired_round(
+    stepper: &mut Stepper,
+    step: &mut dyn FnMut(&mut Stepper),
+    msign: &mut BTreeMap<(i64, i64), f64>,
+) -> (f64, f64) {
+    stepper.reset_stats();
+    step(stepper);
+    step(stepper);
+    let (mut seconds, mut predicted) = (0.0, 0.0);
+    for (shape, _updates, s, n) in stepper.stats().values() {
+        let one = *msign.entry(*shape).or_insert_with(|| msign_seconds(*shape));
+        seconds += s / 2.0;
+        predicted += n / 2.0 * one;
+    }
+    (seconds, seconds / predicted)
+}
+
+/// Per preset, the three runs alternate round by round (order rotated each round) with msign
+/// re-timed every round, so load drifts hit all of them alike: the optimizer's time per step
+/// over its msign-count prediction, and the batched runs' optimizer time over the per-matrix
+/// run's, as medians with their range over rounds.
+fn paired_table(cfg: GptConfig, idx: &Tensor) {
+    let rounds = rounds();
+    println!("\nalternating, {rounds} rounds of 2 steps per run (median [min–max] over rounds):");
+    println!("| preset | run | optimizer ms/step | measured / predicted | optimizer time / per-matrix run's |");
+    println!("|---|---|---|---|---|");
+    for preset in Preset::ALL {
+        let mut runs: Vec<(Run, Gpt, Stepper, nn::VarStore)> = RUNS
+            .iter()
+            .map(|&run| {
+                let vs = nn::VarStore::new(Device::Cpu);
+                let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).expect("gpt");
+                let stepper = Stepper::new(&vs, preset, run);
+                (run, gpt, stepper, vs)
+            })
+            .collect();
+        let mut results: Vec<Vec<(f64, f64)>> = vec![Vec::new(); runs.len()];
+        for round in 0..rounds {
+            let mut msign = BTreeMap::new();
+            for k in 0..runs.len() {
+                let i = (k + round) % runs.len();
+                let (_, gpt, stepper, _) = &mut runs[i];
+                let mut step = |s: &mut Stepper| s.step(|| gpt.loss(idx, idx).expect("loss"));
+                results[i].push(paired_round(stepper, &mut step, &mut msign));
+            }
+        }
+        for (i, (run, ..)) in runs.iter().enumerate() {
+            let ms: Vec<f64> = results[i].iter().map(|r| r.0 * 1e3).collect();
+            let ratio: Vec<f64> = results[i].iter().map(|r| r.1).collect();
+            let versus: Vec<f64> = results[i]
+                .iter()
+                .zip(&results[0])
+                .map(|(r, base)| r.0 / base.0)
+                .collect();
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                preset.name(),
+                run_name(preset, *run),
+                Spread::of(ms),
+                Spread::of(ratio),
+                Spread::of(versus)
+            );
+        }
+    }
 }
 
 /// The ascent and ADMM settings that stop at [`SOLVER_TOL`] (or after 200 msign calls).
@@ -311,6 +391,7 @@ fn main() {
             fmt_ratio(Some(seconds / predicted)),
         );
     }
+    paired_table(cfg, &idx);
     println!("\nper group (ms per step: measured / predicted):");
     for (run, groups) in &optimizer {
         let parts: Vec<String> = groups

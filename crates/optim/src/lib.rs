@@ -8,7 +8,7 @@
 //! | [`adamw`] | [`AdamW`], [`AdamWConfig`] (presets `torch`, `adam`), [`AdamWState`]; with `tch`: `AdamW::step_tensors`, `AdamWKernel` |
 //! | [`schedule`] | [`WarmupCosine`]: linear warmup, then cosine, as a factor of each group's peak lr |
 //! | [`muon`] | [`Muon`], [`MuonConfig`] (presets `keller`, `paper`; options NorMuon and cautious weight decay), [`MuonState`], [`UpdateScale`], [`Layout`] |
-//! | `batched` (with `tch`) | `Muon::step_batch`, `Muon::step_batch_scaled`: same-shape tensors stepped with one batched Newton–Schulz call |
+//! | `batched` (with `tch`) | `Muon::step_batch`, `Muon::step_batch_scaled`: same-shape tensors stepped with one batched Newton–Schulz call; `ManifoldMuon::step_batch`: their dual ascents in lock step |
 //! | [`normuon`] | [`NorMuon`], [`NeuronAxis`]: NorMuon's per-neuron second moment |
 //! | [`elementwise`] | [`Elementwise`]: the row-wise and masked operations of Muon's variants, on both backends |
 //! | [`manifold`] | [`ManifoldMuon`], [`ManifoldMuonConfig`] (preset `paper`), [`ManifoldState`], [`Manifold`], [`DGramRetraction`], [`DualAscent`], [`DualReport`] |

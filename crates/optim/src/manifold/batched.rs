@@ -18,9 +18,11 @@
 //! differently from the per-matrix ones (kappa-linalg's `batched` module bounds the latter);
 //! msign's working precision is decided for the whole batch (`Precision::Auto`'s size rule
 //! counts the batch's flops), as in `Muon::step_batch`, and the retraction uses the same
-//! choice. The ‖G‖_* diagnostic's msign runs batched too.
+//! choice. The ‖G‖_* diagnostic's msign and, on Stiefel, the retraction msign(W − η·A) run
+//! batched too.
 //!
-//! Per matrix: the checks, the momentum, the ascent's start and finish, the retraction; and
+//! Per matrix: the checks, the momentum, the ascent's start and finish, the DGram and Oblique
+//! retractions and every retraction's check; and
 //! everything when the batch is not the common case — the ADMM solver, the square Stiefel closed
 //! form (one msign, no loop), an msign without a batched schedule (`Exact`, `MuonQuinticEps`,
 //! the Gram form, AOL) — where the result is [`ManifoldMuon::step`]'s on each matrix.
@@ -32,7 +34,7 @@ use super::dual::{
     finish_ascent, overflow, record, start_ascent, Ascent, AscentStart, TallProblem,
 };
 use super::{
-    DualAscent, DualReport, DualSolver, Manifold, ManifoldMuon, ManifoldState, ManifoldStep,
+    DualAscent, DualReport, DualSolver, Manifold, ManifoldMuon, ManifoldState, ManifoldStep, Moved,
     Prepared, Projector,
 };
 use crate::batched::{batched_schedule, check_batch_shape, msign_stacked, slice_norms};
@@ -88,16 +90,35 @@ impl ManifoldMuon {
         for ((w, g), s) in ws.iter().zip(grads).zip(states.iter()) {
             prepared.push(this.prepare(w, g, s)?);
         }
+        let lock_step = ws.len() > 1 && this.runs_batched(prepared[0].w_tall.shape());
         let directions = this.directions(&prepared)?;
-        let mut settled = Vec::with_capacity(ws.len());
+        let mut moved = Vec::with_capacity(ws.len());
         for ((p, s), d) in prepared.into_iter().zip(states.iter()).zip(directions) {
-            settled.push(this.settle(p, s.steps, d)?);
+            moved.push(this.advance(p, s.steps, d)?);
+        }
+        let retractions = match lock_step && this.config.manifold == Manifold::Stiefel {
+            true => this.stiefel_retractions(&moved)?,
+            false => moved.iter().map(|_| None).collect(),
+        };
+        let mut settled = Vec::with_capacity(ws.len());
+        for (m, r) in moved.into_iter().zip(retractions) {
+            settled.push(this.land(m, r)?);
         }
         ws.iter_mut()
             .zip(states.iter_mut())
             .zip(settled)
             .map(|((w, s), done)| done.commit(w, s))
             .collect()
+    }
+
+    /// The Stiefel retraction msign(W − η·A) of every moved matrix, as one batched msign.
+    fn stiefel_retractions(&self, moved: &[Moved<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let c = &self.config;
+        let stacked = stack(moved.iter().map(|m| &m.moved))?;
+        let norms = slice_norms(&stacked, "w")?;
+        let r = msign_stacked(&stacked, &norms, c.msign, c.precision)?;
+        let slices = r.f_unbind_copy(0).map_err(libtorch("w"))?;
+        Ok(slices.into_iter().map(Some).collect())
     }
 
     /// Whether a batch of tall `rows`×`cols` matrices runs the lock-step ascent (module docs).

@@ -273,7 +273,13 @@ impl ManifoldMuon {
     /// [`violation_of`] (measured once: the step reports it).
     fn retract_checked<M: WorkingPrecision>(&self, x: &M, arg: &'static str) -> Result<(M, f64)> {
         let c = &self.config;
-        let r = retract(x, c.manifold, c.msign, c.precision, arg)?;
+        self.checked(retract(x, c.manifold, c.msign, c.precision, arg)?, arg)
+    }
+
+    /// A retraction `r` checked to land on the manifold (errors name `arg`), with its
+    /// [`violation_of`].
+    fn checked<M: WorkingPrecision>(&self, r: M, arg: &'static str) -> Result<(M, f64)> {
+        let c = &self.config;
         let v = if r.frobenius_norm()?.is_finite() {
             violation_of(&r, c.manifold)?
         } else {
@@ -416,8 +422,19 @@ impl ManifoldMuon {
         &self,
         prepared: Prepared<M>,
         steps: u64,
-        (a, lam, report): (M, M, DualReport),
+        direction: (M, M, DualReport),
     ) -> Result<Settled<M>> {
+        let moved = self.advance(prepared, steps, direction)?;
+        self.land(moved, None)
+    }
+
+    /// The divergence check and W − η·A (tall), checked for overflow.
+    fn advance<M: WorkingPrecision>(
+        &self,
+        prepared: Prepared<M>,
+        steps: u64,
+        (a, lam, report): (M, M, DualReport),
+    ) -> Result<Moved<M>> {
         let c = &self.config;
         let Prepared {
             flip,
@@ -452,7 +469,34 @@ impl ManifoldMuon {
                 threshold: f64::INFINITY,
             });
         }
-        let (new, manifold_violation) = self.retract_checked(&moved, "w")?;
+        Ok(Moved {
+            moved,
+            flip,
+            buffer,
+            precision,
+            direction: (a, lam, report),
+        })
+    }
+
+    /// The retraction of a moved W (`retraction` when it was computed already, batched),
+    /// checked, and the step's report.
+    fn land<M: WorkingPrecision>(
+        &self,
+        moved: Moved<M>,
+        retraction: Option<M>,
+    ) -> Result<Settled<M>> {
+        let c = &self.config;
+        let Moved {
+            moved,
+            flip,
+            buffer,
+            precision,
+            direction: (a, lam, report),
+        } = moved;
+        let (new, manifold_violation) = match retraction {
+            Some(r) => self.checked(r, "w")?,
+            None => self.retract_checked(&moved, "w")?,
+        };
         let orient = |x: M| if flip { x.into_transpose() } else { x };
         Ok(Settled {
             new: orient(new),
@@ -466,6 +510,16 @@ impl ManifoldMuon {
             },
         })
     }
+}
+
+/// One matrix's step after [`ManifoldMuon::advance`]: W − η·A in the tall orientation, before
+/// its retraction.
+struct Moved<M> {
+    moved: M,
+    flip: bool,
+    buffer: M,
+    precision: &'static str,
+    direction: (M, M, DualReport),
 }
 
 /// One matrix's step after [`ManifoldMuon::prepare`]: W, Wᵀ and the momentum input U in the

@@ -11,7 +11,7 @@
 //! side). The per-matrix step's response d to its gradient perturbed by one unit roundoff u
 //! (relative, random signs; the momentum is linear in g) is measured, floored at u·max|ΔW| (the
 //! step's own rounding), and bounds the effect of one rounding injection, so per step
-//! tol = K·(2 + 3·s)·√k·max(d, u·max|ΔW|), s the Newton–Schulz steps and K the ascent's msign
+//! tol = (K·(2 + 3·s) + 3·s)·√k·max(d, u·max|ΔW|), s the Newton–Schulz steps and K the ascent's msign
 //! calls (the √k of Higham & Mary, as `tch_backend.rs`), summed over the steps taken. The
 //! iteration counts must agree exactly (no case here converges: a convergence decision at the
 //! threshold could differ by a rounding, and is not what this test checks). Batches outside the
@@ -160,7 +160,8 @@ fn check_case(name: &str, cfg: ManifoldMuonConfig, batched: bool, kind: Kind, sh
             );
             let d = max_abs(&(&wp - &w1[i]));
             let floor = u * max_abs(&(&w1[i] - &before));
-            let injections = calls * (2.0 + 3.0 * ns_steps(cfg.msign));
+            // The ascent's candidates, and the Stiefel retraction's msign (batched too).
+            let injections = calls * (2.0 + 3.0 * ns_steps(cfg.msign)) + 3.0 * ns_steps(cfg.msign);
             tol[i] += injections * k.sqrt() * d.max(floor);
             if !batched {
                 tol[i] = 0.0;
