@@ -184,7 +184,12 @@ impl LockStep<'_> {
             .map(|p| start_ascent(p, self.proj, self.cfg))
             .collect::<Result<Vec<_>>>()?;
         let w = stack(ps.iter().map(|p| p.w))?;
-        let g = stack(starts.iter().zip(ps).map(|(s, p)| s.g(p)))?;
+        let g = stack(
+            starts
+                .iter()
+                .zip(ps)
+                .map(|(s, p)| s.scaled_g.as_ref().unwrap_or(p.g)),
+        )?;
         let lam = stack(starts.iter().map(|s| &s.lam))?;
         let weights = jacobi_stack(&starts, &lam)?;
         let reports = starts.iter().map(|s| s.report.clone()).collect();

@@ -472,19 +472,13 @@ pub(crate) struct TallProblem<'a, M> {
 }
 
 /// Where the ascent starts (module docs): Λ₀ in the units of the ascent's G, that G when the
-/// normalization changed it, the Jacobi weights when preconditioned, and the report so far.
+/// normalization changed it (the ascent runs on `scaled_g`, or on the caller's G when `None`),
+/// the Jacobi weights when preconditioned, and the report so far.
 pub(crate) struct AscentStart<M> {
     pub lam: M,
     pub scaled_g: Option<M>,
     pub weights: Option<Vec<f64>>,
     pub report: DualReport,
-}
-
-impl<M> AscentStart<M> {
-    /// The G the ascent runs on: the normalized copy, or the caller's.
-    pub(crate) fn g<'a>(&'a self, p: &'a TallProblem<'_, M>) -> &'a M {
-        self.scaled_g.as_ref().unwrap_or(p.g)
-    }
 }
 
 /// Λ₀ = −¼·P(WᵀG + GᵀW) (⊘ the Jacobi weights' inverse when preconditioned), so that

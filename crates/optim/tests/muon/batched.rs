@@ -17,14 +17,16 @@
 use kappa_optim::*;
 use tch::{Device, Kind, Tensor};
 
-fn unit(kind: Kind) -> f64 {
+/// The unit roundoff of a tensor kind (f32's for f32 and bf16 arithmetic).
+pub fn unit(kind: Kind) -> f64 {
     match kind {
         Kind::Double => f64::EPSILON / 2.0,
         _ => f32::EPSILON as f64 / 2.0,
     }
 }
 
-fn max_abs(t: &Tensor) -> f64 {
+/// max |t| as f64.
+pub fn max_abs(t: &Tensor) -> f64 {
     t.abs().max().to_kind(Kind::Double).double_value(&[])
 }
 
@@ -34,7 +36,8 @@ fn copy_state(s: &MuonState<Tensor>) -> MuonState<Tensor> {
     MuonState::from_momentum(m, s.second_moment().map(<[f64]>::to_vec))
 }
 
-fn ns_steps(m: Msign) -> usize {
+/// The Newton–Schulz steps of a schedule msign.
+pub fn ns_steps(m: Msign) -> usize {
     match m {
         Msign::PolarExpress { steps } | Msign::PolarExpressDesigned { steps, .. } => steps,
         _ => 5,

@@ -24,16 +24,7 @@ use kappa_optim::manifold::{Admm, DualSolver};
 use kappa_optim::*;
 use tch::{Device, Kind, Tensor};
 
-fn unit(kind: Kind) -> f64 {
-    match kind {
-        Kind::Double => f64::EPSILON / 2.0,
-        _ => f32::EPSILON as f64 / 2.0,
-    }
-}
-
-fn max_abs(t: &Tensor) -> f64 {
-    t.abs().max().to_kind(Kind::Double).double_value(&[])
-}
+use super::batched::{max_abs, ns_steps, unit};
 
 fn copy_state(s: &ManifoldState<Tensor>) -> ManifoldState<Tensor> {
     MomentumState::from_parts(s.buffer().map(Tensor::copy), s.steps())
@@ -97,13 +88,6 @@ fn configs() -> Vec<(&'static str, ManifoldMuonConfig, bool)> {
     ]
 }
 
-fn ns_steps(m: Msign) -> f64 {
-    match m {
-        Msign::PolarExpress { steps } | Msign::PolarExpressDesigned { steps, .. } => steps as f64,
-        _ => 5.0,
-    }
-}
-
 /// The measured response of one per-matrix step from (`w`, `state`) to `g` perturbed by u.
 fn response(
     opt: &ManifoldMuon,
@@ -161,7 +145,8 @@ fn check_case(name: &str, cfg: ManifoldMuonConfig, batched: bool, kind: Kind, sh
             let d = max_abs(&(&wp - &w1[i]));
             let floor = u * max_abs(&(&w1[i] - &before));
             // The ascent's candidates, and the Stiefel retraction's msign (batched too).
-            let injections = calls * (2.0 + 3.0 * ns_steps(cfg.msign)) + 3.0 * ns_steps(cfg.msign);
+            let s = ns_steps(cfg.msign) as f64;
+            let injections = calls * (2.0 + 3.0 * s) + 3.0 * s;
             tol[i] += injections * k.sqrt() * d.max(floor);
             if !batched {
                 tol[i] = 0.0;
