@@ -91,7 +91,7 @@ impl ManifoldMuon {
             prepared.push(this.prepare(w, g, s)?);
         }
         let lock_step = ws.len() > 1 && this.runs_batched(prepared[0].w_tall.shape());
-        let directions = this.directions(&prepared)?;
+        let directions = this.directions(&prepared, lock_step)?;
         let mut moved = Vec::with_capacity(ws.len());
         for ((p, s), d) in prepared.into_iter().zip(states.iter()).zip(directions) {
             moved.push(this.advance(p, s.steps, d)?);
@@ -143,10 +143,10 @@ impl ManifoldMuon {
     }
 
     /// The direction of every prepared matrix: the lock-step ascent, or one
-    /// [`ManifoldMuon::direction_tall`] per matrix outside the common case.
-    fn directions(&self, prepared: &[Prepared<Tensor>]) -> Result<Vec<Direction>> {
+    /// [`ManifoldMuon::direction_tall`] per matrix outside the common case (`lock_step` false).
+    fn directions(&self, prepared: &[Prepared<Tensor>], lock_step: bool) -> Result<Vec<Direction>> {
         let per_matrix = |p: &Prepared<Tensor>| self.direction_tall(&p.w_tall, &p.wt, &p.u_tall);
-        if prepared.len() < 2 || !self.runs_batched(prepared[0].w_tall.shape()) {
+        if !lock_step {
             return prepared.iter().map(per_matrix).collect();
         }
         let problems: Vec<TallProblem<'_, Tensor>> = prepared
@@ -194,7 +194,9 @@ impl LockStep<'_> {
         let weights = jacobi_stack(&starts, &lam)?;
         let reports = starts.iter().map(|s| s.report.clone()).collect();
         let (a, lam, reports) = self.iterate(&w, &g, lam, weights.as_ref(), reports, ps)?;
+        // msign of the caller's G (the stacked G above when no slice was normalized).
         let signs = match diagnostics {
+            true if starts.iter().all(|s| s.scaled_g.is_none()) => Some(self.msign_each(&g)?),
             true => Some(self.msign_each(&stack(ps.iter().map(|p| p.g))?)?),
             false => None,
         };

@@ -377,8 +377,8 @@ impl ManifoldMuon {
     ) -> Result<ManifoldStep<M>> {
         let prepared = self.prepare(w, grad, state)?;
         let direction = self.direction_tall(&prepared.w_tall, &prepared.wt, &prepared.u_tall)?;
-        let settled = self.settle(prepared, state.steps, direction)?;
-        settled.commit(w, state)
+        let moved = self.advance(prepared, state.steps, direction)?;
+        self.land(moved, None)?.commit(w, state)
     }
 
     /// A step's checks and its momentum, before the direction: nothing is modified.
@@ -416,19 +416,8 @@ impl ManifoldMuon {
         })
     }
 
-    /// A step from its direction to the retracted W, still uncommitted: the divergence check,
-    /// W − η·A and the retraction (every error of [`ManifoldMuon::step`] after the direction).
-    fn settle<M: WorkingPrecision>(
-        &self,
-        prepared: Prepared<M>,
-        steps: u64,
-        direction: (M, M, DualReport),
-    ) -> Result<Settled<M>> {
-        let moved = self.advance(prepared, steps, direction)?;
-        self.land(moved, None)
-    }
-
-    /// The divergence check and W − η·A (tall), checked for overflow.
+    /// The divergence check and W − η·A (tall), checked for overflow: with [`ManifoldMuon::land`],
+    /// every error of [`ManifoldMuon::step`] after the direction.
     fn advance<M: WorkingPrecision>(
         &self,
         prepared: Prepared<M>,
@@ -533,7 +522,7 @@ struct Prepared<M> {
     precision: &'static str,
 }
 
-/// One matrix's step, computed and not yet applied ([`ManifoldMuon::settle`]).
+/// One matrix's step, computed and not yet applied ([`ManifoldMuon::land`]).
 struct Settled<M> {
     /// The retracted W in the caller's orientation.
     new: M,
