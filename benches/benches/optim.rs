@@ -372,6 +372,24 @@ const BF16_GRAM: Cell = Cell {
     },
 };
 
+/// Turbo-Muon in bf16: AOL rescaling, then 4 steps (one fewer than the quintic, the first Gram
+/// product reused). It computes msign(X·D), not msign(X): the σ band column shows what it buys.
+const BF16_AOL: Cell = Cell {
+    label: "bf16 aol",
+    torch: "bf16",
+    precision: Precision::Bf16,
+    msign: Msign::Aol { steps: 4 },
+};
+
+/// Turbo-Muon as Gram Newton–Schulz in bf16 (period 2): AOL's Gram matrix starts the first
+/// block; 8r²s + 20r³ flops against the quintic's 20r²s + 10r³.
+const BF16_AOL_GRAM: Cell = Cell {
+    label: "bf16 aol gram",
+    torch: "bf16",
+    precision: Precision::Bf16,
+    msign: Msign::gram_aol(),
+};
+
 /// Pairs per cell: `KAPPA_BENCH_VERSUS_PAIRS` (default 15), fewer when a cell passes 30 s (at
 /// least 3).
 fn versus_torch(
@@ -463,11 +481,11 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
         Err(e) => return println!("torch reference not run: {e}"),
     };
     println!(
-        "{:<10} {:<9} {:>9} {:>9} {:>24} {:>13} {:>13}",
+        "{:<10} {:<13} {:>9} {:>9} {:>24} {:>13} {:>13}",
         "shape", "prec", "kappa ms", "torch ms", "kappa/torch", "σ band kappa", "σ band torch"
     );
     let cells: &[Cell] = if native {
-        &[F32, BF16, BF16_GRAM]
+        &[F32, BF16, BF16_AOL, BF16_GRAM, BF16_AOL_GRAM]
     } else {
         // Emulated bf16 products run 20–40× slower than f32 (measured on an AMD EPYC without
         // bf16 units: 571 vs 31 ms per 384² step) on both sides; kappa's Auto picks f32 there.
@@ -477,14 +495,12 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
     for &shape in shapes {
         // The Gram form pays only on shapes at least twice as long as wide.
         let gram_pays = shape.0.max(shape.1) >= 2 * shape.0.min(shape.1);
-        for cell in cells
-            .iter()
-            .filter(|c| gram_pays || c.label != BF16_GRAM.label)
+        for cell in cells.iter().filter(|c| gram_pays || !c.label.contains("gram"))
         {
             let id = shape_id(shape.0, shape.1);
             match versus_torch(&mut torch, shape, cell) {
                 Ok(v) => println!(
-                    "{id:<10} {:<9} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
+                    "{id:<10} {:<13} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
                     cell.label,
                     v.kappa.median * 1e3,
                     v.torch.median * 1e3,
@@ -494,7 +510,7 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
                     v.torch_band.0,
                     v.torch_band.1,
                 ),
-                Err(e) => println!("{id:<10} {:<9} not run: {e}", cell.label),
+                Err(e) => println!("{id:<10} {:<13} not run: {e}", cell.label),
             }
         }
     }

@@ -40,6 +40,7 @@
 //! (the first Gram product is the one AOL needs) plus O(r² + rs) for the scalings.
 
 use crate::error::Result;
+use crate::gram_newton_schulz::run_blocks;
 use crate::input::InputError;
 use crate::matrix::Matrix;
 use crate::newton_schulz::{finish, poly_part, prepare, NsSchedule, PolyStep};
@@ -99,11 +100,7 @@ pub fn aol_newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
     // Arguments in signature order: `x`, then `schedule`.
     x.validate("x")?;
     schedule.validate()?;
-    let frobenius = NsSchedule {
-        steps: Vec::new(),
-        normalization: 1.0,
-    };
-    let (mut prepared, transposed) = prepare(x, &frobenius)?;
+    let (mut prepared, transposed) = prepare(x, &frobenius_only())?;
     if let Some(x0) = prepared.as_mut() {
         let mut gram = Some(aol_rescale(x0, schedule.normalization)?);
         for p in &schedule.steps {
@@ -116,6 +113,53 @@ pub fn aol_newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
         }
     }
     finish(prepared, transposed)
+}
+
+/// [`aol_newton_schulz`] with the schedule run as Gram Newton–Schulz
+/// ([`gram_newton_schulz()`](crate::gram_newton_schulz())): the same map of D·X in exact
+/// arithmetic, with r×r products only and D·X·(D·X)ᵀ re-formed every `restart` steps; the AOL
+/// Gram matrix D·A·D is the first block's (no product of its own). It pays where
+/// `gram_newton_schulz` does, on tall or wide inputs (s ≳ 2r): 4 steps at restart 2 cost
+/// 8r²s + 20r³ flops against 16r²s + 8r³ for [`aol_newton_schulz`].
+///
+/// Errors: as [`aol_newton_schulz`] (arguments `x`, `schedule`), and
+/// [`InputError::InvalidArgument`] (argument `restart`) for `restart == 0`.
+///
+/// ```
+/// use kappa_linalg::{aol_gram_newton_schulz, aol_newton_schulz, NsSchedule, GRAM_NS_RESTART};
+/// let x = ndarray::array![[2.0_f64, 0.0, 0.3, 0.0], [0.0, 0.1, 0.0, 0.2]];
+/// let sched = NsSchedule::turbo_muon(4)?;
+/// let g = aol_gram_newton_schulz(&x, &sched, GRAM_NS_RESTART)?;
+/// let p = aol_newton_schulz(&x, &sched)?;
+/// assert!((&g - &p).iter().all(|e| e.abs() < 1e-12));
+/// # Ok::<(), kappa_linalg::LinalgError>(())
+/// ```
+pub fn aol_gram_newton_schulz<M: Matrix>(
+    x: &M,
+    schedule: &NsSchedule,
+    restart: usize,
+) -> Result<M> {
+    // Arguments in signature order: `x`, `schedule`, then `restart`.
+    x.validate("x")?;
+    schedule.validate()?;
+    if restart == 0 {
+        return Err(InputError::invalid("restart", "must be ≥ 1 (steps between restarts)").into());
+    }
+    let (mut prepared, transposed) = prepare(x, &frobenius_only())?;
+    if let Some(x0) = prepared.as_mut() {
+        let gram = aol_rescale(x0, schedule.normalization)?;
+        run_blocks(x0, &schedule.steps, restart, Some(gram))?;
+    }
+    finish(prepared, transposed)
+}
+
+/// The exact ‖X‖_F normalization of `prepare` with no steps: AOL's D·X is scale-invariant, so
+/// this only keeps X·Xᵀ inside the element type's range.
+fn frobenius_only() -> NsSchedule {
+    NsSchedule {
+        steps: Vec::new(),
+        normalization: 1.0,
+    }
 }
 
 /// X ← D·X/c in place (X wide, finite, non-zero) and returns its Gram matrix D·A·D/c² formed

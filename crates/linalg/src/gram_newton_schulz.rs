@@ -72,17 +72,32 @@ pub fn gram_newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule, restart: usiz
         return Err(InputError::invalid("restart", "must be ≥ 1 (steps between restarts)").into());
     }
     if let Some(x) = prepared.as_mut() {
-        for block in schedule.steps.chunks(restart) {
-            *x = gram_block(x, block)?;
-        }
+        run_blocks(x, &schedule.steps, restart, None)?;
     }
     finish(prepared, transposed)
 }
 
-/// One block of steps from X₀ = `x`: G = X₀X₀ᵀ, the (Q, R) recurrence of the module docs, and
-/// Q·X₀. `steps` is non-empty.
-fn gram_block<M: Matrix>(x: &M, steps: &[PolyStep]) -> Result<M> {
-    let mut r = x.gram()?;
+/// Runs `steps` on the wide, prepared `x` in blocks of `restart` (≥ 1) steps. `gram`, when
+/// given, is x·xᵀ already formed (AOL has it), used by the first block in place of a product.
+pub(crate) fn run_blocks<M: Matrix>(
+    x: &mut M,
+    steps: &[PolyStep],
+    restart: usize,
+    mut gram: Option<M>,
+) -> Result<()> {
+    for block in steps.chunks(restart) {
+        *x = gram_block(x, block, gram.take())?;
+    }
+    Ok(())
+}
+
+/// One block of steps from X₀ = `x`: G = X₀X₀ᵀ (`gram`, or formed here), the (Q, R) recurrence
+/// of the module docs, and Q·X₀. `steps` is non-empty.
+fn gram_block<M: Matrix>(x: &M, steps: &[PolyStep], gram: Option<M>) -> Result<M> {
+    let mut r = match gram {
+        Some(g) => g,
+        None => x.gram()?,
+    };
     let mut q: Option<M> = None;
     for (j, p) in steps.iter().enumerate() {
         let b = poly_part(&r, p)?;

@@ -18,6 +18,7 @@
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
 //! | `PolarExpressDesigned { lower, steps, safety }` | a schedule generated for σ/‖X‖_F ∈ [ℓ, 1] ([`kappa_linalg::PolarExpressSpec`], degree 5, cushion 0.024; cached), normalization s·‖X‖_F | inside the predicted band [`kappa_linalg::PolarExpressDesign::bands`] for σ/‖X‖_F ∈ [ℓ, 1] (f64; `{ 1e-3, 10, 1.01 }` is the published schedule to ≤ 2e-12 relative) |
 //! | `Aol { steps }` | Turbo-Muon: X·D, D = diag(Σ_i \|(XᵀX)_ij\|)^{-1/2} (small side; ‖X·D‖₂ ≤ 1) in place of X/‖X‖_F, then the last `steps` of the Turbo-Muon list ([`kappa_linalg::aol_newton_schulz`]) | computes msign(X·D) ≠ msign(X); 96×256 Gaussian, 4 steps: σ ∈ [0.978, 1.032] (NS5 [0.682, 1.134]), ⟨X, O⟩/‖X‖_* 0.966 (NS5 0.725), ‖msign(XD) − msign(X)‖_F/‖msign(X)‖_F 0.009; κ = 1e4: σ ∈ [0.0104, 1.144], quality 0.870 (NS5 0.743), distance 0.117 |
+//! | `GramAol { steps, restart }` | `Aol { steps }` run as Gram Newton–Schulz ([`kappa_linalg::aol_gram_newton_schulz`]): the AOL Gram matrix D·A·D starts the first block, r×r products only, re-formed every `restart` steps (at most 2 in bf16) | as `Aol { steps }` to its rounding (the same map of X·D) |
 //! | `GramPolarExpress { steps, restart }` | the same schedule as [`kappa_linalg::gram_newton_schulz()`]: r×r products only, XXᵀ re-formed every `restart` steps (default 2; at most 2 in bf16, where longer periods diverged) | as `PolarExpress` to its rounding: 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64, restart 1–3; rounding bound derived in kappa-linalg's tests) |
 //!
 //! `MuonQuinticEps { eps }` runs the same five quintic steps after X/(‖X‖_F + eps) — Keller
@@ -67,7 +68,7 @@
 
 use kappa_linalg::input::InputError;
 use kappa_linalg::{
-    aol_newton_schulz, gram_newton_schulz, newton_schulz, Matrix, NsSchedule, PolarExpressSpec,
+    aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz, Matrix, NsSchedule, PolarExpressSpec,
     GRAM_NS_RESTART,
 };
 use serde::{Deserialize, Serialize};
@@ -136,6 +137,15 @@ pub enum Msign {
         /// Number of steps, 1 to 5.
         steps: usize,
     },
+    /// `Aol { steps }` run as Gram Newton–Schulz ([`kappa_linalg::aol_gram_newton_schulz`]):
+    /// the same map of X·D, each step on r×r matrices, cheaper for tall or wide X (s ≳ 2r).
+    GramAol {
+        /// Number of steps, 1 to 5.
+        steps: usize,
+        /// Steps between re-formations of the Gram matrix (≥ 1; at most
+        /// [`kappa_linalg::GRAM_NS_RESTART`] = 2 in bf16, the default of [`Msign::gram_aol`]).
+        restart: usize,
+    },
 }
 
 impl Msign {
@@ -157,6 +167,14 @@ impl Msign {
     pub const fn aol() -> Self {
         Msign::Aol {
             steps: kappa_linalg::TURBO_MUON_STEPS,
+        }
+    }
+
+    /// [`Msign::aol`] as Gram Newton–Schulz, restarted every [`GRAM_NS_RESTART`] = 2 steps.
+    pub const fn gram_aol() -> Self {
+        Msign::GramAol {
+            steps: kappa_linalg::TURBO_MUON_STEPS,
+            restart: kappa_linalg::GRAM_NS_RESTART,
         }
     }
 
@@ -183,13 +201,15 @@ impl Msign {
                 steps,
                 safety,
             } => designed_schedule(lower, steps, safety),
-            Msign::Aol { steps } => NsSchedule::turbo_muon(steps).ok(),
+            Msign::Aol { steps } | Msign::GramAol { steps, .. } => {
+                NsSchedule::turbo_muon(steps).ok()
+            }
         }
     }
 
     /// Checks the parameters (Polar Express needs at least one step, its Gram form a restart
     /// period ≥ 1; eps finite and ≥ 0; a designed schedule ℓ ∈ (0, 1), 1 ≤ steps ≤
-    /// `MAX_NS_STEPS` and s ≥ 1 finite; AOL 1 to 5 steps).
+    /// `MAX_NS_STEPS` and s ≥ 1 finite; AOL 1 to 5 steps, its Gram form a restart period ≥ 1).
     pub fn validate(&self) -> Result<()> {
         match *self {
             Msign::PolarExpressDesigned {
@@ -197,7 +217,7 @@ impl Msign {
                 steps,
                 safety,
             } => validate_designed(lower, steps, safety),
-            Msign::Aol { steps }
+            Msign::Aol { steps } | Msign::GramAol { steps, .. }
                 if steps == 0 || steps > kappa_linalg::TURBO_MUON_COEFFICIENTS.len() =>
             {
                 Err(InputError::invalid(
@@ -209,7 +229,7 @@ impl Msign {
             Msign::PolarExpress { steps: 0 } | Msign::GramPolarExpress { steps: 0, .. } => {
                 Err(InputError::invalid("msign", "Polar Express needs at least 1 step").into())
             }
-            Msign::GramPolarExpress { restart: 0, .. } => Err(InputError::invalid(
+            Msign::GramPolarExpress { restart: 0, .. } | Msign::GramAol { restart: 0, .. } => Err(InputError::invalid(
                 "msign.restart",
                 "Gram Newton–Schulz needs a restart period ≥ 1",
             )
@@ -242,7 +262,7 @@ impl Msign {
             Msign::PolarExpress { steps }
             | Msign::PolarExpressDesigned { steps, .. }
             | Msign::Aol { steps } => steps as f64 * per_step,
-            Msign::GramPolarExpress { steps, restart } => {
+            Msign::GramPolarExpress { steps, restart } | Msign::GramAol { steps, restart } => {
                 let blocks = steps.div_ceil(restart.max(1)) as f64;
                 blocks * 4.0 * r * r * s + (8.0 * steps as f64 - 6.0 * blocks) * r * r * r
             }
@@ -445,6 +465,9 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
             gram_newton_schulz(input, &schedule, restart)?
         }
         (Msign::Aol { .. }, Some(schedule)) => aol_newton_schulz(input, &schedule)?,
+        (Msign::GramAol { restart, .. }, Some(schedule)) => {
+            aol_gram_newton_schulz(input, &schedule, restart)?
+        }
         (_, Some(schedule)) => newton_schulz(input, &schedule)?,
         (_, None) => exact(input, x.working_name(precision)?)?,
     };
@@ -457,11 +480,11 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
 /// ≤ 0.03 at period 2; kappa-linalg's `bf16_gram_polar_express_keeps_the_band_at_periods_1_and_2`).
 fn check_gram_period(method: Msign, working: &str) -> Result<()> {
     match method {
-        Msign::GramPolarExpress { restart, .. }
+        Msign::GramPolarExpress { restart, .. } | Msign::GramAol { restart, .. }
             if working == "bf16" && restart > GRAM_NS_RESTART =>
         {
             let why = format!(
-                "GramPolarExpress with restart {restart} in bf16: periods above {GRAM_NS_RESTART} \
+                "{method:?} with restart {restart} in bf16: periods above {GRAM_NS_RESTART} \
                  let the bf16 Gram recurrence diverge on ill-conditioned inputs; use restart ≤ \
                  {GRAM_NS_RESTART} or Precision::F32"
             );

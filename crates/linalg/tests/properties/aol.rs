@@ -3,8 +3,8 @@
 
 use super::common::*;
 use kappa_linalg::{
-    aol_newton_schulz, newton_schulz, newton_schulz_muon, polar_factor, singular_values,
-    NsSchedule, SvdDriver, MUON_BAND,
+    aol_gram_newton_schulz, aol_newton_schulz, newton_schulz, newton_schulz_muon, polar_factor, singular_values,
+    InputError, LinalgError, NsSchedule, SvdDriver, GRAM_NS_RESTART, MUON_BAND,
 };
 use ndarray::{Array1, Array2, Axis};
 use proptest::prelude::*;
@@ -89,6 +89,81 @@ proptest! {
             }
         }
     }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The Gram form runs the same map of D·X: both start from the same computed D·X (shared
+    /// code, bit for bit) and each is within its rounding bound of the exact map from it
+    /// (`gram_ns_error_bound`, `ns_error_bound`, with the AOL rounding as input error as in
+    /// `aol_lands_in_the_band_of_its_rescaled_input`), so they differ by at most the sum.
+    #[test]
+    fn aol_gram_agrees_with_aol_newton_schulz(
+        (m, n, seed) in dims(20),
+        lk in 0.0f64..2.0,
+        steps in 1usize..=5,
+        restart in prop_oneof![Just(1usize), Just(2), Just(3), Just(usize::MAX)],
+    ) {
+        let k = m.min(n);
+        let a = with_spectrum(m, n, &spectrum(k, 10f64.powf(lk), seed), seed);
+        let sched = NsSchedule::turbo_muon(steps).unwrap();
+        let (dx, e0u) = aol_reference(&a);
+        let x = sv(&dx).to_vec();
+        let (r, s_) = dx.dim();
+        let a32 = a.mapv(|v| v as f32);
+        for (eps, u, e) in [
+            (f64::EPSILON, U64, max_abs_diff(
+                &aol_gram_newton_schulz(&a, &sched, restart).unwrap(),
+                &aol_newton_schulz(&a, &sched).unwrap())),
+            (f32::EPSILON as f64, U32, max_abs_diff(
+                &aol_gram_newton_schulz(&a32, &sched, restart).unwrap(),
+                &aol_newton_schulz(&a32, &sched).unwrap())),
+        ] {
+            let e0 = 2.0 * e0u * u + svd_rel(r, s_, f64::EPSILON);
+            let tol = gram_ns_error_bound(&sched, restart, r, s_, &x, eps, e0)
+                + ns_error_bound(&sched, r, s_, &x, eps, e0);
+            prop_assert!(e <= tol, "{m}×{n}, restart {restart}, ε = {eps:e}: max |Δ| = {e:e} > {tol:e}");
+        }
+        // The claim is not vacuous at the default period in f64.
+        let e0 = 2.0 * e0u * U64 + svd_rel(r, s_, f64::EPSILON);
+        let bound = gram_ns_error_bound(&sched, GRAM_NS_RESTART, r, s_, &x, f64::EPSILON, e0);
+        prop_assert!(bound < 1e-6, "vacuous bound {bound:e}");
+    }
+}
+
+#[test]
+fn aol_gram_checks_its_arguments_in_order() {
+    let a: Array2<f64> = gaussian(4, 9, 1);
+    let sched = NsSchedule::turbo_muon(4).unwrap();
+    let arg = |r: kappa_linalg::Result<Array2<f64>>| match r {
+        Err(LinalgError::Input(
+            InputError::Empty { arg, .. }
+            | InputError::NonFinite { arg, .. }
+            | InputError::InvalidArgument { arg, .. },
+        )) => arg,
+        other => panic!("expected an input error, got {:?}", other.map(|_| "Ok(..)")),
+    };
+    assert_eq!(arg(aol_gram_newton_schulz(&a, &sched, 0)), "restart");
+    let mut nan = a.clone();
+    nan[[2, 3]] = f64::NAN;
+    assert_eq!(arg(aol_gram_newton_schulz(&nan, &sched, 0)), "x");
+    let bad = NsSchedule {
+        normalization: 0.0,
+        ..sched.clone()
+    };
+    assert_eq!(arg(aol_gram_newton_schulz(&a, &bad, 0)), "schedule.normalization");
+    // Shapes kept, zero to zero, a zero row stays zero (as the plain form).
+    for (m, n) in [(3, 8), (8, 3), (5, 5), (1, 6)] {
+        let z = Array2::<f64>::zeros((m, n));
+        assert_eq!(aol_gram_newton_schulz(&z, &sched, 2).unwrap(), z);
+        let g: Array2<f64> = gaussian(m, n, 2);
+        assert_eq!(aol_gram_newton_schulz(&g, &sched, 2).unwrap().dim(), (m, n));
+    }
+    let mut b: Array2<f64> = gaussian(4, 11, 5);
+    b.row_mut(1).fill(0.0);
+    let ob = aol_gram_newton_schulz(&b, &sched, GRAM_NS_RESTART).unwrap();
+    assert!(ob.row(1).iter().all(|&v| v == 0.0));
 }
 
 #[test]

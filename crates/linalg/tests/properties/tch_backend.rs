@@ -10,7 +10,7 @@
 use super::common::*;
 use kappa_linalg::tch_backend::{array_from_tensor, tensor_from_array};
 use kappa_linalg::{
-    aol_newton_schulz, gram_newton_schulz, newton_schulz, newton_schulz_cubic, newton_schulz_muon,
+    aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz, newton_schulz_cubic, newton_schulz_muon,
     singular_values, InputError, LinalgError, Matrix, NsSchedule, SvdDriver, GRAM_NS_RESTART,
 };
 use ndarray::Array2;
@@ -93,6 +93,34 @@ proptest! {
             let e = max_abs_diff(&th, &nd);
             let tol = 2.0 * ns_error_bound(&sched, r, s_, &x, eps, 2.0 * e0u * u);
             prop_assert!(e <= tol, "{kind:?}: max |AOL_tch − AOL_nd| = {e:e} > {tol:e}");
+        }
+    }
+
+    #[test]
+    fn aol_gram_on_tensors_agrees_with_aol_on_arrays(
+        (m, n, seed) in dims(20),
+        restart in 1usize..=3,
+    ) {
+        let a: Array2<f64> = gaussian(m, n, seed);
+        let sched = NsSchedule::turbo_muon(4).unwrap();
+        let (dx, e0u) = super::aol::aol_reference(&a);
+        let x = singular_values(dx.view(), SvdDriver::QrIteration).unwrap().to_vec();
+        let (r, s_) = dx.dim();
+        // The Gram form on tensors, the plain form on arrays, from the same input (f32: the same
+        // cast): each within its rounding bound of the exact map of D·X from the AOL rounding.
+        for (kind, eps, u) in [(Kind::Double, f64::EPSILON, U64), (Kind::Float, f32::EPSILON as f64, U32)] {
+            let t = tensor_from_array(a.view(), kind, Device::Cpu).unwrap();
+            let th = array_from_tensor(&aol_gram_newton_schulz(&t, &sched, restart).unwrap()).unwrap();
+            let nd = if kind == Kind::Double {
+                aol_newton_schulz(&a, &sched).unwrap()
+            } else {
+                aol_newton_schulz(&a.mapv(|v| v as f32), &sched).unwrap().mapv(f64::from)
+            };
+            let e = max_abs_diff(&th, &nd);
+            let e0 = 2.0 * e0u * u;
+            let tol = gram_ns_error_bound(&sched, restart, r, s_, &x, eps, e0)
+                + ns_error_bound(&sched, r, s_, &x, eps, e0);
+            prop_assert!(e <= tol, "{kind:?}: max |GAOL_tch − AOL_nd| = {e:e} > {tol:e}");
         }
     }
 
@@ -206,6 +234,41 @@ fn bf16_gram_polar_express_keeps_the_band_at_periods_1_and_2() {
                 e <= 0.1,
                 "{m}×{n}, period {restart}: bf16 Gram PE×5 vs f64: {e}"
             );
+        }
+    }
+}
+
+#[test]
+fn bf16_gram_aol_keeps_the_band_at_periods_1_and_2() {
+    // AOL + Turbo ×4 as Gram Newton–Schulz in bf16 (what kappa-optim's `GramAol` runs) against
+    // the f64 plain form of the same map, on the graded spectra of
+    // `bf16_gram_polar_express_keeps_the_band_at_periods_1_and_2` (κ = 10², and 10³ beyond the
+    // Polar Express test's range): the documented bf16 band, max |Δ| ≤ 0.1, as plain AOL in bf16
+    // keeps it (checked alongside). Measured: periods 1–2 0.017–0.060, plain 0.016–0.067. The
+    // period-3 runs are printed, not asserted: they reach 0.056–0.121, past the band on two of
+    // these inputs (Turbo's per-block gains are ≈ 14.8 for two steps and ≈ 42 for three), the
+    // reason kappa-optim refuses periods above 2 in bf16 for this form too.
+    let sched = NsSchedule::turbo_muon(4).unwrap();
+    for kappa in [1e2, 1e3] {
+        for (m, n, seed) in [(48, 16, 5), (16, 48, 6), (96, 24, 7), (24, 96, 8)] {
+            let a = with_spectrum(m, n, &spectrum(m.min(n), kappa, seed), seed);
+            let t = tensor_from_array(a.view(), Kind::BFloat16, Device::Cpu).unwrap();
+            let exact = aol_newton_schulz(&a, &sched).unwrap();
+            let plain = max_abs_diff(
+                &array_from_tensor(&aol_newton_schulz(&t, &sched).unwrap()).unwrap(),
+                &exact,
+            );
+            assert!(plain <= 0.1, "{m}×{n}, κ = {kappa}: bf16 AOL vs f64: {plain}");
+            for restart in [1, GRAM_NS_RESTART, 3] {
+                let o = aol_gram_newton_schulz(&t, &sched, restart).unwrap();
+                assert_eq!(o.kind(), Kind::BFloat16);
+                let e = max_abs_diff(&array_from_tensor(&o).unwrap(), &exact);
+                println!("{m}×{n}, κ = {kappa}, period {restart}: bf16 Gram AOL {e:.4}, plain {plain:.4}");
+                assert!(
+                    restart > GRAM_NS_RESTART || e <= 0.1,
+                    "{m}×{n}, κ = {kappa}, period {restart}: bf16 Gram AOL vs f64: {e}"
+                );
+            }
         }
     }
 }

@@ -9,7 +9,8 @@
 
 use super::common::*;
 use kappa_linalg::{svd_thin, NsSchedule, SvdDriver, MUON_BAND, MUON_BAND_THRESHOLD, MUON_QUINTIC};
-use kappa_optim::{msign, Msign, Precision};
+use kappa_linalg::input::InputError;
+use kappa_optim::{msign, Msign, OptimError, Precision};
 use ndarray::Array2;
 use proptest::prelude::*;
 
@@ -334,6 +335,37 @@ fn designed_and_aol_variants_round_trip_and_validate() {
             assert!(((x - y) / y).abs() <= 1e-10, "{x} vs {y}");
         }
     }
+}
+
+/// The Gram form of AOL: serde name, validation, flops (the Gram form's count), its bf16
+/// period limit, and the linalg routine bit for bit.
+#[test]
+fn gram_aol_variant_round_trips_validates_and_is_the_linalg_routine() {
+    let m = Msign::gram_aol();
+    let json = r#"{"gram_aol":{"steps":4,"restart":2}}"#;
+    assert_eq!(serde_json::to_string(&m).unwrap(), json);
+    assert_eq!(serde_json::from_str::<Msign>(json).unwrap(), m);
+    assert!(m.validate().is_ok());
+    assert_eq!(ns(m), NsSchedule::turbo_muon(4).unwrap());
+    let gram_pe = Msign::GramPolarExpress { steps: 4, restart: 2 };
+    assert_eq!(m.flops(64, 256), gram_pe.flops(64, 256));
+    assert!(m.flops(64, 256) < Msign::aol().flops(64, 256));
+    for (bad, arg) in [
+        (Msign::GramAol { steps: 0, restart: 2 }, "msign.steps"),
+        (Msign::GramAol { steps: 6, restart: 2 }, "msign.steps"),
+        (Msign::GramAol { steps: 4, restart: 0 }, "msign.restart"),
+    ] {
+        match bad.validate() {
+            Err(OptimError::Input(InputError::InvalidArgument { arg: a, .. })) => assert_eq!(a, arg),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+        assert!(msign(&Array2::<f64>::eye(3), bad, Precision::Native).is_err());
+    }
+    let x: Array2<f64> = gaussian(12, 40, 7);
+    let o = msign(&x, m, Precision::Native).unwrap();
+    let direct =
+        kappa_linalg::aol_gram_newton_schulz(&x, &NsSchedule::turbo_muon(4).unwrap(), 2).unwrap();
+    assert_eq!(o, direct);
 }
 
 /// msign's AOL variant is `aol_newton_schulz` (no power-of-two prescaling for ‖X‖_F inside

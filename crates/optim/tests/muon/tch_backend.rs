@@ -266,17 +266,28 @@ fn bf16_msign_is_available_and_loose() {
 fn the_gram_form_refuses_long_periods_in_bf16_only() {
     // Period 3 diverged in bf16 on graded inputs (kappa-linalg's Gram tests): a clear error
     // naming the setting, before anything is computed; f32 and the default period still run.
+    // The AOL Gram form alike (period 3 left the bf16 band in kappa-linalg's
+    // `bf16_gram_aol_keeps_the_band_at_periods_1_and_2`).
     let t = t32(&gaussian(48, 16, 3));
-    let long = Msign::GramPolarExpress {
-        steps: 5,
-        restart: 3,
-    };
-    match msign(&t, long, Precision::Bf16) {
-        Err(OptimError::Input(e)) => assert_eq!(e.arg(), "msign"),
-        other => panic!("expected an input error on `msign`, got {other:?}"),
+    let longs = [
+        Msign::GramPolarExpress {
+            steps: 5,
+            restart: 3,
+        },
+        Msign::GramAol {
+            steps: 4,
+            restart: 3,
+        },
+    ];
+    for long in longs {
+        match msign(&t, long, Precision::Bf16) {
+            Err(OptimError::Input(e)) => assert_eq!(e.arg(), "msign"),
+            other => panic!("expected an input error on `msign`, got {other:?}"),
+        }
+        assert!(msign(&t, long, Precision::F32).is_ok());
     }
-    assert!(msign(&t, long, Precision::F32).is_ok());
     assert!(msign(&t, Msign::gram_polar_express(), Precision::Bf16).is_ok());
+    assert!(msign(&t, Msign::gram_aol(), Precision::Bf16).is_ok());
 }
 
 #[test]
