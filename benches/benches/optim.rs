@@ -2,9 +2,10 @@
 //! bf16 on CPUs with native bf16 products): one Muon step against its bare
 //! Newton–Schulz matmuls, one Stiefel and one DGram manifold-Muon step (paper preset, K = 20)
 //! against one AdamW step (tch's), the dual-ascent cost in msign units, and kappa's Muon against
-//! `torch.optim.Muon` at the same shapes and thread count, in f32 and bf16: the peer is a child
-//! process stepping on command (`benches/reference/muon_torch.py`), and single steps of the two
-//! alternate in one run.
+//! `torch.optim.Muon` at the same shapes and on a GPT-2 block's four matrices, same thread count,
+//! in f32 and bf16 (kappa's bf16 rows: the shipped quintic, AOL, the Gram Polar Express and AOL
+//! as Gram Newton–Schulz): the peer is a child process stepping on command
+//! (`benches/reference/muon_torch.py`), and single steps of the two alternate in one run.
 //!
 //! Group `optim_batch`: (a) Muon's step over all hidden matrices of a small GPT (4 layers ×
 //! 256, 64 or 32 wide: QKV 3D×D, out D×D, fc 4D×D, proj D×4D, 16 matrices), one batched
@@ -59,6 +60,10 @@ const SHAPES: [(usize, usize); 5] = [
     (768, 2304),
     (768, 3072),
 ];
+
+/// A GPT-2 (small) block's matrices as `nn.Linear` weights: QKV, attention output, MLP in and
+/// out — the "full set of matrices" row of the versus-torch table.
+const GPT2_LAYER: [(usize, usize); 4] = [(2304, 768), (768, 768), (3072, 768), (768, 3072)];
 
 fn shapes() -> Vec<(usize, usize)> {
     if std::env::var("KAPPA_BENCH_QUICK").is_ok_and(|v| v == "1") {
@@ -319,17 +324,22 @@ fn manifold_times(m: usize, n: usize, reps: usize) -> ManifoldTimes {
     }
 }
 
-/// kappa Muon's update band at this shape (σ of msign(U) for the first step from zero momentum)
-/// with `cell`'s orthogonalizer and precision.
-fn kappa_band(m: usize, n: usize, cell: &Cell) -> (f64, f64) {
-    let g = t32(&gaussian(m, n, 2));
-    let o = msign(&g, cell.msign, cell.precision).expect("msign");
-    let s = o.to_kind(Kind::Double).singular_values().expect("svd");
-    (s[s.len() - 1], s[0])
+/// kappa Muon's update band over `shapes` (σ of msign(U) for the first step from zero momentum,
+/// the extremes over the matrices) with `cell`'s orthogonalizer and precision.
+fn kappa_band(shapes: &[(usize, usize)], cell: &Cell) -> (f64, f64) {
+    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+    for &(m, n) in shapes {
+        let g = t32(&gaussian(m, n, 2));
+        let o = msign(&g, cell.msign_for((m, n)), cell.precision).expect("msign");
+        let s = o.to_kind(Kind::Double).singular_values().expect("svd");
+        (lo, hi) = (lo.min(s[s.len() - 1]), hi.max(s[0]));
+    }
+    (lo, hi)
 }
 
-/// kappa's Muon step against `torch.optim.Muon`'s at one shape and precision: single steps
-/// alternated pair by pair (kappa first in even pairs), each side timed in its own process.
+/// kappa's Muon step against `torch.optim.Muon`'s on a set of matrices (one shape, or a GPT
+/// layer's) in one precision: single steps (of every matrix) alternated pair by pair (kappa
+/// first in even pairs), each side timed in its own process.
 struct VersusTorch {
     kappa: Spread,
     torch: Spread,
@@ -346,6 +356,25 @@ struct Cell {
     torch: &'static str,
     precision: Precision,
     msign: Msign,
+}
+
+impl Cell {
+    /// The cell's orthogonalizer for one m×n matrix: a Gram form where it pays (s ≥ 2r),
+    /// else the same schedule run plainly.
+    fn msign_for(&self, shape: (usize, usize)) -> Msign {
+        match self.msign {
+            Msign::GramAol { steps, .. } if !gram_pays(shape) => Msign::Aol { steps },
+            Msign::GramPolarExpress { steps, .. } if !gram_pays(shape) => {
+                Msign::PolarExpress { steps }
+            }
+            other => other,
+        }
+    }
+}
+
+/// The Gram forms pay only on shapes at least twice as long as wide.
+fn gram_pays((m, n): (usize, usize)) -> bool {
+    m.max(n) >= 2 * m.min(n)
 }
 
 const F32: Cell = Cell {
@@ -394,21 +423,25 @@ const BF16_AOL_GRAM: Cell = Cell {
 /// least 3).
 fn versus_torch(
     torch: &mut Peer,
-    (m, n): (usize, usize),
+    shapes: &[(usize, usize)],
     cell: &Cell,
 ) -> Result<VersusTorch, String> {
-    let band = torch.ask_numbers(&format!("setup {} {}", shape_id(m, n), cell.torch))?;
+    let ids: Vec<String> = shapes.iter().map(|&(m, n)| shape_id(m, n)).collect();
+    let band = torch.ask_numbers(&format!("setup {} {}", ids.join(","), cell.torch))?;
     let &[lo, hi] = band.as_slice() else {
         return Err(format!("unexpected band {band:?}"));
     };
-    let muon = Muon::new(MuonConfig {
-        precision: cell.precision,
-        msign: cell.msign,
-        ..MuonConfig::keller()
-    })
-    .map_err(|e| e.to_string())?;
-    let (mut w, grad) = (t32(&gaussian(m, n, 1)), t32(&gaussian(m, n, 2)));
-    let mut st = MuonState::new();
+    let mut matrices = Vec::new();
+    for &(m, n) in shapes {
+        let muon = Muon::new(MuonConfig {
+            precision: cell.precision,
+            msign: cell.msign_for((m, n)),
+            ..MuonConfig::keller()
+        })
+        .map_err(|e| e.to_string())?;
+        let (w, grad) = (t32(&gaussian(m, n, 1)), t32(&gaussian(m, n, 2)));
+        matrices.push((muon, w, grad, MuonState::new()));
+    }
     let settle = || {
         // With more than one thread, the process that just stepped keeps its OpenMP workers
         // spinning for a while and takes cores from the other: a pause lets them go to sleep
@@ -420,7 +453,9 @@ fn versus_torch(
     let mut kappa_step = || {
         settle();
         seconds(&mut || {
-            muon.step(&mut w, &grad, &mut st).expect("step");
+            for (muon, w, grad, st) in matrices.iter_mut() {
+                muon.step(w, grad, st).expect("step");
+            }
         })
     };
     for _ in 0..2 {
@@ -456,7 +491,7 @@ fn versus_torch(
         ratio: Spread::of(ratios(&tk, &tt)),
         kappa: Spread::of(tk),
         torch: Spread::of(tt),
-        kappa_band: kappa_band(m, n, cell),
+        kappa_band: kappa_band(shapes, cell),
         torch_band: (lo, hi),
     })
 }
@@ -481,7 +516,7 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
         Err(e) => return println!("torch reference not run: {e}"),
     };
     println!(
-        "{:<10} {:<13} {:>9} {:>9} {:>24} {:>13} {:>13}",
+        "{:<11} {:<13} {:>9} {:>9} {:>24} {:>13} {:>13}",
         "shape", "prec", "kappa ms", "torch ms", "kappa/torch", "σ band kappa", "σ band torch"
     );
     let cells: &[Cell] = if native {
@@ -492,15 +527,15 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
         println!("(bf16 rows skipped: this CPU has no native bf16 products)");
         &[F32]
     };
-    for &shape in shapes {
-        // The Gram form pays only on shapes at least twice as long as wide.
-        let gram_pays = shape.0.max(shape.1) >= 2 * shape.0.min(shape.1);
-        for cell in cells.iter().filter(|c| gram_pays || !c.label.contains("gram"))
+    for (id, group) in versus_rows(shapes) {
+        let single_plain = group.len() == 1 && !gram_pays(group[0]);
+        for cell in cells
+            .iter()
+            .filter(|c| !(single_plain && c.label.contains("gram")))
         {
-            let id = shape_id(shape.0, shape.1);
-            match versus_torch(&mut torch, shape, cell) {
+            match versus_torch(&mut torch, &group, cell) {
                 Ok(v) => println!(
-                    "{id:<10} {:<13} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
+                    "{id:<11} {:<13} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
                     cell.label,
                     v.kappa.median * 1e3,
                     v.torch.median * 1e3,
@@ -510,10 +545,24 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
                     v.torch_band.0,
                     v.torch_band.1,
                 ),
-                Err(e) => println!("{id:<10} {:<13} not run: {e}", cell.label),
+                Err(e) => println!("{id:<11} {:<13} not run: {e}", cell.label),
             }
         }
     }
+}
+
+/// The table's rows: each shape alone (Gram rows only where they pay), then, unless the run is
+/// a quick one, a GPT-2 layer's four matrices in one optimizer (Gram rows run their plain form
+/// on the square one).
+fn versus_rows(shapes: &[(usize, usize)]) -> Vec<(String, Vec<(usize, usize)>)> {
+    let mut rows: Vec<_> = shapes
+        .iter()
+        .map(|&s| (shape_id(s.0, s.1), vec![s]))
+        .collect();
+    if !std::env::var("KAPPA_BENCH_QUICK").is_ok_and(|v| v == "1") {
+        rows.push(("gpt2-layer".to_string(), GPT2_LAYER.to_vec()));
+    }
+    rows
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {

@@ -2,11 +2,14 @@
 
 Usage: muon_torch.py THREADS. Prints "ready", then answers one line per command:
 
-  setup MxN PRECISION   a fresh torch.optim.Muon on one seeded Gaussian M×N parameter with a
-                        fixed seeded Gaussian gradient; takes one step and answers
-                        "sigma_min sigma_max", the extreme singular values of that step's
-                        orthogonalized update O = -(W_after - W_before)/adjusted_lr (weight decay
-                        0), i.e. the band its Newton-Schulz lands in.
+  setup SHAPES PRECISION
+                        a fresh torch.optim.Muon on seeded Gaussian parameters, one per shape of
+                        SHAPES (MxN, or several joined by commas: a GPT layer's matrices in one
+                        optimizer), each with a fixed seeded Gaussian gradient; takes one step
+                        and answers "sigma_min sigma_max", the extreme singular values over the
+                        parameters of that step's orthogonalized update
+                        O = -(W_after - W_before)/adjusted_lr (weight decay 0), i.e. the band its
+                        Newton-Schulz lands in.
   step                  one optimizer step on the current parameter; answers its wall seconds.
   quit                  exits.
 
@@ -46,21 +49,28 @@ def newton_schulz_f32(grad, ns_coefficients, ns_steps, eps):
     return x.T if tall else x
 
 
-def setup(shape, precision):
-    m, n = (int(v) for v in shape.split("x"))
+def setup(shapes, precision):
     muon_module._zeropower_via_newtonschulz = {
         "bf16": SHIPPED_NEWTON_SCHULZ,
         "f32": newton_schulz_f32,
     }[precision]
     g = torch.Generator().manual_seed(1)
-    w = torch.nn.Parameter(torch.randn(m, n, generator=g) * 0.02)
-    w.grad = torch.randn(m, n, generator=g)
-    opt = torch.optim.Muon([w], lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True)
-    before = w.detach().clone()
+    params = []
+    for shape in shapes.split(","):
+        m, n = (int(v) for v in shape.split("x"))
+        w = torch.nn.Parameter(torch.randn(m, n, generator=g) * 0.02)
+        w.grad = torch.randn(m, n, generator=g)
+        params.append(w)
+    opt = torch.optim.Muon(params, lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True)
+    before = [w.detach().clone() for w in params]
     opt.step()
-    update = -(w.detach() - before) / (0.02 * math.sqrt(max(1.0, m / n)))
-    s = torch.linalg.svdvals(update.double())
-    return opt, f"{s.min().item()} {s.max().item()}"
+    lo, hi = math.inf, 0.0
+    for w, b in zip(params, before):
+        m, n = w.shape
+        update = -(w.detach() - b) / (0.02 * math.sqrt(max(1.0, m / n)))
+        s = torch.linalg.svdvals(update.double())
+        lo, hi = min(lo, s.min().item()), max(hi, s.max().item())
+    return opt, f"{lo} {hi}"
 
 
 def main():

@@ -74,7 +74,9 @@ pub mod syrk;
 #[cfg(feature = "tch")]
 pub mod tch_backend;
 
-pub use aol::{aol_gram_newton_schulz, aol_newton_schulz, TURBO_MUON_COEFFICIENTS, TURBO_MUON_STEPS};
+pub use aol::{
+    aol_gram_newton_schulz, aol_newton_schulz, TURBO_MUON_COEFFICIENTS, TURBO_MUON_STEPS,
+};
 #[cfg(feature = "tch")]
 pub use batched::{newton_schulz_batched, newton_schulz_each};
 pub use blas::{blas_report, BlasReport, KernelSelection, VectorLevel};

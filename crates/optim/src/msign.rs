@@ -68,8 +68,8 @@
 
 use kappa_linalg::input::InputError;
 use kappa_linalg::{
-    aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz, Matrix, NsSchedule, PolarExpressSpec,
-    GRAM_NS_RESTART,
+    aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz, Matrix,
+    NsSchedule, PolarExpressSpec, GRAM_NS_RESTART,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -229,11 +229,13 @@ impl Msign {
             Msign::PolarExpress { steps: 0 } | Msign::GramPolarExpress { steps: 0, .. } => {
                 Err(InputError::invalid("msign", "Polar Express needs at least 1 step").into())
             }
-            Msign::GramPolarExpress { restart: 0, .. } | Msign::GramAol { restart: 0, .. } => Err(InputError::invalid(
-                "msign.restart",
-                "Gram Newton–Schulz needs a restart period ≥ 1",
-            )
-            .into()),
+            Msign::GramPolarExpress { restart: 0, .. } | Msign::GramAol { restart: 0, .. } => {
+                Err(InputError::invalid(
+                    "msign.restart",
+                    "Gram Newton–Schulz needs a restart period ≥ 1",
+                )
+                .into())
+            }
             Msign::MuonQuinticEps { eps } => Ok(check_range("msign.eps", eps, 0.0, f64::MAX)?),
             Msign::PolarExpress { steps } | Msign::GramPolarExpress { steps, .. }
                 if steps > kappa_linalg::MAX_NS_STEPS =>

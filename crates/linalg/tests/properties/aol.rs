@@ -3,8 +3,8 @@
 
 use super::common::*;
 use kappa_linalg::{
-    aol_gram_newton_schulz, aol_newton_schulz, newton_schulz, newton_schulz_muon, polar_factor, singular_values,
-    InputError, LinalgError, NsSchedule, SvdDriver, GRAM_NS_RESTART, MUON_BAND,
+    aol_gram_newton_schulz, aol_newton_schulz, newton_schulz, newton_schulz_muon, polar_factor,
+    singular_values, InputError, LinalgError, NsSchedule, SvdDriver, GRAM_NS_RESTART, MUON_BAND,
 };
 use ndarray::{Array1, Array2, Axis};
 use proptest::prelude::*;
@@ -152,7 +152,10 @@ fn aol_gram_checks_its_arguments_in_order() {
         normalization: 0.0,
         ..sched.clone()
     };
-    assert_eq!(arg(aol_gram_newton_schulz(&a, &bad, 0)), "schedule.normalization");
+    assert_eq!(
+        arg(aol_gram_newton_schulz(&a, &bad, 0)),
+        "schedule.normalization"
+    );
     // Shapes kept, zero to zero, a zero row stays zero (as the plain form).
     for (m, n) in [(3, 8), (8, 3), (5, 5), (1, 6)] {
         let z = Array2::<f64>::zeros((m, n));

@@ -10,8 +10,9 @@
 use super::common::*;
 use kappa_linalg::tch_backend::{array_from_tensor, tensor_from_array};
 use kappa_linalg::{
-    aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz, newton_schulz_cubic, newton_schulz_muon,
-    singular_values, InputError, LinalgError, Matrix, NsSchedule, SvdDriver, GRAM_NS_RESTART,
+    aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz,
+    newton_schulz_cubic, newton_schulz_muon, singular_values, InputError, LinalgError, Matrix,
+    NsSchedule, SvdDriver, GRAM_NS_RESTART,
 };
 use ndarray::Array2;
 use proptest::prelude::*;
@@ -258,7 +259,10 @@ fn bf16_gram_aol_keeps_the_band_at_periods_1_and_2() {
                 &array_from_tensor(&aol_newton_schulz(&t, &sched).unwrap()).unwrap(),
                 &exact,
             );
-            assert!(plain <= 0.1, "{m}×{n}, κ = {kappa}: bf16 AOL vs f64: {plain}");
+            assert!(
+                plain <= 0.1,
+                "{m}×{n}, κ = {kappa}: bf16 AOL vs f64: {plain}"
+            );
             for restart in [1, GRAM_NS_RESTART, 3] {
                 let o = aol_gram_newton_schulz(&t, &sched, restart).unwrap();
                 assert_eq!(o.kind(), Kind::BFloat16);

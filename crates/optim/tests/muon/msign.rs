@@ -8,8 +8,8 @@
 //! module docs), widened only by the derived rounding of the f64 matrix computation.
 
 use super::common::*;
-use kappa_linalg::{svd_thin, NsSchedule, SvdDriver, MUON_BAND, MUON_BAND_THRESHOLD, MUON_QUINTIC};
 use kappa_linalg::input::InputError;
+use kappa_linalg::{svd_thin, NsSchedule, SvdDriver, MUON_BAND, MUON_BAND_THRESHOLD, MUON_QUINTIC};
 use kappa_optim::{msign, Msign, OptimError, Precision};
 use ndarray::Array2;
 use proptest::prelude::*;
@@ -347,16 +347,39 @@ fn gram_aol_variant_round_trips_validates_and_is_the_linalg_routine() {
     assert_eq!(serde_json::from_str::<Msign>(json).unwrap(), m);
     assert!(m.validate().is_ok());
     assert_eq!(ns(m), NsSchedule::turbo_muon(4).unwrap());
-    let gram_pe = Msign::GramPolarExpress { steps: 4, restart: 2 };
+    let gram_pe = Msign::GramPolarExpress {
+        steps: 4,
+        restart: 2,
+    };
     assert_eq!(m.flops(64, 256), gram_pe.flops(64, 256));
     assert!(m.flops(64, 256) < Msign::aol().flops(64, 256));
     for (bad, arg) in [
-        (Msign::GramAol { steps: 0, restart: 2 }, "msign.steps"),
-        (Msign::GramAol { steps: 6, restart: 2 }, "msign.steps"),
-        (Msign::GramAol { steps: 4, restart: 0 }, "msign.restart"),
+        (
+            Msign::GramAol {
+                steps: 0,
+                restart: 2,
+            },
+            "msign.steps",
+        ),
+        (
+            Msign::GramAol {
+                steps: 6,
+                restart: 2,
+            },
+            "msign.steps",
+        ),
+        (
+            Msign::GramAol {
+                steps: 4,
+                restart: 0,
+            },
+            "msign.restart",
+        ),
     ] {
         match bad.validate() {
-            Err(OptimError::Input(InputError::InvalidArgument { arg: a, .. })) => assert_eq!(a, arg),
+            Err(OptimError::Input(InputError::InvalidArgument { arg: a, .. })) => {
+                assert_eq!(a, arg)
+            }
             other => panic!("{bad:?}: {other:?}"),
         }
         assert!(msign(&Array2::<f64>::eye(3), bad, Precision::Native).is_err());
