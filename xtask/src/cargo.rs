@@ -230,9 +230,10 @@ fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Comma
 /// Arguments of `cargo xtask bench`.
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Threads for BLAS and libtorch inside the benchmarks.
-    #[arg(long, default_value_t = 1)]
-    threads: u32,
+    /// Threads for BLAS and libtorch inside the benchmarks (a count, or a list such as 1,2: one
+    /// whole run per count, in turn)
+    #[arg(long, default_value = "1", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    threads: Vec<u32>,
     /// Run only this benchmark target (linalg, attention, optim, models, manifolds, gemm,
     /// nystrom, step_env).
     #[arg(long)]
@@ -242,26 +243,30 @@ pub struct BenchArgs {
     criterion: Vec<String>,
 }
 
-/// `cargo xtask bench`: the criterion benchmarks with a fixed thread count.
+/// `cargo xtask bench`: the criterion benchmarks with a fixed thread count, once per count of
+/// `--threads`.
 pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     let tc = setup::setup(ws, &DataSelection::default())?;
-    eprintln!(
-        "xtask bench: {} thread(s); nothing else should run on this machine while it measures",
-        args.threads
-    );
-    let threads = args.threads.to_string();
-    let mut cmd = cargo(ws, &tc);
-    cmd.args(["bench", "--locked", "-p", "kappa-benches"]);
-    // The PyTorch columns run the reference scripts with the Python of the environment that
-    // setup installed torch into (`kappa_benches::peer::python`; `KAPPA_PYTHON` overrides it).
-    cmd.env("KAPPA_VENV", ws.venv_dir());
-    if let Some(bench) = &args.bench {
-        cmd.args(["--bench", bench]);
+    for &threads in &args.threads {
+        eprintln!(
+            "xtask bench: {threads} thread(s); nothing else should run on this machine while it \
+             measures"
+        );
+        let threads = threads.to_string();
+        let mut cmd = cargo(ws, &tc);
+        cmd.args(["bench", "--locked", "-p", "kappa-benches"]);
+        // The PyTorch columns run the reference scripts with the Python of the environment that
+        // setup installed torch into (`kappa_benches::peer::python`; `KAPPA_PYTHON` overrides it).
+        cmd.env("KAPPA_VENV", ws.venv_dir());
+        if let Some(bench) = &args.bench {
+            cmd.args(["--bench", bench]);
+        }
+        run(cmd
+            .arg("--")
+            .args(&args.criterion)
+            .env("KAPPA_BENCH_THREADS", &threads)
+            .env("OPENBLAS_NUM_THREADS", &threads)
+            .env("RAYON_NUM_THREADS", &threads))?;
     }
-    run(cmd
-        .arg("--")
-        .args(&args.criterion)
-        .env("KAPPA_BENCH_THREADS", &threads)
-        .env("OPENBLAS_NUM_THREADS", &threads)
-        .env("RAYON_NUM_THREADS", &threads))
+    Ok(())
 }

@@ -11,7 +11,7 @@
 //!   a Slurm job array with a dependent report job and submits them (see docs/cluster.md).
 //! - `cargo xtask report [--scale S] [--results DIR]… [--out DIR]` builds the report from run
 //!   folders written anywhere (units run on other machines), naming missing or failed units.
-//! - `cargo xtask bench [--threads N]` runs the criterion benchmarks.
+//! - `cargo xtask bench [--threads N[,M…]]` runs the criterion benchmarks (once per count).
 //!
 //! Every cargo call made from here gets `LIBTORCH` and the runtime library path, so nobody has
 //! to export anything by hand.
