@@ -21,17 +21,24 @@
 //! choice. The ‖G‖_* diagnostic's msign and, on Stiefel, the retraction msign(W − η·A) run
 //! batched too.
 //!
+//! Square matrices on Stiefel take the closed form A = W·msign(WᵀG − GᵀW) (no ascent; module
+//! `dual`); a batch of them runs it batched: one `bmm` for S = WᵀG, one batched msign of S − Sᵀ,
+//! one `bmm` for A, then the batched retraction — the report per matrix as the per-matrix step
+//! writes it.
+//!
 //! Per matrix: the checks, the momentum, the ascent's start and finish, the DGram and Oblique
 //! retractions and every retraction's check; and
-//! everything when the batch is not the common case — the ADMM solver, the square Stiefel closed
-//! form (one msign, no loop), an msign without a batched schedule (`Exact`, `MuonQuinticEps`,
-//! the Gram form, AOL) — where the result is [`ManifoldMuon::step`]'s on each matrix.
+//! everything when the batch is not the common case — the ADMM solver (except for the closed
+//! form, which needs no solver), an msign without a batched schedule (`Exact`,
+//! `MuonQuinticEps`, the Gram forms, AOL) — where the result is [`ManifoldMuon::step`]'s on
+//! each matrix.
 
 use kappa_linalg::Matrix;
 use tch::{Device, Kind, Tensor};
 
 use super::dual::{
-    finish_ascent, overflow, record, start_ascent, Ascent, AscentStart, TallProblem,
+    finish_ascent, overflow, record, square_overflow, start_ascent, Ascent, AscentStart,
+    TallProblem,
 };
 use super::{
     DualAscent, DualReport, DualSolver, Manifold, ManifoldMuon, ManifoldState, ManifoldStep, Moved,
@@ -90,13 +97,17 @@ impl ManifoldMuon {
         for ((w, g), s) in ws.iter().zip(grads).zip(states.iter()) {
             prepared.push(this.prepare(w, g, s)?);
         }
-        let lock_step = ws.len() > 1 && this.runs_batched(prepared[0].w_tall.shape());
-        let directions = this.directions(&prepared, lock_step)?;
+        let route = match ws.len() {
+            1 => Route::PerMatrix,
+            _ => this.route(prepared[0].w_tall.shape()),
+        };
+        let directions = this.directions(&prepared, route)?;
         let mut moved = Vec::with_capacity(ws.len());
         for ((p, s), d) in prepared.into_iter().zip(states.iter()).zip(directions) {
             moved.push(this.advance(p, s.steps, d)?);
         }
-        let retractions = match lock_step && this.config.manifold == Manifold::Stiefel {
+        let batched = route != Route::PerMatrix;
+        let retractions = match batched && this.config.manifold == Manifold::Stiefel {
             true => this.stiefel_retractions(&moved)?,
             false => moved.iter().map(|_| None).collect(),
         };
@@ -121,33 +132,40 @@ impl ManifoldMuon {
         Ok(slices.into_iter().map(Some).collect())
     }
 
-    /// Whether a batch of tall `rows`×`cols` matrices runs the lock-step ascent (module docs).
-    fn runs_batched(&self, (rows, cols): (usize, usize)) -> bool {
+    /// How a batch of tall `rows`×`cols` matrices computes its directions (module docs).
+    fn route(&self, (rows, cols): (usize, usize)) -> Route {
         let c = &self.config;
-        let closed_form = c.manifold == Manifold::Stiefel && rows == cols && c.square_closed_form;
-        matches!(c.solver, DualSolver::Ascent)
-            && !closed_form
-            && batched_schedule(c.msign).is_some()
+        if batched_schedule(c.msign).is_none() {
+            Route::PerMatrix
+        } else if self.takes_closed_form(rows, cols) {
+            Route::ClosedForm
+        } else if matches!(c.solver, DualSolver::Ascent) {
+            Route::LockStep
+        } else {
+            Route::PerMatrix
+        }
     }
 
-    /// This optimizer with `Precision::Auto` decided on the batch's flops when the batch runs
-    /// the lock-step ascent (every msign of the step then computes in that type).
+    /// This optimizer with `Precision::Auto` decided on the batch's flops when the batch's
+    /// directions run batched (every msign of the step then computes in that type).
     fn for_batch(&self, first: &Tensor, count: usize) -> Self {
         let mut config = self.config;
         let (m, n) = first.shape();
         let tall = if self.flip(m, n) { (n, m) } else { (m, n) };
-        if count > 1 && self.runs_batched(tall) {
+        if count > 1 && self.route(tall) != Route::PerMatrix {
             config.precision = batch_precision(first, count, config.precision);
         }
         Self { config }
     }
 
-    /// The direction of every prepared matrix: the lock-step ascent, or one
-    /// [`ManifoldMuon::direction_tall`] per matrix outside the common case (`lock_step` false).
-    fn directions(&self, prepared: &[Prepared<Tensor>], lock_step: bool) -> Result<Vec<Direction>> {
+    /// The direction of every prepared matrix by `route`: the lock-step ascent, the batched
+    /// closed form, or one [`ManifoldMuon::direction_tall`] per matrix.
+    fn directions(&self, prepared: &[Prepared<Tensor>], route: Route) -> Result<Vec<Direction>> {
         let per_matrix = |p: &Prepared<Tensor>| self.direction_tall(&p.w_tall, &p.wt, &p.u_tall);
-        if !lock_step {
-            return prepared.iter().map(per_matrix).collect();
+        match route {
+            Route::PerMatrix => return prepared.iter().map(per_matrix).collect(),
+            Route::ClosedForm => return self.closed_forms(prepared),
+            Route::LockStep => {}
         }
         let problems: Vec<TallProblem<'_, Tensor>> = prepared
             .iter()
@@ -165,6 +183,57 @@ impl ManifoldMuon {
             precision: c.precision,
         };
         run.ascend(&problems, c.diagnostics)
+    }
+}
+
+/// How a batch's directions are computed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// The dual ascents in lock step.
+    LockStep,
+    /// The square Stiefel closed form, batched.
+    ClosedForm,
+    /// One [`ManifoldMuon::direction_tall`] per matrix.
+    PerMatrix,
+}
+
+impl ManifoldMuon {
+    /// The square Stiefel closed form of every prepared matrix, batched: S = WᵀG (one `bmm`),
+    /// Λ = −(S + Sᵀ)/4, one batched msign of S − Sᵀ, A = W·msign(S − Sᵀ) (one `bmm`); the
+    /// report per matrix as [`ManifoldMuon::direction_tall`] writes it. The first matrix whose
+    /// S − Sᵀ overflows fails the batch with the per-matrix step's error.
+    fn closed_forms(&self, prepared: &[Prepared<Tensor>]) -> Result<Vec<Direction>> {
+        let c = &self.config;
+        let w = stack(prepared.iter().map(|p| &p.w_tall))?;
+        let g = stack(prepared.iter().map(|p| &p.u_tall))?;
+        let s = w
+            .f_transpose(1, 2)
+            .and_then(|wt| wt.f_bmm(&g))
+            .map_err(libtorch("grads"))?;
+        let st = s.f_transpose(1, 2).map_err(libtorch("grads"))?;
+        let skew = s.f_sub(&st).map_err(libtorch("grads"))?;
+        let lam = s
+            .f_add(&st)
+            .and_then(|t| t.f_mul_scalar(-0.25))
+            .map_err(libtorch("grads"))?;
+        let norms = slice_norms(&skew, "grads")?;
+        for (i, norm) in norms.iter().enumerate() {
+            // The stacked norm's squares overflow first; the per-matrix step's rescaled norm
+            // decides (an infinite entry in the norm list sends msign_stacked per slice).
+            let slice = skew.f_get(i as i64).map_err(libtorch("grads"))?;
+            if !norm.is_finite() && !Matrix::frobenius_norm(&slice)?.is_finite() {
+                return Err(square_overflow(&prepared[i].u_tall)?);
+            }
+        }
+        let x = msign_stacked(&skew, &norms, c.msign, c.precision)?;
+        let a = w.f_bmm(&x).map_err(libtorch("grads"))?;
+        let slices = |t: &Tensor| t.f_unbind_copy(0).map_err(libtorch("ws"));
+        let mut out = Vec::with_capacity(prepared.len());
+        for ((p, a), lam) in prepared.iter().zip(slices(&a)?).zip(slices(&lam)?) {
+            let report = self.closed_form_report(&p.wt, &p.u_tall, &a)?;
+            out.push((a, lam, report));
+        }
+        Ok(out)
     }
 }
 

@@ -948,17 +948,22 @@ pub(crate) fn stiefel_square<M: WorkingPrecision>(
     lam.axpy(1.0, &st)?;
     lam.scale(-0.25)?;
     if !skew.frobenius_norm()?.is_finite() {
-        // WᵀG overflowed (G near f64::MAX): no direction can be formed from this gradient.
-        return Err(OptimError::DualAscentDiverged {
-            steps: 0,
-            initial_violation: f64::INFINITY,
-            violation: f64::INFINITY,
-            gradient_norm: g.frobenius_norm()?,
-            remedy: OVERFLOW_REMEDY.to_string(),
-        });
+        return Err(square_overflow(g)?);
     }
     let x = msign(&skew, method, precision)?;
     Ok((w.matmul(&x)?, lam))
+}
+
+/// The error of a square closed form whose WᵀG overflowed (G near f64::MAX): no direction can
+/// be formed from this gradient.
+pub(crate) fn square_overflow<M: Matrix>(g: &M) -> Result<OptimError> {
+    Ok(OptimError::DualAscentDiverged {
+        steps: 0,
+        initial_violation: f64::INFINITY,
+        violation: f64::INFINITY,
+        gradient_norm: g.frobenius_norm()?,
+        remedy: OVERFLOW_REMEDY.to_string(),
+    })
 }
 
 /// The closed-form Stiefel direction A = W·msign(WᵀG − GᵀW) for a square orthogonal `w` (in its

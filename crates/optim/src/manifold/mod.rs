@@ -296,6 +296,31 @@ impl ManifoldMuon {
         Ok((r, v))
     }
 
+    /// Whether an m×n matrix (tall orientation) takes the square Stiefel closed form.
+    fn takes_closed_form(&self, m: usize, n: usize) -> bool {
+        let c = &self.config;
+        c.manifold == Manifold::Stiefel && m == n && c.square_closed_form
+    }
+
+    /// The report of a closed-form direction `a` for `g` at W (`wt` = Wᵀ): one msign, no
+    /// ascent; the violation of `a` and, with diagnostics, ‖G‖_*.
+    fn closed_form_report<M: WorkingPrecision>(&self, wt: &M, g: &M, a: &M) -> Result<DualReport> {
+        let c = &self.config;
+        let (_, v) = violation(wt, a, Projector::Identity)?;
+        let mut report = DualReport {
+            msign_calls: 1,
+            initial_violation: v,
+            violation: v,
+            ascent_violation: v,
+            violations: vec![v],
+            converged: v < c.dual.tol,
+            gradient_scale: 1.0,
+            ..DualReport::default()
+        };
+        finish_report(&mut report, g, a, c.msign, c.precision, c.diagnostics)?;
+        Ok(report)
+    }
+
     fn direction_tall<M: WorkingPrecision>(
         &self,
         w: &M,
@@ -304,20 +329,9 @@ impl ManifoldMuon {
     ) -> Result<(M, M, DualReport)> {
         let c = &self.config;
         let (m, n) = w.shape();
-        if c.manifold == Manifold::Stiefel && m == n && c.square_closed_form {
+        if self.takes_closed_form(m, n) {
             let (a, lam) = stiefel_square(w, wt, g, c.msign, c.precision)?;
-            let (_, v) = violation(wt, &a, Projector::Identity)?;
-            let mut report = DualReport {
-                msign_calls: 1,
-                initial_violation: v,
-                violation: v,
-                ascent_violation: v,
-                violations: vec![v],
-                converged: v < c.dual.tol,
-                gradient_scale: 1.0,
-                ..DualReport::default()
-            };
-            finish_report(&mut report, g, &a, c.msign, c.precision, c.diagnostics)?;
+            let report = self.closed_form_report(wt, g, &a)?;
             return Ok((a, lam, report));
         }
         let problem = TallProblem { w, wt, g };
