@@ -168,3 +168,16 @@ pub fn distance_to_nearest(values: &[f64], x: f64) -> f64 {
         .map(|s| (s - x).abs())
         .fold(f64::INFINITY, f64::min)
 }
+
+/// The argument an empty, non-finite or invalid input is reported as (panics on anything else).
+pub fn input_error_arg(r: kappa_linalg::Result<Array2<f64>>) -> &'static str {
+    use kappa_linalg::{InputError, LinalgError};
+    match r {
+        Err(LinalgError::Input(
+            InputError::Empty { arg, .. }
+            | InputError::NonFinite { arg, .. }
+            | InputError::InvalidArgument { arg, .. },
+        )) => arg,
+        other => panic!("expected an input error, got {:?}", other.map(|_| "Ok(..)")),
+    }
+}

@@ -155,14 +155,7 @@ fn rank_deficient_input_keeps_its_zero_singular_values() {
 fn bad_input_gives_typed_errors() {
     let a: Array2<f64> = gaussian(4, 3, 1);
     let sched = NsSchedule::muon();
-    let arg = |r: kappa_linalg::Result<Array2<f64>>| match r {
-        Err(LinalgError::Input(
-            InputError::Empty { arg, .. }
-            | InputError::NonFinite { arg, .. }
-            | InputError::InvalidArgument { arg, .. },
-        )) => arg,
-        other => panic!("expected an input error, got {:?}", other.map(|_| "Ok(..)")),
-    };
+    let arg = input_error_arg;
     assert_eq!(arg(gram_newton_schulz(&a, &sched, 0)), "restart");
     let mut nan = a.clone();
     nan[[1, 2]] = f64::NAN;
