@@ -22,11 +22,25 @@
 //! 1e-16–2e-14 against bounds of 4e-13–5e-11, f32 3e-6 against 1e-4–2e-2), so the f64 cases are
 //! the ones that catch an algorithmic difference (a wrong step size or mask moves W by ≈ 1e-3).
 
+use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_optim::manifold::{Admm, DualSolver};
 use kappa_optim::*;
 use tch::{Device, Kind, Tensor};
 
 use super::batched::{max_abs, ns_steps, unit};
+use super::common::gaussian;
+
+/// Seeded Gaussian tensors, independent of libtorch's global generator, which the tests of this
+/// binary (parallel threads) would share and interleave: every draw is the same on every run.
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self, shape: [i64; 2], kind: Kind) -> Tensor {
+        self.0 += 1;
+        let a = gaussian(shape[0] as usize, shape[1] as usize, self.0);
+        tensor_from_array(a.view(), kind, Device::Cpu).unwrap()
+    }
+}
 
 fn copy_state(s: &ManifoldState<Tensor>) -> ManifoldState<Tensor> {
     MomentumState::from_parts(s.buffer().map(Tensor::copy), s.steps())
@@ -97,20 +111,35 @@ fn response(
     g: &Tensor,
     state: &ManifoldState<Tensor>,
     u: f64,
+    draws: &mut Draws,
 ) -> Tensor {
-    let noise = Tensor::randn_like(g).sign() * u;
+    let shape = [g.size()[0], g.size()[1]];
+    let noise = draws.next(shape, g.kind()).sign() * u;
     let mut wp = w.copy();
     opt.step(&mut wp, &(g * (noise + 1.0)), &mut copy_state(state))
         .unwrap();
     wp
 }
 
-/// B matrices of `shape` on the optimizer's manifold.
-fn on_manifold(opt: &ManifoldMuon, b: usize, shape: [i64; 2], kind: Kind) -> Vec<Tensor> {
+/// B matrices of `shape` on the optimizer's manifold, retracted with the exact (SVD) msign: a
+/// Newton–Schulz retraction cannot reach Stiefel from a square Gaussian whose smallest singular
+/// value is tiny.
+fn on_manifold(
+    opt: &ManifoldMuon,
+    b: usize,
+    shape: [i64; 2],
+    kind: Kind,
+    draws: &mut Draws,
+) -> Vec<Tensor> {
+    let exact = ManifoldMuon::new(ManifoldMuonConfig {
+        msign: Msign::Exact,
+        ..*opt.config()
+    })
+    .unwrap();
     (0..b)
         .map(|_| {
-            let mut w = Tensor::randn(shape, (kind, Device::Cpu));
-            opt.retract_onto(&mut w).unwrap();
+            let mut w = draws.next(shape, kind);
+            exact.retract_onto(&mut w).unwrap();
             w
         })
         .collect()
@@ -118,6 +147,14 @@ fn on_manifold(opt: &ManifoldMuon, b: usize, shape: [i64; 2], kind: Kind) -> Vec
 
 fn check_case(name: &str, cfg: ManifoldMuonConfig, batched: bool, kind: Kind, shape: [i64; 2]) {
     check_scaled(name, cfg, batched, kind, shape, 1.0);
+}
+
+/// A seed per case, from its name and shape (so that every case draws its own numbers).
+fn case_seed(name: &str, kind: Kind, shape: [i64; 2]) -> u64 {
+    let text = format!("{name} {kind:?} {shape:?}");
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// [`check_case`] with gradients scaled by `scale` (the tolerance is relative to each step's
@@ -130,24 +167,24 @@ fn check_scaled(
     shape: [i64; 2],
     scale: f64,
 ) {
+    let seed = case_seed(name, kind, shape) << 16;
     let opt = ManifoldMuon::new(cfg).unwrap();
     let b = 3;
-    let mut wb = on_manifold(&opt, b, shape, kind);
+    let mut draws = Draws(seed);
+    let mut wb = on_manifold(&opt, b, shape, kind, &mut draws);
     let mut w1: Vec<Tensor> = wb.iter().map(Tensor::copy).collect();
     let mut sb: Vec<ManifoldState<Tensor>> = (0..b).map(|_| ManifoldState::new()).collect();
     let mut s1: Vec<ManifoldState<Tensor>> = (0..b).map(|_| ManifoldState::new()).collect();
     let (u, k) = (unit(kind), shape[0].max(shape[1]) as f64);
     let mut tol = vec![0.0; b];
     for step in 0..3 {
-        let g: Vec<Tensor> = (0..b)
-            .map(|_| Tensor::randn(shape, (kind, Device::Cpu)) * scale)
-            .collect();
+        let g: Vec<Tensor> = (0..b).map(|_| draws.next(shape, kind) * scale).collect();
         let reports = opt.step_batch(&mut wb, &g, &mut sb).unwrap();
         assert_eq!(reports.len(), b);
         for i in 0..b {
             let what = format!("{name} {kind:?} {shape:?} step {step} matrix {i}");
             let before = w1[i].copy();
-            let wp = response(&opt, &before, &g[i], &s1[i], u);
+            let wp = response(&opt, &before, &g[i], &s1[i], u, &mut draws);
             let one = opt.step(&mut w1[i], &g[i], &mut s1[i]).unwrap();
             let calls = one.dual.msign_calls as f64;
             assert_eq!(reports[i].dual.msign_calls, one.dual.msign_calls, "{what}");
@@ -183,7 +220,6 @@ fn check_scaled(
 
 #[test]
 fn a_batched_manifold_step_matches_one_step_per_matrix() {
-    tch::manual_seed(11);
     for (name, cfg, batched) in configs() {
         for kind in [Kind::Double, Kind::Float] {
             for shape in [[40, 16], [12, 36]] {
@@ -195,7 +231,6 @@ fn a_batched_manifold_step_matches_one_step_per_matrix() {
 
 #[test]
 fn square_matrices_batch_on_dgram_and_take_the_closed_form_on_stiefel() {
-    tch::manual_seed(12);
     let (_, dgram, _) = configs()[1];
     let (_, stiefel, _) = configs()[0];
     let (_, admm, _) = configs()[6];
@@ -209,7 +244,6 @@ fn square_matrices_batch_on_dgram_and_take_the_closed_form_on_stiefel() {
 
 #[test]
 fn huge_gradients_take_the_closed_form_as_one_step_does() {
-    tch::manual_seed(14);
     let (_, stiefel, _) = configs()[0];
     // S = WᵀG near 1e161: its squares overflow the stacked norm, not the rescaled one, so the
     // batch runs msign per slice and agrees with the per-matrix step as at unit scale.
@@ -224,11 +258,10 @@ fn huge_gradients_take_the_closed_form_as_one_step_does() {
     // Entries near f64::MAX: the momentum input and S overflow outright; the batch fails with
     // the per-matrix step's error and changes nothing.
     let opt = ManifoldMuon::new(stiefel).unwrap();
-    let w0 = on_manifold(&opt, 3, [12, 12], Kind::Double);
+    let mut draws = Draws(14 << 16);
+    let w0 = on_manifold(&opt, 3, [12, 12], Kind::Double, &mut draws);
     let mut ws: Vec<Tensor> = w0.iter().map(Tensor::copy).collect();
-    let mut grads: Vec<Tensor> = (0..3)
-        .map(|_| Tensor::randn([12, 12], (Kind::Double, Device::Cpu)))
-        .collect();
+    let mut grads: Vec<Tensor> = (0..3).map(|_| draws.next([12, 12], Kind::Double)).collect();
     grads[1] = grads[1].ones_like() * 1e308;
     let mut states: Vec<ManifoldState<Tensor>> = (0..3).map(|_| ManifoldState::new()).collect();
     let err = opt.step_batch(&mut ws, &grads, &mut states).unwrap_err();
@@ -248,20 +281,20 @@ fn huge_gradients_take_the_closed_form_as_one_step_does() {
 
 #[test]
 fn a_bad_matrix_fails_the_batch_before_anything_changes() {
-    tch::manual_seed(13);
     let (_, cfg, _) = configs()[0];
     let opt = ManifoldMuon::new(cfg).unwrap();
-    let opts = (Kind::Double, Device::Cpu);
-    let w0 = on_manifold(&opt, 3, [24, 8], Kind::Double);
+    let mut draws = Draws(13 << 16);
+    let kind = Kind::Double;
+    let w0 = on_manifold(&opt, 3, [24, 8], kind, &mut draws);
     let mut ws: Vec<Tensor> = w0.iter().map(Tensor::copy).collect();
     let mut states: Vec<ManifoldState<Tensor>> = (0..3).map(|_| ManifoldState::new()).collect();
-    let mut grads: Vec<Tensor> = (0..3).map(|_| Tensor::randn([24, 8], opts)).collect();
+    let mut grads: Vec<Tensor> = (0..3).map(|_| draws.next([24, 8], kind)).collect();
     let _ = grads[2].get(1).get(3).fill_(f64::NAN);
     let err = opt.step_batch(&mut ws, &grads, &mut states).unwrap_err();
     assert!(matches!(err, OptimError::Input(_)), "{err}");
     // Off the manifold at the first step.
-    grads[2] = Tensor::randn([24, 8], opts);
-    ws[1] = Tensor::randn([24, 8], opts);
+    grads[2] = draws.next([24, 8], kind);
+    ws[1] = draws.next([24, 8], kind);
     let err = opt.step_batch(&mut ws, &grads, &mut states).unwrap_err();
     assert!(matches!(err, OptimError::NotOnManifold { .. }), "{err}");
     ws[1] = w0[1].copy();
@@ -276,7 +309,7 @@ fn a_bad_matrix_fails_the_batch_before_anything_changes() {
         .step_batch(&mut ws, &grads[..2], &mut states)
         .unwrap_err();
     assert!(err.to_string().contains("grads"), "{err}");
-    let mut mixed = vec![ws[0].copy(), Tensor::randn([8, 24], opts)];
+    let mut mixed = vec![ws[0].copy(), draws.next([8, 24], kind)];
     let err = opt
         .step_batch(&mut mixed, &grads[..2], &mut states[..2])
         .unwrap_err();
