@@ -14,8 +14,23 @@
 //! stacked matrices: elementwise, so the buffers still agree bit for bit); a tiny momentum input
 //! and a batch of fresh and older states take the per-matrix path, and are in the test too.
 
+use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_optim::*;
 use tch::{Device, Kind, Tensor};
+
+use super::common::gaussian;
+
+/// Seeded Gaussian tensors, independent of libtorch's global generator, which the tests of this
+/// binary (parallel threads) would share and interleave: every draw is the same on every run.
+pub struct Draws(pub u64);
+
+impl Draws {
+    pub fn next(&mut self, shape: [i64; 2], kind: Kind) -> Tensor {
+        self.0 += 1;
+        let a = gaussian(shape[0] as usize, shape[1] as usize, self.0);
+        tensor_from_array(a.view(), kind, Device::Cpu).unwrap()
+    }
+}
 
 /// The unit roundoff of a tensor kind (f32's for f32 and bf16 arithmetic).
 pub fn unit(kind: Kind) -> f64 {
@@ -65,8 +80,15 @@ fn configs() -> Vec<MuonConfig> {
 }
 
 /// The measured response of one per-matrix step from (`w`, `state`) to `g` perturbed by u.
-fn response(muon: &Muon, w: &Tensor, g: &Tensor, state: &MuonState<Tensor>, u: f64) -> Tensor {
-    let noise = Tensor::randn_like(g).sign() * u;
+fn response(
+    muon: &Muon,
+    w: &Tensor,
+    g: &Tensor,
+    state: &MuonState<Tensor>,
+    u: f64,
+    draws: &mut Draws,
+) -> Tensor {
+    let noise = draws.next([g.size()[0], g.size()[1]], g.kind()).sign() * u;
     let gp = g * (noise + 1.0);
     let mut wp = w.copy();
     muon.step(&mut wp, &gp, &mut copy_state(state)).unwrap();
@@ -75,21 +97,19 @@ fn response(muon: &Muon, w: &Tensor, g: &Tensor, state: &MuonState<Tensor>, u: f
 
 #[test]
 fn a_batched_step_matches_one_step_per_matrix() {
-    tch::manual_seed(3);
+    let mut draws = Draws(3 << 16);
     for cfg in configs() {
         let muon = Muon::new(cfg).unwrap();
         for kind in [Kind::Double, Kind::Float] {
             for (b, m, n) in [(3, 24, 40), (2, 48, 16)] {
-                let opts = (kind, Device::Cpu);
-                let mut wb: Vec<Tensor> =
-                    (0..b).map(|_| Tensor::randn([m, n], opts) * 0.1).collect();
+                let mut wb: Vec<Tensor> = (0..b).map(|_| draws.next([m, n], kind) * 0.1).collect();
                 let mut w1: Vec<Tensor> = wb.iter().map(Tensor::copy).collect();
                 let mut sb: Vec<MuonState<Tensor>> = (0..b).map(|_| MuonState::new()).collect();
                 let mut s1: Vec<MuonState<Tensor>> = (0..b).map(|_| MuonState::new()).collect();
                 let (u, k) = (unit(kind), m.max(n) as f64);
                 let mut tol = vec![0.0; b];
                 for step in 0..3 {
-                    let mut g: Vec<Tensor> = (0..b).map(|_| Tensor::randn([m, n], opts)).collect();
+                    let mut g: Vec<Tensor> = (0..b).map(|_| draws.next([m, n], kind)).collect();
                     // The batch's per-matrix path: a momentum input whose norm msign rescales
                     // (‖U‖_F ≈ 3e-8 < 2⁻²⁰) and, a step later, one fresh state beside older ones.
                     if step == 0 && b == 2 {
@@ -102,7 +122,7 @@ fn a_batched_step_matches_one_step_per_matrix() {
                     assert_eq!(report.len(), b);
                     for i in 0..b {
                         let before = w1[i].copy();
-                        let wp = response(&muon, &before, &g[i], &s1[i], u);
+                        let wp = response(&muon, &before, &g[i], &s1[i], u, &mut draws);
                         muon.step(&mut w1[i], &g[i], &mut s1[i]).unwrap();
                         let d = max_abs(&(&wp - &w1[i]));
                         let floor = u * max_abs(&(&w1[i] - &before));
@@ -131,15 +151,16 @@ fn a_batched_step_matches_one_step_per_matrix() {
 #[test]
 fn bad_batches_are_rejected_before_anything_changes() {
     let muon = Muon::new(MuonConfig::paper()).unwrap();
-    let opts = (Kind::Float, Device::Cpu);
-    let w0: Vec<Tensor> = (0..3).map(|_| Tensor::randn([8, 6], opts)).collect();
+    let mut draws = Draws(4 << 16);
+    let kind = Kind::Float;
+    let w0: Vec<Tensor> = (0..3).map(|_| draws.next([8, 6], kind)).collect();
     let mut ws: Vec<Tensor> = w0.iter().map(Tensor::copy).collect();
     let mut states: Vec<MuonState<Tensor>> = (0..3).map(|_| MuonState::new()).collect();
     let arg = |r: Result<Vec<MuonStep>>| match r {
         Err(OptimError::Input(e)) => e.arg(),
         other => panic!("expected an input error, got {other:?}"),
     };
-    let grads: Vec<Tensor> = (0..3).map(|_| Tensor::randn([8, 6], opts)).collect();
+    let grads: Vec<Tensor> = (0..3).map(|_| draws.next([8, 6], kind)).collect();
     assert_eq!(
         arg(muon.step_batch(&mut ws, &grads[..2], &mut states)),
         "grads"
@@ -150,7 +171,7 @@ fn bad_batches_are_rejected_before_anything_changes() {
     );
     let _ = grads[2].get(1).get(1).fill_(f64::NAN);
     assert_eq!(arg(muon.step_batch(&mut ws, &grads, &mut states)), "grad");
-    let mut mixed = vec![ws[0].copy(), Tensor::randn([6, 8], opts)];
+    let mut mixed = vec![ws[0].copy(), draws.next([6, 8], kind)];
     let mut two: Vec<MuonState<Tensor>> = (0..2).map(|_| MuonState::new()).collect();
     assert_eq!(
         arg(muon.step_batch(&mut mixed, &grads[..2], &mut two)),

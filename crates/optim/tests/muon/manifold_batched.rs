@@ -22,25 +22,11 @@
 //! 1e-16–2e-14 against bounds of 4e-13–5e-11, f32 3e-6 against 1e-4–2e-2), so the f64 cases are
 //! the ones that catch an algorithmic difference (a wrong step size or mask moves W by ≈ 1e-3).
 
-use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_optim::manifold::{Admm, DualSolver};
 use kappa_optim::*;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
-use super::batched::{max_abs, ns_steps, unit};
-use super::common::gaussian;
-
-/// Seeded Gaussian tensors, independent of libtorch's global generator, which the tests of this
-/// binary (parallel threads) would share and interleave: every draw is the same on every run.
-struct Draws(u64);
-
-impl Draws {
-    fn next(&mut self, shape: [i64; 2], kind: Kind) -> Tensor {
-        self.0 += 1;
-        let a = gaussian(shape[0] as usize, shape[1] as usize, self.0);
-        tensor_from_array(a.view(), kind, Device::Cpu).unwrap()
-    }
-}
+use super::batched::{max_abs, ns_steps, unit, Draws};
 
 fn copy_state(s: &ManifoldState<Tensor>) -> ManifoldState<Tensor> {
     MomentumState::from_parts(s.buffer().map(Tensor::copy), s.steps())
