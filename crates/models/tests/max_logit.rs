@@ -6,7 +6,7 @@ use kappa_attention::{HeadLayout, ScoreScale};
 use kappa_models::diagnostics::{diagnose, DiagnosticsConfig};
 use kappa_models::max_logit::{head_max_logits, CHUNK_ENTRIES};
 use kappa_models::{
-    AttentionConfig, AttentionKernel, ConditionedAttention, Conditioning, Gpt, GptConfig,
+    seeded, AttentionConfig, AttentionKernel, ConditionedAttention, Conditioning, Gpt, GptConfig,
     Transformer,
 };
 use kappa_optim::QkClipConfig;
@@ -43,12 +43,15 @@ fn close(a: &[f64], b: &[f64], rel: f64) -> bool {
 
 #[test]
 fn the_chunked_max_equals_the_materialized_one_and_excludes_the_future() {
-    tch::manual_seed(0);
     // B·H·T = 4400, so 953 query rows per chunk: two chunks, the second one partial.
     let (b, h, t, k) = (2, 2, 1100, 4);
     assert!(b * h * t * t > CHUNK_ENTRIES);
-    let q = Tensor::randn([b, h, t, k], (Kind::Float, CPU));
-    let kk = Tensor::randn([b, h, t, k], (Kind::Float, CPU));
+    // Draws under `seeded`'s lock: the tests of this binary run in parallel threads and share
+    // libtorch's generator.
+    let (q, kk) = seeded(0, || {
+        let q = Tensor::randn([b, h, t, k], (Kind::Float, CPU));
+        (q, Tensor::randn([b, h, t, k], (Kind::Float, CPU)))
+    });
     // Huge logits with the last key, which only the last query (set to 0) may see.
     let _ = kk.narrow(2, t - 1, 1).narrow(3, 0, 1).fill_(1e3);
     let _ = q.narrow(2, t - 1, 1).fill_(0.0);
@@ -77,14 +80,15 @@ fn the_capture_matches_the_diagnostics_and_does_not_change_the_forward() {
         Conditioning::None,
         Conditioning::identity(2.0, HeadLayout::Shifted),
     ] {
-        tch::manual_seed(1);
         let vs = nn::VarStore::new(CPU);
         let cfg = GptConfig {
             bias: true,
             ..GptConfig::tiny(9).with_conditioning(conditioning)
         };
-        let gpt = Gpt::new(&vs.root(), cfg).unwrap();
-        let idx = Tensor::randint(9, [3, 16], (Kind::Int64, CPU));
+        let (gpt, idx) = seeded(1, || {
+            let gpt = Gpt::new(&vs.root(), cfg).unwrap();
+            (gpt, Tensor::randint(9, [3, 16], (Kind::Int64, CPU)))
+        });
         let plain = gpt.logits(&idx).unwrap();
         assert!(gpt.captured_max_logits().iter().all(Option::is_none));
         gpt.capture_max_logits(true);
@@ -136,7 +140,6 @@ fn layer(
     bias: bool,
     causal: bool,
 ) -> (nn::VarStore, ConditionedAttention) {
-    tch::manual_seed(2);
     let vs = nn::VarStore::new(CPU);
     let cfg = AttentionConfig {
         n_embd: 12,
@@ -148,12 +151,15 @@ fn layer(
         fused_kernel: true,
         kernel: AttentionKernel::Softmax,
     };
-    let attn = ConditionedAttention::new(vs.root() / "attn", cfg, 0.3).unwrap();
-    tch::no_grad(|| {
-        let _ = attn.qkv_weight().shallow_clone().g_mul_scalar_(40.0);
-        if let Some(b) = attn.qkv_bias() {
-            let _ = b.shallow_clone().normal_(0.0, 1.0);
-        }
+    let attn = seeded(2, || {
+        let attn = ConditionedAttention::new(vs.root() / "attn", cfg, 0.3).unwrap();
+        tch::no_grad(|| {
+            let _ = attn.qkv_weight().shallow_clone().g_mul_scalar_(40.0);
+            if let Some(b) = attn.qkv_bias() {
+                let _ = b.shallow_clone().normal_(0.0, 1.0);
+            }
+        });
+        attn
     });
     (vs, attn)
 }
@@ -178,8 +184,7 @@ fn the_clip_brings_every_head_of_the_captured_input_to_tau() {
         for (bias, causal) in [(false, true), (true, true), (true, false)] {
             let (_vs, attn) = layer(conditioning, bias, causal);
             attn.refresh_conditioning(1).unwrap();
-            tch::manual_seed(3);
-            let x = Tensor::randn([2, 7, 12], (Kind::Float, CPU));
+            let x = seeded(3, || Tensor::randn([2, 7, 12], (Kind::Float, CPU)));
             let clip = QkClipConfig {
                 tau: 1.0,
                 alpha: 0.5,
