@@ -442,26 +442,44 @@ fn versus_torch(
         let (w, grad) = (t32(&gaussian(m, n, 1)), t32(&gaussian(m, n, 2)));
         matrices.push((muon, w, grad, MuonState::new()));
     }
-    let settle = || {
-        // With more than one thread, the process that just stepped keeps its OpenMP workers
-        // spinning for a while and takes cores from the other: a pause lets them go to sleep
-        // (as `paired::alternate_settled` does), so each side is timed on its own.
-        if tch::get_num_threads() > 1 {
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
     let mut kappa_step = || {
-        settle();
         seconds(&mut || {
             for (muon, w, grad, st) in matrices.iter_mut() {
                 muon.step(w, grad, st).expect("step");
             }
         })
     };
+    let torch_step = |torch: &mut Peer| -> Result<f64, String> {
+        let reply = torch.ask_numbers("step")?;
+        reply
+            .first()
+            .copied()
+            .ok_or_else(|| "an empty reply".to_string())
+    };
     for _ in 0..2 {
         kappa_step();
-        torch.ask_numbers("step")?;
+        torch_step(torch)?;
     }
+    // With more than one thread, the process that just stepped keeps its OpenMP workers spinning
+    // for a while and takes cores from the other: before each timed step a pause lets them go to
+    // sleep, then one untimed step wakes this side's own workers (as
+    // `paired::alternate_settled` does), the same for both sides.
+    let settle = tch::get_num_threads() > 1;
+    let pause = || std::thread::sleep(Duration::from_millis(200));
+    let mut kappa_timed = || {
+        if settle {
+            pause();
+            kappa_step();
+        }
+        kappa_step()
+    };
+    let torch_timed = |torch: &mut Peer| -> Result<f64, String> {
+        if settle {
+            pause();
+            torch_step(torch)?;
+        }
+        torch_step(torch)
+    };
     let pairs = std::env::var("KAPPA_BENCH_VERSUS_PAIRS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -472,19 +490,12 @@ fn versus_torch(
         if i >= 3 && start.elapsed() > Duration::from_secs(30) {
             break;
         }
-        let torch_step = |torch: &mut Peer| {
-            let reply = torch.ask_numbers("step")?;
-            reply
-                .first()
-                .copied()
-                .ok_or_else(|| "an empty reply".to_string())
-        };
         if i % 2 == 0 {
-            tk.push(kappa_step());
-            tt.push(torch_step(torch)?);
+            tk.push(kappa_timed());
+            tt.push(torch_timed(torch)?);
         } else {
-            tt.push(torch_step(torch)?);
-            tk.push(kappa_step());
+            tt.push(torch_timed(torch)?);
+            tk.push(kappa_timed());
         }
     }
     Ok(VersusTorch {
