@@ -539,11 +539,9 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
         &[F32]
     };
     for (id, group) in versus_rows(shapes) {
-        let single_plain = group.len() == 1 && !gram_pays(group[0]);
-        for cell in cells
-            .iter()
-            .filter(|c| !(single_plain && c.label.contains("gram")))
-        {
+        // A Gram row on one shape where it does not pay would only repeat its plain row.
+        let repeats = |c: &&Cell| group.len() == 1 && c.msign_for(group[0]) != c.msign;
+        for cell in cells.iter().filter(|c| !repeats(c)) {
             match versus_torch(&mut torch, &group, cell) {
                 Ok(v) => println!(
                     "{id:<11} {:<13} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
