@@ -363,7 +363,7 @@ impl Cell {
     /// else the same schedule run plainly.
     fn msign_for(&self, shape: (usize, usize)) -> Msign {
         match self.msign {
-            Msign::GramAol { steps, .. } if !gram_pays(shape) => Msign::Aol { steps },
+            Msign::GramAol { steps, lower, .. } if !gram_pays(shape) => Msign::Aol { steps, lower },
             Msign::GramPolarExpress { steps, .. } if !gram_pays(shape) => {
                 Msign::PolarExpress { steps }
             }
@@ -407,7 +407,7 @@ const BF16_AOL: Cell = Cell {
     label: "bf16 aol",
     torch: "bf16",
     precision: Precision::Bf16,
-    msign: Msign::Aol { steps: 4 },
+    msign: Msign::aol(),
 };
 
 /// Turbo-Muon as Gram Newton–Schulz in bf16 (period 2): AOL's Gram matrix starts the first
@@ -417,6 +417,24 @@ const BF16_AOL_GRAM: Cell = Cell {
     torch: "bf16",
     precision: Precision::Bf16,
     msign: Msign::gram_aol(),
+};
+
+/// AOL with kappa's short schedule in bf16: 3 Polar Express steps designed for σ(X·D) ∈
+/// [0.03, 1] (three fifths of the quintic's products, a higher descent quality than it on every
+/// input kappa-linalg measures).
+const BF16_AOL_SHORT: Cell = Cell {
+    label: "bf16 aol3",
+    torch: "bf16",
+    precision: Precision::Bf16,
+    msign: Msign::aol_short(),
+};
+
+/// The short schedule as Gram Newton–Schulz in bf16 (period 2): 8r²s + 12r³ flops.
+const BF16_AOL_SHORT_GRAM: Cell = Cell {
+    label: "bf16 aol3 gram",
+    torch: "bf16",
+    precision: Precision::Bf16,
+    msign: Msign::gram_aol_short(),
 };
 
 /// Pairs per cell: `KAPPA_BENCH_VERSUS_PAIRS` (default 15), fewer when a cell passes 30 s (at
@@ -527,11 +545,19 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
         Err(e) => return println!("torch reference not run: {e}"),
     };
     println!(
-        "{:<11} {:<13} {:>9} {:>9} {:>24} {:>13} {:>13}",
+        "{:<11} {:<14} {:>9} {:>9} {:>24} {:>13} {:>13}",
         "shape", "prec", "kappa ms", "torch ms", "kappa/torch", "σ band kappa", "σ band torch"
     );
     let cells: &[Cell] = if native {
-        &[F32, BF16, BF16_AOL, BF16_GRAM, BF16_AOL_GRAM]
+        &[
+            F32,
+            BF16,
+            BF16_AOL,
+            BF16_GRAM,
+            BF16_AOL_GRAM,
+            BF16_AOL_SHORT,
+            BF16_AOL_SHORT_GRAM,
+        ]
     } else {
         // Emulated bf16 products run 20–40× slower than f32 (measured on an AMD EPYC without
         // bf16 units: 571 vs 31 ms per 384² step) on both sides; kappa's Auto picks f32 there.
@@ -544,7 +570,7 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
         for cell in cells.iter().filter(|c| !repeats(c)) {
             match versus_torch(&mut torch, &group, cell) {
                 Ok(v) => println!(
-                    "{id:<11} {:<13} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
+                    "{id:<11} {:<14} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
                     cell.label,
                     v.kappa.median * 1e3,
                     v.torch.median * 1e3,
@@ -554,7 +580,7 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
                     v.torch_band.0,
                     v.torch_band.1,
                 ),
-                Err(e) => println!("{id:<11} {:<13} not run: {e}", cell.label),
+                Err(e) => println!("{id:<11} {:<14} not run: {e}", cell.label),
             }
         }
     }

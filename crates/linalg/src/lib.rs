@@ -14,7 +14,7 @@
 //! | `batched` (with `tch`) | `newton_schulz_batched` (a [B, m, n] tensor of same-shape matrices, each step one `bmm` and two `baddbmm` for the batch; per slice the result of `newton_schulz` to rounding), `newton_schulz_each` (the same on a list of matrices) |
 //! | [`gram_newton_schulz`](mod@gram_newton_schulz) | [`gram_newton_schulz()`] (the same schedules on r×r Gram matrices, restarted every [`GRAM_NS_RESTART`] steps) |
 //! | [`polar_express`](mod@polar_express) | [`PolarExpressSpec`], [`polar_express_schedule`], [`PolarExpressDesign`] (the greedy minimax schedule generator with its predicted error bands), [`POLAR_EXPRESS_CUSHION`] |
-//! | [`aol`] | [`aol_newton_schulz`] (Turbo-Muon: AOL rescaling D·X in place of ‖X‖_F, then a schedule; computes msign(D·X)), [`aol_gram_newton_schulz`] (the same as Gram Newton–Schulz), [`NsSchedule::turbo_muon`], [`TURBO_MUON_COEFFICIENTS`] |
+//! | [`aol`] | [`aol_newton_schulz`] (Turbo-Muon: AOL rescaling D·X in place of ‖X‖_F, then a schedule; computes msign(D·X)), [`aol_gram_newton_schulz`] (the same as Gram Newton–Schulz), [`NsSchedule::turbo_muon`], [`TURBO_MUON_COEFFICIENTS`], [`NsSchedule::aol_short`] (3 designed steps) |
 //! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
 //! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback) |
@@ -75,7 +75,8 @@ pub mod syrk;
 pub mod tch_backend;
 
 pub use aol::{
-    aol_gram_newton_schulz, aol_newton_schulz, TURBO_MUON_COEFFICIENTS, TURBO_MUON_STEPS,
+    aol_gram_newton_schulz, aol_newton_schulz, AOL_SHORT_LOWER, AOL_SHORT_STEPS,
+    TURBO_MUON_COEFFICIENTS, TURBO_MUON_STEPS,
 };
 #[cfg(feature = "tch")]
 pub use batched::{newton_schulz_batched, newton_schulz_each};

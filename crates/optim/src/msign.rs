@@ -17,8 +17,9 @@
 //! | `MuonQuintic` | 5 steps of p(x) = 3.4445x − 4.7750x³ + 2.0315x⁵ after X/‖X‖_F (exact, scale-invariant) | in [0.6818, 1.1344] for σ/‖X‖_F ≥ 0.0052 (not 1: the coefficients sum to 0.701) |
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
 //! | `PolarExpressDesigned { lower, steps, safety }` | a schedule generated for σ/‖X‖_F ∈ [ℓ, 1] ([`kappa_linalg::PolarExpressSpec`], degree 5, cushion 0.024; cached), normalization s·‖X‖_F | inside the predicted band [`kappa_linalg::PolarExpressDesign::bands`] for σ/‖X‖_F ∈ [ℓ, 1] (f64; `{ 1e-3, 10, 1.01 }` is the published schedule to ≤ 2e-12 relative) |
-//! | `Aol { steps }` | Turbo-Muon: X·D, D = diag(Σ_i \|(XᵀX)_ij\|)^{-1/2} (small side; ‖X·D‖₂ ≤ 1) in place of X/‖X‖_F, then the last `steps` of the Turbo-Muon list ([`kappa_linalg::aol_newton_schulz`]) | computes msign(X·D) ≠ msign(X); 96×256 Gaussian, 4 steps: σ ∈ [0.978, 1.032] (NS5 [0.682, 1.134]), ⟨X, O⟩/‖X‖_* 0.966 (NS5 0.725), ‖msign(XD) − msign(X)‖_F/‖msign(X)‖_F 0.009; κ = 1e4: σ ∈ [0.0104, 1.144], quality 0.870 (NS5 0.743), distance 0.117 |
-//! | `GramAol { steps, restart }` | `Aol { steps }` run as Gram Newton–Schulz ([`kappa_linalg::aol_gram_newton_schulz`]): the AOL Gram matrix D·A·D starts the first block, r×r products only, re-formed every `restart` steps (at most 2 in bf16) | as `Aol { steps }` to its rounding (the same map of X·D) |
+//! | `Aol { steps }` (`lower` absent) | Turbo-Muon: X·D, D = diag(Σ_i \|(XᵀX)_ij\|)^{-1/2} (small side; ‖X·D‖₂ ≤ 1) in place of X/‖X‖_F, then the last `steps` of the Turbo-Muon list ([`kappa_linalg::aol_newton_schulz`]) | computes msign(X·D) ≠ msign(X); 96×256 Gaussian, 4 steps: σ ∈ [0.978, 1.032] (NS5 [0.682, 1.134]), ⟨X, O⟩/‖X‖_* 0.966 (NS5 0.725), ‖msign(XD) − msign(X)‖_F/‖msign(X)‖_F 0.009; κ = 1e4: σ ∈ [0.0104, 1.144], quality 0.870 (NS5 0.743), distance 0.117 |
+//! | `Aol { steps, lower: ℓ }` | the same AOL rescaling, then Polar Express designed for σ(X·D) ∈ [ℓ, 1] (no safety factor); [`Msign::aol_short`] = 3 steps at ℓ = 0.03 | computes msign(X·D); 3 steps at ℓ = 0.03 (f64, square and tall Gaussians and κ = 1e4, 96×256 to 512²): σ_max ≤ 1.036, ⟨X, O⟩/(‖X‖_*·σ_max(O)) 0.942–0.965 (NS5 0.690–0.851, Turbo ×4 0.867–0.970), smallest σ 2.1–5.2× below NS5's where σ(X·D) ≪ ℓ |
+//! | `GramAol { steps, restart, lower }` | `Aol { steps, lower }` run as Gram Newton–Schulz ([`kappa_linalg::aol_gram_newton_schulz`]): the AOL Gram matrix D·A·D starts the first block, r×r products only, re-formed every `restart` steps (at most 2 in bf16) | as `Aol { steps, lower }` to its rounding (the same map of X·D) |
 //! | `GramPolarExpress { steps, restart }` | the same schedule as [`kappa_linalg::gram_newton_schulz()`]: r×r products only, XXᵀ re-formed every `restart` steps (default 2; at most 2 in bf16, where longer periods diverged) | as `PolarExpress` to its rounding: 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64, restart 1–3; rounding bound derived in kappa-linalg's tests) |
 //!
 //! `MuonQuinticEps { eps }` runs the same five quintic steps after X/(‖X‖_F + eps) — Keller
@@ -130,21 +131,32 @@ pub enum Msign {
         safety: f64,
     },
     /// AOL-preconditioned Newton–Schulz ([`kappa_linalg::aol_newton_schulz`], "Turbo-Muon"):
-    /// X·D with D = diag(Σ_i |(XᵀX)_ij|)^{-1/2} on the small side in place of X/‖X‖_F, then the
-    /// last `steps` of the Turbo-Muon schedule (4 by default, [`Msign::aol`]). It approximates
-    /// **msign(X·D), not msign(X)** (the module docs quantify the difference).
+    /// X·D with D = diag(Σ_i |(XᵀX)_ij|)^{-1/2} on the small side in place of X/‖X‖_F, then
+    /// `steps` of a schedule: without `lower`, the last `steps` of the Turbo-Muon list (4 by
+    /// default, [`Msign::aol`]); with `lower = ℓ`, Polar Express designed for σ(X·D) ∈ [ℓ, 1]
+    /// (degree 5, no safety factor: ‖X·D‖₂ ≤ 1 is exact; [`Msign::aol_short`] is 3 steps at
+    /// ℓ = 0.03). It approximates **msign(X·D), not msign(X)** (the module docs quantify the
+    /// difference).
     Aol {
-        /// Number of steps, 1 to 5.
+        /// Number of steps: 1 to 5 for Turbo's list, 1 to [`kappa_linalg::MAX_NS_STEPS`] for a
+        /// designed schedule.
         steps: usize,
+        /// ℓ ∈ (0, 1) for a designed schedule; absent (`None`) for Turbo-Muon's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lower: Option<f64>,
     },
-    /// `Aol { steps }` run as Gram Newton–Schulz ([`kappa_linalg::aol_gram_newton_schulz`]):
-    /// the same map of X·D, each step on r×r matrices, cheaper for tall or wide X (s ≳ 2r).
+    /// `Aol { steps, lower }` run as Gram Newton–Schulz
+    /// ([`kappa_linalg::aol_gram_newton_schulz`]): the same map of X·D, each step on r×r
+    /// matrices, cheaper for tall or wide X (s ≳ 2r).
     GramAol {
-        /// Number of steps, 1 to 5.
+        /// Number of steps (as `Aol`).
         steps: usize,
         /// Steps between re-formations of the Gram matrix (≥ 1; at most
         /// [`kappa_linalg::GRAM_NS_RESTART`] = 2 in bf16, the default of [`Msign::gram_aol`]).
         restart: usize,
+        /// ℓ for a designed schedule (as `Aol`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lower: Option<f64>,
     },
 }
 
@@ -167,6 +179,7 @@ impl Msign {
     pub const fn aol() -> Self {
         Msign::Aol {
             steps: kappa_linalg::TURBO_MUON_STEPS,
+            lower: None,
         }
     }
 
@@ -175,6 +188,28 @@ impl Msign {
         Msign::GramAol {
             steps: kappa_linalg::TURBO_MUON_STEPS,
             restart: kappa_linalg::GRAM_NS_RESTART,
+            lower: None,
+        }
+    }
+
+    /// AOL with kappa's short schedule ([`kappa_linalg::NsSchedule::aol_short`]): 3 Polar
+    /// Express steps designed for σ(X·D) ∈ [0.03, 1]. Three fifths of the quintic's products,
+    /// with a higher descent quality than five quintic steps on every input measured (module
+    /// docs).
+    pub const fn aol_short() -> Self {
+        Msign::Aol {
+            steps: kappa_linalg::AOL_SHORT_STEPS,
+            lower: Some(kappa_linalg::AOL_SHORT_LOWER),
+        }
+    }
+
+    /// [`Msign::aol_short`] as Gram Newton–Schulz, restarted every [`GRAM_NS_RESTART`] = 2
+    /// steps.
+    pub const fn gram_aol_short() -> Self {
+        Msign::GramAol {
+            steps: kappa_linalg::AOL_SHORT_STEPS,
+            restart: kappa_linalg::GRAM_NS_RESTART,
+            lower: Some(kappa_linalg::AOL_SHORT_LOWER),
         }
     }
 
@@ -201,54 +236,36 @@ impl Msign {
                 steps,
                 safety,
             } => designed_schedule(lower, steps, safety),
-            Msign::Aol { steps } | Msign::GramAol { steps, .. } => {
-                NsSchedule::turbo_muon(steps).ok()
-            }
+            Msign::Aol { steps, lower } | Msign::GramAol { steps, lower, .. } => match lower {
+                None => NsSchedule::turbo_muon(steps).ok(),
+                Some(lower) => designed_schedule(lower, steps, 1.0),
+            },
         }
     }
 
     /// Checks the parameters (Polar Express needs at least one step, its Gram form a restart
     /// period ≥ 1; eps finite and ≥ 0; a designed schedule ℓ ∈ (0, 1), 1 ≤ steps ≤
-    /// `MAX_NS_STEPS` and s ≥ 1 finite; AOL 1 to 5 steps, its Gram form a restart period ≥ 1).
+    /// `MAX_NS_STEPS` and s ≥ 1 finite; AOL 1 to 5 Turbo steps or a designed schedule as
+    /// above, its Gram form a restart period ≥ 1).
     pub fn validate(&self) -> Result<()> {
         match *self {
+            Msign::Exact | Msign::MuonQuintic => Ok(()),
+            Msign::MuonQuinticEps { eps } => Ok(check_range("msign.eps", eps, 0.0, f64::MAX)?),
+            Msign::PolarExpress { steps } => validate_polar_express(steps),
+            Msign::GramPolarExpress { steps, restart } => {
+                validate_polar_express(steps).and_then(|()| validate_restart(restart))
+            }
             Msign::PolarExpressDesigned {
                 lower,
                 steps,
                 safety,
             } => validate_designed(lower, steps, safety),
-            Msign::Aol { steps } | Msign::GramAol { steps, .. }
-                if steps == 0 || steps > kappa_linalg::TURBO_MUON_COEFFICIENTS.len() =>
-            {
-                Err(InputError::invalid(
-                    "msign.steps",
-                    format!("AOL (Turbo-Muon) has 1 to 5 steps, found {steps}"),
-                )
-                .into())
-            }
-            Msign::PolarExpress { steps: 0 } | Msign::GramPolarExpress { steps: 0, .. } => {
-                Err(InputError::invalid("msign", "Polar Express needs at least 1 step").into())
-            }
-            Msign::GramPolarExpress { restart: 0, .. } | Msign::GramAol { restart: 0, .. } => {
-                Err(InputError::invalid(
-                    "msign.restart",
-                    "Gram Newton–Schulz needs a restart period ≥ 1",
-                )
-                .into())
-            }
-            Msign::MuonQuinticEps { eps } => Ok(check_range("msign.eps", eps, 0.0, f64::MAX)?),
-            Msign::PolarExpress { steps } | Msign::GramPolarExpress { steps, .. }
-                if steps > kappa_linalg::MAX_NS_STEPS =>
-            {
-                Err(InputError::invalid(
-                    "msign",
-                    format!(
-                        "Polar Express with {steps} steps, more than kappa_linalg::MAX_NS_STEPS"
-                    ),
-                )
-                .into())
-            }
-            _ => Ok(()),
+            Msign::Aol { steps, lower } => validate_aol(steps, lower),
+            Msign::GramAol {
+                steps,
+                restart,
+                lower,
+            } => validate_aol(steps, lower).and_then(|()| validate_restart(restart)),
         }
     }
 
@@ -263,12 +280,45 @@ impl Msign {
             Msign::MuonQuintic | Msign::MuonQuinticEps { .. } => 5.0 * per_step,
             Msign::PolarExpress { steps }
             | Msign::PolarExpressDesigned { steps, .. }
-            | Msign::Aol { steps } => steps as f64 * per_step,
-            Msign::GramPolarExpress { steps, restart } | Msign::GramAol { steps, restart } => {
+            | Msign::Aol { steps, .. } => steps as f64 * per_step,
+            Msign::GramPolarExpress { steps, restart } | Msign::GramAol { steps, restart, .. } => {
                 let blocks = steps.div_ceil(restart.max(1)) as f64;
                 blocks * 4.0 * r * r * s + (8.0 * steps as f64 - 6.0 * blocks) * r * r * r
             }
         }
+    }
+}
+
+/// 1 ≤ steps ≤ `MAX_NS_STEPS` (argument `msign`).
+fn validate_polar_express(steps: usize) -> Result<()> {
+    if steps == 0 {
+        return Err(InputError::invalid("msign", "Polar Express needs at least 1 step").into());
+    }
+    if steps > kappa_linalg::MAX_NS_STEPS {
+        let why = format!("Polar Express with {steps} steps, more than kappa_linalg::MAX_NS_STEPS");
+        return Err(InputError::invalid("msign", why).into());
+    }
+    Ok(())
+}
+
+/// A Gram form's restart period ≥ 1 (argument `msign.restart`).
+fn validate_restart(restart: usize) -> Result<()> {
+    if restart == 0 {
+        let why = "Gram Newton–Schulz needs a restart period ≥ 1";
+        return Err(InputError::invalid("msign.restart", why).into());
+    }
+    Ok(())
+}
+
+/// Turbo-Muon's 1 to 5 steps, or a designed schedule's parameters (safety 1).
+fn validate_aol(steps: usize, lower: Option<f64>) -> Result<()> {
+    match lower {
+        Some(lower) => validate_designed(lower, steps, 1.0),
+        None if steps == 0 || steps > kappa_linalg::TURBO_MUON_COEFFICIENTS.len() => {
+            let why = format!("AOL (Turbo-Muon) has 1 to 5 steps, found {steps}");
+            Err(InputError::invalid("msign.steps", why).into())
+        }
+        None => Ok(()),
     }
 }
 

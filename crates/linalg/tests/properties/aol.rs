@@ -52,6 +52,14 @@ fn quality(x: &Array2<f64>, o: &Array2<f64>) -> f64 {
     (x * o).sum() / nuc / sv(o)[0]
 }
 
+/// The schedules AOL runs with: the last 1–5 Turbo-Muon steps, and the short designed schedule.
+fn schedules() -> impl Strategy<Value = NsSchedule> {
+    prop_oneof![
+        (1usize..=5).prop_map(|k| NsSchedule::turbo_muon(k).unwrap()),
+        Just(NsSchedule::aol_short().unwrap()),
+    ]
+}
+
 proptest! {
     #![proptest_config(config())]
 
@@ -59,11 +67,10 @@ proptest! {
     fn aol_lands_in_the_band_of_its_rescaled_input(
         (m, n, seed) in dims(16),
         lk in 0.0f64..3.0,
-        steps in 1usize..=5,
+        sched in schedules(),
     ) {
         let k = m.min(n);
         let a = with_spectrum(m, n, &spectrum(k, 10f64.powf(lk), seed), seed);
-        let sched = NsSchedule::turbo_muon(steps).unwrap();
         let (dx, e0u) = aol_reference(&a);
         let x = sv(&dx);
         let (r, s_) = dx.dim();
@@ -102,12 +109,11 @@ proptest! {
     fn aol_gram_agrees_with_aol_newton_schulz(
         (m, n, seed) in dims(20),
         lk in 0.0f64..2.0,
-        steps in 1usize..=5,
+        sched in schedules(),
         restart in prop_oneof![Just(1usize), Just(2), Just(3), Just(usize::MAX)],
     ) {
         let k = m.min(n);
         let a = with_spectrum(m, n, &spectrum(k, 10f64.powf(lk), seed), seed);
-        let sched = NsSchedule::turbo_muon(steps).unwrap();
         let (dx, e0u) = aol_reference(&a);
         let x = sv(&dx).to_vec();
         let (r, s_) = dx.dim();
@@ -232,4 +238,60 @@ fn aol_measurements() {
             assert!(lo >= MUON_BAND.0 && hi <= MUON_BAND.1);
         }
     }
+}
+
+/// The short schedule against Muon's quintic ×5 and Turbo ×4 (docs/linalg.md, "AOL": the
+/// table is this test's output with `--nocapture`): descent quality ⟨X, O⟩/(‖X‖_*·σ_max(O)),
+/// the σ band of O, on seeded Gaussian and ill-conditioned inputs, square and tall, f64. The
+/// assertions are the claims the docs make (measurements, not rounding tolerances): a higher
+/// quality than five quintic steps on every input, and σ_max(O) within the design's predicted
+/// 1 + e₃ (e₃ = 0.036 from `PolarExpressSpec::design`, plus 10⁻⁶ for the rounding of a
+/// three-step f64 map of σ ≤ 1).
+#[test]
+fn aol_short_measurements() {
+    let short = NsSchedule::aol_short().unwrap();
+    let design = kappa_linalg::PolarExpressSpec::new(
+        kappa_linalg::AOL_SHORT_LOWER,
+        5,
+        kappa_linalg::AOL_SHORT_STEPS,
+        1.0,
+    )
+    .design()
+    .unwrap();
+    let turbo = NsSchedule::turbo_muon(4).unwrap();
+    println!("| input | quality: NS5 | Turbo ×4 | short ×3 | σ band: NS5 | Turbo ×4 | short ×3 |");
+    for (m, n) in [(256, 256), (512, 512), (96, 256), (384, 768)] {
+        for kappa in [None, Some(1e4)] {
+            let a: Array2<f64> = match kappa {
+                None => gaussian(m, n, 7),
+                Some(kp) => with_spectrum(m, n, &spectrum(m.min(n), kp, 7), 7),
+            };
+            let band = |o: &Array2<f64>| {
+                let s = sv(o);
+                (s[s.len() - 1], s[0])
+            };
+            let ns5 = newton_schulz_muon(&a).unwrap();
+            let t4 = aol_newton_schulz(&a, &turbo).unwrap();
+            let s3 = aol_newton_schulz(&a, &short).unwrap();
+            let q = [quality(&a, &ns5), quality(&a, &t4), quality(&a, &s3)];
+            let b = [band(&ns5), band(&t4), band(&s3)];
+            let input = kappa.map_or("Gaussian".to_string(), |k| format!("κ = {k:e}"));
+            println!(
+                "| {m}×{n} {input} | {:.3} | {:.3} | {:.3} | [{:.4}, {:.3}] | [{:.4}, {:.3}] | [{:.4}, {:.3}] |",
+                q[0], q[1], q[2], b[0].0, b[0].1, b[1].0, b[1].1, b[2].0, b[2].1
+            );
+            assert!(
+                q[2] > q[0],
+                "{m}×{n} {input}: short {} vs NS5 {}",
+                q[2],
+                q[0]
+            );
+            assert!(
+                b[2].1 <= 1.0 + design.error() + 1e-6,
+                "{m}×{n} {input}: {}",
+                b[2].1
+            );
+        }
+    }
+    assert!((design.error() - 0.036).abs() < 5e-4, "{}", design.error());
 }

@@ -317,8 +317,14 @@ fn designed_and_aol_variants_round_trip_and_validate() {
             steps: 10,
             safety: f64::NAN,
         },
-        Msign::Aol { steps: 0 },
-        Msign::Aol { steps: 6 },
+        Msign::Aol {
+            steps: 0,
+            lower: None,
+        },
+        Msign::Aol {
+            steps: 6,
+            lower: None,
+        },
     ] {
         assert!(bad.validate().is_err(), "{bad:?}");
         assert!(bad.schedule().is_none(), "{bad:?}");
@@ -358,6 +364,7 @@ fn gram_aol_variant_round_trips_validates_and_is_the_linalg_routine() {
             Msign::GramAol {
                 steps: 0,
                 restart: 2,
+                lower: None,
             },
             "msign.steps",
         ),
@@ -365,6 +372,7 @@ fn gram_aol_variant_round_trips_validates_and_is_the_linalg_routine() {
             Msign::GramAol {
                 steps: 6,
                 restart: 2,
+                lower: None,
             },
             "msign.steps",
         ),
@@ -372,6 +380,7 @@ fn gram_aol_variant_round_trips_validates_and_is_the_linalg_routine() {
             Msign::GramAol {
                 steps: 4,
                 restart: 0,
+                lower: None,
             },
             "msign.restart",
         ),
@@ -389,6 +398,64 @@ fn gram_aol_variant_round_trips_validates_and_is_the_linalg_routine() {
     let direct =
         kappa_linalg::aol_gram_newton_schulz(&x, &NsSchedule::turbo_muon(4).unwrap(), 2).unwrap();
     assert_eq!(o, direct);
+}
+
+/// The AOL variants with a designed schedule (`lower`): serde (the field absent for Turbo's
+/// schedule, so older configs read unchanged), the designed schedule with no safety factor
+/// (`NsSchedule::aol_short` for the presets), validation in declaration order, flops, and both
+/// forms bit for bit their linalg routines.
+#[test]
+fn aol_short_variants_round_trip_validate_and_are_the_linalg_routines() {
+    let (plain, gram) = (Msign::aol_short(), Msign::gram_aol_short());
+    for (m, json) in [
+        (plain, r#"{"aol":{"steps":3,"lower":0.03}}"#),
+        (gram, r#"{"gram_aol":{"steps":3,"restart":2,"lower":0.03}}"#),
+    ] {
+        assert_eq!(serde_json::to_string(&m).unwrap(), json);
+        assert_eq!(serde_json::from_str::<Msign>(json).unwrap(), m);
+        assert!(m.validate().is_ok());
+        assert_eq!(ns(m), NsSchedule::aol_short().unwrap());
+    }
+    assert_eq!(ns(plain).normalization, 1.0);
+    assert_eq!(plain.flops(96, 96), 0.6 * Msign::MuonQuintic.flops(96, 96));
+    let designed = |steps, lower| Msign::Aol {
+        steps,
+        lower: Some(lower),
+    };
+    // More than Turbo's 5 steps are fine with a designed schedule.
+    assert!(designed(7, 1e-3).validate().is_ok());
+    for (bad, arg) in [
+        (designed(3, 0.0), "msign.lower"),
+        (designed(3, 1.0), "msign.lower"),
+        (designed(3, f64::NAN), "msign.lower"),
+        (designed(0, 0.03), "msign.steps"),
+        (
+            Msign::GramAol {
+                steps: 3,
+                restart: 0,
+                lower: Some(0.03),
+            },
+            "msign.restart",
+        ),
+    ] {
+        match bad.validate() {
+            Err(OptimError::Input(InputError::InvalidArgument { arg: a, .. })) => {
+                assert_eq!(a, arg, "{bad:?}")
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        }
+        assert!(msign(&Array2::<f64>::eye(3), bad, Precision::Native).is_err());
+    }
+    let x: Array2<f64> = gaussian(12, 40, 7);
+    let short = NsSchedule::aol_short().unwrap();
+    assert_eq!(
+        msign(&x, plain, Precision::Native).unwrap(),
+        kappa_linalg::aol_newton_schulz(&x, &short).unwrap()
+    );
+    assert_eq!(
+        msign(&x, gram, Precision::Native).unwrap(),
+        kappa_linalg::aol_gram_newton_schulz(&x, &short, 2).unwrap()
+    );
 }
 
 /// msign's AOL variant is `aol_newton_schulz` (no power-of-two prescaling for ‖X‖_F inside

@@ -277,6 +277,7 @@ fn the_gram_form_refuses_long_periods_in_bf16_only() {
         Msign::GramAol {
             steps: 4,
             restart: 3,
+            lower: None,
         },
     ];
     for long in longs {
