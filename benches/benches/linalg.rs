@@ -78,6 +78,10 @@ fn bench_newton_schulz(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("gram_ns5", &id), |b| {
             b.iter(|| gram_newton_schulz(black_box(&x), &muon, GRAM_NS_RESTART).expect("gram"))
         });
+        // Period 3 (allowed in f32 and f64; bf16 keeps 2): two blocks instead of three.
+        g.bench_function(BenchmarkId::new("gram_ns5_p3", &id), |b| {
+            b.iter(|| gram_newton_schulz(black_box(&x), &muon, 3).expect("gram"))
+        });
     }
     g.finish();
 
@@ -101,6 +105,9 @@ fn bench_newton_schulz(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("gram_ns5", &id), |b| {
             b.iter(|| gram_newton_schulz(black_box(&t), &muon, GRAM_NS_RESTART).expect("gram"))
         });
+        g.bench_function(BenchmarkId::new("gram_ns5_p3", &id), |b| {
+            b.iter(|| gram_newton_schulz(black_box(&t), &muon, 3).expect("gram"))
+        });
     }
     g.finish();
 }
@@ -112,8 +119,8 @@ const ORTHO: &str = "linalg/orthogonalizers";
 /// The shapes of the orthogonalizer comparison: 384×1536, 768×3072 (tall MLP factors) and 768².
 const ORTHO_SHAPES: [(usize, usize); 3] = [(1536, 384), (3072, 768), (768, 768)];
 
-/// The three orthogonalizers: (name, schedule, AOL-preconditioned?).
-fn orthogonalizers() -> [(&'static str, NsSchedule, bool); 3] {
+/// The orthogonalizers: (name, schedule, AOL-preconditioned?).
+fn orthogonalizers() -> [(&'static str, NsSchedule, bool); 4] {
     let designed = PolarExpressSpec::new(1e-3, 5, 5, 1.01)
         .design()
         .expect("design")
@@ -123,6 +130,7 @@ fn orthogonalizers() -> [(&'static str, NsSchedule, bool); 3] {
         ("ns5", NsSchedule::muon(), false),
         ("pe_designed5", designed, false),
         ("aol4", turbo, true),
+        ("aol3_short", NsSchedule::aol_short().expect("short"), true),
     ]
 }
 
@@ -315,6 +323,28 @@ fn ratio(num: Option<f64>, den: Option<f64>) -> Option<f64> {
     Some(num? / den?)
 }
 
+/// Gram Newton–Schulz over NS5: t(ns5)/t(gram_ns5) at periods 2 and 3 (goal ≥ 1.3 on tall
+/// shapes).
+fn gram_summary() {
+    println!("\nGram Newton–Schulz (the same 5 quintic steps): speed-up t(ns5) / t(gram) at restart periods 2 and 3 (goal ≥ 1.3 on tall shapes)");
+    println!(
+        "{:<10} {:<8} {:>10} {:>10}",
+        "shape", "backend", "period 2", "period 3"
+    );
+    for (group, backend) in [(NS_ND, "ndarray"), (NS_TCH, "tch")] {
+        for (m, n) in F32_SHAPES {
+            let id = shape_id(m, n);
+            let ns = median_seconds(group, "ns5", &id);
+            let [p2, p3] = ["gram_ns5", "gram_ns5_p3"].map(|name| median_seconds(group, name, &id));
+            if !any_measured(&[p2, p3]) {
+                continue;
+            }
+            let (r2, r3) = (fmt_ratio(ratio(ns, p2)), fmt_ratio(ratio(ns, p3)));
+            println!("{id:<10} {backend:<8} {r2:>10} {r3:>10}");
+        }
+    }
+}
+
 fn summary(threads: usize) {
     println!("\n==== kappa-linalg benchmark summary (threads = {threads}, medians) ====");
     println!("\nNewton–Schulz quintic, 5 steps, f32: throughput as a fraction of plain sgemm");
@@ -344,6 +374,7 @@ fn summary(threads: usize) {
             );
         }
     }
+    gram_summary();
     println!(
         "\nSingular values and κ against torch.linalg (ratio = ours / torch; < 1 means faster)"
     );

@@ -85,6 +85,20 @@ fn criterion_dir() -> Option<PathBuf> {
     Some(exe.parent()?.parent()?.parent()?.join("criterion"))
 }
 
+/// The directory criterion writes an id's results under: the characters ?"/\*<>:|^ become `_`
+/// and the name is cut to 64 bytes at a character boundary (criterion 0.5's rule on Unix), so
+/// a group named `linalg/orthogonalizers` lives in `linalg_orthogonalizers`.
+pub fn criterion_dir_name(id: &str) -> String {
+    const UNSAFE: [char; 10] = ['?', '"', '/', '\\', '*', '<', '>', ':', '|', '^'];
+    let mut name = id.replace(&UNSAFE[..], "_");
+    let mut end = name.len().min(64);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name.truncate(end);
+    name
+}
+
 /// When this benchmark process started ([`configure_threads`] records it): criterion results
 /// older than this are from an earlier run (or a benchmark this run's filter left out).
 static RUN_START: OnceLock<SystemTime> = OnceLock::new();
@@ -93,9 +107,9 @@ static RUN_START: OnceLock<SystemTime> = OnceLock::new();
 /// `None` when this run did not measure it (filtered out), never an earlier run's figure.
 pub fn median_seconds(group: &str, function: &str, parameter: &str) -> Option<f64> {
     let path = criterion_dir()?
-        .join(group)
-        .join(function)
-        .join(parameter)
+        .join(criterion_dir_name(group))
+        .join(criterion_dir_name(function))
+        .join(criterion_dir_name(parameter))
         .join("new")
         .join("estimates.json");
     if let Some(start) = RUN_START.get() {
@@ -165,4 +179,24 @@ pub fn train_step_with(
                 .expect("optimizer step");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::criterion_dir_name;
+
+    #[test]
+    fn criterion_dir_names_follow_criterion() {
+        assert_eq!(
+            criterion_dir_name("linalg/orthogonalizers"),
+            "linalg_orthogonalizers"
+        );
+        assert_eq!(
+            criterion_dir_name("a?b:c|d^e<f>g*h\\i\"j"),
+            "a_b_c_d_e_f_g_h_i_j"
+        );
+        assert_eq!(criterion_dir_name("384x1536"), "384x1536");
+        let long = "é".repeat(40); // 80 bytes: cut to 64, on a character boundary
+        assert_eq!(criterion_dir_name(&long), "é".repeat(32));
+    }
 }
