@@ -482,6 +482,12 @@ fn paired_vjp(inp: &Inputs, rounds: usize, reps: usize, threads: usize) -> (Roun
     let settle = (threads > 1).then(|| Duration::from_millis(150));
     let pairs = |a: &mut dyn FnMut(), b: &mut dyn FnMut()| {
         let (ta, tb) = kappa_benches::paired::alternate_settled(a, b, 1, rounds, settle);
+        let per_call = |t: &[f64]| Spread::of(t.to_vec()).median / reps as f64 * 1e3;
+        eprintln!(
+            "  per call, medians of the rounds: kappa {:.3} ms, autograd {:.3} ms",
+            per_call(&ta),
+            per_call(&tb)
+        );
         Rounds(Spread::of(kappa_benches::paired::ratios(&ta, &tb)))
     };
     (

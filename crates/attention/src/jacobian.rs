@@ -67,7 +67,7 @@
 use std::sync::Arc;
 
 use kappa_linalg::input::{check_length, check_shape, shape_str, InputError};
-use kappa_linalg::product::{mat_mul, mat_mul_into};
+use kappa_linalg::product::{mat_mul, mat_mul_into, sequential};
 use kappa_linalg::{commutation_matrix, kron, unvec, Real};
 use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, Zip};
 use rayon::prelude::*;
@@ -390,28 +390,101 @@ impl<A: Real> Forward<A> {
     /// The columns of Y are the cotangents of Q, K and V (∂L/∂Q = gS K/s, ∂L/∂K = gSᵀ Q/s,
     /// ∂L/∂V = Pᵀ G), and W_• enters only through X W_•, so ∂L/∂W_• = Xᵀ ∂L/∂•: one product
     /// for all three.
+    ///
+    /// **Threads.** Rows i of gS, of the softmax backward, of Y_Q and of Y_V need only rows i of
+    /// G and of gS and columns i of P, and rows i of Y_K only columns i of gS: from
+    /// [`VJP_SPLIT_MIN_MULS`] up the rows are done in two halves on two rayon tasks (gS, its
+    /// softmax backward, Y_Q and Y_V; then, once gS is whole, Y_K), and the last product is
+    /// faer's, threaded by itself. Each entry is the same sum in the same order either way.
     fn vjp_weights_unchecked(&self, g: ArrayView2<'_, A>) -> [Array2<A>; 3] {
         let (n, d, k) = self.dims();
-        let (one, zero) = (A::one(), A::zero());
-        let inv_s = one / self.s;
-        let mut gs = Array2::<A>::zeros((n, n));
-        mat_mul_into(one, &g, &self.v.t(), zero, &mut gs);
-        softmax_backward_in_place(self.p.view(), &mut gs);
-        // Y = [Y_Q | Y_K | Y_V] side by side, then one product Xᵀ Y for the three gradients.
-        let mut y = Array2::<A>::zeros((n, 3 * k));
-        let cotangents = [
-            (inv_s, gs.view(), self.k.view()),
-            (inv_s, gs.t(), self.q.view()),
-            (one, self.p.t(), g.view()),
-        ];
-        for (b, (alpha, l, r)) in cotangents.into_iter().enumerate() {
-            let mut yb = y.slice_mut(s![.., b * k..(b + 1) * k]);
-            mat_mul_into(alpha, &l, &r, zero, &mut yb);
-        }
-        let w = mat_mul(&self.x.t(), &y);
+        let big = n.saturating_mul(n).saturating_mul(k) >= VJP_SPLIT_MIN_MULS;
+        let w = if big && rayon::current_num_threads() > 1 {
+            // One entry into the pool for the whole VJP: from a thread outside it, each entry
+            // is a hand-off of ≈ 10–20 µs (measured), the joins inside a worker are not.
+            rayon::scope(|_| self.vjp_weights_split(g))
+        } else {
+            let mut gs = Array2::<A>::zeros((n, n));
+            let mut y = Array2::<A>::zeros((n, 3 * k));
+            self.vjp_rows_first(g, 0..n, gs.view_mut(), y.view_mut());
+            self.vjp_rows_of_yk(gs.view(), 0..n, y.view_mut());
+            mat_mul(&self.x.t(), &y)
+        };
         let block = |b: usize| w.slice(s![.., b * k..(b + 1) * k]).to_owned();
         debug_assert_eq!(w.dim(), (d, 3 * k));
         [block(0), block(1), block(2)]
+    }
+
+    /// Xᵀ Y of [`Forward::vjp_weights_unchecked`] with the rows of gS and Y in two halves on
+    /// two rayon tasks (each task's products on its own thread), then the last product on faer's
+    /// threads.
+    fn vjp_weights_split(&self, g: ArrayView2<'_, A>) -> Array2<A> {
+        let (n, _, k) = self.dims();
+        let half = n / 2;
+        let mut gs = Array2::<A>::zeros((n, n));
+        let mut y = Array2::<A>::zeros((n, 3 * k));
+        let (gs_top, gs_bottom) = gs.view_mut().split_at(Axis(0), half);
+        let (y_top, y_bottom) = y.view_mut().split_at(Axis(0), half);
+        rayon::join(
+            || sequential(|| self.vjp_rows_first(g, 0..half, gs_top, y_top)),
+            || sequential(|| self.vjp_rows_first(g, half..n, gs_bottom, y_bottom)),
+        );
+        let (y_top, y_bottom) = y.view_mut().split_at(Axis(0), half);
+        rayon::join(
+            || sequential(|| self.vjp_rows_of_yk(gs.view(), 0..half, y_top)),
+            || sequential(|| self.vjp_rows_of_yk(gs.view(), half..n, y_bottom)),
+        );
+        // W = Xᵀ Y by halves of its columns, one per task (faer's own split of this 192×192
+        // result scaled 1.4× on two threads when measured).
+        let mut w = Array2::<A>::zeros((self.x.ncols(), 3 * k));
+        let cols = 3 * k / 2;
+        let (w_left, w_right) = w.view_mut().split_at(Axis(1), cols);
+        let xt = self.x.t();
+        let (y_left, y_right) = (y.slice(s![.., ..cols]), y.slice(s![.., cols..]));
+        rayon::join(
+            || sequential(|| mat_mul_into(A::one(), &xt, &y_left, A::zero(), &mut { w_left })),
+            || sequential(|| mat_mul_into(A::one(), &xt, &y_right, A::zero(), &mut { w_right })),
+        );
+        w
+    }
+
+    /// Rows `rows` of gS = G Vᵀ (then its softmax backward), of Y_Q = gS K/s and of Y_V = Pᵀ G,
+    /// into `gs` (those rows of gS) and `y` (those rows of Y).
+    fn vjp_rows_first(
+        &self,
+        g: ArrayView2<'_, A>,
+        rows: std::ops::Range<usize>,
+        mut gs: ArrayViewMut2<'_, A>,
+        mut y: ArrayViewMut2<'_, A>,
+    ) {
+        let k = self.dims().2;
+        let (one, zero) = (A::one(), A::zero());
+        let g_rows = g.slice(s![rows.clone(), ..]);
+        mat_mul_into(one, &g_rows, &self.v.t(), zero, &mut gs);
+        softmax_backward_in_place(self.p.slice(s![rows.clone(), ..]), gs.view_mut());
+        let mut y_q = y.slice_mut(s![.., 0..k]);
+        mat_mul_into(one / self.s, &gs, &self.k, zero, &mut y_q);
+        let mut y_v = y.slice_mut(s![.., 2 * k..3 * k]);
+        mat_mul_into(one, &self.p.slice(s![.., rows]).t(), &g, zero, &mut y_v);
+    }
+
+    /// Rows `rows` of Y_K = gSᵀ Q/s (columns `rows` of the whole gS) into `y` (those rows of Y).
+    fn vjp_rows_of_yk(
+        &self,
+        gs: ArrayView2<'_, A>,
+        rows: std::ops::Range<usize>,
+        mut y: ArrayViewMut2<'_, A>,
+    ) {
+        let k = self.dims().2;
+        let mut y_k = y.slice_mut(s![.., k..2 * k]);
+        let gs_cols = gs.slice(s![.., rows]);
+        mat_mul_into(
+            A::one() / self.s,
+            &gs_cols.t(),
+            &self.q,
+            A::zero(),
+            &mut y_k,
+        );
     }
 
     /// gS = P ⊙ (gP − rowsum(P ⊙ gP)), gP = G Vᵀ.
@@ -532,6 +605,11 @@ impl<A: Real> Forward<A> {
 // ---------------------------------------------------------------------------------------------
 // The dense weight Jacobian: its factors, the parallel fill, and the workspace
 // ---------------------------------------------------------------------------------------------
+
+/// From this many multiply–adds in one N×N×k product (N²k) the weight VJP splits its rows
+/// between two rayon tasks; below, a task hand-off costs more than half the work (2²⁰: the
+/// split pays at N = 197, k = 64, not at N = 64, k = 16).
+const VJP_SPLIT_MIN_MULS: usize = 1 << 20;
 
 /// Below this many entries of J the fill runs on the calling thread: splitting it costs more
 /// than it saves. (The entries are the same products either way.)
@@ -664,7 +742,7 @@ impl<A: Real> Factors<A> {
 
 /// M ← P ⊙ (M − rowsum(P ⊙ M)) row by row: the softmax backward (= forward, Λ is symmetric;
 /// [`crate::softmax`]) in place, r_i = Σ_j P[i,j] M[i,j] then M[i,j] ← P[i,j]·(M[i,j] − r_i).
-fn softmax_backward_in_place<A: Real>(p: ArrayView2<'_, A>, m: &mut Array2<A>) {
+fn softmax_backward_in_place<A: Real>(p: ArrayView2<'_, A>, mut m: ArrayViewMut2<'_, A>) {
     Zip::from(m.rows_mut())
         .and(p.rows())
         .for_each(|mut mr, pr| {

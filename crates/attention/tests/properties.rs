@@ -1773,42 +1773,89 @@ proptest! {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7a);
         let g = gaussian(&mut rng, n, k, 1.0);
         let got = fwd.vjp_weights(g.view()).unwrap();
-        let (x, p, q, kk, v) = (
-            fwd.tokens().to_owned(),
-            fwd.attention_matrix().to_owned(),
-            fwd.queries().to_owned(),
-            fwd.keys().to_owned(),
-            fwd.values().to_owned(),
-        );
-        let inv_s = 1.0 / fwd.score_divisor();
-        let gs = softmax_jacobian_apply(p.view(), g.dot(&v.t()).view()).unwrap();
-        let want = [
-            x.t().dot(&gs.dot(&kk)) * inv_s,
-            x.t().dot(&gs.t().dot(&q)) * inv_s,
-            x.t().dot(&p.t().dot(&g)),
-        ];
-        // Both evaluate the same polynomial of the cached (X, P, Q, K, V), G and fl(1/s) (the
-        // same number on both sides). Roundings along any path: G Vᵀ (k), the softmax product
-        // P ⊙ (gP − Σ_j P ⊙ gP) (the product, N − 1 additions, the subtraction and the outer
-        // product: N + 2), the N-term product with K, Q or G (N), the scaling by 1/s (1) and the
-        // N-term product with Xᵀ (N): m = 3N + k + 3 for both, so |Δ| ≤ 2γ_m·magnitude, the
-        // magnitude being the same expression in absolute values:
-        // |gS|~ = P ⊙ (|G||V|ᵀ + rowsum(P ⊙ |G||V|ᵀ)), then |X|ᵀ(|gS|~ |K|)/s and so on.
-        let m = 3 * n + k + 3;
-        let g2 = 2.0 * gamma(m, U);
-        let gp = absm(g.view()).dot(&absm(v.view()).t());
-        let r = (&p * &gp).sum_axis(ndarray::Axis(1)).insert_axis(ndarray::Axis(1));
-        let gsm = &p * &(&gp + &r);
-        let ax = absm(x.view());
-        let mag = [
-            ax.t().dot(&gsm.dot(&absm(kk.view()))) * inv_s,
-            ax.t().dot(&gsm.t().dot(&absm(q.view()))) * inv_s,
-            ax.t().dot(&p.t().dot(&absm(g.view()))),
-        ];
-        for (b, (got, (want, mag))) in [&got.q, &got.k, &got.v].into_iter().zip(want.iter().zip(mag.iter())).enumerate() {
-            let r = within(got, want, &(mag * g2));
-            prop_assert!(r.is_ok(), "block {b}: {}", r.unwrap_err());
-        }
+        let r = vjp_within_the_direct_formula(&fwd, &g, &got);
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+}
+
+/// The weight VJP's blocks `got` (for cotangent `g`) against the direct formula written out
+/// with the public softmax product, within the derived bound below.
+fn vjp_within_the_direct_formula(
+    fwd: &kappa_attention::Forward<f64>,
+    g: &Array2<f64>,
+    got: &kappa_attention::WeightSet<f64>,
+) -> Result<(), String> {
+    let (n, k) = g.dim();
+    let (x, p, q, kk, v) = (
+        fwd.tokens().to_owned(),
+        fwd.attention_matrix().to_owned(),
+        fwd.queries().to_owned(),
+        fwd.keys().to_owned(),
+        fwd.values().to_owned(),
+    );
+    let inv_s = 1.0 / fwd.score_divisor();
+    let gs = softmax_jacobian_apply(p.view(), g.dot(&v.t()).view()).unwrap();
+    let want = [
+        x.t().dot(&gs.dot(&kk)) * inv_s,
+        x.t().dot(&gs.t().dot(&q)) * inv_s,
+        x.t().dot(&p.t().dot(g)),
+    ];
+    // Both evaluate the same polynomial of the cached (X, P, Q, K, V), G and fl(1/s) (the
+    // same number on both sides). Roundings along any path: G Vᵀ (k), the softmax product
+    // P ⊙ (gP − Σ_j P ⊙ gP) (the product, N − 1 additions, the subtraction and the outer
+    // product: N + 2), the N-term product with K, Q or G (N), the scaling by 1/s (1) and the
+    // N-term product with Xᵀ (N): m = 3N + k + 3 for both, so |Δ| ≤ 2γ_m·magnitude, the
+    // magnitude being the same expression in absolute values:
+    // |gS|~ = P ⊙ (|G||V|ᵀ + rowsum(P ⊙ |G||V|ᵀ)), then |X|ᵀ(|gS|~ |K|)/s and so on.
+    let m = 3 * n + k + 3;
+    let g2 = 2.0 * gamma(m, U);
+    let gp = absm(g.view()).dot(&absm(v.view()).t());
+    let r = (&p * &gp)
+        .sum_axis(ndarray::Axis(1))
+        .insert_axis(ndarray::Axis(1));
+    let gsm = &p * &(&gp + &r);
+    let ax = absm(x.view());
+    let mag = [
+        ax.t().dot(&gsm.dot(&absm(kk.view()))) * inv_s,
+        ax.t().dot(&gsm.t().dot(&absm(q.view()))) * inv_s,
+        ax.t().dot(&p.t().dot(&absm(g.view()))),
+    ];
+    for (b, (got, (want, mag))) in [&got.q, &got.k, &got.v]
+        .into_iter()
+        .zip(want.iter().zip(mag.iter()))
+        .enumerate()
+    {
+        within(got, want, &(mag * g2)).map_err(|e| format!("block {b}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// From N²k ≥ 2²⁰, in a pool of two or more threads, the weight VJP splits its rows between two
+/// rayon tasks (and the last product's columns): every entry is still the same sum in the same
+/// order, so the result equals the one-thread pool's bit for bit, and both are within the
+/// direct formula's bound. Uneven halves (odd N), causal and scaled scores included.
+#[test]
+fn the_split_weight_vjp_equals_the_one_thread_vjp() {
+    let pool = |t| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (pool(1), pool(2));
+    for (n, d, k, causal) in [
+        (136, 24, 64, false),
+        (137, 20, 64, true),
+        (200, 9, 32, false),
+    ] {
+        assert!(n * n * k >= 1 << 20, "the split path");
+        let inst = instance(n, d, k, 41, 0.7, options(true, causal));
+        let fwd = inst.head.forward(inst.x.view()).unwrap();
+        let g = gaussian(&mut ChaCha8Rng::seed_from_u64(42), n, k, 1.0);
+        let split = two.install(|| fwd.vjp_weights(g.view()).unwrap());
+        let whole = one.install(|| fwd.vjp_weights(g.view()).unwrap());
+        assert_eq!(split.to_vec(), whole.to_vec(), "{n}×{d}×{k}");
+        vjp_within_the_direct_formula(&fwd, &g, &split).unwrap();
     }
 }
 

@@ -33,7 +33,8 @@
 //! (AMD EPYC Zen 5, 2 threads, f64): threads cost 4–14× at 64×16×64, 1.1–1.2× on 197×64 or
 //! 64×64 results with any inner size, and save 25–35 % from 197×197 results with k = 64 up.
 //! faer splits the result among threads, not the sums, so the bits do not depend on the thread
-//! count (tested).
+//! count (tested). A caller that splits its own work among rayon tasks runs each task's products
+//! on the task's thread with [`sequential`].
 //!
 //! ```
 //! use kappa_linalg::product::{mat_mul, mat_mul_into};
@@ -115,16 +116,47 @@ pub const PARALLEL_MIN_ENTRIES: usize = 1 << 14;
 /// ... and at least this many multiply–adds.
 pub const PARALLEL_MIN_MULS: usize = 1 << 20;
 
-/// faer's thread setting for an m×k by k×n product: sequential in a one-thread rayon pool or
-/// below the size thresholds, else the current pool's threads.
+/// faer's thread setting for an m×k by k×n product: sequential in a one-thread rayon pool,
+/// below the size thresholds or inside [`sequential`], else the current pool's threads.
 fn parallelism(m: usize, n: usize, k: usize) -> faer::Par {
     let entries = m.saturating_mul(n);
     let small = entries < PARALLEL_MIN_ENTRIES || entries.saturating_mul(k) < PARALLEL_MIN_MULS;
     match rayon::current_num_threads() {
         0 | 1 => faer::Par::Seq,
-        _ if small => faer::Par::Seq,
+        _ if small || SEQUENTIAL.get() => faer::Par::Seq,
         threads => faer::Par::rayon(threads),
     }
+}
+
+thread_local! {
+    /// Set inside [`sequential`] on this thread.
+    static SEQUENTIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every product of this module that `f` calls on this thread computed on this
+/// thread alone: for callers that already split their work among rayon tasks (a task's products
+/// would otherwise split again among the same threads). The results are the same bits either
+/// way (the module docs, "Threads"); restored on return and on unwind.
+///
+/// ```
+/// use kappa_linalg::product::{mat_mul, sequential};
+/// let a = ndarray::Array2::<f64>::eye(3);
+/// assert_eq!(sequential(|| mat_mul(&a, &a)), a);
+/// ```
+pub fn sequential<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SEQUENTIAL.set(self.0);
+        }
+    }
+    let _restore = Restore(SEQUENTIAL.replace(true));
+    f()
+}
+
+/// Whether this thread is inside [`sequential`].
+pub fn is_sequential() -> bool {
+    SEQUENTIAL.get()
 }
 
 /// # Safety

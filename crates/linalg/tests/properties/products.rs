@@ -7,7 +7,7 @@
 //! its own error is of the same bound, hence the factor 2 there).
 
 use super::common::*;
-use kappa_linalg::product::{mat_mul, mat_mul_into};
+use kappa_linalg::product::{is_sequential, mat_mul, mat_mul_into, sequential};
 use kappa_linalg::Real;
 use ndarray::{s, Array2, ArrayView2, ShapeBuilder};
 use proptest::prelude::*;
@@ -120,8 +120,29 @@ fn products_past_the_thread_thresholds_are_within_the_bound_and_thread_independe
             agrees::<f64>(150, 120, 140, 7, 5, 0.0).unwrap();
             agrees::<f32>(150, 120, 140, 8, 0, 1.0).unwrap();
             assert_eq!(mat_mul(&a, &b.t()), reference, "{threads} threads");
+            // Inside `sequential` the product stays on this thread: the same bits.
+            assert_eq!(sequential(|| mat_mul(&a, &b.t())), reference);
         });
     }
+}
+
+/// `sequential` nests, and restores the caller's setting on return and when its closure
+/// panics.
+#[test]
+fn sequential_nests_and_restores_on_unwind() {
+    let a = gaussian::<f64>(200, 150, 3);
+    let reference = mat_mul(&a, &a.t());
+    assert!(!is_sequential());
+    let nested = sequential(|| {
+        let inner = sequential(|| mat_mul(&a, &a.t()));
+        assert!(is_sequential(), "still inside the outer call");
+        inner
+    });
+    assert_eq!(nested, reference);
+    assert!(!is_sequential());
+    let caught = std::panic::catch_unwind(|| sequential(|| panic!("inside")));
+    assert!(caught.is_err());
+    assert!(!is_sequential());
 }
 
 /// β = 0 overwrites C without reading it (NaN in C does not reach the result), as BLAS does;
