@@ -112,8 +112,8 @@ fn bench_newton_schulz(c: &mut Criterion) {
     g.finish();
 }
 
-/// The orthogonalizer comparison group (ndarray f32): NS5, a generated Polar Express schedule
-/// and AOL + Turbo-Muon ×4 at the tall shapes of the models and a square one.
+/// The orthogonalizer comparison group (ndarray f32): NS5, a generated Polar Express schedule,
+/// AOL + Turbo-Muon ×4 and AOL + the short schedule at the tall shapes of the models and a square one.
 const ORTHO: &str = "linalg/orthogonalizers";
 
 /// The shapes of the orthogonalizer comparison: 384×1536, 768×3072 (tall MLP factors) and 768².

@@ -67,7 +67,7 @@
 use std::sync::Arc;
 
 use kappa_linalg::input::{check_length, check_shape, shape_str, InputError};
-use kappa_linalg::product::{mat_mul, mat_mul_into, sequential};
+use kappa_linalg::product::{mat_mul, mat_mul_into, sequential, PARALLEL_MIN_MULS};
 use kappa_linalg::{commutation_matrix, kron, unvec, Real};
 use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, Zip};
 use rayon::prelude::*;
@@ -393,12 +393,14 @@ impl<A: Real> Forward<A> {
     ///
     /// **Threads.** Rows i of gS, of the softmax backward, of Y_Q and of Y_V need only rows i of
     /// G and of gS and columns i of P, and rows i of Y_K only columns i of gS: from
-    /// [`VJP_SPLIT_MIN_MULS`] up the rows are done in two halves on two rayon tasks (gS, its
-    /// softmax backward, Y_Q and Y_V; then, once gS is whole, Y_K), and the last product is
-    /// faer's, threaded by itself. Each entry is the same sum in the same order either way.
+    /// [`PARALLEL_MIN_MULS`] multiply–adds per N×N×k product up, on a pool of two or more
+    /// threads, the rows are done in two halves on two rayon tasks (gS, its softmax backward,
+    /// Y_Q and Y_V; then, once gS is whole, Y_K), and Xᵀ Y in two halves of its columns. Each
+    /// entry is the same sum in the same order either way (the product module splits results,
+    /// not sums; tested for the VJP).
     fn vjp_weights_unchecked(&self, g: ArrayView2<'_, A>) -> [Array2<A>; 3] {
         let (n, d, k) = self.dims();
-        let big = n.saturating_mul(n).saturating_mul(k) >= VJP_SPLIT_MIN_MULS;
+        let big = n.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_MULS;
         let w = if big && rayon::current_num_threads() > 1 {
             // One entry into the pool for the whole VJP: from a thread outside it, each entry
             // is a hand-off of ≈ 10–20 µs (measured), the joins inside a worker are not.
@@ -415,9 +417,8 @@ impl<A: Real> Forward<A> {
         [block(0), block(1), block(2)]
     }
 
-    /// Xᵀ Y of [`Forward::vjp_weights_unchecked`] with the rows of gS and Y in two halves on
-    /// two rayon tasks (each task's products on its own thread), then the last product on faer's
-    /// threads.
+    /// Xᵀ Y of [`Forward::vjp_weights_unchecked`] with the rows of gS and Y, then the columns
+    /// of Xᵀ Y, in two halves on two rayon tasks (each task's products on its own thread).
     fn vjp_weights_split(&self, g: ArrayView2<'_, A>) -> Array2<A> {
         let (n, _, k) = self.dims();
         let half = n / 2;
@@ -438,12 +439,12 @@ impl<A: Real> Forward<A> {
         // result scaled 1.4× on two threads when measured).
         let mut w = Array2::<A>::zeros((self.x.ncols(), 3 * k));
         let cols = 3 * k / 2;
-        let (w_left, w_right) = w.view_mut().split_at(Axis(1), cols);
+        let (mut w_left, mut w_right) = w.view_mut().split_at(Axis(1), cols);
         let xt = self.x.t();
         let (y_left, y_right) = (y.slice(s![.., ..cols]), y.slice(s![.., cols..]));
         rayon::join(
-            || sequential(|| mat_mul_into(A::one(), &xt, &y_left, A::zero(), &mut { w_left })),
-            || sequential(|| mat_mul_into(A::one(), &xt, &y_right, A::zero(), &mut { w_right })),
+            || sequential(|| mat_mul_into(A::one(), &xt, &y_left, A::zero(), &mut w_left)),
+            || sequential(|| mat_mul_into(A::one(), &xt, &y_right, A::zero(), &mut w_right)),
         );
         w
     }
@@ -605,11 +606,6 @@ impl<A: Real> Forward<A> {
 // ---------------------------------------------------------------------------------------------
 // The dense weight Jacobian: its factors, the parallel fill, and the workspace
 // ---------------------------------------------------------------------------------------------
-
-/// From this many multiply–adds in one N×N×k product (N²k) the weight VJP splits its rows
-/// between two rayon tasks; below, a task hand-off costs more than half the work (2²⁰: the
-/// split pays at N = 197, k = 64, not at N = 64, k = 16).
-const VJP_SPLIT_MIN_MULS: usize = 1 << 20;
 
 /// Below this many entries of J the fill runs on the calling thread: splitting it costs more
 /// than it saves. (The entries are the same products either way.)

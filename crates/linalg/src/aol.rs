@@ -93,14 +93,13 @@ impl NsSchedule {
             normalization: 1.0,
         })
     }
-}
 
-impl NsSchedule {
     /// kappa's short AOL schedule: the Polar Express generator's [`AOL_SHORT_STEPS`] = 3
     /// degree-5 steps for σ(D·X) ∈ [[`AOL_SHORT_LOWER`], 1] = [0.03, 1], with no safety factor
     /// (s = 1: ‖D·X‖₂ ≤ 1 is exact, not an estimate). Meant for [`aol_newton_schulz`]: one step
     /// fewer than Turbo-Muon's 4 and two fewer than Muon's quintic ×5, with a higher descent
-    /// quality than both on every input measured (module docs, "A short schedule").
+    /// quality than the quintic on every input measured and than Turbo ×4 on all but tall
+    /// Gaussians (module docs, "A short schedule").
     ///
     /// Errors: none for these constants; the generator's errors otherwise
     /// ([`PolarExpressSpec::design`]).
