@@ -17,13 +17,13 @@
 //! without forming W + λ I_k: X (W + λ E) = X W + λ X[:, offset..offset + k].
 
 use kappa_linalg::input::{check_matrix, check_positive, check_shape, shape_str, InputError};
-use kappa_linalg::product::mat_mul;
+use kappa_linalg::product::{mat_mul_into, sequential, PARALLEL_MIN_MULS};
 use kappa_linalg::Real;
-use ndarray::{s, Array2, ArrayView2};
+use ndarray::{s, Array2, ArrayView2, ArrayViewMut2, Axis};
 
 use crate::correction::{Correction, IdentityShift, SvdCorrection};
 use crate::error::{check_computed, AttentionError, Result};
-use crate::softmax::softmax_unchecked;
+use crate::softmax::softmax_in_place;
 
 /// The score scale s in S = X W_Q W_Kᵀ Xᵀ / s.
 ///
@@ -268,21 +268,53 @@ impl<A: Real> SelfAttention<A> {
             )
             .into());
         }
-        let s = self.score_divisor();
-        let q = self.project(x, 0, &self.wq);
-        let kk = self.project(x, 1, &self.wk);
-        let v = self.project(x, 2, &self.wv);
+        let (n, s) = (x.nrows(), self.score_divisor());
+        let weights = self.effective_weights();
+        let [mut q, mut kk, mut v, mut output] = [(); 4].map(|_| Array2::<A>::zeros((n, k)));
+        let mut scores = Array2::<A>::zeros((n, n));
+        let mut p = Array2::<A>::zeros((n, n));
+        let out = AttendOut {
+            scores: scores.view_mut(),
+            p: p.view_mut(),
+            output: output.view_mut(),
+        };
+        let causal = self.options.causal;
+        let big = n.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN_MULS;
+        if big && rayon::current_num_threads() > 1 {
+            // Rows in two halves on two rayon tasks, each task's products on its own thread,
+            // in one entry into the pool (as the weight VJP): Q, K and V by rows of X, then,
+            // with K and V whole, the scores, P and the output by rows of Q. Every entry is the
+            // same sum in the same order as on one thread.
+            let half = n / 2;
+            rayon::scope(|_| {
+                let (x_top, x_bottom) = x.split_at(Axis(0), half);
+                let [(q_top, q_bottom), (k_top, k_bottom), (v_top, v_bottom)] =
+                    [&mut q, &mut kk, &mut v].map(|a| a.view_mut().split_at(Axis(0), half));
+                rayon::join(
+                    || sequential(|| self.project_rows(x_top, &weights, [q_top, k_top, v_top])),
+                    || {
+                        let rows = [q_bottom, k_bottom, v_bottom];
+                        sequential(|| self.project_rows(x_bottom, &weights, rows))
+                    },
+                );
+                let kv = (kk.view(), v.view());
+                let (q_top, q_bottom) = q.view().split_at(Axis(0), half);
+                let (out_top, out_bottom) = out.split_at(half);
+                rayon::join(
+                    || sequential(|| attend_rows(q_top, 0, kv, s, causal, out_top)),
+                    || sequential(|| attend_rows(q_bottom, half, kv, s, causal, out_bottom)),
+                );
+            });
+        } else {
+            self.project_rows(x, &weights, [q.view_mut(), kk.view_mut(), v.view_mut()]);
+            attend_rows(q.view(), 0, (kk.view(), v.view()), s, causal, out);
+        }
         check_computed("x", &q.view(), "the queries Q = X W_Q")?;
         check_computed("x", &kk.view(), "the keys K = X W_K")?;
         check_computed("x", &v.view(), "the values V = X W_V")?;
-        let mut scores = mat_mul(&q, &kk.t());
-        scores.mapv_inplace(|e| e / s);
         check_computed("x", &scores.view(), "the scores Q Kᵀ/s")?;
-        let p = softmax_unchecked(scores.view(), self.options.causal);
-        let output = mat_mul(&p, &v);
         check_computed("x", &output.view(), "the output P V")?;
-        let [wq, wk, wv] = self.effective_weights();
-        debug_assert_eq!(q.dim(), (x.nrows(), k));
+        let [wq, wk, wv] = weights;
         Ok(Forward {
             x: x.to_owned(),
             wq,
@@ -295,26 +327,97 @@ impl<A: Real> SelfAttention<A> {
             p,
             output,
             s,
-            causal: self.options.causal,
+            causal,
         })
     }
 
-    /// X W_• (+ the correction), without materializing W + λ I_k for the identity shift.
-    fn project(&self, x: ArrayView2<'_, A>, which: usize, w: &Array2<A>) -> Array2<A> {
+    /// Rows of Q, K and V: X_rows W_• (+ the correction), into `out`.
+    fn project_rows(
+        &self,
+        x: ArrayView2<'_, A>,
+        effective: &[Array2<A>; 3],
+        out: [ArrayViewMut2<'_, A>; 3],
+    ) {
+        for (which, out) in out.into_iter().enumerate() {
+            self.project_into(x, which, &effective[which], out);
+        }
+    }
+
+    /// X W_• (+ the correction) into `out`, without materializing W + λ I_k for the identity
+    /// shift; `effective` is W_• + C_• (the product for the SVD correction).
+    fn project_into(
+        &self,
+        x: ArrayView2<'_, A>,
+        which: usize,
+        effective: &Array2<A>,
+        mut out: ArrayViewMut2<'_, A>,
+    ) {
+        let (one, zero) = (A::one(), A::zero());
+        let w = [&self.wq, &self.wk, &self.wv][which];
         match &self.correction {
-            Correction::None => mat_mul(&x, w),
+            Correction::None => mat_mul_into(one, &x, w, zero, &mut out),
             Correction::Shift(shift) => {
                 // `with_identity_shift` checked offset + k ≤ D.
                 let k = w.ncols();
                 let lambda = A::from_f64_lossy(shift.lambda());
-                let mut out = mat_mul(&x, w);
+                mat_mul_into(one, &x, w, zero, &mut out);
                 let off = shift.offset();
                 out.scaled_add(lambda, &x.slice(s![.., off..off + k]));
-                out
             }
-            Correction::Svd(_) => mat_mul(&x, &self.correction.apply(which, w)),
+            Correction::Svd(_) => mat_mul_into(one, &x, effective, zero, &mut out),
         }
     }
+}
+
+/// The rows of the scores, P and the output that one call of [`attend_rows`] writes.
+struct AttendOut<'a, A> {
+    scores: ArrayViewMut2<'a, A>,
+    p: ArrayViewMut2<'a, A>,
+    output: ArrayViewMut2<'a, A>,
+}
+
+impl<'a, A> AttendOut<'a, A> {
+    /// Rows [0, mid) and [mid, N).
+    fn split_at(self, mid: usize) -> (Self, Self) {
+        let (scores, p, output) = (
+            self.scores.split_at(Axis(0), mid),
+            self.p.split_at(Axis(0), mid),
+            self.output.split_at(Axis(0), mid),
+        );
+        let top = AttendOut {
+            scores: scores.0,
+            p: p.0,
+            output: output.0,
+        };
+        let bottom = AttendOut {
+            scores: scores.1,
+            p: p.1,
+            output: output.1,
+        };
+        (top, bottom)
+    }
+}
+
+/// For rows `q` of Q (row `first_row` first, for the causal mask) and K, V whole: the scores
+/// S = Q Kᵀ/s, P = their row softmax and the output A = P V.
+fn attend_rows<A: Real>(
+    q: ArrayView2<'_, A>,
+    first_row: usize,
+    (k, v): (ArrayView2<'_, A>, ArrayView2<'_, A>),
+    s: A,
+    causal: bool,
+    out: AttendOut<'_, A>,
+) {
+    let AttendOut {
+        mut scores,
+        mut p,
+        mut output,
+    } = out;
+    mat_mul_into(A::one(), &q, &k.t(), A::zero(), &mut scores);
+    scores.mapv_inplace(|e| e / s);
+    p.assign(&scores);
+    softmax_in_place(p.view_mut(), first_row, causal);
+    mat_mul_into(A::one(), &p, &v, A::zero(), &mut output);
 }
 
 /// A(X) = softmax(X W_Q W_Kᵀ Xᵀ / s) X W_V for one head, without keeping the forward cache.

@@ -72,7 +72,7 @@ pub(crate) fn check_computed<A: Real>(
     a: &ArrayView2<'_, A>,
     what: &str,
 ) -> Result<()> {
-    if a.iter().all(|x| x.is_finite()) {
+    if kappa_linalg::input::all_finite(a) {
         return Ok(());
     }
     Err(AttentionError::Overflow {

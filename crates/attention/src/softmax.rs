@@ -19,9 +19,10 @@
 //!
 //! The matrix-free product needs no N⁴ storage: dP = P ⊙ (dS − (P ⊙ dS) 1 1ᵀ), O(N²).
 
+use kappa_linalg::exp::exp_in_place;
 use kappa_linalg::input::{check_matrix, check_shape, shape_str, InputError};
 use kappa_linalg::{conditioning_from_singular_values, singular_values, Real, SvdDriver};
-use ndarray::{Array1, Array2, ArrayView2, Axis};
+use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2, Axis};
 
 use crate::error::{check_dense, check_probabilities, AttentionError, Result};
 use crate::scale::linear;
@@ -49,36 +50,52 @@ pub fn softmax_rows<A: Real>(scores: ArrayView2<'_, A>, causal: bool) -> Result<
     Ok(softmax_unchecked(scores, causal))
 }
 
-/// exp through `num_traits::Float` only (`Real` also brings `ndarray_linalg::Scalar::exp`).
-fn fexp<F: ndarray::NdFloat>(x: F) -> F {
-    x.exp()
+pub(crate) fn softmax_unchecked<A: Real>(scores: ArrayView2<'_, A>, causal: bool) -> Array2<A> {
+    let mut p = Array2::<A>::zeros(scores.dim());
+    p.assign(&scores);
+    softmax_in_place(p.view_mut(), 0, causal);
+    p
 }
 
-pub(crate) fn softmax_unchecked<A: Real>(scores: ArrayView2<'_, A>, causal: bool) -> Array2<A> {
-    let mut p = scores.to_owned();
+/// The row softmax of `p` in place, its first row being row `first_row` of the whole matrix
+/// (for the causal mask, which keeps entries j ≤ i of row i). Row by row: the largest live
+/// entry m, then e^(s − m) of the live entries on the CPU's vector units ([`exp_in_place`]:
+/// below 1.13 ulp, the same bits on every CPU), their sum in column order, and each divided by
+/// it; masked entries are set to 0.
+pub(crate) fn softmax_in_place<A: Real>(
+    mut p: ArrayViewMut2<'_, A>,
+    first_row: usize,
+    causal: bool,
+) {
     for (i, mut row) in p.axis_iter_mut(Axis(0)).enumerate() {
         let len = if causal {
-            (i + 1).min(row.len())
+            (first_row + i + 1).min(row.len())
         } else {
             row.len()
         };
-        let max = row
-            .iter()
-            .take(len)
-            .fold(A::neg_infinity(), |m, &x| m.max(x));
-        let mut sum = A::zero();
-        for (j, x) in row.iter_mut().enumerate() {
-            if j < len {
-                *x = fexp(*x - max);
-                sum += *x;
-            } else {
-                *x = A::zero();
+        match row.as_slice_mut() {
+            Some(slice) => softmax_row(slice, len),
+            None => {
+                let mut copy = row.to_vec();
+                softmax_row(&mut copy, len);
+                row.assign(&ndarray::ArrayView1::from(&copy));
             }
         }
-        // sum ≥ 1 (the largest entry maps to exp(0) = 1), so the division is safe.
-        row.mapv_inplace(|x| x / sum);
     }
-    p
+}
+
+/// The softmax of `row[..len]` in place, and 0 in `row[len..]`.
+fn softmax_row<A: Real>(row: &mut [A], len: usize) {
+    let (live, masked) = row.split_at_mut(len);
+    let max = live
+        .iter()
+        .fold(A::neg_infinity(), |m, &x| if x > m { x } else { m });
+    live.iter_mut().for_each(|x| *x -= max);
+    exp_in_place(live);
+    // sum ≥ 1 (the largest entry maps to exp(0) = 1), so the division is safe.
+    let sum = live.iter().fold(A::zero(), |acc, &x| acc + x);
+    live.iter_mut().for_each(|x| *x /= sum);
+    masked.fill(A::zero());
 }
 
 /// The matrix-free softmax derivative: dP = Λ dS row by row, dP[i, :] = J_i dS[i, :],

@@ -1830,10 +1830,27 @@ fn vjp_within_the_direct_formula(
     Ok(())
 }
 
-/// From N²k ≥ 2²⁰, in a pool of two or more threads, the weight VJP splits its rows between two
-/// rayon tasks (and the last product's columns): every entry is still the same sum in the same
-/// order, so the result equals the one-thread pool's bit for bit, and both are within the
-/// direct formula's bound. Uneven halves (odd N), causal and scaled scores included.
+/// Every array of two forward passes, bit for bit.
+fn assert_same_forward(a: &kappa_attention::Forward<f64>, b: &kappa_attention::Forward<f64>) {
+    let arrays = |f: &kappa_attention::Forward<f64>| {
+        [
+            f.queries(),
+            f.keys(),
+            f.values(),
+            f.scores(),
+            f.attention_matrix(),
+            f.output(),
+        ]
+        .map(|a| a.to_owned())
+    };
+    assert_eq!(arrays(a), arrays(b));
+}
+
+/// From N²k ≥ 2²⁰, in a pool of two or more threads, the forward pass and the weight VJP split
+/// their rows between two rayon tasks (and the VJP's last product's columns): every entry is
+/// still the same sum in the same order, so the results equal the one-thread pool's bit for
+/// bit, and the VJP is within the direct formula's bound. Uneven halves (odd N), causal and
+/// scaled scores included; the forward pass also with both corrections.
 #[test]
 fn the_split_weight_vjp_equals_the_one_thread_vjp() {
     let pool = |t| {
@@ -1847,15 +1864,31 @@ fn the_split_weight_vjp_equals_the_one_thread_vjp() {
         (136, 24, 64, false),
         (137, 20, 64, true),
         (200, 9, 32, false),
+        (129, 70, 64, true),
     ] {
         assert!(n * n * k >= 1 << 20, "the split path");
         let inst = instance(n, d, k, 41, 0.7, options(true, causal));
-        let fwd = inst.head.forward(inst.x.view()).unwrap();
+        let fwd = two.install(|| inst.head.forward(inst.x.view()).unwrap());
+        let fwd_whole = one.install(|| inst.head.forward(inst.x.view()).unwrap());
+        assert_same_forward(&fwd, &fwd_whole);
         let g = gaussian(&mut ChaCha8Rng::seed_from_u64(42), n, k, 1.0);
         let split = two.install(|| fwd.vjp_weights(g.view()).unwrap());
         let whole = one.install(|| fwd.vjp_weights(g.view()).unwrap());
         assert_eq!(split.to_vec(), whole.to_vec(), "{n}×{d}×{k}");
         vjp_within_the_direct_formula(&fwd, &g, &split).unwrap();
+        if d < k {
+            continue; // the corrections need D ≥ k
+        }
+        let shifted = inst
+            .head
+            .clone()
+            .with_identity_shift(IdentityShift::new(0.5).unwrap())
+            .unwrap();
+        for head in [shifted, inst.head.clone().with_svd_correction().unwrap()] {
+            let split = two.install(|| head.forward(inst.x.view()).unwrap());
+            let whole = one.install(|| head.forward(inst.x.view()).unwrap());
+            assert_same_forward(&split, &whole);
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 //! | [`polar_express`](mod@polar_express) | [`PolarExpressSpec`], [`polar_express_schedule`], [`PolarExpressDesign`] (the greedy minimax schedule generator with its predicted error bands), [`POLAR_EXPRESS_CUSHION`] |
 //! | [`aol`] | [`aol_newton_schulz`] (Turbo-Muon: AOL rescaling D·X in place of ‖X‖_F, then a schedule; computes msign(D·X)), [`aol_gram_newton_schulz`] (the same as Gram Newton–Schulz), [`NsSchedule::turbo_muon`], [`TURBO_MUON_COEFFICIENTS`], [`NsSchedule::aol_short`] (3 designed steps) |
 //! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
+//! | [`exp`](mod@exp) | [`exp::exp_in_place`] (e^x of a slice on the CPU's vector units, < 1.13 ulp, the same bits on every CPU) |
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
 //! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback) |
 //! | `mkl` (with `tch`, Linux) | `mkl_dispatch` (the code path libtorch's MKL takes), `mkl_intel_path!` (a binary's opt-in to MKL's feature-based kernels on AMD CPUs) |
@@ -56,6 +57,7 @@ pub mod batched;
 pub mod blas;
 pub mod cond;
 pub mod error;
+pub mod exp;
 pub mod gram_newton_schulz;
 pub mod input;
 pub mod iterative;

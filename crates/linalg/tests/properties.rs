@@ -6,6 +6,7 @@ mod properties {
     pub mod bad_input;
     pub mod common;
     pub mod cond;
+    pub mod exp;
     pub mod gram_newton_schulz;
     pub mod iterative;
     pub mod kron;
