@@ -413,8 +413,9 @@ fn attend_rows<A: Real>(
         mut p,
         mut output,
     } = out;
-    mat_mul_into(A::one(), &q, &k.t(), A::zero(), &mut scores);
-    scores.mapv_inplace(|e| e / s);
+    // 1/s as the product's α: no pass of divisions (the same bits as Q Kᵀ/s when s is a power
+    // of two, as √k for k = 4, 16, 64, 256).
+    mat_mul_into(A::one() / s, &q, &k.t(), A::zero(), &mut scores);
     p.assign(&scores);
     softmax_in_place(p.view_mut(), first_row, causal);
     mat_mul_into(A::one(), &p, &v, A::zero(), &mut output);

@@ -22,7 +22,7 @@ use crate::error::{check_computed, Result};
 
 /// The largest |entry| of `a`, in f64 (exact for f32 and f64).
 pub(crate) fn max_abs<A: Real>(a: &ArrayView2<'_, A>) -> f64 {
-    a.iter().fold(0.0f64, |m, x| m.max(x.to_f64_lossy().abs()))
+    kappa_linalg::scalar::max_abs_entry(a)
 }
 
 /// The half-width L of the band [2^{-L}, 2^L] of largest entries that need no scaling: a

@@ -60,8 +60,9 @@ pub(crate) fn softmax_unchecked<A: Real>(scores: ArrayView2<'_, A>, causal: bool
 /// The row softmax of `p` in place, its first row being row `first_row` of the whole matrix
 /// (for the causal mask, which keeps entries j ≤ i of row i). Row by row: the largest live
 /// entry m, then e^(s − m) of the live entries on the CPU's vector units ([`exp_in_place`]:
-/// below 1.13 ulp, the same bits on every CPU), their sum in column order, and each divided by
-/// it; masked entries are set to 0.
+/// below 1.13 ulp, the same bits on every CPU), their sum (in eight lanes, a fixed order), and
+/// each multiplied by the sum's reciprocal (as PyTorch's CPU softmax does); masked entries are
+/// set to 0.
 pub(crate) fn softmax_in_place<A: Real>(
     mut p: ArrayViewMut2<'_, A>,
     first_row: usize,
@@ -87,15 +88,28 @@ pub(crate) fn softmax_in_place<A: Real>(
 /// The softmax of `row[..len]` in place, and 0 in `row[len..]`.
 fn softmax_row<A: Real>(row: &mut [A], len: usize) {
     let (live, masked) = row.split_at_mut(len);
-    let max = live
-        .iter()
-        .fold(A::neg_infinity(), |m, &x| if x > m { x } else { m });
+    let max = fold_in_lanes(live, A::neg_infinity(), |m, x| if x > m { x } else { m });
     live.iter_mut().for_each(|x| *x -= max);
     exp_in_place(live);
-    // sum ≥ 1 (the largest entry maps to exp(0) = 1), so the division is safe.
-    let sum = live.iter().fold(A::zero(), |acc, &x| acc + x);
-    live.iter_mut().for_each(|x| *x /= sum);
+    // sum ≥ 1 (the largest entry maps to exp(0) = 1), so its reciprocal is finite.
+    let inv_sum = A::one() / fold_in_lanes(live, A::zero(), |acc, x| acc + x);
+    live.iter_mut().for_each(|x| *x *= inv_sum);
     masked.fill(A::zero());
+}
+
+/// `f` folded over `x` in eight lanes (lane l takes the entries j ≡ l mod 8, in order), then
+/// the lanes and the tail in order: a fixed order, whatever the CPU, that the vector units run
+/// in parallel (a single running fold waits on each step's latency).
+fn fold_in_lanes<A: Real>(x: &[A], init: A, f: impl Fn(A, A) -> A) -> A {
+    let mut lanes = [init; 8];
+    let mut chunks = x.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = f(*lane, v);
+        }
+    }
+    let tail = chunks.remainder().iter().fold(init, |acc, &v| f(acc, v));
+    lanes.iter().fold(tail, |acc, &l| f(acc, l))
 }
 
 /// The matrix-free softmax derivative: dP = Λ dS row by row, dP[i, :] = J_i dS[i, :],

@@ -18,6 +18,7 @@
 //! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
 //! | [`exp`](mod@exp) | [`exp::exp_in_place`] (e^x of a slice on the CPU's vector units, < 1.13 ulp, the same bits on every CPU) |
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
+//! | [`threads`] | [`threads::pinned_pool_builder`] (a rayon pool whose workers stay on their own CPUs; opt-in) |
 //! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback) |
 //! | `mkl` (with `tch`, Linux) | `mkl_dispatch` (the code path libtorch's MKL takes), `mkl_intel_path!` (a binary's opt-in to MKL's feature-based kernels on AMD CPUs) |
 //!
@@ -75,6 +76,7 @@ pub mod svd;
 pub mod syrk;
 #[cfg(feature = "tch")]
 pub mod tch_backend;
+pub mod threads;
 
 pub use aol::{
     aol_gram_newton_schulz, aol_newton_schulz, AOL_SHORT_LOWER, AOL_SHORT_STEPS,
