@@ -18,7 +18,9 @@
 //! * `KAPPA_BENCH_SECONDS` — criterion measurement time per function (default 5).
 //! * `KAPPA_BENCH_CRITERION` — `0` skips the criterion part (the paired ratios still run).
 //! * `KAPPA_BENCH_JAC_PAIRS` — alternating (kappa, jacrev) rounds per shape (default 5; a
-//!   jacrev Jacobian at the large shape takes tens of seconds).
+//!   jacrev Jacobian at the large shape takes tens of seconds; 0 skips them).
+//! * `KAPPA_BENCH_PIN` — `1` runs kappa on a rayon pool whose workers stay on their own CPUs
+//!   ([`kappa_linalg::threads::pinned_pool_builder`]; default unpinned, as rayon's own pool).
 //! * `KAPPA_BENCH_VJP_PAIRS` — alternating (kappa, autograd) VJP rounds (default 40, each of
 //!   `KAPPA_BENCH_VJP_REPS` = 20 calls per side).
 //! * `KAPPA_PYTHON` — the Python with torch that runs `benches/reference/jacobian_reference.py`
@@ -497,7 +499,7 @@ fn paired_vjp(inp: &Inputs, rounds: usize, reps: usize, threads: usize) -> (Roun
 }
 
 fn paired(threads: usize) {
-    let jac_rounds = env_usize("KAPPA_BENCH_JAC_PAIRS", 5).max(1);
+    let jac_rounds = env_usize("KAPPA_BENCH_JAC_PAIRS", 5);
     let vjp_rounds = env_usize("KAPPA_BENCH_VJP_PAIRS", 40).max(1);
     let reps = env_usize("KAPPA_BENCH_VJP_REPS", 20).max(1);
     println!(
@@ -510,6 +512,9 @@ fn paired(threads: usize) {
         let (vjp, fb) = paired_vjp(&inp, vjp_rounds, reps, threads);
         println!("{p}: kappa VJP / autograd backward:            {vjp}  (goal ≤ 1.0)");
         println!("{p}: kappa forward+VJP / forward+backward:     {fb}");
+        if jac_rounds == 0 {
+            continue;
+        }
         match paired_jacobian(&inp, threads, jac_rounds) {
             Ok((fresh, ws)) => {
                 println!("{p}: jacrev / kappa Jacobian, fresh result:   {fresh}  (goal ≥ 20)");
@@ -543,6 +548,15 @@ fn main() {
         }
     }
     let threads = configure_threads();
+    if env_usize("KAPPA_BENCH_PIN", 0) != 0 {
+        kappa_linalg::threads::pinned_pool_builder(threads)
+            .build_global()
+            .expect("the pinned rayon pool");
+        eprintln!(
+            "kappa's rayon workers pinned to CPUs {:?}",
+            kappa_linalg::threads::allowed_cpus()
+        );
+    }
     if env_usize("KAPPA_BENCH_CRITERION", 1) != 0 {
         let seconds: u64 = std::env::var("KAPPA_BENCH_SECONDS")
             .ok()

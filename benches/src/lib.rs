@@ -20,12 +20,13 @@ pub const F32_SHAPES: [(usize, usize); 5] =
 /// The f64 shapes (rows, cols).
 pub const F64_SHAPES: [(usize, usize); 3] = [(256, 256), (1024, 1024), (4096, 256)];
 
-/// Reads `KAPPA_BENCH_THREADS` (1 or 2; default 1), makes OpenBLAS and libtorch use that many
-/// threads, and returns it.
+/// Reads `KAPPA_BENCH_THREADS` (1 or 2; default 1), makes OpenBLAS, rayon (kappa's products) and
+/// libtorch use that many threads, and returns it.
 ///
-/// OpenBLAS reads `OPENBLAS_NUM_THREADS` once, when the library is loaded, so when that variable
-/// does not already hold the requested count the benchmark re-executes itself with it set (and
-/// `OMP_NUM_THREADS` for libtorch's OpenMP pool) and exits with the child's status.
+/// OpenBLAS reads `OPENBLAS_NUM_THREADS` once, when the library is loaded, and rayon its
+/// `RAYON_NUM_THREADS` when its global pool starts, so when either variable does not already hold
+/// the requested count the benchmark re-executes itself with both set (and `OMP_NUM_THREADS` for
+/// libtorch's OpenMP pool) and exits with the child's status.
 pub fn configure_threads() -> usize {
     RUN_START.get_or_init(SystemTime::now);
     let threads = match std::env::var("KAPPA_BENCH_THREADS").ok().as_deref() {
@@ -37,13 +38,15 @@ pub fn configure_threads() -> usize {
         }
     };
     let want = threads.to_string();
-    let has = std::env::var("OPENBLAS_NUM_THREADS").ok();
-    if has.as_deref() != Some(want.as_str()) {
+    let has = |var| std::env::var(var).ok();
+    let set = |var| has(var).as_deref() == Some(want.as_str());
+    if !set("OPENBLAS_NUM_THREADS") || !set("RAYON_NUM_THREADS") {
         let exe = std::env::current_exe().expect("the benchmark's own path");
         let status = Command::new(exe)
             .args(std::env::args_os().skip(1))
             .env("OPENBLAS_NUM_THREADS", &want)
             .env("OMP_NUM_THREADS", &want)
+            .env("RAYON_NUM_THREADS", &want)
             .env("KAPPA_BENCH_THREADS", &want)
             .status()
             .expect("re-executing the benchmark with OPENBLAS_NUM_THREADS set");
