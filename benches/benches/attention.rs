@@ -19,8 +19,9 @@
 //! * `KAPPA_BENCH_CRITERION` — `0` skips the criterion part (the paired ratios still run).
 //! * `KAPPA_BENCH_JAC_PAIRS` — alternating (kappa, jacrev) rounds per shape (default 5; a
 //!   jacrev Jacobian at the large shape takes tens of seconds; 0 skips them).
-//! * `KAPPA_BENCH_PIN` — `1` runs kappa on a rayon pool whose workers stay on their own CPUs
-//!   ([`kappa_linalg::threads::pinned_pool_builder`]; default unpinned, as rayon's own pool).
+//! * `KAPPA_PIN_THREADS` — `0` leaves kappa's rayon workers unpinned, `1` pins them (default:
+//!   pinned when there is one per CPU, as in kappa's binaries;
+//!   [`kappa_linalg::threads::init_global_pool`]).
 //! * `KAPPA_BENCH_VJP_PAIRS` — alternating (kappa, autograd) VJP rounds (default 40, each of
 //!   `KAPPA_BENCH_VJP_REPS` = 20 calls per side).
 //! * `KAPPA_PYTHON` — the Python with torch that runs `benches/reference/jacobian_reference.py`
@@ -548,15 +549,6 @@ fn main() {
         }
     }
     let threads = configure_threads();
-    if env_usize("KAPPA_BENCH_PIN", 0) != 0 {
-        kappa_linalg::threads::pinned_pool_builder(threads)
-            .build_global()
-            .expect("the pinned rayon pool");
-        eprintln!(
-            "kappa's rayon workers pinned to CPUs {:?}",
-            kappa_linalg::threads::allowed_cpus()
-        );
-    }
     if env_usize("KAPPA_BENCH_CRITERION", 1) != 0 {
         let seconds: u64 = std::env::var("KAPPA_BENCH_SECONDS")
             .ok()

@@ -21,7 +21,9 @@ pub const F32_SHAPES: [(usize, usize); 5] =
 pub const F64_SHAPES: [(usize, usize); 3] = [(256, 256), (1024, 1024), (4096, 256)];
 
 /// Reads `KAPPA_BENCH_THREADS` (1 or 2; default 1), makes OpenBLAS, rayon (kappa's products) and
-/// libtorch use that many threads, and returns it.
+/// libtorch use that many threads, and returns it. Rayon's pool is set up as in kappa's binaries
+/// (`kappa_linalg::threads::init_global_pool`: pinned when it has a worker per CPU;
+/// `KAPPA_PIN_THREADS` overrides).
 ///
 /// OpenBLAS reads `OPENBLAS_NUM_THREADS` once, when the library is loaded, and rayon its
 /// `RAYON_NUM_THREADS` when its global pool starts, so when either variable does not already hold
@@ -53,6 +55,13 @@ pub fn configure_threads() -> usize {
         std::process::exit(status.code().unwrap_or(1));
     }
     tch::set_num_threads(threads as i32);
+    // kappa's products on rayon's global pool as kappa's binaries set it up (pinned when it has
+    // a worker per CPU; `KAPPA_PIN_THREADS=0` or `1` overrides).
+    let pinning = kappa_linalg::threads::Pinning::from_env();
+    if let Err(e) = kappa_linalg::threads::init_global_pool(threads, pinning) {
+        eprintln!("rayon's global pool was already set up: {e}");
+    }
+    eprintln!("{}", kappa_linalg::threads::global_pool_description());
     threads
 }
 

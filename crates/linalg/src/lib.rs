@@ -59,6 +59,7 @@ pub mod blas;
 pub mod cond;
 pub mod error;
 pub mod exp;
+mod exp_element;
 pub mod gram_newton_schulz;
 pub mod input;
 pub mod iterative;

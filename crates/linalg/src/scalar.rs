@@ -21,7 +21,7 @@ pub trait Real:
     + sealed::Sealed
     + crate::syrk::SyrkElement
     + crate::product_element::ProductElement
-    + crate::exp::ExpElement
+    + crate::exp_element::ExpElement
 {
     /// Machine epsilon of the type: 2⁻²³ for `f32`, 2⁻⁵² for `f64`.
     const EPS: f64;

@@ -1,4 +1,5 @@
-//! Rayon pools whose workers each stay on one CPU: [`pinned_pool_builder`].
+//! Rayon pools whose workers each stay on one CPU: [`pinned_pool_builder`], and rayon's global
+//! pool set up the way kappa's binaries set it up: [`init_global_pool`].
 //!
 //! kappa's threaded kernels (the products of [`crate::product`], kappa-attention's split forward
 //! pass and weight VJP) hand work to rayon's workers a few times per call. After the process has
@@ -11,8 +12,11 @@
 //! loop) and after 150 ms of a busy main thread; 0.29 ms again after 200 calls. With the
 //! workers pinned, 0.30–0.34 ms in every pattern.
 //!
-//! Pinning is opt-in: two processes that each pin their workers to the first CPUs they may use
-//! share those cores. A pool from [`pinned_pool_builder`] pins worker i to the i-th CPU of the
+//! Pinning is a choice: two processes that each pin their workers to the first CPUs they may
+//! use share those cores, and a pinned worker cannot leave a CPU that another process keeps
+//! busy. [`Pinning::Auto`], what kappa's binaries use, pins only a pool with one worker per CPU
+//! the process may use (and more than one): then every CPU has its worker whatever the others
+//! do, and a second such process shares each CPU evenly rather than some. A pool from [`pinned_pool_builder`] pins worker i to the i-th CPU of the
 //! calling thread's affinity mask (the process's, which a cluster's scheduler sets to the job's
 //! CPUs, unless the thread was restricted further), cycling when there are more workers than
 //! CPUs. Elsewhere than Linux it builds an unpinned pool.
@@ -25,6 +29,85 @@
 
 // The affinity calls are FFI; each states its contract.
 #![allow(unsafe_code)]
+
+/// Whether [`init_global_pool`] pins the workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Pinning {
+    /// Pin when the pool has one worker per CPU the process may use, and more than one.
+    #[default]
+    Auto,
+    /// Always pin (worker i on the i-th allowed CPU, cycling).
+    Always,
+    /// Never pin (rayon's own behaviour).
+    Never,
+}
+
+impl Pinning {
+    /// Whether a pool of `workers` is pinned where the process may use `cpus` CPUs (0: unknown).
+    fn pins(self, workers: usize, cpus: usize) -> bool {
+        match self {
+            Pinning::Auto => workers > 1 && workers == cpus,
+            Pinning::Always => cpus > 0,
+            Pinning::Never => false,
+        }
+    }
+
+    /// Reads `KAPPA_PIN_THREADS` (`1` always, `0` never, anything else or unset: auto), the
+    /// switch kappa's binaries and benchmarks offer.
+    pub fn from_env() -> Self {
+        match std::env::var("KAPPA_PIN_THREADS").as_deref() {
+            Ok("1") => Pinning::Always,
+            Ok("0") => Pinning::Never,
+            _ => Pinning::Auto,
+        }
+    }
+}
+
+/// Builds rayon's global pool with `threads` workers (0: rayon's own count, from
+/// `RAYON_NUM_THREADS` or the number of CPUs), pinned as `pinning` says, and returns whether
+/// it pinned them.
+///
+/// Errors: rayon's, when the global pool already exists (it starts on first use) or its
+/// threads cannot be started.
+pub fn init_global_pool(
+    threads: usize,
+    pinning: Pinning,
+) -> Result<bool, rayon::ThreadPoolBuildError> {
+    let count = match threads {
+        0 => std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &usize| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        n => n,
+    };
+    let pin = pinning.pins(count, allowed_cpus().len());
+    let builder = if pin {
+        pinned_pool_builder(count)
+    } else {
+        rayon::ThreadPoolBuilder::new().num_threads(count)
+    };
+    builder.build_global()?;
+    // Only the first successful build reaches here, so the cell is empty.
+    let _ = GLOBAL_POOL_PINNED.set(pin);
+    Ok(pin)
+}
+
+/// Set by [`init_global_pool`].
+static GLOBAL_POOL_PINNED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// rayon's global pool in words, for a run's records: its worker count and whether
+/// [`init_global_pool`] pinned them, e.g. `rayon: 2 workers, pinned` (starts the pool with
+/// rayon's defaults if nothing has yet).
+pub fn global_pool_description() -> String {
+    let workers = rayon::current_num_threads();
+    let how = match GLOBAL_POOL_PINNED.get() {
+        Some(true) => "pinned",
+        Some(false) => "not pinned",
+        None => "not pinned (rayon's defaults)",
+    };
+    format!("rayon: {workers} workers, {how}")
+}
 
 /// A rayon pool builder of `threads` workers, worker i pinned to the i-th CPU the process may
 /// run on (module docs). Finish it with `build()` or `build_global()`; a worker whose pinning
@@ -83,6 +166,20 @@ fn pin_current_thread(cpu: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_pins_only_a_pool_with_a_worker_per_cpu() {
+        for (workers, cpus, auto) in [(2, 2, true), (8, 8, true), (1, 1, false), (1, 2, false)] {
+            assert_eq!(
+                Pinning::Auto.pins(workers, cpus),
+                auto,
+                "{workers} on {cpus}"
+            );
+        }
+        assert!(!Pinning::Auto.pins(3, 2) && !Pinning::Auto.pins(2, 0));
+        assert!(Pinning::Always.pins(1, 4) && !Pinning::Always.pins(2, 0));
+        assert!(!Pinning::Never.pins(2, 2));
+    }
 
     #[test]
     fn workers_run_on_their_own_cpus() {

@@ -79,7 +79,8 @@ pub struct RunInfo {
     /// The BLAS kernels the run's process used: OpenBLAS's ([`kappa_linalg::blas_report`]) and,
     /// on Linux, the code path of libtorch's MKL (`kappa_linalg::mkl::mkl_dispatch`), e.g.
     /// `OpenBLAS 0.3.21 … Haswell, kernel Haswell; CPU level Avx512; libtorch MKL: non-Intel
-    /// CPU, Intel code path (vendor check answered by this binary)`.
+    /// CPU, Intel code path (vendor check answered by this binary); rayon: 2 workers, pinned` (the
+    /// last part: `kappa_linalg::threads::global_pool_description`).
     #[serde(default)]
     pub blas: String,
 }
@@ -87,10 +88,11 @@ pub struct RunInfo {
 /// [`RunInfo::blas`] for this process.
 fn blas_description() -> String {
     let openblas = kappa_linalg::blas_report();
+    let rayon = kappa_linalg::threads::global_pool_description();
     #[cfg(target_os = "linux")]
-    return format!("{openblas}; {}", kappa_linalg::mkl::mkl_dispatch());
+    return format!("{openblas}; {}; {rayon}", kappa_linalg::mkl::mkl_dispatch());
     #[cfg(not(target_os = "linux"))]
-    return openblas.to_string();
+    return format!("{openblas}; {rayon}");
 }
 
 fn is_zero(n: &u32) -> bool {
