@@ -13,13 +13,15 @@
 //! workers pinned, 0.30–0.34 ms in every pattern.
 //!
 //! Pinning is a choice: two processes that each pin their workers to the first CPUs they may
-//! use share those cores, and a pinned worker cannot leave a CPU that another process keeps
-//! busy. [`Pinning::Auto`], what kappa's binaries use, pins only a pool with one worker per CPU
-//! the process may use (and more than one): then every CPU has its worker whatever the others
-//! do, and a second such process shares each CPU evenly rather than some. A pool from [`pinned_pool_builder`] pins worker i to the i-th CPU of the
-//! calling thread's affinity mask (the process's, which a cluster's scheduler sets to the job's
-//! CPUs, unless the thread was restricted further), cycling when there are more workers than
-//! CPUs. Elsewhere than Linux it builds an unpinned pool.
+//! use share those cores while others idle, and a pinned worker cannot leave a CPU that another
+//! process keeps busy. [`Pinning::Auto`], what kappa's binaries use, pins only a pool with one
+//! worker per CPU the process may use (and more than one): then every CPU has its worker, and
+//! two such processes share every CPU alike.
+//!
+//! A pool from [`pinned_pool_builder`] pins worker i to the i-th CPU of the calling thread's
+//! affinity mask (the process's, which a cluster's scheduler sets to the job's CPUs, unless the
+//! thread was restricted further), cycling when there are more workers than CPUs. Elsewhere
+//! than Linux it builds an unpinned pool.
 //!
 //! ```
 //! let pool = kappa_linalg::threads::pinned_pool_builder(2).build().unwrap();
