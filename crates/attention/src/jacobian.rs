@@ -68,6 +68,7 @@ use std::sync::Arc;
 
 use kappa_linalg::input::{check_length, check_shape, shape_str, InputError};
 use kappa_linalg::product::{mat_mul, mat_mul_into, sequential, PARALLEL_MIN_MULS};
+use kappa_linalg::threads::Pinning;
 use kappa_linalg::{commutation_matrix, kron, unvec, Real};
 use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, Zip};
 use rayon::prelude::*;
@@ -910,7 +911,8 @@ impl<A: Real> JacobianWorkspace<A> {
 
     /// An empty workspace that fills with `threads` threads: 0 for rayon's current pool (as
     /// [`JacobianWorkspace::new`]), 1 for the calling thread only, n ≥ 2 for a pool of n
-    /// threads owned by the workspace. The thread count changes only the time, never a bit of
+    /// threads owned by the workspace (pinned to their own CPUs when n is the number of CPUs the
+    /// process may use: `kappa_linalg::threads::Pinning::Auto`). The thread count changes only the time, never a bit of
     /// the result.
     ///
     /// Errors: [`InputError::InvalidArgument`] (argument `threads`) when the
@@ -920,8 +922,8 @@ impl<A: Real> JacobianWorkspace<A> {
             0 => Threads::Current,
             1 => Threads::Serial,
             t => Threads::Pool(Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(t)
+                kappa_linalg::threads::pool_builder(t, Pinning::Auto)
+                    .0
                     .build()
                     .map_err(|e| {
                         InputError::invalid("threads", format!("could not start {t} threads: {e}"))

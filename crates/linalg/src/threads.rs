@@ -83,16 +83,22 @@ pub fn init_global_pool(
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         n => n,
     };
-    let pin = pinning.pins(count, allowed_cpus().len());
-    let builder = if pin {
-        pinned_pool_builder(count)
-    } else {
-        rayon::ThreadPoolBuilder::new().num_threads(count)
-    };
+    let (builder, pin) = pool_builder(count, pinning);
     builder.build_global()?;
     // Only the first successful build reaches here, so the cell is empty.
     let _ = GLOBAL_POOL_PINNED.set(pin);
     Ok(pin)
+}
+
+/// A rayon pool builder of `threads` workers (at least one), pinned as `pinning` says, and
+/// whether it pins: for a pool of one's own, as [`init_global_pool`] sets up the global one.
+pub fn pool_builder(threads: usize, pinning: Pinning) -> (rayon::ThreadPoolBuilder, bool) {
+    let threads = threads.max(1);
+    if pinning.pins(threads, allowed_cpus().len()) {
+        (pinned_pool_builder(threads), true)
+    } else {
+        (rayon::ThreadPoolBuilder::new().num_threads(threads), false)
+    }
 }
 
 /// Set by [`init_global_pool`].
