@@ -21,6 +21,7 @@
 
 use kappa_linalg::exp::exp_in_place;
 use kappa_linalg::input::{check_matrix, check_shape, shape_str, InputError};
+use kappa_linalg::scalar::fold_in_lanes;
 use kappa_linalg::{conditioning_from_singular_values, singular_values, Real, SvdDriver};
 use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2, Axis};
 
@@ -88,28 +89,15 @@ pub(crate) fn softmax_in_place<A: Real>(
 /// The softmax of `row[..len]` in place, and 0 in `row[len..]`.
 fn softmax_row<A: Real>(row: &mut [A], len: usize) {
     let (live, masked) = row.split_at_mut(len);
-    let max = fold_in_lanes(live, A::neg_infinity(), |m, x| if x > m { x } else { m });
+    let larger = |m: A, x: A| if x > m { x } else { m };
+    let max = fold_in_lanes(live, A::neg_infinity(), larger, larger);
     live.iter_mut().for_each(|x| *x -= max);
     exp_in_place(live);
     // sum ≥ 1 (the largest entry maps to exp(0) = 1), so its reciprocal is finite.
-    let inv_sum = A::one() / fold_in_lanes(live, A::zero(), |acc, x| acc + x);
+    let sum = |acc: A, x: A| acc + x;
+    let inv_sum = A::one() / fold_in_lanes(live, A::zero(), sum, sum);
     live.iter_mut().for_each(|x| *x *= inv_sum);
     masked.fill(A::zero());
-}
-
-/// `f` folded over `x` in eight lanes (lane l takes the entries j ≡ l mod 8, in order), then
-/// the lanes and the tail in order: a fixed order, whatever the CPU, that the vector units run
-/// in parallel (a single running fold waits on each step's latency).
-fn fold_in_lanes<A: Real>(x: &[A], init: A, f: impl Fn(A, A) -> A) -> A {
-    let mut lanes = [init; 8];
-    let mut chunks = x.chunks_exact(8);
-    for chunk in &mut chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane = f(*lane, v);
-        }
-    }
-    let tail = chunks.remainder().iter().fold(init, |acc, &v| f(acc, v));
-    lanes.iter().fold(tail, |acc, &l| f(acc, l))
 }
 
 /// The matrix-free softmax derivative: dP = Λ dS row by row, dP[i, :] = J_i dS[i, :],

@@ -167,18 +167,8 @@ pub fn all_finite<A: Real>(a: &ArrayView2<'_, A>) -> bool {
     let Some(x) = a.as_slice_memory_order() else {
         return a.iter().all(|x| x.is_finite());
     };
-    let mut lanes = [A::zero(); 8];
-    let mut chunks = x.chunks_exact(8);
-    for chunk in &mut chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += v * A::zero();
-        }
-    }
-    let tail = chunks
-        .remainder()
-        .iter()
-        .fold(A::zero(), |t, &v| t + v * A::zero());
-    lanes.iter().fold(tail, |t, &l| t + l) == A::zero()
+    let zero = A::zero();
+    crate::scalar::fold_in_lanes(x, zero, |acc, v| acc + v * zero, |acc, l| acc + l) == zero
 }
 
 /// Checks that a matrix is non-empty and finite.
