@@ -912,8 +912,8 @@ impl<A: Real> JacobianWorkspace<A> {
     /// An empty workspace that fills with `threads` threads: 0 for rayon's current pool (as
     /// [`JacobianWorkspace::new`]), 1 for the calling thread only, n ≥ 2 for a pool of n
     /// threads owned by the workspace (pinned to their own CPUs when n is the number of CPUs the
-    /// process may use: `kappa_linalg::threads::Pinning::Auto`). The thread count changes only the time, never a bit of
-    /// the result.
+    /// process may use: `kappa_linalg::threads::Pinning::Auto`). The thread count changes only
+    /// the time, never a bit of the result.
     ///
     /// Errors: [`InputError::InvalidArgument`] (argument `threads`) when the
     /// operating system refuses to start the pool's threads.

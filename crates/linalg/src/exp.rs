@@ -1,8 +1,9 @@
 //! e^x of every element of a slice, on the CPU's vector units: [`exp_in_place`].
 //!
 //! A softmax over an N×N score matrix is N² exponentials; one scalar call to the platform's
-//! `exp` per element (≈ 10 ns on a 2026 server core) made them the larger part of an attention
-//! forward pass at N = 197. This loop runs 2–8 elements per instruction.
+//! `exp` per element (≈ 3.5 ns each, measured on an AMD EPYC Zen 5) made them the larger part of
+//! an attention forward pass at N = 197. This loop runs 2–8 elements per instruction (38 809
+//! values in 39–47 µs there, against 135–138 µs element by element).
 //!
 //! # Method
 //!

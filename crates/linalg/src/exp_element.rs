@@ -146,3 +146,61 @@ mod element {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loop's name and the loop.
+    type Loop<T> = (&'static str, fn(&mut [T]));
+
+    /// Each loop this CPU can run — portable, and AVX2 and AVX-512 where present — gives the
+    /// scalar kernel's bits (the module's claim that the vector width changes nothing); the
+    /// integration test covers only the loop the dispatch picks.
+    #[test]
+    fn every_loop_gives_the_scalar_bits() {
+        let x64: Vec<f64> = (0..1000)
+            .map(|i| (i as f64 * 0.7539).sin() * 760.0)
+            .chain([
+                f64::NAN,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                0.0,
+                -0.0,
+                709.79,
+            ])
+            .collect();
+        let x32: Vec<f32> = x64.iter().map(|&v| v as f32).collect();
+        let want64: Vec<u64> = x64.iter().map(|&v| exp_f64(v).to_bits()).collect();
+        let want32: Vec<u32> = x32
+            .iter()
+            .map(|&v| (exp_f64(f64::from(v)) as f32).to_bits())
+            .collect();
+        let mut loops64: Vec<Loop<f64>> = vec![("portable", exp_f64_loop)];
+        let mut loops32: Vec<Loop<f32>> = vec![("portable", exp_f32_loop)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY (both closures): called only where the CPU has the feature (checked here).
+            if std::arch::is_x86_feature_detected!("avx2") {
+                loops64.push(("avx2", |x| unsafe { x86::f64_avx2(x) }));
+                loops32.push(("avx2", |x| unsafe { x86::f32_avx2(x) }));
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                loops64.push(("avx512", |x| unsafe { x86::f64_avx512(x) }));
+                loops32.push(("avx512", |x| unsafe { x86::f32_avx512(x) }));
+            }
+        }
+        for (name, run) in loops64 {
+            let mut y = x64.clone();
+            run(&mut y);
+            let got: Vec<u64> = y.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want64, "f64 {name}");
+        }
+        for (name, run) in loops32 {
+            let mut y = x32.clone();
+            run(&mut y);
+            let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want32, "f32 {name}");
+        }
+    }
+}
