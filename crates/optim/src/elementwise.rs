@@ -1,6 +1,7 @@
 //! The entrywise and row-wise operations of Muon's variants, on both backends: the row mean
-//! squares and row scaling of NorMuon ([`crate::NorMuon`]) and the sign-masked decay of cautious
-//! weight decay ([`crate::MuonConfig::cautious_weight_decay`]).
+//! squares and row scaling of NorMuon ([`crate::NorMuon`]), the sign-masked decay of cautious
+//! weight decay ([`crate::MuonConfig::cautious_weight_decay`]), and momentum's recursion in one
+//! pass where a backend has it ([`crate::Momentum`]; CPU f32 tensors, `crate::fused`).
 //!
 //! They are a supertrait of [`WorkingPrecision`](crate::WorkingPrecision), so every matrix Muon
 //! steps has them: `ndarray::Array2<f32 | f64>` (loops in f64, one rounding per stored entry)
@@ -11,6 +12,7 @@
 use kappa_linalg::Matrix;
 
 use crate::error::Result;
+use crate::momentum::Momentum;
 
 /// Row-wise and masked entrywise operations (module docs).
 pub trait Elementwise: Matrix {
@@ -23,6 +25,20 @@ pub trait Elementwise: Matrix {
     /// Multiplies, in place, every entry w_ij with w_ij·u_ij ≥ 0 by `factor` and leaves the
     /// others: W ← W ⊙ (1 − (1 − factor)·𝟙[W ⊙ U ≥ 0]). `update` must have `self`'s shape.
     fn masked_decay(&mut self, update: &Self, factor: f64) -> Result<()>;
+
+    /// `momentum`'s recursion with gradient `self` and `buffer` (`None`: zero before the first
+    /// step) in one pass over the entries: `Some((new buffer, Nesterov input U or None))`, bit
+    /// for bit what the `Matrix` trait's operations give, where this backend has such a pass for
+    /// these operands; `None` (the default) where it does not, and the caller computes it
+    /// operation by operation. The caller has checked shapes and finiteness.
+    fn momentum_in_one_pass(
+        &self,
+        buffer: Option<&Self>,
+        momentum: &Momentum,
+    ) -> Option<(Self, Option<Self>)> {
+        let _ = (buffer, momentum);
+        None
+    }
 }
 
 /// Checks that `s` has one entry per row of an m-row matrix.
@@ -128,6 +144,14 @@ mod tch_impl {
                 .map_err(libtorch("update"))?;
             let _ = self.f_mul_(&f).map_err(libtorch("update"))?;
             Ok(())
+        }
+
+        fn momentum_in_one_pass(
+            &self,
+            buffer: Option<&Self>,
+            momentum: &Momentum,
+        ) -> Option<(Self, Option<Self>)> {
+            crate::fused::momentum(self, buffer, momentum)
         }
     }
 }

@@ -1,7 +1,15 @@
 //! One-pass kernels over the raw f32 data of contiguous CPU tensors (the `tch` feature), for the
-//! two memory-bound parts of a training step that libtorch runs as chains of whole-tensor
+//! memory-bound parts of a training step that libtorch runs as chains of whole-tensor
 //! operations:
 //!
+//! * Muon's momentum (`Momentum`'s recursion, run through
+//!   [`Elementwise::momentum_in_one_pass`](crate::Elementwise::momentum_in_one_pass)): the
+//!   operation-by-operation form copies g, scales it, copies it again and adds twice (Keller's
+//!   EMA-Nesterov: 5 libtorch calls, 12 passes); this kernel reads g and B once and writes the new
+//!   B and U once: 4 passes. It rounds as libtorch's AVX2 and AVX-512 kernels do — the factor to
+//!   f32, w_g·g once, each a + β·b once (their `addcmul_` compiles to a fused multiply-add) — on
+//!   every CPU: libtorch's own result depends on the kernel it dispatches to (its generic kernel,
+//!   `ATEN_CPU_CAPABILITY=default`, rounds β·b and the sum separately).
 //! * the AdamW update ([`AdamWKernel::Fused`](crate::AdamWKernel::Fused), run by
 //!   [`AdamW::step_tensors`](crate::AdamW::step_tensors)). libtorch's op-by-op form (PyTorch's
 //!   default on the CPU, its single-tensor loop) makes about 20 passes over parameter-sized
@@ -31,6 +39,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::adamw::AdamWScalars;
+use crate::momentum::Momentum;
 
 /// Elements per work unit (and per partial sum of [`sum_of_squares`]).
 pub const CHUNK: usize = 1 << 14;
@@ -38,6 +47,11 @@ pub const CHUNK: usize = 1 << 14;
 pub const LANES: usize = 8;
 /// Below this many elements in total a call runs on the calling thread only.
 const PARALLEL_MIN: usize = 1 << 17;
+/// The same for the momentum pass, called once per matrix (or bank) and step: starting threads
+/// costs more than they save below this size (measured at 384², 1.5·10⁵ entries: 0.3 → 0.7–0.9 ms
+/// of work outside msign per two-thread step with threads started; one 4-pass sweep there takes
+/// about 0.1 ms).
+const MOMENTUM_PARALLEL_MIN: usize = 1 << 21;
 
 /// One element of AdamW, in f64 from f32 inputs, each stored value rounded once (the formulas of
 /// [`AdamWScalars::moments`] and [`AdamWScalars::param`]); p is updated with the stored (rounded)
@@ -194,9 +208,9 @@ fn run_parallel<T: Send>(mut lists: Vec<Vec<T>>, work: impl Fn(Vec<T>) + Sync) {
     });
 }
 
-/// Workers for `total` elements: libtorch's intra-op thread count, 1 for small calls.
-fn workers(total: usize) -> usize {
-    if total < PARALLEL_MIN {
+/// Workers for `total` elements: libtorch's intra-op thread count, 1 for calls below `min`.
+fn workers_from(total: usize, min: usize) -> usize {
+    if total < min {
         1
     } else {
         usize::try_from(tch::get_num_threads()).unwrap_or(1).max(1)
@@ -262,13 +276,158 @@ pub(crate) fn adamw_on(items: &[AdamWItem<'_>], threads: Option<usize>) -> Optio
         }
     }
     let total = runs.iter().map(|(n, _)| n).sum();
-    let lists = split_work(runs, threads.unwrap_or_else(|| workers(total)));
+    let lists = split_work(
+        runs,
+        threads.unwrap_or_else(|| workers_from(total, PARALLEL_MIN)),
+    );
     run_parallel(lists, |list| {
         for (p, g, m, v, c) in list {
             adamw_slices(p, g, m, v, &c);
         }
     });
     Some(())
+}
+
+/// Momentum's factors, as libtorch applies them to f32 tensors on its AVX2 and AVX-512 kernels:
+/// `mul_` by a scalar rounds the factor to f32 and the product once; `Matrix::axpy`'s `addcmul_`
+/// with a 0-d f32 factor compiles to a fused multiply-add (one rounding of a + β·b).
+#[derive(Clone, Copy)]
+struct MomentumScalars {
+    /// w_g rounded to f32; `None` for w_g = 1 (the SGD form skips the scaling).
+    grad_weight: Option<f32>,
+    beta: f32,
+}
+
+impl MomentumScalars {
+    /// t = fl(w_g·g), the buffer's first term and Nesterov's.
+    #[inline(always)]
+    fn weighted(&self, g: f32) -> f32 {
+        self.grad_weight.map_or(g, |w| g * w)
+    }
+
+    /// fl(a + β·b), one rounding (`f32::mul_add`: the same value on every CPU).
+    #[inline(always)]
+    fn plus_beta_times(&self, a: f32, b: f32) -> f32 {
+        b.mul_add(self.beta, a)
+    }
+}
+
+/// One work unit of [`momentum`]: the gradient and old buffer read, the new buffer and
+/// Nesterov's input written.
+type MomentumUnit<'a> = (
+    &'a [f32],
+    Option<&'a [f32]>,
+    &'a mut [f32],
+    Option<&'a mut [f32]>,
+);
+
+/// One unit on the widest fused multiply-add this CPU has: `mul_add` inlines to one instruction
+/// with the FMA extension and is a library call without it (the same value either way).
+#[allow(unsafe_code)]
+fn momentum_unit(c: &MomentumScalars, unit: MomentumUnit<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above), the only requirement of a
+        // `target_feature(enable = "avx2,fma")` function.
+        return unsafe { momentum_unit_fma(c, unit) };
+    }
+    momentum_unit_portable(c, unit);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn momentum_unit_fma(c: &MomentumScalars, unit: MomentumUnit<'_>) {
+    momentum_unit_portable(c, unit);
+}
+
+/// B_new = t + β·B (t alone before the first step), U = t + β·B_new.
+#[inline(always)]
+fn momentum_unit_portable(c: &MomentumScalars, (g, old, buf, u): MomentumUnit<'_>) {
+    match old {
+        Some(old) => {
+            for ((b, &g), &o) in buf.iter_mut().zip(g).zip(old) {
+                *b = c.plus_beta_times(c.weighted(g), o);
+            }
+        }
+        None => {
+            for (b, &g) in buf.iter_mut().zip(g) {
+                *b = c.weighted(g);
+            }
+        }
+    }
+    if let Some(u) = u {
+        for ((u, &g), &b) in u.iter_mut().zip(g).zip(buf.iter()) {
+            *u = c.plus_beta_times(c.weighted(g), b);
+        }
+    }
+}
+
+/// `momentum`'s recursion on a CPU f32 gradient (and buffer) in one pass per chunk (module
+/// docs): `Some((new buffer, Nesterov input))` in new contiguous tensors, or `None` when an
+/// operand is not eligible (then the caller runs the operations). t = fl(w_g·g) is computed
+/// again for U instead of stored: the same rounding, no third buffer.
+#[allow(unsafe_code)]
+pub(crate) fn momentum(
+    grad: &Tensor,
+    buffer: Option<&Tensor>,
+    momentum: &Momentum,
+) -> Option<(Tensor, Option<Tensor>)> {
+    let n = grad.numel();
+    if !eligible(grad) || buffer.is_some_and(|b| !eligible(b) || b.numel() != n) {
+        return None;
+    }
+    let w_g = momentum.grad_weight();
+    let c = MomentumScalars {
+        grad_weight: (w_g != 1.0).then_some(w_g as f32),
+        beta: momentum.beta as f32,
+    };
+    let fresh = || Tensor::f_empty(grad.size(), (Kind::Float, Device::Cpu)).ok();
+    let buf = fresh()?;
+    let u = if momentum.nesterov {
+        Some(fresh()?)
+    } else {
+        None
+    };
+    if n > 0 {
+        // SAFETY: `grad` and `buffer` are defined, contiguous CPU f32 tensors of n elements
+        // (checked above), alive and not written while the caller borrows them; `buf` and `u`
+        // were just allocated here as contiguous CPU f32 tensors of n elements, so their data is
+        // aligned, disjoint from every other range of this call and from each other, and
+        // nothing else refers to it until this function returns them.
+        let (g, old, b, u) = unsafe {
+            (
+                std::slice::from_raw_parts(grad.data_ptr().cast::<f32>(), n),
+                buffer.map(|b| std::slice::from_raw_parts(b.data_ptr().cast::<f32>(), n)),
+                std::slice::from_raw_parts_mut(buf.data_ptr().cast::<f32>(), n),
+                u.as_ref()
+                    .map(|u| std::slice::from_raw_parts_mut(u.data_ptr().cast::<f32>(), n)),
+            )
+        };
+        let mut olds = old.map(|o| o.chunks(CHUNK));
+        let mut us = u.map(|u| u.chunks_mut(CHUNK));
+        let units: Vec<(usize, MomentumUnit<'_>)> = g
+            .chunks(CHUNK)
+            .zip(b.chunks_mut(CHUNK))
+            .map(|(g, b)| {
+                let unit = (
+                    g,
+                    olds.as_mut().and_then(Iterator::next),
+                    b,
+                    us.as_mut().and_then(Iterator::next),
+                );
+                (g.len(), unit)
+            })
+            .collect();
+        run_parallel(
+            split_work(units, workers_from(n, MOMENTUM_PARALLEL_MIN)),
+            |list| {
+                for unit in list {
+                    momentum_unit(&c, unit);
+                }
+            },
+        );
+    }
+    Some((buf, u))
 }
 
 /// Σ g² over every element of `tensors`, in f64; `None` when some tensor is not eligible (not a
@@ -309,11 +468,14 @@ pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
             .zip(partial.iter_mut())
             .map(|(c, s)| (c.len(), (*c, s)))
             .collect();
-        run_parallel(split_work(units, workers(total)), |list| {
-            for (c, s) in list {
-                *s = chunk_sum_of_squares(c);
-            }
-        });
+        run_parallel(
+            split_work(units, workers_from(total, PARALLEL_MIN)),
+            |list| {
+                for (c, s) in list {
+                    *s = chunk_sum_of_squares(c);
+                }
+            },
+        );
     }
     Some(partial.iter().sum())
 }

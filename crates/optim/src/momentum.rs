@@ -16,6 +16,7 @@
 use kappa_linalg::input::InputError;
 use serde::{Deserialize, Serialize};
 
+use crate::elementwise::Elementwise;
 use crate::error::{check_range, from_linalg, Result};
 use kappa_linalg::Matrix;
 
@@ -98,11 +99,18 @@ impl Momentum {
             }
             b.validate("buffer").map_err(from_linalg)?;
         }
-        self.advance_unchecked(buffer, grad)
+        let (buf, u) = self.advance_by_operations(buffer, grad)?;
+        Ok(match u {
+            Some(u) => (buf, u),
+            None => {
+                let u = buf.duplicate()?;
+                (buf, u)
+            }
+        })
     }
 
     /// The weight of g in both recursions: 1 − β (EMA) or 1 (SGD).
-    fn grad_weight(&self) -> f64 {
+    pub(crate) fn grad_weight(&self) -> f64 {
         match self.kind {
             MomentumKind::Ema => 1.0 - self.beta,
             MomentumKind::Sgd => 1.0,
@@ -110,7 +118,7 @@ impl Momentum {
     }
 
     /// [`Momentum::advance`] on inputs the caller has checked.
-    pub(crate) fn advance_unchecked<M: Matrix>(
+    pub(crate) fn advance_unchecked<M: Elementwise>(
         &self,
         buffer: Option<&M>,
         grad: &M,
@@ -124,20 +132,33 @@ impl Momentum {
     }
 
     /// The lean form of [`Momentum::advance`] on checked inputs: the new buffer and, with
+    /// Nesterov, the input U (`None`: U is the new buffer itself, no copy) — in one pass over the
+    /// entries where the backend has one ([`Elementwise::momentum_in_one_pass`]: CPU f32
+    /// tensors, reading g and B and writing B and U, 4 passes and 2 allocations), else by
+    /// [`Momentum::advance_by_operations`]. The same values bit for bit either way.
+    pub(crate) fn advance_lean<M: Elementwise>(
+        &self,
+        buffer: Option<&M>,
+        grad: &M,
+    ) -> Result<(M, Option<M>)> {
+        if let Some(done) = grad.momentum_in_one_pass(buffer, self) {
+            return Ok(done);
+        }
+        self.advance_by_operations(buffer, grad)
+    }
+
+    /// [`Momentum::advance_lean`] by the `Matrix` trait's operations: the new buffer and, with
     /// Nesterov, the input U (`None`: U is the new buffer itself, no copy). Bit for bit the
     /// values of the recursion in the module docs, each entry rounded as
     /// fl(fl(w_g·g) + fl(β·B)) and fl(fl(w_g·g) + fl(β·B_new)).
     ///
-    /// With N the entries of g, one pass reads or writes N values, and `axpy` on tch is a
-    /// scaled temporary plus an add (5 passes): t = w_g·g is formed once (a copy, 2 passes, and a
-    /// scaling, 2 more, skipped for the SGD form's w_g = 1); the buffer is t + β·B in new
-    /// storage (a copy of t and an axpy, 7); Nesterov's U reuses t (an axpy, 5). The paper's
-    /// SGD-Nesterov form: 14 passes, 2 allocations of the result size (before: 18 passes, 4);
-    /// Keller's EMA-Nesterov: 16 (before 18); plain momentum: 9 or 7 (before 11). The old buffer
-    /// is not overwritten, so a step that fails later (msign of an overflowed U) leaves the
-    /// state as it was; overwriting it in place would save an allocation but no pass with the
-    /// `Matrix` trait's operations.
-    pub(crate) fn advance_lean<M: Matrix>(
+    /// With N the entries of g, one pass reads or writes N values: t = w_g·g is formed once (a
+    /// copy, 2 passes, and a scaling, 2 more, skipped for the SGD form's w_g = 1); the buffer is
+    /// t + β·B in new storage (a copy of t and an `axpy`); Nesterov's U reuses t (an `axpy`).
+    /// With a 3-pass `axpy` (CPU tensors) Keller's EMA-Nesterov form takes 12 passes and 5
+    /// library calls, 2 allocations of the result size. The old buffer is not overwritten, so a
+    /// step that fails later (msign of an overflowed U) leaves the state as it was.
+    pub(crate) fn advance_by_operations<M: Matrix>(
         &self,
         buffer: Option<&M>,
         grad: &M,

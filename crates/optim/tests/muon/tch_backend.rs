@@ -431,3 +431,122 @@ fn oblique_bad_tensors_are_typed_errors() {
         "{r:?}"
     );
 }
+
+/// Entries of a CPU f32 tensor.
+fn f32_entries(t: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(&t.flatten(0, -1)).expect("f32 tensor")
+}
+
+/// The momentum recursion entry by entry, rounded as the one-pass form documents (libtorch's
+/// AVX2/AVX-512 rounding): the factors rounded to f32, t = fl(w_g·g), every a + β·b one fused
+/// multiply-add. Returns (B_new, U) with U = B_new without Nesterov.
+fn momentum_reference(g: &[f32], old: Option<&[f32]>, m: &Momentum) -> (Vec<f32>, Vec<f32>) {
+    let beta = m.beta as f32;
+    let t = |g: f32| match m.kind {
+        MomentumKind::Ema => g * (1.0 - m.beta) as f32,
+        MomentumKind::Sgd => g,
+    };
+    let b: Vec<f32> = match old {
+        Some(old) => g
+            .iter()
+            .zip(old)
+            .map(|(&g, &o)| o.mul_add(beta, t(g)))
+            .collect(),
+        None => g.iter().map(|&g| t(g)).collect(),
+    };
+    let u = match m.nesterov {
+        true => g
+            .iter()
+            .zip(&b)
+            .map(|(&g, &b)| b.mul_add(beta, t(g)))
+            .collect(),
+        false => b.clone(),
+    };
+    (b, u)
+}
+
+/// The one-pass momentum of CPU f32 tensors (`Elementwise::momentum_in_one_pass`, the path every
+/// Muon step on them takes) gives, bit for bit, the recursion rounded as documented, for every
+/// form, with and without a buffer, on one and two threads, at sizes below a work unit, across
+/// several units (with a tail) and above the threshold of the parallel pass (2²¹ entries); entries span small, large and
+/// subnormal magnitudes and both signs of zero. Its U agrees with the operation-by-operation form
+/// (`Momentum::advance`, whose bits depend on the libtorch kernel the CPU gets: equal on AVX2 and
+/// AVX-512, each β·b rounded apart on the generic kernel) within the roundings that separate
+/// them: B_new differs by ≤ u(2|B_new| + β|B|) and U by ≤ 2u|U| + uβ|B_new| + β·(that), so
+/// |ΔU| ≤ u·(2|U| + β(3|B_new| + |B|)) to first order (×(1 + 4u) for the rest), u = 2⁻²⁴.
+#[test]
+fn one_pass_momentum_rounds_as_documented() {
+    let forms = [
+        Momentum::keller(),
+        Momentum::paper(),
+        Momentum::none(),
+        Momentum {
+            nesterov: false,
+            ..Momentum::keller()
+        },
+        Momentum {
+            beta: 0.9,
+            kind: MomentumKind::Ema,
+            nesterov: true,
+        },
+    ];
+    let threads = tch::get_num_threads();
+    for t in [1, 2] {
+        tch::set_num_threads(t);
+        for (seed, (m, n)) in [(1, 7), (33, 65), (130, 260), (401, 401), (1030, 2048)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut next_seed = 900 + 2 * seed as u64;
+            let mut draw = || {
+                next_seed += 1;
+                let a = gaussian(m, n, next_seed).mapv(|x| x * 10f64.powf(6.0 * x.tanh()));
+                let a = t32(&a);
+                // A subnormal, a large value and a negative zero in every matrix.
+                let _ = a.get(0).get(0).fill_(1e-41);
+                let _ = a.get(m as i64 - 1).get(n as i64 - 1).fill_(3e37);
+                let _ = a.get(0).get(n as i64 - 1).fill_(-0.0);
+                a
+            };
+            let (g, b) = (draw(), draw());
+            let (gv, bv) = (f32_entries(&g), f32_entries(&b));
+            for form in &forms {
+                for buffer in [None, Some(&b)] {
+                    let what = format!(
+                        "{form:?}, {m}×{n}, buffer {}, {t} thread(s)",
+                        buffer.is_some()
+                    );
+                    let (buf, u) = g
+                        .momentum_in_one_pass(buffer, form)
+                        .expect("CPU f32 tensors take the one-pass form");
+                    let u = u.unwrap_or_else(|| buf.shallow_clone());
+                    let (b_ref, u_ref) = momentum_reference(&gv, buffer.map(|_| &bv[..]), form);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&f32_entries(&buf)), bits(&b_ref), "buffer: {what}");
+                    assert_eq!(bits(&f32_entries(&u)), bits(&u_ref), "U: {what}");
+                    let (_, u_ops) = form.advance(buffer, &g).expect("advance");
+                    let unit = f64::from(f32::EPSILON) / 2.0;
+                    let old = |i: usize| buffer.map_or(0.0, |_| f64::from(bv[i].abs()));
+                    for (i, (&x, &y)) in
+                        f32_entries(&u).iter().zip(&f32_entries(&u_ops)).enumerate()
+                    {
+                        let (u_i, b_i) = (f64::from(u_ref[i].abs()), f64::from(b_ref[i].abs()));
+                        let first_order = 2.0 * u_i + form.beta * (3.0 * b_i + old(i));
+                        let bound = unit * first_order * (1.0 + 4.0 * unit);
+                        let d = (f64::from(x) - f64::from(y)).abs();
+                        assert!(d <= bound, "U[{i}] {x} vs operations {y}: {what}");
+                    }
+                }
+            }
+        }
+    }
+    tch::set_num_threads(threads);
+    // Operands the pass does not take: f64, a transposed view.
+    let g = t32(&gaussian(4, 6, 7));
+    let m = Momentum::keller();
+    assert!(g
+        .to_kind(Kind::Double)
+        .momentum_in_one_pass(None, &m)
+        .is_none());
+    assert!(g.tr().momentum_in_one_pass(None, &m).is_none());
+}
