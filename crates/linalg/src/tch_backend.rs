@@ -82,11 +82,15 @@ fn all_finite_in_place(t: &Tensor) -> Option<bool> {
     match t.kind() {
         Kind::Float => {
             let x = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f32>(), n) };
-            Some(crate::input::all_finite(&ArrayView2::from_shape((1, n), x).ok()?))
+            Some(crate::input::all_finite(
+                &ArrayView2::from_shape((1, n), x).ok()?,
+            ))
         }
         Kind::Double => {
             let x = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f64>(), n) };
-            Some(crate::input::all_finite(&ArrayView2::from_shape((1, n), x).ok()?))
+            Some(crate::input::all_finite(
+                &ArrayView2::from_shape((1, n), x).ok()?,
+            ))
         }
         _ => None,
     }
