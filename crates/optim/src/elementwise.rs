@@ -12,7 +12,6 @@
 use kappa_linalg::Matrix;
 
 use crate::error::Result;
-use crate::momentum::Momentum;
 
 /// Row-wise and masked entrywise operations (module docs).
 pub trait Elementwise: Matrix {
@@ -26,17 +25,19 @@ pub trait Elementwise: Matrix {
     /// others: W ← W ⊙ (1 − (1 − factor)·𝟙[W ⊙ U ≥ 0]). `update` must have `self`'s shape.
     fn masked_decay(&mut self, update: &Self, factor: f64) -> Result<()>;
 
-    /// `momentum`'s recursion with gradient `self` and `buffer` (`None`: zero before the first
-    /// step) in one pass over the entries: `Some((new buffer, Nesterov input U or None))`, bit
-    /// for bit what the `Matrix` trait's operations give, where this backend has such a pass for
-    /// these operands; `None` (the default) where it does not, and the caller computes it
-    /// operation by operation. The caller has checked shapes and finiteness.
+    /// Momentum's recursion ([`crate::Momentum`]) with gradient `self`, `buffer` (`None`: zero
+    /// before the first step), the gradient's weight w_g, β and Nesterov's flag, in one pass over
+    /// the entries: `Some((B ← w_g·g + β·B, U = w_g·g + β·B_new or None))` where this backend has
+    /// such a pass for these operands; `None` (the default) where it does not, and the caller
+    /// computes it operation by operation. The caller has checked shapes and finiteness.
     fn momentum_in_one_pass(
         &self,
         buffer: Option<&Self>,
-        momentum: &Momentum,
+        grad_weight: f64,
+        beta: f64,
+        nesterov: bool,
     ) -> Option<(Self, Option<Self>)> {
-        let _ = (buffer, momentum);
+        let _ = (buffer, grad_weight, beta, nesterov);
         None
     }
 }
@@ -149,9 +150,11 @@ mod tch_impl {
         fn momentum_in_one_pass(
             &self,
             buffer: Option<&Self>,
-            momentum: &Momentum,
+            grad_weight: f64,
+            beta: f64,
+            nesterov: bool,
         ) -> Option<(Self, Option<Self>)> {
-            crate::fused::momentum(self, buffer, momentum)
+            crate::fused::momentum(self, buffer, grad_weight, beta, nesterov)
         }
     }
 }

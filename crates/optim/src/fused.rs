@@ -39,7 +39,6 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::adamw::AdamWScalars;
-use crate::momentum::Momentum;
 
 /// Elements per work unit (and per partial sum of [`sum_of_squares`]).
 pub const CHUNK: usize = 1 << 14;
@@ -362,7 +361,7 @@ fn momentum_unit_portable(c: &MomentumScalars, (g, old, buf, u): MomentumUnit<'_
     }
 }
 
-/// `momentum`'s recursion on a CPU f32 gradient (and buffer) in one pass per chunk (module
+/// Momentum's recursion on a CPU f32 gradient (and buffer) in one pass per chunk (module
 /// docs): `Some((new buffer, Nesterov input))` in new contiguous tensors, or `None` when an
 /// operand is not eligible (then the caller runs the operations). t = fl(w_g·g) is computed
 /// again for U instead of stored: the same rounding, no third buffer.
@@ -370,24 +369,21 @@ fn momentum_unit_portable(c: &MomentumScalars, (g, old, buf, u): MomentumUnit<'_
 pub(crate) fn momentum(
     grad: &Tensor,
     buffer: Option<&Tensor>,
-    momentum: &Momentum,
+    grad_weight: f64,
+    beta: f64,
+    nesterov: bool,
 ) -> Option<(Tensor, Option<Tensor>)> {
     let n = grad.numel();
     if !eligible(grad) || buffer.is_some_and(|b| !eligible(b) || b.numel() != n) {
         return None;
     }
-    let w_g = momentum.grad_weight();
     let c = MomentumScalars {
-        grad_weight: (w_g != 1.0).then_some(w_g as f32),
-        beta: momentum.beta as f32,
+        grad_weight: (grad_weight != 1.0).then_some(grad_weight as f32),
+        beta: beta as f32,
     };
     let fresh = || Tensor::f_empty(grad.size(), (Kind::Float, Device::Cpu)).ok();
     let buf = fresh()?;
-    let u = if momentum.nesterov {
-        Some(fresh()?)
-    } else {
-        None
-    };
+    let u = if nesterov { Some(fresh()?) } else { None };
     if n > 0 {
         // SAFETY: `grad` and `buffer` are defined, contiguous CPU f32 tensors of n elements
         // (checked above), alive and not written while the caller borrows them; `buf` and `u`

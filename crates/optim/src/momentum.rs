@@ -110,7 +110,7 @@ impl Momentum {
     }
 
     /// The weight of g in both recursions: 1 − β (EMA) or 1 (SGD).
-    pub(crate) fn grad_weight(&self) -> f64 {
+    fn grad_weight(&self) -> f64 {
         match self.kind {
             MomentumKind::Ema => 1.0 - self.beta,
             MomentumKind::Sgd => 1.0,
@@ -141,7 +141,8 @@ impl Momentum {
         buffer: Option<&M>,
         grad: &M,
     ) -> Result<(M, Option<M>)> {
-        if let Some(done) = grad.momentum_in_one_pass(buffer, self) {
+        let (w_g, beta) = (self.grad_weight(), self.beta);
+        if let Some(done) = grad.momentum_in_one_pass(buffer, w_g, beta, self.nesterov) {
             return Ok(done);
         }
         self.advance_by_operations(buffer, grad)

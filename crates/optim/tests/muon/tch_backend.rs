@@ -465,6 +465,15 @@ fn momentum_reference(g: &[f32], old: Option<&[f32]>, m: &Momentum) -> (Vec<f32>
     (b, u)
 }
 
+/// `Elementwise::momentum_in_one_pass` with the factors of `m`.
+fn one_pass(g: &Tensor, buffer: Option<&Tensor>, m: &Momentum) -> Option<(Tensor, Option<Tensor>)> {
+    let grad_weight = match m.kind {
+        MomentumKind::Ema => 1.0 - m.beta,
+        MomentumKind::Sgd => 1.0,
+    };
+    g.momentum_in_one_pass(buffer, grad_weight, m.beta, m.nesterov)
+}
+
 /// The one-pass momentum of CPU f32 tensors (`Elementwise::momentum_in_one_pass`, the path every
 /// Muon step on them takes) gives, bit for bit, the recursion rounded as documented, for every
 /// form, with and without a buffer, on one and two threads, at sizes below a work unit, across
@@ -516,9 +525,8 @@ fn one_pass_momentum_rounds_as_documented() {
                         "{form:?}, {m}×{n}, buffer {}, {t} thread(s)",
                         buffer.is_some()
                     );
-                    let (buf, u) = g
-                        .momentum_in_one_pass(buffer, form)
-                        .expect("CPU f32 tensors take the one-pass form");
+                    let (buf, u) =
+                        one_pass(&g, buffer, form).expect("CPU f32 tensors take the one-pass form");
                     let u = u.unwrap_or_else(|| buf.shallow_clone());
                     let (b_ref, u_ref) = momentum_reference(&gv, buffer.map(|_| &bv[..]), form);
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -544,9 +552,6 @@ fn one_pass_momentum_rounds_as_documented() {
     // Operands the pass does not take: f64, a transposed view.
     let g = t32(&gaussian(4, 6, 7));
     let m = Momentum::keller();
-    assert!(g
-        .to_kind(Kind::Double)
-        .momentum_in_one_pass(None, &m)
-        .is_none());
-    assert!(g.tr().momentum_in_one_pass(None, &m).is_none());
+    assert!(one_pass(&g.to_kind(Kind::Double), None, &m).is_none());
+    assert!(one_pass(&g.tr(), None, &m).is_none());
 }
