@@ -72,28 +72,31 @@ fn all_finite_in_place(t: &Tensor) -> Option<bool> {
     if !t.defined() || t.device() != Device::Cpu || !t.is_contiguous() {
         return None;
     }
-    let n = t.numel();
-    if n == 0 {
-        return Some(true);
-    }
-    // SAFETY: a defined, contiguous CPU tensor of n > 0 elements of the matched kind: its data
-    // pointer addresses n initialized, aligned values of that type, alive while `t` is borrowed,
-    // and only read here.
+    // SAFETY: `t` is a defined, contiguous CPU tensor (checked above) of the kind each arm
+    // matches, as `all_finite_entries` requires.
     match t.kind() {
-        Kind::Float => {
-            let x = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f32>(), n) };
-            Some(crate::input::all_finite(
-                &ArrayView2::from_shape((1, n), x).ok()?,
-            ))
-        }
-        Kind::Double => {
-            let x = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f64>(), n) };
-            Some(crate::input::all_finite(
-                &ArrayView2::from_shape((1, n), x).ok()?,
-            ))
-        }
+        Kind::Float => Some(unsafe { all_finite_entries::<f32>(t) }),
+        Kind::Double => Some(unsafe { all_finite_entries::<f64>(t) }),
         _ => None,
     }
+}
+
+/// [`all_finite_in_place`]'s scan of the entries as a slice of `A`.
+///
+/// # Safety
+///
+/// `t` must be a defined, contiguous CPU tensor whose element type is `A`; it must not be
+/// written while this runs.
+#[allow(unsafe_code)]
+unsafe fn all_finite_entries<A: Real>(t: &Tensor) -> bool {
+    let n = t.numel();
+    if n == 0 {
+        return true;
+    }
+    // SAFETY: by this function's contract the data pointer addresses n > 0 initialized,
+    // aligned values of `A`, alive while `t` is borrowed and only read here.
+    let x = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<A>(), n) };
+    crate::input::all_finite(&ndarray::ArrayView1::from(x).insert_axis(ndarray::Axis(0)))
 }
 
 /// Checks that every operand of a call that takes a scalar argument (`mul_scalar`, `baddbmm`,

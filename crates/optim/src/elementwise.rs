@@ -28,8 +28,9 @@ pub trait Elementwise: Matrix {
     /// Momentum's recursion ([`crate::Momentum`]) with gradient `self`, `buffer` (`None`: zero
     /// before the first step), the gradient's weight w_g, β and Nesterov's flag, in one pass over
     /// the entries: `Some((B ← w_g·g + β·B, U = w_g·g + β·B_new or None))` where this backend has
-    /// such a pass for these operands; `None` (the default) where it does not, and the caller
-    /// computes it operation by operation. The caller has checked shapes and finiteness.
+    /// such a pass for these operands; `None` (the default) where it does not, or where
+    /// `buffer`'s shape is not `self`'s, and the caller computes it operation by operation (whose
+    /// checks report bad input). Non-finite entries propagate; nothing panics.
     fn momentum_in_one_pass(
         &self,
         buffer: Option<&Self>,

@@ -363,7 +363,8 @@ fn momentum_unit_portable(c: &MomentumScalars, (g, old, buf, u): MomentumUnit<'_
 
 /// Momentum's recursion on a CPU f32 gradient (and buffer) in one pass per chunk (module
 /// docs): `Some((new buffer, Nesterov input))` in new contiguous tensors, or `None` when an
-/// operand is not eligible (then the caller runs the operations). t = fl(w_g·g) is computed
+/// operand is not eligible or the buffer's shape is not the gradient's (then the caller runs
+/// the operations, which report the mismatch). t = fl(w_g·g) is computed
 /// again for U instead of stored: the same rounding, no third buffer.
 #[allow(unsafe_code)]
 pub(crate) fn momentum(
@@ -374,7 +375,7 @@ pub(crate) fn momentum(
     nesterov: bool,
 ) -> Option<(Tensor, Option<Tensor>)> {
     let n = grad.numel();
-    if !eligible(grad) || buffer.is_some_and(|b| !eligible(b) || b.numel() != n) {
+    if !eligible(grad) || buffer.is_some_and(|b| !eligible(b) || b.size() != grad.size()) {
         return None;
     }
     let c = MomentumScalars {

@@ -99,14 +99,7 @@ impl Momentum {
             }
             b.validate("buffer").map_err(from_linalg)?;
         }
-        let (buf, u) = self.advance_by_operations(buffer, grad)?;
-        Ok(match u {
-            Some(u) => (buf, u),
-            None => {
-                let u = buf.duplicate()?;
-                (buf, u)
-            }
-        })
+        with_input(self.advance_by_operations(buffer, grad)?)
     }
 
     /// The weight of g in both recursions: 1 − β (EMA) or 1 (SGD).
@@ -123,19 +116,16 @@ impl Momentum {
         buffer: Option<&M>,
         grad: &M,
     ) -> Result<(M, M)> {
-        let (buf, u) = self.advance_lean(buffer, grad)?;
-        let u = match u {
-            Some(u) => u,
-            None => buf.duplicate()?,
-        };
-        Ok((buf, u))
+        with_input(self.advance_lean(buffer, grad)?)
     }
 
     /// The lean form of [`Momentum::advance`] on checked inputs: the new buffer and, with
     /// Nesterov, the input U (`None`: U is the new buffer itself, no copy) — in one pass over the
     /// entries where the backend has one ([`Elementwise::momentum_in_one_pass`]: CPU f32
     /// tensors, reading g and B and writing B and U, 4 passes and 2 allocations), else by
-    /// [`Momentum::advance_by_operations`]. The same values bit for bit either way.
+    /// [`Momentum::advance_by_operations`]. The same bits either way where libtorch's `axpy`
+    /// is a fused multiply-add (its AVX2 and AVX-512 kernels); its generic kernel rounds β·B
+    /// apart, one rounding per sum away (docs/optim.md, "Passes per step").
     pub(crate) fn advance_lean<M: Elementwise>(
         &self,
         buffer: Option<&M>,
@@ -149,9 +139,10 @@ impl Momentum {
     }
 
     /// [`Momentum::advance_lean`] by the `Matrix` trait's operations: the new buffer and, with
-    /// Nesterov, the input U (`None`: U is the new buffer itself, no copy). Bit for bit the
-    /// values of the recursion in the module docs, each entry rounded as
-    /// fl(fl(w_g·g) + fl(β·B)) and fl(fl(w_g·g) + fl(β·B_new)).
+    /// Nesterov, the input U (`None`: U is the new buffer itself, no copy). Each entry is
+    /// t = fl(w_g·g), then t + β·B and t + β·B_new rounded as the backend's `axpy` rounds
+    /// (ndarray: fl(t + fl(β·B)); CPU tensors: libtorch's kernel, a fused multiply-add on AVX2
+    /// and AVX-512).
     ///
     /// With N the entries of g, one pass reads or writes N values: t = w_g·g is formed once (a
     /// copy, 2 passes, and a scaling, 2 more, skipped for the SGD form's w_g = 1); the buffer is
@@ -187,6 +178,15 @@ impl Momentum {
         t.axpy(b, &buf)?;
         Ok((buf, Some(t)))
     }
+}
+
+/// (B_new, U) from the lean form's (B_new, U or `None`): U is a copy of B_new without Nesterov.
+fn with_input<M: Matrix>((buf, u): (M, Option<M>)) -> Result<(M, M)> {
+    let u = match u {
+        Some(u) => u,
+        None => buf.duplicate()?,
+    };
+    Ok((buf, u))
 }
 
 fn shape_str((r, c): (usize, usize)) -> String {
