@@ -12,8 +12,10 @@
 //!
 //!   A = X·Xᵀ (`bmm`), B = b·A + c·A·A (`baddbmm`), X ← a·X + B·X (`baddbmm`),
 //!
-//! on the batch (A and B slice by slice with the symmetric products on one CPU thread when the
-//! slices are large; see `poly_part_batched`). Only the products differ from the per-matrix
+//! on the batch. Where a slice is large enough to be bound by arithmetic, not by calls, and its
+//! Gram products take the symmetric kernel (a CPU tensor on one thread; see `slices_go_alone`),
+//! each slice instead runs [`newton_schulz`](crate::newton_schulz()) alone (the same bits as
+//! the per-matrix call, then one stacking copy). Only the products differ from the per-matrix
 //! path (a batched kernel may sum in another order than `mm`), so each slice agrees with
 //! [`newton_schulz`](crate::newton_schulz()) to the rounding of those products in the working
 //! type, amplified as the iteration amplifies any rounding (the tests bound it by the measured amplification of an input perturbation of
@@ -24,8 +26,7 @@ use tch::{Kind, Tensor};
 
 use crate::error::{LinalgError, Result};
 use crate::input::InputError;
-use crate::matrix::Matrix;
-use crate::newton_schulz::{poly_part, prepare, NsSchedule, PolyStep, Prepared};
+use crate::newton_schulz::{prepare, NsSchedule, PolyStep, Prepared};
 use crate::tch_backend::{backend, takes_syrk};
 
 /// (B, m, n) of a 3-D tensor of a supported kind, or the error [`newton_schulz_batched`]
@@ -75,8 +76,11 @@ fn batch_dims(x: &Tensor) -> Result<(i64, usize, usize)> {
 /// assert!((q.get(1) - q1).abs().max().double_value(&[]) < 1e-12);
 /// ```
 pub fn newton_schulz_batched(x: &Tensor, schedule: &NsSchedule) -> Result<Tensor> {
-    batch_dims(x)?;
+    let (b, m, n) = batch_dims(x)?;
     let _g = tch::no_grad_guard();
+    if slices_go_alone(x, m, n) {
+        return each_slice_alone(x, b, schedule);
+    }
     let (mut xb, transposed) = match normalized_at_once(x, schedule)? {
         Some(prepared) => prepared,
         None => normalized_slice_by_slice(x, schedule)?,
@@ -178,25 +182,36 @@ fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tenso
     Ok(Some((normalized, transposed)))
 }
 
-/// The polynomial part B = b·A + c·A², A = X·Xᵀ, of one step for every slice of `xb`: one `bmm`
-/// and one `baddbmm` for the batch, or, where the tensor takes the symmetric products of
-/// [`crate::syrk`] (CPU, one thread on each side) and a slice is large enough for their halved
-/// flops to outweigh one call per slice (r²s ≥ 2²²), slice by slice with them. (Measured on one
+/// Whether the slices of a [B, m, n] batch run one by one: where the tensor takes the symmetric
+/// products of [`crate::syrk`] (CPU, one thread on each side) and a slice is large enough (r²s ≥
+/// 2²², r ≤ s its sides) for their halved flops to outweigh one call per slice. Measured on one
 /// CPU thread, a 4-layer GPT's 16 matrices: batched `bmm` 0.69× the speed of one symmetric-product
-/// call per matrix at 256 wide, r²s ≈ 5–7·10⁷; even at 64 wide, r²s ≈ 10⁶.)
-fn poly_part_batched(xb: &Tensor, p: &PolyStep) -> Result<Tensor> {
-    let [b, r, s] = xb.size()[..] else {
-        let found = format!("{:?}", xb.size());
-        return Err(InputError::shape_mismatch("x", "a 3-D tensor [B, m, n]", found).into());
-    };
-    if r * r * s >= 1 << 22 && takes_syrk(xb) {
-        let mut parts = Vec::with_capacity(b as usize);
-        for i in 0..b {
-            let a = Matrix::gram(&xb.f_select(0, i).map_err(backend("x"))?)?;
-            parts.push(poly_part(&a, p)?);
-        }
-        return Tensor::f_stack(&parts, 0).map_err(backend("x"));
+/// call per matrix at 256 wide (r²s ≈ 5–7·10⁷), even at 64 wide (r²s ≈ 10⁶); with the Gram
+/// products alone taken slice by slice and the rest batched, the batched step was still 0.82–0.86×
+/// the per-matrix one at 256 wide (AMD Zen 4, session 20), so the whole iteration goes slice by
+/// slice.
+fn slices_go_alone(x: &Tensor, m: usize, n: usize) -> bool {
+    let (r, s) = (m.min(n), m.max(n));
+    r * r * s >= 1 << 22 && takes_syrk(x)
+}
+
+/// Every slice through [`newton_schulz`](crate::newton_schulz()) on its own, stacked: bit for
+/// bit the per-matrix results, with the per-matrix errors (a non-finite entry's row and column
+/// are inside its slice).
+fn each_slice_alone(x: &Tensor, b: i64, schedule: &NsSchedule) -> Result<Tensor> {
+    let mut out = Vec::with_capacity(b as usize);
+    for i in 0..b {
+        out.push(crate::newton_schulz(
+            &x.f_select(0, i).map_err(backend("x"))?,
+            schedule,
+        )?);
     }
+    Tensor::f_stack(&out, 0).map_err(backend("x"))
+}
+
+/// The polynomial part B = b·A + c·A², A = X·Xᵀ, of one step for every slice of `xb`: one `bmm`
+/// and one `baddbmm` for the batch.
+fn poly_part_batched(xb: &Tensor, p: &PolyStep) -> Result<Tensor> {
     let a = xb
         .f_bmm(&xb.f_transpose(1, 2).map_err(backend("x"))?)
         .map_err(backend("x"))?;
