@@ -11,12 +11,16 @@
 //! 256, 64 or 32 wide: QKV 3D×D, out D×D, fc 4D×D, proj D×4D, 16 matrices), one batched
 //! call per shape (`Muon::step_batch`) against one `Muon::step` per matrix; (b) at 384², 768²
 //! and 768×3072 the Muon step (Keller's config) beside its own bare msign (the same quintic, the
-//! same precision), in f32 and Auto, printed as a ratio (goal ≤ 1.1).
+//! same precision), in f32 and Auto. Criterion times each side; the printed ratios (goals ≥ 3
+//! and ≤ 1.1) come from a second, paired measurement ([`print_batch_summary`]): the two sides
+//! alternate in one run, `KAPPA_BENCH_PAIRS` pairs per row (default 11), each side's sample the
+//! mean of enough calls to last ≥ 50 ms; the batched rows also at GPT-2's depth (12 layers, 12
+//! matrices per shape), where batching can reach further than 4 matrices per shape allow.
 //!
 //! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench optim` (and again with 2).
 //! `KAPPA_BENCH_QUICK=1` keeps only 384×384 (a smoke run); `KAPPA_BENCH_VERSUS_ONLY=1` runs only
 //! the side-by-side table against `torch.optim.Muon` (`KAPPA_BENCH_VERSUS_PAIRS` pairs per cell,
-//! default 15). The manifold steps take seconds at the
+//! default 15), `KAPPA_BENCH_BATCH_ONLY=1` only the paired batch summary. The manifold steps take seconds at the
 //! larger shapes (20 Polar Express msigns of 10 steps each), so they are timed by hand (one warm-up,
 //! then the median of `KAPPA_BENCH_REPS` runs, default 3) instead of through criterion.
 
@@ -32,7 +36,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, BenchmarkId, Criterion};
-use kappa_benches::paired::{cpu_model, ratios, seconds, Spread};
+use kappa_benches::paired::{alternate_settled, cpu_model, ratios, seconds, Spread};
 use kappa_benches::peer::{reference_command, Peer};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, shape_id};
 use kappa_linalg::tch_backend::tensor_from_array;
@@ -49,7 +53,13 @@ const GROUP: &str = "optim_f32";
 const BATCH_GROUP: &str = "optim_batch";
 /// Widths of the small GPTs whose matrices are stepped batched and one by one.
 const GPT_WIDTHS: [usize; 3] = [256, 64, 32];
+/// Layers of the GPT criterion times (matrices per shape).
 const GPT_LAYERS: usize = 4;
+/// Layers of the GPTs in the paired summary: the criterion one's, and GPT-2's 12.
+const SUMMARY_LAYERS: [usize; 2] = [GPT_LAYERS, 12];
+/// The shortest timed sample of the paired summary: each side repeats its call until one
+/// sample lasts about this long, so a millisecond step is not timed by one clock reading.
+const SAMPLE_SECONDS: f64 = 0.05;
 /// Shapes of the step / own-msign comparison.
 const RATIO_SHAPES: [(usize, usize); 3] = [(384, 384), (768, 768), (768, 3072)];
 const PRECISIONS: [(&str, Precision); 2] = [("f32", Precision::F32), ("auto", Precision::Auto)];
@@ -140,8 +150,8 @@ fn gpt_shapes(d: usize) -> [(usize, usize); 4] {
     [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)]
 }
 
-/// A small GPT's matrices by shape: (parameters, gradients) per shape, `GPT_LAYERS` each.
-fn gpt_matrices(d: usize) -> Vec<(Vec<Tensor>, Vec<Tensor>)> {
+/// A small GPT's matrices by shape: (parameters, gradients) per shape, `layers` each.
+fn gpt_matrices(d: usize, layers: usize) -> Vec<(Vec<Tensor>, Vec<Tensor>)> {
     let mut seed = 100;
     gpt_shapes(d)
         .iter()
@@ -150,8 +160,8 @@ fn gpt_matrices(d: usize) -> Vec<(Vec<Tensor>, Vec<Tensor>)> {
                 seed += 1;
                 t32(&gaussian(m, n, seed))
             };
-            let ws: Vec<Tensor> = (0..GPT_LAYERS).map(|_| one()).collect();
-            let gs: Vec<Tensor> = (0..GPT_LAYERS).map(|_| one()).collect();
+            let ws: Vec<Tensor> = (0..layers).map(|_| one()).collect();
+            let gs: Vec<Tensor> = (0..layers).map(|_| one()).collect();
             (ws, gs)
         })
         .collect()
@@ -174,7 +184,7 @@ fn bench_gpt_matrices(
     pname: &str,
 ) {
     let id = format!("{d}_{pname}");
-    let mut mats = gpt_matrices(d);
+    let mut mats = gpt_matrices(d, GPT_LAYERS);
     let mut states: Vec<Vec<MuonState<Tensor>>> = mats
         .iter()
         .map(|(ws, _)| ws.iter().map(|_| MuonState::new()).collect())
@@ -220,31 +230,104 @@ fn bench_batch(c: &mut Criterion) {
     g.finish();
 }
 
-/// Prints group `optim_batch`'s ratios (after criterion has run it).
+/// Pairs per row of the paired summary: `KAPPA_BENCH_PAIRS` (default 11, at least 3).
+fn summary_pairs() -> usize {
+    std::env::var("KAPPA_BENCH_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(11usize)
+        .max(3)
+}
+
+/// `a` and `b` alternated in `pairs` pairs ([`alternate_settled`], settled when libtorch runs
+/// more than one thread), each sample the mean of as many calls as fill [`SAMPLE_SECONDS`]
+/// (counted once per side from a warm call): the per-pair ratio a/b and each side's seconds.
+fn paired_per_call(
+    a: &mut dyn FnMut(),
+    b: &mut dyn FnMut(),
+    pairs: usize,
+) -> (Spread, Spread, Spread) {
+    let calls = |f: &mut dyn FnMut()| {
+        f();
+        ((SAMPLE_SECONDS / seconds(f).max(1e-7)).ceil() as usize).max(1)
+    };
+    let (na, nb) = (calls(a), calls(b));
+    let mut many_a = || (0..na).for_each(|_| a());
+    let mut many_b = || (0..nb).for_each(|_| b());
+    let settle = (tch::get_num_threads() > 1).then_some(Duration::from_millis(200));
+    let (ta, tb) = alternate_settled(&mut many_a, &mut many_b, 1, pairs, settle);
+    let ta: Vec<f64> = ta.iter().map(|t| t / na as f64).collect();
+    let tb: Vec<f64> = tb.iter().map(|t| t / nb as f64).collect();
+    (Spread::of(ratios(&ta, &tb)), Spread::of(ta), Spread::of(tb))
+}
+
+/// One row of the batched comparison: a `layers`-deep, `d`-wide GPT's matrices stepped one call
+/// per matrix (A) and one batched call per shape (B); the ratio is A/B (the speed-up).
+fn batched_row(muon: &Muon, d: usize, layers: usize, pairs: usize) -> (Spread, Spread, Spread) {
+    let fresh_states = |mats: &[(Vec<Tensor>, Vec<Tensor>)]| -> Vec<Vec<MuonState<Tensor>>> {
+        mats.iter()
+            .map(|(ws, _)| ws.iter().map(|_| MuonState::new()).collect())
+            .collect()
+    };
+    let (mut mats, mut mats_b) = (gpt_matrices(d, layers), gpt_matrices(d, layers));
+    let (mut states, mut batched) = (fresh_states(&mats), fresh_states(&mats_b));
+    let mut per_matrix = || {
+        for ((ws, gs), st) in mats.iter_mut().zip(&mut states) {
+            for ((w, gr), s) in ws.iter_mut().zip(gs.iter()).zip(st.iter_mut()) {
+                muon.step(w, gr, s).expect("step");
+            }
+        }
+    };
+    let mut one_batch = || {
+        for ((ws, gs), st) in mats_b.iter_mut().zip(&mut batched) {
+            muon.step_batch(ws, gs, st).expect("step_batch");
+        }
+    };
+    paired_per_call(&mut per_matrix, &mut one_batch, pairs)
+}
+
+/// Group `optim_batch`'s ratios, measured again in alternating pairs (criterion times each side
+/// alone, one after the other, which a drifting machine turns into ratio noise): the speed-up of
+/// batching a small GPT's matrices, and a Muon step over its own msign.
 fn print_batch_summary() {
-    println!("\nMuon batched over a 4-layer GPT's 16 matrices, and step / own msign:");
-    for (pname, _) in PRECISIONS {
-        for d in GPT_WIDTHS {
-            let id = format!("{d}_{pname}");
-            let per = median_seconds(BATCH_GROUP, "gpt_per_matrix", &id);
-            let bat = median_seconds(BATCH_GROUP, "gpt_batched", &id);
-            println!(
-                "{pname:<5} GPT 4 × {d:<4}: per matrix {} ms, batched {} ms, speed-up {} (goal ≥ 3)",
-                fmt_ms(per),
-                fmt_ms(bat),
-                fmt_ratio(ratio(per, bat))
-            );
+    let pairs = summary_pairs();
+    println!(
+        "\nMuon batched over a small GPT's matrices, and step / own msign, {} thread(s), {} — \
+         alternated in one run, {pairs} pairs per row; ms are medians, ratios the median \
+         per-pair ratio [min–max]:",
+        tch::get_num_threads(),
+        cpu_model()
+    );
+    for (pname, precision) in PRECISIONS {
+        let muon = keller(precision);
+        for layers in SUMMARY_LAYERS {
+            for d in GPT_WIDTHS {
+                let (speedup, per, bat) = batched_row(&muon, d, layers, pairs);
+                println!(
+                    "{pname:<5} GPT {layers:>2} × {d:<4} ({:>2} matrices): per matrix {:>8.3} ms, \
+                     batched {:>8.3} ms, speed-up {speedup} (goal ≥ 3)",
+                    4 * layers,
+                    per.median * 1e3,
+                    bat.median * 1e3,
+                );
+            }
         }
         for (m, n) in RATIO_SHAPES {
-            let id = format!("{}_{pname}", shape_id(m, n));
-            let step = median_seconds(BATCH_GROUP, "step", &id);
-            let own = median_seconds(BATCH_GROUP, "own_msign", &id);
+            let mut w = t32(&gaussian(m, n, 1));
+            let grad = t32(&gaussian(m, n, 2));
+            let mut st = MuonState::new();
+            let mut step = || {
+                let _ = black_box(muon.step(&mut w, &grad, &mut st).expect("step"));
+            };
+            let mut own = || {
+                let _ = black_box(muon.direction(&grad).expect("msign"));
+            };
+            let (r, s, o) = paired_per_call(&mut step, &mut own, pairs);
             println!(
-                "{pname:<5} {:<10} step {} ms, own msign {} ms, step/msign {} (goal ≤ 1.1)",
+                "{pname:<5} {:<10} step {:>8.3} ms, own msign {:>8.3} ms, step/msign {r} (goal ≤ 1.1)",
                 shape_id(m, n),
-                fmt_ms(step),
-                fmt_ms(own),
-                fmt_ratio(ratio(step, own))
+                s.median * 1e3,
+                o.median * 1e3,
             );
         }
     }
@@ -608,6 +691,9 @@ fn main() {
     let threads = configure_threads();
     if std::env::var("KAPPA_BENCH_VERSUS_ONLY").is_ok_and(|v| v == "1") {
         return print_versus_torch(threads, &shapes());
+    }
+    if std::env::var("KAPPA_BENCH_BATCH_ONLY").is_ok_and(|v| v == "1") {
+        return print_batch_summary();
     }
     let mut c = Criterion::default()
         .sample_size(10)
