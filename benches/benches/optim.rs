@@ -15,12 +15,14 @@
 //! and ≤ 1.1) come from a second, paired measurement ([`print_batch_summary`]): the two sides
 //! alternate in one run, `KAPPA_BENCH_PAIRS` pairs per row (default 11), each side's sample the
 //! mean of enough calls to last ≥ 50 ms; the batched rows also at GPT-2's depth (12 layers, 12
-//! matrices per shape), where batching can reach further than 4 matrices per shape allow.
+//! matrices per shape), where batching can reach further than 4 matrices per shape allow; then,
+//! paired the same way, the f32 step with libtorch's MKL `syrk` against the step without it.
 //!
 //! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench optim` (and again with 2).
 //! `KAPPA_BENCH_QUICK=1` keeps only 384×384 (a smoke run); `KAPPA_BENCH_VERSUS_ONLY=1` runs only
 //! the side-by-side table against `torch.optim.Muon` (`KAPPA_BENCH_VERSUS_PAIRS` pairs per cell,
-//! default 15), `KAPPA_BENCH_BATCH_ONLY=1` only the paired batch summary. The manifold steps take seconds at the
+//! default 15; `KAPPA_BENCH_VERSUS_CELLS=f32,bf16 aol3` keeps only the rows of those labels),
+//! `KAPPA_BENCH_BATCH_ONLY=1` only the paired batch summary. The manifold steps take seconds at the
 //! larger shapes (20 Polar Express msigns of 10 steps each), so they are timed by hand (one warm-up,
 //! then the median of `KAPPA_BENCH_REPS` runs, default 3) instead of through criterion.
 
@@ -331,6 +333,44 @@ fn print_batch_summary() {
             );
         }
     }
+    print_syrk_rows(pairs);
+}
+
+/// kappa's f32 Muon step with libtorch's MKL `syrk` for the Gram products against the same step
+/// without it (`kappa_linalg::mkl::use_libtorch_syrk`: the general product at more than one
+/// thread, OpenBLAS's `syrk` at one), alternated in pairs: what the symmetric products give here.
+fn print_syrk_rows(pairs: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        use kappa_linalg::mkl::{libtorch_syrk_found, use_libtorch_syrk};
+        if !libtorch_syrk_found() {
+            return println!("(libtorch has no MKL syrk in this process)");
+        }
+        let muon = keller(Precision::F32);
+        for (m, n) in shapes() {
+            let grad = t32(&gaussian(m, n, 2));
+            let (mut w_on, mut w_off) = (t32(&gaussian(m, n, 1)), t32(&gaussian(m, n, 1)));
+            let (mut st_on, mut st_off) = (MuonState::new(), MuonState::new());
+            let mut with = || {
+                use_libtorch_syrk(true);
+                let _ = black_box(muon.step(&mut w_on, &grad, &mut st_on).expect("step"));
+            };
+            let mut without = || {
+                use_libtorch_syrk(false);
+                let _ = black_box(muon.step(&mut w_off, &grad, &mut st_off).expect("step"));
+            };
+            let (r, a, b) = paired_per_call(&mut with, &mut without, pairs);
+            println!(
+                "f32   {:<10} step with libtorch's syrk {:>8.3} ms, without {:>8.3} ms, ratio {r}",
+                shape_id(m, n),
+                a.median * 1e3,
+                b.median * 1e3,
+            );
+        }
+        use_libtorch_syrk(true);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = pairs;
 }
 
 /// Median seconds of `reps` calls after one warm-up.
@@ -650,7 +690,7 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
     for (id, group) in versus_rows(shapes) {
         // A Gram row on one shape where it does not pay would only repeat its plain row.
         let repeats = |c: &&Cell| group.len() == 1 && c.msign_for(group[0]) != c.msign;
-        for cell in cells.iter().filter(|c| !repeats(c)) {
+        for cell in cells.iter().filter(|c| !repeats(c) && chosen(c)) {
             match versus_torch(&mut torch, &group, cell) {
                 Ok(v) => println!(
                     "{id:<11} {:<14} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
@@ -667,6 +707,13 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
             }
         }
     }
+}
+
+/// Whether the run asked for this cell: `KAPPA_BENCH_VERSUS_CELLS`, a comma-separated list of
+/// row labels (`f32`, `bf16 aol3 gram`, ...), keeps only those; unset, every cell runs.
+fn chosen(cell: &Cell) -> bool {
+    std::env::var("KAPPA_BENCH_VERSUS_CELLS")
+        .map_or(true, |list| list.split(',').any(|l| l.trim() == cell.label))
 }
 
 /// The table's rows: each shape alone (Gram rows only where they pay), then, unless the run is

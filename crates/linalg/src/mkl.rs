@@ -20,6 +20,11 @@
 //!
 //! The products change at the rounding level (another kernel, another summation order); kappa's
 //! tests compare products with rounding bounds, not bits.
+//!
+//! This module also finds libtorch's MKL `?syrk` ([`libtorch_syrk_found`]), which gives CPU
+//! tensors' symmetric products half a general product's flops on libtorch's own thread pool
+//! (the `syrk` module's "Tensors"). Unlike the vendor check, it is used by the library itself:
+//! it changes which routine computes a product, not what any other code in the process does.
 
 // dlopen/dlsym and calls through the function pointers they return are unsafe by nature; each
 // use states its contract.
@@ -27,6 +32,7 @@
 
 use std::ffi::{c_int, c_void, CStr};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 /// The name of MKL's vendor check.
@@ -143,4 +149,144 @@ macro_rules! mkl_intel_path {
             $crate::mkl::vendor_check_answer()
         }
     };
+}
+
+/// MKL's `?syrk` driver as `libtorch_cpu.so` exports it (`mkl_blas_ssyrk`, `mkl_blas_dsyrk`):
+/// the Fortran interface — column-major, every argument by reference, integers of MKL's
+/// internal width. They are passed as i64: on a little-endian CPU a value below 2³¹ reads the
+/// same as a 32-bit or a 64-bit integer, so either width is right.
+pub(crate) type SyrkFn<T> = unsafe extern "C" fn(
+    uplo: *const std::ffi::c_char,
+    trans: *const std::ffi::c_char,
+    n: *const i64,
+    k: *const i64,
+    alpha: *const T,
+    a: *const T,
+    lda: *const i64,
+    beta: *const T,
+    c: *mut T,
+    ldc: *const i64,
+);
+
+/// The element types of libtorch's MKL `?syrk` (f32, f64).
+pub(crate) trait LibtorchSyrk: Copy + PartialEq + 'static {
+    /// The exported name.
+    const SYMBOL: &'static CStr;
+    /// Where the resolved routine is kept, once per process.
+    fn slot() -> &'static OnceLock<Option<SyrkFn<Self>>>;
+    /// `x` in this type (the probe's small integers are exact).
+    fn of(x: f64) -> Self;
+}
+
+impl LibtorchSyrk for f32 {
+    const SYMBOL: &'static CStr = c"mkl_blas_ssyrk";
+    fn slot() -> &'static OnceLock<Option<SyrkFn<Self>>> {
+        static SLOT: OnceLock<Option<SyrkFn<f32>>> = OnceLock::new();
+        &SLOT
+    }
+    fn of(x: f64) -> Self {
+        x as f32
+    }
+}
+
+impl LibtorchSyrk for f64 {
+    const SYMBOL: &'static CStr = c"mkl_blas_dsyrk";
+    fn slot() -> &'static OnceLock<Option<SyrkFn<Self>>> {
+        static SLOT: OnceLock<Option<SyrkFn<f64>>> = OnceLock::new();
+        &SLOT
+    }
+    fn of(x: f64) -> Self {
+        x
+    }
+}
+
+/// Whether CPU tensors may take libtorch's MKL `?syrk` ([`use_libtorch_syrk`]).
+static SYRK_ON: AtomicBool = AtomicBool::new(true);
+
+/// Lets CPU tensors' symmetric products take libtorch's MKL `?syrk` (`true`, the default) or
+/// not (`false`: OpenBLAS's `syrk` while libtorch and OpenBLAS each run one thread, the general
+/// product otherwise), process-wide, from the next product on. For comparisons, and a way out
+/// should a libtorch build's MKL misbehave; results differ only by rounding.
+pub fn use_libtorch_syrk(on: bool) {
+    SYRK_ON.store(on, Ordering::Relaxed);
+}
+
+/// libtorch's MKL `?syrk` for `T` where this process has one ([`resolved_syrk`]) and
+/// [`use_libtorch_syrk`] allows it.
+pub(crate) fn libtorch_syrk<T: LibtorchSyrk>() -> Option<SyrkFn<T>> {
+    SYRK_ON
+        .load(Ordering::Relaxed)
+        .then(resolved_syrk::<T>)
+        .flatten()
+}
+
+/// libtorch's MKL `?syrk` for `T`, if this process has one that computes the probe right
+/// (resolved and probed once; `None` without MKL in the loaded libtorch, or on a big-endian
+/// CPU, where the integer-width argument of [`SyrkFn`] does not hold).
+fn resolved_syrk<T: LibtorchSyrk>() -> Option<SyrkFn<T>> {
+    *T::slot().get_or_init(|| {
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        // MKL's internal routines assume the library was set up by a call through its public
+        // interface: one libtorch product first (a crash was seen calling `mkl_blas_ssyrk` in a
+        // process where libtorch had run none).
+        let one = tch::Tensor::f_ones([2, 2], (tch::Kind::Float, tch::Device::Cpu)).ok()?;
+        let _ = one.f_mm(&one).ok()?;
+        // SAFETY: RTLD_NOLOAD only returns a handle to an already loaded library; the names are
+        // NUL-terminated. The handle stays open for the process.
+        let handle = unsafe {
+            libc::dlopen(
+                c"libtorch_cpu.so".as_ptr(),
+                libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+            )
+        };
+        if handle.is_null() {
+            return None;
+        }
+        // SAFETY: as above.
+        let p = unsafe { libc::dlsym(handle, T::SYMBOL.as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null result is the exported routine, whose Fortran signature is
+        // `SyrkFn` (MKL's `?syrk` interface; the probe below checks it computes as one).
+        let f = unsafe { std::mem::transmute::<*mut c_void, SyrkFn<T>>(p) };
+        syrk_probe_passes(f).then_some(f)
+    })
+}
+
+/// Whether `f` computes X·Xᵀ for X = [[1, 2], [3, 4], [5, 6]] (row-major) into the row-major
+/// upper triangle exactly, leaving the strict lower triangle as it was.
+fn syrk_probe_passes<T: LibtorchSyrk>(f: SyrkFn<T>) -> bool {
+    let x: Vec<T> = (1..=6).map(|v| T::of(f64::from(v))).collect();
+    let mut c = vec![T::of(-1.0); 9];
+    let (n, k) = (3i64, 2i64);
+    let (alpha, beta) = (T::of(1.0), T::of(0.0));
+    // SAFETY: `x` holds the 2×3 column-major Xᵀ (lda 2) and `c` a 3×3 matrix (ldc 3), as the
+    // routine reads and writes them for uplo 'L', trans 'T', n 3, k 2.
+    unsafe {
+        f(
+            c"L".as_ptr(),
+            c"T".as_ptr(),
+            &n,
+            &k,
+            &alpha,
+            x.as_ptr(),
+            &k,
+            &beta,
+            c.as_mut_ptr(),
+            &n,
+        )
+    };
+    let want = [5.0, 11.0, 17.0, -1.0, 25.0, 39.0, -1.0, -1.0, 61.0];
+    c.iter().zip(want).all(|(&got, w)| got == T::of(w))
+}
+
+/// Whether this process has libtorch's own MKL `ssyrk` and `dsyrk` (found and probed; the
+/// `syrk` module's "Tensors"), which CPU tensors' symmetric products (`Matrix::gram`,
+/// `gram_add`) take — half a general product's flops at any thread count — unless
+/// [`use_libtorch_syrk`]`(false)`.
+pub fn libtorch_syrk_found() -> bool {
+    resolved_syrk::<f32>().is_some() && resolved_syrk::<f64>().is_some()
 }

@@ -25,16 +25,23 @@
 //!
 //! # Tensors
 //!
-//! libtorch exports no `syrk` (its MKL's routines stay internal), so a `tch` CPU tensor's `syrk`
-//! is OpenBLAS's, beside libtorch's own products on libtorch's OpenMP pool. Two thread pools
-//! contend: OpenBLAS's workers keep spinning after a call and take the cores libtorch's next
-//! product needs. Measured on a 2-core AMD EPYC (Zen 3), a Muon step at two threads took
-//! 5.5× torch.optim.Muon's time at 384² (median of alternated pairs) and 1.2–1.35× at the larger
-//! shapes, against 0.72–0.84× at one thread. Tensors therefore take `syrk` only while libtorch
-//! and OpenBLAS each run one thread (`tch::get_num_threads()` and `openblas_get_num_threads()`,
-//! read at every call), and the general product otherwise. (MKL's internal `mkl_blas_ssyrk`,
-//! which libtorch does export, crashed when called before libtorch had run a product of its
-//! own: not a usable interface.)
+//! libtorch's public API has no `syrk`, but `libtorch_cpu.so` exports the driver of its
+//! bundled MKL's (`mkl_blas_ssyrk`, `mkl_blas_dsyrk`, the Fortran interface; [`crate::mkl`]
+//! finds them, checks them on a 3×2 probe, and calls them with 64-bit integers). Where the
+//! loaded libtorch has them (x86-64 Linux builds), a CPU f32/f64 tensor's `syrk` is MKL's, on
+//! libtorch's own OpenMP pool, at any thread count. Elsewhere it is OpenBLAS's, beside libtorch's
+//! products — and two thread pools contend: OpenBLAS's workers keep spinning after a call and take
+//! the cores libtorch's next product needs (measured on a 2-core AMD EPYC Zen 3: a Muon step at
+//! two threads took 5.5× torch.optim.Muon's time at 384² and 1.2–1.35× at larger shapes, against
+//! 0.72–0.84× at one thread). So without MKL, tensors take `syrk` only while libtorch and
+//! OpenBLAS each run one thread (`tch::get_num_threads()` and `openblas_get_num_threads()`, read
+//! at every call), and the general product otherwise.
+//!
+//! (A first try at MKL's routine, with 32-bit integers, crashed when called before libtorch had
+//! run a product of its own. The routine reads 64-bit integers: a size of 2³² + 70 passed as one
+//! does not compute a 70-row product, and 32-bit arguments leave the upper halves to whatever
+//! lies beside them. kappa passes 64-bit integers — below 2³¹ they read the same at either width
+//! on a little-endian CPU — and still runs one small libtorch product before the first call.)
 
 // The BLAS call reads and writes raw memory; each use states its contract.
 #![allow(unsafe_code)]
@@ -169,10 +176,69 @@ impl BlasLayout {
 /// touching nothing, when the lengths do not match the shape or the shape does not fit BLAS.
 pub(crate) fn syrk_slice<T: SyrkElement>(
     a: &[T],
-    (rows, cols): (usize, usize),
+    shape: (usize, usize),
     column_major: bool,
     (alpha, beta): (f64, f64),
     out: &mut [T],
+) -> bool {
+    syrk_slice_by(a, shape, column_major, out, |l, a, c| {
+        let trans = if l.transposed {
+            CBLAS_TRANSPOSE::CblasTrans
+        } else {
+            CBLAS_TRANSPOSE::CblasNoTrans
+        };
+        // SAFETY: `syrk_slice_by`'s promise: `a` and `c` are what BLAS reads and writes for
+        // this layout (leading dimension of `a` = its stored row length, of `c` = l.n).
+        unsafe { T::syrk_upper(trans, l.n, l.k, alpha, a, l.lda, beta, c) }
+    })
+}
+
+/// [`syrk_slice`] computed by libtorch's MKL `?syrk` (`f`, from [`crate::mkl`]): the same
+/// row-major upper triangle, as MKL's column-major lower one (a row-major matrix is the
+/// column-major transpose), then mirrored.
+#[cfg(all(feature = "tch", target_os = "linux"))]
+fn syrk_slice_mkl<T: crate::mkl::LibtorchSyrk>(
+    f: crate::mkl::SyrkFn<T>,
+    a: &[T],
+    shape: (usize, usize),
+    column_major: bool,
+    (alpha, beta): (f64, f64),
+    out: &mut [T],
+) -> bool {
+    syrk_slice_by(a, shape, column_major, out, |l, a, c| {
+        // Row-major A (memory Aᵀ column-major): A·Aᵀ = (Aᵀ)ᵀ·Aᵀ, trans 'T'; column-major A
+        // (memory holds A column-major): trans 'N'.
+        let trans = if l.transposed { c"N" } else { c"T" };
+        let (n, k, lda) = (i64::from(l.n), i64::from(l.k), i64::from(l.lda));
+        let (alpha, beta) = (T::of(alpha), T::of(beta));
+        // SAFETY: as in `syrk_slice`; the Fortran arguments are locals that outlive the call.
+        unsafe {
+            f(
+                c"L".as_ptr(),
+                trans.as_ptr(),
+                &n,
+                &k,
+                &alpha,
+                a,
+                &lda,
+                &beta,
+                c,
+                &n,
+            )
+        }
+    })
+}
+
+/// Checks the lengths and the layout, runs `blas` (which must compute the row-major upper
+/// triangle of α·A·Aᵀ + β·C into its second pointer, reading A through its first as `layout`
+/// says), then mirrors the triangle. `blas` gets exactly rows·cols readable elements and rows²
+/// writable ones, kept apart by the borrows.
+fn syrk_slice_by<T: Copy>(
+    a: &[T],
+    (rows, cols): (usize, usize),
+    column_major: bool,
+    out: &mut [T],
+    blas: impl FnOnce(BlasLayout, *const T, *mut T),
 ) -> bool {
     let Some(layout) = BlasLayout::of(rows, cols, column_major) else {
         return false;
@@ -180,25 +246,7 @@ pub(crate) fn syrk_slice<T: SyrkElement>(
     if Some(a.len()) != rows.checked_mul(cols) || out.len() != rows * rows {
         return false;
     }
-    let trans = if layout.transposed {
-        CBLAS_TRANSPOSE::CblasTrans
-    } else {
-        CBLAS_TRANSPOSE::CblasNoTrans
-    };
-    // SAFETY: `a` holds exactly the rows·cols elements BLAS reads for this layout (leading
-    // dimension = the stored row length), `out` exactly rows², and the borrows keep them apart.
-    unsafe {
-        T::syrk_upper(
-            trans,
-            layout.n,
-            layout.k,
-            alpha,
-            a.as_ptr(),
-            layout.lda,
-            beta,
-            out.as_mut_ptr(),
-        )
-    };
+    blas(layout, a.as_ptr(), out.as_mut_ptr());
     mirror_upper(out, rows);
     true
 }
@@ -254,14 +302,60 @@ pub(crate) fn syrk_tensor(
         if kind == Kind::Float {
             let a = std::slice::from_raw_parts(a as *const f32, m * k);
             let o = std::slice::from_raw_parts_mut(o as *mut f32, m * m);
-            syrk_slice(a, (m, k), column_major, (alpha, beta), o)
+            syrk_slice_on_tensors(a, (m, k), column_major, (alpha, beta), o)
         } else {
             let a = std::slice::from_raw_parts(a as *const f64, m * k);
             let o = std::slice::from_raw_parts_mut(o as *mut f64, m * m);
-            syrk_slice(a, (m, k), column_major, (alpha, beta), o)
+            syrk_slice_on_tensors(a, (m, k), column_major, (alpha, beta), o)
         }
     };
     Ok(done.then_some(out))
+}
+
+/// [`syrk_slice`] for a tensor's data: by libtorch's own MKL where it has one ("Tensors" in
+/// the module docs), by the CBLAS otherwise.
+#[cfg(feature = "tch")]
+fn syrk_slice_on_tensors<T: TensorSyrk>(
+    a: &[T],
+    shape: (usize, usize),
+    column_major: bool,
+    coefficients: (f64, f64),
+    out: &mut [T],
+) -> bool {
+    #[cfg(target_os = "linux")]
+    if let Some(f) = crate::mkl::libtorch_syrk::<T>() {
+        return syrk_slice_mkl(f, a, shape, column_major, coefficients, out);
+    }
+    syrk_slice(a, shape, column_major, coefficients, out)
+}
+
+/// The element types of [`syrk_slice_on_tensors`]: CBLAS's, and on Linux libtorch's MKL's.
+#[cfg(all(feature = "tch", target_os = "linux"))]
+trait TensorSyrk: SyrkElement + crate::mkl::LibtorchSyrk {}
+#[cfg(all(feature = "tch", not(target_os = "linux")))]
+trait TensorSyrk: SyrkElement {}
+#[cfg(feature = "tch")]
+impl TensorSyrk for f32 {}
+#[cfg(feature = "tch")]
+impl TensorSyrk for f64 {}
+
+/// Whether CPU tensors of `kind` take libtorch's own MKL `syrk`, which runs on libtorch's
+/// thread pool and so at any thread count ("Tensors" in the module docs).
+#[cfg(feature = "tch")]
+pub(crate) fn libtorch_syrk_for(kind: Kind) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        match kind {
+            Kind::Float => crate::mkl::libtorch_syrk::<f32>().is_some(),
+            Kind::Double => crate::mkl::libtorch_syrk::<f64>().is_some(),
+            _ => false,
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = kind;
+        false
+    }
 }
 
 #[cfg(test)]

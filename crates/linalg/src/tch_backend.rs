@@ -154,14 +154,14 @@ fn product_plus(alpha: f64, a: &Tensor, b: &Tensor, c: &Tensor, beta: f64) -> tc
     Ok(out)
 }
 
-/// Whether a tensor's Gram products take `syrk`: a CPU f32/f64 tensor while libtorch and
-/// OpenBLAS each compute on one thread ("Tensors" in the `syrk` module docs: two pools contend
-/// otherwise).
+/// Whether a tensor's Gram products take `syrk`: a CPU f32/f64 tensor, by libtorch's own MKL
+/// where it has one (at any thread count), else by OpenBLAS while libtorch and OpenBLAS each
+/// compute on one thread ("Tensors" in the `syrk` module docs: two pools contend otherwise).
 pub(crate) fn takes_syrk(x: &Tensor) -> bool {
     x.device() == Device::Cpu
         && matches!(x.kind(), Kind::Float | Kind::Double)
-        && tch::get_num_threads() == 1
-        && crate::blas::blas_threads() == Some(1)
+        && (crate::syrk::libtorch_syrk_for(x.kind())
+            || (tch::get_num_threads() == 1 && crate::blas::blas_threads() == Some(1)))
 }
 
 /// [`syrk_tensor`] where [`takes_syrk`], `Ok(None)` (the general product) elsewhere.

@@ -1,6 +1,7 @@
-//! The `syrk` path of `Matrix::gram` / `Matrix::gram_add` for CPU tensors, which runs only while
-//! libtorch and OpenBLAS each compute on one thread (the `syrk` module docs say why). Those
-//! thread counts are process-wide, so this test binary has the one test that sets them.
+//! The `syrk` path of `Matrix::gram` / `Matrix::gram_add` for CPU tensors: libtorch's own MKL
+//! `?syrk` at any thread count where libtorch has MKL, else OpenBLAS's while libtorch and
+//! OpenBLAS each compute on one thread (the `syrk` module docs say why). Those thread counts are
+//! process-wide, so this test binary holds the tests that set them, one at a time (`THREADS`).
 //!
 //! The tolerance is the dot-product bound of `properties/symmetric_products.rs`:
 //! |fl − exact| ≤ γ_{k+2}·(|α|·(|X||X|ᵀ)_ij + |β|·|c_ij|) in the tensor's precision; and the
@@ -19,6 +20,17 @@ use tch::{Device, Kind, Tensor};
 
 extern "C" {
     fn openblas_set_num_threads(n: std::ffi::c_int);
+}
+
+/// Held by each test while it sets and uses the process-wide thread counts.
+static THREADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Sets libtorch's and OpenBLAS's thread counts to `n`.
+fn set_threads(n: i32) {
+    // SAFETY: sets OpenBLAS's thread count; the caller holds `THREADS`, so no other test of this
+    // binary calls BLAS meanwhile.
+    unsafe { openblas_set_num_threads(n) };
+    tch::set_num_threads(n);
 }
 
 fn gaussian(m: usize, n: usize, seed: u64) -> Array2<f64> {
@@ -46,12 +58,33 @@ fn check(got: &Tensor, x: &Array2<f64>, alpha: f64, c: &Array2<f64>, beta: f64, 
     }
 }
 
+/// Where the loaded libtorch has MKL (x86-64 Linux builds), tensors take its `syrk`.
 #[test]
-fn tensors_take_syrk_with_one_thread_on_each_side() {
-    // SAFETY: sets OpenBLAS's thread count; no BLAS call runs concurrently in this binary.
-    unsafe { openblas_set_num_threads(1) };
-    tch::set_num_threads(1);
+fn libtorch_mkl_syrk_is_found_where_libtorch_has_mkl() {
+    let _held = THREADS.lock().unwrap_or_else(|e| e.into_inner());
+    let mkl = kappa_linalg::mkl::mkl_dispatch().vendor_intel.is_some();
+    assert_eq!(kappa_linalg::mkl::libtorch_syrk_found(), mkl);
+}
+
+/// libtorch's MKL `syrk` at one and two threads, and, switched off, OpenBLAS's at one thread
+/// (the path of a libtorch without MKL): within the bound and exactly symmetric each time.
+#[test]
+fn tensors_take_syrk_at_one_and_two_threads() {
+    let _held = THREADS.lock().unwrap_or_else(|e| e.into_inner());
+    for threads in [1, 2] {
+        set_threads(threads);
+        symmetric_products_within_the_bound();
+    }
+    kappa_linalg::mkl::use_libtorch_syrk(false);
+    set_threads(1);
     assert_eq!(kappa_linalg::blas::blas_threads(), Some(1));
+    symmetric_products_within_the_bound();
+    kappa_linalg::mkl::use_libtorch_syrk(true);
+}
+
+/// `gram` and `gram_add` on row-major, column-major and strided tensors of both kinds, at the
+/// thread counts set by the caller.
+fn symmetric_products_within_the_bound() {
     for (kind, unit) in [
         (Kind::Float, f32::EPSILON as f64 / 2.0),
         (Kind::Double, f64::EPSILON / 2.0),
@@ -98,9 +131,8 @@ fn tensors_take_syrk_with_one_thread_on_each_side() {
 /// f32 agreement of Newton–Schulz results, 1e-4, ten times over).
 #[test]
 fn batched_newton_schulz_with_symmetric_products_agrees_slice_by_slice() {
-    // SAFETY: as above; this binary's tests set the same values.
-    unsafe { openblas_set_num_threads(1) };
-    tch::set_num_threads(1);
+    let _held = THREADS.lock().unwrap_or_else(|e| e.into_inner());
+    set_threads(1);
     let schedule = kappa_linalg::NsSchedule::muon();
     let slices: Vec<Tensor> = (0..3)
         .map(|i| {

@@ -185,8 +185,9 @@ mod tensors {
                 assert_eq!(got.kind(), kind);
                 let got: Array2<f64> = array_from_tensor(&got).unwrap();
                 let eps = precision_of(kind);
-                // Exact symmetry is `syrk`'s, which tensors take only with one thread on each
-                // side (tests/syrk_tensors.rs checks that case in a process of its own).
+                // Exact symmetry is `syrk`'s, which f32/f64 tensors take through libtorch's MKL
+                // or, without it, only with one thread on each side (tests/syrk_tensors.rs checks
+                // those cases, exact symmetry included, in a process of its own).
                 check_eps(&got, &xr, alpha, &cr, beta, eps, false)
                     .map_err(|e| format!("{kind:?} {m}×{n} strides {:?}: {e}", view.stride()))?;
             }
