@@ -73,17 +73,15 @@ impl fmt::Display for MklDispatch {
 
 type Check = unsafe extern "C" fn() -> c_int;
 
-/// The vendor check `dlsym` finds in `handle`, as a function pointer.
-fn lookup(handle: *mut c_void) -> Option<Check> {
-    // SAFETY: `handle` is RTLD_DEFAULT or a handle from dlopen; CHECK is NUL-terminated.
-    let p = unsafe { libc::dlsym(handle, CHECK.as_ptr()) };
-    // SAFETY: a non-null result is the address of the exported function, whose C signature is
-    // `int f(void)` (MKL's and the one `mkl_intel_path!` defines).
-    (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Check>(p) })
+/// The address `dlsym` finds for `name` in `handle` (RTLD_DEFAULT or a handle from dlopen).
+fn symbol(handle: *mut c_void, name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: `handle` is RTLD_DEFAULT or a live handle from dlopen; `name` is NUL-terminated.
+    let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
 }
 
-/// libtorch's own vendor check (the definition in `libtorch_cpu.so`), if it is loaded.
-fn libtorch_check() -> Option<Check> {
+/// The address of `name` in `libtorch_cpu.so`, if that library is loaded.
+fn libtorch_symbol(name: &CStr) -> Option<*mut c_void> {
     // SAFETY: RTLD_NOLOAD only returns a handle to an already loaded library (never loads or
     // initializes one); the name is NUL-terminated. The handle stays open for the process.
     let handle = unsafe {
@@ -92,16 +90,25 @@ fn libtorch_check() -> Option<Check> {
             libc::RTLD_NOLOAD | libc::RTLD_LAZY,
         )
     };
-    if handle.is_null() {
-        return None;
-    }
-    lookup(handle)
+    (!handle.is_null()).then(|| symbol(handle, name)).flatten()
+}
+
+/// The vendor check at `p`, as a function pointer.
+fn as_check(p: *mut c_void) -> Check {
+    // SAFETY: `p` is the non-null address of an exported `mkl_serv_intel_cpu_true`, whose C
+    // signature is `int f(void)` (MKL's and the one `mkl_intel_path!` defines).
+    unsafe { std::mem::transmute::<*mut c_void, Check>(p) }
+}
+
+/// libtorch's own vendor check (the definition in `libtorch_cpu.so`), if it is loaded.
+fn libtorch_check() -> Option<Check> {
+    libtorch_symbol(CHECK).map(as_check)
 }
 
 /// Which code path libtorch's MKL takes in this process (module docs).
 pub fn mkl_dispatch() -> MklDispatch {
     let own = libtorch_check();
-    let seen = lookup(libc::RTLD_DEFAULT);
+    let seen = symbol(libc::RTLD_DEFAULT, CHECK).map(as_check);
     // SAFETY: both are MKL's or `mkl_intel_path!`'s `int f(void)`, which only read CPUID and
     // the environment.
     let call = |c: Check| unsafe { c() } != 0;
@@ -233,22 +240,7 @@ fn resolved_syrk<T: LibtorchSyrk>() -> Option<SyrkFn<T>> {
         // process where libtorch had run none).
         let one = tch::Tensor::f_ones([2, 2], (tch::Kind::Float, tch::Device::Cpu)).ok()?;
         let _ = one.f_mm(&one).ok()?;
-        // SAFETY: RTLD_NOLOAD only returns a handle to an already loaded library; the names are
-        // NUL-terminated. The handle stays open for the process.
-        let handle = unsafe {
-            libc::dlopen(
-                c"libtorch_cpu.so".as_ptr(),
-                libc::RTLD_NOLOAD | libc::RTLD_LAZY,
-            )
-        };
-        if handle.is_null() {
-            return None;
-        }
-        // SAFETY: as above.
-        let p = unsafe { libc::dlsym(handle, T::SYMBOL.as_ptr()) };
-        if p.is_null() {
-            return None;
-        }
+        let p = libtorch_symbol(T::SYMBOL)?;
         // SAFETY: a non-null result is the exported routine, whose Fortran signature is
         // `SyrkFn` (MKL's `?syrk` interface; the probe below checks it computes as one).
         let f = unsafe { std::mem::transmute::<*mut c_void, SyrkFn<T>>(p) };

@@ -193,40 +193,41 @@ pub(crate) fn syrk_slice<T: SyrkElement>(
     })
 }
 
-/// [`syrk_slice`] computed by libtorch's MKL `?syrk` (`f`, from [`crate::mkl`]): the same
-/// row-major upper triangle, as MKL's column-major lower one (a row-major matrix is the
-/// column-major transpose), then mirrored.
+/// The row-major upper triangle of α·A·Aᵀ + β·C by libtorch's MKL `?syrk` (`f`, from
+/// [`crate::mkl`]): MKL's column-major lower one (a row-major matrix is the column-major
+/// transpose).
+///
+/// # Safety
+///
+/// `a` and `c` must be what BLAS reads and writes for `l` (as [`syrk_slice_by`] passes them).
 #[cfg(all(feature = "tch", target_os = "linux"))]
-fn syrk_slice_mkl<T: crate::mkl::LibtorchSyrk>(
+unsafe fn mkl_syrk_upper<T: crate::mkl::LibtorchSyrk>(
     f: crate::mkl::SyrkFn<T>,
-    a: &[T],
-    shape: (usize, usize),
-    column_major: bool,
+    l: BlasLayout,
     (alpha, beta): (f64, f64),
-    out: &mut [T],
-) -> bool {
-    syrk_slice_by(a, shape, column_major, out, |l, a, c| {
-        // Row-major A (memory Aᵀ column-major): A·Aᵀ = (Aᵀ)ᵀ·Aᵀ, trans 'T'; column-major A
-        // (memory holds A column-major): trans 'N'.
-        let trans = if l.transposed { c"N" } else { c"T" };
-        let (n, k, lda) = (i64::from(l.n), i64::from(l.k), i64::from(l.lda));
-        let (alpha, beta) = (T::of(alpha), T::of(beta));
-        // SAFETY: as in `syrk_slice`; the Fortran arguments are locals that outlive the call.
-        unsafe {
-            f(
-                c"L".as_ptr(),
-                trans.as_ptr(),
-                &n,
-                &k,
-                &alpha,
-                a,
-                &lda,
-                &beta,
-                c,
-                &n,
-            )
-        }
-    })
+    a: *const T,
+    c: *mut T,
+) {
+    // Row-major A (memory Aᵀ column-major): A·Aᵀ = (Aᵀ)ᵀ·Aᵀ, trans 'T'; column-major A (memory
+    // holds A column-major): trans 'N'.
+    let trans = if l.transposed { c"N" } else { c"T" };
+    let (n, k, lda) = (i64::from(l.n), i64::from(l.k), i64::from(l.lda));
+    let (alpha, beta) = (T::of(alpha), T::of(beta));
+    // SAFETY: the caller's contract; the Fortran arguments are locals that outlive the call.
+    unsafe {
+        f(
+            c"L".as_ptr(),
+            trans.as_ptr(),
+            &n,
+            &k,
+            &alpha,
+            a,
+            &lda,
+            &beta,
+            c,
+            &n,
+        )
+    }
 }
 
 /// Checks the lengths and the layout, runs `blas` (which must compute the row-major upper
@@ -324,7 +325,10 @@ fn syrk_slice_on_tensors<T: TensorSyrk>(
 ) -> bool {
     #[cfg(target_os = "linux")]
     if let Some(f) = crate::mkl::libtorch_syrk::<T>() {
-        return syrk_slice_mkl(f, a, shape, column_major, coefficients, out);
+        return syrk_slice_by(a, shape, column_major, out, |l, a, c| {
+            // SAFETY: `syrk_slice_by` passes what BLAS reads and writes for `l`.
+            unsafe { mkl_syrk_upper(f, l, coefficients, a, c) }
+        });
     }
     syrk_slice(a, shape, column_major, coefficients, out)
 }
