@@ -235,9 +235,9 @@ fn resolved_syrk<T: LibtorchSyrk>() -> Option<SyrkFn<T>> {
         if cfg!(target_endian = "big") {
             return None;
         }
-        // MKL's internal routines assume the library was set up by a call through its public
-        // interface: one libtorch product first (a crash was seen calling `mkl_blas_ssyrk` in a
-        // process where libtorch had run none).
+        // One libtorch product first, so that MKL has been entered through its public interface
+        // before its internal driver is called (an earlier try, with 32-bit integers, crashed
+        // calling `mkl_blas_ssyrk` in a process where libtorch had run no product).
         let one = tch::Tensor::f_ones([2, 2], (tch::Kind::Float, tch::Device::Cpu)).ok()?;
         let _ = one.f_mm(&one).ok()?;
         let p = libtorch_symbol(T::SYMBOL)?;
