@@ -169,6 +169,13 @@ fn gpt_matrices(d: usize, layers: usize) -> Vec<(Vec<Tensor>, Vec<Tensor>)> {
         .collect()
 }
 
+/// A new (empty) Muon state for every matrix of `mats` ([`gpt_matrices`]'s layout).
+fn fresh_states(mats: &[(Vec<Tensor>, Vec<Tensor>)]) -> Vec<Vec<MuonState<Tensor>>> {
+    mats.iter()
+        .map(|(ws, _)| ws.iter().map(|_| MuonState::new()).collect())
+        .collect()
+}
+
 fn keller(precision: Precision) -> Muon {
     Muon::new(MuonConfig {
         precision,
@@ -187,10 +194,7 @@ fn bench_gpt_matrices(
 ) {
     let id = format!("{d}_{pname}");
     let mut mats = gpt_matrices(d, GPT_LAYERS);
-    let mut states: Vec<Vec<MuonState<Tensor>>> = mats
-        .iter()
-        .map(|(ws, _)| ws.iter().map(|_| MuonState::new()).collect())
-        .collect();
+    let mut states = fresh_states(&mats);
     g.bench_function(BenchmarkId::new("gpt_per_matrix", &id), |b| {
         b.iter(|| {
             for ((ws, gs), st) in mats.iter_mut().zip(&mut states) {
@@ -266,11 +270,6 @@ fn paired_per_call(
 /// One row of the batched comparison: a `layers`-deep, `d`-wide GPT's matrices stepped one call
 /// per matrix (A) and one batched call per shape (B); the ratio is A/B (the speed-up).
 fn batched_row(muon: &Muon, d: usize, layers: usize, pairs: usize) -> (Spread, Spread, Spread) {
-    let fresh_states = |mats: &[(Vec<Tensor>, Vec<Tensor>)]| -> Vec<Vec<MuonState<Tensor>>> {
-        mats.iter()
-            .map(|(ws, _)| ws.iter().map(|_| MuonState::new()).collect())
-            .collect()
-    };
     let (mut mats, mut mats_b) = (gpt_matrices(d, layers), gpt_matrices(d, layers));
     let (mut states, mut batched) = (fresh_states(&mats), fresh_states(&mats_b));
     let mut per_matrix = || {

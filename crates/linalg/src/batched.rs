@@ -13,7 +13,8 @@
 //!   A = X·Xᵀ (`bmm`), B = b·A + c·A·A (`baddbmm`), X ← a·X + B·X (`baddbmm`),
 //!
 //! on the batch. Where a slice is large enough to be bound by arithmetic, not by calls, and its
-//! Gram products take the symmetric kernel (a CPU tensor on one thread; see `slices_go_alone`),
+//! Gram products take the symmetric kernel (CPU f32/f64 tensors: libtorch's MKL `syrk` at any
+//! thread count, or OpenBLAS's on one thread; see `slices_go_alone`),
 //! each slice instead runs [`newton_schulz`](crate::newton_schulz()) alone (the same bits as
 //! the per-matrix call, then one stacking copy). Only the products differ from the per-matrix
 //! path (a batched kernel may sum in another order than `mm`), so each slice agrees with
@@ -183,13 +184,13 @@ fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tenso
 }
 
 /// Whether the slices of a [B, m, n] batch run one by one: where the tensor takes the symmetric
-/// products of [`crate::syrk`] (CPU, one thread on each side) and a slice is large enough (r²s ≥
-/// 2²², r ≤ s its sides) for their halved flops to outweigh one call per slice. Measured on one
+/// products of [`crate::syrk`] (`takes_syrk`) and a slice is large enough (r²s ≥ 2²², r ≤ s its
+/// sides) for their halved flops to outweigh one call per slice. Measured on one
 /// CPU thread, a 4-layer GPT's 16 matrices: batched `bmm` 0.69× the speed of one symmetric-product
 /// call per matrix at 256 wide (r²s ≈ 5–7·10⁷), even at 64 wide (r²s ≈ 10⁶); with the Gram
 /// products alone taken slice by slice and the rest batched, the batched step was still 0.82–0.86×
 /// the per-matrix one at 256 wide (AMD Zen 4, session 20), so the whole iteration goes slice by
-/// slice.
+/// slice (then 0.92–0.97× at one thread, 0.94–0.99× at two: the stacking copies).
 fn slices_go_alone(x: &Tensor, m: usize, n: usize) -> bool {
     let (r, s) = (m.min(n), m.max(n));
     r * r * s >= 1 << 22 && takes_syrk(x)

@@ -165,11 +165,7 @@ pub(crate) fn takes_syrk(x: &Tensor) -> bool {
 }
 
 /// [`syrk_tensor`] where [`takes_syrk`], `Ok(None)` (the general product) elsewhere.
-fn syrk_if_single_threaded(
-    x: &Tensor,
-    alpha: f64,
-    c: Option<(&Tensor, f64)>,
-) -> Result<Option<Tensor>> {
+fn syrk_where_taken(x: &Tensor, alpha: f64, c: Option<(&Tensor, f64)>) -> Result<Option<Tensor>> {
     if !takes_syrk(x) {
         return Ok(None);
     }
@@ -350,7 +346,7 @@ impl Matrix for Tensor {
         crate::error::check_dense("self", m, m)?;
         check_operands(&[("self", self)])?;
         let _g = tch::no_grad_guard();
-        if let Some(out) = syrk_if_single_threaded(self, 1.0, None)? {
+        if let Some(out) = syrk_where_taken(self, 1.0, None)? {
             return Ok(out);
         }
         self.f_matmul(&self.tr()).map_err(backend("self"))
@@ -364,7 +360,7 @@ impl Matrix for Tensor {
         }
         check_operands(&[("self", self), ("c", c)])?;
         let _g = tch::no_grad_guard();
-        if let Some(out) = syrk_if_single_threaded(self, alpha, Some((c, beta)))? {
+        if let Some(out) = syrk_where_taken(self, alpha, Some((c, beta)))? {
             return Ok(out);
         }
         product_plus(alpha, self, &self.tr(), c, beta).map_err(backend("self"))
