@@ -213,6 +213,9 @@ fn run_unit(
         progress: true,
         stop: settings.stop.clone(),
     };
+    // In force for the whole unit, the parts that train no variant included (a variant applies
+    // its run's count again, which `Run::pin_threads` may have changed).
+    context.apply_threads();
     let dir = unit.dir(settings.results);
     if !settings.resume && settings.units.is_empty() {
         return Ok((experiment.execute(&dir, context, config)?, "started"));

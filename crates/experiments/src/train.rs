@@ -403,6 +403,7 @@ pub fn run_train_command(
         data_dir: config.parent().unwrap_or(Path::new(".")).to_path_buf(),
         ..context
     };
+    context.apply_threads();
     let dir = out.join(&job.name);
     // The data is loaded (and the model checked against it) before a fresh run folder is
     // written; a run folder that is resumed loads it only when there is training left to do.

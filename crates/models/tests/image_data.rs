@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use kappa_models::data::{fixtures, read_idx, write_idx, IDX_FILES};
 use kappa_models::{
-    FashionMnist, ImageSplits, ModelsError, Normalize, SplitOptions, Vit, VitConfig,
+    seeded, FashionMnist, ImageSplits, ModelsError, Normalize, SplitOptions, Vit, VitConfig,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -432,7 +432,7 @@ fn a_vit_must_fit_the_data_and_the_error_names_the_key() {
     }
     // A model that fits runs on the images.
     let vs = tch::nn::VarStore::new(Device::Cpu);
-    let vit = Vit::new(&vs.root(), fits).unwrap();
+    let vit = seeded(0, || Vit::new(&vs.root(), fits)).unwrap();
     assert_eq!(vit.logits(&data.test.images).unwrap().size(), vec![6, 3]);
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -20,7 +20,8 @@ pub struct RunContext {
     pub scale: String,
     /// The seed: the initialization and the data order.
     pub seed: u64,
-    /// BLAS and libtorch intra-op threads (0 leaves libtorch's default).
+    /// libtorch's intra-op threads, its MKL products included (0 leaves libtorch's default); put
+    /// in force by [`RunContext::apply_threads`].
     pub threads: usize,
     /// `cpu`, `cuda` or `cuda:N`.
     pub device: String,
@@ -61,6 +62,21 @@ impl RunContext {
     /// The context with another seed.
     pub fn with_seed(self, seed: u64) -> Self {
         Self { seed, ..self }
+    }
+
+    /// Puts [`RunContext::threads`] in force (nothing when 0): libtorch's intra-op thread count
+    /// on the calling thread, and the count that threads which start using libtorch later take.
+    ///
+    /// A run applies it before it builds anything ([`crate::train_variant`] and
+    /// [`crate::Trainer`]'s constructors do), so that the initialization, the initial retraction
+    /// onto a manifold and training all run at one count. Kernel results can depend on the count
+    /// (how a reduction or MKL's `syrk` splits its sums: a 32×96 Gram product rounds differently
+    /// on one thread and on two), and a thread that has not set it runs at the count some other
+    /// thread last set, or at libtorch's default, the machine's core count.
+    pub fn apply_threads(&self) {
+        if self.threads > 0 {
+            tch::set_num_threads(i32::try_from(self.threads).unwrap_or(i32::MAX));
+        }
     }
 
     /// The context without progress bars (tests, batch jobs).

@@ -828,6 +828,9 @@ impl<'a> Trainer<'a> {
     }
 
     /// A trainer with custom groups; every trainable variable must be in exactly one group.
+    /// Groups that compute when built (`modulewise_groups` retracts the initial weights onto
+    /// their manifolds) ran at the thread count in force then: apply the context first
+    /// ([`RunContext::apply_threads`]) for them to run at the count training runs at.
     pub fn with_groups(
         vs: &'a nn::VarStore,
         config: TrainConfig,
@@ -872,9 +875,7 @@ impl<'a> Trainer<'a> {
                 ),
             ));
         }
-        if context.threads > 0 {
-            tch::set_num_threads(context.threads as i32);
-        }
+        context.apply_threads();
         Ok(Self {
             vs,
             config,

@@ -66,8 +66,9 @@ pub struct VariantId<'a> {
     pub name: &'a str,
 }
 
-/// Trains one variant: builds the task with `build` (libtorch's generator seeded with the run's
-/// seed) on the run's device, the optimizer groups with `groups` (after the model, so its
+/// Trains one variant: puts the run's thread count in force ([`RunContext::apply_threads`](crate::RunContext::apply_threads),
+/// before anything is built), builds the task with `build` (libtorch's generator seeded with the
+/// run's seed) on the run's device, the optimizer groups with `groups` (after the model, so its
 /// variables exist), runs the trainer (checkpoint at [`variant_checkpoint`]), logs every record,
 /// then logs the summary with the headline metric from `metric`. In a resumed run a variant that
 /// finished before is not retrained (its logged outcome is returned), and an interrupted one
@@ -88,6 +89,7 @@ where
         return Ok(done.outcome);
     }
     let context = run.context().clone();
+    context.apply_threads();
     let vs = nn::VarStore::new(parse_device(&context.device)?);
     let mut task = seeded(context.seed, || build(&vs))?;
     let mut trainer = Trainer::with_groups(&vs, train.clone(), groups(&vs)?, &context)?;

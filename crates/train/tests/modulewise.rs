@@ -13,8 +13,9 @@ use kappa_optim::{Admm, DualSolver, OnDivergence, Precision};
 use kappa_train::modulewise::ModuleSolvers;
 use kappa_train::trainer::named_trainable;
 use kappa_train::{
-    modulewise_groups, seeded, DivergenceReference, Eval, Geometry, LanguageModeling, ModuleLabel,
-    ModulewiseConfig, Outcome, Preset, Record, RunContext, Task, TrainConfig, Trainer,
+    modulewise_groups, seeded, train_language_model, DivergenceReference, Eval, Geometry,
+    LanguageModeling, Line, ModuleLabel, ModulewiseConfig, Outcome, Preset, Record, Run,
+    RunContext, Task, TrainConfig, Trainer, VariantId,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -155,6 +156,10 @@ fn dgram_paper_band(m: usize, n: usize) -> f64 {
     rho / (1.0 - rho)
 }
 
+/// The tiny GPT on the State of the Union fixture. Every draw from libtorch's generator in this
+/// binary goes through `seeded` (which holds its lock): the tests run in parallel threads, and
+/// one model built unseeded beside `lm` took random numbers from under it (a loaded machine saw
+/// the resumed run of `variants` start from another initialization than the uninterrupted one).
 fn lm(dir: &std::path::Path) -> (nn::VarStore, LanguageModeling) {
     let corpus = TextCorpus::load_sotu(dir, TokenizerKind::Char, None, Device::Cpu).unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
@@ -176,14 +181,11 @@ fn run(trainer: &mut Trainer<'_>, task: &mut impl Task) -> (kappa_train::Summary
 #[test]
 fn every_gpt_variable_has_a_label() {
     let vs = nn::VarStore::new(Device::Cpu);
-    let _gpt = Gpt::new(
-        &vs.root(),
-        GptConfig {
-            bias: true,
-            ..GptConfig::tiny(11)
-        },
-    )
-    .unwrap();
+    let bias = GptConfig {
+        bias: true,
+        ..GptConfig::tiny(11)
+    };
+    let _gpt = seeded(0, || Gpt::new(&vs.root(), bias)).unwrap();
     let mut hidden = 0;
     for (name, t) in named_trainable(&vs) {
         let label = ModuleLabel::of(&name).unwrap_or_else(|| panic!("`{name}` has no label"));
@@ -205,7 +207,7 @@ fn every_gpt_variable_has_a_label() {
 #[test]
 fn invalid_configs_name_the_field() {
     let vs = nn::VarStore::new(Device::Cpu);
-    let _gpt = Gpt::new(&vs.root(), GptConfig::tiny(11)).unwrap();
+    let _gpt = seeded(0, || Gpt::new(&vs.root(), GptConfig::tiny(11))).unwrap();
     let mut cfg = modulewise(Preset::Hetero);
     cfg.muon_lr = f64::NAN;
     let err = modulewise_groups(&vs, &cfg, &train_config(4)).unwrap_err();
@@ -229,7 +231,7 @@ fn invalid_configs_name_the_field() {
 #[test]
 fn lr_multipliers_scale_each_labels_peak() {
     let vs = nn::VarStore::new(Device::Cpu);
-    let _gpt = Gpt::new(&vs.root(), GptConfig::tiny(11)).unwrap();
+    let _gpt = seeded(0, || Gpt::new(&vs.root(), GptConfig::tiny(11))).unwrap();
     let mut cfg = modulewise(Preset::Hetero);
     cfg.lr_multipliers.attention_qkv = 0.25;
     cfg.lr_multipliers.mlp_in = 3.0;
@@ -557,7 +559,9 @@ fn resumed_run_matches(name: &str, cfg: &ModulewiseConfig) {
     // One thread, f32 msign, in this process: the same operations in the same order (and the
     // same LAPACK SVD in the DGram retraction) give the same bits, so the losses are compared
     // exactly. Not across processes or machines: MKL and OpenBLAS SVDs and GEMMs differ in the
-    // last bits.
+    // last bits. The thread count is put in force before the groups retract the initial weights
+    // (see `a_variant_trains_alike_whatever_thread_count_its_thread_had`).
+    context().apply_threads();
     let full = {
         let (vs, mut task) = lm(&dir);
         let groups = modulewise_groups(&vs, cfg, &train_config(5)).unwrap();
@@ -588,6 +592,50 @@ fn resumed_run_matches(name: &str, cfg: &ModulewiseConfig) {
     };
     let resumed: Vec<String> = first.into_iter().chain(second).collect();
     assert_eq!(resumed, full, "{name}");
+}
+
+/// Regression: CI once saw `hetero-inv` resume 1 ulp away from its uninterrupted run at step 2.
+/// Its groups had been built (the initial weights retracted onto their manifolds, through MKL's
+/// `syrk`, whose 32×96 Gram product rounds differently on one thread and on two) before the
+/// trainer set the run's one thread, so at whatever count the test's thread had: two where it
+/// ran libtorch before any other test had set one. `train_variant` now applies the run's count
+/// before it builds anything; here two threads that start at different counts train alike.
+#[test]
+fn a_variant_trains_alike_whatever_thread_count_its_thread_had() {
+    let losses_from = |threads_before: i32| {
+        std::thread::spawn(move || {
+            tch::set_num_threads(threads_before);
+            let dir = temp(&format!("threads-before-{threads_before}"));
+            let corpus =
+                TextCorpus::load_sotu(&dir, TokenizerKind::Char, None, Device::Cpu).unwrap();
+            let cfg = modulewise(Preset::HeteroInv);
+            let train = train_config(3);
+            let mut run = Run::create(&dir.join("run"), context(), &train).unwrap();
+            let model = GptConfig::tiny(0);
+            let variant = VariantId {
+                index: 0,
+                name: "hetero-inv",
+            };
+            let groups = |vs: &nn::VarStore| Ok(modulewise_groups(vs, &cfg, &train)?);
+            train_language_model::<Box<dyn std::error::Error>>(
+                &mut run, variant, &train, model, corpus, groups, 1,
+            )
+            .unwrap();
+            run.metrics::<Line>()
+                .unwrap()
+                .into_iter()
+                .filter_map(|l| match l.record {
+                    Some(Record::Train { step, loss, .. }) => Some(format!("{step} {loss:e}")),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+    };
+    let (two, one) = (losses_from(2), losses_from(1));
+    assert_eq!(two.len(), 3);
+    assert_eq!(two, one);
 }
 
 /// A task whose loss is scripted: it falls, then climbs back to 1.6× its lowest value.
