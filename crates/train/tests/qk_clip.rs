@@ -67,6 +67,9 @@ fn train_stepwise(
     cfg: TrainConfig,
     mut check: impl FnMut(u64, &Gpt),
 ) -> Vec<Record> {
+    // The run's one thread in force before the model is built (`RunContext::apply_threads`):
+    // runs are compared bit for bit.
+    context().apply_threads();
     let (vs, mut task) = task(dir);
     let mut trainer = Trainer::new(&vs, cfg, &context()).unwrap();
     let mut records = Vec::new();

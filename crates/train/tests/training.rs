@@ -123,6 +123,9 @@ fn checkpoints_round_trip_and_a_resumed_run_matches_the_uninterrupted_one() {
         layout: HeadLayout::SameBlock,
         every: 2,
     };
+    // The run's one thread in force before the models are built (`RunContext::apply_threads`):
+    // the runs are compared bit for bit.
+    context().apply_threads();
     // Uninterrupted: 7 steps.
     let (vs_a, mut task_a) = lm_task(&dir, conditioning, 1);
     let mut a = Trainer::new(&vs_a, config(7), &context()).unwrap();
