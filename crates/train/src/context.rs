@@ -70,9 +70,9 @@ impl RunContext {
     /// A run applies it before it builds anything ([`crate::train_variant`] and
     /// [`crate::Trainer`]'s constructors do), so that the initialization, the initial retraction
     /// onto a manifold and training all run at one count. Kernel results can depend on the count
-    /// (how a reduction or MKL's `syrk` splits its sums: a 32×96 Gram product rounds differently
-    /// on one thread and on two), and a thread that has not set it runs at the count some other
-    /// thread last set, or at libtorch's default, the machine's core count.
+    /// (how a reduction or MKL's `syrk` splits its sums: on an AMD Zen 4, a 32×96 Gram product
+    /// rounded differently on one thread and on two), and a thread that has not set it runs at
+    /// the count some other thread last set, or at libtorch's default, the machine's core count.
     pub fn apply_threads(&self) {
         if self.threads > 0 {
             tch::set_num_threads(i32::try_from(self.threads).unwrap_or(i32::MAX));
