@@ -25,9 +25,20 @@
 //! | `movie-reviews` | `<data>/movie-reviews` | `sentences.tsv`: `label<TAB>score<TAB>sentence` ([`sequences::text`]) |
 //!
 //! A user's image folder: `DIR/train/<class>/*.png` and `DIR/test/<class>/*.png`.
+//!
+//! # Hostile files
+//!
+//! Every file is read through [`crate::files`]: only regular files (or symbolic links to one)
+//! are read, and a directory, FIFO, socket, device or dangling link is an error naming it.
+//! Sizes read from a file (an IDX header, a PNG header, a text's length) are computed with
+//! checked arithmetic, the header is checked against the file's length, and the memory the
+//! loader will take is checked with [`crate::memory::ensure_fits`] before it is allocated; how
+//! each bound is derived is documented next to its check ([`read_idx`],
+//! [`TEXT_BYTES_PER_FILE_BYTE`], [`ImageSplits::from_image_folder`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::io::Read;
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
@@ -36,6 +47,8 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
 
 use crate::error::{ModelsError, Result};
+use crate::files;
+use crate::memory::ensure_fits;
 
 mod image_folder;
 pub mod images;
@@ -58,47 +71,89 @@ pub struct Idx {
 
 /// Reads an IDX file of unsigned bytes (type code 0x08): magic `0 0 8 n`, n big-endian u32
 /// dimensions, then the data.
+///
+/// The header is not trusted before the file's length matches it: every dimension must be at
+/// least 1, their product (in u64, checked) is the data's length in bytes, and the file must be
+/// exactly the 4 + 4n header bytes plus that. Only then is the data read, into one buffer of
+/// that length (checked with [`ensure_fits`]; the bytes are read straight into it, no other
+/// copy).
+///
+/// Errors: [`ModelsError::NotRegularFile`] or [`ModelsError::Io`] for a path that is not a
+/// readable regular file; [`ModelsError::BadData`] naming the file for a wrong magic, a
+/// truncated header, a dimension of 0, dimensions whose product overflows, or a data length
+/// other than the header's; [`ModelsError::TooLarge`] for data larger than this process may
+/// allocate.
 pub fn read_idx(path: &Path) -> Result<Idx> {
-    let bytes = fs::read(path).map_err(|e| ModelsError::io(path, e))?;
-    let bad = |reason: String| ModelsError::BadData {
-        path: path.to_path_buf(),
-        reason,
-    };
-    if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 || bytes[2] != 0x08 {
-        return Err(bad(format!(
-            "not an unsigned-byte IDX file (magic {:02x?})",
-            &bytes[..bytes.len().min(4)]
-        )));
-    }
-    let n = bytes[3] as usize;
-    let header = 4 + 4 * n;
-    if n == 0 || bytes.len() < header {
-        return Err(bad(format!("truncated header for {n} dimensions")));
-    }
-    let dims: Vec<usize> = (0..n)
-        .map(|i| {
-            let b = &bytes[4 + 4 * i..8 + 4 * i];
-            u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize
-        })
-        .collect();
-    let count: usize = dims.iter().product();
-    if bytes.len() != header + count {
-        return Err(bad(format!(
-            "dimensions {dims:?} need {} bytes of data, found {}",
-            count,
-            bytes.len() - header
-        )));
-    }
-    Ok(Idx {
-        dims,
-        data: bytes[header..].to_vec(),
-    })
+    let (file, dims, count) = open_idx(path)?;
+    ensure_fits(
+        Some(u128::from(count)),
+        "the IDX file's data",
+        &path.display().to_string(),
+    )?;
+    let data = files::read_exact_len(file, count, path)?;
+    Ok(Idx { dims, data })
 }
 
-/// Writes an unsigned-byte IDX file (the inverse of [`read_idx`]).
+/// The dimensions of the IDX file at `path`, read from its header and checked against the
+/// file's length as [`read_idx`] checks them, without reading the data.
+pub fn read_idx_dims(path: &Path) -> Result<Vec<usize>> {
+    open_idx(path).map(|(_, dims, _)| dims)
+}
+
+/// Opens an IDX file and reads and checks its header ([`read_idx`]): the file, positioned at
+/// the data, its dimensions and the data's length in bytes.
+fn open_idx(path: &Path) -> Result<(fs::File, Vec<usize>, u64)> {
+    let (mut file, len) = files::open_regular(path)?;
+    let bad = |reason: String| ModelsError::bad_data(path, reason);
+    let mut magic = [0u8; 4];
+    if let Err(e) = file.read_exact(&mut magic) {
+        return Err(match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => bad(format!(
+                "not an IDX file: {len} bytes, shorter than the 4-byte magic"
+            )),
+            _ => ModelsError::io(path, e),
+        });
+    }
+    if magic[..3] != [0, 0, 0x08] || magic[3] == 0 {
+        return Err(bad(format!(
+            "not an unsigned-byte IDX file (magic {magic:02x?}, expected 00 00 08 n with \
+             n ≥ 1 dimensions)"
+        )));
+    }
+    let n = usize::from(magic[3]);
+    let header = 4 + 4 * n as u64;
+    let mut raw = vec![0u8; 4 * n];
+    if len < header || file.read_exact(&mut raw).is_err() {
+        return Err(bad(format!(
+            "truncated header: {n} dimensions need {header} bytes, the file has {len}"
+        )));
+    }
+    let dims: Vec<usize> = raw
+        .chunks_exact(4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .collect();
+    if let Some(i) = dims.iter().position(|&d| d == 0) {
+        return Err(bad(format!("dimension {i} of {dims:?} is 0")));
+    }
+    let count = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+        .filter(|&c| usize::try_from(c).is_ok())
+        .ok_or_else(|| bad(format!("the product of dimensions {dims:?} overflows")))?;
+    if len - header != count {
+        return Err(bad(format!(
+            "dimensions {dims:?} need {count} bytes of data, found {}",
+            len - header
+        )));
+    }
+    Ok((file, dims, count))
+}
+
+/// Writes an unsigned-byte IDX file (the inverse of [`read_idx`]); every dimension must be at
+/// least 1.
 pub fn write_idx(path: &Path, dims: &[usize], data: &[u8]) -> Result<()> {
-    let count: usize = dims.iter().product();
-    if count != data.len() || dims.is_empty() || dims.len() > 255 {
+    let count = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    if count != Some(data.len()) || dims.is_empty() || dims.len() > 255 || dims.contains(&0) {
         return Err(ModelsError::Shape {
             arg: "data",
             reason: format!("{} bytes for dimensions {dims:?}", data.len()),
@@ -169,17 +224,32 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
-    /// A character tokenizer over the characters of `texts`.
+    /// A character tokenizer over the characters of `texts`: id i is the i-th of their distinct
+    /// characters in code-point order. Memory: a table of the 128 ASCII characters and a set of
+    /// the distinct others, whatever the length of the texts.
     pub fn chars_of(texts: &[&str]) -> Self {
-        let mut set: Vec<char> = texts.iter().flat_map(|t| t.chars()).collect();
-        set.sort_unstable();
-        set.dedup();
-        let index = set
+        let mut ascii = [false; 128];
+        let mut others = BTreeSet::new();
+        for c in texts.iter().flat_map(|t| t.chars()) {
+            match ascii.get_mut(c as usize) {
+                Some(seen) => *seen = true,
+                None => {
+                    others.insert(c);
+                }
+            }
+        }
+        // Every ASCII character sorts before every other one.
+        let chars: Vec<char> = (0u8..128)
+            .filter(|&b| ascii[usize::from(b)])
+            .map(char::from)
+            .chain(others)
+            .collect();
+        let index = chars
             .iter()
             .enumerate()
             .map(|(i, &c)| (c, i as u32))
             .collect();
-        Tokenizer::Char { chars: set, index }
+        Tokenizer::Char { chars, index }
     }
 
     /// GPT-2's BPE (`r50k_base`).
@@ -201,20 +271,48 @@ impl Tokenizer {
     /// Token ids of `text`; a character outside the vocabulary is an error.
     pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
         match self {
-            Tokenizer::Char { index, .. } => text
-                .chars()
-                .map(|c| {
-                    index.get(&c).map(|&i| i64::from(i)).ok_or_else(|| {
-                        ModelsError::Tokenizer(format!("character {c:?} is not in the vocabulary"))
-                    })
-                })
-                .collect(),
+            Tokenizer::Char { index, .. } => {
+                let lookup = CharLookup::new(index);
+                text.chars().map(|c| lookup.id(c)).collect()
+            }
             Tokenizer::Gpt2Bpe(bpe) => Ok(bpe
                 .encode_ordinary(text)
                 .into_iter()
                 .map(i64::from)
                 .collect()),
             Tokenizer::Bytes => Ok(text.bytes().map(i64::from).collect()),
+        }
+    }
+
+    /// The token ids of `text` ([`Tokenizer::encode`]) as a 1-D Int64 tensor on the CPU, made
+    /// without a full-length copy besides the tensor: 8 bytes a token, checked with
+    /// [`ensure_fits`] (`culprit` names the text's file) before it is allocated. For
+    /// `Gpt2Bpe` the ids come first as tiktoken's u32 vector (4 bytes a token), freed once the
+    /// tensor is filled, and tiktoken's merge step takes up to 56 bytes per byte of the text's
+    /// longest word, checked before it starts.
+    pub fn token_tensor(&self, text: &str, culprit: &str) -> Result<Tensor> {
+        match self {
+            Tokenizer::Char { index, .. } => {
+                let lookup = CharLookup::new(index);
+                let ids = text.chars().map(|c| lookup.id(c));
+                ids_tensor(text.chars().count(), ids, culprit)
+            }
+            Tokenizer::Gpt2Bpe(bpe) => {
+                ensure_fits(
+                    (longest_bpe_piece(text) as u128).checked_mul(BPE_BYTES_PER_PIECE_BYTE),
+                    "GPT-2 BPE's merge state for the text's longest word",
+                    culprit,
+                )?;
+                let ranks = bpe.encode_ordinary(text);
+                ids_tensor(
+                    ranks.len(),
+                    ranks.into_iter().map(|r| Ok(i64::from(r))),
+                    culprit,
+                )
+            }
+            Tokenizer::Bytes => {
+                ids_tensor(text.len(), text.bytes().map(|b| Ok(i64::from(b))), culprit)
+            }
         }
     }
 
@@ -248,6 +346,86 @@ impl Tokenizer {
             }
         }
     }
+}
+
+/// Bytes tiktoken's merge step takes per byte of one piece (a word) of the text: its state
+/// (32 bytes a byte: three `usize` and two `u32`) and its heap of candidate merges (16) and the
+/// piece's ids (4), rounded up.
+const BPE_BYTES_PER_PIECE_BYTE: u128 = 56;
+
+/// An upper bound, in bytes, on the longest piece GPT-2's pattern cuts `text` into: its pieces
+/// are contractions, runs of letters, of digits or of other symbols after at most one space, and
+/// runs of whitespace, so none is longer than the longest run of non-whitespace characters plus
+/// one byte, or the longest run of whitespace.
+fn longest_bpe_piece(text: &str) -> usize {
+    let (mut longest, mut run, mut in_space) = (0, 0, false);
+    for c in text.chars() {
+        if c.is_whitespace() != in_space {
+            longest = longest.max(run);
+            (run, in_space) = (0, c.is_whitespace());
+        }
+        run += c.len_utf8();
+    }
+    longest.max(run) + 1
+}
+
+/// The character vocabulary's character → id: a table for ASCII, the map for the rest.
+struct CharLookup<'a> {
+    ascii: [Option<u32>; 128],
+    index: &'a BTreeMap<char, u32>,
+}
+
+impl<'a> CharLookup<'a> {
+    fn new(index: &'a BTreeMap<char, u32>) -> Self {
+        let mut ascii = [None; 128];
+        for (b, slot) in (0u8..).zip(ascii.iter_mut()) {
+            *slot = index.get(&char::from(b)).copied();
+        }
+        Self { ascii, index }
+    }
+
+    /// The id of `c`; a character outside the vocabulary is an error.
+    fn id(&self, c: char) -> Result<i64> {
+        let id = match self.ascii.get(c as usize) {
+            Some(&id) => id,
+            None => self.index.get(&c).copied(),
+        };
+        id.map(i64::from).ok_or_else(|| {
+            ModelsError::Tokenizer(format!("character {c:?} is not in the vocabulary"))
+        })
+    }
+}
+
+/// A 1-D Int64 CPU tensor of the `n` ids that `ids` yields, filled a chunk of 2^20 ids at a
+/// time: besides the tensor (8·n bytes, checked with [`ensure_fits`] against `culprit`), only a
+/// chunk's 8 MiB exist at once. (Each chunk is one libtorch copy; much smaller chunks make the
+/// copies' thread start-up dominate.)
+fn ids_tensor(n: usize, ids: impl Iterator<Item = Result<i64>>, culprit: &str) -> Result<Tensor> {
+    const CHUNK: usize = 1 << 20;
+    ensure_fits((n as u128).checked_mul(8), "the token ids (Int64)", culprit)?;
+    let out = Tensor::f_empty([n as i64], (tch::Kind::Int64, Device::Cpu))?;
+    let mut ids = ids;
+    let mut chunk = Vec::with_capacity(CHUNK.min(n));
+    let mut filled = 0usize;
+    loop {
+        chunk.clear();
+        for id in ids.by_ref().take(CHUNK) {
+            chunk.push(id?);
+        }
+        if chunk.is_empty() || filled + chunk.len() > n {
+            break;
+        }
+        let mut slot = out.f_narrow(0, filled as i64, chunk.len() as i64)?;
+        slot.f_copy_(&Tensor::f_from_slice(&chunk)?)?;
+        filled += chunk.len();
+    }
+    if filled != n || !chunk.is_empty() {
+        return Err(ModelsError::Shape {
+            arg: "ids",
+            reason: format!("{n} token ids were counted but another number was produced"),
+        });
+    }
+    Ok(out)
 }
 
 /// A tokenized corpus with a train and a validation split (1-D Int64 tensors).
@@ -335,9 +513,16 @@ impl TextCorpus {
     /// of its characters are the training split, the rest the validation split; tokenized onto
     /// `device` (a character vocabulary is built from the whole file).
     ///
-    /// Errors: [`ModelsError::Io`] for a file that cannot be read; [`ModelsError::InvalidConfig`]
-    /// for a fraction outside (0, 1); [`ModelsError::BadData`] when either split would hold
-    /// fewer than 2 characters.
+    /// Memory: before the file is read, its length times [`TEXT_BYTES_PER_FILE_BYTE`] must fit
+    /// ([`ensure_fits`], culprit the path): the text is held once and its ids are written
+    /// straight into the two Int64 tensors ([`Tokenizer::token_tensor`]), so the peak is about
+    /// 9 bytes per character of a one-byte-per-character file.
+    ///
+    /// Errors: [`ModelsError::NotRegularFile`] for a path that is not a regular file (a FIFO, a
+    /// directory, …: refused before it is opened); [`ModelsError::Io`] for a file that cannot
+    /// be read; [`ModelsError::TooLarge`] for a file whose text and ids would not fit in memory;
+    /// [`ModelsError::InvalidConfig`] for a fraction outside (0, 1); [`ModelsError::BadData`]
+    /// for text that is not UTF-8 or when either split would hold fewer than 2 characters.
     ///
     /// ```
     /// use kappa_models::{Split, TextCorpus, TokenizerKind};
@@ -361,7 +546,14 @@ impl TextCorpus {
                 format!("must lie in (0, 1), found {validation_fraction}"),
             ));
         }
-        let text = fs::read_to_string(path).map_err(|e| ModelsError::io(path, e))?;
+        let culprit = path.display().to_string();
+        let len = files::regular_len(path)?;
+        ensure_fits(
+            u128::from(len).checked_mul(TEXT_BYTES_PER_FILE_BYTE),
+            "the text and its token ids",
+            &culprit,
+        )?;
+        let text = files::read_regular_text(path)?;
         let chars = text.chars().count();
         let cut = ((1.0 - validation_fraction) * chars as f64).round() as usize;
         if cut < 2 || chars - cut < 2 {
@@ -375,7 +567,7 @@ impl TextCorpus {
         }
         let at = text.char_indices().nth(cut).map_or(text.len(), |(i, _)| i);
         let (train, val) = text.split_at(at);
-        Self::from_texts(train, val, tokenizer, device)
+        Self::tokenize(train, val, tokenizer, &culprit, device)
     }
 
     /// Tokenizes a training and a validation text onto `device` (a character vocabulary is
@@ -386,14 +578,30 @@ impl TextCorpus {
         tokenizer: TokenizerKind,
         device: Device,
     ) -> Result<Self> {
+        Self::tokenize(
+            train,
+            val,
+            tokenizer,
+            "the training and validation texts",
+            device,
+        )
+    }
+
+    /// [`TextCorpus::from_texts`], naming `culprit` (the texts' file) when the ids would not fit.
+    fn tokenize(
+        train: &str,
+        val: &str,
+        tokenizer: TokenizerKind,
+        culprit: &str,
+        device: Device,
+    ) -> Result<Self> {
         let tok = match tokenizer {
             TokenizerKind::Char => Tokenizer::chars_of(&[train, val]),
             TokenizerKind::Gpt2Bpe => Tokenizer::gpt2()?,
             TokenizerKind::Bytes => Tokenizer::Bytes,
         };
-        let ids = |t: &str| -> Result<Tensor> {
-            Ok(Tensor::from_slice(&tok.encode(t)?).to_device(device))
-        };
+        let ids =
+            |t: &str| -> Result<Tensor> { Ok(tok.token_tensor(t, culprit)?.f_to_device(device)?) };
         Ok(Self {
             train: ids(train)?,
             validation: ids(val)?,
@@ -443,13 +651,21 @@ impl TextCorpus {
     }
 }
 
+/// Bytes [`TextCorpus::from_file`] needs per byte of its file at the peak, checked before the
+/// file is read: 1 for the text itself, and 8 for its token ids as Int64, since every token
+/// (a character, a byte or a GPT-2 BPE token) spans at least one byte of the file. While
+/// tiktoken encodes, its u32 ids (4 bytes a token, up to twice that while the vector grows)
+/// stay within the same 8; their Int64 tensor is checked again once their number is known.
+pub const TEXT_BYTES_PER_FILE_BYTE: u128 = 9;
+
 /// The text of `path` (a file of set `set`), cut to its first `max_chars` characters.
-/// Errors: [`ModelsError::MissingData`] naming the set; a text of fewer than 2 characters.
+/// Errors: [`ModelsError::MissingData`] naming the set when nothing is at `path`; those of
+/// [`files::read_regular_text`]; a text of fewer than 2 characters.
 fn read_text(set: &str, path: &Path, max_chars: Option<usize>) -> Result<String> {
-    if !path.is_file() {
+    if !files::is_present(path) {
         return Err(ModelsError::missing_set(set, path));
     }
-    let text = fs::read_to_string(path).map_err(|e| ModelsError::io(path, e))?;
+    let text = files::read_regular_text(path)?;
     let text = match max_chars {
         Some(m) => text.chars().take(m).collect(),
         None => text,
@@ -759,6 +975,117 @@ mod tests {
         assert_eq!(c.tokenizer.decode(&ids).unwrap(), "héllo");
         assert!(c.tokenizer.decode(&[256]).is_err());
         assert!(c.tokenizer.decode(&[0xc3]).is_err()); // half a character
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn token_ids_of_a_fixed_text_are_those_of_both_tokenizers_unchanged() {
+        let train = "The state of the union is strong.\n\n  Ünïcödé  text, 1234!";
+        let val = "héllo wörld";
+        let ids = |t: &Tensor| Vec::<i64>::try_from(t).unwrap();
+        let c = TextCorpus::from_texts(train, val, TokenizerKind::Char, Device::Cpu).unwrap();
+        assert_eq!(
+            ids(&c.train),
+            [
+                9, 16, 13, 1, 22, 23, 10, 23, 13, 1, 20, 14, 1, 23, 16, 13, 1, 24, 19, 17, 20, 19,
+                1, 17, 22, 1, 22, 23, 21, 20, 19, 15, 4, 0, 0, 1, 1, 27, 19, 29, 11, 30, 12, 28, 1,
+                1, 23, 13, 26, 23, 3, 1, 5, 6, 7, 8, 2
+            ]
+        );
+        assert_eq!(
+            ids(&c.validation),
+            [16, 28, 18, 18, 20, 1, 25, 30, 21, 18, 12]
+        );
+        assert_eq!(c.tokenizer.encode(val).unwrap(), ids(&c.validation));
+        let b = TextCorpus::from_texts(train, val, TokenizerKind::Gpt2Bpe, Device::Cpu).unwrap();
+        assert_eq!(
+            ids(&b.train),
+            [
+                464, 1181, 286, 262, 6441, 318, 1913, 13, 628, 220, 49363, 77, 26884, 66, 9101, 67,
+                2634, 220, 2420, 11, 1105, 2682, 0
+            ]
+        );
+        assert_eq!(ids(&b.validation), [71, 2634, 18798, 266, 30570, 335]);
+        assert_eq!(b.train.kind(), Kind::Int64);
+        // More than one chunk of ids, and a file split at a character boundary.
+        let dir = temp("fixed-ids");
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("long.txt");
+        let long: String = (0..(1 << 20) + 3)
+            .map(|i| ['é', 'a', 'b'][usize::from(i % 7 != 0) + usize::from(i % 2 == 1)])
+            .collect();
+        fs::write(&path, &long).unwrap();
+        let f = TextCorpus::from_file(&path, TokenizerKind::Char, 0.25, Device::Cpu).unwrap();
+        let all: Vec<i64> = [&f.train, &f.validation]
+            .iter()
+            .flat_map(|t| Vec::<i64>::try_from(*t).unwrap())
+            .collect();
+        assert_eq!(all, f.tokenizer.encode(&long).unwrap());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_longest_bpe_piece_bounds_every_run_of_one_kind() {
+        assert_eq!(longest_bpe_piece("ab  cde"), 4);
+        assert_eq!(longest_bpe_piece("a\n\n\n\n b"), 6);
+        assert_eq!(longest_bpe_piece(""), 1);
+        assert_eq!(longest_bpe_piece("ééé"), 7);
+    }
+
+    /// The error of `TextCorpus::from_file(path)`, run on a thread; `None` when it has not
+    /// returned in 20 s.
+    fn text_error_within_20_s(path: &Path) -> Option<String> {
+        let (send, receive) = std::sync::mpsc::channel();
+        let path = path.to_path_buf();
+        std::thread::spawn(move || {
+            let result = TextCorpus::from_file(&path, TokenizerKind::Char, 0.1, Device::Cpu);
+            let _ = send.send(result.map(|_| ()));
+        });
+        let result = receive
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .ok()?;
+        Some(result.unwrap_err().to_string())
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_as_a_text_path_is_an_error_naming_it_not_a_hang() {
+        let dir = temp("fifo");
+        fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("corpus.txt");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let err = text_error_within_20_s(&fifo);
+        fs::remove_dir_all(&dir).unwrap();
+        let err = err.expect("loading a FIFO did not return within 20 s");
+        assert!(
+            err.contains("corpus.txt")
+                && err.contains("FIFO")
+                && err.contains("not a regular file"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_directory_or_a_non_utf8_file_as_a_text_path_is_an_error_naming_it() {
+        let dir = temp("text-dir");
+        let folder = dir.join("corpus");
+        fs::create_dir_all(&folder).unwrap();
+        let err = text_error_within_20_s(&folder).unwrap();
+        assert!(
+            err.contains("corpus") && err.contains("a directory"),
+            "{err}"
+        );
+        let file = dir.join("latin1.txt");
+        fs::write(&file, b"caf\xe9 au lait").unwrap();
+        let err = text_error_within_20_s(&file).unwrap();
+        assert!(err.contains("latin1.txt") && err.contains("UTF-8"), "{err}");
+        let missing = dir.join("missing.txt");
+        let err = text_error_within_20_s(&missing).unwrap();
+        assert!(err.contains("missing.txt"), "{err}");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

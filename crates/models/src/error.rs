@@ -44,6 +44,21 @@ pub enum ModelsError {
         /// What is wrong.
         reason: String,
     },
+    /// A size set by a config key or a file header would take more memory than this process
+    /// may still allocate ([`crate::memory`]).
+    #[error(
+        "{culprit}: {what} would need {needed}, more than the {budget} this process may allocate"
+    )]
+    TooLarge {
+        /// The config keys or the file that set the size.
+        culprit: String,
+        /// What would be allocated.
+        what: String,
+        /// The planned size, in words.
+        needed: String,
+        /// The budget it was checked against, and its source.
+        budget: String,
+    },
     /// A checkpoint cannot be read, does not match the model, or cannot be written.
     #[error("checkpoint {path}: {reason}")]
     Checkpoint {
@@ -61,12 +76,13 @@ pub enum ModelsError {
         reason: String,
     },
     /// File-system errors, with the path involved.
-    #[error("I/O error at {path}: {source}")]
+    #[error("I/O error at {path}: {error}")]
     Io {
         /// The file or folder.
         path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The error, written after the path (not a `source()`, so that a chain of causes
+        /// prints it once).
+        error: std::io::Error,
     },
     /// Pretrained encoder weights that do not fit the model (names every mismatch).
     #[error("encoder weight transfer: {0}")]
@@ -90,6 +106,16 @@ pub enum ModelsError {
     /// An error from kappa-linalg (tensor ↔ array conversion).
     #[error(transparent)]
     Linalg(#[from] kappa_linalg::LinalgError),
+    /// A data path names something other than a regular file or a symbolic link to one (a
+    /// directory, FIFO, socket, device or dangling link); refused before it is opened
+    /// ([`crate::files`]).
+    #[error("{path} is {kind}, not a regular file; only regular files are read as data")]
+    NotRegularFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is, in words (`a FIFO (named pipe)`).
+        kind: &'static str,
+    },
 }
 
 impl ModelsError {
@@ -122,7 +148,7 @@ impl ModelsError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
 }

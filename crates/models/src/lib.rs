@@ -15,6 +15,8 @@
 //! | [`data`] | [`ImageSplits`] (train/validation/test images and their classes) from [`FashionMnist`], any gray IDX folder or a PNG image folder (`train/<class>/*.png`, `test/<class>/*.png`); [`TextCorpus`] (SOTU or a text file; characters or GPT-2 BPE); deterministic batches, `fixtures` |
 //! | [`max_logit`] | [`head_max_logits`](max_logit::head_max_logits) (per-head max of the masked logits, chunked, no gradient), [`QkClipReport`]; the opt-in capture is `ConditionedAttention::capture_max_logits`, QK-clip `ConditionedAttention::clip_qk` / `Transformer::clip_qk` |
 //! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy, saturation and softmax-Jacobian norm, exact κ(J); [`matrix_diagnostics`] (spectrum, Gram off-diagonal, column norms) |
+//! | [`files`] | [`files::open_regular`], [`files::read_regular`]: data is read only from regular files (a directory, FIFO, socket, device or dangling link is an error naming it) |
+//! | [`memory`] | [`memory::budget`] (what this process may still allocate: available memory, cgroup, `ulimit -v`), [`memory::ensure_fits`] |
 //! | [`device`], [`error`] | [`parse_device`], [`ModelsError`] |
 //!
 //! Training (the loop, optimizer groups, checkpoints, run folders) is the `kappa-train` crate.
@@ -29,12 +31,14 @@ pub mod device;
 pub mod diagnostics;
 pub mod encoder;
 pub mod error;
+pub mod files;
 pub mod float;
 pub mod gpt;
 pub mod layers;
 pub mod linear;
 mod link;
 pub mod max_logit;
+pub mod memory;
 pub mod mlm;
 pub mod nystrom;
 pub mod seed;

@@ -1,11 +1,18 @@
 //! Image data sets as `ImageSplits`: a PNG image folder (shapes, labels, class names, the
 //! training split's normalization, PNG variants, and a typed error naming the file for every
-//! malformed folder), a gray IDX folder of any size, and Fashion-MNIST (unchanged tensors).
+//! malformed folder), a gray IDX folder of any size, and Fashion-MNIST (unchanged tensors);
+//! hostile files (IDX headers that overflow or lie about their length, PNG headers of huge
+//! images and PNG bombs, also under an address-space limit, FIFOs and dangling links) are
+//! errors naming the file, before any large allocation.
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
-use kappa_models::data::{fixtures, read_idx, write_idx, IDX_FILES};
+use kappa_models::data::{fixtures, read_idx, read_idx_dims, write_idx, IDX_FILES};
 use kappa_models::{
     seeded, FashionMnist, ImageSplits, ModelsError, Normalize, SplitOptions, Vit, VitConfig,
 };
@@ -539,5 +546,277 @@ fn fashion_mnist_tensors_are_those_of_the_earlier_loader() {
     .unwrap();
     assert!(idx.train.images.equal(&data.train.images));
     assert!(idx.train.labels.equal(&data.train.labels));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile files
+
+/// An IDX file of unsigned bytes with dimensions `dims` and `body` bytes of data, whatever the
+/// dimensions say.
+fn write_raw_idx(path: &Path, dims: &[u32], body: usize) {
+    let mut bytes = vec![0, 0, 8, dims.len() as u8];
+    for d in dims {
+        bytes.extend_from_slice(&d.to_be_bytes());
+    }
+    bytes.resize(bytes.len() + body, 7);
+    fs::write(path, bytes).unwrap();
+}
+
+/// Asserts that `err` is `BadData` naming `path` and saying `needle`.
+fn assert_bad_data(err: ModelsError, path: &Path, needle: &str) {
+    let message = err.to_string();
+    assert!(
+        matches!(&err, ModelsError::BadData { path: p, .. } if p == path),
+        "{message}"
+    );
+    assert!(message.contains(needle), "{message}");
+}
+
+#[test]
+fn an_idx_header_whose_dimensions_overflow_is_an_error_naming_the_file() {
+    let dir = scratch("idx-overflow");
+    fs::create_dir_all(&dir).unwrap();
+    write_idx_pair(&dir, IDX_FILES[1], 4, 6, 2);
+    let images = dir.join(IDX_FILES[0].0);
+    write_idx_pair(&dir, IDX_FILES[0], 4, 6, 2);
+    // 4 × 2^31 × 2^31 = 2^64 wraps to 0 in u64: an empty body must not pass for it.
+    for dims in [[4, 1 << 31, 1 << 31], [u32::MAX; 3]] {
+        write_raw_idx(&images, &dims, 0);
+        assert_bad_data(read_idx(&images).unwrap_err(), &images, "overflows");
+        assert_bad_data(read_idx_dims(&images).unwrap_err(), &images, "overflows");
+        let err =
+            ImageSplits::from_idx_dir(&dir, &options(1, Normalize::TrainSplit), None, Device::Cpu)
+                .unwrap_err();
+        assert_bad_data(err, &images, "overflows");
+    }
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_idx_body_shorter_or_longer_than_its_header_or_a_zero_dimension_is_an_error_naming_the_file() {
+    let dir = scratch("idx-length");
+    fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("x-idx3-ubyte");
+    for (dims, body, needle) in [
+        (vec![2, 3, 3], 17, "need 18 bytes of data, found 17"),
+        (vec![2, 3, 3], 19, "need 18 bytes of data, found 19"),
+        (vec![2, 0, 3], 0, "dimension 1 of [2, 0, 3] is 0"),
+        (vec![], 0, "expected 00 00 08 n with n ≥ 1"),
+    ] {
+        write_raw_idx(&path, &dims, body);
+        assert_bad_data(read_idx(&path).unwrap_err(), &path, needle);
+    }
+    write_raw_idx(&path, &[2, 3, 3], 18);
+    assert_eq!(read_idx(&path).unwrap().data, vec![7; 18]);
+    fs::write(&path, [0, 0, 8, 3, 0, 0]).unwrap();
+    assert_bad_data(read_idx(&path).unwrap_err(), &path, "truncated header");
+    fs::write(&path, [0, 0]).unwrap();
+    assert_bad_data(
+        read_idx(&path).unwrap_err(),
+        &path,
+        "shorter than the 4-byte magic",
+    );
+    assert!(write_idx(&path, &[2, 0], &[]).is_err());
+    // A label file longer than its header, in a folder: the error names it.
+    write_idx_pair(&dir, IDX_FILES[0], 6, 4, 2);
+    write_idx_pair(&dir, IDX_FILES[1], 3, 4, 2);
+    let labels = dir.join(IDX_FILES[1].1);
+    write_raw_idx(&labels, &[3], 4);
+    let err =
+        ImageSplits::from_idx_dir(&dir, &options(1, Normalize::TrainSplit), None, Device::Cpu)
+            .unwrap_err();
+    assert_bad_data(err, &labels, "need 3 bytes of data, found 4");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Writes a PNG whose header (IHDR) claims `side`×`side` pixels of `color` at `depth`, followed
+/// by one IDAT chunk holding the zlib stream of a single zero byte and IEND: a 70-byte file.
+fn write_png_header_only(path: &Path, side: u32, color: png::ColorType, depth: png::BitDepth) {
+    let mut encoder = png::Encoder::new(fs::File::create(path).unwrap(), side, side);
+    encoder.set_color(color);
+    encoder.set_depth(depth);
+    let mut writer = encoder.write_header().unwrap();
+    let zlib_of_one_zero = [0x78, 0x9c, 0x63, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01];
+    writer
+        .write_chunk(png::chunk::IDAT, &zlib_of_one_zero)
+        .unwrap();
+    writer.finish().unwrap();
+}
+
+/// Writes a `side`×`side` PNG of 1-bit gray zeros row by row: a file of a few hundred KB whose
+/// pixels decode to side² bytes (and four times that as f32).
+fn write_png_bomb(path: &Path, side: u32) {
+    let file = std::io::BufWriter::new(fs::File::create(path).unwrap());
+    let mut encoder = png::Encoder::new(file, side, side);
+    encoder.set_color(png::ColorType::Grayscale);
+    encoder.set_depth(png::BitDepth::One);
+    encoder.set_compression(png::Compression::Fast);
+    let mut writer = encoder
+        .write_header()
+        .unwrap()
+        .into_stream_writer()
+        .unwrap();
+    let row = vec![0u8; (side as usize).div_ceil(8)];
+    for _ in 0..side {
+        writer.write_all(&row).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+/// An image folder whose first training image is `first` (written by `write`), plus ordinary
+/// 8×8 RGB images after it and in the test split.
+fn folder_with_first_image(name: &str, write: impl FnOnce(&Path)) -> (PathBuf, PathBuf) {
+    let dir = folder(name);
+    let first = dir.join("train/ant/000.png");
+    write(&first);
+    (dir, first)
+}
+
+/// Asserts that loading `dir` is `TooLarge` naming `first`.
+fn assert_too_large(dir: &Path, first: &Path) {
+    let err = load(dir).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, ModelsError::TooLarge { .. }), "{message}");
+    assert!(message.contains(&first.display().to_string()), "{message}");
+}
+
+#[test]
+fn a_png_header_claiming_60000_by_60000_rgba16_is_an_error_naming_it_before_decoding() {
+    let claim =
+        |p: &Path| write_png_header_only(p, 60_000, png::ColorType::Rgba, png::BitDepth::Sixteen);
+    // As the first image it sets the size: the folder's memory is checked from its header.
+    let (dir, first) = folder_with_first_image("png-claim", claim);
+    assert!(fs::metadata(&first).unwrap().len() < 100);
+    assert_too_large(&dir, &first);
+    fs::remove_dir_all(&dir).unwrap();
+    // As a later image its header differs from the first one's: refused before decoding.
+    let dir = folder("png-claim-later");
+    let later = dir.join("test/cat/zz.png");
+    claim(&later);
+    assert_bad_data(load(&dir).unwrap_err(), &later, "60000×60000");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs this binary's ignored test `name` in a child process under `ulimit -v` of `kib` KiB
+/// with `KAPPA_HOSTILE_DIR` = `dir`; panics with its output unless it passes within 120 s.
+fn run_under_address_space_limit(name: &str, kib: u64, dir: &Path) {
+    let exe = std::env::current_exe().unwrap();
+    let script = format!("ulimit -v {kib} && exec \"$0\" --ignored --exact {name}");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(&exe)
+        .env("KAPPA_HOSTILE_DIR", dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{name} did not finish within 120 s under ulimit -v {kib}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && text.contains("1 passed"),
+        "{name} under ulimit -v {kib}: {text}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn hostile_pngs_are_errors_before_the_big_allocation_under_an_address_space_limit() {
+    let dir = scratch("png-bombs");
+    fs::create_dir_all(&dir).unwrap();
+    let (claim, first) = folder_with_first_image("png-bombs-claim", |p| {
+        write_png_header_only(p, 60_000, png::ColorType::Rgba, png::BitDepth::Sixteen)
+    });
+    fs::rename(&claim, dir.join("claim")).unwrap();
+    let (bomb, first_bomb) =
+        folder_with_first_image("png-bombs-bomb", |p| write_png_bomb(p, 20_000));
+    assert!(fs::metadata(&first_bomb).unwrap().len() < 1 << 20);
+    fs::rename(&bomb, dir.join("bomb")).unwrap();
+    assert!(first.ends_with("train/ant/000.png") && first_bomb.ends_with("train/ant/000.png"));
+    // 3 GiB of address space: libtorch and the test harness take under 1 GiB of it.
+    run_under_address_space_limit("hostile_pngs_under_the_limit", 3 << 20, &dir);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[ignore = "run under `ulimit -v` by \
+            hostile_pngs_are_errors_before_the_big_allocation_under_an_address_space_limit"]
+fn hostile_pngs_under_the_limit() {
+    let budget = kappa_models::memory::budget();
+    assert!(
+        budget.bytes < 8 << 30,
+        "run under an address-space limit of a few GiB, found a budget of {budget}"
+    );
+    let dir = PathBuf::from(std::env::var_os("KAPPA_HOSTILE_DIR").expect("KAPPA_HOSTILE_DIR"));
+    for name in ["claim", "bomb"] {
+        let folder = dir.join(name);
+        assert_too_large(&folder, &folder.join("train/ant/000.png"));
+    }
+}
+
+/// The error of loading `dir`, run on a thread; panics when it has not returned in 20 s.
+fn load_error_within_20_s(dir: &Path) -> ModelsError {
+    let (send, receive) = mpsc::channel();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = send.send(load(&dir).map(|_| ()));
+    });
+    receive
+        .recv_timeout(Duration::from_secs(20))
+        .expect("loading the folder did not return within 20 s")
+        .unwrap_err()
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_a_dangling_link_in_an_image_folder_is_an_error_naming_it() {
+    let mkfifo = |path: &Path| {
+        let made = Command::new("mkfifo").arg(path).status().unwrap();
+        assert!(made.success());
+    };
+    let not_regular = |err: ModelsError, path: &Path, kind: &str| {
+        let message = err.to_string();
+        assert!(
+            matches!(&err, ModelsError::NotRegularFile { path: p, .. } if p == path),
+            "{message}"
+        );
+        assert!(message.contains(kind), "{message}");
+    };
+    let dir = folder("fifo-image");
+    let fifo = dir.join("train/bee/001.png");
+    fs::remove_file(&fifo).unwrap();
+    mkfifo(&fifo);
+    not_regular(load_error_within_20_s(&dir), &fifo, "FIFO");
+    fs::remove_dir_all(&dir).unwrap();
+
+    let dir = folder("dangling-image");
+    let link = dir.join("test/cat/zz.png");
+    std::os::unix::fs::symlink(dir.join("gone.png"), &link).unwrap();
+    not_regular(load_error_within_20_s(&dir), &link, "symbolic link");
+    fs::remove_dir_all(&dir).unwrap();
+
+    // A FIFO where a class folder belongs, and a link to a real image, which is read.
+    let dir = folder("fifo-class");
+    let fifo = dir.join("train/dog");
+    mkfifo(&fifo);
+    assert_bad_data(load_error_within_20_s(&dir), &fifo, "a FIFO (named pipe)");
+    fs::remove_file(&fifo).unwrap();
+    let link = dir.join("train/ant/zz.png");
+    std::os::unix::fs::symlink(dir.join("train/ant/000.png"), &link).unwrap();
+    assert_eq!(load(&dir).unwrap().train.len() + 3, 16);
     fs::remove_dir_all(&dir).unwrap();
 }

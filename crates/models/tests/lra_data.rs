@@ -1,7 +1,8 @@
 //! The Long-Range-Arena data (`data::sequences`): the ListOps evaluator on hand-written
 //! expressions and the generator's rules on what it draws; Pathfinder's labels against the
 //! connected components of the rendered images; the movie-review and Fashion-MNIST sequences
-//! against their files; determinism and batching.
+//! against their files; installed files that are not regular files or whose headers lie are
+//! errors naming them; determinism and batching.
 
 use std::collections::HashSet;
 use std::fs;
@@ -524,6 +525,47 @@ fn malformed_movie_reviews_name_the_line() {
     fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_movie_review_file_that_is_a_folder_or_a_fifo_is_an_error_naming_it() {
+    let dir = scratch("text-not-a-file");
+    let path = dir.join(MovieReviews::FILE);
+    fs::create_dir_all(&path).unwrap();
+    let load_within_20_s = || {
+        let (send, receive) = std::sync::mpsc::channel();
+        let dir = dir.clone();
+        std::thread::spawn(move || {
+            let result = MovieReviews::load(&dir, &small_text(), Device::Cpu);
+            let _ = send.send(result.map(|_| ()));
+        });
+        receive
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("loading did not return within 20 s")
+            .unwrap_err()
+    };
+    let mut kinds = vec!["a directory"];
+    if cfg!(unix) {
+        kinds.push("a FIFO");
+    }
+    for kind in kinds {
+        if kind == "a FIFO" {
+            fs::remove_dir(&path).unwrap();
+            let made = std::process::Command::new("mkfifo")
+                .arg(&path)
+                .status()
+                .unwrap();
+            assert!(made.success());
+        }
+        let err = load_within_20_s();
+        let message = err.to_string();
+        assert!(
+            matches!(&err, ModelsError::NotRegularFile { path: p, .. } if p == &path),
+            "{message}"
+        );
+        assert!(message.contains(kind), "{message}");
+    }
+    fs::remove_dir_all(&dir).unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Image
 
@@ -574,6 +616,18 @@ fn fashion_mnist_sequences_are_the_loaders_pixels() {
     };
     let err = load_fashion_mnist(&dir, &too_many, Device::Cpu).unwrap_err();
     assert_eq!(field_of(err), "data.validation");
+    // A header whose dimensions overflow (4 × 2^31 × 2^31 wraps to 0) names its file.
+    let images = dir.join("train-images-idx3-ubyte");
+    let mut header = vec![0u8, 0, 8, 3];
+    for d in [4u32, 1 << 31, 1 << 31] {
+        header.extend_from_slice(&d.to_be_bytes());
+    }
+    fs::write(&images, header).unwrap();
+    let err = load_fashion_mnist(&dir, &config, Device::Cpu).unwrap_err();
+    assert!(
+        matches!(&err, ModelsError::BadData { path, .. } if path == &images),
+        "{err}"
+    );
     fs::remove_dir_all(&dir).unwrap();
 }
 

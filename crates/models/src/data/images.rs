@@ -21,6 +21,17 @@
 //! standard deviation (1/n) of each channel over the training split itself, after the validation
 //! split and `train_limit` are taken out. The constants applied are kept in
 //! [`ImageSplits::mean`] and [`ImageSplits::std`], to normalize new images the same way.
+//!
+//! # Memory
+//!
+//! The sizes are read from the files' headers (IDX headers, the first PNG's IHDR) and the
+//! memory of all the images is checked with [`crate::memory::ensure_fits`] before any is
+//! decoded, at 12 bytes a pixel value plus one image's decode buffers: the images become one
+//! f32 tensor (4 bytes a value) that is normalized in place, and the loaders' transient copies
+//! take at most 8 bytes a value more (an IDX file's bytes and a u8 tensor of them while it is
+//! read; one channel of the training images in f64 for [`Normalize::TrainSplit`]'s statistics).
+//! The splits are views of that tensor on the CPU (so with `train_limit`, the images it leaves
+//! out stay in memory) and copies of their rows on another device.
 
 use std::path::{Path, PathBuf};
 
@@ -28,9 +39,10 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::image_folder::read_image_folder;
-use super::pixels::Pixels;
-use super::{permutation, read_idx};
+use super::pixels::{ensure_images_fit, Pixels};
+use super::{permutation, read_idx, read_idx_dims};
 use crate::error::{ModelsError, Result};
+use crate::files;
 use crate::vit::VitConfig;
 
 /// Fashion-MNIST's per-pixel mean and standard deviation over the training set (pixels in
@@ -51,9 +63,7 @@ pub const FASHION_MNIST_CLASSES: [&str; 10] = [
     "Ankle boot",
 ];
 
-/// The seed of the permutation that orders an image folder's training images before the
-/// validation split is cut off (the same for every run).
-pub const IMAGE_FOLDER_SPLIT_SEED: u64 = 0x1ba6_e5f0;
+pub use super::image_folder::IMAGE_FOLDER_SPLIT_SEED;
 
 /// The IDX files of a folder in the MNIST layout: (images, labels) of the training and the test
 /// split.
@@ -215,9 +225,15 @@ impl ImageSplits {
     /// `num_classes` when stated (a label at or above it is an error), else the largest label of
     /// either file + 1; classes are named `"0"`, `"1"`, ….
     ///
-    /// Errors: [`ModelsError::MissingData`] for a missing file; [`ModelsError::BadData`] for a
-    /// file that is not an N×S×S image file, a label file that does not match it, a label out
-    /// of range, or a constant channel under [`Normalize::TrainSplit`];
+    /// The four headers are checked (against each other and against their files' lengths,
+    /// [`read_idx`]) and the memory of all images is checked (see the [module docs](self#memory))
+    /// before any image data is read.
+    ///
+    /// Errors: [`ModelsError::MissingData`] for a missing file; [`ModelsError::NotRegularFile`]
+    /// for a path that is not a regular file; [`ModelsError::BadData`] for a file that is not an
+    /// N×S×S image file (or whose header does not match its length), a label file that does not
+    /// match it, a label out of range, or a constant channel under [`Normalize::TrainSplit`];
+    /// [`ModelsError::TooLarge`] for images that would not fit in memory;
     /// [`ModelsError::InvalidConfig`] for a `validation` size outside 1..N.
     pub fn from_idx_dir(
         dir: &Path,
@@ -245,8 +261,21 @@ impl ImageSplits {
         device: Device,
     ) -> Result<Self> {
         let [(ti, tl), (si, sl)] = IDX_FILES;
-        let (full, side) = read_idx_pair(dir, ti, tl, None, missing)?;
-        let (test, _) = read_idx_pair(dir, si, sl, Some(side), missing)?;
+        let train_pair = IdxPair::check(dir, ti, tl, None, missing)?;
+        let test_pair = IdxPair::check(dir, si, sl, Some(train_pair.side), missing)?;
+        let culprit = format!(
+            "{} and {}",
+            train_pair.images.display(),
+            test_pair.images.display()
+        );
+        ensure_images_fit(
+            train_pair.count + test_pair.count,
+            1,
+            train_pair.side,
+            &culprit,
+        )?;
+        let full = train_pair.read()?;
+        let test = test_pair.read()?;
         let max_label = [&full, &test]
             .iter()
             .filter(|p| p.len() > 0)
@@ -271,25 +300,24 @@ impl ImageSplits {
     /// folders in `train/`, sorted (label i is the i-th); a class may be absent from `test/`.
     /// Images are gray (1 channel) or RGB (3; an alpha channel is dropped, a palette expanded),
     /// 8 or 16 bits, all square and all of one size and channel count. Names starting with `.`
-    /// are skipped. The split and normalization are described in the [module docs](self).
+    /// are skipped; every other entry of a class folder must be a regular `.png` file (or a
+    /// link to one). The split and normalization are described in the [module docs](self).
+    ///
+    /// Memory: the folder is listed, then the first training image's header sets the size S and
+    /// channels C, and N images of C×S×S values are checked to fit (see the
+    /// [module docs](self#memory)) before any image is decoded; each further image's header must
+    /// match before its pixels are decoded.
     ///
     /// Errors: [`ModelsError::MissingData`] when `dir`, `dir/train` or `dir/test` is missing;
-    /// [`ModelsError::BadData`] naming the file or folder for: no class folders, a file outside
-    /// a class folder, a test class that is not a training class, a class folder without PNG
-    /// images, a file that is not a readable PNG, an image that is not square or differs in
-    /// size or channels from the first one, a constant channel under [`Normalize::TrainSplit`];
-    /// [`ModelsError::InvalidConfig`] for a `validation` size outside 1..N.
+    /// [`ModelsError::NotRegularFile`] naming an image path that is a FIFO, socket, device,
+    /// folder or dangling link; [`ModelsError::BadData`] naming the file or folder for: no class
+    /// folders, a file outside a class folder, a test class that is not a training class, a
+    /// class folder without PNG images, a file that is not a readable PNG, an image that is not
+    /// square or differs in size or channels from the first one, a constant channel under
+    /// [`Normalize::TrainSplit`]; [`ModelsError::TooLarge`] naming the first image for images
+    /// that would not fit in memory; [`ModelsError::InvalidConfig`] for a `validation` size outside 1..N.
     pub fn from_image_folder(dir: &Path, options: &SplitOptions, device: Device) -> Result<Self> {
         let (full, test, classes) = read_image_folder(dir)?;
-        let order: Vec<i64> = permutation(full.len(), IMAGE_FOLDER_SPLIT_SEED, 0)
-            .into_iter()
-            .map(|i| i as i64)
-            .collect();
-        let order = Tensor::from_slice(&order);
-        let full = Pixels {
-            values: full.values.index_select(0, &order),
-            labels: full.labels.index_select(0, &order),
-        };
         assemble(full, test, options, classes, &dir.join("train"), device)
     }
 }
@@ -298,46 +326,79 @@ fn label_in(p: &Pixels, label: usize) -> bool {
     p.len() > 0 && p.labels.max().int64_value(&[]) as usize == label
 }
 
-/// Reads one (images, labels) pair of IDX files: N×S×S images (S = `side` when given) and N
-/// labels, pixels scaled to [0, 1].
-fn read_idx_pair(
-    dir: &Path,
-    images: &str,
-    labels: &str,
-    side: Option<usize>,
-    missing: &dyn Fn(PathBuf) -> ModelsError,
-) -> Result<(Pixels, usize)> {
-    let file = |name: &str| {
-        let path = dir.join(name);
-        if path.is_file() {
-            Ok(path)
-        } else {
-            Err(missing(path))
+/// One (images, labels) pair of IDX files whose headers agree: N×S×S images and N labels.
+struct IdxPair {
+    images: PathBuf,
+    labels: PathBuf,
+    count: usize,
+    side: usize,
+}
+
+impl IdxPair {
+    /// Checks the headers of `dir/images` and `dir/labels` (S = `side` when given), without
+    /// reading their data.
+    fn check(
+        dir: &Path,
+        images: &str,
+        labels: &str,
+        side: Option<usize>,
+        missing: &dyn Fn(PathBuf) -> ModelsError,
+    ) -> Result<Self> {
+        let file = |name: &str| {
+            let path = dir.join(name);
+            if files::is_present(&path) {
+                Ok(path)
+            } else {
+                Err(missing(path))
+            }
+        };
+        let (ip, lp) = (file(images)?, file(labels)?);
+        let (d, label_dims) = (read_idx_dims(&ip)?, read_idx_dims(&lp)?);
+        if d.len() != 3 || d[1] != d[2] || side.is_some_and(|s| s != d[1]) {
+            let want = side.map_or("N×S×S".into(), |s| format!("N×{s}×{s}"));
+            return Err(ModelsError::bad_data(
+                ip,
+                format!("expected {want} images (square, gray), found dimensions {d:?}"),
+            ));
         }
-    };
-    let (ip, lp) = (file(images)?, file(labels)?);
-    let (img, lab) = (read_idx(&ip)?, read_idx(&lp)?);
-    let d = &img.dims;
-    if d.len() != 3 || d[1] != d[2] || d[1] == 0 || side.is_some_and(|s| s != d[1]) {
-        let want = side.map_or("N×S×S".into(), |s| format!("N×{s}×{s}"));
-        return Err(ModelsError::bad_data(
-            ip,
-            format!("expected {want} images (square, gray), found dimensions {d:?}"),
-        ));
+        if label_dims != [d[0]] {
+            return Err(ModelsError::bad_data(
+                lp,
+                format!("expected {} labels, found dimensions {label_dims:?}", d[0]),
+            ));
+        }
+        Ok(Self {
+            images: ip,
+            labels: lp,
+            count: d[0],
+            side: d[1],
+        })
     }
-    if lab.dims.len() != 1 || lab.dims[0] != d[0] {
-        return Err(ModelsError::bad_data(
-            lp,
-            format!("expected {} labels, found dimensions {:?}", d[0], lab.dims),
-        ));
+
+    /// Reads the pair: pixels scaled to [0, 1] (N×1×S×S f32) and labels. The file's bytes are
+    /// freed once copied into a u8 tensor, and that tensor once widened to f32, which is
+    /// scaled in place.
+    fn read(&self) -> Result<Pixels> {
+        let (n, s) = (self.count, self.side);
+        let (img, lab) = (read_idx(&self.images)?, read_idx(&self.labels)?);
+        if img.dims != [n, s, s] || lab.dims != [n] {
+            return Err(ModelsError::bad_data(
+                &self.images,
+                format!(
+                    "changed while it was read: dimensions {:?} and labels {:?}",
+                    img.dims, lab.dims
+                ),
+            ));
+        }
+        let bytes = Tensor::f_from_slice(&img.data)?;
+        drop(img);
+        let (n, s) = (n as i64, s as i64);
+        let mut values = bytes.f_view([n, 1, s, s])?.f_to_kind(Kind::Float)?;
+        drop(bytes);
+        let _ = values.f_div_scalar_(255.0)?; // in place; the handle returned is `values`
+        let labels = Tensor::f_from_slice(&lab.data)?.f_to_kind(Kind::Int64)?;
+        Ok(Pixels { values, labels })
     }
-    let (n, s) = (d[0] as i64, d[1] as i64);
-    let values = Tensor::from_slice(&img.data)
-        .view([n, 1, s, s])
-        .to_kind(Kind::Float)
-        / 255.0;
-    let labels = Tensor::from_slice(&lab.data).to_kind(Kind::Int64);
-    Ok((Pixels { values, labels }, d[1]))
 }
 
 /// Cuts the validation and training splits off `full`, normalizes all three splits and moves
@@ -361,7 +422,6 @@ fn assemble(
     let keep = (n - validation)
         .min(options.train_limit.unwrap_or(usize::MAX))
         .max(1);
-    let train = full.narrow(0, keep);
     let size = full.values.size();
     let (channels, image_size) = (size[1] as usize, size[3] as usize);
     let (mean, std) = match options.normalize {
@@ -369,16 +429,20 @@ fn assemble(
             let (m, s) = FASHION_MNIST_MEAN_STD;
             (vec![m; channels], vec![s; channels])
         }
-        Normalize::TrainSplit => channel_stats(&train.values, stats_path)?,
+        Normalize::TrainSplit => channel_stats(&full.narrow(0, keep).values, stats_path)?,
     };
-    let set = |p: &Pixels| ImageSet {
-        images: normalized(&p.values, &mean, &std).to_device(device),
-        labels: p.labels.to_device(device),
+    normalize_in_place(&full.values, &mean, &std)?;
+    normalize_in_place(&test.values, &mean, &std)?;
+    let set = |p: Pixels| -> Result<ImageSet> {
+        Ok(ImageSet {
+            images: p.values.f_to_device(device)?,
+            labels: p.labels.f_to_device(device)?,
+        })
     };
     Ok(ImageSplits {
-        train: set(&train),
-        validation: set(&full.narrow(n - validation, validation)),
-        test: set(&test),
+        train: set(full.narrow(0, keep))?,
+        validation: set(full.narrow(n - validation, validation))?,
+        test: set(test)?,
         classes,
         image_size,
         channels,
@@ -410,16 +474,18 @@ fn channel_stats(values: &Tensor, path: &Path) -> Result<(Vec<f64>, Vec<f64>)> {
     Ok((mean, std))
 }
 
-/// (x − mean_c)/std_c per channel. One channel is exactly `(x − mean)/std` with scalar
-/// operands, the expression of earlier versions, so Fashion-MNIST's tensors are unchanged.
-fn normalized(values: &Tensor, mean: &[f64], std: &[f64]) -> Tensor {
-    if let ([m], [s]) = (mean, std) {
-        return (values - *m) / *s;
+/// x ← (x − mean_c)/std_c per channel, in place. Each value gets the operations of the
+/// expression `(x − m)/s` with scalar operands (a subtraction, then a division, in f32), so
+/// Fashion-MNIST's tensors are those of earlier versions bit for bit.
+fn normalize_in_place(values: &Tensor, mean: &[f64], std: &[f64]) -> Result<()> {
+    for (c, (&m, &s)) in mean.iter().zip(std).enumerate() {
+        // In place on a view of the channel; the handles returned are that view.
+        let _ = values
+            .f_narrow(1, c as i64, 1)?
+            .f_sub_scalar_(m)?
+            .f_div_scalar_(s)?;
     }
-    let channels: Vec<Tensor> = (0..mean.len())
-        .map(|c| (values.narrow(1, c as i64, 1) - mean[c]) / std[c])
-        .collect();
-    Tensor::cat(&channels, 1)
+    Ok(())
 }
 
 /// Fashion-MNIST, loaded as [`ImageSplits`]: train (the first 60 000 − `validation` training

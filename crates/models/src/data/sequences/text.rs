@@ -27,6 +27,8 @@ use tch::Device;
 use super::{positive, SequenceSet, SequenceSplits};
 use crate::data::permutation;
 use crate::error::{ModelsError, Result};
+use crate::files;
+use crate::memory::ensure_fits;
 
 /// The padding id (one past the bytes).
 pub const PAD: i64 = 256;
@@ -71,7 +73,8 @@ impl MovieReviews {
     /// onto `device`.
     ///
     /// Errors: [`ModelsError::MissingData`] naming the file and `cargo xtask setup --data
-    /// movie-reviews`; [`ModelsError::BadData`] naming the line of a malformed one (not three
+    /// movie-reviews`; those of [`files::read_regular_text`] (a path that is not a regular file,
+    /// text that is not UTF-8); [`ModelsError::BadData`] naming the line of a malformed one (not three
     /// tab-separated fields, a label other than 0 or 1); [`ModelsError::InvalidConfig`] for
     /// `seq_len`, `validation` or `test` of 0 or held-out splits that leave no training sentence.
     pub fn load(dir: &Path, config: &TextConfig, device: Device) -> Result<SequenceSplits> {
@@ -79,10 +82,10 @@ impl MovieReviews {
         positive("data.text.validation", config.validation)?;
         positive("data.text.test", config.test)?;
         let path = dir.join(Self::FILE);
-        if !path.is_file() {
+        if !files::is_present(&path) {
             return Err(ModelsError::missing_set(Self::SET, path));
         }
-        let text = fs::read_to_string(&path).map_err(|e| ModelsError::io(&path, e))?;
+        let text = files::read_regular_text(&path)?;
         let sentences = parse(&text, &path)?;
         let n = sentences.len();
         let held_out = config.validation + config.test;
@@ -95,8 +98,15 @@ impl MovieReviews {
                 ),
             ));
         }
-        let order = permutation(n, TEXT_SPLIT_SEED, 0);
         let t = config.seq_len;
+        // Each split's rows are built as i64 ids, then copied into its tensor: 16 bytes a
+        // token of every sentence at the peak.
+        ensure_fits(
+            (n as u128).checked_mul(t as u128 * 16),
+            "the sentences' token rows",
+            &format!("data.text.seq_len ({})", path.display()),
+        )?;
+        let order = permutation(n, TEXT_SPLIT_SEED, 0);
         let set = |range: std::ops::Range<usize>| {
             let mut tokens = vec![PAD; range.len() * t];
             let mut labels = Vec::with_capacity(range.len());
