@@ -53,7 +53,7 @@ use crate::error::Result;
 use crate::gram_newton_schulz::run_blocks;
 use crate::input::InputError;
 use crate::matrix::Matrix;
-use crate::newton_schulz::{finish, poly_part, prepare, NsSchedule, PolyStep};
+use crate::newton_schulz::{check_normalization, finish, poly_part, prepare, NsSchedule, PolyStep};
 use crate::polar_express::PolarExpressSpec;
 
 /// The five-step coefficient list of the Turbo-Muon code (taken by it from Microsoft Dion's
@@ -115,8 +115,11 @@ impl NsSchedule {
 /// to itself. The result approximates msign(D·X), which is not msign(X) (module docs).
 ///
 /// Errors: `x` empty or non-finite ([`InputError::Empty`], [`InputError::NonFinite`], argument
-/// `x`); an invalid schedule (as [`NsSchedule::validate`]); [`LinalgError::Overflow`]
-/// (argument `schedule`) when a user schedule drives the iterate out of range.
+/// `x`); an invalid schedule (as [`NsSchedule::validate`]), also a normalization factor c for
+/// which c or 1/c is not a normal number of `x`'s element type ([`InputError::InvalidArgument`],
+/// argument `schedule.normalization`: D·X/c would underflow or overflow);
+/// [`LinalgError::Overflow`] (argument `schedule`) when a user schedule drives the iterate out
+/// of range.
 ///
 /// [`LinalgError::Overflow`]: crate::LinalgError::Overflow
 ///
@@ -132,6 +135,7 @@ pub fn aol_newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
     // Arguments in signature order: `x`, then `schedule`.
     x.validate("x")?;
     schedule.validate()?;
+    check_normalization(x, schedule.normalization)?;
     let (mut prepared, transposed) = prepare(x, &frobenius_only())?;
     if let Some(x0) = prepared.as_mut() {
         let mut gram = Some(aol_rescale(x0, schedule.normalization)?);
@@ -174,6 +178,7 @@ pub fn aol_gram_newton_schulz<M: Matrix>(
     // Arguments in signature order: `x`, `schedule`, then `restart`.
     x.validate("x")?;
     schedule.validate()?;
+    check_normalization(x, schedule.normalization)?;
     if restart == 0 {
         return Err(InputError::invalid("restart", "must be ≥ 1 (steps between restarts)").into());
     }
@@ -237,5 +242,25 @@ mod tests {
         assert!(s[0] <= 1.0 + 1e-14, "{s:?}");
         let direct = x.dot(&x.t());
         assert!((&a - &direct).iter().all(|e| e.abs() < 1e-14));
+    }
+
+    #[test]
+    fn a_normalization_outside_the_element_types_range_is_an_error_in_both_aol_forms() {
+        let x = ndarray::array![[1.0_f32, 2.0, 0.5], [0.3, -1.0, 4.0]];
+        let sched = NsSchedule {
+            normalization: 1e300,
+            ..NsSchedule::turbo_muon(4).unwrap()
+        };
+        let arg = |r: Result<ndarray::Array2<f32>>| match r {
+            Err(crate::LinalgError::Input(InputError::InvalidArgument { arg, .. })) => arg,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(arg(aol_newton_schulz(&x, &sched)), "schedule.normalization");
+        assert_eq!(
+            arg(aol_gram_newton_schulz(&x, &sched, 2)),
+            "schedule.normalization"
+        );
+        // f64 holds D·X/1e300.
+        assert!(aol_newton_schulz(&x.mapv(f64::from), &sched).is_ok());
     }
 }

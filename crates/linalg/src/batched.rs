@@ -27,7 +27,7 @@ use tch::{Kind, Tensor};
 
 use crate::error::{LinalgError, Result};
 use crate::input::InputError;
-use crate::newton_schulz::{prepare, NsSchedule, PolyStep, Prepared};
+use crate::newton_schulz::{check_normalization, prepare, NsSchedule, PolyStep, Prepared};
 use crate::tch_backend::{backend, takes_syrk};
 
 /// (B, m, n) of a 3-D tensor of a supported kind, or the error [`newton_schulz_batched`]
@@ -65,8 +65,9 @@ fn batch_dims(x: &Tensor) -> Result<(i64, usize, usize)> {
 ///
 /// Errors: `x` not 3-D, of an unsupported kind or empty (argument `x`); a non-finite slice
 /// ([`InputError::NonFinite`], argument `x`, the row and column inside the first such slice);
-/// an invalid schedule; [`LinalgError::Overflow`] (argument `schedule`) when a user schedule
-/// drives an iterate beyond the kind's range; libtorch failures.
+/// an invalid schedule, or one whose normalization does not suit the kind (as
+/// [`newton_schulz`](crate::newton_schulz())); [`LinalgError::Overflow`] (argument `schedule`)
+/// when a user schedule drives an iterate beyond the kind's range; libtorch failures.
 ///
 /// ```
 /// use kappa_linalg::{newton_schulz, newton_schulz_batched, NsSchedule};
@@ -145,6 +146,7 @@ fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tenso
     }
     // After the input's check, as `prepare` orders its errors.
     schedule.validate()?;
+    check_normalization(x, schedule.normalization)?;
     let norms = x
         .f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
         .and_then(|t| Vec::<f64>::try_from(&t))

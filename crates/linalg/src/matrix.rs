@@ -41,6 +41,10 @@ pub trait Matrix: Sized {
     /// error.
     fn validate(&self, arg: &'static str) -> Result<()>;
 
+    /// The element type's smallest positive normal number and largest finite number, as `f64`:
+    /// 2⁻¹²⁶ and ≈ 3.40e38 for f32 (≈ 3.39e38 for bf16), 2⁻¹⁰²² and ≈ 1.80e308 for f64.
+    fn normal_range(&self) -> (f64, f64);
+
     /// The transpose, by value. O(1) on both backends: `ndarray` swaps strides (the result is
     /// column-major), `tch` returns a strided view.
     fn into_transpose(self) -> Self;
@@ -258,6 +262,10 @@ impl<A: Real> Matrix for Array2<A> {
 
     fn validate(&self, arg: &'static str) -> Result<()> {
         Ok(crate::input::check_matrix(arg, &self.view())?)
+    }
+
+    fn normal_range(&self) -> (f64, f64) {
+        (A::NORMAL_MIN, A::FINITE_MAX)
     }
 
     fn into_transpose(self) -> Self {

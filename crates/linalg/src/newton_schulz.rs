@@ -35,8 +35,10 @@
 //!
 //! * Scale invariance: the normalization divides by ‖X‖_F exactly (computed without underflow),
 //!   with **no additive epsilon**, so NS(αX) = NS(X) for every α > 0 down to the smallest
-//!   normal numbers. (Muon's reference divides by ‖X‖_F + 1e-7, which shrinks inputs of norm
-//!   ≲ 1e-7 and breaks this.) The zero matrix is returned as the zero matrix.
+//!   normal numbers. (Keller Jordan's Muon divides by ‖X‖_F + 1e-7 and `torch.optim.Muon` by
+//!   max(‖X‖_F, 1e-7), which change inputs of norm ≲ 1e-7 and break this.) The zero matrix is
+//!   returned as the zero matrix. The normalization factor c must suit the element type: c and
+//!   1/c normal numbers of it ([`newton_schulz`]'s errors).
 //! * Cost per step, X ∈ ℝ^{r×s}, r ≤ s: 4r²s + 2r³ flops for a quintic step with general
 //!   products (bf16, CUDA), 3r²s + r³ with the symmetric ones (f32/f64 on the CPU); a cubic step
 //!   skips the A·A product (c = 0). Memory: two r×s and two r×r buffers.
@@ -241,11 +243,14 @@ impl NsSchedule {
 /// overflows `f64` (entries near `f64::MAX`), X is first scaled by 2⁻⁶⁴ (exact; it cannot change
 /// the normalized matrix beyond flushing entries 2⁻⁹⁵⁸ times smaller than the largest), and
 /// when it is below 1e-290 (so that it may be subnormal and imprecise) by 2⁶⁰⁰ (exact); the
-/// reciprocal of a norm outside [1e-30, 1e30] is applied as two factors, so it neither overflows
-/// nor becomes subnormal in `f32`/`bf16`.
+/// factor 1/(c·‖X‖_F) outside [1e-30, 1e30] is applied as two or three factors, each a normal
+/// number of the element type, so none overflows or becomes subnormal in `f32`/`bf16`.
 ///
 /// Errors: `x` empty or non-finite ([`InputError::Empty`], [`InputError::NonFinite`], argument
-/// `x`); an invalid schedule ([`InputError::InvalidArgument`], [`LinalgError::TooLarge`]);
+/// `x`); an invalid schedule ([`InputError::InvalidArgument`], [`LinalgError::TooLarge`]), also
+/// a normalization factor c for which c or 1/c is not a normal number of `x`'s element type
+/// ([`InputError::InvalidArgument`], argument `schedule.normalization`: X/(c·‖X‖_F) would
+/// underflow or overflow; f32 and bf16 accept c ∈ [2⁻¹²⁶, 2¹²⁶], f64 c ∈ [2⁻¹⁰²², 2¹⁰²²]);
 /// [`LinalgError::Overflow`] (argument `schedule`) when the polynomials of a user schedule
 /// drive the iterate beyond the element type's range (never for the schedules of this crate,
 /// whose iterates stay below 1.21 in spectral norm).
@@ -275,6 +280,7 @@ pub fn newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
 pub(crate) fn prepare<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<(Prepared<M>, bool)> {
     x.validate("x")?;
     schedule.validate()?;
+    check_normalization(x, schedule.normalization)?;
     let (m, n) = x.shape();
     let transposed = m > n;
     let mut x = x.duplicate()?;
@@ -347,20 +353,48 @@ pub(crate) fn finish<M: Matrix>(x: Prepared<M>, transposed: bool) -> Result<M> {
     Ok(if transposed { x.into_transpose() } else { x })
 }
 
-/// X ← X/(c·fro) for fro > 0 finite and c > 0 finite, as one factor when it lies in
-/// [1e-30, 1e30] and otherwise as two (f32 and bf16 reach only ~3.4e38 and are subnormal below
-/// ~1.2e-38, so a single factor 1/(c·fro) could overflow, or lose bits).
+/// Checks that the normalization factor c of a schedule suits `x`'s element type: c and 1/c
+/// must be normal numbers of the type ([`Matrix::normal_range`]). The normalized iterate
+/// X/(c·‖X‖_F) has Frobenius norm 1/c, so for a smaller 1/c it is subnormal or zero — in f32,
+/// c = 1e300 maps every input to the zero matrix — and for a larger one it overflows. Inside the
+/// range its largest entry is ≥ 1/(c·√(mn)), non-zero (f32's subnormals reach 2⁻²³ below the
+/// normal range, and mn < 2⁴⁶).
+///
+/// Errors: [`InputError::InvalidArgument`] (argument `schedule.normalization`).
+pub(crate) fn check_normalization<M: Matrix>(x: &M, c: f64) -> Result<()> {
+    let (lo, hi) = x.normal_range();
+    let normal = |v: f64| (lo..=hi).contains(&v);
+    if normal(c) && normal(1.0 / c) {
+        return Ok(());
+    }
+    let why = format!(
+        "{c:e}: it and its reciprocal must lie in the element type's normal range \
+         [{lo:e}, {hi:e}] (X/(c·‖X‖_F) has norm 1/c, which would under- or overflow)"
+    );
+    Err(InputError::invalid("schedule.normalization", why).into())
+}
+
+/// X ← X/(c·fro) for fro > 0 finite and c > 0 with c, 1/c normal numbers of the element type
+/// ([`check_normalization`]): as one factor when it lies in [1e-30, 1e30] (representable in
+/// every element type), otherwise as two, 1/√fro and 1/(√fro·c), when the second is a normal
+/// number of the element type, and otherwise as three, 1/√fro twice and 1/c. f32 and bf16 reach
+/// only ~3.4e38 and are subnormal below ~1.2e-38, so a single factor 1/(c·fro) could overflow
+/// or lose bits, and 1/(√fro·c) underflow (fro = 1e38, c = 1e30 gives 1e-49). 1/√fro is always
+/// representable: ‖X‖_F lies in [2⁻¹⁴⁹, 2¹²⁸·√(mn)] for f32 entries and [1e-290, 2⁹⁶⁰·√(mn)] for
+/// f64 ones after [`prepare`]'s exact rescalings.
 fn normalize<M: Matrix>(x: &mut M, fro: f64, c: f64) -> Result<()> {
     let inv = (1.0 / fro) / c;
     if inv.is_finite() && (1e-30..=1e30).contains(&inv) {
         return x.scale(inv);
     }
+    let (lo, hi) = x.normal_range();
     let (s1, s2) = (1.0 / fro.sqrt(), 1.0 / (fro.sqrt() * c));
-    if s2.is_finite() && s2 > 0.0 {
+    if (lo..=hi).contains(&s2) {
         x.scale(s1)?;
         x.scale(s2)
     } else {
-        x.scale(1.0 / fro)?;
+        x.scale(s1)?;
+        x.scale(s1)?;
         x.scale(1.0 / c)
     }
 }
@@ -422,6 +456,46 @@ mod tests {
         assert_eq!(s.steps[7], POLAR_EXPRESS_COEFFICIENTS[7]);
         assert_eq!(s.steps[9], POLAR_EXPRESS_COEFFICIENTS[7]);
         assert_eq!(NsSchedule::muon().steps, vec![MUON_QUINTIC; 5]);
+    }
+
+    #[test]
+    fn a_normalization_outside_the_element_types_range_is_an_error_not_a_zero_matrix() {
+        let x = ndarray::array![[0.6_f64, 0.0], [0.0, 0.8]];
+        let sched = NsSchedule::repeated(CUBIC, 3, 1e300).unwrap();
+        // f32: X/(1e300·‖X‖_F) is below f32's range; f64 holds it (norm 1e-300).
+        match newton_schulz(&x.mapv(|v| v as f32), &sched) {
+            Err(LinalgError::Input(InputError::InvalidArgument { arg, .. })) => {
+                assert_eq!(arg, "schedule.normalization")
+            }
+            other => panic!("{other:?}"),
+        }
+        let y = newton_schulz(&x, &sched).unwrap();
+        let want = sched.scalar_map(0.8, 1.0);
+        assert!(want > 1e-300 && ((y[[1, 1]] - want) / want).abs() < 1e-15);
+        // 1/c below f64's normal range: an error in f64 too.
+        let sched = NsSchedule::repeated(CUBIC, 3, 1e308).unwrap();
+        assert!(newton_schulz(&x, &sched).is_err());
+    }
+
+    #[test]
+    fn a_huge_f32_input_with_a_large_normalization_is_not_flushed_to_zero() {
+        // ‖X‖_F ≈ 1.1e38 and c = 1e30: X/(c·‖X‖_F) has entries ≈ 1e-30, inside f32's range,
+        // while 1/(√‖X‖_F·c) ≈ 1e-49 is not.
+        let x = ndarray::array![[1e38_f32, 0.0], [0.0, 5e37]];
+        let sched = NsSchedule {
+            steps: vec![],
+            normalization: 1e30,
+        };
+        let y = newton_schulz(&x, &sched).unwrap();
+        let fro = (1e76_f64 + 25e74).sqrt();
+        for (i, v) in [(0, 1e38), (1, 5e37)] {
+            let want = v / (1e30 * fro);
+            let got = f64::from(y[[i, i]]);
+            assert!(
+                ((got - want) / want).abs() < 4.0 * f64::from(f32::EPSILON),
+                "{got:e}"
+            );
+        }
     }
 
     #[test]

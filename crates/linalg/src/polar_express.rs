@@ -49,27 +49,56 @@
 //!   [ℓ_t, u_t] is again [ℓ_{t+1}, 2 − ℓ_{t+1}] — p is increasing on [0, κ·u_t], so p_t(ℓ_t) is
 //!   still the minimum; for d = 5 the maximum 1 + E is p_t(u_t), for d = 3 it is p_t at the
 //!   interior critical point √(−a/(3b)).
-//! * **Safety factor s** (1.01 in the paper). Rounding can leave a singular value slightly above
-//!   u_t, and a polynomial can amplify that excess step after step. Every step is replaced by
-//!   x ↦ p_t(x/s), i.e. (a/s, b/s³, c/s⁵), and the input is normalized by s·‖X‖_F. The design
-//!   bounds ℓ_t, u_t are those of the unscaled p_t (as in the paper's code); the predicted bands
-//!   ([`PolarExpressDesign::bands`]) are those of the schedule actually run.
-//! * **The converged tail.** Once the design interval is so narrow that the optimal polynomial
-//!   is the Newton–Schulz step to f64 precision (ℓ_t/u_t ≥ 1 − 5·10⁻⁶, the threshold of the
-//!   paper's solver), p_t is taken to be the plain Newton–Schulz step of degree d, unscaled and
-//!   not recentred (they would change it by ≤ 5(1 − ℓ_t/u_t) relative), whose fixed point 1 is
-//!   superattracting, and it is used *without* the safety factor (which would move the fixed
-//!   point to ≈ 1 − 2·10⁻⁶). This is the published table's rule: its 8th and last entry is
-//!   exactly (15/8, −10/8, 3/8), repeated for later steps and the only one left unscaled,
-//!   although the greedy recursion gives for that step (ℓ_8/u_8 = 1 − 2.1·10⁻⁹) the step
-//!   scaled to [1 − 1.04·10⁻⁹, 1 + 1.04·10⁻⁹], i.e. (15/8, −10/8, 3/8)·(1 − 1.04·10⁻⁹·(1, 3, 5))
-//!   — "numerically equal" in the paper's words. Schedules that stop before the tail are scaled
-//!   at every step, as the published code does.
+//! * **Safety factor s** (1.01 in the paper, 1.02 in modded-nanogpt). Rounding can leave a
+//!   singular value slightly above u_t, and a polynomial can amplify that excess step after
+//!   step. The input is normalized by s·‖X‖_F, and steps are replaced by p̃_t(x) = p_t(x/s),
+//!   i.e. (a/s, b/s³, c/s⁵). [`SafetyRule`] says which steps, and whether the recursion sees
+//!   them:
+//!   - [`SafetyRule::InDesign`] (the default; the rule of the public generator, whose output
+//!     modded-nanogpt runs): the scaled step drives the recursion, ℓ_{t+1} = p̃_t(ℓ_t) =
+//!     p_t(ℓ_t/s), u_{t+1} = 2 − ℓ_{t+1}, so every polynomial is designed for the lower end the
+//!     scaled steps before it actually produce. p_t is increasing on [0, ℓ_t] and
+//!     max p_t = 1 + E_t, so p̃_t's image of [ℓ_t, u_t] lies in [ℓ_{t+1}, 1 + E_t] ⊂
+//!     [ℓ_{t+1}, u_{t+1}] (the upper end is not tight). Every step is the optimal polynomial of
+//!     its interval — from ℓ_t/u_t ≥ 1 − 5·10⁻⁶ on the limit form, the Newton–Schulz step
+//!     scaled to [0, u_t] — and every step but the last is scaled. The last step is p_T itself:
+//!     its image of [ℓ_T, u_T] is [1 − E_T, 1 + E_T], centred on 1. With s > 1 the scaled steps
+//!     keep the intervals from converging: near 1 a step is close to the Newton–Schulz one,
+//!     p_NS(1 − t) = 1 − 2.5t³ + O(t⁴), so it takes [1 − δ, 1 + δ] to about
+//!     1 ± 2.5·(2δ + s − 1)³, whose fixed point is δ ≈ 2.5·(s − 1)³ (2.4·10⁻⁶ for s = 1.01,
+//!     where the steps are the limit form); the unscaled last step then maps 1 ± δ to within
+//!     about 2.5·(2δ)³ of 1.
+//!   - [`SafetyRule::AfterDesign`]: the recursion runs on the unscaled p_t (ℓ_{t+1} =
+//!     p_t(ℓ_t)), with the converged tail below, and afterwards every step before the tail, the
+//!     last one included, is replaced by p̃_t. This is how the paper's code runs its table (1.01
+//!     applied to all entries but the 8th, which is the tail).
+//!
+//!   For s > 1 the rules differ from the second step on: at ℓ = 10⁻³, 5 steps, s = 1.02,
+//!   cushion 0.02 the default rule gives modded-nanogpt's table and maps σ/‖X‖_F ∈ [ℓ, 1] into
+//!   [0.847, 1.141]; `AfterDesign` gives coefficients up to 10 % away (step 5) and
+//!   [0.807, 1.121]. For s = 1 they differ only in the converged tail, by the factors
+//!   u_t^{−1}, u_t^{−3}, u_t^{−5} (≤ 5(u_t − 1) ≤ 1.3·10⁻⁵ relative). The predicted bands
+//!   ([`PolarExpressDesign::bands`]) are those of the schedule actually run, under either rule.
+//! * **The converged tail** ([`SafetyRule::AfterDesign`]). Once the design interval is so narrow
+//!   that the optimal polynomial is the Newton–Schulz step to f64 precision (ℓ_t/u_t ≥
+//!   1 − 5·10⁻⁶, the threshold of the paper's solver), p_t is taken to be the plain
+//!   Newton–Schulz step of degree d, unscaled and not recentred (they would change it by
+//!   ≤ 5(1 − ℓ_t/u_t) relative), whose fixed point 1 is superattracting, and it is used
+//!   *without* the safety factor (which would move the fixed point to ≈ 1 − 2·10⁻⁶). This is
+//!   the paper's table's rule: its 8th and last entry is exactly (15/8, −10/8, 3/8), repeated
+//!   for later steps and the only one left unscaled, although the greedy recursion gives for
+//!   that step (ℓ_8/u_8 = 1 − 2.1·10⁻⁹) the step scaled to [1 − 1.04·10⁻⁹, 1 + 1.04·10⁻⁹],
+//!   i.e. (15/8, −10/8, 3/8)·(1 − 1.04·10⁻⁹·(1, 3, 5)) — "numerically equal" in the paper's
+//!   words. [`SafetyRule::InDesign`] uses that scaled step, as the public generator does.
 //!
 //! The published table [`POLAR_EXPRESS_COEFFICIENTS`](crate::POLAR_EXPRESS_COEFFICIENTS) is this
-//! generator's [`PolarExpressDesign::polynomials`] for ℓ = 10⁻³, d = 5, 8 steps, to the rounding
-//! of the Remez solves (tested, with a tolerance derived from the condition numbers of the 4×4
-//! systems), and [`NsSchedule::polar_express`] its schedule with s = 1.01.
+//! generator's [`PolarExpressDesign::polynomials`] for ℓ = 10⁻³, d = 5, 8 steps (and its schedule
+//! for s = 1: exactly so under `AfterDesign`, to the tail's 5.2·10⁻⁹ under `InDesign`), to the
+//! rounding of the Remez solves (tested, with a tolerance derived from the condition numbers of
+//! the 4×4 systems); [`NsSchedule::polar_express`] is its
+//! schedule with s = 1.01 under [`SafetyRule::AfterDesign`] ([`PolarExpressSpec::paper`]), and
+//! modded-nanogpt's 5-step table the schedule of `PolarExpressSpec::new(1e-3, 5, 5, 1.02)` with
+//! cushion 0.02.
 //!
 //! Cost: each step of degree 5 is a few 4×4 LAPACK solves (`dgesv`); 10 steps take well under a
 //! millisecond.
@@ -96,7 +125,26 @@ const NARROW_RATIO: f64 = 1.0 - 1e-3;
 /// The most Remez exchanges per step before [`LinalgError::NoConvergence`] (a handful suffice).
 const REMEZ_MAX_EXCHANGES: usize = 100;
 
-/// The inputs of the generator: bounds, degree, steps, safety factor and cushion.
+/// How the safety factor s enters a generated schedule (module docs, "Safety factor"). For
+/// s = 1 the rules differ only in the converged tail, by ≤ 5(u_t − 1) relative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SafetyRule {
+    /// The rule of the public generator (the Polar Express repository's `optimal_composition`
+    /// with a safety factor; modded-nanogpt's table is its output): the scaled step
+    /// p̃_t(x) = p_t(x/s) drives the recursion, ℓ_{t+1} = p̃_t(ℓ_t), u_{t+1} = 2 − ℓ_{t+1}; every
+    /// p_t is the optimal polynomial of its interval (the Newton–Schulz step scaled to [0, u_t]
+    /// once ℓ_t/u_t ≥ 1 − 5·10⁻⁶), and the last step is p_T itself, unscaled.
+    #[default]
+    InDesign,
+    /// The recursion runs on the unscaled p_t (ℓ_{t+1} = p_t(ℓ_t)) and ends in the converged
+    /// tail, the plain Newton–Schulz step, once ℓ_t/u_t ≥ 1 − 5·10⁻⁶; afterwards every step
+    /// before the tail, the last one included, becomes p_t(x/s). With ℓ = 10⁻³ and s = 1.01
+    /// this is the paper's coefficient table with its run-time factor
+    /// ([`NsSchedule::polar_express`]).
+    AfterDesign,
+}
+
+/// The inputs of the generator: bounds, degree, steps, safety factor and its rule, cushion.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PolarExpressSpec {
     /// ℓ ∈ (0, 1): the schedule is designed for σ/‖X‖_F ∈ [ℓ, 1].
@@ -107,23 +155,26 @@ pub struct PolarExpressSpec {
     pub steps: usize,
     /// The safety factor s ≥ 1 (module docs); 1 turns it off.
     pub safety: f64,
+    /// How s enters the schedule ([`SafetyRule::InDesign`] unless set otherwise).
+    pub rule: SafetyRule,
     /// The cushion κ ∈ [0, 1) (module docs); 0 turns it off.
     pub cushion: f64,
 }
 
-/// The greedy recursion's output: polynomials, design intervals, first converged step.
-type Recursion = (Vec<PolyStep>, Vec<(f64, f64)>, usize);
+/// The greedy recursion's output: the polynomials p_t, the steps run, the design intervals.
+type Recursion = (Vec<PolyStep>, Vec<PolyStep>, Vec<(f64, f64)>);
 
 /// What the generator returns: the schedule to run and what it is predicted to do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolarExpressDesign {
-    /// The schedule: steps p_t(x/s) (the converged tail unscaled), normalization s.
+    /// The schedule: steps p_t(x/s) or p_t as [`SafetyRule`] says, normalization s.
     pub schedule: NsSchedule,
     /// The optimal (cushioned, recentred) polynomials p_t before the safety factor.
     pub polynomials: Vec<PolyStep>,
     /// [ℓ_t, u_t], t = 1..=T + 1: the interval step t was designed for (in the converged tail:
-    /// the image of the previous one), and last the image of [ℓ, 1] under the whole composition
-    /// without the safety factor: its error is max(1 − ℓ_{T+1}, u_{T+1} − 1).
+    /// the image of the previous one), and last the interval the recursion reaches after step
+    /// T, [ℓ_{T+1}, u_{T+1}]. Without a safety factor that is the image of [ℓ, 1] under the
+    /// whole composition, whose error is max(1 − ℓ_{T+1}, u_{T+1} − 1).
     pub design_intervals: Vec<(f64, f64)>,
     /// After each step k of [`schedule`](Self::schedule) (k = 1..=T), the exact image
     /// [lo_k, hi_k] of all σ/‖X‖_F ∈ [ℓ, 1] under the first k steps (f64, computed from the
@@ -148,20 +199,34 @@ impl PolarExpressDesign {
 }
 
 impl PolarExpressSpec {
-    /// A specification with the paper's cushion [`POLAR_EXPRESS_CUSHION`].
+    /// A specification with the paper's cushion [`POLAR_EXPRESS_CUSHION`] and the public
+    /// generator's [`SafetyRule::InDesign`].
     pub const fn new(lower: f64, degree: usize, steps: usize, safety: f64) -> Self {
         Self {
             lower,
             degree,
             steps,
             safety,
+            rule: SafetyRule::InDesign,
             cushion: POLAR_EXPRESS_CUSHION,
         }
     }
 
-    /// The published setting: ℓ = 10⁻³, d = 5, s = 1.01, the paper's cushion.
+    /// The paper's run-time schedule: ℓ = 10⁻³, d = 5, s = 1.01, the paper's cushion,
+    /// [`SafetyRule::AfterDesign`] (its table with the factor applied afterwards; equal to
+    /// [`NsSchedule::polar_express`] to the rounding of the Remez solves).
     pub const fn paper(steps: usize) -> Self {
-        Self::new(1e-3, 5, steps, crate::POLAR_EXPRESS_SAFETY)
+        Self::new(1e-3, 5, steps, crate::POLAR_EXPRESS_SAFETY).with_rule(SafetyRule::AfterDesign)
+    }
+
+    /// This specification with the safety rule `rule`.
+    pub const fn with_rule(self, rule: SafetyRule) -> Self {
+        Self { rule, ..self }
+    }
+
+    /// This specification with the cushion κ = `cushion`.
+    pub const fn with_cushion(self, cushion: f64) -> Self {
+        Self { cushion, ..self }
     }
 
     /// Checks every field (in declaration order).
@@ -214,22 +279,10 @@ impl PolarExpressSpec {
     /// ```
     pub fn design(&self) -> Result<PolarExpressDesign> {
         self.validate()?;
-        let (polynomials, design_intervals, converged_from) = self.polynomials()?;
-        let s = self.safety;
-        let steps: Vec<PolyStep> = polynomials
-            .iter()
-            .enumerate()
-            .map(|(t, p)| {
-                if t < converged_from {
-                    PolyStep::new(p.a / s, p.b / s.powi(3), p.c / s.powi(5))
-                } else {
-                    *p
-                }
-            })
-            .collect();
+        let (polynomials, steps, design_intervals) = self.recursion()?;
         let schedule = NsSchedule {
             steps,
-            normalization: s,
+            normalization: self.safety,
         };
         let bands = bands(&schedule, self.lower);
         Ok(PolarExpressDesign {
@@ -240,31 +293,41 @@ impl PolarExpressSpec {
         })
     }
 
-    /// The greedy recursion: the polynomials, the intervals [ℓ_t, u_t] (T + 1 of them) and the
-    /// index of the first converged step (T when none is).
-    fn polynomials(&self) -> Result<Recursion> {
+    /// The greedy recursion: the polynomials p_t, the steps the schedule runs (p_t or
+    /// p_t(x/s), [`SafetyRule`]) and the intervals [ℓ_t, u_t] (T + 1 of them).
+    fn recursion(&self) -> Result<Recursion> {
         let (mut l, mut u) = (self.lower, 1.0f64);
         let mut polys = Vec::with_capacity(self.steps);
+        let mut steps = Vec::with_capacity(self.steps);
         let mut intervals = vec![(l, u)];
-        let mut converged_from = self.steps;
         for t in 0..self.steps {
-            if l / u >= CONVERGED_RATIO {
-                converged_from = converged_from.min(t);
+            if self.rule == SafetyRule::AfterDesign && l / u >= CONVERGED_RATIO {
+                // The converged tail: the plain Newton–Schulz step, unscaled (module docs).
                 let p = newton_schulz_step(self.degree);
                 (l, u) = odd_polynomial_image(&p, l, u);
                 polys.push(p);
+                steps.push(p);
             } else {
                 let p = self.optimal(l.max(self.cushion * u), u)?;
                 // Recentre over the whole [ℓ_t, u_t]: min p(ℓ_t), max 1 + E (module docs).
                 let rho = 2.0 / (monomial(&p, l) + self.top(&p, u));
                 let p = PolyStep::new(p.a * rho, p.b * rho, p.c * rho);
-                l = monomial(&p, l);
+                let step = match self.rule {
+                    SafetyRule::InDesign if t + 1 == self.steps => p,
+                    _ => scaled(&p, self.safety),
+                };
+                let driver = match self.rule {
+                    SafetyRule::InDesign => &step,
+                    SafetyRule::AfterDesign => &p,
+                };
+                l = monomial(driver, l);
                 u = 2.0 - l;
                 polys.push(p);
+                steps.push(step);
             }
             intervals.push((l, u));
         }
-        Ok((polys, intervals, converged_from))
+        Ok((polys, steps, intervals))
     }
 
     /// The optimal odd polynomial of `self.degree` on [l, u].
@@ -295,6 +358,11 @@ pub fn polar_express_schedule(
     safety: f64,
 ) -> Result<PolarExpressDesign> {
     PolarExpressSpec::new(lower, degree, steps, safety).design()
+}
+
+/// x ↦ p(x/s): (a/s, b/s³, c/s⁵), the powers by `powf` as the reference code's `**`.
+fn scaled(p: &PolyStep, s: f64) -> PolyStep {
+    PolyStep::new(p.a / s, p.b / s.powf(3.0), p.c / s.powf(5.0))
 }
 
 /// a·x + b·x³ + c·x⁵ summed as monomials, the order of the paper's code (the recursion's bounds

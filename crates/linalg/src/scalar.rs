@@ -27,6 +27,11 @@ pub trait Real:
     const EPS: f64;
     /// The type's name, for messages.
     const NAME: &'static str;
+    /// The smallest positive normal number of the type, as `f64` (2⁻¹²⁶ for `f32`, 2⁻¹⁰²² for
+    /// `f64`).
+    const NORMAL_MIN: f64;
+    /// The largest finite number of the type, as `f64`.
+    const FINITE_MAX: f64;
     /// Converts from `f64` (rounding to nearest for `f32`).
     fn from_f64_lossy(x: f64) -> Self;
     /// Converts to `f64` (exact).
@@ -44,6 +49,8 @@ pub trait Real:
 impl Real for f32 {
     const EPS: f64 = f32::EPSILON as f64;
     const NAME: &'static str = "f32";
+    const NORMAL_MIN: f64 = f32::MIN_POSITIVE as f64;
+    const FINITE_MAX: f64 = f32::MAX as f64;
     fn from_f64_lossy(x: f64) -> Self {
         x as f32
     }
@@ -55,6 +62,8 @@ impl Real for f32 {
 impl Real for f64 {
     const EPS: f64 = f64::EPSILON;
     const NAME: &'static str = "f64";
+    const NORMAL_MIN: f64 = f64::MIN_POSITIVE;
+    const FINITE_MAX: f64 = f64::MAX;
     fn from_f64_lossy(x: f64) -> Self {
         x
     }

@@ -76,11 +76,17 @@ pub struct Svd<A> {
 
 impl<A: Real> Svd<A> {
     /// U Σ Vᵀ, using the first k = `s.len()` columns of U and rows of Vᵀ (so it works for thin
-    /// and full factors). With k = 0 it is the m×n zero matrix.
+    /// and full factors, and for s truncated to the k largest values). With k = 0 it is the
+    /// m×n zero matrix.
     ///
-    /// Errors: [`InputError::ShapeMismatch`] when U has fewer than k columns (argument
-    /// `self.u`) or Vᵀ fewer than k rows (argument `self.vt`); [`InputError::NonFinite`] for a
-    /// NaN or ±∞ entry in a field (arguments `self.u`, `self.s`, `self.vt`). Products of finite
+    /// The shapes must fit: U is m×p and Vᵀ is q×n with k ≤ p ≤ m and k ≤ q ≤ n — at least k
+    /// singular vectors, and no more columns of U than rows (no more rows of Vᵀ than columns),
+    /// since the columns of U (rows of Vᵀ) are orthonormal. A factor passed transposed
+    /// (U of a tall m×n factorization as k×m, Vᵀ of a wide one as n×k) breaks the second rule.
+    ///
+    /// Errors: [`InputError::ShapeMismatch`] when U's shape breaks these rules (argument
+    /// `self.u`, checked first) or Vᵀ's does (argument `self.vt`); [`InputError::NonFinite`] for
+    /// a NaN or ±∞ entry in a field (arguments `self.u`, `self.s`, `self.vt`). Products of finite
     /// factors that overflow give ±∞ entries (IEEE arithmetic, no check).
     ///
     /// ```
@@ -103,19 +109,15 @@ impl<A: Real> Svd<A> {
             }
             .into());
         }
-        let factor = |arg, found: (usize, usize), what: &str| {
-            InputError::shape_mismatch(
-                arg,
-                format!("at least k = s.len() = {k} {what}"),
-                shape_str(found.0, found.1),
-            )
-            .into()
-        };
-        if self.u.ncols() < k {
-            return Err(factor("self.u", self.u.dim(), "columns"));
+        let (m, p) = self.u.dim();
+        if !(k <= p && p <= m) {
+            let want = format!("m×p with k = s.len() = {k} ≤ p ≤ m (orthonormal columns)");
+            return Err(InputError::shape_mismatch("self.u", want, shape_str(m, p)).into());
         }
-        if self.vt.nrows() < k {
-            return Err(factor("self.vt", self.vt.dim(), "rows"));
+        let (q, n) = self.vt.dim();
+        if !(k <= q && q <= n) {
+            let want = format!("q×n with k = s.len() = {k} ≤ q ≤ n (orthonormal rows)");
+            return Err(InputError::shape_mismatch("self.vt", want, shape_str(q, n)).into());
         }
         let us = &self.u.slice(s![.., ..k]) * &self.s.view().insert_axis(Axis(0));
         Ok(us.dot(&self.vt.slice(s![..k, ..])))

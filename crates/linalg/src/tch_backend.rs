@@ -277,6 +277,16 @@ impl Matrix for Tensor {
         dims2(self).unwrap_or((0, 0))
     }
 
+    fn normal_range(&self) -> (f64, f64) {
+        match self.kind() {
+            Kind::Double => (f64::NORMAL_MIN, f64::FINITE_MAX),
+            // bf16 has f32's exponent range and 8 significant bits: its largest finite number
+            // is (2 − 2⁻⁷)·2¹²⁷.
+            Kind::BFloat16 => (f32::NORMAL_MIN, (2.0 - 2f64.powi(-7)) * 2f64.powi(127)),
+            _ => (f32::NORMAL_MIN, f32::FINITE_MAX),
+        }
+    }
+
     fn validate(&self, arg: &'static str) -> Result<()> {
         let (rows, cols) = check_2d(arg, self)?;
         check_kind(arg, self.kind())?;

@@ -18,8 +18,8 @@
 //! batched call: some states with a buffer and some without, or a momentum input msign would
 //! rescale (norm zero, not finite, or outside msign's safe range). The msign variants that are
 //! a plain Newton–Schulz schedule — `MuonQuintic`, `PolarExpress`, `PolarExpressDesigned` — run
-//! batched; the others (`Exact`, `MuonQuinticEps`, whose normalization depends on each norm, the
-//! Gram form and AOL) run one msign per matrix, with the same results as [`Muon::step`].
+//! batched; the others (`Exact`, `MuonQuinticEps` and `MuonQuinticClamp`, whose normalization
+//! depends on each norm, the Gram form and AOL) run one msign per matrix, with the same results as [`Muon::step`].
 //!
 //! [`Momentum`]: crate::Momentum
 

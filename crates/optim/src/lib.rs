@@ -52,7 +52,7 @@ pub use manifold::{
     ManifoldMuonConfig, ManifoldState, ManifoldStep, OnDivergence, TangentSolution,
 };
 pub use momentum::{Momentum, MomentumKind, MomentumState};
-pub use msign::{msign, Msign, MUON_REFERENCE_EPS};
+pub use msign::{msign, Msign, MUON_REFERENCE_EPS, TORCH_MUON_EPS};
 pub use muon::{Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
 pub use normuon::{NeuronAxis, NorMuon, NORMUON_EPS};
 pub use precision::{cpu_has_native_bf16, Precision, WorkingPrecision};

@@ -1,6 +1,7 @@
 //! msign(X) = U·sign(Σ)·Vᵀ, the matrix sign (orthogonalization) that Muon and manifold Muon apply,
-//! computed exactly through the SVD, by Muon's quintic Newton–Schulz (with or without the
-//! reference's epsilon), or by Polar Express (what the paper's code ran), directly or as Gram
+//! computed exactly through the SVD, by Muon's quintic Newton–Schulz (with the exact
+//! normalization, Keller Jordan's reference's added epsilon or `torch.optim.Muon`'s clamped
+//! one), or by Polar Express (what the paper's code ran), directly or as Gram
 //! Newton–Schulz, with a schedule generated for given bounds, or AOL-preconditioned (Turbo-Muon,
 //! which computes msign(X·D) for a diagonal D).
 //!
@@ -16,7 +17,7 @@
 //! | `Exact` | polar factor U·Vᵀ of the SVD (LAPACK on `ndarray`, libtorch on tensors), null directions kept at 0 | 1 to rounding (f64: 1e-12), 0 for σ ≤ τ |
 //! | `MuonQuintic` | 5 steps of p(x) = 3.4445x − 4.7750x³ + 2.0315x⁵ after X/‖X‖_F (exact, scale-invariant) | in [0.6818, 1.1344] for σ/‖X‖_F ≥ 0.0052 (not 1: the coefficients sum to 0.701) |
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
-//! | `PolarExpressDesigned { lower, steps, safety }` | a schedule generated for σ/‖X‖_F ∈ [ℓ, 1] ([`kappa_linalg::PolarExpressSpec`], degree 5, cushion 0.024; cached), normalization s·‖X‖_F | inside the predicted band [`kappa_linalg::PolarExpressDesign::bands`] for σ/‖X‖_F ∈ [ℓ, 1] (f64; `{ 1e-3, 10, 1.01 }` is the published schedule to ≤ 2e-12 relative) |
+//! | `PolarExpressDesigned { lower, steps, safety }` | a schedule generated for σ/‖X‖_F ∈ [ℓ, 1] ([`kappa_linalg::PolarExpressSpec`], degree 5, cushion 0.024, the public generator's safety rule [`kappa_linalg::SafetyRule::InDesign`]; cached), normalization s·‖X‖_F | inside the predicted band [`kappa_linalg::PolarExpressDesign::bands`] for σ/‖X‖_F ∈ [ℓ, 1] (f64) |
 //! | `Aol { steps }` (`lower` absent) | Turbo-Muon: X·D, D = diag(Σ_i \|(XᵀX)_ij\|)^{-1/2} (small side; ‖X·D‖₂ ≤ 1) in place of X/‖X‖_F, then the last `steps` of the Turbo-Muon list ([`kappa_linalg::aol_newton_schulz`]) | computes msign(X·D) ≠ msign(X); 96×256 Gaussian, 4 steps: σ ∈ [0.978, 1.032] (NS5 [0.682, 1.134]), ⟨X, O⟩/‖X‖_* 0.966 (NS5 0.725), ‖msign(XD) − msign(X)‖_F/‖msign(X)‖_F 0.009; κ = 1e4: σ ∈ [0.0104, 1.144], quality 0.870 (NS5 0.743), distance 0.117 |
 //! | `Aol { steps, lower: ℓ }` | the same AOL rescaling, then Polar Express designed for σ(X·D) ∈ [ℓ, 1] (no safety factor); [`Msign::aol_short`] = 3 steps at ℓ = 0.03 | computes msign(X·D); 3 steps at ℓ = 0.03 (f64, square and tall Gaussians and κ = 1e4, 96×256 to 512²): σ_max ≤ 1.036, ⟨X, O⟩/(‖X‖_*·σ_max(O)) 0.942–0.965 (NS5 0.690–0.851, Turbo ×4 0.867–0.970), smallest σ 2.1–5.2× below NS5's where σ(X·D) ≪ ℓ |
 //! | `GramAol { steps, restart, lower }` | `Aol { steps, lower }` run as Gram Newton–Schulz ([`kappa_linalg::aol_gram_newton_schulz`]): the AOL Gram matrix D·A·D starts the first block, r×r products only, re-formed every `restart` steps (at most 2 in bf16) | as `Aol { steps, lower }` to its rounding (the same map of X·D) |
@@ -26,6 +27,9 @@
 //! Jordan's reference normalization with eps = [`MUON_REFERENCE_EPS`] = 1e-7
 //! ([`Msign::muon_reference`]). It is *not* scale-invariant: an input with ‖X‖_F ≲ 100·eps is
 //! shrunk (at ‖X‖_F = 1e-8·√(mn)-scale entries the outputs of the two variants differ by ≈ 25 %).
+//! `MuonQuinticClamp { eps }` runs them after X/max(‖X‖_F, eps) — `torch.optim.Muon`'s
+//! normalization with eps = [`TORCH_MUON_EPS`] = 1e-7 ([`Msign::torch_muon`]): exactly
+//! `MuonQuintic` for ‖X‖_F ≥ eps, X/eps (not scale-invariant) below.
 //!
 //! # Zero singular values: sign(0) = 0, unlike `polar_factor`
 //!
@@ -62,8 +66,9 @@
 //!
 //! # Normalizers and thresholds
 //!
-//! Muon's reference divides by ‖X‖_F + 1e-7 (`MuonQuinticEps`), the paper's Polar Express by
-//! 1.01·‖X‖_F with no epsilon, `MuonQuintic` by ‖X‖_F exactly. Inputs with σ/‖X‖_F below the
+//! Muon's reference divides by ‖X‖_F + 1e-7 (`MuonQuinticEps`), `torch.optim.Muon` by
+//! max(‖X‖_F, 1e-7) (`MuonQuinticClamp`), the paper's Polar Express by 1.01·‖X‖_F with no
+//! epsilon, `MuonQuintic` by ‖X‖_F exactly. Inputs with σ/‖X‖_F below the
 //! thresholds (0.0052 for the quintic, 1e-3 for Polar Express) are not fully inflated: e.g. a
 //! square Gaussian's smallest σ end near 0.02 after NS5. See docs/optim.md, "Math".
 
@@ -82,6 +87,10 @@ use crate::precision::{Precision, WorkingPrecision};
 /// The epsilon of Keller Jordan's Muon reference, X/(‖X‖_F + 1e-7) ([`Msign::muon_reference`]).
 pub const MUON_REFERENCE_EPS: f64 = 1e-7;
 
+/// The epsilon of `torch.optim.Muon` (its default `eps`), X/max(‖X‖_F, 1e-7)
+/// ([`Msign::torch_muon`]).
+pub const TORCH_MUON_EPS: f64 = 1e-7;
+
 /// How msign is computed (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -91,8 +100,9 @@ pub enum Msign {
     /// f64 work).
     Exact,
     /// Muon's quintic Newton–Schulz coefficients, 5 steps, after the exact normalization
-    /// X/‖X‖_F: scale-invariant. (Keller Jordan's reference adds 1e-7 to the norm; that is
-    /// [`Msign::MuonQuinticEps`].)
+    /// X/‖X‖_F: scale-invariant. (Keller Jordan's reference adds 1e-7 to the norm, that is
+    /// [`Msign::MuonQuinticEps`]; `torch.optim.Muon` clamps the norm at 1e-7 from below, that is
+    /// [`Msign::MuonQuinticClamp`].)
     MuonQuintic,
     /// Muon's quintic Newton–Schulz, 5 steps, after X/(‖X‖_F + eps): Keller Jordan's reference
     /// with eps = [`MUON_REFERENCE_EPS`] ([`Msign::muon_reference`]). eps ≥ 0, finite; eps = 0 is
@@ -100,6 +110,14 @@ pub enum Msign {
     /// cubic and quintic terms vanish in f64 and the output is (Π a_i)·X/eps ≈ 487.9·X/eps.
     MuonQuinticEps {
         /// The epsilon added to ‖X‖_F.
+        eps: f64,
+    },
+    /// Muon's quintic Newton–Schulz, 5 steps, after X/max(‖X‖_F, eps): `torch.optim.Muon`
+    /// with eps = [`TORCH_MUON_EPS`] ([`Msign::torch_muon`]). eps ≥ 0, finite. For
+    /// ‖X‖_F ≥ eps it is `MuonQuintic`, bit for bit; below it divides by eps (not
+    /// scale-invariant), and below ‖X‖_F < 1e-16·eps the output is (Π a_i)·X/eps ≈ 487.9·X/eps.
+    MuonQuinticClamp {
+        /// The lower bound on the normalizer.
         eps: f64,
     },
     /// Polar Express with per-step coefficients; the paper's code uses 10 steps.
@@ -118,10 +136,11 @@ pub enum Msign {
         restart: usize,
     },
     /// Polar Express with a schedule generated for these bounds
-    /// ([`kappa_linalg::PolarExpressSpec`], degree 5, the paper's cushion): designed for
-    /// σ/‖X‖_F ∈ [`lower`, 1]. `{ lower: 1e-3, steps, safety: 1.01 }` is the published table
-    /// (`PolarExpress { steps }`) to the rounding of the Remez solves (≤ 2e-12 relative in the
-    /// coefficients). Generated schedules are cached per parameter set.
+    /// ([`kappa_linalg::PolarExpressSpec::new`]: degree 5, the paper's cushion, the public
+    /// generator's safety rule [`kappa_linalg::SafetyRule::InDesign`]): designed for
+    /// σ/‖X‖_F ∈ [`lower`, 1]. The paper's run-time table is `PolarExpress { steps }` (the
+    /// generator's other rule, [`kappa_linalg::SafetyRule::AfterDesign`]). Generated schedules
+    /// are cached per parameter set.
     PolarExpressDesigned {
         /// ℓ ∈ (0, 1), the smallest normalized singular value the schedule is designed for.
         lower: f64,
@@ -220,12 +239,31 @@ impl Msign {
         }
     }
 
+    /// `torch.optim.Muon`'s orthogonalization: the quintic after X/max(‖X‖_F, 1e-7).
+    pub const fn torch_muon() -> Self {
+        Msign::MuonQuinticClamp {
+            eps: TORCH_MUON_EPS,
+        }
+    }
+
+    /// The epsilon and its form for the quintic variants with an epsilon, `None` otherwise.
+    fn eps_form(&self) -> Option<(f64, EpsForm)> {
+        match *self {
+            Msign::MuonQuinticEps { eps } => Some((eps, EpsForm::Add)),
+            Msign::MuonQuinticClamp { eps } => Some((eps, EpsForm::Clamp)),
+            _ => None,
+        }
+    }
+
     /// The Newton–Schulz schedule behind this variant (`None` for `Exact`). For
-    /// `MuonQuinticEps` the normalization factor shown is 1; the call uses 1 + eps/‖X‖_F.
+    /// `MuonQuinticEps` and `MuonQuinticClamp` the normalization factor shown is 1; the call
+    /// uses 1 + eps/‖X‖_F and max(1, eps/‖X‖_F).
     pub fn schedule(&self) -> Option<NsSchedule> {
         match *self {
             Msign::Exact => None,
-            Msign::MuonQuintic | Msign::MuonQuinticEps { .. } => Some(NsSchedule::muon()),
+            Msign::MuonQuintic | Msign::MuonQuinticEps { .. } | Msign::MuonQuinticClamp { .. } => {
+                Some(NsSchedule::muon())
+            }
             // `validate` rejects step counts beyond the linalg cap, so `ok()` drops no valid schedule.
             Msign::PolarExpress { steps } | Msign::GramPolarExpress { steps, .. } => {
                 NsSchedule::polar_express(steps).ok()
@@ -250,7 +288,9 @@ impl Msign {
     pub fn validate(&self) -> Result<()> {
         match *self {
             Msign::Exact | Msign::MuonQuintic => Ok(()),
-            Msign::MuonQuinticEps { eps } => Ok(check_range("msign.eps", eps, 0.0, f64::MAX)?),
+            Msign::MuonQuinticEps { eps } | Msign::MuonQuinticClamp { eps } => {
+                Ok(check_range("msign.eps", eps, 0.0, f64::MAX)?)
+            }
             Msign::PolarExpress { steps } => validate_polar_express(steps),
             Msign::GramPolarExpress { steps, restart } => {
                 validate_polar_express(steps).and_then(|()| validate_restart(restart))
@@ -277,7 +317,9 @@ impl Msign {
         let per_step = 4.0 * r * r * s + 2.0 * r * r * r;
         match *self {
             Msign::Exact => 0.0,
-            Msign::MuonQuintic | Msign::MuonQuinticEps { .. } => 5.0 * per_step,
+            Msign::MuonQuintic | Msign::MuonQuinticEps { .. } | Msign::MuonQuinticClamp { .. } => {
+                5.0 * per_step
+            }
             Msign::PolarExpress { steps }
             | Msign::PolarExpressDesigned { steps, .. }
             | Msign::Aol { steps, .. } => steps as f64 * per_step,
@@ -456,23 +498,44 @@ fn exact<M: Matrix>(x: &M, working: &str) -> Result<M> {
     Ok(if tall { q.matmul(&p)? } else { p.matmul(&q)? })
 }
 
-/// The quintic after X/(‖X‖_F + eps) (`MuonQuinticEps`). `fro` is ‖X‖_F of the caller's input
-/// (before any power-of-two scaling, which the normalization factor 1 + eps/‖X‖_F ignores).
-fn quintic_eps<M: Matrix>(x: &M, fro: f64, eps: f64) -> Result<M> {
+/// How a quintic variant with an epsilon forms its normalizer from ‖X‖_F.
+#[derive(Debug, Clone, Copy)]
+enum EpsForm {
+    /// ‖X‖_F + eps (`MuonQuinticEps`, Keller Jordan's reference).
+    Add,
+    /// max(‖X‖_F, eps) (`MuonQuinticClamp`, `torch.optim.Muon`).
+    Clamp,
+}
+
+impl EpsForm {
+    /// The factor c of the normalization X/(c·‖X‖_F) for r = eps/‖X‖_F: 1 + r, or max(1, r).
+    fn factor(self, ratio: f64) -> f64 {
+        match self {
+            EpsForm::Add => 1.0 + ratio,
+            EpsForm::Clamp => ratio.max(1.0),
+        }
+    }
+}
+
+/// The quintic after X/(‖X‖_F + eps) or X/max(‖X‖_F, eps) (`form`). `fro` is ‖X‖_F of the
+/// caller's input (before any power-of-two scaling, which the normalization factor
+/// c = `form.factor(eps/‖X‖_F)` ignores).
+fn quintic_eps<M: Matrix>(x: &M, fro: f64, eps: f64, form: EpsForm) -> Result<M> {
     let schedule = NsSchedule::muon();
     if fro == 0.0 {
         return Ok(x.duplicate()?);
     }
     let ratio = eps / fro;
     if ratio > 1e16 || !ratio.is_finite() {
-        // X/(‖X‖_F + eps) has norm < 1e-16: p(y) = a·y to f64 precision at every step.
+        // Both normalizers are eps to f64 precision, and X/eps has norm < 1e-16: p(y) = a·y
+        // to f64 precision at every step.
         let gain = schedule.steps.iter().map(|p| p.a).product::<f64>() / eps;
         let mut out = x.duplicate()?;
         out.scale(gain)?;
         return Ok(out);
     }
     let schedule = NsSchedule {
-        normalization: 1.0 + ratio,
+        normalization: form.factor(ratio),
         ..schedule
     };
     Ok(newton_schulz(x, &schedule)?)
@@ -504,15 +567,15 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
     check_gram_period(method, x.working_name(precision)?)?;
     let w = Working::of(x, precision)?;
     let input = w.input(x);
-    let out = match (method, method.schedule()) {
-        (Msign::MuonQuinticEps { eps }, _) => {
-            let ratio = eps / w.fro;
-            if w.scaled.is_some() && (ratio > 1e16 || ratio.is_nan()) {
-                // The linear regime needs the unscaled input (its output is ∝ X).
-                return quintic_eps(x, w.fro, eps);
-            }
-            quintic_eps(input, w.fro, eps)?
+    if let Some((eps, form)) = method.eps_form() {
+        let ratio = eps / w.fro;
+        if w.scaled.is_some() && (ratio > 1e16 || ratio.is_nan()) {
+            // The linear regime needs the unscaled input (its output is ∝ X).
+            return quintic_eps(x, w.fro, eps, form);
         }
+        return w.back(quintic_eps(input, w.fro, eps, form)?, x);
+    }
+    let out = match (method, method.schedule()) {
         (Msign::GramPolarExpress { restart, .. }, Some(schedule)) => {
             gram_newton_schulz(input, &schedule, restart)?
         }

@@ -70,7 +70,8 @@ impl UpdateScale {
     }
 }
 
-/// Muon's settings. Two named presets: [`MuonConfig::keller`] and [`MuonConfig::paper`].
+/// Muon's settings. Three named presets: [`MuonConfig::keller`], [`MuonConfig::torch`] and
+/// [`MuonConfig::paper`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MuonConfig {
@@ -104,9 +105,8 @@ fn is_false(b: &bool) -> bool {
 
 impl MuonConfig {
     /// Keller Jordan's Muon defaults: lr 0.02, momentum 0.95 EMA-Nesterov, 5 quintic
-    /// Newton–Schulz steps, `Original` shape scale, no weight decay, (out, in) layout. With
-    /// `lr = 1e-3, weight_decay = 0.1` it is `torch.optim.Muon`'s default (whose only other
-    /// difference is the 1e-7 in its normalizer and its unconditional bf16).
+    /// Newton–Schulz steps after the exact X/‖X‖_F, `Original` shape scale, no weight decay,
+    /// (out, in) layout.
     pub fn keller() -> Self {
         Self {
             lr: 0.02,
@@ -118,6 +118,20 @@ impl MuonConfig {
             precision: Precision::Auto,
             normuon: None,
             cautious_weight_decay: false,
+        }
+    }
+
+    /// `torch.optim.Muon`'s defaults: lr 1e-3, weight decay 0.1, momentum 0.95 EMA-Nesterov
+    /// (its `lerp` form), 5 quintic steps after X/max(‖X‖_F, 1e-7) ([`Msign::torch_muon`]),
+    /// `Original` shape scale (`adjust_lr_fn = "original"`), (out, in) layout. The one
+    /// difference: torch always runs the quintic in bf16, this preset in the precision
+    /// [`Precision::Auto`] picks (set `precision` to match).
+    pub fn torch() -> Self {
+        Self {
+            lr: 1e-3,
+            weight_decay: 0.1,
+            msign: Msign::torch_muon(),
+            ..Self::keller()
         }
     }
 

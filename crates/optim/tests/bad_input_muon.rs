@@ -81,6 +81,9 @@ fn methods() -> Vec<Msign> {
         Msign::muon_reference(),
         Msign::MuonQuinticEps { eps: 0.0 },
         Msign::MuonQuinticEps { eps: 1e300 },
+        Msign::torch_muon(),
+        Msign::MuonQuinticClamp { eps: 0.0 },
+        Msign::MuonQuinticClamp { eps: 1e300 },
         Msign::polar_express(),
         Msign::PolarExpress { steps: 1 },
         Msign::PolarExpress { steps: 0 },
@@ -103,6 +106,8 @@ fn methods() -> Vec<Msign> {
         },
         Msign::MuonQuinticEps { eps: f64::NAN },
         Msign::MuonQuinticEps { eps: -1.0 },
+        Msign::MuonQuinticClamp { eps: f64::NAN },
+        Msign::MuonQuinticClamp { eps: -1.0 },
     ]
 }
 
@@ -113,7 +118,11 @@ fn method_arg(m: Msign) -> Option<&'static str> {
             Some("msign")
         }
         Msign::GramPolarExpress { restart: 0, .. } => Some("msign.restart"),
-        Msign::MuonQuinticEps { eps } if !(eps.is_finite() && eps >= 0.0) => Some("msign.eps"),
+        Msign::MuonQuinticEps { eps } | Msign::MuonQuinticClamp { eps }
+            if !(eps.is_finite() && eps >= 0.0) =>
+        {
+            Some("msign.eps")
+        }
         _ => None,
     }
 }
@@ -770,6 +779,7 @@ fn the_tensor_backend_survives_bad_input() {
         for method in [
             Msign::Exact,
             Msign::muon_reference(),
+            Msign::torch_muon(),
             Msign::polar_express(),
         ] {
             for p in [Precision::Native, Precision::F32, Precision::Bf16] {

@@ -126,13 +126,36 @@ fn gram_calls<A: Elem>(fuzz: &mut Fuzz, name: &str, x: &Array2<A>, input: &Input
     }
 }
 
-/// The schedules tried, with the error they must give on a valid nonzero input.
-fn schedules() -> Vec<(&'static str, NsSchedule, Want)> {
+/// The schedules tried, with the error they must give on a valid nonzero input of type `A`.
+fn schedules<A: Elem>() -> Vec<(&'static str, NsSchedule, Want)> {
     let blow_up = NsSchedule {
         steps: vec![PolyStep::new(1e200, 0.0, 0.0); 3],
         normalization: 1.0,
     };
+    // A normalization c is usable when c and 1/c are normal numbers of the element type
+    // (X/(c·‖X‖_F) has norm 1/c): f32 [2⁻¹²⁶, 2¹²⁶] ≈ [1.2e-38, 8.5e37], f64 [2⁻¹⁰²², 2¹⁰²²].
+    let usable = |c: f64| {
+        // The smallest normal number is the smallest subnormal over ε (2⁻¹⁴⁹/2⁻²³ in f32).
+        let normal = |v: f64| (A::MIN_SUB / A::EPS..=A::MAX).contains(&v);
+        normal(c) && normal(1.0 / c)
+    };
+    let scaled = |what, steps: Vec<PolyStep>, c: f64| {
+        let want = (!usable(c)).then_some(("InvalidArgument", "schedule.normalization"));
+        (
+            what,
+            NsSchedule {
+                steps,
+                normalization: c,
+            },
+            want,
+        )
+    };
     vec![
+        scaled("cubic, c = 1e300", vec![CUBIC; 3], 1e300),
+        scaled("no steps, c = 1e-39", vec![], 1e-39),
+        scaled("cubic, c = 1e308", vec![CUBIC; 3], 1e308),
+        scaled("cubic, c = 1e30", vec![CUBIC; 3], 1e30),
+        scaled("no steps, c = 1e-30", vec![], 1e-30),
         ("muon", NsSchedule::muon(), None),
         ("cubic(8)", NsSchedule::cubic(8).unwrap(), None),
         (
@@ -212,7 +235,7 @@ pub fn run<A: Elem>(fuzz: &mut Fuzz) {
             let input = analyse(&x);
             for layout in Layout::ALL {
                 gram_calls(fuzz, &name, &x, &input, layout);
-                for (what, sched, want) in schedules() {
+                for (what, sched, want) in schedules::<A>() {
                     let (l, i) = (Laid::new(layout, &x), input.clone());
                     fuzz.check(
                         format!(

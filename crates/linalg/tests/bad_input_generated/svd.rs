@@ -251,7 +251,7 @@ fn reconstruct<A: Elem>(fuzz: &mut Fuzz) {
             None,
         ),
     ];
-    for (what, svd, want) in cases {
+    for (what, svd, want) in cases.into_iter().chain(transposed_factors::<A>()) {
         let x = x.clone();
         fuzz.check(
             format!("Svd::reconstruct<{}>({what})", A::NAME),
@@ -276,4 +276,62 @@ fn reconstruct<A: Elem>(fuzz: &mut Fuzz) {
             },
         );
     }
+}
+
+/// Factors of a tall 6×5 and a wide 5×6 matrix passed transposed: U (6×5) as 5×6 and Vᵀ (5×6)
+/// as 6×5 have at least k = 5 columns (rows), but more columns than rows (rows than columns),
+/// which no factor with orthonormal columns (rows) has; and k = s.len() above both dimensions.
+fn transposed_factors<A: Elem>() -> Vec<(&'static str, Svd<A>, Want)> {
+    let matrix = |m: usize, n: usize| {
+        Array2::from_shape_fn((m, n), |(i, j)| {
+            A::from_f64_lossy(((i * 7 + j * 3) % 11) as f64 - 5.0)
+        })
+    };
+    let tall = svd_thin(matrix(6, 5).view(), SvdDriver::QrIteration).expect("unit-scale SVD");
+    let wide = svd_thin(matrix(5, 6).view(), SvdDriver::QrIteration).expect("unit-scale SVD");
+    vec![
+        (
+            "u of a 6×5 factorization transposed",
+            Svd {
+                u: tall.u.t().to_owned(),
+                ..tall.clone()
+            },
+            Some(("ShapeMismatch", "self.u")),
+        ),
+        (
+            "vt of a 5×6 factorization transposed",
+            Svd {
+                vt: wide.vt.t().to_owned(),
+                ..wide.clone()
+            },
+            Some(("ShapeMismatch", "self.vt")),
+        ),
+        (
+            "both factors of a 6×5 factorization transposed",
+            Svd {
+                u: tall.u.t().to_owned(),
+                vt: tall.vt.t().to_owned(),
+                ..tall.clone()
+            },
+            Some(("ShapeMismatch", "self.u")),
+        ),
+        (
+            "more singular values than rows of u",
+            Svd {
+                u: Array2::zeros((3, 5)),
+                s: Array1::zeros(5),
+                vt: Array2::zeros((5, 6)),
+            },
+            Some(("ShapeMismatch", "self.u")),
+        ),
+        (
+            "more singular values than columns of vt",
+            Svd {
+                u: Array2::zeros((6, 5)),
+                s: Array1::zeros(5),
+                vt: Array2::zeros((5, 3)),
+            },
+            Some(("ShapeMismatch", "self.vt")),
+        ),
+    ]
 }

@@ -294,6 +294,34 @@ fn scale_invariance_for_tiny_f32_tensors() {
 }
 
 #[test]
+fn a_normalization_outside_the_kinds_range_is_an_error_on_tensors_and_batches() {
+    // c = 1e300: X/(c·‖X‖_F) has norm 1e-300, below f32's and bf16's range, inside f64's.
+    let sched = NsSchedule::repeated(kappa_linalg::CUBIC, 3, 1e300).unwrap();
+    let is_normalization_error = |r: kappa_linalg::Result<Tensor>| {
+        matches!(
+            r,
+            Err(LinalgError::Input(InputError::InvalidArgument {
+                arg: "schedule.normalization",
+                ..
+            }))
+        )
+    };
+    let a: Array2<f64> = gaussian(3, 5, 1);
+    for kind in [Kind::Float, Kind::BFloat16, Kind::Double] {
+        let x = tensor_from_array(a.view(), kind, Device::Cpu).unwrap();
+        let batch = Tensor::stack(&[x.shallow_clone(), x.shallow_clone()], 0);
+        let single = newton_schulz(&x, &sched);
+        let batched = kappa_linalg::newton_schulz_batched(&batch, &sched);
+        if kind == Kind::Double {
+            assert!(single.is_ok() && batched.is_ok(), "{kind:?}");
+        } else {
+            assert!(is_normalization_error(single), "{kind:?}");
+            assert!(is_normalization_error(batched), "{kind:?}");
+        }
+    }
+}
+
+#[test]
 fn tch_inputs_are_checked() {
     let nan = Tensor::from_slice(&[1.0f32, f32::NAN, 0.0, 2.0]).view([2, 2]);
     match newton_schulz_muon(&nan) {

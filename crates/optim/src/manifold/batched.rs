@@ -30,7 +30,7 @@
 //! retractions and every retraction's check; and
 //! everything when the batch is not the common case — the ADMM solver (except for the closed
 //! form, which needs no solver), an msign without a batched schedule (`Exact`,
-//! `MuonQuinticEps`, the Gram forms, AOL) — where the result is [`ManifoldMuon::step`]'s on
+//! `MuonQuinticEps`, `MuonQuinticClamp`, the Gram forms, AOL) — where the result is [`ManifoldMuon::step`]'s on
 //! each matrix.
 
 use kappa_linalg::Matrix;

@@ -193,3 +193,90 @@ fn momentum_forms_differ_in_the_dual_ascent_unless_normalized() {
         "normalized ascents should agree: {d_norm} > {tol:e}"
     );
 }
+
+/// torch.optim.Muon's orthogonalization (`_zeropower_via_newtonschulz` in torch/optim/_muon.py),
+/// in f64: the wide orientation (X transposed when it has more rows than columns),
+/// X/max(‖X‖_F, eps), then 5 steps A = X·Xᵀ, B = b·A + c·A·A, X = a·X + B·X with
+/// (a, b, c) = (3.4445, −4.7750, 2.0315).
+fn torch_newton_schulz(g: &Array2<f64>, eps: f64) -> Array2<f64> {
+    let (a, b, c) = (3.4445, -4.7750, 2.0315);
+    let tall = g.nrows() > g.ncols();
+    let mut x = if tall { g.t().to_owned() } else { g.clone() };
+    x /= fro(&x).max(eps);
+    for _ in 0..5 {
+        let gram = x.dot(&x.t());
+        let poly = &gram * b + gram.dot(&gram) * c;
+        x = &x * a + poly.dot(&x);
+    }
+    if tall {
+        x.t().to_owned()
+    } else {
+        x
+    }
+}
+
+/// torch.optim.Muon's defaults: lr 1e-3, weight decay 0.1, momentum 0.95 with Nesterov, eps 1e-7,
+/// adjust_lr_fn "original".
+const TORCH_LR: f64 = 1e-3;
+const TORCH_WD: f64 = 0.1;
+
+/// Steps of torch.optim.Muon (`_single_tensor_muon`) from `w0` at its defaults: buf.lerp_(g,
+/// 1 − β), U = g.lerp(buf, β) (torch's lerp: start + w·(end − start) for w < 0.5, end −
+/// (end − start)·(1 − w) otherwise), O = NS(U), W ← W·(1 − lr·λ), W ← W − lr·√max(1, rows/cols)·O.
+fn torch_muon(w0: &Array2<f64>, grads: &[Array2<f64>]) -> Array2<f64> {
+    let beta = 0.95;
+    let (rows, cols) = w0.dim();
+    let adjusted_lr = TORCH_LR * (rows as f64 / cols as f64).max(1.0).sqrt();
+    let mut w = w0.clone();
+    let mut buf = Array2::<f64>::zeros(w0.dim());
+    for g in grads {
+        buf = &buf + &((g - &buf) * (1.0 - beta));
+        let u = &buf - &((&buf - g) * (1.0 - beta));
+        let o = torch_newton_schulz(&u, 1e-7);
+        w *= 1.0 - TORCH_LR * TORCH_WD;
+        w = &w - &(o * adjusted_lr);
+    }
+    w
+}
+
+#[test]
+fn the_torch_preset_is_torch_optim_muons_update_on_unit_and_tiny_gradients() {
+    // A tall 6×4 (the transpose rule, and the shape factor √1.5), with gradient entries of unit
+    // size and of size 1e-8: there ‖U‖_F ≈ 5e-8 < eps = 1e-7, where max(‖X‖_F, eps) and
+    // ‖X‖_F + eps differ most (≈ 25 %); at unit scale they differ by ≈ 1e-7 relative in the
+    // normalization.
+    let cfg = MuonConfig {
+        precision: Precision::Native,
+        ..MuonConfig::torch()
+    };
+    assert_eq!((cfg.lr, cfg.weight_decay), (TORCH_LR, TORCH_WD));
+    let muon = Muon::new(cfg).unwrap();
+    let w0 = gaussian(6, 4, 3);
+    for scale in [1.0, 1e-8] {
+        let grads: Vec<Array2<f64>> = (0..3).map(|i| gaussian(6, 4, 40 + i) * scale).collect();
+        // The orthogonalized update alone: two roundings of one map (the normalization's 2
+        // injections and 3 products per step), its amplification measured on this input.
+        let u = &grads[0];
+        let o = muon.direction(u).unwrap();
+        let theirs = torch_newton_schulz(u, 1e-7);
+        let amp = amplification(
+            |x| torch_newton_schulz(&x[0], 1e-7),
+            std::slice::from_ref(u),
+        );
+        let tol = 2.0 * derived_tol(2 + 3 * 5, 6, amp, max_abs(&theirs));
+        let d = max_abs_diff(&o, &theirs);
+        assert!(d <= tol, "scale {scale}: msign {d:e} > {tol:e}");
+        // Three whole steps (momentum, msign, decay, shape factor): per step the momentum's 4
+        // operations, the update's 3 and the msign's 17 injections.
+        let mut w = w0.clone();
+        let mut state = MuonState::new();
+        for g in &grads {
+            muon.step(&mut w, g, &mut state).unwrap();
+        }
+        let theirs = torch_muon(&w0, &grads);
+        let amp = amplification(|g| torch_muon(&w0, g), &grads);
+        let tol = 2.0 * derived_tol((4 + 3 + 17) * grads.len(), 6, amp, max_abs(&theirs));
+        let d = max_abs_diff(&w, &theirs);
+        assert!(d <= tol, "scale {scale}: step {d:e} > {tol:e}");
+    }
+}
