@@ -46,6 +46,7 @@ pub fn reproduce(ws: &Workspace, args: &ReproduceArgs) -> Result<()> {
     }
 
     setup::data_only(ws, &data_needs(ws, &tc, &args, &selection)?)?;
+    crate::workspace::leave_ctrl_c_to_the_child()?;
     run(&mut forwarded)
 }
 
@@ -206,7 +207,7 @@ fn check(args: &ReproduceArgs) -> Result<(ReproduceArgs, Vec<ExperimentName>)> {
 
 /// The experiment the TOML file at `path` configures ([`config_experiment`]).
 fn config_file_experiment(path: &Path, only: &[ExperimentName]) -> Result<ExperimentName> {
-    let text = fs::read_to_string(path).with_context(|| format!("--config {}", path.display()))?;
+    let text = crate::workspace::read_config_text(path)?;
     let table: toml::Table = toml::from_str(&text)
         .map_err(|e| anyhow::anyhow!("{}: not valid TOML: {e}", path.display()))?;
     let key = match table.get("experiment") {

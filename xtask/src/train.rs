@@ -3,10 +3,9 @@
 //! the options to its `train` subcommand, which checks every key and trains. The options are
 //! kappa-cli's [`TrainArgs`], the struct the binary parses.
 
-use std::fs;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use kappa_cli::TrainArgs;
 
 use crate::data::DataSelection;
@@ -20,6 +19,7 @@ pub fn train(ws: &Workspace, args: &TrainArgs) -> Result<()> {
     let tc = setup::setup(ws, &DataSelection::default())?;
     let mut cmd = experiments_binary(ws, &tc, args.threads);
     cmd.arg("train").args(args.to_args());
+    crate::workspace::leave_ctrl_c_to_the_child()?;
     run(&mut cmd)
 }
 
@@ -27,7 +27,7 @@ pub fn train(ws: &Workspace, args: &TrainArgs) -> Result<()> {
 /// workspace root, the user gave them relative to where they are).
 fn check(args: &TrainArgs) -> Result<TrainArgs> {
     let path = &args.config;
-    let text = fs::read_to_string(path).with_context(|| format!("--config {}", path.display()))?;
+    let text = crate::workspace::read_config_text(path)?;
     toml::from_str::<toml::Table>(&text)
         .map_err(|e| anyhow::anyhow!("{}: not valid TOML: {e}", path.display()))?;
     let absolute =
@@ -42,6 +42,7 @@ fn check(args: &TrainArgs) -> Result<TrainArgs> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn a_missing_or_malformed_file_fails_before_setup() {
@@ -60,6 +61,9 @@ mod tests {
         fs::write(&good, "name = \"x\"").unwrap();
         let args = check(&parse(&good)).unwrap();
         assert!(args.config.is_absolute() && args.out.is_absolute());
+        // A folder (like a FIFO, which would block) is not read as a config.
+        let err = check(&parse(&dir)).unwrap_err();
+        assert!(format!("{err:#}").contains("not a regular file"), "{err:#}");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

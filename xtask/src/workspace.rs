@@ -106,6 +106,40 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Lets Ctrl-C reach the child alone: the terminal sends SIGINT to xtask and to the training
+/// binary it runs (one process group); the binary checkpoints and says how to resume, and xtask
+/// stays to report how it ended instead of dying first. A no-op where there are no signals.
+pub fn leave_ctrl_c_to_the_child() -> Result<()> {
+    #[cfg(unix)]
+    signal_hook::flag::register(
+        signal_hook::consts::SIGINT,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    )
+    .context("installing the SIGINT handler")?;
+    Ok(())
+}
+
+/// The largest config file read: a TOML config of kappa is a few KiB; 16 MiB leaves room for any
+/// hand-written one and keeps a wrong path (a data file, a disk image) from being read whole.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The text of a config file given on the command line: a regular file (not a FIFO, which
+/// would block, or a folder) of at most [`MAX_CONFIG_BYTES`], in UTF-8; errors name the path.
+pub fn read_config_text(path: &Path) -> Result<String> {
+    let meta = std::fs::metadata(path).with_context(|| format!("--config {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("--config {}: not a regular file", path.display());
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        bail!(
+            "--config {}: {} bytes, more than a config file's {MAX_CONFIG_BYTES}",
+            path.display(),
+            meta.len()
+        );
+    }
+    std::fs::read_to_string(path).with_context(|| format!("--config {}", path.display()))
+}
+
 /// Runs a command and returns its standard output, or `None` when it cannot start or fails.
 pub fn output_of(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;

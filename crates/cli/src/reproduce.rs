@@ -43,8 +43,13 @@ pub struct ReproduceArgs {
     pub set: Vec<Set>,
     /// Keep earlier run folders of this scale: skip runs that completed or diverged, continue
     /// interrupted or failed runs from their checkpoints (a changed config is an error).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fresh")]
     pub resume: bool,
+    /// Start this scale's runs over where earlier run folders exist: their own files are
+    /// deleted first (anything else in the folders is kept). Without `--resume` or `--fresh`,
+    /// earlier run folders of a selected experiment at this scale are an error.
+    #[arg(long)]
+    pub fresh: bool,
     /// Afterwards, put the report sections of the experiments that ran, with their plots, into
     /// `docs/results/` (tracked by git); the sections of other experiments stay as they are.
     #[arg(long)]
@@ -91,6 +96,7 @@ impl ReproduceArgs {
         }
         for (on, flag) in [
             (self.resume, "--resume"),
+            (self.fresh, "--fresh"),
             (self.publish, "--publish"),
             (self.list, "--list"),
             (self.plan, "--plan"),

@@ -10,7 +10,7 @@ use crate::names::DeviceName;
 use crate::reproduce::Set;
 
 /// `train --config FILE [--set KEY=VALUE]… [--seed N] [--threads N] [--device D] [--out DIR]
-/// [--resume]`.
+/// [--resume | --fresh]`.
 #[derive(Args, Clone, Debug, PartialEq)]
 pub struct TrainArgs {
     /// The job: a TOML file with `name`, `[data]`, `[model]`, `[optimizer]` and `[train]` (see
@@ -34,8 +34,13 @@ pub struct TrainArgs {
     pub out: PathBuf,
     /// Continue the run folder of an interrupted run from its checkpoint (a finished run is
     /// kept; a changed config is an error).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fresh")]
     pub resume: bool,
+    /// Start over in a run folder that already holds this run: its own files (config,
+    /// metrics, checkpoints, report) are deleted first, anything else in the folder is kept.
+    /// Without `--resume` or `--fresh`, a run folder that is not empty is an error.
+    #[arg(long)]
+    pub fresh: bool,
 }
 
 impl TrainArgs {
@@ -55,8 +60,10 @@ impl TrainArgs {
             "--out".into(),
             self.out.clone().into(),
         ]);
-        if self.resume {
-            out.push("--resume".into());
+        for (on, flag) in [(self.resume, "--resume"), (self.fresh, "--fresh")] {
+            if on {
+                out.push(flag.into());
+            }
         }
         out
     }
@@ -87,5 +94,11 @@ mod tests {
             "--config is required"
         );
         assert!(parse_args::<TrainArgs, _, _>(["--config", "a", "--device", "tpu"]).is_err());
+        let fresh: TrainArgs = parse_args(["--config", "a", "--fresh"]).unwrap();
+        assert_eq!(parse_args::<TrainArgs, _, _>(fresh.to_args()).unwrap(), fresh);
+        assert!(
+            parse_args::<TrainArgs, _, _>(["--config", "a", "--fresh", "--resume"]).is_err(),
+            "--fresh and --resume exclude each other"
+        );
     }
 }

@@ -6,8 +6,10 @@
 //!
 //! | what is wrong | the error |
 //! |---|---|
-//! | TOML syntax | `my.toml: not valid TOML: …` |
+//! | TOML syntax | `my.toml: not valid TOML: …` (with the line and column) |
+//! | an integer beyond 64 bits (the parser refuses it) | `my.toml: not valid TOML: model.n_layer: number too large to fit in target type at line 26, column 11` |
 //! | a value of the wrong type | `experiments/vit-fmnist/cpu.toml: train.lr: invalid type: string "x", expected f64` |
+//! | a value out of its type's range, or not one of its names, also inside a `kind = "…"` table | ``job.toml: model.n_layer: invalid value: integer `-1`, expected usize``, ``job.toml: data.tokenizer: unknown variant `bpe`, …`` |
 //! | a key the config does not have (config structs deny unknown fields) | `…: unknown field train.lrr (expected one of …)` |
 //! | a `--set` of a key the config does not have | `…: --set train.lrr=1: unknown field train.lrr (…)` |
 //! | the file's `experiment = "…"` names another experiment | `…: experiment = "theory", but this is the config of manifolds` |
@@ -97,6 +99,11 @@ pub fn has_builtin(experiment: &str, scale: Scale) -> bool {
     builtins().any(|b| b.experiment == experiment && b.scale == scale)
 }
 
+/// The largest config file read: 16 MiB. A config is a few KiB of TOML (the largest built-in
+/// file is under 16 KiB); a file a thousand times that is not one, and is refused before it is
+/// read.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 /// The top-level key that says which experiment a file configures.
 pub const EXPERIMENT_KEY: &str = "experiment";
 
@@ -104,12 +111,13 @@ pub const EXPERIMENT_KEY: &str = "experiment";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("{origin}: {source}")]
+    #[error("{origin}: {error}")]
     Read {
         /// The path.
         origin: String,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error (in the message, so not a `source` that an error chain would print
+        /// twice).
+        error: std::io::Error,
     },
     /// There is no built-in file for this experiment and scale.
     #[error("no built-in config experiments/{experiment}/{scale}.toml (its scales: {})", scales_of(experiment).join(", "))]
@@ -179,12 +187,28 @@ impl ConfigSource {
             })
     }
 
-    /// A user's file (`--config FILE`).
+    /// A user's file (`--config FILE`): a regular file (a link to one is followed) of at most
+    /// [`MAX_CONFIG_BYTES`]. Anything else is an error naming it before a byte is read: a FIFO
+    /// would block the read until a writer came, a device such as `/dev/zero` never ends.
     pub fn file(path: &Path) -> Result<Self, ConfigError> {
         let origin = path.display().to_string();
-        match std::fs::read_to_string(path) {
+        let read = || {
+            let meta = std::fs::metadata(path)?;
+            let refuse =
+                |why: String| Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why));
+            if !meta.is_file() {
+                return refuse("not a regular file (a config is a TOML text file)".into());
+            }
+            if meta.len() > MAX_CONFIG_BYTES {
+                let size = kappa_models::memory::human_bytes(meta.len().into());
+                let max = kappa_models::memory::human_bytes(MAX_CONFIG_BYTES.into());
+                return refuse(format!("{size}, larger than the {max} a config may be"));
+            }
+            std::fs::read_to_string(path)
+        };
+        match read() {
             Ok(text) => Ok(Self::new(origin, text)),
-            Err(source) => Err(ConfigError::Read { origin, source }),
+            Err(error) => Err(ConfigError::Read { origin, error }),
         }
     }
 
@@ -251,8 +275,8 @@ impl ConfigSource {
                 added.push(set);
             }
         }
-        let config: C = serde_path_to_error::deserialize(root).map_err(|e| {
-            let key = dotted(e.path());
+        let config: C = serde_path_to_error::deserialize(root.clone()).map_err(|e| {
+            let key = culprit::<C>(&root, dotted(e.path()), e.inner().message());
             let message = describe(&key, e.inner().message());
             let set = added
                 .iter()
@@ -264,9 +288,17 @@ impl ConfigSource {
     }
 
     fn table(&self) -> Result<toml::Table, ConfigError> {
-        toml::from_str(&self.text).map_err(|e| ConfigError::Syntax {
-            origin: self.origin.clone(),
-            message: e.message().to_string() + &line_of(&self.text, e.span()),
+        toml::from_str(&self.text).map_err(|e| {
+            let span = e.span();
+            let key = span
+                .as_ref()
+                .and_then(|s| key_of_value_at(&self.text, s.start));
+            ConfigError::Syntax {
+                origin: self.origin.clone(),
+                message: key.map(|k| format!("{k}: ")).unwrap_or_default()
+                    + e.message()
+                    + &line_of(&self.text, span),
+            }
         })
     }
 
@@ -351,11 +383,168 @@ fn child<'v>(
 
 /// The value at the dotted key of `set` in `root`, if there is one.
 fn lookup<'v>(root: &'v toml::Value, set: &Set) -> Option<&'v toml::Value> {
-    set.path().try_fold(root, |here, part| match here {
+    value_at(root, &set.path().map(String::from).collect::<Vec<_>>())
+}
+
+/// The dotted key of a value the TOML parser refused at byte `at` of `text` (an integer beyond
+/// 64 bits): the text read again with a marker string in the value's place, and the key found
+/// where the marker is. `None` when the span is not a value or the text has another error.
+fn key_of_value_at(text: &str, at: usize) -> Option<String> {
+    const MARKER: &str = "kappa: the value the TOML parser refused";
+    let rest = text.get(at..)?;
+    let token = |c: char| c.is_ascii_alphanumeric() || "+-._".contains(c);
+    let len = rest.find(|c| !token(c)).unwrap_or(rest.len());
+    if len == 0 {
+        return None;
+    }
+    let marked = format!("{}\"{MARKER}\"{}", &text[..at], &rest[len..]);
+    let root = toml::Value::Table(toml::from_str(&marked).ok()?);
+    let mut paths = Vec::new();
+    entries(&root, &mut Vec::new(), &mut paths);
+    paths
+        .into_iter()
+        .find(|p| value_at(&root, p).and_then(toml::Value::as_str) == Some(MARKER))
+        .map(|p| p.join("."))
+}
+
+/// The dotted key of a deserialization error of `root` into `C` that serde_path_to_error
+/// reported at `key` with `message`. The path it records stops at a value that serde reads
+/// into a buffer before deserializing it, as an internally tagged enum (`kind = "…"`) is;
+/// below it the key is found by trial, deserializing `root` again with entries removed:
+///
+/// * a missing field `x`: the table under `key` (itself first) where adding `x` changes the
+///   error ([`missing_from`]);
+/// * any other error: serde stops at the first bad value in the order of the entries (a
+///   table's `kind` first: the tag is read before the rest), so removing the entries from
+///   the culprit on changes the error, and removing those after it does not. The culprit is
+///   the last entry whose removal with all after it changes the error.
+///
+/// Otherwise `key` itself. Errors are rare and configs small: the trials take microseconds.
+fn culprit<C: DeserializeOwned>(root: &toml::Value, key: String, message: &str) -> String {
+    let base: Vec<String> = key
+        .split('.')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    let Some(below) = value_at(root, &base) else {
+        return key;
+    };
+    let mut paths = Vec::new();
+    entries(below, &mut base.clone(), &mut paths);
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split_once('`'));
+    let found = match missing {
+        Some((field, _)) => missing_from::<C>(root, base, paths, field, message),
+        None => (0..paths.len()).rev().find_map(|from| {
+            let mut trial = root.clone();
+            paths[from..]
+                .iter()
+                .rev()
+                .for_each(|p| remove_at(&mut trial, p));
+            let same = C::deserialize(trial).is_err_and(|e| e.message() == message);
+            (!same).then(|| paths[from].clone())
+        }),
+    };
+    found.map_or(key, |p| p.join("."))
+}
+
+/// The path of the table under `base` (itself first, then `paths` in order) that lacks
+/// `field`: adding it there changes the error `message` to one that is not about `field`
+/// being unknown.
+fn missing_from<C: DeserializeOwned>(
+    root: &toml::Value,
+    base: Vec<String>,
+    paths: Vec<Vec<String>>,
+    field: &str,
+    message: &str,
+) -> Option<Vec<String>> {
+    let unknown = format!("unknown field `{field}`");
+    let tables = std::iter::once(base).chain(paths);
+    let lacks = |p: &Vec<String>| {
+        value_at(root, p)
+            .and_then(toml::Value::as_table)
+            .is_some_and(|t| !t.contains_key(field))
+    };
+    tables
+        .filter(lacks)
+        .find(|p| {
+            let mut trial = root.clone();
+            if let Some(toml::Value::Table(t)) = value_at_mut(&mut trial, p) {
+                t.insert(field.to_string(), toml::Value::Boolean(false));
+            }
+            match C::deserialize(trial) {
+                Ok(_) => true,
+                Err(e) => e.message() != message && !e.message().starts_with(&unknown),
+            }
+        })
+        .map(|mut p| {
+            p.push(field.to_string());
+            p
+        })
+}
+
+/// The path of every entry under `value`, each after `path`, in the order serde reads them:
+/// depth first, a table's `kind` (an internally tagged enum's tag) first, then its keys in
+/// order.
+fn entries(value: &toml::Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    let children: Vec<(String, &toml::Value)> = match value {
+        toml::Value::Table(t) => {
+            let (tag, rest): (Vec<_>, Vec<_>) = t.iter().partition(|(k, _)| *k == "kind");
+            tag.into_iter()
+                .chain(rest)
+                .map(|(k, v)| (k.clone(), v))
+                .collect()
+        }
+        toml::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i.to_string(), v))
+            .collect(),
+        _ => return,
+    };
+    for (key, child) in children {
+        path.push(key);
+        out.push(path.clone());
+        entries(child, path, out);
+        path.pop();
+    }
+}
+
+/// The value at `path` (table keys and array indices).
+fn value_at<'v>(root: &'v toml::Value, path: &[String]) -> Option<&'v toml::Value> {
+    path.iter().try_fold(root, |here, part| match here {
         toml::Value::Table(t) => t.get(part),
         toml::Value::Array(a) => a.get(part.parse::<usize>().ok()?),
         _ => None,
     })
+}
+
+/// [`value_at`], mutable.
+fn value_at_mut<'v>(root: &'v mut toml::Value, path: &[String]) -> Option<&'v mut toml::Value> {
+    path.iter().try_fold(root, |here, part| match here {
+        toml::Value::Table(t) => t.get_mut(part),
+        toml::Value::Array(a) => a.get_mut(part.parse::<usize>().ok()?),
+        _ => None,
+    })
+}
+
+/// Removes the value at `path`, if there is one.
+fn remove_at(root: &mut toml::Value, path: &[String]) {
+    let Some((last, parent)) = path.split_last() else {
+        return;
+    };
+    match value_at_mut(root, parent) {
+        Some(toml::Value::Table(t)) => {
+            t.remove(last);
+        }
+        Some(toml::Value::Array(a)) => {
+            if let Some(i) = last.parse::<usize>().ok().filter(|&i| i < a.len()) {
+                a.remove(i);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// A deserializer path as the dotted TOML key (`variants.2.conditioning.lambda`).
@@ -543,6 +732,159 @@ mod tests {
         let sets = ["b=2".parse().unwrap()];
         let err = source.resolve::<Lenient>("x", &sets).unwrap_err();
         assert_eq!(err.to_string(), "lenient.toml: --set b=2: unknown field b");
+    }
+
+    /// An internally tagged enum inside another, as model and data tables are.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+    enum Shape {
+        Square { side: u32, color: Color, fill: Fill },
+        Circle { radius: f64 },
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Color {
+        Red,
+        Blue,
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+    enum Fill {
+        Solid,
+        Hatched { every: u64 },
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Drawing {
+        name: String,
+        shape: Shape,
+    }
+
+    const DRAWING: &str = "name = \"d\"\n\n[shape]\nkind = \"square\"\nside = 3\ncolor = \"red\"\n\
+                           fill = { kind = \"hatched\", every = 2 }\n";
+
+    fn drawing(text: &str, sets: &[&str]) -> Result<Drawing, String> {
+        let sets: Vec<Set> = sets.iter().map(|s| s.parse().unwrap()).collect();
+        ConfigSource::new("d.toml", text.to_string())
+            .resolve("demo", &sets)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_error_inside_a_tagged_table_names_the_full_dotted_key() {
+        assert!(drawing(DRAWING, &[]).is_ok());
+        for (edit, start) in [
+            (
+                "shape.side=-1",
+                "d.toml: shape.side: invalid value: integer `-1`, expected u32",
+            ),
+            (
+                "shape.side=5000000000",
+                "d.toml: shape.side: invalid value: integer `5000000000`, expected u32",
+            ),
+            (
+                "shape.side=1.5",
+                "d.toml: shape.side: invalid type: floating point",
+            ),
+            (
+                "shape.color=mauve",
+                "d.toml: shape.color: unknown variant `mauve`",
+            ),
+            (
+                "shape.fill.every=-2",
+                "d.toml: shape.fill.every: invalid value: integer `-2`",
+            ),
+            (
+                "shape.fill.kind=dotted",
+                "d.toml: shape.fill.kind: unknown variant `dotted`",
+            ),
+            (
+                "shape.kind=hexagon",
+                "d.toml: shape.kind: unknown variant `hexagon`",
+            ),
+            (
+                "shape.sides=4",
+                "d.toml: --set shape.sides=4: unknown field shape.sides (",
+            ),
+            (
+                "shape.fill.dots=4",
+                "d.toml: --set shape.fill.dots=4: unknown field shape.fill.dots",
+            ),
+        ] {
+            let err = drawing(DRAWING, &[edit]).unwrap_err();
+            assert!(err.starts_with(start), "--set {edit}: {err}");
+        }
+        // Two bad values: the first one read is named.
+        let err = drawing(DRAWING, &["shape.side=-1", "shape.fill.every=-2"]).unwrap_err();
+        assert!(err.starts_with("d.toml: shape.fill.every: "), "{err}");
+        let missing = [
+            (DRAWING.replace("side = 3\n", ""), "shape.side"),
+            (DRAWING.replace(", every = 2", ""), "shape.fill.every"),
+        ];
+        for (text, key) in missing {
+            let err = drawing(&text, &[]).unwrap_err();
+            assert!(
+                err.starts_with(&format!("d.toml: {key}: missing field")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_integer_too_large_for_toml_is_a_syntax_error_naming_its_key_and_line() {
+        let text = DRAWING.replace("side = 3", "side = 99999999999999999999");
+        let err = drawing(&text, &[]).unwrap_err();
+        assert!(
+            err.starts_with("d.toml: not valid TOML: shape.side: number too large")
+                && err.ends_with("at line 5, column 8"),
+            "{err}"
+        );
+        let text = DRAWING.replace("every = 2", "every = 99999999999999999999");
+        let err = drawing(&text, &[]).unwrap_err();
+        assert!(
+            err.contains("TOML: shape.fill.every: number too large"),
+            "{err}"
+        );
+        // From --set, the number is not TOML: it is read as a string, named as well.
+        let err = drawing(DRAWING, &["shape.side=99999999999999999999"]).unwrap_err();
+        assert!(
+            err.starts_with("d.toml: shape.side: invalid type: string"),
+            "{err}"
+        );
+        // Text that is not TOML at all has no key.
+        let err = drawing(&DRAWING.replace("side = 3", "side = = 3"), &[]).unwrap_err();
+        assert!(
+            err.starts_with("d.toml: not valid TOML: ") && err.contains("line 5"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_config_path_that_is_not_a_small_regular_file_is_refused_before_it_is_read() {
+        let dir = std::env::temp_dir().join(format!("kappa-config-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.toml");
+        std::fs::File::create(&big)
+            .and_then(|f| f.set_len(MAX_CONFIG_BYTES + 1))
+            .unwrap();
+        let mut cases = vec![
+            (dir.clone(), "not a regular file"),
+            (big, "larger than the 16.000 MiB a config may be"),
+        ];
+        if cfg!(unix) {
+            cases.push(("/dev/zero".into(), "not a regular file"));
+        }
+        for (path, why) in cases {
+            let err = ConfigSource::file(&path).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&path.display().to_string()) && err.contains(why),
+                "{err}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

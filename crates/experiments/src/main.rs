@@ -186,7 +186,7 @@ fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
     }
     let stop = StopFlag::default();
     stop.raise_on_signals()
-        .context("installing the SIGTERM/SIGUSR1 handlers")?;
+        .context("installing the SIGINT/SIGTERM/SIGUSR1 handlers")?;
     let settings = Settings {
         scale: args.scale,
         seeds: args.seeds,
@@ -195,6 +195,7 @@ fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
         results: &places.results,
         data: &places.data,
         resume: args.resume,
+        fresh: args.fresh,
         config: args.config.as_deref(),
         sets: &args.set,
         units: &args.unit,
@@ -204,17 +205,22 @@ fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
         return write_plan(&experiments, &settings);
     }
     exit_after_grace(&stop);
-    reproduce(&experiments, &settings)?;
+    let failed = reproduce(&experiments, &settings)?;
+    let failures = || anyhow::anyhow!("{} run(s) failed:\n{}", failed.len(), failed.join("\n"));
     if !args.unit.is_empty() {
-        return Ok(());
+        return match failed.is_empty() {
+            true => Ok(()),
+            false => Err(failures()),
+        };
     }
     let expected = unit_ids(&experiments, args.scale, args.seeds);
-    let coverage = report(
-        args.scale,
-        std::slice::from_ref(&places.results),
-        &places.results,
-        &expected,
-    )?;
+    let sources = std::slice::from_ref(&places.results);
+    let coverage = match report(args.scale, sources, &places.results, &expected) {
+        Ok(coverage) => coverage,
+        // No report without run folders: the failures are what to say.
+        Err(_) if !failed.is_empty() => return Err(failures()),
+        Err(e) => return Err(e),
+    };
     if !coverage.failed.is_empty() {
         anyhow::bail!(
             "{} run(s) failed (see run.json in each): {}",
@@ -294,10 +300,15 @@ fn list(experiments: &[Box<dyn RegisteredExperiment>]) {
 }
 
 fn run_train(args: &TrainArgs) -> Result<()> {
+    use kappa_experiments::train::Existing;
+    let stop = StopFlag::default();
+    stop.raise_on_signals()
+        .context("installing the SIGINT/SIGTERM/SIGUSR1 handlers")?;
     let context = kappa_train::RunContext {
         seed: args.seed,
         threads: args.threads,
         device: args.device.0.clone(),
+        stop,
         ..kappa_train::RunContext::default()
     };
     let dir = kappa_experiments::train::run_train_command(
@@ -305,7 +316,11 @@ fn run_train(args: &TrainArgs) -> Result<()> {
         &args.set,
         context,
         &args.out,
-        args.resume,
+        match (args.resume, args.fresh) {
+            (true, _) => Existing::Resume,
+            (_, true) => Existing::StartOver,
+            _ => Existing::Refuse,
+        },
     )?;
     eprintln!("train: wrote {}", dir.join("report.md").display());
     Ok(())

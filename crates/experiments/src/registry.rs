@@ -151,7 +151,7 @@ impl<E: Experiment> RegisteredExperiment for E {
             }
             Resumed::Continued(run) => {
                 drop(run);
-                let run = Run::create(dir, context, &config)?;
+                let run = Run::start_over(dir, context, &config)?;
                 Resumption::Restarted(run_to_the_end(self, &config, run)?)
             }
             Resumed::Finished(info) => Resumption::Skipped(info),

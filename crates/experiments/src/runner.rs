@@ -15,7 +15,7 @@ use crate::report::{Part, Report};
 use crate::run::{RunContext, RunInfo, RunRecord, RunStatus};
 use crate::units::{pick, plan, unit_id, Unit};
 use crate::{registry, RegisteredExperiment, Scale};
-use kappa_train::StopFlag;
+use kappa_train::{folder, StopFlag};
 
 /// The experiments named in `only` (all when empty), in registry order; unknown names are errors.
 pub fn select(only: &[String]) -> Result<Vec<Box<dyn RegisteredExperiment>>> {
@@ -62,6 +62,11 @@ pub struct Settings<'a> {
     /// Reuse existing run folders instead of replacing them: finished runs are skipped,
     /// interrupted or failed ones continue ([`crate::run::Run::resume`]).
     pub resume: bool,
+    /// Start over where earlier run folders exist (`--fresh`): their own files are deleted
+    /// first ([`kappa_train::folder::remove_own_files`]); anything else is kept. Without
+    /// `resume` or `fresh`, an earlier run folder of a selected experiment at this scale is an
+    /// error that changes nothing.
+    pub fresh: bool,
     /// A config file to run instead of the built-in one (`--config`); only for a single
     /// experiment.
     pub config: Option<&'a Path>,
@@ -79,7 +84,7 @@ pub struct Settings<'a> {
 /// unfinished (interrupted with a checkpoint, or not started) and continue when rerun with
 /// `--resume` or `--unit`. The binary exits with [`Preempted::EXIT_CODE`] then.
 #[derive(Debug, thiserror::Error)]
-#[error("stopped on request (SIGTERM or SIGUSR1); unfinished: {}", unfinished.join(", "))]
+#[error("stopped on request (Ctrl-C, SIGTERM or SIGUSR1); unfinished: {}; --resume (or --unit) continues them", unfinished.join(", "))]
 pub struct Preempted {
     /// The ids of the units that did not finish.
     pub unfinished: Vec<String>,
@@ -121,22 +126,24 @@ pub fn resolve_configs(
 /// `resume`, reusing them: completed and diverged runs are skipped, interrupted and failed runs
 /// continue, and a run folder written with a different config stops the command with an error.
 /// With `settings.units`, runs only those units, each reusing its own folder. Every config is
-/// resolved first ([`resolve_configs`]), so a bad one stops the command before any run.
+/// resolved first ([`resolve_configs`]), so a bad one stops the command before any run. Returns
+/// the units whose run failed, each as `id: error`.
 pub fn reproduce(
     experiments: &[Box<dyn RegisteredExperiment>],
     settings: &Settings<'_>,
-) -> Result<()> {
+) -> Result<Vec<String>> {
     let configs = resolve_configs(experiments, settings)?;
     let units = plan_of(experiments, &configs, settings)?;
     let chosen = if settings.units.is_empty() {
         if !settings.resume {
-            empty_scale_folders(experiments, settings)?;
+            clear_scale_folders(experiments, settings)?;
         }
         units.iter().collect()
     } else {
         pick(&units, settings.units)?
     };
     let started = Instant::now();
+    let mut failed = Vec::new();
     for (done, unit) in chosen.iter().enumerate() {
         if settings.stop.is_raised() {
             return Err(preempted(&chosen[done..]));
@@ -152,6 +159,9 @@ pub fn reproduce(
             describe(&info.status),
             info.wall_seconds
         );
+        if let RunStatus::Failed { error } = &info.status {
+            failed.push(format!("{}: {error}", unit.id));
+        }
         if settings.stop.is_raised() && !info.status.is_finished() {
             return Err(preempted(&chosen[done..]));
         }
@@ -161,7 +171,7 @@ pub fn reproduce(
         chosen.len(),
         started.elapsed().as_secs_f64()
     );
-    Ok(())
+    Ok(failed)
 }
 
 /// The units of `experiments` under `settings` (their `configs` resolved by
@@ -180,18 +190,40 @@ pub fn plan_of(
     )
 }
 
-/// A rerun replaces the experiments' previous runs at this scale, so the report never mixes
-/// configs (a resumed or unit run checks each folder's config instead).
-fn empty_scale_folders(
+/// A rerun without `--resume` starts every run of the selected experiments at this scale
+/// afresh, so that the report never mixes configs: earlier run folders (`<results>/<name>/<scale>/*`
+/// holding a run's own files) are an error naming them, or with `--fresh` lose their own files
+/// ([`kappa_train::folder::remove_own_files`]); nothing else is deleted.
+fn clear_scale_folders(
     experiments: &[Box<dyn RegisteredExperiment>],
     settings: &Settings<'_>,
 ) -> Result<()> {
+    let mut earlier = Vec::new();
     for e in experiments {
         let scale_dir = settings.results.join(e.name()).join(settings.scale.name());
-        if scale_dir.exists() {
-            fs::remove_dir_all(&scale_dir)
-                .with_context(|| format!("emptying {}", scale_dir.display()))?;
+        for name in folder::entries(&scale_dir)? {
+            let dir = scale_dir.join(name);
+            if folder::file_kind(&dir)? == folder::FileKind::Directory
+                && !folder::own_files(&dir)?.is_empty()
+            {
+                earlier.push(dir);
+            }
         }
+    }
+    if earlier.is_empty() {
+        return Ok(());
+    }
+    if !settings.fresh {
+        bail!(
+            "earlier runs are in {} (and {} more run folder(s)); --resume keeps finished runs \
+             and continues the others, --fresh starts them over (deleting only the runs' own \
+             files); nothing was changed",
+            earlier[0].display(),
+            earlier.len() - 1
+        );
+    }
+    for dir in &earlier {
+        folder::remove_own_files(dir)?;
     }
     Ok(())
 }

@@ -149,6 +149,24 @@ pub enum OptimizerSpec {
     },
 }
 
+impl OptimizerSpec {
+    /// Checks the learning rate of a module-wise assignment (the preset's other settings are
+    /// the paper's).
+    pub fn validate(&self) -> Result<()> {
+        if let OptimizerSpec::Modulewise {
+            muon_lr: Some(lr), ..
+        } = self
+        {
+            let max = kappa_train::trainer::MAX_LR;
+            anyhow::ensure!(
+                *lr > 0.0 && *lr <= max,
+                "optimizer.muon_lr: must be finite and lie in (0, {max}], found {lr:?}"
+            );
+        }
+        Ok(())
+    }
+}
+
 impl TrainJob {
     /// Reads `path`, applies `sets`, checks every field, and reads relative data paths from the
     /// file's folder.
@@ -163,18 +181,21 @@ impl TrainJob {
 
     /// Checks that the parts fit together and each is valid; errors name the field.
     pub fn validate(&self) -> Result<()> {
-        anyhow::ensure!(
-            !self.name.is_empty() && !self.name.contains(['/', '\\']),
-            "name: must be a non-empty folder name, found {:?}",
-            self.name
-        );
+        kappa_train::folder::check_name(&self.name)
+            .map_err(|why| anyhow::anyhow!("name: {why}"))?;
         self.train.validate()?;
+        self.data.validate()?;
+        self.optimizer.validate()?;
+        self.check_model_fits_data()?;
+        // Before the text is read a GPT's `vocab_size = 0` stands for a vocabulary of 1; the
+        // check is repeated with the tokenizer's in `check_data`.
+        self.ensure_step_fits(1)
+    }
+
+    /// The model's kind and keys against the data's kind, and against the optimizer.
+    fn check_model_fits_data(&self) -> Result<()> {
         match (&self.model, &self.data) {
-            (ModelSpec::Gpt(g), DataSpec::Text { .. }) => GptConfig {
-                vocab_size: g.vocab_size.max(1),
-                ..*g
-            }
-            .validate()?,
+            (ModelSpec::Gpt(g), DataSpec::Text { .. }) => g.or_vocab(1).validate()?,
             (ModelSpec::Vit(v), DataSpec::Idx { num_classes, .. }) => {
                 v.validate()?;
                 if let Some(n) = num_classes.filter(|&n| n != v.num_classes) {
@@ -199,9 +220,108 @@ impl TrainJob {
         }
         Ok(())
     }
+
+    /// Checks that one training step of the model fits in this process's memory
+    /// ([`TrainConfig::ensure_gpt_step_fits`]), before anything is built. A GPT whose
+    /// `vocab_size` is 0 takes `vocab`, the tokenizer's. The budget is this process's memory
+    /// ([`kappa_models::memory::budget`]), the host's also for a run on a GPU.
+    fn ensure_step_fits(&self, vocab: usize) -> Result<()> {
+        match &self.model {
+            ModelSpec::Gpt(g) => self.train.ensure_gpt_step_fits(&g.or_vocab(vocab))?,
+            ModelSpec::Vit(v) => {
+                let eval_batch = self.train.batch_size.max(TEST_BATCH);
+                self.train.ensure_vit_step_fits(v, eval_batch)?
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the job against its loaded data before training starts, in microseconds: a
+    /// step's memory with the tokenizer's vocabulary, an image batch against the training
+    /// split, and `train.eval_batches` and `train.diagnostics.samples` against the
+    /// validation split ([`TrainConfig::check_validation_counts`]: a window of `block_size`
+    /// tokens or an image is one example). Errors name the key and its bound.
+    pub fn check_data(&self, data: &JobData) -> Result<()> {
+        let batch = self.train.batch_size;
+        let (examples, unit, zero) = match (&self.model, data) {
+            (ModelSpec::Gpt(g), JobData::Text(corpus)) => {
+                self.ensure_step_fits(corpus.tokenizer.vocab_size())?;
+                let windows = validation_windows(corpus, g.block_size)?;
+                (windows, "windows", "0 evaluates one batch")
+            }
+            (ModelSpec::Vit(_), JobData::Images(images)) => {
+                let n = images.train.len();
+                anyhow::ensure!(
+                    batch <= n,
+                    "train.batch_size: must be at most the {n} images of the training split \
+                     (data.train_limit and data.validation set it), found {batch}"
+                );
+                (
+                    images.validation.len(),
+                    "images",
+                    "0 evaluates the whole split",
+                )
+            }
+            _ => anyhow::bail!("data.kind: the data does not fit the model's kind"),
+        };
+        Ok(self.train.check_validation_counts(examples, unit, zero)?)
+    }
+}
+
+/// The images of one evaluation batch of the test split, after training.
+const TEST_BATCH: usize = 256;
+
+/// The distinct windows of `block` tokens (and their next tokens) in the validation split:
+/// len − block; an error naming `model.block_size` when there are none.
+fn validation_windows(corpus: &TextCorpus, block: usize) -> Result<usize> {
+    let len = corpus.tokens(Split::Validation).size()[0] as usize;
+    let windows = len.saturating_sub(block);
+    anyhow::ensure!(
+        windows >= 1,
+        "model.block_size: the validation split has {len} tokens, fewer than block_size + 1 = \
+         {}",
+        block.saturating_add(1)
+    );
+    Ok(windows)
 }
 
 impl DataSpec {
+    /// Checks the sizes; errors name the key (`data.train_limit`) and its range. How many
+    /// images there are is known only when they are read ([`JobData::load`]).
+    pub fn validate(&self) -> Result<()> {
+        let (validation, train_limit, num_classes) = match self {
+            DataSpec::Text {
+                validation_fraction: f,
+                ..
+            } => {
+                anyhow::ensure!(
+                    *f > 0.0 && *f < 1.0,
+                    "data.validation_fraction: must lie in (0, 1), found {f}"
+                );
+                return Ok(());
+            }
+            DataSpec::Idx {
+                validation,
+                train_limit,
+                num_classes,
+                ..
+            } => (*validation, *train_limit, *num_classes),
+            DataSpec::ImageFolder {
+                validation,
+                train_limit,
+                ..
+            } => (*validation, *train_limit, None),
+        };
+        for (key, value) in [
+            ("data.validation", Some(validation)),
+            ("data.train_limit", train_limit),
+            ("data.num_classes", num_classes),
+        ] {
+            anyhow::ensure!(value != Some(0), "{key}: must be ≥ 1, found 0");
+        }
+        Ok(())
+    }
+
     /// The data's file or folder.
     pub fn dir(&self) -> &Path {
         match self {
@@ -232,7 +352,8 @@ pub enum JobData {
 
 impl JobData {
     /// Loads the data of `job` onto `device`; for a ViT, checks that the model fits the images
-    /// (an error naming `model.image_size`, `model.channels` or `model.num_classes`).
+    /// (an error naming `model.image_size`, `model.channels` or `model.num_classes`); then the
+    /// job against the data ([`TrainJob::check_data`]).
     pub fn load(job: &TrainJob, device: Device) -> Result<Self> {
         let data = match &job.data {
             DataSpec::Text {
@@ -275,6 +396,8 @@ impl JobData {
                 .check_model(model)
                 .with_context(|| format!("the data in {}", job.data.dir().display()))?;
         }
+        job.check_data(&data)
+            .with_context(|| format!("the data in {}", job.data.dir().display()))?;
         Ok(data)
     }
 }
@@ -362,7 +485,7 @@ fn train_vit(
         },
         |vs| optimizer_groups(vs, &job.optimizer, &job.train),
         |task| {
-            let eval = task.evaluate_split(Split::Test, None, 256)?;
+            let eval = task.evaluate_split(Split::Test, None, TEST_BATCH)?;
             Ok(eval.accuracy.unwrap_or(f64::NAN))
         },
     )
@@ -386,15 +509,25 @@ fn optimizer_groups(
     })
 }
 
-/// `train --config FILE`: loads the job, trains it in `<out>/<name>/` (continuing an
-/// interrupted run there with `resume`; a finished one is kept), writes the report, and returns
-/// the run folder.
+/// What `train` does with a run folder that already exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// An error that changes nothing (the default: a run folder holds somebody's results).
+    Refuse,
+    /// Continue it (`--resume`): a finished run is kept, an interrupted one continues.
+    Resume,
+    /// Start over (`--fresh`): the run's own files are deleted first, nothing else.
+    StartOver,
+}
+
+/// `train --config FILE`: loads the job, trains it in `<out>/<name>/` (what happens to a folder
+/// that exists is `existing`'s choice), writes the report, and returns the run folder.
 pub fn run_train_command(
     config: &Path,
     sets: &[Set],
     context: RunContext,
     out: &Path,
-    resume: bool,
+    existing: Existing,
 ) -> Result<PathBuf> {
     let job = TrainJob::load(config, sets)?;
     let context = RunContext {
@@ -405,20 +538,24 @@ pub fn run_train_command(
     };
     context.apply_threads();
     let dir = out.join(&job.name);
+    if existing == Existing::Refuse {
+        kappa_train::folder::ensure_empty(&dir)?;
+    }
     // The data is loaded (and the model checked against it) before a fresh run folder is
     // written; a run folder that is resumed loads it only when there is training left to do.
-    let data = if resume && dir.join("config.toml").is_file() {
-        None
-    } else {
-        Some(JobData::load(&job, parse_device(&context.device)?)?)
+    let resuming = existing == Existing::Resume
+        && kappa_train::folder::regular_or_absent(&dir.join("config.toml"))?;
+    let data = match resuming {
+        true => None,
+        false => Some(JobData::load(&job, parse_device(&context.device)?)?),
     };
-    let run = if resume {
-        match Run::resume(&dir, context, &job)? {
+    let run = match existing {
+        Existing::Resume => match Run::resume(&dir, context, &job)? {
             Resumed::Started(run) | Resumed::Continued(run) => Some(run),
             Resumed::Finished(_) => None,
-        }
-    } else {
-        Some(Run::create(&dir, context, &job)?)
+        },
+        Existing::StartOver => Some(Run::start_over(&dir, context, &job)?),
+        Existing::Refuse => Some(Run::create(&dir, context, &job)?),
     };
     if let Some(mut run) = run {
         let status = train_loaded(&job, data, &mut run).unwrap_or_else(|e| RunStatus::Failed {
@@ -475,8 +612,8 @@ pub fn write_report(dir: &Path) -> Result<()> {
     );
     plot_curves(&mut section, dir, &train, &evals)?;
     let path = dir.join("report.md");
-    std::fs::write(&path, section.to_markdown())
-        .with_context(|| format!("writing {}", path.display()))
+    kappa_train::folder::write_atomic(&path, section.to_markdown().as_bytes())?;
+    Ok(())
 }
 
 fn eval_points(lines: &[Line]) -> Vec<EvalPoint> {
@@ -584,9 +721,19 @@ fn plot_curves(
             .filter(|(_, y)| y.is_finite())
             .collect()
     };
+    let train: Vec<(f64, f64)> = train
+        .iter()
+        .copied()
+        .filter(|(_, y)| y.is_finite())
+        .collect();
+    let validation = points(&|e| e.loss);
+    if train.is_empty() && validation.is_empty() {
+        section.paragraph("No finite loss was recorded, so there is no loss plot.");
+        return Ok(());
+    }
     let loss = LinePlot::new("loss", "step", "loss")
-        .series("train", train.to_vec(), Mark::Line)
-        .series("validation", points(&|e| e.loss), Mark::Points);
+        .series("train", train, Mark::Line)
+        .series("validation", validation, Mark::Points);
     let file = dir.join("loss.png");
     loss.save(&file)?;
     section.image_file("loss curves", &file, dir);

@@ -38,6 +38,7 @@ fn reproduce_only_bert_sentiment_pretrains_fine_tunes_and_reports() {
         results: &results,
         data: &data,
         resume: false,
+        fresh: false,
         config: None,
         sets: &sets,
         units: &[],
@@ -119,6 +120,7 @@ fn reproduce_only_bert_sentiment_pretrains_fine_tunes_and_reports() {
     let before = fs::read(&metrics).unwrap();
     let resumed = Settings {
         resume: true,
+        fresh: false,
         stop: Default::default(),
         ..settings
     };

@@ -41,6 +41,7 @@ fn reproduce_only_lambda_readings_writes_the_reading_table() {
         results: &results,
         data: &data,
         resume: false,
+        fresh: false,
         config: None,
         sets: &[],
         units: &[],

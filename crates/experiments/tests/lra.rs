@@ -34,6 +34,7 @@ fn settings<'a>(results: &'a Path, data: &'a Path, sets: &'a [Set]) -> Settings<
         results,
         data,
         resume: false,
+        fresh: false,
         config: None,
         sets,
         units: &[],

@@ -25,6 +25,7 @@ fn reproduce_only_optimizer_race_writes_the_ranking() {
         results: &results,
         data: &data,
         resume: false,
+        fresh: false,
         config: None,
         sets: &[],
         units: &[],

@@ -188,7 +188,7 @@ fn a_changed_config_is_an_error_that_names_the_change() {
             }
             other => panic!("expected ConfigChanged, got {other:?} ({error})"),
         }
-        assert!(format!("{error}").contains("without --resume"), "{error}");
+        assert!(format!("{error}").contains("with --fresh"), "{error}");
     }
     // The same config continues the failed run.
     assert!(matches!(

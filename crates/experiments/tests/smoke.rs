@@ -30,6 +30,7 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
         results: &results,
         data: &data,
         resume: false,
+        fresh: false,
         config: None,
         sets: &[],
         units: &[],
@@ -43,6 +44,7 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
     let before = fs::read(&metrics).unwrap();
     let resumed = Settings {
         resume: true,
+        fresh: false,
         stop: Default::default(),
         ..settings
     };

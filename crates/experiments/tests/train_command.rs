@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use kappa_cli::Set;
-use kappa_experiments::train::{run_train_command, train_job, DataSpec, TrainJob};
+use kappa_experiments::train::{run_train_command, train_job, DataSpec, Existing, TrainJob};
 use kappa_models::data::fixtures;
 use kappa_models::Normalize;
 use kappa_train::{Line, Record, Run, RunContext, RunRecord, RunStatus};
@@ -153,7 +153,8 @@ fn records(dir: &Path) -> Vec<Line> {
 fn a_job_trains_resumes_exactly_and_writes_its_report() {
     let dir = scratch("resume");
     let config = job_file(&dir);
-    let straight = run_train_command(&config, &[], context(), &dir.join("a"), false).unwrap();
+    let straight =
+        run_train_command(&config, &[], context(), &dir.join("a"), Existing::Refuse).unwrap();
     let report = fs::read_to_string(straight.join("report.md")).unwrap();
     assert!(report.contains("| step | val loss |"), "{report}");
     assert!(straight.join("loss.png").is_file() && straight.join("spectra.png").is_file());
@@ -179,7 +180,7 @@ fn a_job_trains_resumes_exactly_and_writes_its_report() {
         error: format!("{err:#}"),
     })
     .unwrap();
-    let resumed = run_train_command(&config, &[], context(), &out, true).unwrap();
+    let resumed = run_train_command(&config, &[], context(), &out, Existing::Resume).unwrap();
     assert_eq!(records(&resumed), records(&straight));
     assert_eq!(RunRecord::read(&resumed).unwrap().info.resumes, 1);
     fs::remove_dir_all(&dir).unwrap();
@@ -197,7 +198,8 @@ fn a_vit_trains_on_an_image_folder_and_reports_its_test_accuracy() {
             ..
         }
     ));
-    let run = run_train_command(&config, &[], context(), &dir.join("runs"), false).unwrap();
+    let run =
+        run_train_command(&config, &[], context(), &dir.join("runs"), Existing::Refuse).unwrap();
     assert_eq!(run, dir.join("runs/tiny-vit"));
     let report = fs::read_to_string(run.join("report.md")).unwrap();
     assert!(
@@ -239,15 +241,22 @@ fn a_vit_that_does_not_fit_the_image_folder_is_an_error_naming_the_key() {
         ("model.channels=1", "model.channels"),
         ("model.image_size=16", "model.image_size"),
     ] {
-        let err = run_train_command(&config, &set(setting), context(), &out, false).unwrap_err();
+        let err = run_train_command(&config, &set(setting), context(), &out, Existing::Refuse)
+            .unwrap_err();
         let message = format!("{err:#}");
         assert!(message.contains(key), "{message}");
         assert!(message.contains("ant, bee, cat"), "{message}");
         assert!(!out.join("tiny-vit").exists(), "no run folder for a misfit");
     }
     // A folder that is not there is an error naming it; so is an image folder for a GPT.
-    let err =
-        run_train_command(&config, &set("data.dir=nowhere"), context(), &out, false).unwrap_err();
+    let err = run_train_command(
+        &config,
+        &set("data.dir=nowhere"),
+        context(),
+        &out,
+        Existing::Refuse,
+    )
+    .unwrap_err();
     assert!(format!("{err:#}").contains("nowhere"), "{err:#}");
     let text = fs::read_to_string(&config).unwrap();
     let idx = text.replace("kind = \"image_folder\"", "kind = \"idx\"\nnum_classes = 4");
@@ -308,5 +317,207 @@ fn the_binary_names_a_bad_key() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("train.stepz"), "{stderr}");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The text of the error of loading `config` with `sets`.
+fn load_error(config: &Path, sets: &[&str]) -> String {
+    let sets: Vec<Set> = sets.iter().map(|s| s.parse().unwrap()).collect();
+    match TrainJob::load(config, &sets) {
+        Ok(_) => panic!("{} with {sets:?} loaded", config.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// The text of the error of loading the job of `config` with `sets` and then its data.
+fn data_error(config: &Path, sets: &[&str]) -> String {
+    let sets: Vec<Set> = sets.iter().map(|s| s.parse().unwrap()).collect();
+    let job = TrainJob::load(config, &sets).unwrap();
+    match kappa_experiments::train::JobData::load(&job, tch::Device::Cpu) {
+        Ok(_) => panic!("the data of {} with {sets:?} loaded", config.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn a_size_whose_training_step_cannot_fit_in_memory_is_an_error_naming_the_keys() {
+    let dir = scratch("sizes");
+    let (gpt, vit) = (job_file(&dir), folder_job_file(&dir));
+    let cases: [(&Path, &[&str], &str); 10] = [
+        (&gpt, &["model.n_layer=1000000000"], "model.n_layer"),
+        (&gpt, &["model.block_size=1000000000"], "model.block_size"),
+        (&gpt, &["model.n_embd=1000000000"], "model.n_embd"),
+        (
+            &gpt,
+            &["model.vocab_size=1000000000000"],
+            "model.vocab_size",
+        ),
+        (&gpt, &["model.mlp_ratio=1000000000"], "model.mlp_ratio"),
+        (&gpt, &["train.batch_size=1000000000"], "train.batch_size"),
+        (
+            &gpt,
+            &["train.diagnostics.samples=1000000000"],
+            "train.diagnostics.samples",
+        ),
+        (
+            &gpt,
+            &[
+                "model.block_size=1000000",
+                "train.diagnostics.jacobian_max_tokens=1000000",
+            ],
+            "train.diagnostics.jacobian_max_tokens",
+        ),
+        (&vit, &["model.image_size=1000000000"], "model.image_size"),
+        (
+            &vit,
+            &["train.batch_size=1000000000000"],
+            "train.batch_size",
+        ),
+    ];
+    for (config, sets, key) in cases {
+        let err = load_error(config, sets);
+        assert!(
+            err.contains(key) && err.contains("one training step of this"),
+            "{err}"
+        );
+        assert!(err.contains("more than the"), "{err}");
+    }
+    // Sizes whose product overflows 128 bits are the same error.
+    let huge = [
+        "model.vocab_size=9223372036854775807",
+        "model.n_embd=9223372036854775806",
+    ];
+    let err = load_error(&gpt, &huge);
+    assert!(
+        err.contains("more than 2^128 bytes") && err.contains("model.n_embd"),
+        "{err}"
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn counts_beyond_the_validation_split_are_errors_naming_the_key_and_the_bound() {
+    let dir = scratch("counts");
+    let gpt = job_file(&dir);
+    // 2 690 characters: 269 of validation, 253 windows of 16 tokens, ⌈253/4⌉ = 64 batches.
+    let err = data_error(&gpt, &["train.eval_batches=1000000000"]);
+    assert!(
+        err.contains("`train.eval_batches` must be at most 64 (⌈253 validation windows"),
+        "{err}"
+    );
+    let err = data_error(&gpt, &["train.diagnostics.samples=5000"]);
+    assert!(
+        err.contains("`train.diagnostics.samples` must be at most the 253 validation windows"),
+        "{err}"
+    );
+    // 3 validation images, batches of 5.
+    let vit = folder_job_file(&dir);
+    let err = data_error(&vit, &["train.eval_batches=2"]);
+    assert!(
+        err.contains("`train.eval_batches` must be at most 1 "),
+        "{err}"
+    );
+    let err = data_error(&vit, &["train.diagnostics.samples=4"]);
+    assert!(
+        err.contains("`train.diagnostics.samples` must be at most the 3"),
+        "{err}"
+    );
+    let err = data_error(&vit, &["data.train_limit=2"]);
+    assert!(
+        err.contains("train.batch_size: must be at most the 2 images"),
+        "{err}"
+    );
+    // Nothing was written: the checks come before the run folder.
+    let out = dir.join("runs");
+    let sets = ["train.eval_batches=1000000000".parse().unwrap()];
+    assert!(run_train_command(&gpt, &sets, context(), &out, Existing::Refuse).is_err());
+    assert!(!out.join("tiny-gpt").exists());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn out_of_range_and_mistyped_values_are_errors_naming_the_dotted_key() {
+    let dir = scratch("ranges");
+    let (gpt, vit) = (job_file(&dir), folder_job_file(&dir));
+    for (config, set, expected) in [
+        (
+            &gpt,
+            "train.lr=1e300",
+            "train.lr` must be finite and lie in (0, 10]",
+        ),
+        (&gpt, "train.lr=nan", "train.lr` must be finite"),
+        (
+            &gpt,
+            "train.weight_decay=1000",
+            "train.weight_decay` must lie in [0, 1/lr)",
+        ),
+        (
+            &gpt,
+            "data.tokenizer=bpe",
+            "data.tokenizer: unknown variant `bpe`",
+        ),
+        (
+            &gpt,
+            "data.validation_fraction=0",
+            "data.validation_fraction: must lie in (0, 1)",
+        ),
+        (
+            &gpt,
+            "model.n_layer=-1",
+            "model.n_layer: invalid value: integer `-1`",
+        ),
+        (
+            &gpt,
+            "model.conditioning.kind=bogus",
+            "model.conditioning.kind: unknown variant",
+        ),
+        (
+            &gpt,
+            "model.conditioning.lambda=x",
+            "model.conditioning.lambda: invalid type",
+        ),
+        (
+            &vit,
+            "data.train_limit=0",
+            "data.train_limit: must be ≥ 1, found 0",
+        ),
+        (
+            &vit,
+            "data.validation=0",
+            "data.validation: must be ≥ 1, found 0",
+        ),
+        (
+            &vit,
+            "model.num_classes=-3",
+            "model.num_classes: invalid value: integer `-3`",
+        ),
+    ] {
+        let err = load_error(config, &[set]);
+        assert!(err.contains(expected), "--set {set}: {err}");
+    }
+    // An integer beyond 64 bits stops the TOML parser: its key, line and column are named.
+    let text = fs::read_to_string(&gpt).unwrap();
+    let big = text.replace("n_layer = 1\n", "n_layer = 99999999999999999999\n");
+    fs::write(&gpt, big).unwrap();
+    let err = load_error(&gpt, &[]);
+    assert!(
+        err.contains(
+            "not valid TOML: model.n_layer: number too large to fit in target type at \
+             line 13, column 11"
+        ),
+        "{err}"
+    );
+    // A module-wise optimizer's Muon lr has the same range as train.lr.
+    let muon = "\n[optimizer]\nkind = \"modulewise\"\npreset = \"HETERO\"\nmuon_lr = 1e9\n";
+    fs::write(&gpt, text.clone() + muon).unwrap();
+    let err = load_error(&gpt, &[]);
+    assert!(
+        err.contains("optimizer.muon_lr: must be finite and lie in (0, 10]"),
+        "{err}"
+    );
+    // "Every 0 steps" is no schedule: checkpointing only at the end is `steps`.
+    fs::write(&gpt, text).unwrap();
+    let err = load_error(&gpt, &["train.checkpoint_every=0"]);
+    assert!(err.contains("train.checkpoint_every: must be ≥ 1"), "{err}");
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -21,6 +21,7 @@ fn settings<'a>(results: &'a Path, data: &'a Path, units: &'a [String]) -> Setti
         results,
         data,
         resume: false,
+        fresh: false,
         config: None,
         sets: &[],
         units,

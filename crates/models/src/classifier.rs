@@ -22,7 +22,7 @@ use crate::conditioned_attention::{
 };
 use crate::encoder::{Encoder, EncoderConfig, ENCODER};
 use crate::error::{ModelsError, Result};
-use crate::layers::{Block, Transformer};
+use crate::layers::{ensure_weights_fit, Block, Transformer};
 use crate::linear::Linear;
 
 /// The size and attention settings of a [`SequenceClassifier`].
@@ -166,8 +166,21 @@ impl SequenceClassifier {
     /// assert_eq!(model.logits(&tokens)?.size(), vec![2, 3]);
     /// # Ok::<(), kappa_models::ModelsError>(())
     /// ```
+    ///
+    /// Errors: an invalid config ([`SequenceClassifierConfig::validate`]); on the CPU, weights
+    /// (the encoder's and the head's D·classes) that do not fit in this process's memory
+    /// ([`ensure_weights_fit`]).
     pub fn new(p: &nn::Path<'_>, cfg: SequenceClassifierConfig) -> Result<Self> {
         cfg.validate()?;
+        let classes = cfg.num_classes as u128;
+        let head = (cfg.n_embd as u128 + u128::from(cfg.bias)).checked_mul(classes);
+        let weights = cfg
+            .encoder()
+            .parameters()
+            .zip(head)
+            .map(|(e, h)| e.checked_add(h));
+        let keys = format!("{}, model.num_classes", EncoderConfig::WEIGHT_KEYS);
+        ensure_weights_fit(p, weights.flatten(), "classifier", &keys)?;
         let encoder = Encoder::new(&(p / ENCODER), cfg.encoder())?;
         let d = cfg.n_embd as i64;
         let head = Linear::new(&(p / "head"), d, cfg.num_classes as i64, cfg.bias, 0.02)?;

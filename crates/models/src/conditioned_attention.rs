@@ -178,7 +178,9 @@ impl Conditioning {
         }
     }
 
-    fn validate(&self, field: &str) -> Result<()> {
+    /// Checks the correction's values; errors name the key under `field`
+    /// (`variants.1.conditioning.lambda`).
+    pub fn validate(&self, field: &str) -> Result<()> {
         match *self {
             Conditioning::None => Ok(()),
             Conditioning::Identity { lambda, .. } => {
@@ -421,6 +423,9 @@ impl ConditionedAttention {
             capture: Capture::default(),
             nystrom_conv,
         };
+        // The shift pattern (3D×D) and the first correction are no larger than c_attn's weight,
+        // which the model's weight check (`layers::ensure_weights_fit`) bounded on the CPU:
+        // tch's panicking calls below cannot be handed a size that does not fit.
         layer.pattern = layer.shift_pattern();
         layer.refresh_conditioning(0)?;
         Ok(layer)

@@ -30,28 +30,9 @@ use crate::conditioned_attention::AttentionTrace;
 use crate::error::{ModelsError, Result};
 use crate::layers::Transformer;
 
-/// What to compute at every evaluation.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DiagnosticsConfig {
-    /// Compute diagnostics at all.
-    pub enabled: bool,
-    /// Sequences of the fixed batch used for the attention statistics.
-    pub samples: usize,
-    /// Largest N for the exact Jacobian κ (0 turns it off). Its cost is one SVD of an
-    /// Nk × 3Dk matrix per head.
-    pub jacobian_max_tokens: usize,
-}
+mod config;
+pub use config::DiagnosticsConfig;
 
-impl Default for DiagnosticsConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            samples: 4,
-            jacobian_max_tokens: 32,
-        }
-    }
-}
 
 /// σ_max, σ_min and κ of one projection.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -160,15 +141,7 @@ pub fn diagnose<M: Transformer + ?Sized>(
         let size = trace.probs.size();
         let (batch, t) = (size[0] as usize, size[2] as usize);
         let samples = config.samples.clamp(1, batch);
-        let jac_tokens = if config.jacobian_max_tokens == 0 {
-            None
-        } else if t <= config.jacobian_max_tokens {
-            Some(t)
-        } else if cfg.causal {
-            Some(config.jacobian_max_tokens)
-        } else {
-            None
-        };
+        let jac_tokens = Some(config.jacobian_tokens(t, cfg.causal)).filter(|&n| n > 0);
         let x0 = match jac_tokens {
             Some(n) => {
                 let x = array_from_tensor(&trace.input.get(0).narrow(0, 0, n as i64))?;

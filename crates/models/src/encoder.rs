@@ -32,7 +32,7 @@ use crate::conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
 };
 use crate::error::{ModelsError, Result};
-use crate::layers::{Block, LayerNorm, Transformer};
+use crate::layers::{block_parameters, ensure_weights_fit, Block, LayerNorm, Transformer};
 
 /// The var-store path of the encoder in every model that has one.
 pub const ENCODER: &str = "encoder";
@@ -88,7 +88,27 @@ impl EncoderConfig {
         }
     }
 
-    /// Checks every size; errors name the field (`model.<field>`).
+    /// The keys that size the encoder's weights, as errors name them.
+    pub const WEIGHT_KEYS: &'static str =
+        "model.vocab_size, model.seq_len, model.n_layer, model.n_embd, model.mlp_ratio";
+
+    /// Trainable parameters: (V + T)·D embeddings, L blocks ([`block_parameters`]) and the
+    /// final LayerNorm (Nyström's convolutions, H·r each, not counted); `None` on overflow of
+    /// u128.
+    pub fn parameters(&self) -> Option<u128> {
+        let d = self.n_embd as u128;
+        let embeddings = (self.vocab_size as u128 + self.seq_len as u128).checked_mul(d)?;
+        let blocks = (self.n_layer as u128).checked_mul(block_parameters(
+            self.n_embd,
+            self.mlp_ratio,
+            self.bias,
+        )?)?;
+        let ln_f = d * (1 + u128::from(self.bias));
+        embeddings.checked_add(blocks)?.checked_add(ln_f)
+    }
+
+    /// Checks every size; errors name the field (`model.<field>`). The sizes have no fixed
+    /// maximum: [`Encoder::new`] checks that the weights fit in memory.
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("vocab_size", self.vocab_size),
@@ -131,8 +151,12 @@ pub struct Encoder {
 impl Encoder {
     /// Builds the encoder under `p` (models put it at `root / ENCODER`), drawing the
     /// variables in the order wte, wpe, blocks, ln_f.
+    ///
+    /// Errors: an invalid config ([`EncoderConfig::validate`]); on the CPU, weights that do not
+    /// fit in this process's memory ([`ensure_weights_fit`]).
     pub fn new(p: &nn::Path<'_>, cfg: EncoderConfig) -> Result<Self> {
         cfg.validate()?;
+        ensure_weights_fit(p, cfg.parameters(), "encoder", EncoderConfig::WEIGHT_KEYS)?;
         let d = cfg.n_embd as i64;
         let init = nn::Init::Randn {
             mean: 0.0,

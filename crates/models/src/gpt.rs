@@ -15,8 +15,11 @@ use kappa_attention::ScoreScale;
 use crate::conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
 };
+use crate::diagnostics::DiagnosticsConfig;
 use crate::error::{ModelsError, Result};
-use crate::layers::{Block, LayerNorm, Transformer};
+use crate::layers::{
+    block_parameters, ensure_weights_fit, Block, LayerNorm, StepSize, Transformer,
+};
 
 /// The size and the attention settings of a [`Gpt`].
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -130,7 +133,13 @@ impl GptConfig {
         }
     }
 
-    /// Checks every size; errors name the field (`model.n_head`, ...).
+    /// The keys that size the model's weights, as errors name them.
+    pub const WEIGHT_KEYS: &'static str =
+        "model.vocab_size, model.block_size, model.n_layer, model.n_embd, model.mlp_ratio";
+
+    /// Checks every size; errors name the field (`model.n_head`, ...). The sizes have no fixed
+    /// maximum: they are bounded by the memory they take ([`GptConfig::training_bytes`],
+    /// checked where the batch is known; [`Gpt::new`] checks the weights).
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("vocab_size", self.vocab_size),
@@ -145,23 +154,51 @@ impl GptConfig {
         self.attention().validate("model")
     }
 
-    /// Trainable parameters (the tied head counted once).
-    pub fn parameter_count(&self) -> usize {
-        let (v, t, l, d, r) = (
-            self.vocab_size,
-            self.block_size,
-            self.n_layer,
-            self.n_embd,
-            self.mlp_ratio,
+    /// Trainable parameters (the tied head counted once): (V + T)·D embeddings, L blocks
+    /// ([`block_parameters`]) and the final LayerNorm; `None` when the count overflows u128.
+    pub fn parameters(&self) -> Option<u128> {
+        let (v, t, l, d) = (
+            self.vocab_size as u128,
+            self.block_size as u128,
+            self.n_layer as u128,
+            self.n_embd as u128,
         );
-        let b = usize::from(self.bias);
-        let ln = d + b * d;
-        let block = 2 * ln
-            + (3 * d * d + b * 3 * d)
-            + (d * d + b * d)
-            + (r * d * d + b * r * d)
-            + (r * d * d + b * d);
-        v * d + t * d + l * block + ln
+        let ln_f = d * (1 + u128::from(self.bias));
+        let blocks = l.checked_mul(block_parameters(self.n_embd, self.mlp_ratio, self.bias)?)?;
+        (v + t)
+            .checked_mul(d)?
+            .checked_add(blocks)?
+            .checked_add(ln_f)
+    }
+
+    /// [`GptConfig::parameters`] as a `usize` (`usize::MAX` when it does not fit one).
+    pub fn parameter_count(&self) -> usize {
+        self.parameters()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(usize::MAX)
+    }
+
+    /// The bytes of one training step of this model at `batch` sequences of `block_size`
+    /// tokens, with an evaluation batch of the same size and `diagnostics` at every
+    /// evaluation ([`StepSize::bytes`] states the formula; the input is 2 words per token id,
+    /// the output T·V logits). `None` when it overflows u128.
+    pub fn training_bytes(&self, batch: usize, diagnostics: &DiagnosticsConfig) -> Option<u128> {
+        let t = self.block_size as u128;
+        StepSize {
+            parameters: self.parameters()?,
+            batch,
+            eval_batch: batch,
+            tokens: self.block_size,
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            n_layer: self.n_layer,
+            mlp_ratio: self.mlp_ratio,
+            causal: true,
+            input: 2 * t,
+            outputs: t.checked_mul(self.vocab_size as u128)?,
+            diagnostics: *diagnostics,
+        }
+        .bytes()
     }
 
     /// Forward FLOPs per token (multiply–adds × 2) for a context of `t` tokens: the matmuls
@@ -203,8 +240,13 @@ impl Gpt {
     /// assert_eq!(gpt.logits(&idx)?.size(), vec![1, 4, 11]);
     /// # Ok::<(), kappa_models::ModelsError>(())
     /// ```
+    ///
+    /// Errors: an invalid config ([`GptConfig::validate`]); on the CPU, weights that do not fit
+    /// in this process's memory ([`ensure_weights_fit`]: an error naming the keys, where tch's
+    /// initializers would panic on the failed allocation).
     pub fn new(p: &nn::Path<'_>, cfg: GptConfig) -> Result<Self> {
         cfg.validate()?;
+        ensure_weights_fit(p, cfg.parameters(), "GPT", GptConfig::WEIGHT_KEYS)?;
         let d = cfg.n_embd as i64;
         let init = nn::Init::Randn {
             mean: 0.0,
@@ -321,6 +363,59 @@ mod tests {
         }
         let p = GptConfig::gpt2_small().parameter_count();
         assert!((124_000_000..124_500_000).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn the_training_bytes_follow_the_stated_formula_and_an_overflow_is_none() {
+        // V = 10, T = 16, L = 2, H = 2 (k = 8), D = 16, r = 4.
+        let cfg = GptConfig::tiny(10);
+        let off = DiagnosticsConfig {
+            enabled: false,
+            samples: 2,
+            jacobian_max_tokens: 8,
+        };
+        let p = cfg.parameters().unwrap();
+        // a = T·D·(14 + 2r) + 2·H·T² = 5632 + 1024; I + 2·O = 2·16 + 2·160.
+        let (a, ends) = (6656, 352);
+        let words = 4 * p + 3 * (2 * a + ends) + 3 * (a + ends);
+        assert_eq!(cfg.training_bytes(3, &off), Some(4 * words));
+        // Diagnostics: n·L·(2·H·T² + T·D) traces and 6·(N·k)·(3·(D + 1)·k) for the Jacobian of
+        // the first N = 8 tokens.
+        let on = DiagnosticsConfig {
+            enabled: true,
+            ..off
+        };
+        let diagnosis = 2 * 2 * (1024 + 256) + 6 * (8 * 8) * (3 * 17 * 8);
+        assert_eq!(cfg.training_bytes(3, &on), Some(4 * (words + diagnosis)));
+        let huge = GptConfig {
+            vocab_size: usize::MAX,
+            n_embd: usize::MAX - 1,
+            ..cfg
+        };
+        assert_eq!(huge.parameters(), None);
+        assert_eq!(huge.training_bytes(1, &off), None);
+        assert_eq!(huge.parameter_count(), usize::MAX);
+    }
+
+    #[test]
+    fn a_gpt_too_large_for_memory_is_an_error_naming_its_keys_before_a_weight_is_built() {
+        let vs = nn::VarStore::new(Device::Cpu);
+        for cfg in [
+            GptConfig {
+                n_layer: 1_000_000_000,
+                ..GptConfig::tiny(13)
+            },
+            GptConfig {
+                n_embd: usize::MAX - 1,
+                ..GptConfig::tiny(13)
+            },
+        ] {
+            let err = Gpt::new(&vs.root(), cfg).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, ModelsError::TooLarge { .. }), "{text}");
+            assert!(text.contains("model.n_layer, model.n_embd"), "{text}");
+        }
+        assert!(vs.variables().is_empty());
     }
 
     #[test]

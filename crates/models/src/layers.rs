@@ -8,9 +8,11 @@ use tch::nn::Module as _;
 use tch::{nn, Tensor};
 
 use crate::conditioned_attention::{AttentionConfig, AttentionTrace, ConditionedAttention};
+use crate::diagnostics::DiagnosticsConfig;
 use crate::error::Result;
 use crate::linear::Linear;
 use crate::max_logit::QkClipReport;
+use crate::memory::ensure_fits;
 use kappa_optim::QkClipConfig;
 
 /// LayerNorm over the last dimension (ε = 1e-5) with gain 1 and, optionally, bias 0.
@@ -124,6 +126,134 @@ impl nn::Module for Block {
     fn forward(&self, xs: &Tensor) -> Tensor {
         self.forward_trace(xs, false).0
     }
+}
+
+/// Trainable parameters of one [`Block`] of width `d` and MLP ratio `r`: (4 + 2r)·D² weights
+/// (QKV 3D², output projection D², MLP 2rD²) and 2D LayerNorm gains, plus with biases (5 + r)·D
+/// projection biases and 2D LayerNorm biases. `None` when the count overflows u128.
+pub fn block_parameters(d: usize, r: usize, bias: bool) -> Option<u128> {
+    let (d, r, b) = (d as u128, r as u128, u128::from(bias));
+    let weights = (4 + 2 * r).checked_mul(d.checked_mul(d)?)?;
+    let vectors = (2 + 2 * b + (5 + r) * b).checked_mul(d)?;
+    weights.checked_add(vectors)
+}
+
+/// f32 values a pre-LN [`Block`] keeps per token for the backward pass, in units of the width
+/// D, besides the MLP's hidden activations (2·r·D: before and after the GELU) and the
+/// attention matrices: LN₁'s input and normalized tokens (2), q, k and v (3), the attention
+/// output and its projection (2), the residual sum (1), LN₂'s input and normalized tokens (2),
+/// the MLP's output (1), and the conditioning's shifted q, k and v (3).
+pub const SAVED_WIDTHS: u128 = 14;
+
+/// What sets the memory of one training step of a model made of pre-LN [`Block`]s
+/// ([`StepSize::bytes`]); `GptConfig::training_bytes` and `VitConfig::training_bytes` fill it in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepSize {
+    /// Trainable parameters P.
+    pub parameters: u128,
+    /// Examples per training step B.
+    pub batch: usize,
+    /// Examples per evaluation batch E.
+    pub eval_batch: usize,
+    /// Tokens per example T.
+    pub tokens: usize,
+    /// Width D.
+    pub n_embd: usize,
+    /// Heads H.
+    pub n_head: usize,
+    /// Blocks L.
+    pub n_layer: usize,
+    /// MLP ratio r.
+    pub mlp_ratio: usize,
+    /// Whether the attention is causal (it sets the Jacobian's tokens).
+    pub causal: bool,
+    /// f32 words of one example's input I (token ids are i64: 2 words each; pixels 1).
+    pub input: u128,
+    /// Output logits O of one example (T·V for a GPT, the classes for a classifier).
+    pub outputs: u128,
+    /// The diagnostics of every evaluation.
+    pub diagnostics: DiagnosticsConfig,
+}
+
+impl StepSize {
+    /// The bytes of one training step, evaluation and diagnosis, in f32 words × 4 (`None` on
+    /// overflow), with k = D/H, s = 2·H·T² (the attention scores and probabilities of one
+    /// layer), a = T·D·([`SAVED_WIDTHS`] + 2r) + s (what one layer keeps of one example),
+    /// n the diagnosed samples and N the Jacobian's tokens
+    /// ([`DiagnosticsConfig::jacobian_tokens`]):
+    ///
+    /// * state 4·P: weights, gradients and two optimizer slots (AdamW's m and v; Muon keeps
+    ///   one momentum, so two bound every optimizer of kappa);
+    /// * training B·(L·a + I + 2·O): every layer's saved tensors, the input, the logits and
+    ///   their log-softmax;
+    /// * evaluation E·(a + I + 2·O): without a graph only one layer's tensors live at a time;
+    /// * diagnostics, when enabled: n·L·(s + T·D) (every layer's traces: scores, probabilities
+    ///   and input) and 6·(N·k)·(3·(D+1)·k): the Jacobian of one head in f64 and two more of its
+    ///   size for the SVD.
+    ///
+    /// The attention matrices are counted in full: libtorch's fused kernel keeps less, so this
+    /// is an upper bound where it runs.
+    pub fn bytes(&self) -> Option<u128> {
+        let w = |x: usize| x as u128;
+        let (t, d, h, l) = (
+            w(self.tokens),
+            w(self.n_embd),
+            w(self.n_head),
+            w(self.n_layer),
+        );
+        let scores = (2 * h).checked_mul(t.checked_mul(t)?)?;
+        let widths = SAVED_WIDTHS.checked_add(2 * w(self.mlp_ratio))?;
+        let layer = t.checked_mul(d)?.checked_mul(widths)?.checked_add(scores)?;
+        let ends = self.input.checked_add(self.outputs.checked_mul(2)?)?;
+        let train = l.checked_mul(layer)?.checked_add(ends)?;
+        let eval = layer.checked_add(ends)?;
+        let n = w(self.diagnostics.diagnosed_samples());
+        let traces = n
+            .checked_mul(l)?
+            .checked_mul(scores.checked_add(t.checked_mul(d)?)?)?;
+        let k = d / h.max(1);
+        let jacobian_tokens = match self.diagnostics.enabled {
+            true => self.diagnostics.jacobian_tokens(self.tokens, self.causal),
+            false => 0,
+        };
+        let rows = w(jacobian_tokens).checked_mul(k)?;
+        let jacobian = rows
+            .checked_mul(3 * (d + 1))?
+            .checked_mul(k)?
+            .checked_mul(6)?;
+        let words = [
+            self.parameters.checked_mul(4)?,
+            train.checked_mul(w(self.batch))?,
+            eval.checked_mul(w(self.eval_batch))?,
+            traces,
+            jacobian,
+        ]
+        .into_iter()
+        .try_fold(0u128, u128::checked_add)?;
+        words.checked_mul(4)
+    }
+}
+
+/// Checks, before a model is built under `p` on the CPU, that its `parameters` fit in this
+/// process's memory three times over: the weights, and the two temporaries of their N(μ, σ²)
+/// initialization (tch draws N(0, 1) and returns ·σ + μ, whose allocation panics on failure
+/// instead of returning an error). `model` names it (`GPT`), `keys` the config keys that size
+/// it. On a GPU the weights are not in this process's memory, and nothing is checked.
+pub fn ensure_weights_fit(
+    p: &nn::Path<'_>,
+    parameters: Option<u128>,
+    model: &str,
+    keys: &str,
+) -> Result<()> {
+    if p.device() != tch::Device::Cpu {
+        return Ok(());
+    }
+    let bytes = parameters.and_then(|n| n.checked_mul(3 * 4));
+    ensure_fits(
+        bytes,
+        &format!("the {model}'s weights as they are built"),
+        keys,
+    )
 }
 
 /// A model made of [`Block`]s whose attention can be conditioned and diagnosed.

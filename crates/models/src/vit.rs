@@ -15,8 +15,11 @@ use kappa_attention::ScoreScale;
 use crate::conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
 };
+use crate::diagnostics::DiagnosticsConfig;
 use crate::error::{ModelsError, Result};
-use crate::layers::{Block, LayerNorm, Transformer};
+use crate::layers::{
+    block_parameters, ensure_weights_fit, Block, LayerNorm, StepSize, Transformer,
+};
 use crate::linear::Linear;
 
 /// The size and the attention settings of a [`Vit`].
@@ -107,10 +110,17 @@ impl VitConfig {
         }
     }
 
-    /// Tokens per image: (S/P)² + 1.
+    /// Tokens per image: (S/P)² + 1 (`usize::MAX` when that does not fit a `usize`).
     pub fn tokens(&self) -> usize {
-        let side = self.image_size / self.patch_size.max(1);
-        side * side + 1
+        self.token_count()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(usize::MAX)
+    }
+
+    /// (S/P)² + 1 in u128 (`None` on overflow).
+    fn token_count(&self) -> Option<u128> {
+        let side = (self.image_size / self.patch_size.max(1)) as u128;
+        side.checked_mul(side)?.checked_add(1)
     }
 
     /// The attention settings of every layer (not causal).
@@ -127,7 +137,13 @@ impl VitConfig {
         }
     }
 
-    /// Checks every size; errors name the field.
+    /// The keys that size the model's weights, as errors name them.
+    pub const WEIGHT_KEYS: &'static str = "model.image_size, model.channels, model.patch_size, \
+        model.num_classes, model.n_layer, model.n_embd, model.mlp_ratio";
+
+    /// Checks every size; errors name the field. The sizes have no fixed maximum: they are
+    /// bounded by the memory they take ([`VitConfig::training_bytes`], checked where the batch
+    /// is known; [`Vit::new`] checks the weights).
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("image_size", self.image_size),
@@ -153,23 +169,58 @@ impl VitConfig {
         self.attention().validate("model")
     }
 
-    /// Trainable parameters.
+    /// Trainable parameters: the patch embedding (P²·C·D weights and D biases: it is a
+    /// convolution, as in ViT), the class token D, the positions (N + 1)·D, L blocks
+    /// ([`block_parameters`]), the final LayerNorm and the head; `None` on overflow of u128.
+    pub fn parameters(&self) -> Option<u128> {
+        let w = |x: usize| x as u128;
+        let (d, b, classes) = (w(self.n_embd), u128::from(self.bias), w(self.num_classes));
+        let p2c = w(self.patch_size)
+            .checked_mul(w(self.patch_size))?
+            .checked_mul(w(self.channels))?;
+        let blocks = block_parameters(self.n_embd, self.mlp_ratio, self.bias)?;
+        let per_width = [p2c, 2, self.token_count()?, 1 + b, classes]
+            .into_iter()
+            .try_fold(0u128, u128::checked_add)?;
+        per_width
+            .checked_mul(d)?
+            .checked_add(w(self.n_layer).checked_mul(blocks)?)?
+            .checked_add(b * classes)
+    }
+
+    /// [`VitConfig::parameters`] as a `usize` (`usize::MAX` when it does not fit one).
     pub fn parameter_count(&self) -> usize {
-        let (d, r, b) = (self.n_embd, self.mlp_ratio, usize::from(self.bias));
-        let p2c = self.patch_size * self.patch_size * self.channels;
-        let ln = d + b * d;
-        let block = 2 * ln
-            + (3 * d * d + b * 3 * d)
-            + (d * d + b * d)
-            + (r * d * d + b * r * d)
-            + (r * d * d + b * d);
-        // The patch embedding always has a bias (it is a convolution, as in ViT).
-        (p2c * d + d)
-            + d
-            + self.tokens() * d
-            + self.n_layer * block
-            + ln
-            + (d * self.num_classes + b * self.num_classes)
+        self.parameters()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(usize::MAX)
+    }
+
+    /// The bytes of one training step of this model at `batch` images, with evaluation batches
+    /// of `eval_batch` images and `diagnostics` at every evaluation ([`StepSize::bytes`] states
+    /// the formula; the input is C·S² pixels, the output the class logits). `None` when it
+    /// overflows u128.
+    pub fn training_bytes(
+        &self,
+        batch: usize,
+        eval_batch: usize,
+        diagnostics: &DiagnosticsConfig,
+    ) -> Option<u128> {
+        let side = self.image_size as u128;
+        StepSize {
+            parameters: self.parameters()?,
+            batch,
+            eval_batch,
+            tokens: usize::try_from(self.token_count()?).ok()?,
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+            n_layer: self.n_layer,
+            mlp_ratio: self.mlp_ratio,
+            causal: false,
+            input: side.checked_mul(side)?.checked_mul(self.channels as u128)?,
+            outputs: self.num_classes as u128,
+            diagnostics: *diagnostics,
+        }
+        .bytes()
     }
 
     /// Forward FLOPs per image (2 × multiply–adds): patch embedding, blocks (projections, MLP,
@@ -219,8 +270,13 @@ impl Vit {
     /// assert_eq!(vit.logits(&images)?.size(), vec![3, 10]);
     /// # Ok::<(), kappa_models::ModelsError>(())
     /// ```
+    ///
+    /// Errors: an invalid config ([`VitConfig::validate`]); on the CPU, weights that do not fit
+    /// in this process's memory ([`ensure_weights_fit`]: an error naming the keys, where tch's
+    /// initializers would panic on the failed allocation).
     pub fn new(p: &nn::Path<'_>, cfg: VitConfig) -> Result<Self> {
         cfg.validate()?;
+        ensure_weights_fit(p, cfg.parameters(), "ViT", VitConfig::WEIGHT_KEYS)?;
         let (d, c, ps) = (
             cfg.n_embd as i64,
             cfg.channels as i64,
@@ -358,6 +414,28 @@ mod tests {
         let p = VitConfig::vit_b16().parameter_count();
         assert!((86_000_000..86_700_000).contains(&p), "{p}");
         assert_eq!(VitConfig::vit_b16().tokens(), 197);
+    }
+
+    #[test]
+    fn a_vit_too_large_for_memory_is_an_error_naming_its_keys_before_a_weight_is_built() {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = VitConfig {
+            image_size: 1 << 40,
+            patch_size: 1,
+            ..VitConfig::tiny()
+        };
+        // (2⁴⁰)² + 1 tokens do not fit a usize; their 2⁸⁴ position weights fit a u128, not
+        // the memory.
+        assert_eq!(cfg.tokens(), usize::MAX);
+        assert_eq!(
+            cfg.training_bytes(1, 1, &DiagnosticsConfig::default()),
+            None
+        );
+        let err = Vit::new(&vs.root(), cfg).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, ModelsError::TooLarge { .. }), "{text}");
+        assert!(text.contains("model.image_size"), "{text}");
+        assert!(vs.variables().is_empty());
     }
 
     #[test]

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// A file of the run folder could not be read or written.
-    #[error("I/O error at {path}: {source}")]
+    #[error("I/O error at {path}: {error}")]
     Io {
         /// The file or folder.
         path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The error, written after the path (not a `source()`, so that a chain of causes
+        /// prints it once).
+        error: std::io::Error,
     },
     /// A file of the run folder does not parse (`line` is 1-based; 0 for a whole file).
     #[error("{path}{}: {reason}", line_suffix(*line))]
@@ -24,9 +25,28 @@ pub enum RunError {
         /// What is wrong.
         reason: String,
     },
+    /// A run folder, or a file in it, cannot be used as it is (a bad name, a file that is a
+    /// folder or a link loop, a run without its config or metrics): nothing was changed.
+    #[error("{}: {reason}", dir.display())]
+    Folder {
+        /// The folder or file.
+        dir: PathBuf,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
+    /// A fresh run was asked for in a folder that is not empty; nothing was changed.
+    #[error("{}", in_use_message(dir, *holds_a_run, foreign))]
+    FolderInUse {
+        /// The run folder.
+        dir: PathBuf,
+        /// Whether it holds a run's own files ([`crate::folder::OWN_FILES`]).
+        holds_a_run: bool,
+        /// The names in it that are not a run's.
+        foreign: Vec<String>,
+    },
     /// The folder's `config.toml` differs from the config of this attempt.
     #[error(
-        "{path} was written with a different config ({differences}); run without --resume to \
+        "{path} was written with a different config ({differences}); run with --fresh to \
          start over, or restore the settings it was run with",
         path = path.display(),
         differences = differences.join("; ")
@@ -54,6 +74,28 @@ pub enum RunError {
 /// The result of run-folder operations.
 pub type RunResult<T> = std::result::Result<T, RunError>;
 
+fn in_use_message(dir: &Path, holds_a_run: bool, foreign: &[String]) -> String {
+    let dir = dir.display();
+    if !foreign.is_empty() {
+        let mut listed: Vec<&str> = foreign.iter().take(5).map(String::as_str).collect();
+        if foreign.len() > 5 {
+            listed.push("…");
+        }
+        return format!(
+            "{dir} holds files that are not a run's ({}); choose another run name or output \
+             folder (a run never deletes what it did not write)",
+            listed.join(", ")
+        );
+    }
+    match holds_a_run {
+        true => format!(
+            "{dir} holds a run; --resume continues it, --fresh starts it over (deleting only \
+             the run's own files)"
+        ),
+        false => format!("{dir} is not empty"),
+    }
+}
+
 fn line_suffix(line: usize) -> String {
     if line == 0 {
         String::new()
@@ -67,7 +109,7 @@ impl RunError {
     pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
         RunError::Io {
             path: path.as_ref().to_path_buf(),
-            source,
+            error: source,
         }
     }
 

@@ -9,6 +9,7 @@
 //! | [`tasks`] | [`LanguageModeling`], [`Classification`] ([`ImageClassification`], [`SequenceClassification`]) |
 //! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress, stop flag |
 //! | [`stop`] | [`StopFlag`]: stop at the next step with a checkpoint (SIGTERM, SIGUSR1) |
+//! | [`folder`] | the run folder's rules: [`folder::check_name`], own files, [`folder::write_atomic`], what `--fresh` deletes |
 //! | [`run`] | [`Run`]: a run folder (`config.toml`, `metrics.jsonl`, `run.json`), resume, [`RunRecord`] to read one back |
 //! | [`variants`] | [`train_variant`]: the variants of a run trained in turn, each resumable; [`train_language_model`] for a GPT variant |
 //! | [`error`] | [`RunError`] (run folders; training errors are [`kappa_models::ModelsError`]) |
@@ -17,6 +18,7 @@
 
 pub mod context;
 pub mod error;
+pub mod folder;
 pub mod modulewise;
 pub mod run;
 pub mod stop;

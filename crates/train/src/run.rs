@@ -1,21 +1,24 @@
 //! Run folders: `config.toml`, `metrics.jsonl` and `run.json`, written by [`Run`] and read back
-//! by [`RunRecord`].
+//! by [`RunRecord`], under the rules of [`crate::folder`].
 //!
-//! # Resume
+//! # Start, start over, resume
 //!
-//! [`Run::create`] starts a folder afresh; [`Run::resume`] (behind `reproduce --resume`) reuses
-//! one. A folder whose `run.json` says completed or diverged is [`Resumed::Finished`] and is not
-//! run again; a folder without `run.json` (the process was killed) or whose run failed is
-//! [`Resumed::Continued`]: `metrics.jsonl` is kept (minus a torn last line) and appended to, and
-//! the caller decides what to skip and where to continue (see [`crate::variants`] and
-//! [`Run::retain_metrics`]). Either way the folder's `config.toml` must equal the config of this
-//! attempt, or the resume stops with [`RunError::ConfigChanged`], naming the keys that differ: a
-//! run folder never mixes configs.
+//! [`Run::create`] starts a run in an absent or empty folder; a folder that holds anything is an
+//! error ([`RunError::FolderInUse`]) that changes nothing. [`Run::start_over`] (`--fresh`)
+//! deletes the run's own files first and nothing else. [`Run::resume`] (`--resume`) reuses a
+//! folder: a completed or diverged run is [`Resumed::Finished`] and is not run again; an
+//! interrupted or failed one is [`Resumed::Continued`]: `metrics.jsonl` is kept (minus a torn
+//! last line) and appended to, and the caller decides what to skip and where to continue (see
+//! [`crate::variants`] and [`Run::retain_metrics`]). Either way the folder's `config.toml` must
+//! equal the config of this attempt, or the resume stops with [`RunError::ConfigChanged`],
+//! naming the keys that differ: a run folder never mixes configs. A resume reads and checks
+//! everything before it writes anything, so one that fails leaves the folder byte-identical.
 //!
-//! `metrics.jsonl` has one writer, [`Run::log`]: one JSON object per line, flushed per line.
+//! `metrics.jsonl` has one writer, [`Run::log`]: one JSON object per line, flushed to the disk
+//! per line. `config.toml` and `run.json` are written atomically ([`folder::write_atomic`]).
 
 use std::fs::{self, File};
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::context::RunContext;
 use crate::error::{RunError, RunResult as Result};
+use crate::folder;
 
 /// How a run ended. A diverged run is a result, not an error.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -113,7 +117,7 @@ pub enum Resumed {
 pub struct Run {
     dir: PathBuf,
     context: RunContext,
-    metrics: BufWriter<File>,
+    metrics: Metrics,
     started: Instant,
     started_unix: u64,
     earlier_seconds: f64,
@@ -121,29 +125,95 @@ pub struct Run {
     interruption: Option<(usize, u64)>,
 }
 
-impl Run {
-    /// Creates (or empties) `dir` and writes `config.toml`.
-    pub fn create<C: Serialize>(dir: &Path, context: RunContext, config: &C) -> Result<Self> {
-        if dir.exists() {
-            fs::remove_dir_all(dir).map_err(|e| RunError::io(dir, e))?;
+/// `metrics.jsonl`'s writer, opened at the first write: a resume reads and checks the file but
+/// changes it (cutting a torn last line to `keep` bytes) only when the run writes again.
+struct Metrics {
+    path: PathBuf,
+    keep: Option<u64>,
+    writer: Option<BufWriter<File>>,
+    /// Whether this attempt has changed the file.
+    changed: bool,
+}
+
+impl Metrics {
+    fn new(path: PathBuf, keep: Option<u64>) -> Self {
+        Self {
+            path,
+            keep,
+            writer: None,
+            changed: false,
         }
+    }
+
+    fn writer(&mut self) -> Result<&mut BufWriter<File>> {
+        if self.writer.is_none() {
+            let path = &self.path;
+            let file = fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| RunError::io(path, e))?;
+            if let Some(keep) = self.keep.take() {
+                file.set_len(keep).map_err(|e| RunError::io(path, e))?;
+            }
+            self.writer = Some(BufWriter::new(file));
+        }
+        self.changed = true;
+        Ok(self.writer.as_mut().expect("opened above"))
+    }
+
+    /// Writes out what is buffered and flushes it to the disk.
+    fn sync(&mut self) -> Result<()> {
+        if let Some(w) = self.writer.as_mut() {
+            let path = &self.path;
+            w.flush().map_err(|e| RunError::io(path, e))?;
+            w.get_ref().sync_data().map_err(|e| RunError::io(path, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Run {
+    /// Starts a run in `dir`, which must be absent or empty ([`folder::ensure_empty`]: a folder
+    /// holding a run is continued by [`Run::resume`] or started over by [`Run::start_over`]),
+    /// and writes `config.toml`. The folder's name must be a plain name ([`folder::check_dir`]).
+    pub fn create<C: Serialize>(dir: &Path, context: RunContext, config: &C) -> Result<Self> {
+        folder::check_dir(dir)?;
+        folder::ensure_empty(dir)?;
+        Self::write_new(dir, context, config)
+    }
+
+    /// Starts a run in `dir` afresh (`--fresh`): deletes the run's own files there
+    /// ([`folder::remove_own_files`]) and nothing else — a user's file in the folder stays
+    /// where it is — then writes `config.toml` as [`Run::create`] does.
+    pub fn start_over<C: Serialize>(dir: &Path, context: RunContext, config: &C) -> Result<Self> {
+        folder::check_dir(dir)?;
+        folder::remove_own_files(dir)?;
+        Self::write_new(dir, context, config)
+    }
+
+    /// Creates `dir` if needed, writes `config.toml` and an empty `metrics.jsonl`.
+    fn write_new<C: Serialize>(dir: &Path, context: RunContext, config: &C) -> Result<Self> {
         fs::create_dir_all(dir).map_err(|e| RunError::io(dir, e))?;
         let config_path = dir.join("config.toml");
-        fs::write(&config_path, config_text(&context, config)?)
-            .map_err(|e| RunError::io(&config_path, e))?;
+        folder::write_atomic(&config_path, config_text(&context, config)?.as_bytes())?;
         let metrics_path = dir.join("metrics.jsonl");
-        let metrics = File::create(&metrics_path).map_err(|e| RunError::io(&metrics_path, e))?;
-        Ok(Self::open(dir, context, metrics))
+        folder::write_atomic(&metrics_path, b"")?;
+        Ok(Self::open(dir, context, Metrics::new(metrics_path, None)))
     }
 
     /// Reuses `dir` if it holds a run of the same config: a completed or diverged run is
     /// [`Resumed::Finished`] (nothing is written), an interrupted or failed one is
-    /// [`Resumed::Continued`] (its `run.json` is removed until the run finishes again, and a
-    /// torn last line of `metrics.jsonl` is dropped). A folder without `config.toml` is created
-    /// afresh. A different config is a [`RunError::ConfigChanged`]. The folder's config is read
-    /// through `C` before the comparison, so a key that today's `C` has and the folder lacks
-    /// (a field added later, with a `#[serde(default)]`) takes its default rather than counting
-    /// as a change; a key the folder has and `C` does not is still a change.
+    /// [`Resumed::Continued`] (appended to; a torn last line of `metrics.jsonl` is cut when the
+    /// run first writes). An absent or empty folder is [`Resumed::Started`]. A different config
+    /// is a [`RunError::ConfigChanged`]. The folder's config is read through `C` before the
+    /// comparison, so a key that today's `C` has and the folder lacks (a field added later,
+    /// with a `#[serde(default)]`) takes its default rather than counting as a change; a key the
+    /// folder has and `C` does not is still a change.
+    ///
+    /// Everything is read and checked before anything is written: a `config.toml`, `run.json`
+    /// or `metrics.jsonl` that is missing from a run, unreadable, not a regular file or not
+    /// parseable is an error naming it, and the folder is left byte-identical.
     ///
     /// ```
     /// use std::collections::BTreeMap;
@@ -151,6 +221,7 @@ impl Run {
     /// use kappa_train::RunError;
     ///
     /// let dir = std::env::temp_dir().join(format!("kappa-doc-resume-{}", std::process::id()));
+    /// # let _ = std::fs::remove_dir_all(&dir);
     /// let context = RunContext {
     ///     name: "demo".into(), scale: "smoke".into(), ..RunContext::default()
     /// };
@@ -160,9 +231,11 @@ impl Run {
     /// assert!(matches!(Run::resume(&dir, context.clone(), &config)?, Resumed::Finished(_)));
     /// // Another config: an error naming the change, and the folder is left alone.
     /// let other = BTreeMap::from([("steps".to_string(), 5)]);
-    /// let err = Run::resume(&dir, context, &other).err().unwrap();
+    /// let err = Run::resume(&dir, context.clone(), &other).err().unwrap();
     /// assert!(matches!(err, RunError::ConfigChanged { .. }));
     /// assert!(err.to_string().contains("config.steps: 4 → 5"));
+    /// // A fresh start over it must be asked for.
+    /// assert!(matches!(Run::create(&dir, context, &other), Err(RunError::FolderInUse { .. })));
     /// # std::fs::remove_dir_all(&dir)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -171,27 +244,26 @@ impl Run {
         context: RunContext,
         config: &C,
     ) -> Result<Resumed> {
+        folder::check_dir(dir)?;
         let config_path = dir.join("config.toml");
-        if !config_path.is_file() {
-            return Ok(Resumed::Started(Self::create(dir, context, config)?));
+        if !folder::regular_or_absent(&config_path)? {
+            if folder::own_files(dir)?.is_empty() {
+                return Ok(Resumed::Started(Self::create(dir, context, config)?));
+            }
+            return Err(lost(&config_path, "the run's config"));
         }
         ensure_same_config::<C>(&config_path, &config_text(&context, config)?)?;
         let previous = read_run_info(dir)?;
-        if let Some(info) = &previous {
-            if !matches!(info.status, RunStatus::Failed { .. }) {
-                return Ok(Resumed::Finished(info.clone()));
-            }
-            let info = dir.join("run.json");
-            fs::remove_file(&info).map_err(|e| RunError::io(&info, e))?;
+        if let Some(info) = previous.as_ref().filter(|i| i.status.is_finished()) {
+            return Ok(Resumed::Finished(info.clone()));
         }
         let metrics_path = dir.join("metrics.jsonl");
-        drop_torn_last_line(&metrics_path)?;
-        let metrics = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&metrics_path)
-            .map_err(|e| RunError::io(&metrics_path, e))?;
-        let mut run = Self::open(dir, context, metrics);
+        if !folder::regular_or_absent(&metrics_path)? {
+            return Err(lost(&metrics_path, "the run's metrics"));
+        }
+        let keep = complete_lines(&metrics_path)?;
+        read_metrics::<serde_json::Value>(&metrics_path)?;
+        let mut run = Self::open(dir, context, Metrics::new(metrics_path, Some(keep)));
         if let Some(info) = previous {
             run.earlier_seconds = info.wall_seconds;
             run.resumes = info.resumes;
@@ -200,11 +272,11 @@ impl Run {
         Ok(Resumed::Continued(run))
     }
 
-    fn open(dir: &Path, context: RunContext, metrics: File) -> Self {
+    fn open(dir: &Path, context: RunContext, metrics: Metrics) -> Self {
         Self {
             dir: dir.to_path_buf(),
             context,
-            metrics: BufWriter::new(metrics),
+            metrics,
             started: Instant::now(),
             started_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -251,29 +323,31 @@ impl Run {
         &self.context
     }
 
-    /// Appends one record to `metrics.jsonl` and flushes it, so that the file always holds
-    /// every record logged before a checkpoint that was written after it (what resume needs).
+    /// Appends one record to `metrics.jsonl` as one line and flushes it to the disk, so that
+    /// the file holds every record logged before a checkpoint written after it (what resume
+    /// needs); a crash mid-line leaves a torn last line, which a resume drops.
     pub fn log<T: Serialize>(&mut self, record: &T) -> Result<()> {
-        let path = self.dir.join("metrics.jsonl");
-        let line = serde_json::to_vec(record).map_err(|e| RunError::format(&path, 0, e))?;
-        (|| {
-            self.metrics.write_all(&line)?;
-            self.metrics.write_all(b"\n")?;
-            self.metrics.flush()
-        })()
-        .map_err(|e| RunError::io(&path, e))
+        let path = self.metrics.path.clone();
+        let mut line = serde_json::to_vec(record).map_err(|e| RunError::format(&path, 0, e))?;
+        line.push(b'\n');
+        self.metrics
+            .writer()?
+            .write_all(&line)
+            .map_err(|e| RunError::io(&path, e))?;
+        self.metrics.sync()
     }
 
-    /// Every record of this run's `metrics.jsonl` so far, parsed as `T`.
+    /// Every record of this run's `metrics.jsonl` so far, parsed as `T` (a torn last line
+    /// aside).
     pub fn metrics<T: DeserializeOwned>(&mut self) -> Result<Vec<T>> {
-        let path = self.dir.join("metrics.jsonl");
-        self.metrics.flush().map_err(|e| RunError::io(&path, e))?;
-        read_metrics(&path)
+        self.metrics.sync()?;
+        read_metrics(&self.metrics.path)
     }
 
-    /// Rewrites `metrics.jsonl` with only the records for which `keep` is true (in order), and
-    /// returns how many were dropped. Resume uses it to drop the records an interrupted run
-    /// logged after its last checkpoint, so that continuing does not duplicate them.
+    /// Rewrites `metrics.jsonl` with only the records for which `keep` is true (in order),
+    /// atomically ([`folder::write_atomic`]), and returns how many were dropped. Resume uses it
+    /// to drop the records an interrupted run logged after its last checkpoint, so that
+    /// continuing does not duplicate them.
     pub fn retain_metrics<T: Serialize + DeserializeOwned>(
         &mut self,
         mut keep: impl FnMut(&T) -> bool,
@@ -285,15 +359,15 @@ impl Run {
         if dropped == 0 {
             return Ok(0);
         }
-        let path = self.dir.join("metrics.jsonl");
-        let tmp = path.with_extension("jsonl.tmp");
-        write_lines(&tmp, &kept)?;
-        fs::rename(&tmp, &path).map_err(|e| RunError::io(&path, e))?;
-        let file = fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(|e| RunError::io(&path, e))?;
-        self.metrics = BufWriter::new(file);
+        let path = self.metrics.path.clone();
+        let mut text = Vec::new();
+        for record in &kept {
+            serde_json::to_writer(&mut text, record).map_err(|e| RunError::format(&path, 0, e))?;
+            text.push(b'\n');
+        }
+        folder::write_atomic(&path, &text)?;
+        self.metrics = Metrics::new(path, None);
+        self.metrics.changed = true;
         Ok(dropped)
     }
 
@@ -314,12 +388,12 @@ impl Run {
         bar
     }
 
-    /// Flushes the metrics and writes `run.json`.
+    /// Flushes the metrics to the disk and writes `run.json` atomically. A resumed run that
+    /// failed before it wrote anything (its folder could not be continued) leaves `run.json`
+    /// as it was, so the folder stays byte-identical; the info is returned all the same.
     pub fn finish(mut self, status: RunStatus) -> Result<RunInfo> {
-        let metrics = self.dir.join("metrics.jsonl");
-        self.metrics
-            .flush()
-            .map_err(|e| RunError::io(&metrics, e))?;
+        self.metrics.sync()?;
+        let untouched = self.is_resumed() && !self.metrics.changed;
         let info = RunInfo {
             run: self.context,
             status,
@@ -328,11 +402,25 @@ impl Run {
             resumes: self.resumes,
             blas: blas_description(),
         };
+        if untouched && !info.status.is_finished() {
+            return Ok(info);
+        }
         let path = self.dir.join("run.json");
         let text =
             serde_json::to_string_pretty(&info).map_err(|e| RunError::format(&path, 0, e))?;
-        fs::write(&path, text).map_err(|e| RunError::io(&path, e))?;
+        folder::write_atomic(&path, text.as_bytes())?;
         Ok(info)
+    }
+}
+
+/// A [`RunError::Folder`] for a file a run cannot continue without.
+fn lost(path: &Path, what: &str) -> RunError {
+    RunError::Folder {
+        dir: path.to_path_buf(),
+        reason: format!(
+            "{what} is missing from a folder that holds a run; nothing was changed (--fresh \
+             starts the run over)"
+        ),
     }
 }
 
@@ -424,7 +512,7 @@ fn toml_differences(key: &str, old: &toml::Value, new: &toml::Value, out: &mut V
 /// `run.json` of a folder, if there is one.
 fn read_run_info(dir: &Path) -> Result<Option<RunInfo>> {
     let path = dir.join("run.json");
-    if !path.is_file() {
+    if !folder::regular_or_absent(&path)? {
         return Ok(None);
     }
     let text = fs::read_to_string(&path).map_err(|e| RunError::io(&path, e))?;
@@ -432,41 +520,24 @@ fn read_run_info(dir: &Path) -> Result<Option<RunInfo>> {
     Ok(Some(info))
 }
 
-/// Cuts a file after its last newline: a process killed in the middle of a write leaves a
-/// partial last line, which would otherwise glue onto the next record.
-fn drop_torn_last_line(path: &Path) -> Result<()> {
-    let Ok(bytes) = fs::read(path) else {
-        return Ok(());
-    };
-    let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    if keep < bytes.len() {
-        fs::write(path, &bytes[..keep]).map_err(|e| RunError::io(path, e))?;
-    }
-    Ok(())
+/// The length of a file up to and including its last newline: a process killed in the middle
+/// of a write leaves a partial last line, which is not a record.
+fn complete_lines(path: &Path) -> Result<u64> {
+    let bytes = fs::read(path).map_err(|e| RunError::io(path, e))?;
+    Ok(bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) as u64)
 }
 
-/// Every line of a `metrics.jsonl`, parsed as `T`.
+/// Every complete line of a `metrics.jsonl`, parsed as `T` (a torn last line, without its
+/// newline, is not a record yet).
 fn read_metrics<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
-    let file = File::open(path).map_err(|e| RunError::io(path, e))?;
-    BufReader::new(file)
-        .lines()
+    let bytes = fs::read(path).map_err(|e| RunError::io(path, e))?;
+    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    bytes[..complete]
+        .split(|&b| b == b'\n')
         .enumerate()
-        .map(|(i, line)| {
-            let line = line.map_err(|e| RunError::io(path, e))?;
-            serde_json::from_str(&line).map_err(|e| RunError::format(path, i + 1, e))
-        })
+        .filter(|(_, line)| !line.is_empty())
+        .map(|(i, line)| serde_json::from_slice(line).map_err(|e| RunError::format(path, i + 1, e)))
         .collect()
-}
-
-/// Writes `records` to `path`, one JSON object per line.
-fn write_lines<T: Serialize>(path: &Path, records: &[T]) -> Result<()> {
-    let file = File::create(path).map_err(|e| RunError::io(path, e))?;
-    let mut out = BufWriter::new(file);
-    for record in records {
-        serde_json::to_writer(&mut out, record).map_err(|e| RunError::format(path, 0, e))?;
-        out.write_all(b"\n").map_err(|e| RunError::io(path, e))?;
-    }
-    out.flush().map_err(|e| RunError::io(path, e))
 }
 
 /// A finished run folder, read back from disk.
@@ -496,19 +567,19 @@ impl RunRecord {
     }
 
     /// All run folders (sub-folders with a `run.json`) of `scale_dir`, in name order (the
-    /// experiments keep `seed-*` folders under `results/<experiment>/<scale>/`).
+    /// experiments keep `seed-*` folders under `results/<experiment>/<scale>/`). A folder whose
+    /// `run.json` is not a regular file, cannot be read or does not parse is an error naming it;
+    /// a folder without one (a run that was never finished) is not listed.
     pub fn read_all(scale_dir: &Path) -> Result<Vec<Self>> {
         let mut runs = Vec::new();
-        let Ok(entries) = fs::read_dir(scale_dir) else {
-            return Ok(runs);
-        };
-        let mut dirs: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.join("run.json").is_file())
-            .collect();
-        dirs.sort();
-        for dir in dirs {
-            runs.push(Self::read(&dir)?);
+        for name in folder::entries(scale_dir)? {
+            let dir = scale_dir.join(&name);
+            if folder::file_kind(&dir)? != folder::FileKind::Directory {
+                continue;
+            }
+            if folder::regular_or_absent(&dir.join("run.json"))? {
+                runs.push(Self::read(&dir)?);
+            }
         }
         Ok(runs)
     }

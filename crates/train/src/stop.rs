@@ -7,7 +7,7 @@
 //! [`Outcome::Interrupted`](crate::Outcome::Interrupted), which the variant driver records as an
 //! interrupted (resumable) run; resuming from that checkpoint ends with the same metrics as a run
 //! that was never stopped (CPU, same threads). [`StopFlag::raise_on_signals`] raises it from
-//! SIGTERM and SIGUSR1; a test raises it by hand.
+//! SIGTERM, SIGUSR1 and SIGINT (Ctrl-C; a second Ctrl-C exits at once); a test raises it by hand.
 //!
 //! ```
 //! let stop = kappa_train::StopFlag::default();
@@ -34,19 +34,23 @@ impl StopFlag {
         self.0.load(Ordering::SeqCst)
     }
 
-    /// Raises the flag when the process receives SIGTERM or SIGUSR1 (instead of dying at once:
-    /// the holder stops at its next step, so a process that must end promptly should exit soon
-    /// after [`StopFlag::is_raised`] turns true).
+    /// Raises the flag when the process receives SIGTERM, SIGUSR1 or SIGINT (Ctrl-C) instead of
+    /// dying at once: the holder stops at its next step, so a process that must end promptly
+    /// should exit soon after [`StopFlag::is_raised`] turns true. A SIGINT that arrives while
+    /// the flag is already raised (a second Ctrl-C) exits the process at once with status 130
+    /// (128 + SIGINT, the shell's convention).
     #[cfg(unix)]
     pub fn raise_on_signals(&self) -> std::io::Result<()> {
-        use signal_hook::consts::{SIGTERM, SIGUSR1};
-        for signal in [SIGTERM, SIGUSR1] {
+        use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+        // Registered first, so it sees the flag as it was before this signal raised it.
+        signal_hook::flag::register_conditional_shutdown(SIGINT, 130, Arc::clone(&self.0))?;
+        for signal in [SIGTERM, SIGUSR1, SIGINT] {
             signal_hook::flag::register(signal, Arc::clone(&self.0))?;
         }
         Ok(())
     }
 
-    /// Raises the flag on SIGTERM or SIGUSR1: a no-op where there are no such signals.
+    /// Raises the flag on SIGTERM, SIGUSR1 or SIGINT: a no-op where there are no such signals.
     #[cfg(not(unix))]
     pub fn raise_on_signals(&self) -> std::io::Result<()> {
         Ok(())
@@ -58,5 +62,54 @@ impl StopFlag {
 impl PartialEq for StopFlag {
     fn eq(&self, _: &Self) -> bool {
         true
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    /// Run by [`a_second_ctrl_c_exits_at_once_with_130`] in a child process: a first SIGINT only
+    /// raises the flag, a second ends the process.
+    #[test]
+    fn child_that_receives_two_ctrl_cs() {
+        if std::env::var_os("KAPPA_STOP_CHILD").is_none() {
+            return;
+        }
+        let stop = StopFlag::default();
+        stop.raise_on_signals().unwrap();
+        let me = std::process::id().to_string();
+        Command::new("kill").args(["-INT", &me]).status().unwrap();
+        let raised = Instant::now();
+        while !stop.is_raised() && raised.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(stop.is_raised(), "the first Ctrl-C raises the flag");
+        eprintln!("first Ctrl-C survived");
+        Command::new("kill").args(["-INT", &me]).status().unwrap();
+        std::thread::sleep(Duration::from_secs(20));
+    }
+
+    #[test]
+    fn a_second_ctrl_c_exits_at_once_with_130() {
+        let started = Instant::now();
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "stop::tests::child_that_receives_two_ctrl_cs",
+                "--nocapture",
+            ])
+            .env("KAPPA_STOP_CHILD", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("first Ctrl-C survived"), "{stderr}");
+        assert_eq!(out.status.code(), Some(130), "{stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "it waited for the sleep"
+        );
     }
 }

@@ -85,13 +85,14 @@ pub struct TrainConfig {
     pub steps: u64,
     /// Examples (sequences or images) per step.
     pub batch_size: usize,
-    /// Peak learning rate.
+    /// Peak learning rate, in (0, [`MAX_LR`]].
     pub lr: f64,
     /// Learning rate at the end of the cosine.
     pub min_lr: f64,
     /// Linear warmup steps w (< S).
     pub warmup_steps: u64,
-    /// Decoupled weight decay of the `decay` group (matrices other than embeddings).
+    /// Decoupled weight decay of the `decay` group (matrices other than embeddings), in
+    /// [0, 1/lr): the decay factor 1 − lr·wd of a step stays positive.
     pub weight_decay: f64,
     /// AdamW β₁.
     pub beta1: f64,
@@ -103,11 +104,15 @@ pub struct TrainConfig {
     pub grad_clip: f64,
     /// Evaluate (and diagnose) every this many steps, and after the last step.
     pub eval_every: u64,
-    /// Batches per evaluation (the whole split for classification when 0).
+    /// Batches per evaluation (the whole split for classification when 0). At most what the
+    /// validation split holds; the caller that knows the data checks it (the `train` command
+    /// does, after loading it).
     pub eval_batches: usize,
     /// Log a training record every this many steps.
     pub log_every: u64,
-    /// Write a checkpoint every this many steps (0: only at the end), when a path is given.
+    /// Write a checkpoint every this many steps (≥ 1), when a path is given; one is also
+    /// written after the last step and when a run is stopped (Ctrl-C, SIGTERM, SIGUSR1). A
+    /// killed process loses at most this many steps; `steps` checkpoints only at the end.
     pub checkpoint_every: u64,
     /// Stop when the loss exceeds this multiple of its reference (> 1).
     pub divergence_factor: f64,
@@ -148,7 +153,7 @@ impl Default for TrainConfig {
             eval_every: 100,
             eval_batches: 10,
             log_every: 10,
-            checkpoint_every: 0,
+            checkpoint_every: 100,
             divergence_factor: 4.0,
             divergence_reference: DivergenceReference::First,
             eval_at_start: false,
@@ -191,6 +196,13 @@ pub enum DivergenceReference {
 /// The smoothing of [`DivergenceReference::Best`]: ema ← (1 − w)·ema + w·loss.
 pub const LOSS_EMA_WEIGHT: f64 = 0.1;
 
+/// The largest peak learning rate a config may set (`train.lr`, Muon's `muon_lr`): 10, 125
+/// times the largest in any built-in config (Muon's 0.08), and far above any that trains these
+/// models with AdamW, Muon or SGD: AdamW moves each weight by about lr per step, so at 10 one
+/// step carries every weight (initialized at σ = 0.02) hundreds of standard deviations away.
+/// A larger value is a typo (`3e4` for `3e-4`), refused before anything runs.
+pub const MAX_LR: f64 = 10.0;
+
 impl TrainConfig {
     /// Parses a `TrainConfig` from TOML and validates it.
     ///
@@ -198,7 +210,7 @@ impl TrainConfig {
     /// let cfg = kappa_train::TrainConfig::from_toml("steps = 10\nbatch_size = 4\nlr = 0.01\n\
     ///     min_lr = 0.001\nwarmup_steps = 2\nweight_decay = 0.1\nbeta1 = 0.9\nbeta2 = 0.95\n\
     ///     eps = 1e-8\ngrad_clip = 1.0\neval_every = 5\neval_batches = 2\nlog_every = 1\n\
-    ///     checkpoint_every = 0\ndivergence_factor = 4.0\n\
+    ///     checkpoint_every = 5\ndivergence_factor = 4.0\n\
     ///     diagnostics = { enabled = true, samples = 2, jacobian_max_tokens = 16 }\n")?;
     /// assert_eq!(cfg.steps, 10);
     /// let err = kappa_train::TrainConfig::from_toml("steps = 0").unwrap_err();
@@ -220,8 +232,14 @@ impl TrainConfig {
         if self.batch_size == 0 {
             return bad("batch_size", "must be ≥ 1".into());
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad("lr", format!("must be finite and > 0, found {}", self.lr));
+        if !(self.lr > 0.0 && self.lr <= MAX_LR) {
+            return bad(
+                "lr",
+                format!(
+                    "must be finite and lie in (0, {MAX_LR}], found {:?}",
+                    self.lr
+                ),
+            );
         }
         if !(self.min_lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
             return bad(
@@ -238,10 +256,14 @@ impl TrainConfig {
                 ),
             );
         }
-        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+        if !(self.weight_decay >= 0.0 && self.weight_decay * self.lr < 1.0) {
             return bad(
                 "weight_decay",
-                format!("must be ≥ 0, found {}", self.weight_decay),
+                format!(
+                    "must lie in [0, 1/lr) (a step's decay factor 1 − lr·wd must stay > 0; \
+                     lr = {}), found {}",
+                    self.lr, self.weight_decay
+                ),
             );
         }
         for (f, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
@@ -264,21 +286,84 @@ impl TrainConfig {
         if self.log_every == 0 {
             return bad("log_every", "must be ≥ 1".into());
         }
+        if self.checkpoint_every == 0 {
+            return bad(
+                "checkpoint_every",
+                format!("must be ≥ 1 (steps = {} checkpoints only at the end)", self.steps),
+            );
+        }
         if !(self.divergence_factor.is_finite() && self.divergence_factor > 1.0) {
             return bad(
                 "divergence_factor",
                 format!("must be finite and > 1, found {}", self.divergence_factor),
             );
         }
-        if self.diagnostics.enabled && self.diagnostics.samples == 0 {
-            return bad("diagnostics.samples", "must be ≥ 1".into());
-        }
+        self.diagnostics.validate("train.diagnostics")?;
         if let Some(Err(e)) = self.qk_clip.map(|c| c.validate()) {
             let field = match &e {
                 kappa_optim::OptimError::Input(input) => format!("qk_clip.{}", input.arg()),
                 _ => "qk_clip".into(),
             };
             return bad(&field, e.to_string());
+        }
+        Ok(())
+    }
+
+    /// Checks that one training step of `model` at `batch_size`, with its evaluation and
+    /// diagnostics, fits in this process's memory ([`kappa_models::layers::StepSize::bytes`]
+    /// states the formula): sizes that cannot work are an error naming the keys that set
+    /// them, before anything is built, where they would otherwise be a libtorch allocation
+    /// failure (a panic in tch) or minutes of swapping. The vocabulary is `model.vocab_size`,
+    /// which the caller sets to the tokenizer's first when it is 0.
+    pub fn ensure_gpt_step_fits(&self, model: &kappa_models::GptConfig) -> Result<()> {
+        let bytes = model.training_bytes(self.batch_size, &self.diagnostics);
+        let keys = kappa_models::GptConfig::WEIGHT_KEYS;
+        self.ensure_step_fits(bytes, "GPT", keys)
+    }
+
+    /// [`TrainConfig::ensure_gpt_step_fits`] for a ViT whose evaluations take batches of
+    /// `eval_batch` images.
+    pub fn ensure_vit_step_fits(
+        &self,
+        model: &kappa_models::VitConfig,
+        eval_batch: usize,
+    ) -> Result<()> {
+        let bytes = model.training_bytes(self.batch_size, eval_batch, &self.diagnostics);
+        let keys = kappa_models::VitConfig::WEIGHT_KEYS;
+        self.ensure_step_fits(bytes, "ViT", keys)
+    }
+
+    fn ensure_step_fits(&self, bytes: Option<u128>, model: &str, keys: &str) -> Result<()> {
+        const STEP_KEYS: &str = "model.n_head, train.batch_size, train.diagnostics.samples, \
+            train.diagnostics.jacobian_max_tokens";
+        let what = format!("one training step of this {model} (with its evaluation)");
+        kappa_models::memory::ensure_fits(bytes, &what, &format!("{keys}, {STEP_KEYS}"))
+    }
+
+    /// Checks the counts that cost time against the `examples` distinct examples of the
+    /// validation split (`unit`: `windows` of a language model's context, `images`):
+    /// evaluating more than ⌈examples / batch_size⌉ batches (what holds each example once)
+    /// or diagnosing more samples than there are examples only repeats work. `zero` says
+    /// what `eval_batches = 0` means to the task. Errors name the key and its bound.
+    pub fn check_validation_counts(&self, examples: usize, unit: &str, zero: &str) -> Result<()> {
+        let batch = self.batch_size.max(1);
+        let batches = examples.div_ceil(batch).max(1);
+        if self.eval_batches > batches {
+            return Err(ModelsError::config(
+                "train.eval_batches",
+                format!(
+                    "must be at most {batches} (⌈{examples} validation {unit} / batch_size \
+                     {batch}⌉; {zero}), found {}",
+                    self.eval_batches
+                ),
+            ));
+        }
+        let samples = self.diagnostics.diagnosed_samples();
+        if samples > examples {
+            return Err(ModelsError::config(
+                "train.diagnostics.samples",
+                format!("must be at most the {examples} validation {unit}, found {samples}"),
+            ));
         }
         Ok(())
     }
@@ -963,58 +1048,37 @@ impl<'a> Trainer<'a> {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-        std::fs::rename(&tmp, path).map_err(|e| ModelsError::io(path, e))
+        // Flushed to the disk before the rename, and the folder after it: a crash leaves the
+        // previous checkpoint or this one (`crate::folder::write_atomic`'s rule).
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| ModelsError::io(&tmp, e))?;
+        crate::folder::commit(&tmp, path).map_err(|e| err_of_run(path, e))
     }
 
     /// Restores a checkpoint written by [`Trainer::save_checkpoint`] into this trainer's var
-    /// store and optimizers. The variables must match in names, shapes and kinds, and the
-    /// checkpoint's seed must equal the config's.
+    /// store and optimizers, after checking all of it against the run ([`check_checkpoint`]):
+    /// nothing is restored from a checkpoint that fails a check.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
         let err = |reason: String| ModelsError::Checkpoint {
             path: path.to_path_buf(),
             reason,
         };
         if !path.is_file() {
-            return Err(err("no such file".into()));
+            return Err(err("not a regular file".into()));
         }
         let tensors: HashMap<String, Tensor> = Tensor::read_safetensors(path)
             .map_err(|e| err(e.to_string()))?
             .into_iter()
             .collect();
-        let get = |k: &str| {
-            tensors
-                .get(k)
-                .ok_or_else(|| err(format!("`{k}` is missing")))
-        };
-        let seed = get("rng/seed")?.int64_value(&[0]) as u64;
-        if seed != self.seed {
-            return Err(err(format!(
-                "it was written by a run with seed {seed}, this run has seed {}",
-                self.seed
-            )));
-        }
+        let step = check_checkpoint(&tensors, &self.vs.variables(), self.seed, &self.config)
+            .map_err(err)?;
         let vars = self.vs.variables();
-        let in_file = tensors.keys().filter(|k| k.starts_with(CKPT_MODEL)).count();
-        if in_file != vars.len() {
-            return Err(err(format!(
-                "it holds {in_file} model variables, the model has {}",
-                vars.len()
-            )));
-        }
         let device = self.vs.device();
         tch::no_grad(|| -> Result<()> {
             for (name, var) in &vars {
-                let src = get(&format!("{CKPT_MODEL}{name}"))?;
-                if src.size() != var.size() || src.kind() != var.kind() {
-                    return Err(err(format!(
-                        "`{name}` is {:?} {:?} in the file and {:?} {:?} in the model",
-                        src.size(),
-                        src.kind(),
-                        var.size(),
-                        var.kind()
-                    )));
-                }
-                var.shallow_clone().f_copy_(src)?;
+                var.shallow_clone()
+                    .f_copy_(&tensors[&format!("{CKPT_MODEL}{name}")])?;
             }
             Ok(())
         })?;
@@ -1031,18 +1095,17 @@ impl<'a> Trainer<'a> {
                 .load_state(&state)
                 .map_err(|e| err(format!("group `{}`: {e}", g.name)))?;
         }
-        self.step = get("trainer/step")?.int64_value(&[0]) as u64;
-        let first = get("trainer/first_loss")?.double_value(&[0]);
-        self.first_loss = first.is_finite().then_some(first);
-        // Absent in checkpoints written before the `best` reference existed.
-        let optional = |k: &str| {
+        self.step = step;
+        let scalar = |k: &str| {
             tensors
                 .get(k)
-                .map(|t| t.double_value(&[0]))
+                .and_then(|t| t.f_double_value(&[0]).ok())
                 .filter(|x| x.is_finite())
         };
-        self.loss_ema = optional("trainer/loss_ema");
-        self.best_ema = optional("trainer/best_ema");
+        self.first_loss = scalar("trainer/first_loss");
+        // Absent in checkpoints written before the `best` reference existed.
+        self.loss_ema = scalar("trainer/loss_ema");
+        self.best_ema = scalar("trainer/best_ema");
         Ok(())
     }
 
@@ -1228,7 +1291,7 @@ impl<'a> Trainer<'a> {
             }
             if let Some(path) = checkpoint {
                 let every = self.config.checkpoint_every;
-                if (every > 0 && step.is_multiple_of(every)) || step == self.config.steps {
+                if step.is_multiple_of(every.max(1)) || step == self.config.steps {
                     self.save_checkpoint(path)?;
                 }
             }
@@ -1295,6 +1358,102 @@ impl<'a> Trainer<'a> {
 }
 
 /// QK-clip on every attention layer of the task, without gradient.
+/// Checks a checkpoint's tensors against the run before any is used, and returns its step:
+/// - `rng/seed` equals the run's seed;
+/// - `trainer/step` lies in [0, `train.steps`] and `rng/counter` (the data order's position)
+///   equals it;
+/// - the model variables match the model's in names, count, shapes and kinds;
+/// - every model variable and optimizer state is finite (a checkpoint of NaN weights would
+///   resume into a diverged run).
+///
+/// The error says which check failed.
+pub fn check_checkpoint(
+    tensors: &HashMap<String, Tensor>,
+    vars: &HashMap<String, Tensor>,
+    seed: u64,
+    config: &TrainConfig,
+) -> std::result::Result<u64, String> {
+    let int = |k: &str| -> std::result::Result<i64, String> {
+        let t = tensors.get(k).ok_or_else(|| format!("`{k}` is missing"))?;
+        t.f_int64_value(&[0])
+            .map_err(|e| format!("`{k}` is not one integer: {e}"))
+    };
+    let found = int("rng/seed")? as u64;
+    if found != seed {
+        return Err(format!(
+            "it was written by a run with seed {found}, this run has seed {seed}"
+        ));
+    }
+    let step = int("trainer/step")?;
+    if !(0..=config.steps as i64).contains(&step) {
+        return Err(format!(
+            "its step {step} lies outside [0, train.steps = {}]",
+            config.steps
+        ));
+    }
+    let counter = int("rng/counter")?;
+    if counter != step {
+        return Err(format!(
+            "its data-order counter {counter} differs from its step {step}"
+        ));
+    }
+    check_variables(tensors, vars)?;
+    for (name, t) in tensors {
+        let state = name.starts_with(CKPT_MODEL) || name.starts_with(CKPT_OPTIM);
+        if state && t.is_floating_point() && !all_finite(t) {
+            return Err(format!("`{name}` holds a NaN or an infinity"));
+        }
+    }
+    Ok(step as u64)
+}
+
+/// The checkpoint's `model/` tensors are the model's variables: the same names and count, shapes
+/// and kinds.
+fn check_variables(
+    tensors: &HashMap<String, Tensor>,
+    vars: &HashMap<String, Tensor>,
+) -> std::result::Result<(), String> {
+    let in_file = tensors.keys().filter(|k| k.starts_with(CKPT_MODEL)).count();
+    if in_file != vars.len() {
+        return Err(format!(
+            "it holds {in_file} model variables, the model has {}",
+            vars.len()
+        ));
+    }
+    for (name, var) in vars {
+        let key = format!("{CKPT_MODEL}{name}");
+        let src = tensors
+            .get(&key)
+            .ok_or_else(|| format!("`{key}` is missing"))?;
+        if src.size() != var.size() || src.kind() != var.kind() {
+            return Err(format!(
+                "`{name}` is {:?} {:?} in the file and {:?} {:?} in the model",
+                src.size(),
+                src.kind(),
+                var.size(),
+                var.kind()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether every entry of `t` is finite (false when libtorch cannot tell).
+fn all_finite(t: &Tensor) -> bool {
+    t.f_isfinite()
+        .and_then(|f| f.f_all())
+        .and_then(|a| a.f_int64_value(&[]))
+        .is_ok_and(|v| v == 1)
+}
+
+/// A run-folder error met while writing a checkpoint, as the trainer's error.
+fn err_of_run(path: &Path, e: crate::RunError) -> ModelsError {
+    ModelsError::Checkpoint {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
 fn qk_clip<T: Task>(task: &T, clip: &QkClipConfig) -> Result<Vec<QkClipReport>> {
     match task.transformer() {
         Some(model) => tch::no_grad(|| model.clip_qk(clip)),

@@ -121,7 +121,9 @@ where
 }
 
 /// Trains one GPT variant with [`train_variant`]: `model` (its vocabulary from the corpus's
-/// tokenizer when `model.vocab_size` is 0) on [`LanguageModeling`] of `corpus`, with the
+/// tokenizer when `model.vocab_size` is 0; on the CPU, checked first to fit in memory with
+/// [`TrainConfig::ensure_gpt_step_fits`]; its evaluation counts against the validation split
+/// with [`TrainConfig::check_validation_counts`]) on [`LanguageModeling`] of `corpus`, with the
 /// optimizer groups of `groups`; the headline metric is the validation loss, the mean over
 /// `eval_batches` batches of the training batch size.
 pub fn train_language_model<E>(
@@ -138,6 +140,15 @@ where
 {
     let seed = run.context().seed;
     let model = model.or_vocab(corpus.tokenizer.vocab_size());
+    // A step that cannot fit is an error naming its keys before anything is built; on a GPU the
+    // activations are not in this process's memory, and the device reports its own failure.
+    if parse_device(&run.context().device)? == tch::Device::Cpu {
+        train.ensure_gpt_step_fits(&model)?;
+    }
+    // Counts that cost time, against the distinct windows of the validation split.
+    let tokens = corpus.tokens(kappa_models::Split::Validation).size()[0] as usize;
+    let windows = tokens.saturating_sub(model.block_size).max(1);
+    train.check_validation_counts(windows, "windows", "0 evaluates one batch")?;
     let batch_size = train.batch_size;
     let build = |vs: &nn::VarStore| {
         let gpt = Gpt::new(&vs.root(), model)?;
@@ -153,7 +164,7 @@ where
 pub fn variant_checkpoint(run: &Run, index: usize) -> PathBuf {
     run.dir()
         .join(format!("variant-{index}"))
-        .join("checkpoint.safetensors")
+        .join(crate::folder::CHECKPOINT_FILE)
 }
 
 /// The summary line of variant `name` if an earlier attempt of this run finished it (only a
@@ -170,9 +181,14 @@ pub fn finished_variant(run: &mut Run, name: &str) -> Result<Option<Final>, RunE
 }
 
 /// Prepares an unfinished variant of a resumed run: restores `checkpoint` into `trainer` when
-/// it exists and drops the variant's records logged after the checkpoint's step (they will be
-/// logged again, identically); without a checkpoint, drops all of its records. Returns the
-/// step training continues from (`None`: from the start). Does nothing in a fresh run.
+/// it exists (checked by [`Trainer::load_checkpoint`]) and drops the variant's records logged
+/// after the checkpoint's step (they will be logged again, identically); without a checkpoint,
+/// drops all of its records. Returns the step training continues from (`None`: from the
+/// start). Does nothing in a fresh run.
+///
+/// A checkpoint path that is not a regular file (a folder, a link loop), a checkpoint that does
+/// not fit the run, and a checkpoint past step 0 whose variant has no record in
+/// `metrics.jsonl` (the history before it is gone) are errors, and nothing is changed.
 pub fn resume_variant(
     run: &mut Run,
     trainer: &mut Trainer<'_>,
@@ -182,19 +198,48 @@ pub fn resume_variant(
     if !run.is_resumed() {
         return Ok(None);
     }
-    let step = if checkpoint.is_file() {
+    let step = if crate::folder::regular_or_absent(checkpoint)? {
         trainer.load_checkpoint(checkpoint)?;
         Some(trainer.step())
     } else {
         None
     };
-    run.retain_metrics(|l: &Line| {
+    let keep = |l: &Line| {
         l.variant != name
             || l.record
                 .as_ref()
                 .is_some_and(|r| step.is_some_and(|s| logged_by_step(r, s)))
-    })?;
+    };
+    if let Some(s) = step {
+        check_history(run, name, s, trainer.config().log_every)?;
+    }
+    run.retain_metrics(keep)?;
     Ok(step)
+}
+
+/// `Ok` when `metrics.jsonl` holds the last training record that a checkpoint at `step` implies
+/// (the trainer logs every `log_every` steps): one at step ⌊step / log_every⌋ · log_every, when
+/// that is past 0. Otherwise the history before the checkpoint is gone (an emptied or replaced
+/// file), and continuing would leave a run whose records start in the middle.
+fn check_history(run: &mut Run, name: &str, step: u64, log_every: u64) -> Result<(), RunError> {
+    let last = step / log_every.max(1) * log_every.max(1);
+    if last == 0 {
+        return Ok(());
+    }
+    let logged = run.metrics::<Line>()?.iter().any(|l| {
+        l.variant == name && matches!(l.record, Some(Record::Train { step: s, .. }) if s == last)
+    });
+    if logged {
+        return Ok(());
+    }
+    Err(RunError::Folder {
+        dir: run.dir().join("metrics.jsonl"),
+        reason: format!(
+            "has no training record of variant `{name}` at step {last}, which its checkpoint at \
+             step {step} implies: the run's history is lost; nothing was changed (--fresh \
+             starts the run over)"
+        ),
+    })
 }
 
 /// Whether `record` belongs to the first `step` finished steps: what a checkpoint at `step`

@@ -204,8 +204,9 @@ fn an_exploding_loss_is_detected_and_recorded() {
     fixtures::write_sotu(&dir).unwrap();
     let (vs, mut task) = lm_task(&dir, Conditioning::None, 2);
     let mut cfg = config(50);
-    cfg.lr = 1e4;
-    cfg.min_lr = 1e3;
+    // The largest lr a config may set: AdamW moves every weight by about 10 a step.
+    cfg.lr = kappa_train::trainer::MAX_LR;
+    cfg.min_lr = 1.0;
     cfg.grad_clip = 0.0;
     cfg.weight_decay = 0.0;
     let mut trainer = Trainer::new(&vs, cfg, &context()).unwrap();

@@ -147,6 +147,8 @@ impl Experiment for BertSentiment {
                 "variants.{i}.name: {:?} is listed twice",
                 v.name
             );
+            v.conditioning
+                .validate(&format!("variants.{i}.conditioning"))?;
             c.model
                 .with_conditioning(v.conditioning)
                 .validate()

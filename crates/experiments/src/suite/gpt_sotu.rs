@@ -63,7 +63,10 @@ impl Experiment for GptSotu {
             vocab_size: c.model.vocab_size.max(1),
             ..c.model
         };
-        for variant in &c.variants {
+        for (i, variant) in c.variants.iter().enumerate() {
+            variant
+                .conditioning
+                .validate(&format!("variants.{i}.conditioning"))?;
             model
                 .with_conditioning(variant.conditioning)
                 .validate()

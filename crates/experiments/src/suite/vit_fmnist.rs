@@ -58,7 +58,10 @@ impl Experiment for VitFmnist {
 
     fn validate(&self, c: &Config) -> Result<()> {
         anyhow::ensure!(!c.variants.is_empty(), "variants: need at least one");
-        for variant in &c.variants {
+        for (i, variant) in c.variants.iter().enumerate() {
+            variant
+                .conditioning
+                .validate(&format!("variants.{i}.conditioning"))?;
             c.model
                 .with_conditioning(variant.conditioning)
                 .validate()
