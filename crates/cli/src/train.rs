@@ -95,7 +95,10 @@ mod tests {
         );
         assert!(parse_args::<TrainArgs, _, _>(["--config", "a", "--device", "tpu"]).is_err());
         let fresh: TrainArgs = parse_args(["--config", "a", "--fresh"]).unwrap();
-        assert_eq!(parse_args::<TrainArgs, _, _>(fresh.to_args()).unwrap(), fresh);
+        assert_eq!(
+            parse_args::<TrainArgs, _, _>(fresh.to_args()).unwrap(),
+            fresh
+        );
         assert!(
             parse_args::<TrainArgs, _, _>(["--config", "a", "--fresh", "--resume"]).is_err(),
             "--fresh and --resume exclude each other"

@@ -206,7 +206,13 @@ fn a_copy_of_a_builtin_file_runs_with_config_alone() {
     );
     let (ok, stderr) = reproduce_bin(
         &root,
-        &["--config", "anonymous.toml", "--only", "random-spectra", "--fresh"],
+        &[
+            "--config",
+            "anonymous.toml",
+            "--only",
+            "random-spectra",
+            "--fresh",
+        ],
     );
     assert!(ok, "{stderr}");
     let (ok, stderr) = reproduce_bin(&root, &["--config", "missing.toml"]);

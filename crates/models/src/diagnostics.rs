@@ -33,7 +33,6 @@ use crate::layers::Transformer;
 mod config;
 pub use config::DiagnosticsConfig;
 
-
 /// σ_max, σ_min and κ of one projection.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Spectrum {

@@ -289,7 +289,10 @@ impl TrainConfig {
         if self.checkpoint_every == 0 {
             return bad(
                 "checkpoint_every",
-                format!("must be ≥ 1 (steps = {} checkpoints only at the end)", self.steps),
+                format!(
+                    "must be ≥ 1 (steps = {} checkpoints only at the end)",
+                    self.steps
+                ),
             );
         }
         if !(self.divergence_factor.is_finite() && self.divergence_factor > 1.0) {
