@@ -518,6 +518,9 @@ fn out_of_range_and_mistyped_values_are_errors_naming_the_dotted_key() {
     // "Every 0 steps" is no schedule: checkpointing only at the end is `steps`.
     fs::write(&gpt, text).unwrap();
     let err = load_error(&gpt, &["train.checkpoint_every=0"]);
-    assert!(err.contains("train.checkpoint_every: must be ≥ 1"), "{err}");
+    assert!(
+        err.contains("`train.checkpoint_every` must be ≥ 1"),
+        "{err}"
+    );
     fs::remove_dir_all(&dir).unwrap();
 }
