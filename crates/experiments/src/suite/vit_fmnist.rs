@@ -79,6 +79,8 @@ impl Experiment for VitFmnist {
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {
+        /// The images of one evaluation batch of the test split, after training.
+        const TEST_BATCH: usize = 256;
         let train = &config.train;
         let seed = run.context().seed;
         let device = kappa_models::parse_device(&run.context().device)?;
@@ -86,6 +88,11 @@ impl Experiment for VitFmnist {
         let mut diverged = None;
         for (i, variant) in config.variants.iter().enumerate() {
             let model = config.model.with_conditioning(variant.conditioning);
+            // A step that cannot fit is an error naming its keys before anything is loaded or
+            // built (on a GPU the device reports its own failure).
+            if device == tch::Device::Cpu {
+                train.ensure_vit_step_fits(&model, TEST_BATCH)?;
+            }
             let data = FashionMnist::load(&dir, config.validation, config.train_limit, device)?;
             let outcome = train_conditioned(
                 run,
@@ -101,7 +108,7 @@ impl Experiment for VitFmnist {
                 },
                 |task| {
                     Ok(task
-                        .evaluate_split(Split::Test, None, 256)?
+                        .evaluate_split(Split::Test, None, TEST_BATCH)?
                         .accuracy
                         .unwrap_or(f64::NAN))
                 },
