@@ -90,11 +90,11 @@ mod tests {
         eprintln!("first Ctrl-C survived");
         Command::new("kill").args(["-INT", &me]).status().unwrap();
         std::thread::sleep(Duration::from_secs(20));
+        eprintln!("second Ctrl-C ignored");
     }
 
     #[test]
     fn a_second_ctrl_c_exits_at_once_with_130() {
-        let started = Instant::now();
         let out = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
@@ -107,9 +107,6 @@ mod tests {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("first Ctrl-C survived"), "{stderr}");
         assert_eq!(out.status.code(), Some(130), "{stderr}");
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "it waited for the sleep"
-        );
+        assert!(!stderr.contains("second Ctrl-C ignored"), "{stderr}");
     }
 }
