@@ -131,6 +131,40 @@ pub enum OptimError {
         /// What to change, and to what ([`DualAscent::divergence_remedy`](crate::DualAscent::divergence_remedy)).
         remedy: String,
     },
+    /// An error in the update or the saved state of one parameter of an
+    /// [`Optimizer`](crate::optimizer::Optimizer), naming it (for an error of a batched call,
+    /// the parameters of the batch; for one of a whole group, the group).
+    #[error("parameter `{name}`: {source}")]
+    Param {
+        /// The parameter's name.
+        name: String,
+        /// What went wrong.
+        source: Box<OptimError>,
+    },
+    /// Parameter groups that do not make an optimizer: a parameter no rule places, one in two
+    /// groups, an empty group, two groups of one name, an invalid config in a group.
+    #[error("optimizer groups: {reason}")]
+    Groups {
+        /// What is wrong, naming the groups and parameters.
+        reason: String,
+    },
+    /// A saved optimizer state that does not fit the optimizer: a key missing, left over or of
+    /// the wrong size, kind or values. Nothing was loaded.
+    #[error("optimizer state `{key}`: {reason}")]
+    State {
+        /// The state's key (`state/<param>/…`).
+        key: String,
+        /// What does not fit.
+        reason: String,
+    },
+    /// Reading or writing an optimizer state file failed.
+    #[error("{path}: {error}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        error: String,
+    },
     /// A `kappa-linalg` routine failed (SVD, PSD square root, condition number).
     #[error(transparent)]
     Linalg(#[from] kappa_linalg::LinalgError),

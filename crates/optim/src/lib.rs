@@ -9,6 +9,7 @@
 //! | [`schedule`] | [`WarmupCosine`]: linear warmup, then cosine, as a factor of each group's peak lr |
 //! | [`muon`] | [`Muon`], [`MuonConfig`] (presets `keller`, `paper`; options NorMuon and cautious weight decay), [`MuonState`], [`UpdateScale`], [`Layout`] |
 //! | `batched` (with `tch`) | `Muon::step_batch`, `Muon::step_batch_scaled`: same-shape tensors stepped with one batched Newton–Schulz call; `ManifoldMuon::step_batch`: their dual ascents in lock step |
+//! | `optimizer` (with `tch`) | `Optimizer` over a model's parameters: `Grouping` and `Rule` (groups by name patterns and rank; `Grouping::muon_adamw`, the default split), `Group`, `Update`, `step`, `zero_grad`, schedules, `state_dict`/`save`/`load`; `MatrixSpec` (dimension numbers, split sizes, heads) |
 //! | [`normuon`] | [`NorMuon`], [`NeuronAxis`]: NorMuon's per-neuron second moment |
 //! | [`elementwise`] | [`Elementwise`]: the row-wise and masked operations of Muon's variants, on both backends |
 //! | [`manifold`] | [`ManifoldMuon`], [`ManifoldMuonConfig`] (preset `paper`), [`ManifoldState`], [`Manifold`], [`DGramRetraction`], [`DualAscent`], [`DualReport`] |
@@ -35,6 +36,8 @@ pub mod momentum;
 pub mod msign;
 pub mod muon;
 pub mod normuon;
+#[cfg(feature = "tch")]
+pub mod optimizer;
 pub mod precision;
 pub mod qk_clip;
 pub mod schedule;
@@ -55,6 +58,8 @@ pub use momentum::{Momentum, MomentumKind, MomentumState};
 pub use msign::{msign, Msign, MUON_REFERENCE_EPS, TORCH_MUON_EPS};
 pub use muon::{Muon, MuonConfig, MuonState, MuonStep, UpdateScale};
 pub use normuon::{NeuronAxis, NorMuon, NORMUON_EPS};
+#[cfg(feature = "tch")]
+pub use optimizer::{Group, Grouping, Optimizer, Rule, Update};
 pub use precision::{cpu_has_native_bf16, Precision, WorkingPrecision};
 pub use qk_clip::{clip_rows, fused_qkv_row_factors, scale_rows, HeadFactors, QkClipConfig};
 pub use schedule::WarmupCosine;

@@ -1,0 +1,532 @@
+//! A parameter group: named tensors, the update that steps them ([`Update`]), its peak
+//! learning rate and options, and (once the [`Optimizer`](super::Optimizer) holds it) the
+//! per-parameter states.
+
+use std::time::Instant;
+
+use tch::{Kind, Tensor};
+
+use super::matrix::{MatrixSpec, Resolved};
+use super::stats::{Accumulator, OptimizerStats};
+use crate::error::{OptimError, Result};
+use crate::{
+    AdamW, AdamWConfig, AdamWKernel, AdamWState, ManifoldMuon, ManifoldMuonConfig, ManifoldState,
+    ManifoldStep, Muon, MuonConfig, MuonState,
+};
+
+/// How a group's parameters are updated: every kappa optimizer on `tch` tensors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Update {
+    /// [`Muon`] with its options (NorMuon, cautious weight decay, every msign) on each block of
+    /// each parameter ([`MatrixSpec`]).
+    Muon(MuonConfig),
+    /// [`ManifoldMuon`] (Stiefel, DGram or Oblique, any dual solver) on each block; the blocks
+    /// are retracted onto the manifold when the optimizer is built.
+    Manifold(ManifoldMuonConfig),
+    /// [`AdamW`] on each parameter whole.
+    AdamW(AdamWConfig),
+}
+
+impl Update {
+    /// A short name: `muon`, the manifold's name (`stiefel`, …), `adamw`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Update::Muon(_) => "muon",
+            Update::Manifold(c) => c.manifold.name(),
+            Update::AdamW(_) => "adamw",
+        }
+    }
+
+    /// The learning rate the config carries (Muon's and manifold Muon's `lr`); AdamW's config
+    /// has none.
+    pub fn lr(&self) -> Option<f64> {
+        match self {
+            Update::Muon(c) => Some(c.lr),
+            Update::Manifold(c) => Some(c.lr),
+            Update::AdamW(_) => None,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        match self {
+            Update::Muon(c) => c.validate(),
+            Update::Manifold(c) => c.validate(),
+            Update::AdamW(c) => c.validate(),
+        }
+    }
+}
+
+/// Named tensors stepped by one [`Update`] at one peak learning rate (the rate the schedule
+/// scales: step i runs at `schedule.lr(lr, i)`).
+///
+/// ```
+/// use kappa_optim::optimizer::{Axis, Group, MatrixSpec};
+/// use kappa_optim::MuonConfig;
+/// let qkv = tch::Tensor::zeros([96, 32], (tch::Kind::Float, tch::Device::Cpu));
+/// let group = Group::muon("attention", MuonConfig::keller())
+///     .with_matrix(MatrixSpec::matrix().split(Axis::Rows, [32, 32, 32]).heads(Axis::Rows, 4))
+///     .with_param("attn.qkv.weight", qkv);
+/// assert_eq!(group.lr(), 0.02);
+/// ```
+#[derive(Debug)]
+pub struct Group {
+    pub(crate) name: String,
+    pub(crate) lr: f64,
+    pub(crate) update: Update,
+    pub(crate) matrix: MatrixSpec,
+    pub(crate) batch: bool,
+    pub(crate) threads: usize,
+    pub(crate) kernel: AdamWKernel,
+    pub(crate) names: Vec<String>,
+    pub(crate) params: Vec<Tensor>,
+    pub(crate) layouts: Vec<Resolved>,
+    pub(crate) states: States,
+    pub(crate) stats: Accumulator,
+}
+
+/// The per-parameter states of a group (per block for the matrix updates).
+#[derive(Debug)]
+pub(crate) enum States {
+    /// Before the optimizer prepared the group.
+    None,
+    Muon(Muon, Vec<Vec<MuonState<Tensor>>>),
+    Manifold(ManifoldMuon, Vec<Vec<ManifoldState<Tensor>>>),
+    AdamW(AdamW, Vec<AdamWState<Tensor>>),
+}
+
+impl Group {
+    /// An empty group named `name` stepped by `update` at peak rate `lr`.
+    pub fn new(name: impl Into<String>, update: Update, lr: f64) -> Self {
+        Self {
+            name: name.into(),
+            lr,
+            update,
+            matrix: MatrixSpec::matrix(),
+            batch: true,
+            threads: 1,
+            kernel: AdamWKernel::default(),
+            names: Vec::new(),
+            params: Vec::new(),
+            layouts: Vec::new(),
+            states: States::None,
+            stats: Accumulator::default(),
+        }
+    }
+
+    /// Muon at the config's `lr`.
+    pub fn muon(name: impl Into<String>, config: MuonConfig) -> Self {
+        Self::new(name, Update::Muon(config), config.lr)
+    }
+
+    /// Manifold Muon at the config's `lr`.
+    pub fn manifold(name: impl Into<String>, config: ManifoldMuonConfig) -> Self {
+        Self::new(name, Update::Manifold(config), config.lr)
+    }
+
+    /// AdamW at peak rate `lr`.
+    pub fn adamw(name: impl Into<String>, config: AdamWConfig, lr: f64) -> Self {
+        Self::new(name, Update::AdamW(config), lr)
+    }
+
+    /// This group at peak rate `lr`.
+    pub fn with_lr(self, lr: f64) -> Self {
+        Self { lr, ..self }
+    }
+
+    /// This group with its parameters seen as matrices by `matrix` (Muon and manifold Muon;
+    /// the default is [`MatrixSpec::matrix`]).
+    pub fn with_matrix(self, matrix: MatrixSpec) -> Self {
+        Self { matrix, ..self }
+    }
+
+    /// Whether same-shape blocks are stepped with one batched call (on by default; Muon and
+    /// manifold Muon).
+    pub fn with_batch(self, batch: bool) -> Self {
+        Self { batch, ..self }
+    }
+
+    /// Manifold Muon's blocks stepped on `threads` worker threads when not batched (1, the
+    /// default: on the calling thread).
+    pub fn with_threads(self, threads: usize) -> Self {
+        let threads = threads.max(1);
+        Self { threads, ..self }
+    }
+
+    /// AdamW's kernel ([`AdamWKernel::Fused`] by default).
+    pub fn with_kernel(self, kernel: AdamWKernel) -> Self {
+        Self { kernel, ..self }
+    }
+
+    /// This group with one more parameter.
+    pub fn with_param(mut self, name: impl Into<String>, tensor: Tensor) -> Self {
+        self.names.push(name.into());
+        self.params.push(tensor);
+        self
+    }
+
+    /// This group with more parameters.
+    pub fn with_params(mut self, params: impl IntoIterator<Item = (String, Tensor)>) -> Self {
+        for (n, t) in params {
+            self.names.push(n);
+            self.params.push(t);
+        }
+        self
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The peak learning rate.
+    pub fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    /// The update.
+    pub fn update(&self) -> &Update {
+        &self.update
+    }
+
+    /// The matrix spec.
+    pub fn matrix(&self) -> &MatrixSpec {
+        &self.matrix
+    }
+
+    /// The parameters' names, in order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The parameters (shallow clones of the caller's tensors), in order.
+    pub fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    /// What the group did since the last call.
+    pub(crate) fn take_stats(&mut self) -> OptimizerStats {
+        std::mem::take(&mut self.stats).finish()
+    }
+
+    /// Checks the group and creates its states: a valid update and rate, at least one
+    /// parameter, every parameter's matrix layout; retracts manifold blocks onto the manifold.
+    pub(crate) fn prepare(&mut self) -> Result<()> {
+        let group = |reason: String| OptimError::Groups {
+            reason: format!("group `{}`: {reason}", self.name),
+        };
+        self.update.validate().map_err(|e| group(e.to_string()))?;
+        if self.params.is_empty() {
+            return Err(group("it has no parameters".into()));
+        }
+        if self.names.len() != self.params.len() {
+            return Err(group("names and tensors differ in number".into()));
+        }
+        if let Some(i) = self.params.iter().position(|t| !t.defined()) {
+            return Err(param_err(
+                &self.names[i],
+                group("an undefined tensor".into()),
+            ));
+        }
+        self.states = match self.update {
+            Update::AdamW(c) => {
+                crate::adamw::check_lr(self.lr).map_err(|e| group(e.to_string()))?;
+                States::AdamW(
+                    AdamW::new(c)?,
+                    self.params.iter().map(|_| AdamWState::new()).collect(),
+                )
+            }
+            Update::Muon(c) => {
+                let muon =
+                    Muon::new(MuonConfig { lr: self.lr, ..c }).map_err(|e| group(e.to_string()))?;
+                self.resolve_layouts()?;
+                let states = self
+                    .layouts
+                    .iter()
+                    .map(|l| (0..l.count()).map(|_| MuonState::new()).collect())
+                    .collect();
+                States::Muon(muon, states)
+            }
+            Update::Manifold(c) => {
+                let opt = ManifoldMuon::new(ManifoldMuonConfig { lr: self.lr, ..c })
+                    .map_err(|e| group(e.to_string()))?;
+                self.resolve_layouts()?;
+                self.retract(&opt)?;
+                let states = self
+                    .layouts
+                    .iter()
+                    .map(|l| (0..l.count()).map(|_| ManifoldState::new()).collect())
+                    .collect();
+                States::Manifold(opt, states)
+            }
+        };
+        Ok(())
+    }
+
+    fn resolve_layouts(&mut self) -> Result<()> {
+        self.layouts = self
+            .names
+            .iter()
+            .zip(&self.params)
+            .map(|(n, p)| self.matrix.resolve(&p.size()).map_err(|e| param_err(n, e)))
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    /// Puts every block of every parameter on `opt`'s manifold, in place.
+    fn retract(&self, opt: &ManifoldMuon) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        for ((name, p), layout) in self.names.iter().zip(&self.params).zip(&self.layouts) {
+            let named = |e| param_err(name, e);
+            let (stack, view) = layout.stack(p, "w").map_err(named)?;
+            for mut w in layout.views(&stack, "w").map_err(named)? {
+                opt.retract_onto(&mut w).map_err(named)?;
+            }
+            if !view {
+                layout.write_back(p, &stack).map_err(named)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One update of every parameter with a gradient, at learning rate `lr` (the scheduled
+    /// rate of this step). Called without gradient recording.
+    pub(crate) fn step(&mut self, lr: f64) -> Result<()> {
+        let started = Instant::now();
+        let result = match &mut self.states {
+            States::None => Err(OptimError::Groups {
+                reason: format!("group `{}` was not prepared", self.name),
+            }),
+            States::AdamW(adamw, states) => {
+                let grads: Vec<Tensor> = self.params.iter().map(Tensor::grad).collect();
+                self.stats.updates += grads.iter().filter(|g| g.defined()).count() as u64;
+                adamw
+                    .step_tensors(&self.params, &grads, states, lr, self.kernel)
+                    .map_err(|e| group_err(&self.name, e))
+            }
+            States::Muon(muon, states) => {
+                muon.set_lr(lr).map_err(|e| group_err(&self.name, e))?;
+                let jobs = Jobs::collect(&self.names, &self.params, &self.layouts, states)?;
+                let muon = &*muon;
+                jobs.run(self.batch, &mut self.stats, |stats, ws, gs, ss| {
+                    let n = if ws.len() > 1 {
+                        muon.step_batch(ws, gs, ss)?.len()
+                    } else {
+                        muon.step(&mut ws[0], &gs[0], &mut ss[0]).map(|_| 1)?
+                    };
+                    stats.updates += n as u64;
+                    Ok(())
+                })
+            }
+            States::Manifold(opt, states) => {
+                opt.set_lr(lr).map_err(|e| group_err(&self.name, e))?;
+                let jobs = Jobs::collect(&self.names, &self.params, &self.layouts, states)?;
+                let (opt, threads) = (&*opt, self.threads);
+                if !self.batch && threads > 1 {
+                    jobs.run_threads(opt, threads, &mut self.stats)
+                } else {
+                    jobs.run(self.batch, &mut self.stats, |stats, ws, gs, ss| {
+                        let steps = if ws.len() > 1 {
+                            opt.step_batch(ws, gs, ss)?
+                        } else {
+                            vec![opt.step(&mut ws[0], &gs[0], &mut ss[0])?]
+                        };
+                        steps.iter().for_each(|s| stats.add_manifold(s));
+                        Ok(())
+                    })
+                }
+            }
+        };
+        self.stats.seconds += started.elapsed().as_secs_f64();
+        result
+    }
+}
+
+/// `e` as the error of parameter `name`.
+pub(crate) fn param_err(name: &str, e: OptimError) -> OptimError {
+    OptimError::Param {
+        name: name.to_string(),
+        source: Box::new(e),
+    }
+}
+
+fn group_err(group: &str, e: OptimError) -> OptimError {
+    param_err(&format!("(group `{group}`)"), e)
+}
+
+/// What blocks of one batch share: size, kind, device.
+type BatchKey = (Vec<i64>, Kind, tch::Device);
+
+/// One block to step: its parameter's index, views of the block in the parameter and its
+/// gradient, and the block's state.
+struct Job<'s, S> {
+    param: usize,
+    w: Tensor,
+    g: Tensor,
+    state: &'s mut S,
+}
+
+/// The blocks of a group's parameters that have gradients, and the stacks to write back.
+struct Jobs<'a, 's, S> {
+    names: &'a [String],
+    params: &'a [Tensor],
+    layouts: &'a [Resolved],
+    jobs: Vec<Job<'s, S>>,
+    copies: Vec<(usize, Tensor)>,
+}
+
+impl<'a, 's, S: Default> Jobs<'a, 's, S> {
+    fn collect(
+        names: &'a [String],
+        params: &'a [Tensor],
+        layouts: &'a [Resolved],
+        states: &'s mut [Vec<S>],
+    ) -> Result<Self> {
+        let mut jobs = Vec::new();
+        let mut copies = Vec::new();
+        for (i, ((p, layout), blocks)) in params.iter().zip(layouts).zip(states).enumerate() {
+            let grad = p.grad();
+            if !grad.defined() {
+                continue;
+            }
+            let named = |e| param_err(&names[i], e);
+            let (ws, view) = layout.stack(p, "w").map_err(named)?;
+            let (gs, _) = layout.stack(&grad, "grad").map_err(named)?;
+            let views = layout.views(&ws, "w").map_err(named)?;
+            let grads = layout.views(&gs, "grad").map_err(named)?;
+            for ((w, g), state) in views.into_iter().zip(grads).zip(blocks.iter_mut()) {
+                jobs.push(Job {
+                    param: i,
+                    w,
+                    g,
+                    state,
+                });
+            }
+            if !view {
+                copies.push((i, ws));
+            }
+        }
+        Ok(Self {
+            names,
+            params,
+            layouts,
+            jobs,
+            copies,
+        })
+    }
+
+    /// The blocks in batches: same shape, kind and device (in order of first appearance) when
+    /// `batch`, else one by one.
+    fn batches(jobs: Vec<Job<'s, S>>, batch: bool) -> Vec<Vec<Job<'s, S>>> {
+        if !batch {
+            return jobs.into_iter().map(|j| vec![j]).collect();
+        }
+        let mut out: Vec<(BatchKey, Vec<Job<'s, S>>)> = Vec::new();
+        for job in jobs {
+            let key = (job.w.size(), job.w.kind(), job.w.device());
+            match out.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => v.push(job),
+                None => out.push((key, vec![job])),
+            }
+        }
+        out.into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// Runs `f` on each batch (the blocks' weights, gradients and states as slices; the states
+    /// are moved in and back), then writes back the stacks that were copies.
+    fn run(
+        self,
+        batch: bool,
+        stats: &mut Accumulator,
+        mut f: impl FnMut(&mut Accumulator, &mut [Tensor], &[Tensor], &mut [S]) -> Result<()>,
+    ) -> Result<()> {
+        let names = self.names;
+        for batch in Self::batches(self.jobs, batch) {
+            let params: Vec<usize> = batch.iter().map(|j| j.param).collect();
+            let (mut ws, mut gs, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+            for j in batch {
+                ws.push(j.w);
+                gs.push(j.g);
+                slots.push(j.state);
+            }
+            let mut states: Vec<S> = slots.iter_mut().map(|s| std::mem::take(*s)).collect();
+            let result = f(stats, &mut ws, &gs, &mut states);
+            for (slot, s) in slots.into_iter().zip(states) {
+                *slot = s;
+            }
+            result.map_err(|e| param_err(&names_of(names, &params), e))?;
+        }
+        for (i, stack) in &self.copies {
+            self.layouts[*i]
+                .write_back(&self.params[*i], stack)
+                .map_err(|e| param_err(&names[*i], e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Jobs<'_, '_, ManifoldState<Tensor>> {
+    /// Manifold Muon's blocks one by one on `threads` workers (round robin; results in block
+    /// order).
+    fn run_threads(
+        self,
+        opt: &ManifoldMuon,
+        threads: usize,
+        stats: &mut Accumulator,
+    ) -> Result<()> {
+        let workers = threads.min(self.jobs.len()).max(1);
+        let mut lanes: Vec<Vec<(usize, Job<'_, ManifoldState<Tensor>>)>> =
+            (0..workers).map(|_| Vec::new()).collect();
+        for (i, job) in self.jobs.into_iter().enumerate() {
+            lanes[i % workers].push((i, job));
+        }
+        type Done = (usize, usize, Result<ManifoldStep<Tensor>>);
+        let mut out: Vec<Done> = std::thread::scope(|scope| {
+            let handles: Vec<_> = lanes
+                .into_iter()
+                .map(|lane| {
+                    scope.spawn(move || {
+                        // Gradient mode is per thread: the blocks are views of leaves.
+                        let _guard = tch::no_grad_guard();
+                        lane.into_iter()
+                            .map(|(i, mut j)| (i, j.param, opt.step(&mut j.w, &j.g, j.state)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        let e = OptimError::Groups {
+                            reason: "a worker thread panicked".into(),
+                        };
+                        vec![(0, 0, Err(e))]
+                    })
+                })
+                .collect()
+        });
+        out.sort_by_key(|(i, _, _)| *i);
+        for (_, param, step) in out {
+            stats.add_manifold(&step.map_err(|e| param_err(&self.names[param], e))?);
+        }
+        for (i, stack) in &self.copies {
+            self.layouts[*i]
+                .write_back(&self.params[*i], stack)
+                .map_err(|e| param_err(&self.names[*i], e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The names of the parameters `indices` point at (each once), for an error of a batch.
+fn names_of(names: &[String], indices: &[usize]) -> String {
+    let mut seen: Vec<usize> = indices.to_vec();
+    seen.dedup();
+    let listed: Vec<&str> = seen.iter().take(3).map(|&i| names[i].as_str()).collect();
+    let more = seen.len().saturating_sub(3);
+    if more > 0 {
+        format!("{} (and {more} more in the batch)", listed.join("`, `"))
+    } else {
+        listed.join("`, `")
+    }
+}

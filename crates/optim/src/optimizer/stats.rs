@@ -1,0 +1,90 @@
+//! What each group's update did between two reads ([`Optimizer::take_stats`]).
+//!
+//! [`Optimizer::take_stats`]: super::Optimizer::take_stats
+
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use crate::ManifoldStep;
+
+/// What a group's update did since the statistics were last taken. The dual-ascent fields are
+/// means over the block updates of manifold Muon (`None` for other updates).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerStats {
+    /// Matrix (or block) updates; for AdamW, parameter updates.
+    pub updates: u64,
+    /// Seconds spent in the group's step.
+    pub seconds: f64,
+    /// Mean dual-ascent iterations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dual_steps: Option<f64>,
+    /// Mean msign calls per update made by the tangent-problem solver (the dual ascent's K, 1
+    /// for the square closed form, ADMM's 2 per iteration + 1): neither the retraction nor the
+    /// diagnostic ‖G‖_* is counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msign_calls: Option<f64>,
+    /// Mean final tangent violation ‖P(WᵀA + AᵀW)‖_F/n.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub violation: Option<f64>,
+    /// Largest final tangent violation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub violation_max: Option<f64>,
+    /// Mean ⟨G, A⟩/‖G‖_*: the share of the unconstrained (Muon) descent kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub descent_ratio: Option<f64>,
+    /// Updates whose dual ascent diverged (applied anyway under `OnDivergence::Apply`).
+    #[serde(default)]
+    pub diverged: u64,
+    /// Largest manifold violation after the retraction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifold_violation_max: Option<f64>,
+}
+
+/// Sums over block updates since the last report.
+#[derive(Debug, Default)]
+pub(crate) struct Accumulator {
+    pub(crate) updates: u64,
+    pub(crate) seconds: f64,
+    dual: u64,
+    dual_steps: f64,
+    msign_calls: f64,
+    violation: f64,
+    violation_max: f64,
+    descent_ratio: f64,
+    descent_ratios: u64,
+    diverged: u64,
+    manifold_violation_max: f64,
+}
+
+impl Accumulator {
+    pub(crate) fn add_manifold(&mut self, step: &ManifoldStep<Tensor>) {
+        let d = &step.dual;
+        self.updates += 1;
+        self.dual += 1;
+        self.dual_steps += d.dual_steps as f64;
+        self.msign_calls += d.msign_calls as f64;
+        self.violation += d.violation;
+        self.violation_max = self.violation_max.max(d.violation);
+        if let Some(r) = d.descent_ratio {
+            self.descent_ratio += r;
+            self.descent_ratios += 1;
+        }
+        self.diverged += u64::from(d.diverged);
+        self.manifold_violation_max = self.manifold_violation_max.max(step.manifold_violation);
+    }
+
+    pub(crate) fn finish(self) -> OptimizerStats {
+        let per = |x: f64, n: u64| (n > 0).then(|| x / n as f64);
+        OptimizerStats {
+            updates: self.updates,
+            seconds: self.seconds,
+            dual_steps: per(self.dual_steps, self.dual),
+            msign_calls: per(self.msign_calls, self.dual),
+            violation: per(self.violation, self.dual),
+            violation_max: (self.dual > 0).then_some(self.violation_max),
+            descent_ratio: per(self.descent_ratio, self.descent_ratios),
+            diverged: self.diverged,
+            manifold_violation_max: (self.dual > 0).then_some(self.manifold_violation_max),
+        }
+    }
+}
