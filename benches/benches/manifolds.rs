@@ -42,11 +42,12 @@ use criterion::{black_box, Criterion};
 use kappa_benches::paired::Spread;
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step, NOT_RUN};
 use kappa_models::{Gpt, GptConfig};
+use kappa_optim::Optimizer;
 use kappa_optim::{
     msign, Admm, DualAscent, DualSolver, Manifold, ManifoldMuon, ManifoldMuonConfig, Msign,
     Precision,
 };
-use kappa_train::{modulewise_groups, seeded, ModulewiseConfig, ParamGroup, Preset, TrainConfig};
+use kappa_train::{modulewise_groups, seeded, ModulewiseConfig, Preset, TrainConfig};
 use tch::{nn, Device, Kind, Tensor};
 
 const GROUP: &str = "manifolds_train_step";
@@ -70,8 +71,7 @@ fn model(d: usize) -> GptConfig {
 
 /// One training step as the `Trainer` takes it, with the preset's groups.
 struct Stepper {
-    groups: Vec<ParamGroup>,
-    params: Vec<Tensor>,
+    opt: Optimizer,
 }
 
 impl Stepper {
@@ -89,38 +89,39 @@ impl Stepper {
             cfg.manifold.precision = Precision::F32;
         }
         let groups = modulewise_groups(vs, &cfg, &train).expect("groups");
-        let params = groups
-            .iter()
-            .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
-            .collect();
-        Self { groups, params }
+        let opt = Optimizer::new(groups).expect("optimizer");
+        Self { opt }
     }
 
     fn step(&mut self, loss: impl FnOnce() -> Tensor) {
-        train_step(&mut self.groups, &self.params, 1.0, loss);
+        train_step(&mut self.opt, loss);
     }
 
     /// Drops the statistics gathered so far.
     fn reset_stats(&mut self) {
-        for g in &mut self.groups {
-            let _ = g.optimizer.take_stats();
-        }
+        let _ = self.opt.take_stats();
     }
 
     /// Per group: (stored shape of its matrices, updates, seconds, msign calls in total).
     fn stats(&mut self) -> BTreeMap<String, ((i64, i64), u64, f64, f64)> {
         let mut out = BTreeMap::new();
-        for g in &mut self.groups {
-            if let Some(s) = g.optimizer.take_stats() {
-                let size = g.params[0].size();
+        let sizes: Vec<Vec<i64>> = self
+            .opt
+            .groups()
+            .iter()
+            .map(|g| g.params()[0].size())
+            .collect();
+        let matrices: Vec<bool> = (self.opt.groups().iter())
+            .map(|g| !matches!(g.update(), kappa_optim::Update::AdamW(_)))
+            .collect();
+        let stats = self.opt.take_stats().into_iter().zip(sizes).zip(matrices);
+        for (((name, s), size), matrix) in stats {
+            if matrix {
                 let calls = s.msign_calls.map_or(s.updates as f64, |c| {
                     // dual ascent + diagnostics, plus one retraction per update
                     (c + 1.0) * s.updates as f64
                 });
-                out.insert(
-                    g.name.clone(),
-                    ((size[0], size[1]), s.updates, s.seconds, calls),
-                );
+                out.insert(name, ((size[0], size[1]), s.updates, s.seconds, calls));
             }
         }
         out

@@ -55,14 +55,13 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
 use kappa_benches::peer::{reference_command, Peer};
-use kappa_benches::{
-    configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step_with, NOT_RUN,
-};
+use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step, NOT_RUN};
 use kappa_models::{
     autocast::autocast, autocast::native_bf16, Conditioning, Gpt, GptConfig, HeadLayout, Vit,
     VitConfig,
 };
-use kappa_train::{adamw_groups, seeded, GradientDropper, ParamGroup, TrainConfig, TrainPrecision};
+use kappa_optim::Optimizer;
+use kappa_train::{adamw_groups, seeded, TrainConfig, TrainPrecision};
 use tch::{nn, Device, Kind, Tensor};
 
 const GROUP: &str = "models_train_step";
@@ -81,28 +80,18 @@ fn conditioning(lambda: f64) -> Conditioning {
 /// One training step as the `Trainer` takes it: gradients dropped, loss, backward, global
 /// gradient norm and clipping at 1, AdamW on the decay / no-decay groups.
 struct Stepper {
-    groups: Vec<ParamGroup>,
-    params: Vec<Tensor>,
-    dropper: GradientDropper,
+    opt: Optimizer,
 }
 
 impl Stepper {
     fn new(vs: &nn::VarStore) -> Self {
-        let groups = adamw_groups(vs, &TrainConfig::default());
-        let params: Vec<Tensor> = groups
-            .iter()
-            .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
-            .collect();
-        let dropper = GradientDropper::new(&params).expect("gradient dropper");
-        Self {
-            groups,
-            params,
-            dropper,
-        }
+        let groups = adamw_groups(vs, &TrainConfig::default()).expect("groups");
+        let opt = Optimizer::new(groups).expect("optimizer");
+        Self { opt }
     }
 
     fn step(&mut self, loss: impl FnOnce() -> Tensor) {
-        train_step_with(&self.dropper, &mut self.groups, &self.params, 1.0, loss);
+        train_step(&mut self.opt, loss);
     }
 }
 

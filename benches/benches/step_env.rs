@@ -48,19 +48,14 @@ fn child(threads: i32, mixed: bool) -> f64 {
     let idx = seeded(1, || {
         Tensor::randint(98, [32, cfg.block_size as i64], (Kind::Int64, Device::Cpu))
     });
-    let mut groups = adamw_groups(&vs, &TrainConfig::default());
-    let params: Vec<Tensor> = groups
-        .iter()
-        .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
-        .collect();
+    let groups = adamw_groups(&vs, &TrainConfig::default()).expect("groups");
+    let mut opt = kappa_optim::Optimizer::new(groups).expect("optimizer");
     let (a, b) = (
         kappa_benches::gaussian::<f32>(384, 384, 1),
         kappa_benches::gaussian::<f32>(384, 384, 2),
     );
     let mut step = || {
-        kappa_benches::train_step(&mut groups, &params, 1.0, || {
-            black_box(gpt.loss(&idx, &idx).expect("loss"))
-        });
+        kappa_benches::train_step(&mut opt, || black_box(gpt.loss(&idx, &idx).expect("loss")));
         if mixed {
             black_box(a.dot(&b));
         }

@@ -1,5 +1,6 @@
 //! kappa-benches: shared helpers for the criterion benchmarks (threads, inputs, summaries).
 
+pub mod gpt2;
 pub mod paired;
 pub mod peer;
 
@@ -158,39 +159,13 @@ pub fn any_measured(figures: &[Option<f64>]) -> bool {
 }
 
 /// One optimizer step as `kappa_train::Trainer` takes it, after `loss` (with its graph):
-/// gradients dropped first (`params` are every group's tensors), backward, the global gradient
-/// norm clipped at 1 ([`kappa_train::clip_grad_norm`]), then every group's optimizer at its
-/// peak lr × `factor` (the schedule's factor; 1 at the peak). Builds a
-/// [`kappa_train::GradientDropper`] per call; hold one and call [`train_step_with`] to time the
-/// step alone.
-pub fn train_step(
-    groups: &mut [kappa_train::ParamGroup],
-    params: &[tch::Tensor],
-    factor: f64,
-    loss: impl FnOnce() -> tch::Tensor,
-) {
-    let dropper = kappa_train::GradientDropper::new(params).expect("gradient dropper");
-    train_step_with(&dropper, groups, params, factor, loss);
-}
-
-/// [`train_step`] with a [`kappa_train::GradientDropper`] over `params` built once.
-pub fn train_step_with(
-    dropper: &kappa_train::GradientDropper,
-    groups: &mut [kappa_train::ParamGroup],
-    params: &[tch::Tensor],
-    factor: f64,
-    loss: impl FnOnce() -> tch::Tensor,
-) {
-    dropper.drop_gradients().expect("dropping gradients");
+/// gradients dropped, backward, the global gradient norm clipped at 1
+/// ([`kappa_optim::Optimizer::clip_grad_norm`]), then every group's update at its peak lr.
+pub fn train_step(opt: &mut kappa_optim::Optimizer, loss: impl FnOnce() -> tch::Tensor) {
+    opt.zero_grad().expect("dropping gradients");
     loss().backward();
-    tch::no_grad(|| {
-        kappa_train::clip_grad_norm(params, 1.0).expect("gradient norm");
-        for g in groups {
-            g.optimizer
-                .step(&g.params, g.lr * factor)
-                .expect("optimizer step");
-        }
-    });
+    opt.clip_grad_norm(1.0).expect("gradient norm");
+    opt.step().expect("optimizer step");
 }
 
 #[cfg(test)]

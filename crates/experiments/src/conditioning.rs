@@ -47,7 +47,7 @@ pub fn train_conditioned<T: Task>(
         index,
         name: &variant.name,
     };
-    let groups = |vs: &nn::VarStore| Ok(adamw_groups(vs, train));
+    let groups = |vs: &nn::VarStore| Ok(adamw_groups(vs, train)?);
     train_variant(run, id, train, build, groups, metric)
 }
 

@@ -32,10 +32,11 @@ use kappa_models::{
     parse_device, summarize, GptConfig, ImageSplits, Normalize, Split, SplitOptions, TextCorpus,
     TokenizerKind, Vit, VitConfig,
 };
+use kappa_optim::optimizer::Group;
 use kappa_train::{
     adamw_groups, modulewise_groups, train_language_model, train_variant, ImageClassification,
-    Line, ModulewiseConfig, Outcome, ParamGroup, Preset, Record, Resumed, Run, RunContext,
-    RunRecord, RunStatus, TrainConfig, VariantId,
+    Line, ModulewiseConfig, Outcome, Preset, Record, Resumed, Run, RunContext, RunRecord,
+    RunStatus, TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
 use tch::{nn, Device};
@@ -495,9 +496,9 @@ fn optimizer_groups(
     vs: &nn::VarStore,
     optimizer: &OptimizerSpec,
     train: &TrainConfig,
-) -> Result<Vec<ParamGroup>> {
+) -> Result<Vec<Group>> {
     Ok(match optimizer {
-        OptimizerSpec::Adamw => adamw_groups(vs, train),
+        OptimizerSpec::Adamw => adamw_groups(vs, train)?,
         OptimizerSpec::Modulewise { preset, muon_lr } => {
             let paper = ModulewiseConfig::paper(*preset);
             let config = ModulewiseConfig {

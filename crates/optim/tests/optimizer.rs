@@ -15,9 +15,14 @@ use kappa_optim::{
 };
 use tch::{nn, Device, Kind, Tensor};
 
+/// Seeded values uniform in [−1, 1) (from a local generator: the tests of this binary run in
+/// parallel, and libtorch's global one would interleave their draws).
 fn f32s(size: &[i64], seed: i64) -> Tensor {
-    tch::manual_seed(seed);
-    Tensor::randn(size, (Kind::Float, Device::Cpu))
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed as u64);
+    let n: i64 = size.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    Tensor::from_slice(&v).view(size)
 }
 
 /// A leaf that requires grad, with gradient `grad` (through the loss Σ p·grad).
@@ -41,7 +46,10 @@ fn var(vs: &nn::VarStore, name: &str, size: &[i64], std: f64) -> Tensor {
     let mut parts: Vec<&str> = name.split('.').collect();
     let last = parts.pop().unwrap_or_default();
     let path = parts.iter().fold(vs.root(), |p, c| p / *c);
-    path.randn(last, size, 0.0, std)
+    let seed = name
+        .bytes()
+        .fold(7i64, |h, b| h.wrapping_mul(31).wrapping_add(b as i64));
+    path.var_copy(last, &(f32s(size, seed) * std))
 }
 
 #[test]
@@ -171,7 +179,6 @@ fn n_d_weights_step_each_batch_matrix_alone() {
 
 /// A model of every update kind: Muon with NorMuon, manifold Muon (Stiefel), AdamW.
 fn model_and_optimizer(steps: u64) -> (nn::VarStore, Optimizer) {
-    tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let _ = var(&vs, "wte", &[20, 8], 1.0);
     let _ = var(&vs, "h.0.qkv.weight", &[24, 8], 0.3);
@@ -395,4 +402,46 @@ fn the_examples_mlp_learns_with_muon_and_with_manifold_muon() {
             "manifold {manifold}: {first} → {last}"
         );
     }
+}
+
+#[test]
+fn zero_grad_drops_gradients_and_the_clip_norm_matches_libtorch() {
+    let (a, b) = (leaf(&[300, 70], 2), leaf(&[9], 3));
+    let mut opt = Optimizer::new(vec![
+        Group::adamw("w", AdamWConfig::torch(), 1e-3).with_param("a", a.shallow_clone()),
+        Group::adamw("b", AdamWConfig::torch(), 1e-3).with_param("b", b.shallow_clone()),
+    ])
+    .unwrap();
+    set_grad(&a, &(a.detach() * 3.0));
+    set_grad(&b, &b.detach());
+    let want = [&a, &b]
+        .iter()
+        .map(|p| {
+            p.grad()
+                .to_kind(Kind::Double)
+                .square()
+                .sum(Kind::Double)
+                .double_value(&[])
+        })
+        .sum::<f64>()
+        .sqrt();
+    let before: Vec<Tensor> = [&a, &b].iter().map(|p| p.grad().copy()).collect();
+    let norm = opt.clip_grad_norm(1.0).unwrap();
+    // Two f64 sums of the same exact squares in different orders: ≤ n·2⁻⁵³ relative each.
+    let n = (300 * 70 + 9) as f64;
+    assert!(
+        (norm - want).abs() <= 2.0 * n * f64::powi(2.0, -53) * want,
+        "{norm} {want}"
+    );
+    let scale = 1.0 / (norm + 1e-6);
+    for (p, g) in [&a, &b].iter().zip(&before) {
+        assert!(p.grad().equal(&(g * scale)));
+    }
+    opt.zero_grad().unwrap();
+    assert!(!a.grad().defined() && !b.grad().defined());
+    // The next backward pass stores a fresh gradient (not added to an old one).
+    (&b * 2.0).sum(Kind::Float).backward();
+    assert!(b
+        .grad()
+        .equal(&Tensor::full([9], 2.0, (Kind::Float, Device::Cpu))));
 }

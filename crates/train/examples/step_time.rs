@@ -12,20 +12,12 @@ fn time_steps(vs: &nn::VarStore, steps: usize, mut loss: impl FnMut() -> Tensor)
     let cfg = TrainConfig {
         ..TrainConfig::default()
     };
-    let mut groups = kappa_train::adamw_groups(vs, &cfg);
-    let params: Vec<Tensor> = groups
-        .iter()
-        .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
-        .collect();
-    let dropper = kappa_train::GradientDropper::new(&params).unwrap();
+    let groups = kappa_train::adamw_groups(vs, &cfg).unwrap();
+    let mut opt = kappa_optim::Optimizer::new(groups).unwrap();
     let mut run = || {
-        dropper.drop_gradients().unwrap();
+        opt.zero_grad().unwrap();
         loss().backward();
-        tch::no_grad(|| {
-            for g in &mut groups {
-                g.optimizer.step(&g.params, 1e-3).unwrap();
-            }
-        });
+        opt.step().unwrap();
     };
     run();
     let t = Instant::now();

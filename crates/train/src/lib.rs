@@ -4,8 +4,8 @@
 //!
 //! | module | principal items |
 //! |---|---|
-//! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`], [`GroupOptimizer`], [`AdamWGroup`] |
-//! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`LrMultipliers`], [`modulewise_groups`], [`MuonGroup`], [`ManifoldGroup`] |
+//! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`]; the optimizer is kappa-optim's [`Optimizer`](kappa_optim::Optimizer) over [`adamw_groups`] or [`modulewise_groups`] |
+//! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`LrMultipliers`], [`modulewise_groups`], [`modulewise_groups_by`] (any model whose variables a labelling function places) |
 //! | [`tasks`] | [`LanguageModeling`], [`Classification`] ([`ImageClassification`], [`SequenceClassification`]) |
 //! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress, stop flag |
 //! | [`stop`] | [`StopFlag`]: stop at the next step with a checkpoint (SIGTERM, SIGUSR1) |
@@ -31,8 +31,8 @@ pub use error::{RunError, RunResult};
 pub use kappa_optim::AdamWKernel;
 
 pub use modulewise::{
-    modulewise_groups, Assignment, Geometry, LrMultipliers, ManifoldGroup, ModuleLabel,
-    ModulewiseConfig, MuonGroup, Preset,
+    modulewise_groups, modulewise_groups_by, Assignment, Geometry, LrMultipliers, ModuleLabel,
+    ModulewiseConfig, Preset,
 };
 pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
 pub use stop::StopFlag;
@@ -41,8 +41,7 @@ pub use tasks::{
     MaskedLanguageModeling, SequenceClassification,
 };
 pub use trainer::{
-    adamw_groups, clip_grad_norm, seeded, AdamWGroup, DivergenceReference, Eval, GradientDropper,
-    GroupOptimizer, OptimizerStats, Outcome, ParamGroup, QkClipStats, Record, Summary, Task,
-    TrainConfig, TrainPrecision, Trainer, CKPT_MODEL,
+    adamw_grouping, adamw_groups, seeded, DivergenceReference, Eval, OptimizerStats, Outcome,
+    QkClipStats, Record, Summary, Task, TrainConfig, TrainPrecision, Trainer, CKPT_MODEL,
 };
 pub use variants::{train_language_model, train_variant, Final, Line, VariantId};

@@ -1,8 +1,8 @@
 //! Module-wise optimizer assignment, after *Different Layers, Different Manifolds*: every GPT
 //! weight gets a [`ModuleLabel`], an [`Assignment`] maps the hidden-matrix labels to a
 //! [`Geometry`] (AdamW, Muon, manifold Muon on Stiefel, DGram or Oblique), and
-//! [`modulewise_groups`] turns that into the [`ParamGroup`]s the [`Trainer`](crate::Trainer)
-//! runs. The five assignments of the paper are [`Preset`]s.
+//! [`modulewise_groups`] turns that into the kappa-optim groups the
+//! [`Trainer`](crate::Trainer) runs. The five assignments of the paper are [`Preset`]s.
 //!
 //! # What the paper ran (docs/manifolds.md, "What the code does, and why")
 //!
@@ -22,21 +22,18 @@
 //!   decoupled weight decay 0.1); manifold matrices get no weight decay.
 //! * A dual ascent that diverges is applied and counted, as the paper's code did
 //!   ([`OnDivergence::Apply`]); the counts reach `metrics.jsonl` through
-//!   [`OptimizerStats`].
+//!   [`OptimizerStats`](crate::OptimizerStats).
 
-use std::collections::HashMap;
-use std::time::Instant;
+use std::collections::BTreeMap;
 
+use kappa_optim::optimizer::{Axis, Group, MatrixSpec};
 use kappa_optim::{
-    DGramRetraction, DualAscent, DualSolver, Manifold, ManifoldMuon, ManifoldMuonConfig,
-    ManifoldState, MomentumState, Muon, MuonConfig, MuonState, OnDivergence,
+    DGramRetraction, DualAscent, DualSolver, Manifold, ManifoldMuonConfig, MuonConfig, OnDivergence,
 };
 use serde::{Deserialize, Serialize};
 use tch::{nn, Tensor};
 
-use crate::trainer::{
-    named_trainable, optim_err, AdamWGroup, GroupOptimizer, OptimizerStats, ParamGroup, TrainConfig,
-};
+use crate::trainer::{named_trainable, TrainConfig};
 use kappa_models::error::{ModelsError, Result};
 
 /// What a GPT variable is, from its var-store name.
@@ -510,560 +507,109 @@ impl ModulewiseConfig {
     }
 }
 
-/// The parameter groups of a GPT under `config`: one group per hidden-matrix label (named by
-/// [`ModuleLabel::name`], optimizer by the label's [`Geometry`]), `embedding` (AdamW, weight
-/// decay `embedding_weight_decay`) and `gain_bias` (AdamW, no decay). Constrained matrices are
-/// retracted onto their manifold here, in place.
-///
-/// Errors: an invalid config or train config (the schedule's floor divides by its lr); a
-/// trainable variable without a label (not a GPT of this crate);
-/// a hidden matrix that is not 2-D, or a QKV matrix whose rows do not split into 3 when
-/// `split_qkv` is on.
+/// The parameter groups of a GPT under `config`: [`modulewise_groups_by`] with the GPT's
+/// labels ([`ModuleLabel::of`]).
 pub fn modulewise_groups(
     vs: &nn::VarStore,
     config: &ModulewiseConfig,
     train: &TrainConfig,
-) -> Result<Vec<ParamGroup>> {
+) -> Result<Vec<Group>> {
+    modulewise_groups_by(vs, config, train, |name, _| ModuleLabel::of(name))
+}
+
+/// The parameter groups of any model whose variables `label_of` labels: one group per
+/// hidden-matrix label (named by [`ModuleLabel::name`], updated by the label's [`Geometry`] at
+/// `muon_lr` — or the train config's lr for AdamW — times the label's multiplier),
+/// `embedding` (AdamW, weight decay `embedding_weight_decay`) and `gain_bias` (AdamW, no
+/// decay). Manifold groups retract their blocks onto the manifold when the optimizer is built
+/// ([`Optimizer::new`](kappa_optim::Optimizer::new)). With `split_qkv`, each QKV matrix is
+/// three row blocks (three equal "heads" along the rows).
+///
+/// Errors: an invalid config or train config (the schedule's floor divides by its lr); trainable
+/// variables `label_of` cannot place, every one named.
+pub fn modulewise_groups_by(
+    vs: &nn::VarStore,
+    config: &ModulewiseConfig,
+    train: &TrainConfig,
+    label_of: impl Fn(&str, &Tensor) -> Option<ModuleLabel>,
+) -> Result<Vec<Group>> {
     config.validate()?;
     train.validate()?;
-    let mut by_label: Vec<(ModuleLabel, Vec<(String, Tensor)>)> = Vec::new();
+    let mut by_label: BTreeMap<ModuleLabel, Vec<(String, Tensor)>> = BTreeMap::new();
+    let mut unplaced = Vec::new();
     for (name, t) in named_trainable(vs) {
-        let label = ModuleLabel::of(&name).ok_or_else(|| {
-            ModelsError::config(
-                "modulewise",
-                format!("variable `{name}` has no module label (is this a kappa GPT?)"),
-            )
-        })?;
-        match by_label.iter_mut().find(|(l, _)| *l == label) {
-            Some((_, v)) => v.push((name, t)),
-            None => by_label.push((label, vec![(name, t)])),
+        match label_of(&name, &t) {
+            Some(label) => by_label.entry(label).or_default().push((name, t)),
+            None => unplaced.push(name),
         }
     }
-    by_label.sort_by_key(|(l, _)| *l);
-    let adamw = |wd: f64| Box::new(AdamWGroup::new(train.adamw(wd)));
-    let mut groups = Vec::new();
-    let mut gain_bias = (Vec::new(), Vec::new());
-    for (label, items) in by_label {
-        let (names, params): (Vec<String>, Vec<Tensor>) = items.into_iter().unzip();
-        let geometry = match config.assignment.geometry(label) {
-            Some(g) => g,
-            None if label == ModuleLabel::Embedding => {
-                groups.push(ParamGroup {
-                    name: label.name().into(),
-                    names,
-                    params,
-                    lr: train.lr,
-                    optimizer: adamw(config.embedding_weight_decay),
-                });
-                continue;
-            }
-            None => {
-                gain_bias.0.extend(names);
-                gain_bias.1.extend(params);
-                continue;
-            }
-        };
-        let parts = if label == ModuleLabel::AttentionQkv && config.assignment.split_qkv {
-            3
-        } else {
-            1
-        };
-        let blocks = blocks_of(&names, &params, parts)?;
-        let (optimizer, lr): (Box<dyn GroupOptimizer>, f64) = match geometry {
-            Geometry::AdamW => (adamw(train.weight_decay), train.lr),
-            Geometry::Muon => (
-                Box::new(MuonGroup::new(config.muon, blocks)?.with_batch(config.batch)),
-                config.muon_lr,
+    if !unplaced.is_empty() {
+        return Err(ModelsError::config(
+            "modulewise",
+            format!(
+                "{} trainable variable(s) have no module label: `{}`",
+                unplaced.len(),
+                unplaced.join("`, `")
             ),
-            Geometry::Stiefel | Geometry::DGram | Geometry::Oblique => {
-                let manifold = geometry
-                    .manifold(config.dgram_retraction)
-                    .ok_or_else(|| ModelsError::config("modulewise", "unreachable geometry"))?;
-                let cfg = ManifoldMuonConfig {
-                    manifold,
-                    solver: config
-                        .solvers
-                        .solver(label)
-                        .unwrap_or(config.manifold.solver),
-                    ..config.manifold
-                };
-                let group = ManifoldGroup::new(cfg, blocks, &params)?
-                    .with_threads(config.optimizer_threads)
-                    .with_batch(config.batch);
-                (Box::new(group), config.muon_lr)
-            }
-        };
-        groups.push(ParamGroup {
-            name: label.name().into(),
-            names,
-            params,
-            lr: lr * config.lr_multipliers.of(label),
-            optimizer,
-        });
+        ));
     }
-    groups.push(ParamGroup {
-        name: "gain_bias".into(),
-        names: gain_bias.0,
-        params: gain_bias.1,
-        lr: train.lr,
-        optimizer: adamw(0.0),
-    });
+    let mut groups = Vec::new();
+    let mut gain_bias = Vec::new();
+    for (label, items) in by_label {
+        match config.assignment.geometry(label) {
+            Some(geometry) => {
+                groups.push(label_group(config, train, label, geometry).with_params(items))
+            }
+            None if label == ModuleLabel::Embedding => {
+                let adamw = train.adamw(config.embedding_weight_decay);
+                groups.push(Group::adamw(label.name(), adamw, train.lr).with_params(items));
+            }
+            None => gain_bias.extend(items),
+        }
+    }
+    if !gain_bias.is_empty() {
+        let adamw = train.adamw(0.0);
+        groups.push(Group::adamw("gain_bias", adamw, train.lr).with_params(gain_bias));
+    }
     Ok(groups)
 }
 
-/// Row blocks of each parameter: `parts` equal slices along dim 0.
-fn blocks_of(names: &[String], params: &[Tensor], parts: usize) -> Result<Vec<usize>> {
-    for (n, p) in names.iter().zip(params) {
-        let size = p.size();
-        if size.len() != 2 {
-            return Err(ModelsError::Shape {
-                arg: "param",
-                reason: format!("`{n}` is {size:?}; Muon needs a matrix"),
-            });
+/// The empty group of a hidden-matrix label under `geometry`.
+fn label_group(
+    config: &ModulewiseConfig,
+    train: &TrainConfig,
+    label: ModuleLabel,
+    geometry: Geometry,
+) -> Group {
+    let factor = config.lr_multipliers.of(label);
+    let name = label.name();
+    if geometry == Geometry::AdamW {
+        return Group::adamw(name, train.adamw(train.weight_decay), train.lr * factor);
+    }
+    let group = match geometry.manifold(config.dgram_retraction) {
+        None => Group::muon(name, config.muon),
+        Some(manifold) => {
+            let solver = config
+                .solvers
+                .solver(label)
+                .unwrap_or(config.manifold.solver);
+            let cfg = ManifoldMuonConfig {
+                manifold,
+                solver,
+                ..config.manifold
+            };
+            Group::manifold(name, cfg).with_threads(config.optimizer_threads)
         }
-        if size[0] % parts as i64 != 0 {
-            return Err(ModelsError::Shape {
-                arg: "param",
-                reason: format!(
-                    "`{n}` has {} rows, not divisible into {parts} blocks",
-                    size[0]
-                ),
-            });
-        }
-    }
-    Ok(vec![parts; params.len()])
-}
-
-/// The row-block views of `p` (and of its gradient).
-fn views(p: &Tensor, parts: usize) -> Vec<Tensor> {
-    let rows = p.size()[0] / parts as i64;
-    (0..parts as i64)
-        .map(|i| p.narrow(0, i * rows, rows))
-        .collect()
-}
-
-/// Every row block of `params` (a view of the parameter and of its gradient) with its state,
-/// in order. Errors when the states do not match the blocks (a group built for other params).
-fn block_jobs<'s, S>(
-    params: &[Tensor],
-    parts: &[usize],
-    states: &'s mut [S],
-) -> Result<Vec<(Tensor, Tensor, &'s mut S)>> {
-    let blocks: usize = parts.iter().sum();
-    if params.len() != parts.len() || states.len() != blocks {
-        return Err(ModelsError::Shape {
-            arg: "params",
-            reason: format!(
-                "{} tensors in {blocks} blocks for an optimizer built for {} tensors and {} states",
-                params.len(),
-                parts.len(),
-                states.len()
-            ),
-        });
-    }
-    let mut states = states.iter_mut();
-    let mut jobs = Vec::with_capacity(blocks);
-    for (p, &n) in params.iter().zip(parts) {
-        let grad = p.grad();
-        if !grad.defined() {
-            // No gradient reached this parameter: skip its blocks (and their states).
-            states.by_ref().take(n).for_each(drop);
-            continue;
-        }
-        for ((w, g), s) in views(p, n)
-            .into_iter()
-            .zip(views(&grad, n))
-            .zip(&mut states)
-        {
-            jobs.push((w, g, s));
-        }
-    }
-    Ok(jobs)
-}
-
-/// Saves one momentum state per block: `buffer.<i>` (when a step was taken) and `steps`.
-fn momentum_state<'a>(
-    states: impl Iterator<Item = &'a MomentumState<Tensor>>,
-) -> Vec<(String, Tensor)> {
-    let states: Vec<_> = states.collect();
-    let steps: Vec<i64> = states.iter().map(|s| s.steps() as i64).collect();
-    let mut out = vec![("steps".to_string(), Tensor::from_slice(&steps))];
-    for (i, s) in states.iter().enumerate() {
-        if let Some(b) = s.buffer() {
-            out.push((format!("buffer.{i}"), b.shallow_clone()));
-        }
-    }
-    out
-}
-
-fn checkpoint_error(reason: String) -> ModelsError {
-    ModelsError::Checkpoint {
-        path: std::path::PathBuf::new(),
-        reason,
-    }
-}
-
-/// The `n` momentum states [`momentum_state`] saved.
-fn load_momentum_state(
-    n: usize,
-    saved: &HashMap<String, Tensor>,
-) -> Result<Vec<MomentumState<Tensor>>> {
-    let bad = checkpoint_error;
-    let steps = saved
-        .get("steps")
-        .ok_or_else(|| bad("momentum state `steps` is missing".into()))?;
-    if steps.size() != [n as i64] {
-        return Err(bad(format!(
-            "momentum state for {:?} blocks, the group has {n}",
-            steps.size(),
-        )));
-    }
-    (0..n)
-        .map(|i| {
-            let k = steps.int64_value(&[i as i64]) as u64;
-            let buffer = saved.get(&format!("buffer.{i}")).map(Tensor::copy);
-            if k > 0 && buffer.is_none() {
-                return Err(bad(format!("momentum buffer {i} is missing")));
-            }
-            Ok(MomentumState::from_parts(buffer, k))
-        })
-        .collect()
-}
-
-/// NorMuon's second moments, `second.<i>` (f64, one value per neuron), for the blocks that have
-/// one.
-fn second_moment_state(states: &[MuonState<Tensor>]) -> Vec<(String, Tensor)> {
-    let with = states.iter().enumerate();
-    with.filter_map(|(i, s)| {
-        Some((
-            format!("second.{i}"),
-            Tensor::from_slice(s.second_moment()?),
-        ))
-    })
-    .collect()
-}
-
-/// The second moment `second.<i>` of block `i`, if it was saved.
-fn load_second_moment(saved: &HashMap<String, Tensor>, i: usize) -> Result<Option<Vec<f64>>> {
-    let Some(t) = saved.get(&format!("second.{i}")) else {
-        return Ok(None);
     };
-    let t = t.to_kind(tch::Kind::Double).to_device(tch::Device::Cpu);
-    Vec::<f64>::try_from(&t)
-        .map(Some)
-        .map_err(|e| checkpoint_error(format!("NorMuon second moment {i}: {e}")))
-}
-
-/// [`Muon`] over a group of (out, in) matrices (each split into row blocks), on tch tensors.
-/// With [`MuonGroup::with_batch`], blocks of one shape are stepped with one batched call.
-#[derive(Debug)]
-pub struct MuonGroup {
-    muon: Muon,
-    parts: Vec<usize>,
-    states: Vec<MuonState<Tensor>>,
-    stats: Accumulator,
-    batch: bool,
-}
-
-impl MuonGroup {
-    /// Muon with `config` for parameters split into `parts[i]` row blocks each.
-    pub fn new(config: MuonConfig, parts: Vec<usize>) -> Result<Self> {
-        let n = parts.iter().sum();
-        Ok(Self {
-            muon: Muon::new(config).map_err(optim_err)?,
-            parts,
-            states: (0..n).map(|_| MuonState::new()).collect(),
-            stats: Accumulator::default(),
-            batch: false,
-        })
-    }
-
-    /// This group with batching on or off ([`ModulewiseConfig::batch`]).
-    pub fn with_batch(self, batch: bool) -> Self {
-        Self { batch, ..self }
-    }
-}
-
-/// One row block to step: the parameter's view, the gradient's, the block's state.
-type Job<S> = (Tensor, Tensor, S);
-
-/// The row blocks of `jobs` grouped by shape, in order of first appearance (block order kept
-/// inside a shape).
-fn by_shape<S>(jobs: Vec<Job<S>>) -> Vec<Vec<Job<S>>> {
-    let mut groups: Vec<(Vec<i64>, Vec<Job<S>>)> = Vec::new();
-    for job in jobs {
-        let size = job.0.size();
-        match groups.iter_mut().find(|(s, _)| *s == size) {
-            Some((_, g)) => g.push(job),
-            None => groups.push((size, vec![job])),
-        }
-    }
-    groups.into_iter().map(|(_, g)| g).collect()
-}
-
-/// Runs a batched step `f` on same-shape blocks: their views collected into slices, their
-/// states moved into a slice for `f` and back (also on error, when the step has changed
-/// nothing).
-fn on_batch<S: Default, R>(
-    jobs: Vec<(Tensor, Tensor, &mut S)>,
-    f: impl FnOnce(&mut [Tensor], &[Tensor], &mut [S]) -> R,
-) -> R {
-    let mut ws = Vec::with_capacity(jobs.len());
-    let mut grads = Vec::with_capacity(jobs.len());
-    let mut slots = Vec::with_capacity(jobs.len());
-    for (w, g, s) in jobs {
-        ws.push(w);
-        grads.push(g);
-        slots.push(s);
-    }
-    let mut states: Vec<S> = slots.iter_mut().map(|s| std::mem::take(*s)).collect();
-    let result = f(&mut ws, &grads, &mut states);
-    for (slot, s) in slots.into_iter().zip(states) {
-        *slot = s;
-    }
-    result
-}
-
-impl GroupOptimizer for MuonGroup {
-    fn name(&self) -> &str {
-        "muon"
-    }
-
-    fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
-        let started = Instant::now();
-        self.muon.set_lr(lr).map_err(optim_err)?;
-        let jobs = block_jobs(params, &self.parts, &mut self.states)?;
-        let groups = if self.batch {
-            by_shape(jobs)
-        } else {
-            jobs.into_iter().map(|j| vec![j]).collect()
-        };
-        for mut group in groups {
-            if group.len() > 1 {
-                let steps = on_batch(group, |w, g, s| self.muon.step_batch(w, g, s));
-                self.stats.updates += steps.map_err(optim_err)?.len() as u64;
-            } else if let Some((mut w, g, s)) = group.pop() {
-                self.muon.step(&mut w, &g, s).map_err(optim_err)?;
-                self.stats.updates += 1;
-            }
-        }
-        self.stats.seconds += started.elapsed().as_secs_f64();
-        Ok(())
-    }
-
-    fn state(&self) -> Vec<(String, Tensor)> {
-        let mut out = momentum_state(self.states.iter().map(MuonState::momentum));
-        out.extend(second_moment_state(&self.states));
-        out
-    }
-
-    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
-        let momenta = load_momentum_state(self.states.len(), state)?;
-        let states = momenta
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| Ok(MuonState::from_momentum(m, load_second_moment(state, i)?)))
-            .collect::<Result<Vec<_>>>()?;
-        self.states = states;
-        Ok(())
-    }
-
-    fn take_stats(&mut self) -> Option<OptimizerStats> {
-        Some(std::mem::take(&mut self.stats).finish())
-    }
-}
-
-/// [`ManifoldMuon`] over a group of (out, in) matrices (each split into row blocks), on tch
-/// tensors. [`ManifoldGroup::new`] retracts every block onto the manifold.
-#[derive(Debug)]
-pub struct ManifoldGroup {
-    opt: ManifoldMuon,
-    parts: Vec<usize>,
-    states: Vec<ManifoldState<Tensor>>,
-    stats: Accumulator,
-    threads: usize,
-    batch: bool,
-}
-
-impl ManifoldGroup {
-    /// Manifold Muon with `config` for `params` split into `parts[i]` row blocks each; puts
-    /// every block on the manifold (in place, without gradient).
-    pub fn new(config: ManifoldMuonConfig, parts: Vec<usize>, params: &[Tensor]) -> Result<Self> {
-        let opt = ManifoldMuon::new(config).map_err(optim_err)?;
-        tch::no_grad(|| -> Result<()> {
-            for (p, &n) in params.iter().zip(&parts) {
-                for mut w in views(p, n) {
-                    opt.retract_onto(&mut w).map_err(optim_err)?;
-                }
-            }
-            Ok(())
-        })?;
-        let n = parts.iter().sum();
-        Ok(Self {
-            opt,
-            parts,
-            states: (0..n).map(|_| ManifoldState::new()).collect(),
-            stats: Accumulator::default(),
-            threads: 1,
-            batch: false,
-        })
-    }
-
-    /// This group with batching on or off ([`ModulewiseConfig::batch`]).
-    pub fn with_batch(self, batch: bool) -> Self {
-        Self { batch, ..self }
-    }
-
-    /// Steps the blocks on `threads` worker threads (see
-    /// [`ModulewiseConfig::optimizer_threads`]).
-    pub fn with_threads(mut self, threads: usize) -> Self {
-        self.threads = threads.max(1);
-        self
-    }
-}
-
-/// One block's manifold step on the calling thread (gradient mode off: the block is a view of
-/// a leaf that requires grad, and grad mode is per thread).
-fn manifold_block_step(
-    opt: &ManifoldMuon,
-    mut w: Tensor,
-    g: Tensor,
-    state: &mut ManifoldState<Tensor>,
-) -> Result<kappa_optim::ManifoldStep<Tensor>> {
-    let _guard = tch::no_grad_guard();
-    opt.step(&mut w, &g, state).map_err(optim_err)
-}
-
-impl GroupOptimizer for ManifoldGroup {
-    fn name(&self) -> &str {
-        self.opt.config().manifold.name()
-    }
-
-    fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
-        let started = Instant::now();
-        self.opt.set_lr(lr).map_err(optim_err)?;
-        let jobs = block_jobs(params, &self.parts, &mut self.states)?;
-        let opt = &self.opt;
-        if self.batch {
-            for group in by_shape(jobs) {
-                let step = |w: &mut [Tensor], g: &[Tensor], s: &mut [ManifoldState<Tensor>]| {
-                    tch::no_grad(|| opt.step_batch(w, g, s))
-                };
-                for done in on_batch(group, step).map_err(optim_err)? {
-                    self.stats.add_manifold(&done);
-                }
-            }
-            self.stats.seconds += started.elapsed().as_secs_f64();
-            return Ok(());
-        }
-        let steps: Vec<Result<kappa_optim::ManifoldStep<Tensor>>> = if self.threads <= 1
-            || jobs.len() < 2
-        {
-            jobs.into_iter()
-                .map(|(w, g, s)| manifold_block_step(opt, w, g, s))
-                .collect()
-        } else {
-            // Round-robin the blocks over the workers; results come back in block order.
-            let workers = self.threads.min(jobs.len());
-            let mut lanes: Vec<Vec<(usize, _)>> = (0..workers).map(|_| Vec::new()).collect();
-            for (i, job) in jobs.into_iter().enumerate() {
-                lanes[i % workers].push((i, job));
-            }
-            let mut out: Vec<(usize, Result<kappa_optim::ManifoldStep<Tensor>>)> =
-                std::thread::scope(|scope| {
-                    let handles: Vec<_> = lanes
-                        .into_iter()
-                        .map(|lane| {
-                            scope.spawn(move || {
-                                lane.into_iter()
-                                    .map(|(i, (w, g, s))| (i, manifold_block_step(opt, w, g, s)))
-                                    .collect::<Vec<_>>()
-                            })
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .flat_map(|h| {
-                            h.join().unwrap_or_else(|_| {
-                                vec![(
-                                    0,
-                                    Err(ModelsError::Optimizer("a worker thread panicked".into())),
-                                )]
-                            })
-                        })
-                        .collect()
-                });
-            out.sort_by_key(|(i, _)| *i);
-            out.into_iter().map(|(_, r)| r).collect()
-        };
-        for step in steps {
-            self.stats.add_manifold(&step?);
-        }
-        self.stats.seconds += started.elapsed().as_secs_f64();
-        Ok(())
-    }
-
-    fn state(&self) -> Vec<(String, Tensor)> {
-        momentum_state(self.states.iter())
-    }
-
-    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
-        self.states = load_momentum_state(self.states.len(), state)?;
-        Ok(())
-    }
-
-    fn take_stats(&mut self) -> Option<OptimizerStats> {
-        Some(std::mem::take(&mut self.stats).finish())
-    }
-}
-
-/// Sums over matrix updates since the last report.
-#[derive(Debug, Default)]
-struct Accumulator {
-    updates: u64,
-    seconds: f64,
-    dual: u64,
-    dual_steps: f64,
-    msign_calls: f64,
-    violation: f64,
-    violation_max: f64,
-    descent_ratio: f64,
-    descent_ratios: u64,
-    diverged: u64,
-    manifold_violation_max: f64,
-}
-
-impl Accumulator {
-    fn add_manifold(&mut self, step: &kappa_optim::ManifoldStep<Tensor>) {
-        let d = &step.dual;
-        self.updates += 1;
-        self.dual += 1;
-        self.dual_steps += d.dual_steps as f64;
-        self.msign_calls += d.msign_calls as f64;
-        self.violation += d.violation;
-        self.violation_max = self.violation_max.max(d.violation);
-        if let Some(r) = d.descent_ratio {
-            self.descent_ratio += r;
-            self.descent_ratios += 1;
-        }
-        self.diverged += u64::from(d.diverged);
-        self.manifold_violation_max = self.manifold_violation_max.max(step.manifold_violation);
-    }
-
-    fn finish(self) -> OptimizerStats {
-        let per = |x: f64, n: u64| (n > 0).then(|| x / n as f64);
-        OptimizerStats {
-            updates: self.updates,
-            seconds: self.seconds,
-            dual_steps: per(self.dual_steps, self.dual),
-            msign_calls: per(self.msign_calls, self.dual),
-            violation: per(self.violation, self.dual),
-            violation_max: (self.dual > 0).then_some(self.violation_max),
-            descent_ratio: per(self.descent_ratio, self.descent_ratios),
-            diverged: self.diverged,
-            manifold_violation_max: (self.dual > 0).then_some(self.manifold_violation_max),
-        }
-    }
+    let matrix = if label == ModuleLabel::AttentionQkv && config.assignment.split_qkv {
+        MatrixSpec::matrix().heads(Axis::Rows, 3)
+    } else {
+        MatrixSpec::matrix()
+    };
+    group
+        .with_lr(config.muon_lr * factor)
+        .with_batch(config.batch)
+        .with_matrix(matrix)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The training loop every experiment uses: a validated TOML config, deterministic CPU runs,
-//! AdamW with parameter groups (pluggable per group), warmup + cosine learning rate, gradient
+//! kappa-optim's optimizer over parameter groups (AdamW by default), warmup + cosine learning rate, gradient
 //! clipping, periodic evaluation with attention diagnostics, `metrics.jsonl` records,
 //! safetensors checkpoints with exact resume, divergence detection and a progress bar.
 //!
@@ -7,12 +7,12 @@
 //!
 //! For step index i = 0, 1, … (the (i+1)-th optimizer update):
 //!
-//! 1. Each [`ParamGroup`] runs at its own peak lr times the schedule's factor
+//! 1. Each group of the [`Optimizer`] runs at its own peak lr times the schedule's factor
 //!    ([`kappa_optim::WarmupCosine`], [`TrainConfig::schedule`]): f(i) = (i+1)/(w+1) for i < w
 //!    (warmup), then f(i) = m + (1 − m)·½(1 + cos(π·(i−w)/(S−w))) with m = min_lr/lr (cosine to
 //!    m at step S). The groups at `lr` thus get lr(i) = min_lr + ½(1 + cos(…))·(lr − min_lr)
 //!    ([`TrainConfig::lr_at`], the `lr` of training records).
-//! 2. Gradients are dropped ([`GradientDropper`], PyTorch's `zero_grad(set_to_none=True)`); the
+//! 2. Gradients are dropped ([`Optimizer::zero_grad`], PyTorch's `zero_grad(set_to_none=True)`); the
 //!    forward pass runs in f32, or under bf16 autocast with [`TrainPrecision::Bf16`]
 //!    ([`kappa_models::autocast`]). loss = task loss on the batch of step i (a pure function of
 //!    (seed, i)); a non-finite loss stops the run as diverged, and so does a loss above
@@ -20,14 +20,17 @@
 //!    best smoothed loss so far).
 //! 3. Backward; ‖g‖ = (Σ‖g_p‖²)^{1/2} over every trainable tensor, in f64; if `grad_clip` > 0
 //!    and ‖g‖ > clip, every gradient is scaled by clip/(‖g‖ + 1e-6) (PyTorch's
-//!    `clip_grad_norm_`; [`clip_grad_norm`]). A non-finite ‖g‖ stops the run as diverged.
-//! 4. Each [`ParamGroup`]'s [`GroupOptimizer`] updates its tensors in place under `no_grad`
-//!    (the tch-rs custom-optimizer pattern). [`AdamWGroup`] runs kappa-optim's
-//!    [`AdamW`], PyTorch's `torch.optim.AdamW`:
+//!    `clip_grad_norm_`; [`Optimizer::clip_grad_norm`]). A non-finite ‖g‖ stops the run as
+//!    diverged.
+//! 4. [`Optimizer::step`] updates every group's tensors in place under `no_grad`. AdamW groups
+//!    ([`adamw_groups`]) run kappa-optim's [`AdamW`](kappa_optim::AdamW), PyTorch's
+//!    `torch.optim.AdamW`:
 //!    p ← p(1 − lr·wd); m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²;
 //!    p ← p − (lr/(1−β₁ᵗ))·m/(√v/√(1−β₂ᵗ) + ε), by default in one pass over the raw data of
-//!    contiguous CPU f32 tensors ([`AdamWKernel::Fused`]), each element in f64 and rounded
-//!    once per stored value; with libtorch operations elsewhere ([`AdamWKernel::Ops`]).
+//!    contiguous CPU f32 tensors ([`kappa_optim::AdamWKernel::Fused`]), each element in f64 and
+//!    rounded once per stored value; with libtorch operations elsewhere
+//!    ([`kappa_optim::AdamWKernel::Ops`]). Muon and manifold-Muon groups come from
+//!    [`modulewise_groups`](crate::modulewise_groups).
 //! 5. The task refreshes its spectral corrections (SVD, scale-aware λ) for the new weights.
 //! 6. With `qk_clip` (off by default), QK-clip (Kimi K2's MuonClip, [`kappa_optim::qk_clip`]):
 //!    the training forward captured every attention layer's input; for each layer, the
@@ -54,13 +57,15 @@
 //! complete state (seed and counter), so a resumed run reproduces the uninterrupted run exactly.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kappa_optim::{AdamW, AdamWConfig, AdamWKernel, AdamWState, WarmupCosine};
+pub use kappa_optim::optimizer::OptimizerStats;
+use kappa_optim::optimizer::{Group, Grouping, Optimizer, Rule, Update};
+use kappa_optim::{AdamWConfig, WarmupCosine};
 use serde::{Deserialize, Serialize};
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
 use crate::context::RunContext;
 use crate::stop::StopFlag;
@@ -394,280 +399,30 @@ impl TrainConfig {
     }
 }
 
-/// An optimizer for one parameter group: updates the group's tensors in place from their
-/// `.grad()` (the tch-rs custom-optimizer pattern). Implement this to plug another optimizer
-/// (Muon, manifold Muon, …) into [`Trainer`] for some of the parameters.
-pub trait GroupOptimizer: std::fmt::Debug {
-    /// A short name (`adamw`).
-    fn name(&self) -> &str;
-    /// One update of `params` (whose gradients are set) with learning rate `lr`. Called
-    /// inside `no_grad`.
-    fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()>;
-    /// The optimizer state as named tensors (saved in checkpoints).
-    fn state(&self) -> Vec<(String, Tensor)>;
-    /// Restores what [`GroupOptimizer::state`] returned.
-    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
-    /// What the optimizer did since the last call (logged with each training record);
-    /// `None` when it keeps no statistics.
-    fn take_stats(&mut self) -> Option<OptimizerStats> {
-        None
-    }
-}
-
-/// What a group's optimizer did between two training records. The dual-ascent fields are
-/// means over the matrix updates of manifold Muon (`None` for other optimizers).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct OptimizerStats {
-    /// Matrix (or block) updates.
-    pub updates: u64,
-    /// Seconds spent in the optimizer's step.
-    pub seconds: f64,
-    /// Mean dual-ascent iterations.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dual_steps: Option<f64>,
-    /// Mean msign calls per update made by the tangent-problem solver (the dual ascent's K, 1
-    /// for the square closed form, ADMM's 2 per iteration + 1): neither the retraction nor the
-    /// diagnostic ‖G‖_* (`DualReport`'s descent statistics) is counted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub msign_calls: Option<f64>,
-    /// Mean final tangent violation ‖P(WᵀA + AᵀW)‖_F/n.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub violation: Option<f64>,
-    /// Largest final tangent violation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub violation_max: Option<f64>,
-    /// Mean ⟨G, A⟩/‖G‖_*: the share of the unconstrained (Muon) descent kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub descent_ratio: Option<f64>,
-    /// Updates whose dual ascent diverged (applied anyway under `OnDivergence::Apply`).
-    #[serde(default)]
-    pub diverged: u64,
-    /// Largest manifold violation after the retraction.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub manifold_violation_max: Option<f64>,
-}
-
-/// kappa-optim's [`AdamW`] over a group of tensors (their `.grad()`), one [`AdamWState`] per
-/// tensor, created at the first step.
-#[derive(Debug)]
-pub struct AdamWGroup {
-    config: AdamWConfig,
-    kernel: AdamWKernel,
-    states: Vec<AdamWState<Tensor>>,
-}
-
-impl AdamWGroup {
-    /// AdamW with `config` and the default kernel ([`AdamWKernel::Fused`]); an invalid config
-    /// is reported by the first step.
-    pub fn new(config: AdamWConfig) -> Self {
-        Self {
-            config,
-            kernel: AdamWKernel::default(),
-            states: Vec::new(),
-        }
-    }
-
-    /// The same optimizer with another kernel.
-    ///
-    /// ```
-    /// use kappa_train::{AdamWGroup, AdamWKernel};
-    /// let opt = AdamWGroup::new(kappa_optim::AdamWConfig::torch()).with_kernel(AdamWKernel::Ops);
-    /// assert_eq!(opt.kernel(), AdamWKernel::Ops);
-    /// ```
-    pub fn with_kernel(self, kernel: AdamWKernel) -> Self {
-        Self { kernel, ..self }
-    }
-
-    /// The kernel.
-    pub fn kernel(&self) -> AdamWKernel {
-        self.kernel
-    }
-}
-
 /// A kappa-optim error as [`ModelsError::Optimizer`].
 pub(crate) fn optim_err(e: kappa_optim::OptimError) -> ModelsError {
     ModelsError::Optimizer(e.to_string())
 }
 
-impl GroupOptimizer for AdamWGroup {
-    fn name(&self) -> &str {
-        "adamw"
-    }
-
-    fn step(&mut self, params: &[Tensor], lr: f64) -> Result<()> {
-        let adamw = AdamW::new(self.config).map_err(optim_err)?;
-        if self.states.is_empty() {
-            self.states = params.iter().map(|_| AdamWState::new()).collect();
-        }
-        if self.states.len() != params.len() {
-            return Err(ModelsError::config(
-                "adamw",
-                format!(
-                    "the state holds moments for {} parameters, the group has {}",
-                    self.states.len(),
-                    params.len()
-                ),
-            ));
-        }
-        let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
-        adamw
-            .step_tensors(params, &grads, &mut self.states, lr, self.kernel)
-            .map_err(optim_err)
-    }
-
-    /// `steps` (one count per tensor) and, for the tensors stepped so far, `exp_avg.<i>` and
-    /// `exp_avg_sq.<i>`.
-    fn state(&self) -> Vec<(String, Tensor)> {
-        let steps: Vec<i64> = self.states.iter().map(|s| s.steps() as i64).collect();
-        let mut out = vec![("steps".to_string(), Tensor::from_slice(&steps))];
-        for (i, s) in self.states.iter().enumerate() {
-            if let (Some(m), Some(v)) = (s.exp_avg(), s.exp_avg_sq()) {
-                out.push((format!("exp_avg.{i}"), m.shallow_clone()));
-                out.push((format!("exp_avg_sq.{i}"), v.shallow_clone()));
-            }
-        }
-        out
-    }
-
-    /// Restores [`GroupOptimizer::state`]; also reads the earlier format, one step count `t`
-    /// for the whole group.
-    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
-        let missing = |k: &str| ModelsError::Checkpoint {
-            path: PathBuf::new(),
-            reason: format!("AdamW state `{k}` is missing"),
-        };
-        let steps: Vec<u64> = match (state.get("steps"), state.get("t")) {
-            (Some(s), _) => (0..s.numel() as i64)
-                .map(|i| s.f_int64_value(&[i]).map(|n| n as u64))
-                .collect::<std::result::Result<_, _>>()?,
-            (None, Some(t)) => {
-                let n = state.keys().filter(|k| k.starts_with("exp_avg.")).count();
-                vec![t.f_int64_value(&[0])? as u64; n]
-            }
-            (None, None) => return Err(missing("steps")),
-        };
-        let mut states = Vec::with_capacity(steps.len());
-        for (i, n) in steps.into_iter().enumerate() {
-            let (a, b) = (format!("exp_avg.{i}"), format!("exp_avg_sq.{i}"));
-            let moments = match (state.get(&a), state.get(&b)) {
-                (Some(m), Some(v)) => Some((m.copy(), v.copy())),
-                (None, None) if n == 0 => None,
-                (None, _) => return Err(missing(&a)),
-                (Some(_), None) => return Err(missing(&b)),
-            };
-            states.push(AdamWState::from_parts(moments, n));
-        }
-        self.states = states;
-        Ok(())
-    }
-}
-
-/// Drops gradients (sets them undefined, as PyTorch's `zero_grad(set_to_none=True)`) rather
-/// than zeroing them in place: the next backward pass then stores each gradient as computed
-/// instead of adding it to zeros (one write and one read-modify-write of parameter-sized
-/// memory saved per step).
-///
-/// tch exposes no way to reset a tensor's gradient, but libtorch's C++ optimizers do:
-/// `Optimizer::zero_grad(bool set_to_none = true)` (libtorch ≥ 2.0). This holds a C++ SGD
-/// optimizer over the parameters that is never stepped; [`GradientDropper::drop_gradients`]
-/// calls its `zero_grad()`.
-///
-/// ```
-/// use tch::{Device, Kind, Tensor};
-/// let w = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-/// let dropper = kappa_train::GradientDropper::new(&[w.shallow_clone()])?;
-/// (&w * 2.0).sum(Kind::Float).backward();
-/// assert!(w.grad().defined());
-/// dropper.drop_gradients()?;
-/// assert!(!w.grad().defined());
-/// # Ok::<(), kappa_models::ModelsError>(())
-/// ```
-pub struct GradientDropper {
-    optimizer: tch::COptimizer,
-}
-
-impl std::fmt::Debug for GradientDropper {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("GradientDropper")
-    }
-}
-
-impl GradientDropper {
-    /// A dropper over `params`.
-    pub fn new(params: &[Tensor]) -> Result<Self> {
-        let mut optimizer = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false)?;
-        for p in params {
-            optimizer.add_parameters(p, 0)?;
-        }
-        Ok(Self { optimizer })
-    }
-
-    /// Sets every parameter's gradient undefined.
-    pub fn drop_gradients(&self) -> Result<()> {
-        Ok(self.optimizer.zero_grad()?)
-    }
-}
-
-/// The global gradient norm ‖g‖ = (Σ_p ‖g_p‖²)^{1/2} over the defined gradients of `params`,
-/// accumulated in f64; when `clip` > 0 and ‖g‖ > clip (and finite), every gradient is scaled by
-/// clip/(‖g‖ + 10⁻⁶) (PyTorch's `clip_grad_norm_`). Returns ‖g‖ before clipping. Call it
-/// inside `no_grad`.
-///
-/// Contiguous CPU f32 gradients are summed in one pass over their raw data (each square exact
-/// in f64, fixed chunks added in order: the value does not depend on the thread count); other
-/// gradients through libtorch (`to_kind(Double).square().sum()`).
-pub fn clip_grad_norm(params: &[Tensor], clip: f64) -> Result<f64> {
-    let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
-    let total = match kappa_optim::fused::sum_of_squares(&grads) {
-        Some(sum) => sum,
-        None => {
-            let mut total: Option<Tensor> = None;
-            for g in grads.iter().filter(|g| g.defined()) {
-                let sq = g.f_to_kind(Kind::Double)?.f_square()?.f_sum(Kind::Double)?;
-                total = Some(match total {
-                    Some(t) => t.f_add(&sq.f_to_device(t.device())?)?,
-                    None => sq,
-                });
-            }
-            total.map_or(Ok(0.0), |t| t.f_double_value(&[]))?
-        }
-    };
-    let norm = total.sqrt();
-    if clip > 0.0 && norm.is_finite() && norm > clip {
-        let scale = clip / (norm + 1e-6);
-        for g in &grads {
-            if g.defined() {
-                let _ = g.shallow_clone().f_mul_scalar_(scale)?;
-            }
-        }
-    }
-    Ok(norm)
-}
-
-/// Named trainable tensors updated by one optimizer.
-#[derive(Debug)]
-pub struct ParamGroup {
-    /// The group name (a checkpoint prefix).
-    pub name: String,
-    /// The var-store names of the tensors, in order.
-    pub names: Vec<String>,
-    /// The tensors (shallow clones of the var-store variables).
-    pub params: Vec<Tensor>,
-    /// The group's peak learning rate; step i runs at `lr`·f(i), f the schedule's factor
-    /// ([`TrainConfig::schedule`]).
-    pub lr: f64,
-    /// The optimizer.
-    pub optimizer: Box<dyn GroupOptimizer>,
-}
-
-/// Whether a variable is an embedding (never weight-decayed): its last name component is
-/// `wte`, `wpe`, `pos_embed` or `cls_token`.
+/// Whether a variable is one of kappa's embeddings (never weight-decayed): its last name
+/// component is `wte`, `wpe`, `pos_embed` or `cls_token` ([`EMBEDDINGS`]).
 pub fn is_embedding(name: &str) -> bool {
-    matches!(
-        name.rsplit('.').next(),
-        Some("wte" | "wpe" | "pos_embed" | "cls_token")
-    )
+    EMBEDDINGS
+        .iter()
+        .any(|p| kappa_optim::optimizer::rules::matches(p, name))
 }
+
+/// The name patterns of kappa's embeddings (kappa-optim's glob patterns).
+pub const EMBEDDINGS: &[&str] = &[
+    "wte",
+    "*.wte",
+    "wpe",
+    "*.wpe",
+    "pos_embed",
+    "*.pos_embed",
+    "cls_token",
+    "*.cls_token",
+];
 
 /// The trainable variables of `vs`, sorted by name (a deterministic order).
 pub fn named_trainable(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
@@ -680,32 +435,24 @@ pub fn named_trainable(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     v
 }
 
-/// The default groups: `decay` (tensors of rank ≥ 2 other than embeddings, AdamW with the
-/// config's weight decay) and `no_decay` (gains, biases, embeddings; AdamW without decay), both
-/// at the config's peak `lr`.
-pub fn adamw_groups(vs: &nn::VarStore, cfg: &TrainConfig) -> Vec<ParamGroup> {
-    let (mut decay, mut rest) = (Vec::new(), Vec::new());
-    for (name, t) in named_trainable(vs) {
-        if t.dim() >= 2 && !is_embedding(&name) {
-            decay.push((name, t));
-        } else {
-            rest.push((name, t));
-        }
-    }
-    let group = |name: &str, items: Vec<(String, Tensor)>, wd: f64| {
-        let (names, params) = items.into_iter().unzip();
-        ParamGroup {
-            name: name.into(),
-            names,
-            params,
-            lr: cfg.lr,
-            optimizer: Box::new(AdamWGroup::new(cfg.adamw(wd))),
-        }
-    };
-    vec![
-        group("decay", decay, cfg.weight_decay),
-        group("no_decay", rest, 0.0),
-    ]
+/// The default grouping: `decay` (tensors of rank ≥ 2 other than [`EMBEDDINGS`], AdamW with
+/// the config's weight decay) and `no_decay` (gains, biases, embeddings; AdamW without decay),
+/// both at the config's peak `lr`.
+pub fn adamw_grouping(cfg: &TrainConfig) -> Grouping {
+    Grouping::new()
+        .rule(
+            Rule::adamw("decay", cfg.adamw(cfg.weight_decay), cfg.lr)
+                .ranks(2, usize::MAX)
+                .except(EMBEDDINGS.iter().copied()),
+        )
+        .rule(Rule::adamw("no_decay", cfg.adamw(0.0), cfg.lr))
+}
+
+/// The groups of [`adamw_grouping`] over the trainable variables of `vs`.
+pub fn adamw_groups(vs: &nn::VarStore, cfg: &TrainConfig) -> Result<Vec<Group>> {
+    adamw_grouping(cfg)
+        .assign(vs.variables())
+        .map_err(optim_err)
 }
 
 /// Evaluation results.
@@ -862,7 +609,7 @@ pub struct Trainer<'a> {
     config: TrainConfig,
     seed: u64,
     progress: bool,
-    groups: Vec<ParamGroup>,
+    optimizer: Optimizer,
     step: u64,
     first_loss: Option<f64>,
     loss_ema: Option<f64>,
@@ -911,45 +658,47 @@ impl<'a> Trainer<'a> {
     /// applies the context's thread count. The context's seed is the run's identity in
     /// checkpoints (a checkpoint of another seed is refused); its device is the var store's.
     pub fn new(vs: &'a nn::VarStore, config: TrainConfig, context: &RunContext) -> Result<Self> {
-        let groups = adamw_groups(vs, &config);
+        let groups = adamw_groups(vs, &config)?;
         Self::with_groups(vs, config, groups, context)
     }
 
-    /// A trainer with custom groups; every trainable variable must be in exactly one group.
-    /// Groups that compute when built (`modulewise_groups` retracts the initial weights onto
-    /// their manifolds) ran at the thread count in force then: apply the context first
-    /// ([`RunContext::apply_threads`]) for them to run at the count training runs at.
+    /// A trainer whose kappa-optim [`Optimizer`] is built over `groups` after the context's
+    /// thread count is applied (manifold groups retract their weights onto the manifold then);
+    /// see [`Trainer::with_optimizer`].
     pub fn with_groups(
         vs: &'a nn::VarStore,
         config: TrainConfig,
-        groups: Vec<ParamGroup>,
+        groups: Vec<Group>,
         context: &RunContext,
     ) -> Result<Self> {
         config.validate()?;
-        let mut seen = BTreeMap::new();
-        for g in &groups {
-            if g.names.len() != g.params.len() {
-                return Err(ModelsError::config(
-                    format!("groups.{}", g.name),
-                    "names and params differ in length",
-                ));
-            }
-            for n in &g.names {
-                if seen.insert(n.clone(), g.name.clone()).is_some() {
-                    return Err(ModelsError::config(
-                        format!("groups.{}", g.name),
-                        format!("`{n}` is in two groups"),
-                    ));
-                }
-            }
+        context.apply_threads();
+        let optimizer = Optimizer::new(groups).map_err(optim_err)?;
+        Self::with_optimizer(vs, config, optimizer, context)
+    }
+
+    /// A trainer that steps `optimizer` (its schedule replaced by the config's warmup-cosine
+    /// schedule; it must not have stepped yet). Every trainable variable of `vs` must be in it.
+    pub fn with_optimizer(
+        vs: &'a nn::VarStore,
+        config: TrainConfig,
+        mut optimizer: Optimizer,
+        context: &RunContext,
+    ) -> Result<Self> {
+        config.validate()?;
+        let placed: std::collections::HashSet<&str> = optimizer.params().map(|(n, _)| n).collect();
+        let trainable = named_trainable(vs);
+        if let Some((n, _)) = trainable.iter().find(|(n, _)| !placed.contains(n.as_str())) {
+            return Err(ModelsError::config(
+                "groups",
+                format!("trainable variable `{n}` is in no group"),
+            ));
         }
-        for (n, _) in named_trainable(vs) {
-            if !seen.contains_key(&n) {
-                return Err(ModelsError::config(
-                    "groups",
-                    format!("trainable variable `{n}` is in no group"),
-                ));
-            }
+        if optimizer.steps() != 0 {
+            return Err(ModelsError::Optimizer(format!(
+                "the optimizer has taken {} steps; a trainer starts from a fresh one",
+                optimizer.steps()
+            )));
         }
         if config.precision == TrainPrecision::Bf16
             && !kappa_models::autocast::native_bf16(vs.device())
@@ -964,12 +713,13 @@ impl<'a> Trainer<'a> {
             ));
         }
         context.apply_threads();
+        optimizer.set_schedule(config.schedule());
         Ok(Self {
             vs,
             config,
             seed: context.seed,
             progress: context.progress,
-            groups,
+            optimizer,
             step: 0,
             first_loss: None,
             loss_ema: None,
@@ -978,6 +728,11 @@ impl<'a> Trainer<'a> {
             stop: context.stop.clone(),
             label: String::from("train"),
         })
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.optimizer
     }
 
     /// Finished steps.
@@ -1011,10 +766,8 @@ impl<'a> Trainer<'a> {
             .into_iter()
             .map(|(n, t)| (format!("{CKPT_MODEL}{n}"), t.detach()))
             .collect();
-        for g in &self.groups {
-            for (k, t) in g.optimizer.state() {
-                named.push((format!("{CKPT_OPTIM}{}/{k}", g.name), t));
-            }
+        for (k, t) in self.optimizer.state_dict().map_err(optim_err)? {
+            named.push((format!("{CKPT_OPTIM}{k}"), t));
         }
         named.push((
             "trainer/step".into(),
@@ -1076,8 +829,30 @@ impl<'a> Trainer<'a> {
             .collect();
         let step = check_checkpoint(&tensors, &self.vs.variables(), self.seed, &self.config)
             .map_err(err)?;
+        let state: HashMap<String, Tensor> = tensors
+            .iter()
+            .filter_map(|(k, t)| {
+                let key = k.strip_prefix(CKPT_OPTIM)?;
+                Some((key.to_string(), t.shallow_clone()))
+            })
+            .collect();
+        if !state.contains_key("step") {
+            return Err(err(format!(
+                "it has no `{CKPT_OPTIM}step`: its optimizer state is in the layout of an \
+                 earlier kappa version, which this one cannot resume (start the run over)"
+            )));
+        }
+        // The optimizer checks its whole state before it changes anything; then the weights.
+        self.optimizer
+            .load_state_dict(&state)
+            .map_err(|e| err(e.to_string()))?;
+        if self.optimizer.steps() != step {
+            return Err(err(format!(
+                "its optimizer took {} steps, its trainer {step}",
+                self.optimizer.steps()
+            )));
+        }
         let vars = self.vs.variables();
-        let device = self.vs.device();
         tch::no_grad(|| -> Result<()> {
             for (name, var) in &vars {
                 var.shallow_clone()
@@ -1085,19 +860,6 @@ impl<'a> Trainer<'a> {
             }
             Ok(())
         })?;
-        for g in &mut self.groups {
-            let prefix = format!("{CKPT_OPTIM}{}/", g.name);
-            let state: HashMap<String, Tensor> = tensors
-                .iter()
-                .filter_map(|(k, t)| {
-                    k.strip_prefix(&prefix)
-                        .map(|s| (s.to_string(), t.to_device(device)))
-                })
-                .collect();
-            g.optimizer
-                .load_state(&state)
-                .map_err(|e| err(format!("group `{}`: {e}", g.name)))?;
-        }
         self.step = step;
         let scalar = |k: &str| {
             tensors
@@ -1153,11 +915,9 @@ impl<'a> Trainer<'a> {
     fn matrix_diagnostics(&self) -> Result<Vec<MatrixDiagnostics>> {
         let _guard = tch::no_grad_guard();
         let mut out = Vec::new();
-        for g in &self.groups {
-            for (name, p) in g.names.iter().zip(&g.params) {
-                if p.dim() == 2 && !is_embedding(name) {
-                    out.push(matrix_diagnostics(name, p, MATRIX_SINGULAR_VALUES)?);
-                }
+        for (name, p) in self.optimizer.params() {
+            if p.dim() == 2 && !is_embedding(name) {
+                out.push(matrix_diagnostics(name, p, MATRIX_SINGULAR_VALUES)?);
             }
         }
         Ok(out)
@@ -1188,12 +948,13 @@ impl<'a> Trainer<'a> {
         }
     }
 
-    /// Each group's optimizer statistics since the last call.
+    /// The statistics of each Muon and manifold-Muon group since the last call.
     fn optimizer_stats(&mut self) -> BTreeMap<String, OptimizerStats> {
-        self.groups
-            .iter_mut()
-            .filter_map(|g| g.optimizer.take_stats().map(|s| (g.name.clone(), s)))
-            .collect()
+        let matrices: Vec<bool> = (self.optimizer.groups().iter())
+            .map(|g| !matches!(g.update(), Update::AdamW(_)))
+            .collect();
+        let stats = self.optimizer.take_stats().into_iter().zip(matrices);
+        stats.filter_map(|(s, m)| m.then_some(s)).collect()
     }
 
     /// Trains from the current step to the config's `steps` (or to [`Trainer::stop_after`], or
@@ -1217,12 +978,13 @@ impl<'a> Trainer<'a> {
         let end = self
             .stop_after
             .map_or(self.config.steps, |s| s.min(self.config.steps));
-        let params: Vec<Tensor> = self
-            .groups
-            .iter()
-            .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
-            .collect();
-        let dropper = GradientDropper::new(&params)?;
+        if self.optimizer.steps() != self.step {
+            return Err(ModelsError::Optimizer(format!(
+                "the optimizer took {} steps, the trainer {}",
+                self.optimizer.steps(),
+                self.step
+            )));
+        }
         let mut clip_window = self.start_qk_clip(&*task)?;
         if self.config.eval_at_start && self.step == 0 && end > 0 {
             last_eval = Some(self.evaluate(task, &bar, sink)?);
@@ -1232,7 +994,7 @@ impl<'a> Trainer<'a> {
             let i = self.step;
             let t0 = Instant::now();
             let lr = schedule.lr(self.config.lr, i);
-            dropper.drop_gradients()?;
+            self.optimizer.zero_grad().map_err(optim_err)?;
             let batch = self.config.batch_size;
             let (loss, units) = match self.config.precision {
                 TrainPrecision::F32 => task.train_loss(i, batch)?,
@@ -1245,17 +1007,13 @@ impl<'a> Trainer<'a> {
                 return diverge(&bar, sink, i, reason, &clock, last_eval);
             }
             loss.f_backward()?;
-            let grad_norm = tch::no_grad(|| clip_grad_norm(&params, self.config.grad_clip))?;
+            let clip = self.config.grad_clip;
+            let grad_norm = self.optimizer.clip_grad_norm(clip).map_err(optim_err)?;
             if !grad_norm.is_finite() {
                 let reason = format!("gradient norm is {grad_norm}");
                 return diverge(&bar, sink, i, reason, &clock, last_eval);
             }
-            tch::no_grad(|| -> Result<()> {
-                for g in &mut self.groups {
-                    g.optimizer.step(&g.params, schedule.lr(g.lr, i))?;
-                }
-                Ok(())
-            })?;
+            self.optimizer.step().map_err(optim_err)?;
             self.step += 1;
             tch::no_grad(|| task.after_step(self.step))?;
             if let (Some(clip), Some(window)) = (&self.config.qk_clip, &mut clip_window) {
@@ -1488,106 +1246,5 @@ fn human(x: f64) -> String {
         format!("{:.1}k", x / 1e3)
     } else {
         format!("{x:.0}")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tch::Device;
-
-    /// A leaf parameter equal to `p` whose gradient is exactly `g` (the gradient of ⟨p, g⟩).
-    fn param_with_grad(p: &Tensor, g: &Tensor) -> Tensor {
-        let p = p.copy().set_requires_grad(true);
-        (&p * g).sum(p.kind()).backward();
-        p
-    }
-
-    #[test]
-    fn the_adamw_state_round_trips_through_safetensors_fresh_stepped_and_in_the_old_format() {
-        let dir = std::env::temp_dir().join(format!("kappa-adamw-state-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("state.safetensors");
-        let round_trip = |opt: &AdamWGroup| {
-            Tensor::write_safetensors(&opt.state(), &file).unwrap();
-            let saved: HashMap<String, Tensor> = Tensor::read_safetensors(&file)
-                .unwrap()
-                .into_iter()
-                .collect();
-            let mut back = AdamWGroup::new(AdamWConfig::torch());
-            back.load_state(&saved).unwrap();
-            back
-        };
-        // Before the first step: no moments, and the next step starts them.
-        let fresh = AdamWGroup::new(AdamWConfig::torch());
-        assert!(round_trip(&fresh).states.is_empty());
-        let cpu = (Kind::Float, Device::Cpu);
-        let g = Tensor::from_slice(&[1.0f32, -2.0]);
-        let params = [
-            param_with_grad(&Tensor::ones([2], cpu), &g),
-            Tensor::zeros([3], cpu).set_requires_grad(true),
-        ];
-        let mut opt = AdamWGroup::new(AdamWConfig::torch());
-        tch::no_grad(|| opt.step(&params, 1e-2)).unwrap();
-        let back = round_trip(&opt);
-        assert_eq!(back.states.len(), 2);
-        assert_eq!((back.states[0].steps(), back.states[1].steps()), (1, 0));
-        assert!(back.states[0]
-            .exp_avg()
-            .unwrap()
-            .equal(opt.states[0].exp_avg().unwrap()));
-        assert!(back.states[1].exp_avg().is_none());
-        // The earlier format: one step count `t` for the group.
-        let mut old = HashMap::new();
-        old.insert("t".to_string(), Tensor::from_slice(&[4i64]));
-        old.insert("exp_avg.0".to_string(), Tensor::zeros([2], cpu));
-        old.insert("exp_avg_sq.0".to_string(), Tensor::zeros([2], cpu));
-        let mut legacy = AdamWGroup::new(AdamWConfig::torch());
-        legacy.load_state(&old).unwrap();
-        assert_eq!(legacy.states.len(), 1);
-        assert_eq!(legacy.states[0].steps(), 4);
-        old.remove("exp_avg_sq.0");
-        assert!(legacy.load_state(&old).is_err());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn dropped_gradients_are_undefined_and_the_clip_norm_matches_libtorch() {
-        let cpu = (Kind::Float, Device::Cpu);
-        let (a, b) = seeded(2, || {
-            (Tensor::randn([300, 70], cpu), Tensor::randn([9], cpu))
-        });
-        let params = [param_with_grad(&a, &(&a * 3.0)), param_with_grad(&b, &b)];
-        let want = tch::no_grad(|| {
-            let g: f64 = params
-                .iter()
-                .map(|p| {
-                    p.grad()
-                        .to_kind(Kind::Double)
-                        .square()
-                        .sum(Kind::Double)
-                        .double_value(&[])
-                })
-                .sum();
-            g.sqrt()
-        });
-        let before: Vec<Tensor> = params.iter().map(|p| p.grad().copy()).collect();
-        let norm = tch::no_grad(|| clip_grad_norm(&params, 1.0)).unwrap();
-        // Two f64 sums of the same exact squares in different orders: ≤ n·2⁻⁵³ relative each.
-        let n = (300 * 70 + 9) as f64;
-        assert!(
-            (norm - want).abs() <= 2.0 * n * f64::powi(2.0, -53) * want,
-            "{norm} {want}"
-        );
-        let scale = 1.0 / (norm + 1e-6);
-        for (p, g) in params.iter().zip(&before) {
-            assert!(p.grad().equal(&(g * scale)));
-        }
-        let dropper = GradientDropper::new(&params).unwrap();
-        dropper.drop_gradients().unwrap();
-        assert!(params.iter().all(|p| !p.grad().defined()));
-        // The next backward pass stores a fresh gradient (not added to an old one).
-        (&params[1] * 2.0).sum(Kind::Float).backward();
-        assert!(params[1].grad().equal(&Tensor::full([9], 2.0, cpu)));
     }
 }

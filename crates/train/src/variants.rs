@@ -22,8 +22,9 @@ use tch::nn;
 use crate::error::RunError;
 use crate::run::Run;
 use crate::tasks::LanguageModeling;
-use crate::trainer::{seeded, Outcome, ParamGroup, Record, Summary, Task, Trainer};
+use crate::trainer::{seeded, Outcome, Record, Summary, Task, Trainer};
 use crate::TrainConfig;
+use kappa_optim::optimizer::Group;
 
 /// One line of `metrics.jsonl`: a training-loop record or a variant's final summary.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -78,7 +79,7 @@ pub fn train_variant<T: Task, E>(
     variant: VariantId<'_>,
     train: &TrainConfig,
     build: impl FnOnce(&nn::VarStore) -> Result<T, E>,
-    groups: impl FnOnce(&nn::VarStore) -> Result<Vec<ParamGroup>, E>,
+    groups: impl FnOnce(&nn::VarStore) -> Result<Vec<Group>, E>,
     metric: impl FnOnce(&mut T) -> Result<f64, E>,
 ) -> Result<Outcome, E>
 where
@@ -132,7 +133,7 @@ pub fn train_language_model<E>(
     train: &TrainConfig,
     model: GptConfig,
     corpus: TextCorpus,
-    groups: impl FnOnce(&nn::VarStore) -> Result<Vec<ParamGroup>, E>,
+    groups: impl FnOnce(&nn::VarStore) -> Result<Vec<Group>, E>,
     eval_batches: usize,
 ) -> Result<Outcome, E>
 where

@@ -13,9 +13,9 @@ use kappa_optim::{Admm, DualSolver, OnDivergence, Precision};
 use kappa_train::modulewise::ModuleSolvers;
 use kappa_train::trainer::named_trainable;
 use kappa_train::{
-    modulewise_groups, seeded, train_language_model, DivergenceReference, Eval, Geometry,
-    LanguageModeling, Line, ModuleLabel, ModulewiseConfig, Outcome, Preset, Record, Run,
-    RunContext, Task, TrainConfig, Trainer, VariantId,
+    modulewise_groups, modulewise_groups_by, seeded, train_language_model, DivergenceReference,
+    Eval, Geometry, LanguageModeling, Line, ModuleLabel, ModulewiseConfig, Outcome, Preset, Record,
+    Run, RunContext, Task, TrainConfig, Trainer, VariantId,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -237,13 +237,13 @@ fn lr_multipliers_scale_each_labels_peak() {
     cfg.lr_multipliers.mlp_in = 3.0;
     let train = train_config(4);
     for g in modulewise_groups(&vs, &cfg, &train).unwrap() {
-        let expected = match g.name.as_str() {
+        let expected = match g.name() {
             "attn_qkv" => 0.25 * cfg.muon_lr,
             "mlp_in" => 3.0 * cfg.muon_lr,
             "attn_out" | "mlp_out" => cfg.muon_lr,
             _ => train.lr,
         };
-        assert_eq!(g.lr, expected, "{}", g.name);
+        assert_eq!(g.lr(), expected, "{}", g.name());
     }
 }
 
@@ -259,19 +259,22 @@ fn groups_put_constrained_matrices_on_their_manifolds() {
             .map(|(n, t)| (n, tall(&t).copy()))
             .collect();
         let groups = modulewise_groups(&vs, &modulewise(preset), &train_config(4)).unwrap();
+        // The optimizer retracts the constrained matrices when it is built.
+        let opt = kappa_optim::Optimizer::new(groups).unwrap();
+        let groups = opt.groups();
         let a = preset.assignment();
-        for g in &groups {
-            let label = ModuleLabel::of(&g.names[0]).unwrap();
+        for g in groups {
+            let label = ModuleLabel::of(&g.names()[0]).unwrap();
             let geometry = a.geometry(label);
             match geometry {
                 // Each group carries its own peak lr: muon_lr for Muon and manifold groups, the
                 // train config's lr for AdamW groups (the schedule's factor multiplies both).
                 Some(Geometry::Muon | Geometry::Stiefel | Geometry::DGram) => {
-                    assert_eq!(g.lr, 0.02, "{}", g.name)
+                    assert_eq!(g.lr(), 0.02, "{}", g.name())
                 }
-                _ => assert_eq!(g.lr, 6e-4, "{}", g.name),
+                _ => assert_eq!(g.lr(), 6e-4, "{}", g.name()),
             }
-            for (name, p) in g.names.iter().zip(&g.params) {
+            for (name, p) in g.names().iter().zip(g.params()) {
                 let x = || &init[name];
                 match geometry {
                     Some(Geometry::Stiefel) => {
@@ -305,7 +308,7 @@ fn groups_put_constrained_matrices_on_their_manifolds() {
                 }
             }
         }
-        let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
+        let names: Vec<&str> = groups.iter().map(|g| g.name()).collect();
         assert_eq!(
             names,
             [
@@ -494,10 +497,11 @@ fn split_qkv_constrains_each_projection() {
         .map(|(_, t)| t.copy())
         .collect();
     let groups = modulewise_groups(&vs, &cfg, &train_config(4)).unwrap();
-    let qkv = &groups[0];
-    assert_eq!(qkv.name, "attn_qkv");
+    let opt = kappa_optim::Optimizer::new(groups).unwrap();
+    let qkv = &opt.groups()[0];
+    assert_eq!(qkv.name(), "attn_qkv");
     let d = 16;
-    for (p, x) in qkv.params.iter().zip(&init) {
+    for (p, x) in qkv.params().iter().zip(&init) {
         for i in 0..3 {
             // Each d×d slice was retracted on its own: the Polar Express band, its domain
             // checked on the slice of the init.
@@ -508,7 +512,7 @@ fn split_qkv_constrains_each_projection() {
     }
     // The fused block is then not on Stiefel: WᵀW = Σᵢ BᵢᵀBᵢ with every σ(Bᵢ) ∈ [1 − δ, 1 + δ],
     // so 3(1 − δ)² ≤ λ_max(WᵀW) ≤ 3(1 + δ)² and |σ_max − √3| ≤ √3·δ (δ the f32 band).
-    let fused = matrix_diagnostics("fused", &qkv.params[0], 64).unwrap();
+    let fused = matrix_diagnostics("fused", &qkv.params()[0], 64).unwrap();
     let tol = 3f64.sqrt() * PE_F32_BAND;
     assert!(
         (fused.sigma_max - 3f64.sqrt()).abs() <= tol,
@@ -736,16 +740,17 @@ fn an_oblique_assignment_trains_and_keeps_unit_columns() {
     let dir = temp("oblique");
     let (vs, mut task) = lm(&dir);
     let groups = modulewise_groups(&vs, &cfg, &train_config(2)).unwrap();
+    let opt = kappa_optim::Optimizer::new(groups).unwrap();
     let oblique: Vec<&str> = ["attn_qkv", "mlp_out"].into();
-    for g in groups.iter().filter(|g| oblique.contains(&g.name.as_str())) {
-        assert_eq!(g.lr, 0.02, "{}", g.name);
-        for (name, p) in g.names.iter().zip(&g.params) {
+    for g in opt.groups().iter().filter(|g| oblique.contains(&g.name())) {
+        assert_eq!(g.lr(), 0.02, "{}", g.name());
+        for (name, p) in g.names().iter().zip(g.params()) {
             // Retracted at construction: unit columns (mlp.c_proj is wide: unit rows).
             let (e, m) = unit_column_error(p);
             assert!(e <= oblique_f32_bound(m), "{name} init: {e:e}");
         }
     }
-    let mut trainer = Trainer::with_groups(&vs, train_config(2), groups, &context()).unwrap();
+    let mut trainer = Trainer::with_optimizer(&vs, train_config(2), opt, &context()).unwrap();
     let (s, records) = run(&mut trainer, &mut task);
     assert_eq!(s.outcome, Outcome::Completed);
     let mut steps = 0;
@@ -777,4 +782,53 @@ fn an_oblique_assignment_trains_and_keeps_unit_columns() {
             assert!(e <= oblique_f32_bound(m), "{name} after training: {e:e}");
         }
     }
+}
+
+#[test]
+fn modulewise_groups_place_any_model_a_labelling_places_and_name_what_they_cannot() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let root = vs.root();
+    let blocks = &root / "blocks" / "0";
+    let _ = seeded(0, || {
+        (
+            (&blocks / "attn").randn("qkv", &[48, 16], 0.0, 0.02),
+            (&blocks / "mlp").randn("up", &[64, 16], 0.0, 0.02),
+            (&blocks / "mlp").zeros("up_bias", &[64]),
+            root.randn("tok_embeddings", &[20, 16], 0.0, 0.02),
+        )
+    });
+    // kappa's GPT names are not these: every variable is named in the error.
+    let err = modulewise_groups(&vs, &modulewise(Preset::Hetero), &train_config(4))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("4 trainable variable(s) have no module label"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`blocks.0.attn.qkv`") && err.contains("`tok_embeddings`"),
+        "{err}"
+    );
+    let label = |name: &str, t: &Tensor| match name {
+        n if n.ends_with("attn.qkv") => Some(ModuleLabel::AttentionQkv),
+        n if n.ends_with("mlp.up") => Some(ModuleLabel::MlpIn),
+        n if n.contains("embeddings") => Some(ModuleLabel::Embedding),
+        _ if t.dim() == 1 => Some(ModuleLabel::Bias),
+        _ => None,
+    };
+    let cfg = modulewise(Preset::Hetero);
+    let groups = modulewise_groups_by(&vs, &cfg, &train_config(4), label).unwrap();
+    let names: Vec<(&str, usize)> = groups.iter().map(|g| (g.name(), g.names().len())).collect();
+    assert_eq!(
+        names,
+        [
+            ("attn_qkv", 1),
+            ("mlp_in", 1),
+            ("embedding", 1),
+            ("gain_bias", 1)
+        ]
+    );
+    let opt = kappa_optim::Optimizer::new(groups).unwrap();
+    // HETERO: Stiefel attention (retracted when the optimizer was built).
+    assert_on_stiefel("blocks.0.attn.qkv", &opt.groups()[0].params()[0]);
 }

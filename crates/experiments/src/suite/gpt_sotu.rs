@@ -88,7 +88,7 @@ impl Experiment for GptSotu {
                 index: i,
                 name: &variant.name,
             };
-            let groups = |vs: &nn::VarStore| Ok(adamw_groups(vs, train));
+            let groups = |vs: &nn::VarStore| Ok(adamw_groups(vs, train)?);
             train_language_model::<anyhow::Error>(
                 run,
                 id,

@@ -61,6 +61,7 @@ pub fn matches(pattern: &str, name: &str) -> bool {
 pub struct Rule {
     group: String,
     patterns: Vec<String>,
+    except: Vec<String>,
     ranks: (usize, usize),
     update: Update,
     lr: f64,
@@ -75,6 +76,7 @@ impl Rule {
         Self {
             group: group.into(),
             patterns: Vec::new(),
+            except: Vec::new(),
             ranks: (0, usize::MAX),
             update,
             lr,
@@ -97,6 +99,12 @@ impl Rule {
     /// Only parameters whose name matches one of `patterns` (module docs).
     pub fn names<S: Into<String>>(mut self, patterns: impl IntoIterator<Item = S>) -> Self {
         self.patterns = patterns.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// No parameter whose name matches one of `patterns`.
+    pub fn except<S: Into<String>>(mut self, patterns: impl IntoIterator<Item = S>) -> Self {
+        self.except = patterns.into_iter().map(Into::into).collect();
         self
     }
 
@@ -135,6 +143,7 @@ impl Rule {
     pub fn takes(&self, name: &str, rank: usize) -> bool {
         (self.ranks.0..=self.ranks.1).contains(&rank)
             && (self.patterns.is_empty() || self.patterns.iter().any(|p| matches(p, name)))
+            && !self.except.iter().any(|p| matches(p, name))
     }
 
     fn empty_group(&self) -> Group {
