@@ -38,7 +38,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, BenchmarkId, Criterion};
-use kappa_benches::paired::{alternate_settled, cpu_model, ratios, seconds, Spread};
+use kappa_benches::paired::{cpu_model, ratios, seconds, Spread};
 use kappa_benches::peer::{reference_command, Peer};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, shape_id};
 use kappa_linalg::tch_backend::tensor_from_array;
@@ -253,18 +253,9 @@ fn paired_per_call(
     b: &mut dyn FnMut(),
     pairs: usize,
 ) -> (Spread, Spread, Spread) {
-    let calls = |f: &mut dyn FnMut()| {
-        f();
-        ((SAMPLE_SECONDS / seconds(f).max(1e-7)).ceil() as usize).max(1)
-    };
-    let (na, nb) = (calls(a), calls(b));
-    let mut many_a = || (0..na).for_each(|_| a());
-    let mut many_b = || (0..nb).for_each(|_| b());
     let settle = (tch::get_num_threads() > 1).then_some(Duration::from_millis(200));
-    let (ta, tb) = alternate_settled(&mut many_a, &mut many_b, 1, pairs, settle);
-    let ta: Vec<f64> = ta.iter().map(|t| t / na as f64).collect();
-    let tb: Vec<f64> = tb.iter().map(|t| t / nb as f64).collect();
-    (Spread::of(ratios(&ta, &tb)), Spread::of(ta), Spread::of(tb))
+    let [r, ta, tb] = kappa_benches::paired::per_call(a, b, 1, pairs, settle, SAMPLE_SECONDS);
+    (r, ta, tb)
 }
 
 /// One row of the batched comparison: a `layers`-deep, `d`-wide GPT's matrices stepped one call

@@ -105,7 +105,7 @@ use std::time::{Duration, Instant};
 
 use kappa_benches::configure_threads;
 use kappa_benches::gpt2::{leaf_with_grad, var_store_with_grads, Gpt2Shape};
-use kappa_benches::paired::{alternate_settled, cpu_model, ratios, seconds, Spread};
+use kappa_benches::paired::{cpu_model, ratios, seconds, Spread};
 use kappa_benches::peer::{reference_command, Peer};
 use kappa_optim::optimizer::{Axis, Group, Grouping, MatrixSpec, Optimizer, Update};
 use kappa_optim::{
@@ -377,17 +377,7 @@ fn paired_calls(
     pairs: usize,
     settle: Option<Duration>,
 ) -> [Spread; 3] {
-    let calls = |f: &mut dyn FnMut()| {
-        f();
-        ((SAMPLE_SECONDS / seconds(f).max(1e-7)).ceil() as usize).max(1)
-    };
-    let (na, nb) = (calls(a), calls(b));
-    let mut many_a = || (0..na).for_each(|_| a());
-    let mut many_b = || (0..nb).for_each(|_| b());
-    let (ta, tb) = alternate_settled(&mut many_a, &mut many_b, 0, pairs, settle);
-    let ta: Vec<f64> = ta.iter().map(|t| t / na as f64).collect();
-    let tb: Vec<f64> = tb.iter().map(|t| t / nb as f64).collect();
-    [Spread::of(ratios(&ta, &tb)), Spread::of(ta), Spread::of(tb)]
+    kappa_benches::paired::per_call(a, b, 0, pairs, settle, SAMPLE_SECONDS)
 }
 
 // ---------------------------------------------------------------------------------------------

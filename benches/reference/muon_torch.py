@@ -28,25 +28,9 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch
 import torch.optim._muon as muon_module
+from torch_newton_schulz import newton_schulz_f32
 
 SHIPPED_NEWTON_SCHULZ = muon_module._zeropower_via_newtonschulz
-
-
-def newton_schulz_f32(grad, ns_coefficients, ns_steps, eps):
-    """The quintic iteration torch.optim.Muon runs, in float32: X = G/‖G‖_F in the wide
-    orientation, then per step A = X Xᵀ, B = b·A + c·A², X = a·X + B·X (one product and two
-    addmm, as the shipped function does them in bfloat16)."""
-    a, b, c = ns_coefficients
-    x = grad.float()
-    tall = x.size(0) > x.size(1)
-    if tall:
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, poly, x, beta=a)
-    return x.T if tall else x
 
 
 def setup(shapes, precision):

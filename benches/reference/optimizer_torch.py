@@ -39,30 +39,13 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch
 import torch.optim._muon as muon_module
+from torch_newton_schulz import newton_schulz
 
 # The perturbation of the probe relative to each input's largest entry: f32's unit roundoff.
 PROBE = 2.0**-24
 
 # The groups, named as kappa's `Grouping::muon_adamw` names them.
 GROUPS = ("muon", "adamw", "adamw_no_decay")
-
-
-def newton_schulz(grad, ns_coefficients, ns_steps, eps):
-    """torch.optim.Muon's `_zeropower_via_newtonschulz` in the type of `grad` (torch's casts to
-    bfloat16): X = G/max(‖G‖_F, eps) in the wide orientation, then per step A = X Xᵀ,
-    B = b·A + c·A², X = a·X + B·X (one product and two addmm, as torch's). On f32 tensors it is
-    benches/reference/muon_torch.py's `newton_schulz_f32`."""
-    a, b, c = ns_coefficients
-    x = grad
-    tall = x.size(0) > x.size(1)
-    if tall:
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, poly, x, beta=a)
-    return x.T if tall else x
 
 
 def group_of(name, shape):

@@ -1,5 +1,11 @@
 //! kappa-benches: shared helpers for the criterion benchmarks (threads, inputs, summaries).
 
+// kappa-models names libtorch_cpu among its native libraries, which keeps libtorch's GEMMs on
+// libtorch's MKL in every binary that links it (docs/architecture.md, "libtorch keeps its own
+// BLAS"); rustc links only the crates a binary references, so this crate references it for every
+// bench binary (`tests/blas_binding.rs` checks the result).
+extern crate kappa_models as _;
+
 pub mod gpt2;
 pub mod paired;
 pub mod peer;

@@ -100,6 +100,30 @@ pub fn alternate_settled(
     (ta, tb)
 }
 
+/// `a` and `b` alternated in `pairs` pairs ([`alternate_settled`] with `warmup` and `settle`),
+/// each sample the mean of as many calls as fill `sample_seconds` (counted once per side from a
+/// warm call): the per-pair ratio a/b and each side's seconds per call.
+pub fn per_call(
+    a: &mut dyn FnMut(),
+    b: &mut dyn FnMut(),
+    warmup: usize,
+    pairs: usize,
+    settle: Option<std::time::Duration>,
+    sample_seconds: f64,
+) -> [Spread; 3] {
+    let calls = |f: &mut dyn FnMut()| {
+        f();
+        ((sample_seconds / seconds(f).max(1e-7)).ceil() as usize).max(1)
+    };
+    let (na, nb) = (calls(a), calls(b));
+    let mut many_a = || (0..na).for_each(|_| a());
+    let mut many_b = || (0..nb).for_each(|_| b());
+    let (ta, tb) = alternate_settled(&mut many_a, &mut many_b, warmup, pairs, settle);
+    let ta: Vec<f64> = ta.iter().map(|t| t / na as f64).collect();
+    let tb: Vec<f64> = tb.iter().map(|t| t / nb as f64).collect();
+    [Spread::of(ratios(&ta, &tb)), Spread::of(ta), Spread::of(tb)]
+}
+
 /// The per-pair ratios `num[i] / den[i]`.
 pub fn ratios(num: &[f64], den: &[f64]) -> Vec<f64> {
     num.iter().zip(den).map(|(n, d)| n / d).collect()
