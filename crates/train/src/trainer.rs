@@ -842,16 +842,16 @@ impl<'a> Trainer<'a> {
                  earlier kappa version, which this one cannot resume (start the run over)"
             )));
         }
+        let optimizer_steps = state["step"].f_int64_value(&[0]).ok();
+        if optimizer_steps != Some(step as i64) {
+            return Err(err(format!(
+                "its optimizer's `{CKPT_OPTIM}step` ({optimizer_steps:?}) is not its step {step}"
+            )));
+        }
         // The optimizer checks its whole state before it changes anything; then the weights.
         self.optimizer
             .load_state_dict(&state)
             .map_err(|e| err(e.to_string()))?;
-        if self.optimizer.steps() != step {
-            return Err(err(format!(
-                "its optimizer took {} steps, its trainer {step}",
-                self.optimizer.steps()
-            )));
-        }
         let vars = self.vs.variables();
         tch::no_grad(|| -> Result<()> {
             for (name, var) in &vars {
