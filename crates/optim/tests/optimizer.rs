@@ -167,9 +167,13 @@ fn n_d_weights_step_each_batch_matrix_alone() {
     check_blocks(&[3, 12, 8], MatrixSpec::batched(&[0], &[1], &[2]), |t| {
         (0..3).map(|e| t.select(0, e)).collect()
     });
-    // The batch axis last: a permuted copy, written back.
+    // The batch axis last: strided views.
     check_blocks(&[12, 8, 3], MatrixSpec::batched(&[2], &[0], &[1]), |t| {
         (0..3).map(|e| t.select(2, e)).collect()
+    });
+    // Rows from two axes storage does not keep together: a permuted copy, written back.
+    check_blocks(&[4, 3, 6], MatrixSpec::batched(&[], &[0, 2], &[1]), |t| {
+        vec![t.permute([0, 2, 1]).reshape([24, 3])]
     });
     // A conv kernel flattened to (out, in·kh·kw).
     check_blocks(&[8, 2, 3, 3], MatrixSpec::matrix(), |t| {

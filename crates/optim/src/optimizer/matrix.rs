@@ -17,9 +17,10 @@
 //! | fused QKV, per head | `… .split(Axis::Rows, [d, d, d]).heads(Axis::Rows, h)`: 3h blocks (d/h)×d |
 //! | output projection (d, d), per head | `MatrixSpec::matrix().heads(Axis::Cols, h)` |
 //!
-//! When the axes are in storage order (batch, then rows, then columns, the common case) the
-//! blocks are views of the parameter and are updated in place; otherwise the optimizer steps a
-//! permuted copy and writes it back.
+//! When the permuted parameter can be viewed as B×m×n without a copy (always when the axes are in
+//! storage order, the common case, and whenever batch, rows and columns are one axis each) the
+//! blocks are views of the parameter and are updated in place; otherwise (an axis group that
+//! storage does not keep together) the optimizer steps a permuted copy and writes it back.
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
@@ -372,12 +373,19 @@ mod tests {
     }
 
     #[test]
-    fn a_permuted_spec_steps_a_copy() {
+    fn a_permuted_spec_is_a_strided_view_or_a_copy_written_back() {
+        let t = Tensor::arange(60, (tch::Kind::Float, tch::Device::Cpu)).view([3, 4, 5]);
+        // One axis per role: a permutation, still a view of `t`.
         let r = MatrixSpec::batched(&[2], &[0], &[1])
             .resolve(&[3, 4, 5])
             .unwrap();
         assert_eq!(r.shape, [5, 3, 4]);
-        let t = Tensor::arange(60, (tch::Kind::Float, tch::Device::Cpu)).view([3, 4, 5]);
+        assert!(r.stack(&t, "w").unwrap().1);
+        // Rows from axes 0 and 2, which storage does not keep together: a copy.
+        let r = MatrixSpec::batched(&[], &[0, 2], &[1])
+            .resolve(&[3, 4, 5])
+            .unwrap();
+        assert_eq!(r.shape, [1, 15, 4]);
         let (stack, view) = r.stack(&t, "w").unwrap();
         assert!(!view);
         let _ = stack.shallow_clone().f_mul_scalar_(2.0).unwrap();
