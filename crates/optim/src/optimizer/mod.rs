@@ -19,7 +19,7 @@
 //! # Groups
 //!
 //! A [`Group`] is named tensors stepped by one [`Update`] — Muon (and its variants through
-//! [`MuonConfig`]: NorMuon, cautious weight decay, every msign), manifold Muon, or AdamW — at one
+//! [`MuonConfig`](crate::MuonConfig): NorMuon, cautious weight decay, every msign), manifold Muon, or AdamW — at one
 //! peak learning rate. [`Grouping`] builds groups from rules on names and ranks ([`rules`]);
 //! [`Optimizer::new`] takes groups built any way. Muon and manifold Muon see each parameter as
 //! the matrices a [`MatrixSpec`] cuts it into: per head, per block of a fused QKV weight, per
