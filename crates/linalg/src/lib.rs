@@ -84,7 +84,7 @@ pub use aol::{
     TURBO_MUON_COEFFICIENTS, TURBO_MUON_STEPS,
 };
 #[cfg(feature = "tch")]
-pub use batched::{newton_schulz_batched, newton_schulz_each};
+pub use batched::{newton_schulz_batched, newton_schulz_each, slices_go_alone};
 pub use blas::{blas_report, BlasReport, KernelSelection, VectorLevel};
 pub use cond::{
     condition_number, condition_number_with, conditioning, conditioning_from_singular_values,

@@ -59,7 +59,7 @@ impl Muon {
         lr_multiplier: f64,
     ) -> Result<Vec<MuonStep>> {
         let mut c = self.scaled_config(lr_multiplier)?;
-        let stacked = check_batch(ws, grads, states)?;
+        check_batch_shape(ws, grads.len(), states.len())?;
         let Some(first) = ws.first() else {
             return Ok(Vec::new());
         };
@@ -67,6 +67,10 @@ impl Muon {
             // One working type for the whole batch, whichever path prepares it.
             c.precision = batch_precision(first, ws.len(), c.precision);
         }
+        if slices_alone(first, &c)? {
+            return step_each(c, ws, grads, states);
+        }
+        let stacked = check_batch(ws, grads, states)?;
         let precision = first.working_name(c.precision)?;
         let bank = match stacked {
             Some(stacked) => step_bank(&c, ws, states, stacked)?,
@@ -95,6 +99,39 @@ impl Muon {
         }
         Ok(steps)
     }
+}
+
+/// Whether the batched Newton–Schulz call would orthogonalize the batch's matrices one by one
+/// anyway ([`kappa_linalg::slices_go_alone`] for the working type `c.precision` gives `first`):
+/// then stacking them buys nothing and costs copies.
+fn slices_alone(first: &Tensor, c: &MuonConfig) -> Result<bool> {
+    if batched_schedule(c.msign).is_none() {
+        return Ok(false);
+    }
+    let kind = match first.working_name(c.precision)? {
+        "bf16" => Kind::BFloat16,
+        "f64" => Kind::Double,
+        _ => Kind::Float,
+    };
+    let like = Tensor::f_empty([0], (kind, first.device())).map_err(libtorch("ws"))?;
+    let (m, n) = first.shape();
+    Ok(kappa_linalg::slices_go_alone(&like, m, n))
+}
+
+/// [`Muon::step`] on each matrix in turn at `c` (the batch's scaled config and working type),
+/// after every matrix's inputs are checked, so an error changes nothing.
+fn step_each(
+    c: MuonConfig,
+    ws: &mut [Tensor],
+    grads: &[Tensor],
+    states: &mut [MuonState<Tensor>],
+) -> Result<Vec<MuonStep>> {
+    for ((w, g), s) in ws.iter().zip(grads).zip(states.iter()) {
+        check_step_inputs(w, g, s.buffer())?;
+    }
+    let muon = Muon::new(c)?;
+    let jobs = ws.iter_mut().zip(grads).zip(states.iter_mut());
+    jobs.map(|((w, g), s)| muon.step(w, g, s)).collect()
 }
 
 /// The gradients and momentum buffers of a checked batch, each stacked as one (B·m)×n matrix

@@ -185,3 +185,48 @@ fn bad_batches_are_rejected_before_anything_changes() {
         .all(|s| s.steps() == 0 && s.buffer().is_none()));
     assert!(muon.step_batch(&mut [], &[], &mut []).unwrap().is_empty());
 }
+
+/// Matrices large enough that the batched Newton–Schulz would orthogonalize them one by one
+/// (`kappa_linalg::slices_go_alone`: r²s ≥ 2²², here 64²·1024) are stepped one by one without
+/// stacking: bit for bit `Muon::step`'s results, and a NaN in the last gradient changes nothing.
+#[test]
+fn a_batch_of_large_matrices_is_stepped_one_by_one_with_the_same_bits() {
+    let muon = Muon::new(MuonConfig {
+        precision: Precision::F32,
+        ..MuonConfig::keller()
+    })
+    .unwrap();
+    let like = Tensor::zeros([0], (Kind::Float, Device::Cpu));
+    if !kappa_linalg::slices_go_alone(&like, 64, 1024) {
+        eprintln!("skipped: no symmetric product for f32 tensors here, so the batch is stacked");
+        return;
+    }
+    let mut draws = Draws(900);
+    let ws: Vec<Tensor> = (0..3)
+        .map(|_| draws.next([64, 1024], Kind::Float))
+        .collect();
+    let grads: Vec<Tensor> = (0..3)
+        .map(|_| draws.next([64, 1024], Kind::Float))
+        .collect();
+    let mut batched: Vec<Tensor> = ws.iter().map(Tensor::copy).collect();
+    let mut states: Vec<MuonState<Tensor>> = (0..3).map(|_| MuonState::new()).collect();
+    for _ in 0..2 {
+        muon.step_batch(&mut batched, &grads, &mut states).unwrap();
+    }
+    for (i, (w, g)) in ws.iter().zip(&grads).enumerate() {
+        let (mut one, mut state) = (w.copy(), MuonState::new());
+        for _ in 0..2 {
+            muon.step(&mut one, g, &mut state).unwrap();
+        }
+        assert!(one.equal(&batched[i]), "matrix {i}");
+    }
+    let before: Vec<Tensor> = batched.iter().map(Tensor::copy).collect();
+    let bad = grads.iter().map(Tensor::copy).collect::<Vec<_>>();
+    let _ = bad[2].get(5).get(7).fill_(f64::NAN);
+    let err = muon
+        .step_batch(&mut batched, &bad, &mut states)
+        .unwrap_err();
+    assert!(err.to_string().contains("grad"), "{err}");
+    assert!(batched.iter().zip(&before).all(|(a, b)| a.equal(b)));
+    assert!(states.iter().all(|s| s.steps() == 2));
+}
