@@ -17,7 +17,7 @@
 //! | `Exact` | polar factor U·Vᵀ of the SVD (LAPACK on `ndarray`, libtorch on tensors), null directions kept at 0 | 1 to rounding (f64: 1e-12), 0 for σ ≤ τ |
 //! | `MuonQuintic` | 5 steps of p(x) = 3.4445x − 4.7750x³ + 2.0315x⁵ after X/‖X‖_F (exact, scale-invariant) | in [0.6818, 1.1344] for σ/‖X‖_F ≥ 0.0052 (not 1: the coefficients sum to 0.701) |
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
-//! | `PolarExpressDesigned { lower, steps, safety }` | a schedule generated for σ/‖X‖_F ∈ [ℓ, 1] ([`kappa_linalg::PolarExpressSpec`], degree 5, cushion 0.024, the public generator's safety rule [`kappa_linalg::SafetyRule::InDesign`]; cached), normalization s·‖X‖_F | inside the predicted band [`kappa_linalg::PolarExpressDesign::bands`] for σ/‖X‖_F ∈ [ℓ, 1] (f64) |
+//! | `PolarExpressDesigned { lower, steps, safety, cushion, rule }` | a schedule generated for σ/‖X‖_F ∈ [ℓ, 1] ([`kappa_linalg::PolarExpressSpec`], degree 5; cushion 0.024 and the public generator's safety rule [`kappa_linalg::SafetyRule::InDesign`] unless set: [`Msign::designed`]; [`Msign::modded_nanogpt`] is modded-nanogpt's table; cached), normalization s·‖X‖_F | inside the predicted band [`kappa_linalg::PolarExpressDesign::bands`] for σ/‖X‖_F ∈ [ℓ, 1] (f64) |
 //! | `Aol { steps }` (`lower` absent) | Turbo-Muon: X·D, D = diag(Σ_i \|(XᵀX)_ij\|)^{-1/2} (small side; ‖X·D‖₂ ≤ 1) in place of X/‖X‖_F, then the last `steps` of the Turbo-Muon list ([`kappa_linalg::aol_newton_schulz`]) | computes msign(X·D) ≠ msign(X); 96×256 Gaussian, 4 steps: σ ∈ [0.978, 1.032] (NS5 [0.682, 1.134]), ⟨X, O⟩/‖X‖_* 0.966 (NS5 0.725), ‖msign(XD) − msign(X)‖_F/‖msign(X)‖_F 0.009; κ = 1e4: σ ∈ [0.0104, 1.144], quality 0.870 (NS5 0.743), distance 0.117 |
 //! | `Aol { steps, lower: ℓ }` | the same AOL rescaling, then Polar Express designed for σ(X·D) ∈ [ℓ, 1] (no safety factor); [`Msign::aol_short`] = 3 steps at ℓ = 0.03 | computes msign(X·D); 3 steps at ℓ = 0.03 (f64, square and tall Gaussians and κ = 1e4, 96×256 to 512²): σ_max ≤ 1.036, ⟨X, O⟩/(‖X‖_*·σ_max(O)) 0.942–0.965 (NS5 0.690–0.851, Turbo ×4 0.867–0.970), smallest σ 2.1–5.2× below NS5's where σ(X·D) ≪ ℓ |
 //! | `GramAol { steps, restart, lower }` | `Aol { steps, lower }` run as Gram Newton–Schulz ([`kappa_linalg::aol_gram_newton_schulz`]): the AOL Gram matrix D·A·D starts the first block, r×r products only, re-formed every `restart` steps (at most 2 in bf16) | as `Aol { steps, lower }` to its rounding (the same map of X·D) |
@@ -75,7 +75,7 @@
 use kappa_linalg::input::InputError;
 use kappa_linalg::{
     aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz, Matrix,
-    NsSchedule, PolarExpressSpec, GRAM_NS_RESTART,
+    NsSchedule, PolarExpressSpec, SafetyRule, GRAM_NS_RESTART, POLAR_EXPRESS_CUSHION,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -136,8 +136,8 @@ pub enum Msign {
         restart: usize,
     },
     /// Polar Express with a schedule generated for these bounds
-    /// ([`kappa_linalg::PolarExpressSpec::new`]: degree 5, the paper's cushion, the public
-    /// generator's safety rule [`kappa_linalg::SafetyRule::InDesign`]): designed for
+    /// ([`kappa_linalg::PolarExpressSpec`]: degree 5, with `cushion` and `rule`; by default the
+    /// paper's cushion and the public generator's rule, [`Msign::designed`]): designed for
     /// σ/‖X‖_F ∈ [`lower`, 1]. The paper's run-time table is `PolarExpress { steps }` (the
     /// generator's other rule, [`kappa_linalg::SafetyRule::AfterDesign`]). Generated schedules
     /// are cached per parameter set.
@@ -148,6 +148,14 @@ pub enum Msign {
         steps: usize,
         /// Safety factor s ≥ 1 (1.01 in the paper; 1 turns it off).
         safety: f64,
+        /// The cushion κ ∈ [0, 1) ([`kappa_linalg::POLAR_EXPRESS_CUSHION`] by default, the
+        /// serde default; modded-nanogpt's table was generated with 0.02).
+        #[serde(default = "paper_cushion", skip_serializing_if = "is_paper_cushion")]
+        cushion: f64,
+        /// How s enters the schedule ([`SafetyRule::InDesign`] by default; serde `in_design`,
+        /// `after_design`).
+        #[serde(default, with = "safety_rule", skip_serializing_if = "is_in_design")]
+        rule: SafetyRule,
     },
     /// AOL-preconditioned Newton–Schulz ([`kappa_linalg::aol_newton_schulz`], "Turbo-Muon"):
     /// X·D with D = diag(Σ_i |(XᵀX)_ij|)^{-1/2} on the small side in place of X/‖X‖_F, then
@@ -180,6 +188,31 @@ pub enum Msign {
 }
 
 impl Msign {
+    /// Polar Express designed for σ/‖X‖_F ∈ [`lower`, 1] in `steps` steps with safety factor
+    /// `safety`, the paper's cushion and the public generator's rule
+    /// ([`Msign::PolarExpressDesigned`]).
+    pub const fn designed(lower: f64, steps: usize, safety: f64) -> Self {
+        Msign::PolarExpressDesigned {
+            lower,
+            steps,
+            safety,
+            cushion: POLAR_EXPRESS_CUSHION,
+            rule: SafetyRule::InDesign,
+        }
+    }
+
+    /// modded-nanogpt's Polar Express: ℓ = 10⁻³, 5 steps, s = 1.02, cushion 0.02, the public
+    /// generator's rule — the schedule of its `polar_express_coeffs` table.
+    pub const fn modded_nanogpt() -> Self {
+        Msign::PolarExpressDesigned {
+            lower: 1e-3,
+            steps: 5,
+            safety: 1.02,
+            cushion: 0.02,
+            rule: SafetyRule::InDesign,
+        }
+    }
+
     /// Polar Express with 10 steps, the paper's msign.
     pub const fn polar_express() -> Self {
         Msign::PolarExpress { steps: 10 }
@@ -273,10 +306,12 @@ impl Msign {
                 lower,
                 steps,
                 safety,
-            } => designed_schedule(lower, steps, safety),
+                cushion,
+                rule,
+            } => designed_schedule(designed_spec(lower, steps, safety, cushion, rule)),
             Msign::Aol { steps, lower } | Msign::GramAol { steps, lower, .. } => match lower {
                 None => NsSchedule::turbo_muon(steps).ok(),
-                Some(lower) => designed_schedule(lower, steps, 1.0),
+                Some(lower) => designed_schedule(PolarExpressSpec::new(lower, 5, steps, 1.0)),
             },
         }
     }
@@ -299,7 +334,16 @@ impl Msign {
                 lower,
                 steps,
                 safety,
-            } => validate_designed(lower, steps, safety),
+                cushion,
+                ..
+            } => validate_designed(lower, steps, safety).and_then(|()| {
+                Ok(check_range(
+                    "msign.cushion",
+                    cushion,
+                    0.0,
+                    1.0 - f64::EPSILON,
+                )?)
+            }),
             Msign::Aol { steps, lower } => validate_aol(steps, lower),
             Msign::GramAol {
                 steps,
@@ -381,27 +425,81 @@ fn validate_designed(lower: f64, steps: usize, safety: f64) -> Result<()> {
 /// The most generated schedules kept (distinct parameter sets; beyond it they are regenerated).
 const DESIGN_CACHE_CAP: usize = 64;
 
-/// The generated schedule for (ℓ, steps, s), degree 5, from a process-wide cache (a 10-step
-/// design took ≈ 13 µs when measured, more than the whole msign of an 8×8 matrix, ≈ 5 µs).
-/// `None` for parameters [`validate_designed`] rejects.
-fn designed_schedule(lower: f64, steps: usize, safety: f64) -> Option<NsSchedule> {
-    type Cache = Mutex<HashMap<(u64, usize, u64), NsSchedule>>;
+/// The spec of a designed schedule: degree 5, with its cushion and safety rule.
+fn designed_spec(
+    lower: f64,
+    steps: usize,
+    safety: f64,
+    cushion: f64,
+    rule: SafetyRule,
+) -> PolarExpressSpec {
+    PolarExpressSpec::new(lower, 5, steps, safety)
+        .with_cushion(cushion)
+        .with_rule(rule)
+}
+
+/// The generated schedule of `spec`, from a process-wide cache (a 10-step design took ≈ 13 µs
+/// when measured, more than the whole msign of an 8×8 matrix, ≈ 5 µs). `None` for parameters
+/// [`validate_designed`] rejects.
+fn designed_schedule(spec: PolarExpressSpec) -> Option<NsSchedule> {
+    type Key = (u64, usize, usize, u64, u64, bool);
+    type Cache = Mutex<HashMap<Key, NsSchedule>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
-    let key = (lower.to_bits(), steps, safety.to_bits());
+    let key = (
+        spec.lower.to_bits(),
+        spec.degree,
+        spec.steps,
+        spec.safety.to_bits(),
+        spec.cushion.to_bits(),
+        spec.rule == SafetyRule::InDesign,
+    );
     let cache = CACHE.get_or_init(Cache::default);
     // A poisoned lock only means another thread panicked while holding it; the map is intact.
     if let Some(s) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Some(s.clone());
     }
-    let schedule = PolarExpressSpec::new(lower, 5, steps, safety)
-        .design()
-        .ok()?
-        .schedule;
+    let schedule = spec.design().ok()?.schedule;
     let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
     if map.len() < DESIGN_CACHE_CAP {
         map.insert(key, schedule.clone());
     }
     Some(schedule)
+}
+
+fn paper_cushion() -> f64 {
+    POLAR_EXPRESS_CUSHION
+}
+
+fn is_paper_cushion(c: &f64) -> bool {
+    c.to_bits() == POLAR_EXPRESS_CUSHION.to_bits()
+}
+
+fn is_in_design(r: &SafetyRule) -> bool {
+    *r == SafetyRule::InDesign
+}
+
+/// [`SafetyRule`] as `in_design` / `after_design` (kappa-linalg has no serde).
+mod safety_rule {
+    use kappa_linalg::SafetyRule;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(rule: &SafetyRule, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match rule {
+            SafetyRule::InDesign => "in_design",
+            SafetyRule::AfterDesign => "after_design",
+        })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SafetyRule, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "in_design" => Ok(SafetyRule::InDesign),
+            "after_design" => Ok(SafetyRule::AfterDesign),
+            other => Err(serde::de::Error::unknown_variant(
+                other,
+                &["in_design", "after_design"],
+            )),
+        }
+    }
 }
 
 /// Frobenius norms outside this range are brought into [0.5, 2) by an exact power of two before

@@ -265,11 +265,7 @@ fn the_zero_matrix_maps_to_zero() {
 /// The designed Polar Express and AOL variants: serde names, validation, flops, schedules.
 #[test]
 fn designed_and_aol_variants_round_trip_and_validate() {
-    let designed = Msign::PolarExpressDesigned {
-        lower: 1e-3,
-        steps: 10,
-        safety: 1.01,
-    };
+    let designed = Msign::designed(1e-3, 10, 1.01);
     for (m, json) in [
         (
             designed,
@@ -292,31 +288,11 @@ fn designed_and_aol_variants_round_trip_and_validate() {
     let pe: Msign = serde_json::from_str(r#"{"polar_express":{"steps":10}}"#).unwrap();
     assert_eq!(pe, Msign::polar_express());
     for bad in [
-        Msign::PolarExpressDesigned {
-            lower: 0.0,
-            steps: 10,
-            safety: 1.01,
-        },
-        Msign::PolarExpressDesigned {
-            lower: 1.0,
-            steps: 10,
-            safety: 1.01,
-        },
-        Msign::PolarExpressDesigned {
-            lower: 1e-3,
-            steps: 0,
-            safety: 1.01,
-        },
-        Msign::PolarExpressDesigned {
-            lower: 1e-3,
-            steps: 10,
-            safety: 0.5,
-        },
-        Msign::PolarExpressDesigned {
-            lower: 1e-3,
-            steps: 10,
-            safety: f64::NAN,
-        },
+        Msign::designed(0.0, 10, 1.01),
+        Msign::designed(1.0, 10, 1.01),
+        Msign::designed(1e-3, 0, 1.01),
+        Msign::designed(1e-3, 10, 0.5),
+        Msign::designed(1e-3, 10, f64::NAN),
         Msign::Aol {
             steps: 0,
             lower: None,
@@ -461,16 +437,7 @@ fn aol_variant_is_the_linalg_routine() {
     let o = msign(&x, Msign::aol(), Precision::Native).unwrap();
     let direct = kappa_linalg::aol_newton_schulz(&x, &NsSchedule::turbo_muon(4).unwrap()).unwrap();
     assert_eq!(o, direct);
-    let d = msign(
-        &x,
-        Msign::PolarExpressDesigned {
-            lower: 1e-3,
-            steps: 10,
-            safety: 1.01,
-        },
-        Precision::Native,
-    )
-    .unwrap();
+    let d = msign(&x, Msign::designed(1e-3, 10, 1.01), Precision::Native).unwrap();
     let p = msign(&x, Msign::polar_express(), Precision::Native).unwrap();
     assert_eq!(d.dim(), p.dim());
 }
@@ -504,4 +471,56 @@ fn the_clamped_quintic_is_the_plain_one_above_eps_and_divides_by_eps_below() {
     assert!(d <= tol, "{d:e} > {tol:e}");
     // The plain quintic divides by ‖X‖_F instead, and lands elsewhere.
     assert!(max_abs_diff(&run(&tiny, Msign::MuonQuintic), &want) > 0.1);
+}
+
+/// `Msign::modded_nanogpt()` runs kappa-linalg's design for modded-nanogpt's setting (ℓ = 10⁻³,
+/// 5 steps, s = 1.02, cushion 0.02, the public generator's rule; that design is checked against
+/// the published table in kappa-linalg's tests); the cushion and the rule are serde fields that a
+/// config may leave out, and a cushion outside [0, 1) is refused.
+#[test]
+fn the_designed_msign_takes_a_cushion_and_a_safety_rule() {
+    let spec = |rule| {
+        kappa_linalg::PolarExpressSpec::new(1e-3, 5, 5, 1.02)
+            .with_cushion(0.02)
+            .with_rule(rule)
+    };
+    let modded = Msign::modded_nanogpt();
+    assert_eq!(
+        ns(modded),
+        spec(kappa_linalg::SafetyRule::InDesign)
+            .design()
+            .unwrap()
+            .schedule
+    );
+    let after = Msign::PolarExpressDesigned {
+        lower: 1e-3,
+        steps: 5,
+        safety: 1.02,
+        cushion: 0.02,
+        rule: kappa_linalg::SafetyRule::AfterDesign,
+    };
+    assert_eq!(
+        ns(after),
+        spec(kappa_linalg::SafetyRule::AfterDesign)
+            .design()
+            .unwrap()
+            .schedule
+    );
+    assert_ne!(ns(after), ns(modded));
+    let json = r#"{"polar_express_designed":{"lower":0.001,"steps":5,"safety":1.02,"cushion":0.02,"rule":"after_design"}}"#;
+    assert_eq!(serde_json::to_string(&after).unwrap(), json);
+    assert_eq!(serde_json::from_str::<Msign>(json).unwrap(), after);
+    let bad_rule = json.replace("after_design", "sideways");
+    assert!(serde_json::from_str::<Msign>(&bad_rule).is_err());
+    for cushion in [-0.1, 1.0, f64::NAN] {
+        let bad = Msign::PolarExpressDesigned {
+            lower: 1e-3,
+            steps: 5,
+            safety: 1.02,
+            cushion,
+            rule: kappa_linalg::SafetyRule::InDesign,
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("msign.cushion"), "{e}");
+    }
 }
