@@ -391,6 +391,16 @@ fn bad_groups_and_gradients_are_errors_naming_the_parameter() {
     assert!(e.contains("parameter `b`") && e.contains("(3, 0)"), "{e}");
     assert!(a.detach().equal(&a0) && b.detach().equal(&b0));
     assert_eq!(opt.steps(), 0);
+
+    // A schedule whose rate AdamW accepts and Muon refuses (above `MuonConfig::MAX_LR`): an
+    // error naming the Muon group, and the AdamW group, stepped first, has not changed either.
+    opt.zero_grad().unwrap();
+    set_grad(&a, &f32s(&[6, 4], 6));
+    set_grad(&b, &f32s(&[5], 8));
+    let mut opt = opt.with_schedule(|_| 1e40);
+    let e = opt.step().unwrap_err().to_string();
+    assert!(e.contains("group `muon`") && e.contains("lr"), "{e}");
+    assert!(a.detach().equal(&a0) && b.detach().equal(&b0));
 }
 
 #[test]

@@ -288,6 +288,25 @@ impl Group {
         Ok(())
     }
 
+    /// Checks that the group can step at rate `lr` (the checks its update's step makes first),
+    /// so that a schedule's bad rate is an error before any group has changed.
+    pub(crate) fn check_rate(&self, lr: f64) -> Result<()> {
+        let checked = match &self.states {
+            States::None | States::AdamW(..) => crate::adamw::check_lr(lr),
+            States::Muon(muon, _) => MuonConfig {
+                lr,
+                ..*muon.config()
+            }
+            .validate(),
+            States::Manifold(opt, _) => ManifoldMuonConfig {
+                lr,
+                ..*opt.config()
+            }
+            .validate(),
+        };
+        checked.map_err(|e| group_err(&self.name, e))
+    }
+
     /// One update of every parameter with a gradient, at learning rate `lr` (the scheduled
     /// rate of this step). Called without gradient recording.
     pub(crate) fn step(&mut self, lr: f64) -> Result<()> {

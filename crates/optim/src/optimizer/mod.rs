@@ -2,17 +2,22 @@
 //! `step()` / `zero_grad()`, a learning-rate schedule, and a state that saves and loads
 //! exactly.
 //!
-//! ```no_run
+//! ```
 //! use kappa_optim::optimizer::Grouping;
 //! use kappa_optim::{AdamWConfig, MuonConfig};
-//! # fn loss_of(vs: &tch::nn::VarStore) -> tch::Tensor { unimplemented!() }
-//! # let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+//! use tch::nn::{self, Module};
+//! use tch::{Device, Kind, Tensor};
+//!
+//! let vs = nn::VarStore::new(Device::Cpu);
+//! let model = nn::linear(vs.root() / "fc", 8, 4, Default::default());
+//! let x = Tensor::randn([16, 8], (Kind::Float, Device::Cpu));
 //! let mut opt = Grouping::muon_adamw(MuonConfig::keller(), AdamWConfig::torch(), 3e-4).build(&vs)?;
-//! for _ in 0..100 {
+//! for _ in 0..5 {
 //!     opt.zero_grad()?;
-//!     loss_of(&vs).backward();
+//!     model.forward(&x).square().mean(Kind::Float).backward();
 //!     opt.step()?;
 //! }
+//! assert_eq!(opt.steps(), 5);
 //! # Ok::<(), kappa_optim::OptimError>(())
 //! ```
 //!
@@ -29,8 +34,8 @@
 //!
 //! [`Optimizer::step`] first checks every gradient (defined ones only: parameters without a
 //! gradient are skipped): its size, kind and device are its parameter's and its entries are
-//! finite. A failed check is an error naming the parameter, and no parameter or state has
-//! changed. Then each group steps at `schedule.lr(peak, i)` for step index i (0-based; the peak
+//! finite; and every group's scheduled rate. A failed check is an error naming the parameter or
+//! group, and no parameter or state has changed. Then each group steps at `schedule.lr(peak, i)` for step index i (0-based; the peak
 //! itself without a schedule). The finiteness check is one pass over the gradients; it is
 //! skipped when [`Optimizer::clip_grad_norm`] found the global norm finite since the last
 //! [`Optimizer::zero_grad`].
@@ -274,6 +279,9 @@ impl Optimizer {
         let _guard = tch::no_grad_guard();
         self.check_gradients()?;
         let rates: Vec<f64> = self.groups.iter().map(|g| self.scheduled(g.lr)).collect();
+        for (g, &lr) in self.groups.iter().zip(&rates) {
+            g.check_rate(lr)?;
+        }
         for (g, lr) in self.groups.iter_mut().zip(rates) {
             g.step(lr)?;
         }
