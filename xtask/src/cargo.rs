@@ -23,6 +23,15 @@ pub(crate) fn cargo(ws: &Workspace, tc: &Toolchain) -> Command {
     let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let mut cmd = Command::new(program);
     cmd.current_dir(ws.root());
+    with_toolchain(&mut cmd, ws, tc);
+    cmd
+}
+
+/// Sets what a build of the workspace needs on `cmd`: `LIBTORCH`, the runtime library path, and
+/// (when the venv has one) the venv's interpreter as pyo3's `PYO3_PYTHON`, so every build of
+/// the Python package's crate (cargo's and maturin's) sees one interpreter and none rebuilds
+/// another's.
+pub(crate) fn with_toolchain(cmd: &mut Command, ws: &Workspace, tc: &Toolchain) {
     cmd.env("LIBTORCH", &tc.libtorch.dir);
     let mut paths = vec![tc.libtorch.lib_dir()];
     if let Some(existing) = env::var_os("LD_LIBRARY_PATH") {
@@ -32,7 +41,10 @@ pub(crate) fn cargo(ws: &Workspace, tc: &Toolchain) -> Command {
         "LD_LIBRARY_PATH",
         env::join_paths(paths).expect("library paths contain no separator"),
     );
-    cmd
+    let python = crate::python::python(ws);
+    if python.exists() {
+        cmd.env("PYO3_PYTHON", python);
+    }
 }
 
 /// Arguments of `cargo xtask test`.
@@ -77,6 +89,7 @@ pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
         eprintln!("xtask test --explore: no counterexample found this time");
         return Ok(());
     }
+    crate::python::prepare_tests(ws)?;
     let started = std::time::Instant::now();
     // Only `cargo package`'s verification uses these, so clearing them first is the same as
     // clearing them just before it.
@@ -168,6 +181,11 @@ fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
         step("formatting", &["fmt", "--all", "--check"]),
         step("lints", &clippy),
         step("tests", &["test", "--workspace", "--release", "--locked"]),
+        (
+            "python package: built into the venv (maturin develop)",
+            crate::python::develop(ws, tc),
+        ),
+        ("python package: pytest", crate::python::pytest(ws)),
         docs,
         step(
             "packages (cargo package of the published libraries)",

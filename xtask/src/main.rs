@@ -12,12 +12,15 @@
 //! - `cargo xtask report [--scale S] [--results DIR]… [--out DIR]` builds the report from run
 //!   folders written anywhere (units run on other machines), naming missing or failed units.
 //! - `cargo xtask bench [--threads N[,M…]]` runs the criterion benchmarks (once per count).
+//! - `cargo xtask python` builds the Python package `kappa` into the project's virtual
+//!   environment (`cargo xtask test` does too, then runs its pytest suite).
 //!
 //! Every cargo call made from here gets `LIBTORCH` and the runtime library path, so nobody has
 //! to export anything by hand.
 
 mod cargo;
 mod data;
+mod python;
 mod reproduce;
 mod setup;
 mod slurm;
@@ -75,6 +78,8 @@ enum Command {
     Train(kappa_cli::TrainArgs),
     /// Run the criterion benchmarks (nothing else should run on the machine meanwhile).
     Bench(cargo::BenchArgs),
+    /// Build the Python package `kappa` (python/) into the project's virtual environment.
+    Python,
 }
 
 fn main() -> ExitCode {
@@ -104,6 +109,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report(args) => reproduce::report(&ws, &args)?,
         Command::Train(args) => train::train(&ws, &args)?,
         Command::Bench(args) => cargo::bench(&ws, &args)?,
+        Command::Python => python::install(&ws)?,
     }
     Ok(())
 }

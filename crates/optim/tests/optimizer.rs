@@ -329,6 +329,19 @@ fn a_state_that_does_not_fit_is_refused_and_changes_nothing() {
                 s.insert("lr/muon".into(), Tensor::from_slice(&[-1.0f64]));
             }),
         ),
+        (
+            "lr/muon",
+            Box::new(|s| {
+                // A rate as a 0-dimensional tensor (as Python's torch.tensor(0.02) makes).
+                s.insert("lr/muon".into(), Tensor::from(0.02f64));
+            }),
+        ),
+        (
+            "lr/muon",
+            Box::new(|s| {
+                s.insert("lr/muon".into(), Tensor::from_slice(&[0.02f32]));
+            }),
+        ),
     ];
     for (culprit, damage) in cases {
         let mut state: HashMap<String, Tensor> =

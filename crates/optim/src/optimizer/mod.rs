@@ -79,7 +79,7 @@ use group::param_err;
 /// A learning-rate schedule: the rate of step index `step` (0-based) for a group whose peak
 /// rate is `peak`. Implemented by [`WarmupCosine`] and by any closure `Fn(u64) -> f64`, read as
 /// a factor of the peak.
-pub trait LrSchedule {
+pub trait LrSchedule: Send {
     /// The rate of step index `step`.
     fn lr(&self, peak: f64, step: u64) -> f64;
 }
@@ -90,7 +90,7 @@ impl LrSchedule for WarmupCosine {
     }
 }
 
-impl<F: Fn(u64) -> f64> LrSchedule for F {
+impl<F: Fn(u64) -> f64 + Send> LrSchedule for F {
     fn lr(&self, peak: f64, step: u64) -> f64 {
         peak * self(step)
     }

@@ -75,10 +75,7 @@ impl Optimizer {
         let mut loaded = Vec::new();
         for g in &self.groups {
             let lr_key = format!("lr/{}", g.name);
-            let lr = reader
-                .get(&lr_key)?
-                .f_double_value(&[0])
-                .map_err(libtorch("lr"))?;
+            let lr = reader.rate(&lr_key)?;
             if !(lr.is_finite() && lr >= 0.0) {
                 return Err(state_err(&lr_key, format!("{lr} is not a learning rate")));
             }
@@ -153,6 +150,19 @@ impl<'a> Reader<'a> {
                 u64::try_from(x).map_err(|_| state_err(key, format!("a negative step count {x}")))
             })
             .collect()
+    }
+
+    /// A learning rate (a one-entry f64 vector).
+    fn rate(&mut self, key: &str) -> Result<f64> {
+        let t = self.get(key)?;
+        if t.kind() != Kind::Double || t.size() != [1] {
+            let found = format!("{:?} {:?}", t.kind(), t.size());
+            return Err(state_err(
+                key,
+                format!("expected one Double learning rate, found {found}"),
+            ));
+        }
+        t.f_double_value(&[0]).map_err(libtorch("lr"))
     }
 
     /// A moment of parameter `p`'s block `like`: same size and kind, finite; copied onto its

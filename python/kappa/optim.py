@@ -1,0 +1,369 @@
+"""kappa's optimizers as ``torch.optim.Optimizer`` subclasses.
+
+Each class is kappa-optim's Rust ``Optimizer`` underneath (one implementation, shared with the
+Rust crates): the parameter groups of ``param_groups`` become its groups, a step runs in Rust on
+the parameters' own storage, and ``state_dict`` / ``load_state_dict`` round-trip its state
+exactly. Learning rates are read from ``param_groups`` at every step, so torch's lr schedulers
+work unchanged; every other setting is fixed when the optimizer is built (changing one later
+raises ``ValueError`` at the next step).
+
+A parameter group may name its own algorithm with ``"algorithm": "muon" | "manifold" |
+"adamw"``, so one optimizer can run Muon on the hidden matrices and AdamW on the rest
+(``muon_adamw`` builds exactly that from a model's parameter names).
+"""
+
+import json
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+
+from . import _kappa
+
+__all__ = ["Muon", "ManifoldMuon", "AdamW", "muon_adamw", "matrix_spec"]
+
+# Settings that are not part of an algorithm's config.
+_GROUP_KEYS = ("params", "param_names", "lr", "initial_lr", "algorithm", "matrix", "batch")
+
+# torch.optim.Muon's `adjust_lr_fn` names and kappa's `UpdateScale` forms.
+_SCALES = {None: "original", "original": "original", "match_rms_adamw": "match_rms_adamw", "none": "none"}
+
+
+def matrix_spec(
+    dims: Union[str, Dict[str, List[int]], None] = None,
+    split: Optional[Tuple[str, List[int]]] = None,
+    heads: Optional[Tuple[str, int]] = None,
+) -> Optional[dict]:
+    """How Muon and manifold Muon cut each parameter of a group into matrices.
+
+    ``dims``: ``"flatten"`` (dimensions after the first are flattened into columns, as torch
+    flattens conv kernels) or ``{"batch": [...], "rows": [...], "cols": [...]}`` (explicit
+    dimension numbers: a stack of experts ``[E, m, n]`` is ``{"batch": [0], "rows": [1],
+    "cols": [2]}``). ``split=("rows", [768, 768, 768])`` orthogonalizes each block of a fused
+    QKV weight separately; ``heads=("rows", 12)`` each head. ``None`` for all three: the
+    matrix itself.
+    """
+    if dims is None and split is None and heads is None:
+        return None
+    spec: Dict[str, Any] = {}
+    if dims is None or dims == "flatten":
+        spec["dims"] = "flatten"
+    else:
+        spec["dims"] = {"explicit": {k: list(dims[k]) for k in ("batch", "rows", "cols")}}
+    if split is not None:
+        spec["split"] = {"axis": split[0], "sizes": list(split[1])}
+    if heads is not None:
+        spec["heads"] = {"axis": heads[0], "count": int(heads[1])}
+    return spec
+
+
+def _msign(method: Union[str, dict]) -> Any:
+    return method if isinstance(method, dict) else json.loads(_kappa.msign_config(method))
+
+
+def _merge(base: dict, overrides: Optional[dict]) -> dict:
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def _muon_update(group: dict) -> dict:
+    config = json.loads(_kappa.muon_config("torch"))
+    config.update(
+        lr=group["lr"],
+        weight_decay=group["weight_decay"],
+        momentum={"beta": group["momentum"], "kind": "ema", "nesterov": group["nesterov"]},
+        msign=_msign(group["msign"]),
+        scale=_SCALES.get(group["adjust_lr_fn"], group["adjust_lr_fn"]),
+        precision=group["precision"],
+        cautious_weight_decay=group["cautious_weight_decay"],
+    )
+    normuon = group["normuon"]
+    if normuon:
+        config["normuon"] = {"beta2": 0.95} if normuon is True else dict(normuon)
+    return {"muon": _merge(config, group.get("config"))}
+
+
+def _manifold_update(group: dict) -> dict:
+    config = json.loads(_kappa.manifold_config(group["manifold"]))
+    config.update(
+        lr=group["lr"],
+        momentum={"beta": group["momentum"], "kind": "sgd", "nesterov": group["nesterov"]},
+        msign=_msign(group["msign"]),
+        precision=group["precision"],
+        diagnostics=False,
+    )
+    return {"manifold": _merge(config, group.get("config"))}
+
+
+def _adamw_update(group: dict) -> dict:
+    beta1, beta2 = group["betas"]
+    config = {"beta1": beta1, "beta2": beta2, "eps": group["eps"], "weight_decay": group["weight_decay"]}
+    return {"adamw": config}
+
+
+_UPDATES = {"muon": _muon_update, "manifold": _manifold_update, "adamw": _adamw_update}
+
+# Each algorithm's defaults, filled into a group that names the algorithm but not a setting.
+_DEFAULTS = {
+    "muon": dict(
+        weight_decay=0.1, momentum=0.95, nesterov=True, msign="torch_muon", adjust_lr_fn=None,
+        precision="auto", normuon=None, cautious_weight_decay=False,
+    ),
+    "manifold": dict(manifold="stiefel", momentum=0.95, nesterov=True, msign="polar_express", precision="auto"),
+    "adamw": dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
+}
+
+
+class _KappaOptimizer(torch.optim.Optimizer):
+    """The machinery shared by kappa's optimizers: kappa-optim's Rust optimizer over
+    ``param_groups`` (see the module docs)."""
+
+    _algorithm = "muon"
+
+    def __init__(self, params: Iterable, defaults: dict) -> None:
+        defaults = dict(defaults, algorithm=self._algorithm, matrix=None, batch=None)
+        super().__init__(params, defaults)
+        self._engine = self._build()
+
+    def _group_settings(self, group: dict) -> dict:
+        algorithm = group["algorithm"]
+        if algorithm not in _UPDATES:
+            raise ValueError(f"unknown algorithm `{algorithm}` (one of: {', '.join(_UPDATES)})")
+        for key, value in _DEFAULTS[algorithm].items():
+            group.setdefault(key, value)
+        return {k: v for k, v in group.items() if k not in ("params", "param_names", "initial_lr")}
+
+    def _build(self):
+        specs, tensors, index = [], [], 0
+        self._frozen = []
+        for i, group in enumerate(self.param_groups):
+            settings = self._group_settings(group)
+            self._frozen.append(_without_lr(settings))
+            names = [str(index + j) for j in range(len(group["params"]))]
+            index += len(names)
+            specs.append({
+                "name": f"group{i}",
+                "update": _UPDATES[group["algorithm"]](group),
+                "lr": group["lr"],
+                "matrix": group["matrix"],
+                "batch": group["batch"],
+                "names": names,
+            })
+            tensors.append(list(group["params"]))
+        return _kappa.Optimizer(json.dumps(specs), tensors)
+
+    def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "_engine", None) is not None:
+            raise ValueError(
+                "kappa's optimizers fix their groups when built: create a new optimizer with "
+                "every group (and load the old one's state_dict into it where the groups match)"
+            )
+        super().add_param_group(param_group)
+
+    def _sync(self) -> None:
+        for i, group in enumerate(self.param_groups):
+            settings = _without_lr({k: v for k, v in group.items() if k not in ("params", "param_names", "initial_lr")})
+            if settings != self._frozen[i]:
+                changed = sorted(k for k in set(settings) | set(self._frozen[i]) if settings.get(k) != self._frozen[i].get(k))
+                raise ValueError(
+                    f"param_groups[{i}]: {', '.join(changed)} changed after the optimizer was built; "
+                    "only `lr` may change between steps"
+                )
+            self._engine.set_lr(f"group{i}", float(group["lr"]))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of every group; ``closure`` (re-evaluating the loss) as in torch."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync()
+        self._engine.step()
+        return loss
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Scales all gradients so their global 2-norm is at most ``max_norm``; returns the norm
+        before scaling (and lets the next step skip its own finiteness pass)."""
+        return self._engine.clip_grad_norm(float(max_norm))
+
+    @property
+    def steps(self) -> int:
+        """Steps taken."""
+        return self._engine.steps
+
+    def state_dict(self) -> dict:
+        """``{"state": {index: {key: tensor}}, "param_groups": [...], "kappa": {...}}`` in torch's
+        layout: ``state[i]`` holds parameter i's buffers (``momentum/<block>``, ``exp_avg``,
+        ``exp_avg_sq``, ``second/<block>``, ``steps``), ``param_groups`` the groups' settings with
+        parameter indices; ``kappa`` the optimizer-wide entries (the step count)."""
+        state: Dict[int, Dict[str, torch.Tensor]] = {}
+        extra: Dict[str, torch.Tensor] = {}
+        for key, tensor in self._engine.state_dict():
+            if key.startswith("state/"):
+                _, index, rest = key.split("/", 2)
+                state.setdefault(int(index), {})[rest] = tensor
+            elif not key.startswith("lr/"):
+                extra[key] = tensor
+        groups, index = [], 0
+        for group in self.param_groups:
+            saved = {k: v for k, v in group.items() if k != "params"}
+            saved["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+            groups.append(saved)
+        return {"state": state, "param_groups": groups, "kappa": extra}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads a ``state_dict()``; every entry is checked before anything changes (a missing,
+        extra or mis-shaped buffer raises ``ValueError`` naming it)."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"the state has {len(groups)} parameter groups, the optimizer {len(self.param_groups)}")
+        for i, (saved, group) in enumerate(zip(groups, self.param_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"param_groups[{i}] has {len(group['params'])} parameters, the state's {len(saved['params'])}"
+                )
+        flat: Dict[str, torch.Tensor] = dict(state_dict.get("kappa", {}))
+        for index, buffers in state_dict["state"].items():
+            for key, tensor in buffers.items():
+                flat[f"state/{index}/{key}"] = tensor
+        for i, saved in enumerate(groups):
+            flat[f"lr/group{i}"] = torch.tensor([float(saved["lr"])], dtype=torch.float64)
+        self._engine.load_state_dict(flat)
+        for saved, group in zip(groups, self.param_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self._frozen = [_without_lr(self._group_settings(g)) for g in self.param_groups]
+
+
+def _without_lr(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k != "lr"}
+
+
+class Muon(_KappaOptimizer):
+    r"""Muon: momentum, then each matrix's update replaced by its orthogonal polar factor.
+
+    The defaults and arguments are ``torch.optim.Muon``'s (lr 1e-3, weight decay 0.1, momentum
+    0.95 with Nesterov, the quintic Newton–Schulz ``msign="torch_muon"``, ``adjust_lr_fn``),
+    and a step is the same algorithm to roundoff. Beyond it:
+
+    * ``msign``: any kappa orthogonalizer (``"polar_express"``, ``"gram_polar_express"``,
+      ``"aol"``, ``"exact"``, … or a dict, see ``kappa.linalg.msign``);
+    * ``precision``: ``"auto"`` (bf16 where that is faster, else f32), ``"f32"``, ``"bf16"``,
+      ``"native"`` (torch.optim.Muon always runs bf16);
+    * ``normuon``: NorMuon's per-neuron normalization (``True`` or ``{"beta2": …, "axis":
+      "outputs" | "long_side"}``); ``cautious_weight_decay``;
+    * ``matrix``: per-head, per-block or N-D handling (``kappa.optim.matrix_spec``);
+    * ``config``: any field of kappa-optim's ``MuonConfig``, as a dict, over the above.
+
+    Parameters must be matrices (or tensors a ``matrix`` spec cuts into matrices); put
+    embeddings, heads, gains and biases in an ``"algorithm": "adamw"`` group, or use
+    ``muon_adamw``.
+    """
+
+    _algorithm = "muon"
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        msign: Union[str, dict] = "torch_muon",
+        adjust_lr_fn: Optional[str] = None,
+        precision: str = "auto",
+        normuon: Union[bool, dict, None] = None,
+        cautious_weight_decay: bool = False,
+        config: Optional[dict] = None,
+    ) -> None:
+        defaults = dict(
+            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, msign=msign,
+            adjust_lr_fn=adjust_lr_fn, precision=precision, normuon=normuon,
+            cautious_weight_decay=cautious_weight_decay, config=config,
+        )
+        super().__init__(params, defaults)
+
+
+class ManifoldMuon(_KappaOptimizer):
+    r"""Manifold Muon: the steepest descent step in the spectral norm that stays on a manifold
+    (``"stiefel"``: WᵀW = I; ``"dgram"``: orthogonal columns of free norms; ``"oblique"``: unit
+    columns), found by dual ascent (the default) or ADMM
+    (``config={"solver": {"admm": {...}}}``), then retracted.
+
+    Each parameter is retracted onto its manifold when the optimizer is built. ``config`` takes
+    any field of kappa-optim's ``ManifoldMuonConfig``. Defaults: the manifold Muon paper's
+    (lr 0.02, SGD-Nesterov momentum 0.95, 20 dual-ascent steps, Polar Express msign).
+    """
+
+    _algorithm = "manifold"
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 0.02,
+        manifold: str = "stiefel",
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        msign: Union[str, dict] = "polar_express",
+        precision: str = "auto",
+        config: Optional[dict] = None,
+    ) -> None:
+        defaults = dict(
+            lr=lr, manifold=manifold, momentum=momentum, nesterov=nesterov, msign=msign,
+            precision=precision, config=config,
+        )
+        super().__init__(params, defaults)
+
+
+class AdamW(_KappaOptimizer):
+    """kappa's AdamW (``torch.optim.AdamW``'s algorithm and defaults), mainly as the default
+    algorithm of groups in a mixed optimizer."""
+
+    _algorithm = "adamw"
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+    ) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+
+def muon_adamw(
+    named_parameters: Iterable[Tuple[str, torch.Tensor]],
+    lr: float = 0.02,
+    adamw_lr: float = 3e-4,
+    weight_decay: float = 0.0,
+    adamw_betas: Tuple[float, float] = (0.9, 0.95),
+    adamw_weight_decay: float = 0.0,
+    **muon: Any,
+) -> Muon:
+    """Muon on the hidden matrices, AdamW on the rest, placed by kappa's rules (those of the
+    Rust ``Grouping::muon_adamw``): embeddings, positional tables and output heads (names
+    matching ``*wte*``, ``*wpe*``, ``*embed*``, ``*lm_head*``, ``head.*``, ``*classifier*``, …)
+    and every parameter of rank < 2 go to AdamW (gains and biases without weight decay), every
+    other parameter to Muon. ``muon`` passes further ``Muon`` arguments.
+
+    Usage: ``opt = kappa.optim.muon_adamw(model.named_parameters(), lr=0.02)``.
+    """
+    named = [(n, p) for n, p in named_parameters if p.requires_grad]
+    placed = dict(_kappa.muon_adamw_groups(named))
+    tensors = dict(named)
+    groups = []
+    for name, algorithm, decay in (("muon", "muon", weight_decay), ("adamw", "adamw", adamw_weight_decay),
+                                   ("adamw_no_decay", "adamw", 0.0)):
+        params = [tensors[n] for n in placed.get(name, [])]
+        if not params:
+            continue
+        group = {"params": params, "algorithm": algorithm, "weight_decay": decay}
+        if algorithm == "adamw":
+            group.update(lr=adamw_lr, betas=adamw_betas)
+        groups.append(group)
+    return Muon(groups, lr=lr, weight_decay=weight_decay, **muon)

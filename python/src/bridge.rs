@@ -1,0 +1,71 @@
+//! A `torch.Tensor` as a [`tch::Tensor`] and back, without copying: both are handles on one
+//! libtorch `at::Tensor` (same storage, same autograd metadata, same `.grad`), because the
+//! extension runs on the libtorch that `import torch` loaded.
+//!
+//! The three C++ calls live in `bridge.cpp`; this is the only module with `unsafe` code.
+#![allow(unsafe_code)]
+
+use std::ffi::c_int;
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::ffi::PyObject;
+use pyo3::prelude::*;
+use pyo3::types::PyAny;
+use tch::Tensor;
+
+extern "C" {
+    fn kappa_is_tensor(obj: *mut PyObject) -> c_int;
+    fn kappa_unpack(obj: *mut PyObject) -> *mut torch_sys::C_tensor;
+    fn kappa_wrap(t: *const torch_sys::C_tensor) -> *mut PyObject;
+}
+
+/// A `torch.Tensor` argument or result: a [`Tensor`] handle sharing the Python tensor's storage.
+pub struct PyTensor(pub Tensor);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        // SAFETY: `obj` is a live object for the duration of the borrow; the C++ side only reads
+        // its type (and, for a tensor, its `at::Tensor`), and catches every C++ exception.
+        match unsafe { kappa_is_tensor(obj.as_ptr()) } {
+            1 => {}
+            0 => {
+                return Err(PyTypeError::new_err(format!(
+                    "expected a torch.Tensor, got {}",
+                    obj.get_type().name()?
+                )))
+            }
+            _ => {
+                return Err(PyRuntimeError::new_err(
+                    "torch could not inspect the object",
+                ))
+            }
+        }
+        // SAFETY: `obj` is a torch.Tensor (checked above). The returned pointer is a new
+        // `at::Tensor` handle that `Tensor::from_ptr` owns and frees.
+        let ptr = unsafe { kappa_unpack(obj.as_ptr()) };
+        if ptr.is_null() {
+            return Err(PyRuntimeError::new_err("torch could not unpack the tensor"));
+        }
+        // SAFETY: `ptr` is a valid, uniquely owned `at::Tensor*` (see above).
+        Ok(PyTensor(unsafe { Tensor::from_ptr(ptr) }))
+    }
+}
+
+impl<'py> IntoPyObject<'py> for PyTensor {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: `self.0` is a valid handle; `kappa_wrap` returns a new reference (or null,
+        // with every C++ exception caught). The GIL is held (`py`).
+        let obj = unsafe { kappa_wrap(self.0.as_ptr()) };
+        if obj.is_null() {
+            return Err(PyRuntimeError::new_err("torch could not wrap the tensor"));
+        }
+        // SAFETY: `obj` is a new, non-null reference that we own.
+        Ok(unsafe { Bound::from_owned_ptr(py, obj) })
+    }
+}

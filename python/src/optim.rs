@@ -1,0 +1,236 @@
+//! `kappa._kappa.Optimizer`: kappa-optim's [`Optimizer`] over Python tensors, and the presets the
+//! Python classes start from. The Python package (`kappa/optim.py`) builds the settings of each
+//! group as data; this module reads them with the serde forms of kappa-optim's configs, so every
+//! option of the Rust API is reachable and named the same way.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+use kappa_optim::optimizer::{Group, Grouping, MatrixSpec, Update};
+use kappa_optim::{AdamWConfig, Manifold, ManifoldMuonConfig, MuonConfig, Optimizer};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use serde::Deserialize;
+
+use crate::bridge::PyTensor;
+use crate::error::ToPy;
+
+/// One group's settings, as the Python side writes them (JSON).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupSpec {
+    /// The group's name (unique).
+    name: String,
+    /// `{"muon": MuonConfig}`, `{"manifold": ManifoldMuonConfig}` or `{"adamw": AdamWConfig}`.
+    update: UpdateSpec,
+    /// The group's rate.
+    lr: f64,
+    /// How Muon and manifold Muon cut each parameter into matrices (default: the matrix itself).
+    #[serde(default)]
+    matrix: Option<MatrixSpec>,
+    /// Stack same-shape blocks into one batched msign (default: kappa-optim's choice).
+    #[serde(default)]
+    batch: Option<bool>,
+    /// One name per parameter, in the order of the tensors.
+    names: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum UpdateSpec {
+    Muon(MuonConfig),
+    Manifold(ManifoldMuonConfig),
+    Adamw(AdamWConfig),
+}
+
+impl From<UpdateSpec> for Update {
+    fn from(spec: UpdateSpec) -> Self {
+        match spec {
+            UpdateSpec::Muon(c) => Update::Muon(c),
+            UpdateSpec::Manifold(c) => Update::Manifold(c),
+            UpdateSpec::Adamw(c) => Update::AdamW(c),
+        }
+    }
+}
+
+/// Reads JSON into `T`, naming the dotted key of a value that does not fit.
+pub fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> PyResult<T> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).py()
+}
+
+fn group(spec: GroupSpec, params: Vec<PyTensor>) -> PyResult<Group> {
+    if spec.names.len() != params.len() {
+        return Err(PyValueError::new_err(format!(
+            "group `{}`: {} names for {} tensors",
+            spec.name,
+            spec.names.len(),
+            params.len()
+        )));
+    }
+    let mut group = Group::new(spec.name, spec.update.into(), spec.lr);
+    if let Some(matrix) = spec.matrix {
+        group = group.with_matrix(matrix);
+    }
+    if let Some(batch) = spec.batch {
+        group = group.with_batch(batch);
+    }
+    Ok(group.with_params(spec.names.into_iter().zip(params.into_iter().map(|p| p.0))))
+}
+
+/// kappa-optim's optimizer over tensors shared with Python (no copies: a step writes into the
+/// parameters' own storage and reads their `.grad`).
+#[pyclass(module = "kappa._kappa", name = "Optimizer")]
+pub struct PyOptimizer {
+    /// Locked for each call: a tch tensor may move between threads but not be shared, so a
+    /// Python thread that calls the optimizer waits for one already inside it.
+    inner: Mutex<Optimizer>,
+}
+
+impl PyOptimizer {
+    fn inner(&self) -> PyResult<MutexGuard<'_, Optimizer>> {
+        self.inner.lock().map_err(|_| {
+            PyRuntimeError::new_err("the optimizer is unusable: a call into it panicked")
+        })
+    }
+}
+
+#[pymethods]
+impl PyOptimizer {
+    /// `groups`: a JSON list of group settings; `params`: each group's tensors, in order.
+    #[new]
+    fn new(groups: &str, params: Vec<Vec<PyTensor>>) -> PyResult<Self> {
+        let specs: Vec<GroupSpec> = from_json(groups)?;
+        if specs.len() != params.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} group settings for {} parameter lists",
+                specs.len(),
+                params.len()
+            )));
+        }
+        let groups = specs
+            .into_iter()
+            .zip(params)
+            .map(|(spec, params)| group(spec, params))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Self {
+            inner: Mutex::new(Optimizer::new(groups).py()?),
+        })
+    }
+
+    /// One step of every group (the GIL is released while it runs).
+    fn step(&mut self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner()?.step().py())
+    }
+
+    /// Sets every parameter's gradient to None.
+    fn zero_grad(&mut self) -> PyResult<()> {
+        self.inner()?.zero_grad().py()
+    }
+
+    /// Scales the gradients so their global 2-norm is at most `max_norm`; returns the norm.
+    fn clip_grad_norm(&mut self, py: Python<'_>, max_norm: f64) -> PyResult<f64> {
+        py.detach(|| self.inner()?.clip_grad_norm(max_norm).py())
+    }
+
+    /// Sets a group's rate.
+    fn set_lr(&mut self, group: &str, lr: f64) -> PyResult<()> {
+        self.inner()?.set_lr(group, lr).py()
+    }
+
+    /// A group's rate (None for an unknown group).
+    fn lr(&self, group: &str) -> PyResult<Option<f64>> {
+        Ok(self.inner()?.lr(group))
+    }
+
+    /// Steps taken.
+    #[getter]
+    fn steps(&self) -> PyResult<u64> {
+        Ok(self.inner()?.steps())
+    }
+
+    /// Each group's name and its parameters' names.
+    fn groups(&self) -> PyResult<Vec<(String, Vec<String>)>> {
+        let inner = self.inner()?;
+        let groups = inner.groups().iter();
+        Ok(groups
+            .map(|g| (g.name().to_owned(), g.names().to_vec()))
+            .collect())
+    }
+
+    /// The state, as (key, tensor) pairs (kappa-optim's `state_dict` keys).
+    fn state_dict(&self) -> PyResult<Vec<(String, PyTensor)>> {
+        let state = self.inner()?.state_dict().py()?;
+        Ok(state.into_iter().map(|(k, t)| (k, PyTensor(t))).collect())
+    }
+
+    /// Loads a state from `state_dict`, checking all of it before changing anything.
+    fn load_state_dict(&mut self, state: HashMap<String, PyTensor>) -> PyResult<()> {
+        let state = state.into_iter().map(|(k, t)| (k, t.0)).collect();
+        self.inner()?.load_state_dict(&state).py()
+    }
+
+    /// Writes the state to a safetensors file (atomically).
+    fn save(&self, path: PathBuf) -> PyResult<()> {
+        self.inner()?.save(&path).py()
+    }
+
+    /// Reads the state from a safetensors file written by `save`.
+    fn load(&mut self, path: PathBuf) -> PyResult<()> {
+        self.inner()?.load(&path).py()
+    }
+}
+
+/// A Muon preset as JSON: `keller`, `torch` or `paper`.
+#[pyfunction]
+pub fn muon_config(preset: &str) -> PyResult<String> {
+    let config = match preset {
+        "keller" => MuonConfig::keller(),
+        "torch" => MuonConfig::torch(),
+        "paper" => MuonConfig::paper(),
+        other => return Err(unknown("Muon preset", other, "keller, torch, paper")),
+    };
+    serde_json::to_string(&config).py()
+}
+
+/// Manifold Muon's paper settings on `manifold` (`stiefel`, `dgram`, `oblique`) as JSON.
+#[pyfunction]
+pub fn manifold_config(manifold: &str) -> PyResult<String> {
+    let manifold = match manifold {
+        "stiefel" => Manifold::Stiefel,
+        "dgram" => Manifold::dgram(),
+        "oblique" => Manifold::Oblique,
+        other => return Err(unknown("manifold", other, "stiefel, dgram, oblique")),
+    };
+    serde_json::to_string(&ManifoldMuonConfig::paper(manifold)).py()
+}
+
+/// An AdamW preset as JSON: `torch` (weight decay 0.01) or `adam` (none).
+#[pyfunction]
+pub fn adamw_config(preset: &str) -> PyResult<String> {
+    let config = match preset {
+        "torch" => AdamWConfig::torch(),
+        "adam" => AdamWConfig::adam(),
+        other => return Err(unknown("AdamW preset", other, "torch, adam")),
+    };
+    serde_json::to_string(&config).py()
+}
+
+pub fn unknown(what: &str, got: &str, allowed: &str) -> PyErr {
+    PyValueError::new_err(format!("unknown {what} `{got}` (one of: {allowed})"))
+}
+
+/// The groups `Grouping::muon_adamw` places named parameters in: `(group, names)` for `muon`,
+/// `adamw` and `adamw_no_decay` (kappa-optim's rules, so Python and Rust place alike).
+#[pyfunction]
+pub fn muon_adamw_groups(named: Vec<(String, PyTensor)>) -> PyResult<Vec<(String, Vec<String>)>> {
+    let grouping = Grouping::muon_adamw(MuonConfig::torch(), AdamWConfig::torch(), 1.0);
+    let groups = grouping
+        .assign(named.into_iter().map(|(n, t)| (n, t.0)))
+        .py()?;
+    Ok(groups
+        .iter()
+        .map(|g| (g.name().to_owned(), g.names().to_vec()))
+        .collect())
+}
