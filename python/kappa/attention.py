@@ -21,7 +21,7 @@ from torch import nn
 from . import _kappa
 
 __all__ = [
-    "weight_jacobian", "jvp_weights", "vjp_weights", "theorem_3_4", "svd_correction",
+    "weight_jacobian", "weight_jacobian_blocks", "jvp_weights", "vjp_weights", "theorem_3_4", "svd_correction",
     "identity_shift", "diagnostics", "ConditionedMultiheadAttention", "DiagnosticsHook",
 ]
 
@@ -34,6 +34,12 @@ def weight_jacobian(x, wq, wk, wv, scale: Scale = "one", causal: bool = False) -
     """J = ∂vec A / ∂[vec W_Q; vec W_K; vec W_V], an (N·k) × (3·D·k) tensor. ``scale``:
     ``"one"`` (s = 1, the paper's form), ``"inv_sqrt_k"`` (s = √k) or a number s."""
     return _kappa.weight_jacobian(x, wq, wk, wv, scale, causal)
+
+
+def weight_jacobian_blocks(x, wq, wk, wv, scale: Scale = "one", causal: bool = False):
+    """(J_Q, J_K, J_V), the blocks of ``weight_jacobian``, each (N·k) × (D·k): for heads whose
+    full J exceeds kappa's dense limit of 2²⁸ entries (N = 197, D = 192, k = 64 needs 4.6·10⁸)."""
+    return _kappa.weight_jacobian_blocks(x, wq, wk, wv, scale, causal)
 
 
 def jvp_weights(x, wq, wk, wv, dwq, dwk, dwv, scale: Scale = "one", causal: bool = False) -> torch.Tensor:

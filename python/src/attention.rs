@@ -80,6 +80,24 @@ fn weight_jacobian(
     tensor(full)
 }
 
+/// The blocks (J_Q, J_K, J_V) of J, each (N·k) × (D·k): the form to use when the full J is
+/// beyond kappa's dense limit (2²⁸ entries), e.g. N = 197, D = 192, k = 64.
+#[pyfunction]
+#[pyo3(signature = (x, wq, wk, wv, scale = Scale::Name("one".into()), causal = false))]
+fn weight_jacobian_blocks(
+    py: Python<'_>,
+    x: PyTensor,
+    wq: PyTensor,
+    wk: PyTensor,
+    wv: PyTensor,
+    scale: Scale,
+    causal: bool,
+) -> PyResult<(PyTensor, PyTensor, PyTensor)> {
+    let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
+    let j = py.detach(|| fwd.jacobian_weights()).py()?;
+    Ok((tensor(j.q)?, tensor(j.k)?, tensor(j.v)?))
+}
+
 /// J·t for the tangent t = (dW_Q, dW_K, dW_V) without forming J: an N×k tensor.
 #[pyfunction]
 #[pyo3(signature = (x, wq, wk, wv, dwq, dwk, dwv, scale = Scale::Name("one".into()), causal = false))]
@@ -228,6 +246,7 @@ fn diagnostics<'py>(
 /// Adds the attention functions to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(weight_jacobian, m)?)?;
+    m.add_function(wrap_pyfunction!(weight_jacobian_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(jvp_weights, m)?)?;
     m.add_function(wrap_pyfunction!(vjp_weights, m)?)?;
     m.add_function(wrap_pyfunction!(theorem_3_4_bound, m)?)?;

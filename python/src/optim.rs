@@ -124,6 +124,15 @@ impl PyOptimizer {
         py.detach(|| self.inner()?.step().py())
     }
 
+    /// `n` steps on the gradients as they are, without returning to Python in between: the
+    /// Rust side of the measurement of the Python boundary's cost (python/benches).
+    fn step_repeated(&mut self, py: Python<'_>, n: usize) -> PyResult<()> {
+        py.detach(|| {
+            let mut inner = self.inner()?;
+            (0..n).try_for_each(|_| inner.step().py())
+        })
+    }
+
     /// Sets every parameter's gradient to None.
     fn zero_grad(&mut self) -> PyResult<()> {
         self.inner()?.zero_grad().py()
