@@ -87,7 +87,7 @@ def _muon_update(group: dict) -> dict:
 
 
 def _manifold_update(group: dict) -> dict:
-    config = json.loads(_kappa.manifold_config(group["manifold"]))
+    config = json.loads(_kappa.manifold_config(group["manifold"], group["solver"]))
     config.update(
         lr=group["lr"],
         momentum={"beta": group["momentum"], "kind": "sgd", "nesterov": group["nesterov"]},
@@ -112,7 +112,9 @@ _DEFAULTS = {
         weight_decay=0.1, momentum=0.95, nesterov=True, msign="torch_muon", adjust_lr_fn=None,
         precision="auto", normuon=None, cautious_weight_decay=False,
     ),
-    "manifold": dict(manifold="stiefel", momentum=0.95, nesterov=True, msign="polar_express", precision="auto"),
+    "manifold": dict(
+        manifold="stiefel", solver="ascent", momentum=0.95, nesterov=True, msign="polar_express", precision="auto",
+    ),
     "adamw": dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
 }
 
@@ -291,8 +293,8 @@ class Muon(_KappaOptimizer):
 class ManifoldMuon(_KappaOptimizer):
     r"""Manifold Muon: the steepest descent step in the spectral norm that stays on a manifold
     (``"stiefel"``: WᵀW = I; ``"dgram"``: orthogonal columns of free norms; ``"oblique"``: unit
-    columns), found by dual ascent (the default) or ADMM
-    (``config={"solver": {"admm": {...}}}``), then retracted.
+    columns), found by dual ascent (``solver="ascent"``, the default) or ADMM (``"admm"``;
+    ``config={"solver": {"admm": {"rho": 1.0}}}`` edits its settings), then retracted.
 
     Each parameter is retracted onto its manifold when the optimizer is built. ``config`` takes
     any field of kappa-optim's ``ManifoldMuonConfig``. Defaults: the manifold Muon paper's
@@ -306,6 +308,7 @@ class ManifoldMuon(_KappaOptimizer):
         params: Iterable,
         lr: float = 0.02,
         manifold: str = "stiefel",
+        solver: str = "ascent",
         momentum: float = 0.95,
         nesterov: bool = True,
         msign: Union[str, dict] = "polar_express",
@@ -313,8 +316,8 @@ class ManifoldMuon(_KappaOptimizer):
         config: Optional[dict] = None,
     ) -> None:
         defaults = dict(
-            lr=lr, manifold=manifold, momentum=momentum, nesterov=nesterov, msign=msign,
-            precision=precision, config=config,
+            lr=lr, manifold=manifold, solver=solver, momentum=momentum, nesterov=nesterov,
+            msign=msign, precision=precision, config=config,
         )
         super().__init__(params, defaults)
 

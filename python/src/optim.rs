@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use kappa_optim::optimizer::{Group, Grouping, MatrixSpec, Update};
-use kappa_optim::{AdamWConfig, Manifold, ManifoldMuonConfig, MuonConfig, Optimizer};
+use kappa_optim::{
+    AdamWConfig, Admm, DualSolver, Manifold, ManifoldMuonConfig, MuonConfig, Optimizer,
+};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use serde::Deserialize;
@@ -203,16 +205,28 @@ pub fn muon_config(preset: &str) -> PyResult<String> {
     serde_json::to_string(&config).py()
 }
 
-/// Manifold Muon's paper settings on `manifold` (`stiefel`, `dgram`, `oblique`) as JSON.
+/// Manifold Muon's paper settings on `manifold` (`stiefel`, `dgram`, `oblique`) as JSON, with
+/// the tangent problem solved by `solver`: `ascent` (the paper's dual ascent) or `admm`
+/// (kappa-optim's `Admm::standard`).
 #[pyfunction]
-pub fn manifold_config(manifold: &str) -> PyResult<String> {
+#[pyo3(signature = (manifold, solver = "ascent"))]
+pub fn manifold_config(manifold: &str, solver: &str) -> PyResult<String> {
     let manifold = match manifold {
         "stiefel" => Manifold::Stiefel,
         "dgram" => Manifold::dgram(),
         "oblique" => Manifold::Oblique,
         other => return Err(unknown("manifold", other, "stiefel, dgram, oblique")),
     };
-    serde_json::to_string(&ManifoldMuonConfig::paper(manifold)).py()
+    let solver = match solver {
+        "ascent" => DualSolver::Ascent,
+        "admm" => DualSolver::Admm(Admm::standard()),
+        other => return Err(unknown("solver", other, "ascent, admm")),
+    };
+    let config = ManifoldMuonConfig {
+        solver,
+        ..ManifoldMuonConfig::paper(manifold)
+    };
+    serde_json::to_string(&config).py()
 }
 
 /// An AdamW preset as JSON: `torch` (weight decay 0.01) or `adam` (none).

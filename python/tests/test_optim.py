@@ -234,3 +234,23 @@ def test_split_blocks_and_experts_step_as_separate_matrices():
         # One algorithm on the same matrices; batched and single GEMMs may sum in other orders
         # (a few f32 ulps of the O(0.02) steps).
         assert (a - b).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize("manifold,solver", [("stiefel", "admm"), ("dgram", "ascent"), ("oblique", "ascent")])
+def test_manifold_muon_keeps_each_manifolds_constraint(manifold, solver):
+    g = torch.Generator().manual_seed(12)
+    w = torch.randn(48, 16, generator=g).requires_grad_()
+    opt = kappa.optim.ManifoldMuon([w], lr=0.05, manifold=manifold, solver=solver)
+    for s in range(3):
+        w.grad = torch.randn(w.shape, generator=g)
+        opt.step()
+    gram = (w.T @ w).detach()
+    off = gram - torch.diag(torch.diagonal(gram))
+    bound = 8 * w.shape[0] * 2**-24 * gram.diagonal().max().item()  # as in the Stiefel test
+    if manifold == "stiefel":
+        assert (gram - torch.eye(16)).abs().max().item() <= bound
+    elif manifold == "dgram":  # orthogonal columns, free norms
+        assert off.abs().max().item() <= bound
+    else:  # unit columns, free angles
+        assert (gram.diagonal() - 1).abs().max().item() <= bound
+        assert off.abs().max().item() > 0.01
