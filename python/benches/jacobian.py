@@ -28,6 +28,9 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=pathlib.Path)
     args = p.parse_args()
+    import os
+
+    os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))  # kappa's fill runs on rayon
     import torch
 
     import kappa

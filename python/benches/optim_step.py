@@ -93,6 +93,7 @@ def main():
     p.add_argument("--json", type=pathlib.Path)
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
     import torch
 
     torch.set_num_threads(args.threads)

@@ -12,12 +12,13 @@ use kappa_attention::{
     ScoreScale, SelfAttention, SvdCorrection, SATURATION_THRESHOLD,
 };
 use ndarray::Array2;
+use ndarray::Axis;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
-use crate::bridge::PyTensor;
+use crate::bridge::{f64_matrix_mut, PyTensor};
 use crate::error::ToPy;
 use crate::linalg::matrix;
 
@@ -74,10 +75,14 @@ fn weight_jacobian(
     causal: bool,
 ) -> PyResult<PyTensor> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
-    let full = py
-        .detach(|| fwd.jacobian_weights().and_then(|j| j.full()))
+    let (nk, dk) = block_shape(&fwd, 3)?;
+    let mut full = Tensor::empty([nk as i64, 3 * dk as i64], (Kind::Double, Device::Cpu));
+    let view = f64_matrix_mut(&mut full)?;
+    let (q, rest) = view.split_at(Axis(1), dk);
+    let (k, v) = rest.split_at(Axis(1), dk);
+    py.detach(|| fwd.jacobian_weights_into_views([q, k, v]))
         .py()?;
-    tensor(full)
+    Ok(PyTensor(full))
 }
 
 /// The blocks (J_Q, J_K, J_V) of J, each (N·k) × (D·k): the form to use when the full J is
@@ -94,8 +99,37 @@ fn weight_jacobian_blocks(
     causal: bool,
 ) -> PyResult<(PyTensor, PyTensor, PyTensor)> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
-    let j = py.detach(|| fwd.jacobian_weights()).py()?;
-    Ok((tensor(j.q)?, tensor(j.k)?, tensor(j.v)?))
+    let (nk, dk) = block_shape(&fwd, 1)?;
+    let empty = || Tensor::empty([nk as i64, dk as i64], (Kind::Double, Device::Cpu));
+    let (mut q, mut k, mut v) = (empty(), empty(), empty());
+    let views = [
+        f64_matrix_mut(&mut q)?,
+        f64_matrix_mut(&mut k)?,
+        f64_matrix_mut(&mut v)?,
+    ];
+    py.detach(|| fwd.jacobian_weights_into_views(views)).py()?;
+    Ok((PyTensor(q), PyTensor(k), PyTensor(v)))
+}
+
+/// (N·k, D·k) for a forward pass, refused (ValueError naming the size) when `blocks` such blocks
+/// side by side exceed kappa's dense limit, [`kappa_linalg::MAX_DENSE_ENTRIES`] entries.
+fn block_shape(fwd: &Forward<f64>, blocks: usize) -> PyResult<(usize, usize)> {
+    let (n, d, k) = fwd.dims();
+    let (nk, dk) = (n * k, d * k);
+    let entries = nk.checked_mul(dk).and_then(|e| e.checked_mul(blocks));
+    match entries {
+        Some(e) if e <= kappa_linalg::MAX_DENSE_ENTRIES => Ok((nk, dk)),
+        _ => Err(PyValueError::new_err(format!(
+            "the Jacobian's {blocks} block(s) of {nk}×{dk} exceed kappa's dense limit of {} \
+             entries{}",
+            kappa_linalg::MAX_DENSE_ENTRIES,
+            if blocks > 1 {
+                "; use weight_jacobian_blocks"
+            } else {
+                ""
+            }
+        ))),
+    }
 }
 
 /// J·t for the tangent t = (dW_Q, dW_K, dW_V) without forming J: an N×k tensor.

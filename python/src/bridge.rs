@@ -69,3 +69,27 @@ impl<'py> IntoPyObject<'py> for PyTensor {
         Ok(unsafe { Bound::from_owned_ptr(py, obj) })
     }
 }
+
+/// A mutable ndarray view of a 2-D, contiguous, f64 CPU tensor's memory, for kappa's `_into`
+/// functions to write results straight into a tensor.
+pub fn f64_matrix_mut(t: &mut Tensor) -> PyResult<ndarray::ArrayViewMut2<'_, f64>> {
+    let size = t.size();
+    let ok = t.kind() == tch::Kind::Double
+        && t.device() == tch::Device::Cpu
+        && size.len() == 2
+        && t.is_contiguous();
+    if !ok {
+        return Err(PyRuntimeError::new_err(format!(
+            "expected a contiguous 2-D f64 CPU tensor, got {:?} {:?} on {:?}",
+            t.kind(),
+            size,
+            t.device()
+        )));
+    }
+    let shape = (size[0] as usize, size[1] as usize);
+    // SAFETY: the tensor is contiguous, row-major, of f64 and on the CPU (checked above), so its
+    // data pointer addresses shape.0 · shape.1 initialized-or-writable f64 values, aligned by
+    // libtorch's allocator. The view borrows `t` mutably, so the storage outlives the view and no
+    // other handle made from `t` is used meanwhile; callers pass tensors they allocated.
+    Ok(unsafe { ndarray::ArrayViewMut2::from_shape_ptr(shape, t.data_ptr() as *mut f64) })
+}

@@ -232,9 +232,19 @@ impl<A: Real> Forward<A> {
     /// ([`crate::AttentionError::Overflow`], argument `self`). Both are detected before any entry
     /// is written, so `out` is unchanged on error.
     pub fn jacobian_weights_into(&self, out: &mut WeightJacobian<A>) -> Result<()> {
+        let [q, k, v] = [&mut out.q, &mut out.k, &mut out.v].map(|b| b.view_mut());
+        self.jacobian_weights_into_views([q, k, v])
+    }
+
+    /// [`Forward::jacobian_weights_into`] into views (J_Q, J_K, J_V), each Nk × Dk with any
+    /// strides: for blocks in memory the caller owns (a torch tensor's, a memory map's), written
+    /// in one pass with no allocation of Nk × Dk size.
+    ///
+    /// Errors: as [`Forward::jacobian_weights_into`]; `out` is unchanged on error.
+    pub fn jacobian_weights_into_views(&self, out: [ArrayViewMut2<'_, A>; 3]) -> Result<()> {
         let (n, d, k) = self.dims();
         let (nk, dk) = (n * k, d * k);
-        for b in [&out.q, &out.k, &out.v] {
+        for b in &out {
             if b.dim() != (nk, dk) {
                 return Err(InputError::shape_mismatch(
                     "out",
@@ -830,19 +840,19 @@ impl Threads {
 fn fill<A: Real>(
     f: &Forward<A>,
     fac: &Factors<A>,
-    out: &mut WeightJacobian<A>,
+    out: [ArrayViewMut2<'_, A>; 3],
     v_zero: bool,
     threads: &Threads,
 ) {
     let (n, d, k) = f.dims();
     let mut jobs = Vec::with_capacity(3 * k);
-    for (block, m) in [
-        (Block::Q, &mut out.q),
-        (Block::K, &mut out.k),
-        (Block::V, &mut out.v),
-    ] {
-        for (c, rows) in m.axis_chunks_iter_mut(Axis(0), n).enumerate() {
+    for (block, mut rest) in [Block::Q, Block::K, Block::V].into_iter().zip(out) {
+        // The k row blocks of N rows (block c holds output column c).
+        for c in 0..k {
+            let at = if c + 1 < k { n } else { rest.nrows() };
+            let (rows, tail) = rest.split_at(Axis(0), at);
             jobs.push((block, c, rows));
+            rest = tail;
         }
     }
     let run = |(block, c, rows): (Block, usize, ArrayViewMut2<'_, A>)| {
@@ -971,7 +981,8 @@ impl<A: Real> JacobianWorkspace<A> {
         // never written since (the fill skips them and the blocks are lent out only as `&`).
         self.dims = (n, d, k);
         let out = self.out.insert(out);
-        fill(fwd, &self.factors, out, true, &self.threads);
+        let views = [out.q.view_mut(), out.k.view_mut(), out.v.view_mut()];
+        fill(fwd, &self.factors, views, true, &self.threads);
         Ok(out)
     }
 

@@ -1725,6 +1725,12 @@ proptest! {
             };
             fwd.jacobian_weights_into(&mut junk).unwrap();
             prop_assert_eq!(&junk, &fresh, "into, round {}", round);
+            // Into strided views: the three blocks side by side in one junk matrix.
+            let mut side = gaussian(&mut rng, n * k, 3 * d * k, 1.0);
+            let (q, rest) = side.view_mut().split_at(ndarray::Axis(1), d * k);
+            let (kv, v) = rest.split_at(ndarray::Axis(1), d * k);
+            fwd.jacobian_weights_into_views([q, kv, v]).unwrap();
+            prop_assert_eq!(&side, &fresh.full().unwrap(), "views, round {}", round);
         }
         prop_assert!(ws.take().is_some() && ws.jacobian().is_none());
     }
