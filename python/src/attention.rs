@@ -76,7 +76,7 @@ fn weight_jacobian(
 ) -> PyResult<PyTensor> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
     let (nk, dk) = block_shape(&fwd, 3)?;
-    let mut full = Tensor::empty([nk as i64, 3 * dk as i64], (Kind::Double, Device::Cpu));
+    let mut full = Tensor::f_empty([nk as i64, 3 * dk as i64], (Kind::Double, Device::Cpu)).py()?;
     let view = f64_matrix_mut(&mut full)?;
     let (q, rest) = view.split_at(Axis(1), dk);
     let (k, v) = rest.split_at(Axis(1), dk);
@@ -100,8 +100,8 @@ fn weight_jacobian_blocks(
 ) -> PyResult<(PyTensor, PyTensor, PyTensor)> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
     let (nk, dk) = block_shape(&fwd, 1)?;
-    let empty = || Tensor::empty([nk as i64, dk as i64], (Kind::Double, Device::Cpu));
-    let (mut q, mut k, mut v) = (empty(), empty(), empty());
+    let empty = || Tensor::f_empty([nk as i64, dk as i64], (Kind::Double, Device::Cpu)).py();
+    let (mut q, mut k, mut v) = (empty()?, empty()?, empty()?);
     let views = [
         f64_matrix_mut(&mut q)?,
         f64_matrix_mut(&mut k)?,

@@ -65,11 +65,12 @@ pub fn msign(py: Python<'_>, x: PyTensor, method: &str, precision: &str) -> PyRe
             return one(&x).map(PyTensor);
         }
         let (rows, cols) = (size[size.len() - 2], size[size.len() - 1]);
-        let stack = x.reshape([-1, rows, cols]);
+        let stack = x.f_reshape([-1, rows, cols]).py()?;
         let slices = (0..stack.size()[0])
-            .map(|i| one(&stack.get(i)))
+            .map(|i| one(&stack.f_get(i).py()?))
             .collect::<PyResult<Vec<_>>>()?;
-        Ok(PyTensor(Tensor::stack(&slices, 0).reshape(&size)))
+        let stacked = Tensor::f_stack(&slices, 0).and_then(|t| t.f_reshape(&size));
+        Ok(PyTensor(stacked.py()?))
     })
 }
 
@@ -109,7 +110,10 @@ pub fn polar_express_coefficients(
 
 /// A matrix as an f64 ndarray (a copy: the SVD-based quantities run in f64 on the CPU).
 pub fn matrix(x: &Tensor, arg: &str) -> PyResult<Array2<f64>> {
-    let cpu = x.to_device(Device::Cpu).to_kind(Kind::Double);
+    let cpu = x
+        .f_to_device(Device::Cpu)
+        .and_then(|t| t.f_to_kind(Kind::Double))
+        .py()?;
     let array: ArrayD<f64> = (&cpu)
         .try_into()
         .map_err(|e| PyValueError::new_err(format!("{arg}: {e}")))?;
