@@ -97,6 +97,10 @@ pub enum ModelsError {
     /// manifold, a diverging dual ascent.
     #[error("optimizer: {0}")]
     Optimizer(String),
+    /// A collective of a data-parallel run failed: another rank stopped, timed out or sent a
+    /// tensor of another shape.
+    #[error("data-parallel collective: {0}")]
+    Collective(String),
     /// An error raised by libtorch.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),

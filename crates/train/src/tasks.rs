@@ -10,7 +10,7 @@
 
 use tch::{Kind, Tensor};
 
-use crate::trainer::{Eval, Task};
+use crate::trainer::{Eval, Part, Task};
 use kappa_models::classifier::SequenceClassifier;
 use kappa_models::data::sequences::SequenceSplits;
 use kappa_models::data::Tokenizer;
@@ -75,12 +75,14 @@ impl Task for LanguageModeling {
         "tokens"
     }
 
-    fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)> {
+    fn train_loss(&mut self, step: u64, batch_size: usize, part: Part) -> Result<(Tensor, u64)> {
         let t = self.model.config().block_size;
         let (x, y) = self
             .corpus
             .batch(Split::Train, self.seed, step, batch_size, t)?;
-        Ok((self.model.loss(&x, &y)?, (batch_size * t) as u64))
+        let (x, y) = (part.take(&x, batch_size)?, part.take(&y, batch_size)?);
+        let units = part.range(batch_size).len() * t;
+        Ok((self.model.loss(&x, &y)?, units as u64))
     }
 
     fn evaluate(&mut self, batches: usize, batch_size: usize) -> Result<Eval> {
@@ -196,10 +198,14 @@ impl Task for MaskedLanguageModeling {
         "tokens"
     }
 
-    fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)> {
+    /// The masks are drawn over the whole batch, then cut; each part's loss is the mean over
+    /// its own masked positions, so the parts of a step weigh equally whatever their masked
+    /// counts.
+    fn train_loss(&mut self, step: u64, batch_size: usize, part: Part) -> Result<(Tensor, u64)> {
         let (x, y) = self.batch(Split::Train, self.seed, step, batch_size)?;
-        let t = self.model.config().seq_len;
-        Ok((self.model.loss(&x, &y)?.loss, (batch_size * t) as u64))
+        let (x, y) = (part.take(&x, batch_size)?, part.take(&y, batch_size)?);
+        let units = part.range(batch_size).len() * self.model.config().seq_len;
+        Ok((self.model.loss(&x, &y)?.loss, units as u64))
     }
 
     fn evaluate(&mut self, batches: usize, batch_size: usize) -> Result<Eval> {
@@ -410,9 +416,11 @@ impl<M: ClassifierModel, D: ClassificationData> Task for Classification<M, D> {
         D::UNIT
     }
 
-    fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)> {
+    fn train_loss(&mut self, step: u64, batch_size: usize, part: Part) -> Result<(Tensor, u64)> {
         let (x, y) = self.data.train_batch(self.seed, step, batch_size)?;
-        Ok((self.model.loss(&x, &y)?, batch_size as u64))
+        let (x, y) = (part.take(&x, batch_size)?, part.take(&y, batch_size)?);
+        let units = part.range(batch_size).len();
+        Ok((self.model.loss(&x, &y)?, units as u64))
     }
 
     fn evaluate(&mut self, batches: usize, batch_size: usize) -> Result<Eval> {

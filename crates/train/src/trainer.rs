@@ -15,7 +15,8 @@
 //! 2. Gradients are dropped ([`Optimizer::zero_grad`], PyTorch's `zero_grad(set_to_none=True)`); the
 //!    forward pass runs in f32, or under bf16 autocast with [`TrainPrecision::Bf16`]
 //!    ([`kappa_models::autocast`]). loss = task loss on the batch of step i (a pure function of
-//!    (seed, i)); a non-finite loss stops the run as diverged, and so does a loss above
+//!    (seed, i); in parts with micro-batches or several ranks, see below); a non-finite loss
+//!    stops the run as diverged, and so does a loss above
 //!    `divergence_factor` × its reference ([`DivergenceReference`]: the first step's loss, or the
 //!    best smoothed loss so far).
 //! 3. Backward; ‖g‖ = (Σ‖g_p‖²)^{1/2} over every trainable tensor, in f64; if `grad_clip` > 0
@@ -47,6 +48,51 @@
 //! violations for manifold Muon); evaluation records carry per-head attention diagnostics and,
 //! with `matrix_diagnostics`, the spectrum of every hidden matrix ([`MatrixDiagnostics`]).
 //!
+//! # Data parallelism and micro-batches
+//!
+//! A step's batch (`batch_size` examples, a pure function of (seed, step)) is cut into P equal
+//! runs of consecutive examples, its parts ([`Part`]): P = `batch_size / micro_batch_size`, or
+//! the number of ranks W when `micro_batch_size` is 0. On W ranks ([`Trainer::data_parallel`],
+//! over a kappa-dist [`Communicator`]) rank r takes parts r·P/W .. (r+1)·P/W, so what a rank
+//! reads is a pure function of (seed, step, rank, P/W), and the batch as a whole does not depend
+//! on W. Each rank runs forward and backward on its parts in turn (libtorch adds each part's
+//! gradient to the sum of the previous ones), then:
+//!
+//! - loss = (Σ over ranks, in rank order, of Σ over the rank's parts, in part order, of the
+//!   part's loss) / P, in f64: the same on every rank, so the divergence check decides the same
+//!   everywhere;
+//! - every gradient g ← (Σ_r g_r) / P: the ranks' sums added in rank order in their kind (f32),
+//!   then divided once ([`kappa_dist::rules`]), before clipping, so ‖g‖ and the clip are the
+//!   average's;
+//! - every rank runs the same optimizer step on the same gradients.
+//!
+//! With P = 1 (one rank and `micro_batch_size` 0 or `batch_size`) none of this adds an
+//! operation. The sum of two parts is part 0 + part 1 however they fall to ranks, so 2 ranks
+//! reproduce 1 rank with 2 micro-batches bit for bit. With more parts the grouping depends on
+//! W: for P = 4, W = 1 and W = 4 both sum ((p₀ + p₁) + p₂) + p₃ while W = 2 sums
+//! (p₀ + p₁) + (p₂ + p₃), which can differ in the last bit of a gradient element (float
+//! addition is not associative); such runs agree to rounding, not bit for bit.
+//!
+//! **Optimizer state is replicated.** Every rank holds all of it (AdamW's moments, Muon's
+//! momentum) and applies the same update to the same weights, so the weights need no exchange
+//! after a step and stay equal on all ranks. The price is memory (each rank holds the whole
+//! state) and time (each rank runs the whole step, every orthogonalization of Muon included);
+//! owning each matrix's state and orthogonalization on one rank would divide both by W. The gain
+//! is that a checkpoint is the same as a one-process run's: rank 0's weights and state, nothing
+//! per rank. A run saved on W ranks resumes on any W' that divides P, bit for bit where the
+//! grouping of the sum is the same (W and W' in {1, P}, or P = 2), to rounding otherwise. Every
+//! rank reads the same checkpoint file to resume.
+//!
+//! Rank 0 alone sends records to the sink, writes checkpoints and shows progress. Every rank
+//! evaluates (the same model on the same validation batches, so none waits for another's
+//! evaluation). Before each step the ranks add up their [`StopFlag`]s, so a SIGTERM that reaches
+//! one rank stops all of them after the same step, with rank 0's checkpoint. A rank that fails
+//! (an error, a panic) drops its communicator and the others fail at their next collective, an
+//! error naming it, instead of waiting; the communicator's timeout bounds the wait for one that
+//! stalls. QK-clip needs P = 1: it measures the logits of the step's one forward pass. For the
+//! masked language model each part's loss is the mean over its own masked positions, so parts
+//! weigh equally whatever their counts of masked positions.
+//!
 //! # Determinism and resume
 //!
 //! Initialization uses libtorch's generator seeded by the caller (`tch::manual_seed`); the data
@@ -58,9 +104,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use kappa_dist::{Communicator, DistError, Single};
 pub use kappa_optim::optimizer::OptimizerStats;
 use kappa_optim::optimizer::{Group, Grouping, Optimizer, Rule, Update};
 use kappa_optim::{AdamWConfig, WarmupCosine};
@@ -88,8 +136,15 @@ pub use kappa_models::seeded;
 pub struct TrainConfig {
     /// Optimizer steps S.
     pub steps: u64,
-    /// Examples (sequences or images) per step.
+    /// Examples (sequences or images) per step, over all ranks of a data-parallel run.
     pub batch_size: usize,
+    /// Examples per forward pass (0: the whole batch of a rank, `batch_size` / ranks). A smaller
+    /// value cuts the batch into `batch_size / micro_batch_size` parts (it must divide
+    /// `batch_size`), each rank taking an equal run of consecutive parts and summing their
+    /// gradients before the step (gradient accumulation); see "Data parallelism and
+    /// micro-batches" in [the module docs](self).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub micro_batch_size: usize,
     /// Peak learning rate, in (0, [`MAX_LR`]].
     pub lr: f64,
     /// Learning rate at the end of the cosine.
@@ -147,6 +202,7 @@ impl Default for TrainConfig {
         Self {
             steps: 1000,
             batch_size: 64,
+            micro_batch_size: 0,
             lr: 1e-3,
             min_lr: 1e-4,
             warmup_steps: 100,
@@ -198,6 +254,10 @@ pub enum DivergenceReference {
     Best,
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// The smoothing of [`DivergenceReference::Best`]: ema ← (1 − w)·ema + w·loss.
 pub const LOSS_EMA_WEIGHT: f64 = 0.1;
 
@@ -236,6 +296,17 @@ impl TrainConfig {
         }
         if self.batch_size == 0 {
             return bad("batch_size", "must be ≥ 1".into());
+        }
+        let micro = self.micro_batch_size;
+        if micro > 0 && !self.batch_size.is_multiple_of(micro) {
+            return bad(
+                "micro_batch_size",
+                format!(
+                    "must divide batch_size = {} (or be 0: the whole batch of a rank), found \
+                     {micro}",
+                    self.batch_size
+                ),
+            );
         }
         if !(self.lr > 0.0 && self.lr <= MAX_LR) {
             return bad(
@@ -307,6 +378,17 @@ impl TrainConfig {
             );
         }
         self.diagnostics.validate("train.diagnostics")?;
+        if self.qk_clip.is_some() && micro > 0 && micro < self.batch_size {
+            return bad(
+                "qk_clip",
+                format!(
+                    "measures the logits of a step's one forward pass, so it needs the whole \
+                     batch in one (micro_batch_size 0 or batch_size = {}), found \
+                     micro_batch_size {micro}",
+                    self.batch_size
+                ),
+            );
+        }
         if let Some(Err(e)) = self.qk_clip.map(|c| c.validate()) {
             let field = match &e {
                 kappa_optim::OptimError::Input(input) => format!("qk_clip.{}", input.arg()),
@@ -376,6 +458,36 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// The parts a step's batch is cut into on `world` ranks: `batch_size / micro_batch_size`,
+    /// or `world` when `micro_batch_size` is 0 (one forward pass per rank). Errors name
+    /// `train.batch_size` when the parts do not fall evenly to the ranks, and `train.qk_clip`
+    /// when there is more than one part (QK-clip measures a step's one forward pass).
+    pub fn parts(&self, world: usize) -> Result<usize> {
+        let (b, micro) = (self.batch_size, self.micro_batch_size);
+        let parts = if micro == 0 { world } else { b / micro.max(1) };
+        if world == 0 || !parts.is_multiple_of(world) || !b.is_multiple_of(parts.max(1)) {
+            let unit = if micro == 0 {
+                format!("the {world} ranks")
+            } else {
+                format!("{world} ranks × micro_batch_size {micro}")
+            };
+            return Err(ModelsError::config(
+                "train.batch_size",
+                format!("must be a multiple of {unit}, found {b}"),
+            ));
+        }
+        if self.qk_clip.is_some() && parts > 1 {
+            return Err(ModelsError::config(
+                "train.qk_clip",
+                format!(
+                    "measures the logits of a step's one forward pass, so it runs on one rank \
+                     without micro-batches; this step has {parts} parts"
+                ),
+            ));
+        }
+        Ok(parts)
+    }
+
     /// The learning-rate schedule: warmup over `warmup_steps`, then cosine to the factor
     /// `min_lr`/`lr` at `steps` (a factor of each group's peak lr).
     pub fn schedule(&self) -> WarmupCosine {
@@ -402,6 +514,12 @@ impl TrainConfig {
 /// A kappa-optim error as [`ModelsError::Optimizer`].
 pub(crate) fn optim_err(e: kappa_optim::OptimError) -> ModelsError {
     ModelsError::Optimizer(e.to_string())
+}
+
+/// A collective's error (a data-parallel step's weight broadcast, loss or gradient average or
+/// stop agreement) as [`ModelsError::Collective`].
+pub(crate) fn dist_err(e: DistError) -> ModelsError {
+    ModelsError::Collective(e.to_string())
 }
 
 /// Whether a variable is one of kappa's embeddings (never weight-decayed): its last name
@@ -465,13 +583,48 @@ pub struct Eval {
     pub accuracy: Option<f64>,
 }
 
+/// Which part of a step's batch a forward pass takes: the batch of `batch_size` examples (a
+/// pure function of the seed and the step) cut into `count` equal runs of consecutive
+/// examples, and run `index` of them: examples index·b/count .. (index+1)·b/count, with
+/// b = `batch_size` a multiple of `count` ([`TrainConfig::parts`] checks it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// Which run, in `0..count`.
+    pub index: usize,
+    /// How many runs.
+    pub count: usize,
+}
+
+impl Part {
+    /// The whole batch.
+    pub const WHOLE: Part = Part { index: 0, count: 1 };
+
+    /// The examples of this part of a batch of `batch_size`.
+    pub fn range(&self, batch_size: usize) -> std::ops::Range<usize> {
+        let len = batch_size / self.count.max(1);
+        self.index * len..(self.index + 1) * len
+    }
+
+    /// This part's rows (dimension 0) of a batch tensor of `batch_size` rows: the tensor itself
+    /// for the whole batch, a view otherwise.
+    pub fn take(&self, batch: &Tensor, batch_size: usize) -> Result<Tensor> {
+        if self.count == 1 {
+            return Ok(batch.shallow_clone());
+        }
+        let range = self.range(batch_size);
+        Ok(batch.f_narrow(0, range.start as i64, range.len() as i64)?)
+    }
+}
+
 /// What a training run optimizes: a model, its data and its loss.
 pub trait Task {
     /// What the throughput counts (`tokens`, `images`).
     fn unit(&self) -> &'static str;
-    /// The loss of the training batch of step index `step` (with its graph) and the number
-    /// of units in the batch.
-    fn train_loss(&mut self, step: u64, batch_size: usize) -> Result<(Tensor, u64)>;
+    /// The loss of part `part` of the training batch of step index `step` (with its graph:
+    /// the mean over the part's examples) and the number of units in the part. The batch is
+    /// a pure function of the seed and `step`, the same whatever the part, so the parts of the
+    /// ranks of a data-parallel run ([`Part`]) tile it.
+    fn train_loss(&mut self, step: u64, batch_size: usize, part: Part) -> Result<(Tensor, u64)>;
     /// Evaluation on the validation split (no gradient).
     fn evaluate(&mut self, batches: usize, batch_size: usize) -> Result<Eval>;
     /// Per-head diagnostics on a fixed batch.
@@ -617,6 +770,10 @@ pub struct Trainer<'a> {
     stop_after: Option<u64>,
     stop: StopFlag,
     label: String,
+    /// The ranks of a data-parallel run ([`Trainer::data_parallel`]; one process by default).
+    comm: Arc<dyn Communicator>,
+    /// The parts of every step's batch ([`TrainConfig::parts`] at the world size).
+    parts: usize,
 }
 
 /// The prefix of the model's variables in a checkpoint: variable `v` is stored as `model/v`.
@@ -714,6 +871,7 @@ impl<'a> Trainer<'a> {
         }
         context.apply_threads();
         optimizer.set_schedule(config.schedule());
+        let parts = config.parts(1)?;
         Ok(Self {
             vs,
             config,
@@ -727,7 +885,32 @@ impl<'a> Trainer<'a> {
             stop_after: None,
             stop: context.stop.clone(),
             label: String::from("train"),
+            comm: Arc::new(Single),
+            parts,
         })
+    }
+
+    /// Makes this trainer one rank of a data-parallel run over `comm`'s group. Every rank
+    /// builds the same task and trainer and calls this before training (after
+    /// [`Trainer::load_checkpoint`] when resuming: every rank loads the same checkpoint);
+    /// then rank 0's variables (weights and buffers) are copied to every rank, so all start from
+    /// one model whatever their initialization. Training then gives each rank its parts of
+    /// every batch and averages the gradients over the ranks; rank 0 alone sends records to
+    /// the sink, writes checkpoints and shows progress (see "Data parallelism and
+    /// micro-batches" in [the module docs](self)).
+    ///
+    /// Errors: a batch that does not split evenly over the ranks ([`TrainConfig::parts`],
+    /// naming `train.batch_size`), and a collective that fails (a rank that left, disagreed
+    /// or stalled past its communicator's timeout).
+    pub fn data_parallel(&mut self, comm: Arc<dyn Communicator>) -> Result<()> {
+        let parts = self.config.parts(comm.world())?;
+        let mut vars: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        for (_, var) in &mut vars {
+            comm.broadcast(var, 0).map_err(dist_err)?;
+        }
+        (self.comm, self.parts) = (comm, parts);
+        Ok(())
     }
 
     /// The optimizer.
@@ -875,7 +1058,7 @@ impl<'a> Trainer<'a> {
     }
 
     fn progress_bar(&self, unit: &str) -> ProgressBar {
-        if !self.progress {
+        if !self.progress || self.comm.rank() != 0 {
             return ProgressBar::hidden();
         }
         let bar = ProgressBar::new(self.config.steps);
@@ -958,14 +1141,20 @@ impl<'a> Trainer<'a> {
     }
 
     /// Trains from the current step to the config's `steps` (or to [`Trainer::stop_after`], or
-    /// the step after the context's [`StopFlag`] is raised), sending every record to `sink`;
-    /// writes checkpoints to `checkpoint` when given (always when it stops early).
+    /// the step after the context's [`StopFlag`] is raised on any rank), sending every record to
+    /// `sink`; writes checkpoints to `checkpoint` when given (always when it stops early). On a
+    /// data-parallel run ([`Trainer::data_parallel`]) only rank 0 sends records and writes
+    /// checkpoints, and every rank returns once the last checkpoint is written.
     pub fn run<T: Task>(
         &mut self,
         task: &mut T,
         sink: &mut dyn FnMut(&Record) -> Result<()>,
         checkpoint: Option<&Path>,
     ) -> Result<Summary> {
+        let first = self.comm.rank() == 0;
+        let checkpoint = checkpoint.filter(|_| first);
+        let mut first_only = |r: &Record| if first { sink(r) } else { Ok(()) };
+        let sink: &mut dyn FnMut(&Record) -> Result<()> = &mut first_only;
         let mut clock = Clock {
             started: Instant::now(),
             train_seconds: 0.0,
@@ -990,23 +1179,16 @@ impl<'a> Trainer<'a> {
             last_eval = Some(self.evaluate(task, &bar, sink)?);
         }
         let schedule = self.config.schedule();
-        while self.step < end && !self.stop.is_raised() {
+        while self.step < end && !self.agree_stop()? {
             let i = self.step;
             let t0 = Instant::now();
             let lr = schedule.lr(self.config.lr, i);
             self.optimizer.zero_grad().map_err(optim_err)?;
-            let batch = self.config.batch_size;
-            let (loss, units) = match self.config.precision {
-                TrainPrecision::F32 => task.train_loss(i, batch)?,
-                TrainPrecision::Bf16 => kappa_models::autocast::autocast(self.vs.device(), || {
-                    task.train_loss(i, batch)
-                })?,
-            };
-            let loss_value = loss.double_value(&[]);
+            let (loss_value, units) = self.forward_backward(task, i)?;
             if let Some(reason) = self.check_loss(loss_value) {
                 return diverge(&bar, sink, i, reason, &clock, last_eval);
             }
-            loss.f_backward()?;
+            self.average_gradients()?;
             let clip = self.config.grad_clip;
             let grad_norm = self.optimizer.clip_grad_norm(clip).map_err(optim_err)?;
             if !grad_norm.is_finite() {
@@ -1067,7 +1249,102 @@ impl<'a> Trainer<'a> {
             }
             Outcome::Interrupted { step: self.step }
         };
+        if self.comm.world() > 1 {
+            self.comm.barrier().map_err(dist_err)?;
+        }
         Ok(clock.summary(outcome, last_eval))
+    }
+
+    /// Whether to stop before the next step: the [`StopFlag`] is raised on any rank (all ranks
+    /// agree, so they stop at the same step).
+    fn agree_stop(&self) -> Result<bool> {
+        let raised = self.stop.is_raised();
+        if self.comm.world() == 1 {
+            return Ok(raised);
+        }
+        let mut any = Tensor::from_slice(&[i64::from(raised)]);
+        self.comm.all_reduce_sum(&mut any).map_err(dist_err)?;
+        Ok(any.f_int64_value(&[0])? > 0)
+    }
+
+    /// The forward and backward passes of step `i` on this rank's parts of the batch (its
+    /// gradients end as their sum, libtorch accumulating them in part order), and the step's
+    /// loss and units over every rank: the mean of every part's loss (summed in f64, in part
+    /// order within a rank, then over the ranks in rank order), the same on every rank.
+    fn forward_backward<T: Task>(&self, task: &mut T, i: u64) -> Result<(f64, u64)> {
+        let (world, batch) = (self.comm.world(), self.config.batch_size);
+        let mine = self.parts / world;
+        let mut losses = Vec::with_capacity(mine);
+        let mut units = 0;
+        for k in 0..mine {
+            let part = Part {
+                index: self.comm.rank() * mine + k,
+                count: self.parts,
+            };
+            let (loss, n) = match self.config.precision {
+                TrainPrecision::F32 => task.train_loss(i, batch, part)?,
+                TrainPrecision::Bf16 => kappa_models::autocast::autocast(self.vs.device(), || {
+                    task.train_loss(i, batch, part)
+                })?,
+            };
+            losses.push(loss.double_value(&[]));
+            units += n;
+            loss.f_backward()?;
+        }
+        let mine_sum = losses.into_iter().reduce(|a, b| a + b).unwrap_or(0.0);
+        if self.parts == 1 {
+            return Ok((mine_sum, units));
+        }
+        let mut sum = Tensor::from_slice(&[mine_sum]);
+        self.comm.all_reduce_sum(&mut sum).map_err(dist_err)?;
+        let loss = sum.f_double_value(&[0])? / self.parts as f64;
+        Ok((loss, units * world as u64))
+    }
+
+    /// Every gradient ← (the sum of its parts over every rank) / parts: the sum over the ranks
+    /// in rank order (one flat buffer per element kind, in the optimizer's parameter order),
+    /// then one division. Nothing with one part.
+    fn average_gradients(&self) -> Result<()> {
+        if self.parts == 1 {
+            return Ok(());
+        }
+        let _guard = tch::no_grad_guard();
+        let parts = self.parts as f64;
+        let mut grads: Vec<Tensor> = (self.optimizer.params())
+            .map(|(_, p)| p.grad())
+            .filter(Tensor::defined)
+            .collect();
+        if self.comm.world() == 1 {
+            for g in &mut grads {
+                let _ = g.f_div_scalar_(parts)?;
+            }
+            return Ok(());
+        }
+        let mut kinds: Vec<tch::Kind> = Vec::new();
+        for g in &grads {
+            if !kinds.contains(&g.kind()) {
+                kinds.push(g.kind());
+            }
+        }
+        for kind in kinds {
+            let mut same: Vec<&mut Tensor> =
+                grads.iter_mut().filter(|g| g.kind() == kind).collect();
+            let flat: Vec<Tensor> = same
+                .iter()
+                .map(|g| g.f_reshape([-1]))
+                .collect::<std::result::Result<_, _>>()?;
+            let mut flat = Tensor::f_cat(&flat, 0)?;
+            self.comm.all_reduce_sum(&mut flat).map_err(dist_err)?;
+            let _ = flat.f_div_scalar_(parts)?;
+            let mut offset = 0;
+            for g in &mut same {
+                let n = g.numel() as i64;
+                let average = flat.f_narrow(0, offset, n)?.f_view_as(g)?;
+                g.f_copy_(&average)?;
+                offset += n;
+            }
+        }
+        Ok(())
     }
 
     /// With `qk_clip`: turns the task's max-logit capture on (it stays on after the run, so

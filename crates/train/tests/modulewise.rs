@@ -651,7 +651,12 @@ impl Task for Scripted {
     fn unit(&self) -> &'static str {
         "items"
     }
-    fn train_loss(&mut self, step: u64, _b: usize) -> kappa_models::Result<(Tensor, u64)> {
+    fn train_loss(
+        &mut self,
+        step: u64,
+        _b: usize,
+        _part: kappa_train::Part,
+    ) -> kappa_models::Result<(Tensor, u64)> {
         let value = if step < 20 {
             2.0 - 0.05 * step as f64
         } else {

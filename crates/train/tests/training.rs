@@ -229,8 +229,13 @@ impl Task for Poisoned {
     fn unit(&self) -> &'static str {
         "tokens"
     }
-    fn train_loss(&mut self, step: u64, b: usize) -> kappa_models::Result<(Tensor, u64)> {
-        let (l, n) = self.0.train_loss(step, b)?;
+    fn train_loss(
+        &mut self,
+        step: u64,
+        b: usize,
+        part: kappa_train::Part,
+    ) -> kappa_models::Result<(Tensor, u64)> {
+        let (l, n) = self.0.train_loss(step, b, part)?;
         Ok((if step == 3 { l * f64::NAN } else { l }, n))
     }
     fn evaluate(&mut self, n: usize, b: usize) -> kappa_models::Result<kappa_train::Eval> {

@@ -1,0 +1,286 @@
+//! The rules every backend follows, written once: how a tensor is split into shards, in which
+//! order and precision contributions are summed, and which calls are valid.
+//!
+//! # Shards
+//!
+//! [`Communicator::reduce_scatter`](crate::Communicator::reduce_scatter) and
+//! [`Communicator::all_gather`](crate::Communicator::all_gather) cut a tensor of N elements
+//! (flattened in row-major order) over W ranks as `torch.tensor_split` and `numpy.array_split`
+//! do: with q = ⌊N/W⌋ and ρ = N mod W, rank r holds
+//!
+//! - len(r) = q + 1 for r < ρ, q otherwise;
+//! - start(r) = r·q + min(r, ρ), so elements start(r) .. start(r) + len(r).
+//!
+//! The first ρ ranks hold one element more. The shards tile 0..N in rank order:
+//! start(r) + len(r) = (r+1)·q + min(r+1, ρ) = start(r+1), and start(W) = W·q + ρ = N. With
+//! N < W the last W − N shards are empty. [`shard_range`] computes it.
+//!
+//! # Sum order
+//!
+//! A sum over the ranks is ((x₀ + x₁) + x₂) + … + x_{W−1}, ascending in rank, element by
+//! element, whatever the backend and whichever rank arrives first: the result is a pure function
+//! of the contributions, so a run reproduces bit for bit. bf16 and f16 are widened to f32
+//! (exactly), summed in f32 and rounded to their kind once at the end; every other kind is
+//! summed in its own kind (f32 in f32, f64 in f64; integers wrap on overflow). The mean is that
+//! sum divided by W in the same precision, before the one rounding. With W = 1 the sum and the
+//! mean are the contribution itself, bit for bit.
+
+use std::fmt;
+use std::ops::Range;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{DistError, Op, Result};
+
+/// How contributions are combined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// x₀ + x₁ + … + x_{W−1}, in ascending rank order.
+    Sum,
+    /// The sum divided by W (floating-point kinds only).
+    Mean,
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+        })
+    }
+}
+
+/// The elements of rank `rank`'s shard of `numel` elements split over `world` ranks (see the
+/// [module docs](self#shards)); empty for `world` = 0 or `rank` ≥ `world`.
+///
+/// ```
+/// // 11 elements over 3 ranks: 4, 4 and 3.
+/// assert_eq!(kappa_dist::shard_range(11, 3, 0), 0..4);
+/// assert_eq!(kappa_dist::shard_range(11, 3, 1), 4..8);
+/// assert_eq!(kappa_dist::shard_range(11, 3, 2), 8..11);
+/// ```
+pub fn shard_range(numel: usize, world: usize, rank: usize) -> Range<usize> {
+    if world == 0 || rank >= world {
+        return 0..0;
+    }
+    let (q, rho) = (numel / world, numel % world);
+    let start = rank * q + rank.min(rho);
+    start..start + q + usize::from(rank < rho)
+}
+
+/// The kind a sum of `kind` is accumulated in ([module docs](self#sum-order)): f32 for bf16 and
+/// f16, the kind itself for the other floating-point and integer kinds; `None` for kinds that
+/// are not summed (bool, complex, quantized).
+pub fn accumulation_kind(kind: Kind) -> Option<Kind> {
+    match kind {
+        Kind::BFloat16 | Kind::Half => Some(Kind::Float),
+        Kind::Float | Kind::Double => Some(kind),
+        Kind::Uint8 | Kind::Int8 | Kind::Int16 | Kind::Int | Kind::Int64 => Some(kind),
+        _ => None,
+    }
+}
+
+/// The flattened contributions `parts` (rank 0 first; one kind and element count) reduced in the
+/// order and precision of the [module docs](self#sum-order), as a new 1-D CPU tensor of their
+/// kind that aliases none of them.
+pub fn reduce_in_rank_order(parts: &[Tensor], reduce: ReduceOp) -> Result<Tensor, tch::TchError> {
+    let Some(first) = parts.first() else {
+        return Ok(Tensor::new());
+    };
+    let kind = first.kind();
+    let acc_kind = accumulation_kind(kind).unwrap_or(kind);
+    let widened = |t: &Tensor, copy: bool| {
+        t.f_reshape([-1])?
+            .f_to_device_(Device::Cpu, acc_kind, false, copy)
+    };
+    let mut acc = widened(first, true)?;
+    for part in &parts[1..] {
+        let _ = acc.f_add_(&widened(part, false)?)?;
+    }
+    if reduce == ReduceOp::Mean {
+        let _ = acc.f_div_scalar_(parts.len() as f64)?;
+    }
+    acc.f_to_dtype(kind, false, false)
+}
+
+/// One rank's call of a collective, checked against its own arguments ([`Call::all_reduce`],
+/// …); backends compare the calls of one round to find ranks that disagree.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Call {
+    pub op: Op,
+    pub reduce: Option<ReduceOp>,
+    pub kind: Option<Kind>,
+    /// The elements of the whole tensor: the input of a reduction or broadcast, the output of an
+    /// all-gather.
+    pub numel: usize,
+    pub root: Option<usize>,
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.op)?;
+        if let Some(reduce) = self.reduce {
+            write!(f, "({reduce})")?;
+        }
+        if let Some(root) = self.root {
+            write!(f, " from rank {root}")?;
+        }
+        if let Some(kind) = self.kind {
+            write!(f, " of {} {kind:?} elements", self.numel)?;
+        }
+        Ok(())
+    }
+}
+
+impl Call {
+    /// [`Communicator::all_reduce`](crate::Communicator::all_reduce) of `t`.
+    pub fn all_reduce(rank: usize, t: &Tensor, reduce: ReduceOp) -> Result<Self> {
+        check_reducible(Op::AllReduce, rank, t.kind(), reduce)?;
+        Ok(Self::of(Op::AllReduce, Some(reduce), t, None))
+    }
+
+    /// [`Communicator::reduce_scatter`](crate::Communicator::reduce_scatter) of `input` into
+    /// `out`, which must be of its kind and hold this rank's shard.
+    pub fn reduce_scatter(
+        rank: usize,
+        world: usize,
+        input: &Tensor,
+        out: &Tensor,
+        reduce: ReduceOp,
+    ) -> Result<Self> {
+        let op = Op::ReduceScatter;
+        check_reducible(op, rank, input.kind(), reduce)?;
+        check_same_kind(op, rank, input, out, "input")?;
+        let expected = shard_range(input.numel(), world, rank).len();
+        check_size(op, rank, "out", expected, out.numel())?;
+        Ok(Self::of(op, Some(reduce), input, None))
+    }
+
+    /// [`Communicator::all_gather`](crate::Communicator::all_gather) of `shard` into `out`: the
+    /// shard must be of `out`'s kind and hold this rank's shard of `out`'s elements.
+    pub fn all_gather(rank: usize, world: usize, shard: &Tensor, out: &Tensor) -> Result<Self> {
+        let op = Op::AllGather;
+        check_same_kind(op, rank, shard, out, "shard")?;
+        let expected = shard_range(out.numel(), world, rank).len();
+        check_size(op, rank, "shard", expected, shard.numel())?;
+        Ok(Self::of(op, None, out, None))
+    }
+
+    /// [`Communicator::broadcast`](crate::Communicator::broadcast) of `t` from `root`.
+    pub fn broadcast(rank: usize, world: usize, t: &Tensor, root: usize) -> Result<Self> {
+        if root >= world {
+            return Err(DistError::Argument {
+                op: Op::Broadcast,
+                rank,
+                reason: format!("the root must lie in 0..{world}, found {root}"),
+            });
+        }
+        Ok(Self::of(Op::Broadcast, None, t, Some(root)))
+    }
+
+    /// [`Communicator::barrier`](crate::Communicator::barrier).
+    pub fn barrier() -> Self {
+        Self {
+            op: Op::Barrier,
+            reduce: None,
+            kind: None,
+            numel: 0,
+            root: None,
+        }
+    }
+
+    fn of(op: Op, reduce: Option<ReduceOp>, t: &Tensor, root: Option<usize>) -> Self {
+        Self {
+            op,
+            reduce,
+            kind: Some(t.kind()),
+            numel: t.numel(),
+            root,
+        }
+    }
+}
+
+/// `kind` can be reduced by `reduce`: it has an [`accumulation_kind`], and a mean needs a
+/// floating-point kind.
+fn check_reducible(op: Op, rank: usize, kind: Kind, reduce: ReduceOp) -> Result<()> {
+    let floating = matches!(
+        kind,
+        Kind::BFloat16 | Kind::Half | Kind::Float | Kind::Double
+    );
+    if accumulation_kind(kind).is_none() || (reduce == ReduceOp::Mean && !floating) {
+        let allowed = match reduce {
+            ReduceOp::Sum => "bf16, f16, f32, f64 or an integer kind",
+            ReduceOp::Mean => "bf16, f16, f32 or f64",
+        };
+        return Err(DistError::Argument {
+            op,
+            rank,
+            reason: format!("a {reduce} of {kind:?} elements: the kind must be {allowed}"),
+        });
+    }
+    Ok(())
+}
+
+fn check_same_kind(op: Op, rank: usize, a: &Tensor, out: &Tensor, what: &str) -> Result<()> {
+    if a.kind() != out.kind() {
+        return Err(DistError::Argument {
+            op,
+            rank,
+            reason: format!(
+                "`out` is {:?}, the {what} {:?}: they must be of one kind",
+                out.kind(),
+                a.kind()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn check_size(
+    op: Op,
+    rank: usize,
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<()> {
+    if expected != found {
+        return Err(DistError::Size {
+            op,
+            rank,
+            what,
+            expected,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// Writes `src` (any shape, `dst`'s element count) into `dst` in place, without gradient.
+pub(crate) fn write_into(op: Op, rank: usize, dst: &mut Tensor, src: &Tensor) -> Result<()> {
+    tch::no_grad(|| src.f_reshape(dst.size()).and_then(|s| dst.f_copy_(&s)))
+        .map_err(|e| DistError::tensor(op, rank, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_tile_every_length_in_rank_order_and_the_first_ranks_hold_the_extra_elements() {
+        for world in 1..6 {
+            for numel in 0..20 {
+                let mut next = 0;
+                for rank in 0..world {
+                    let r = shard_range(numel, world, rank);
+                    assert_eq!(r.start, next, "N {numel} W {world} r {rank}");
+                    let expected = numel / world + usize::from(rank < numel % world);
+                    assert_eq!(r.len(), expected, "N {numel} W {world} r {rank}");
+                    next = r.end;
+                }
+                assert_eq!(next, numel, "N {numel} W {world}");
+            }
+        }
+        assert_eq!(shard_range(5, 0, 0), 0..0);
+        assert_eq!(shard_range(5, 2, 2), 0..0);
+    }
+}
