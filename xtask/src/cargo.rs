@@ -71,6 +71,7 @@ const PUBLISHED: &[&str] = &[
     "kappa-attention",
     "kappa-optim",
     "kappa-models",
+    "kappa-dist",
     "kappa-train",
 ];
 
@@ -224,9 +225,11 @@ fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Comma
         "-p",
         "kappa-models",
         "-p",
+        "kappa-dist",
+        "-p",
         "kappa-train",
         "--features",
-        "kappa-models/doc-only,kappa-train/doc-only",
+        "kappa-models/doc-only,kappa-dist/doc-only,kappa-train/doc-only",
     ]);
     docs_rs.env("RUSTDOCFLAGS", "-D warnings");
     vec![
@@ -239,7 +242,7 @@ fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Comma
             with("check", &["--locked", "--no-default-features"]),
         ),
         (
-            "kappa-models and kappa-train docs without libtorch (docs.rs mode)",
+            "kappa-models, kappa-dist and kappa-train docs without libtorch (docs.rs mode)",
             docs_rs,
         ),
     ]
@@ -256,6 +259,10 @@ pub struct BenchArgs {
     /// nystrom, step_env).
     #[arg(long)]
     bench: Option<String>,
+    /// Write docs/performance.md from this run's criterion results: one table per comparison of
+    /// kappa against its peer, with the CPU, thread counts, date, commit and this command.
+    #[arg(long)]
+    publish: bool,
     /// Arguments passed to criterion (a filter, `--quick`, …).
     #[arg(last = true)]
     criterion: Vec<String>,
@@ -265,11 +272,14 @@ pub struct BenchArgs {
 /// `--threads`.
 pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     let tc = setup::setup(ws, &DataSelection::default())?;
+    let mut published = Vec::new();
     for &threads in &args.threads {
+        let started = std::time::SystemTime::now();
         eprintln!(
             "xtask bench: {threads} thread(s); nothing else should run on this machine while it \
              measures"
         );
+        let threads_n = threads;
         let threads = threads.to_string();
         let mut cmd = cargo(ws, &tc);
         cmd.args(["bench", "--locked", "-p", "kappa-benches"]);
@@ -285,6 +295,12 @@ pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
             .env("KAPPA_BENCH_THREADS", &threads)
             .env("OPENBLAS_NUM_THREADS", &threads)
             .env("RAYON_NUM_THREADS", &threads))?;
+        if args.publish {
+            published.push(crate::publish::collect(ws, threads_n, started));
+        }
+    }
+    if args.publish {
+        crate::publish::write(ws, &published, &args.threads)?;
     }
     Ok(())
 }

@@ -20,6 +20,7 @@
 
 mod cargo;
 mod data;
+mod publish;
 mod python;
 mod reproduce;
 mod setup;

@@ -98,6 +98,7 @@ mod tests {
         ("kappa-testkit", 0),
         ("kappa-cli", 0),
         ("kappa-linalg", 1),
+        ("kappa-dist", 1),
         ("kappa-attention", 2),
         ("kappa-optim", 2),
         ("kappa-models", 3),
@@ -170,6 +171,319 @@ mod tests {
                 doc.contains(&format!("| `{name}` |")),
                 "docs/architecture.md's table lacks {name}"
             );
+        }
+    }
+
+    /// Docs that cannot drift from the code: the experiments of the registry, the workspace's
+    /// crates and each crate's public modules are named where readers look for them, and no doc
+    /// speaks of how the project was built. Each check is a function over file contents, so a
+    /// fixture test can leave a name out and see it fail.
+    mod docs {
+        use std::fs;
+        use std::path::{Path, PathBuf};
+
+        use super::files_with;
+        use crate::workspace::Workspace;
+
+        /// The names in `names` that `text` never mentions as `` `name` ``.
+        fn unnamed<'a>(text: &str, names: &[&'a str]) -> Vec<&'a str> {
+            names
+                .iter()
+                .filter(|n| !text.contains(&format!("`{n}`")))
+                .copied()
+                .collect()
+        }
+
+        /// The first cell of every row of the first Markdown table after the line `heading`
+        /// (the header and separator rows included, which name no crate).
+        fn first_cells_after(text: &str, heading: &str) -> Vec<String> {
+            text.lines()
+                .skip_while(|l| l.trim() != heading)
+                .skip(1)
+                .skip_while(|l| !l.trim_start().starts_with('|'))
+                .take_while(|l| l.trim_start().starts_with('|'))
+                .filter_map(|l| l.trim().trim_start_matches('|').split('|').next())
+                .map(|c| c.trim().to_string())
+                .collect()
+        }
+
+        /// The names in `names` that no cell of `cells` mentions as `` `name` ``.
+        fn missing_from_cells(cells: &[String], names: &[String]) -> Vec<String> {
+            names
+                .iter()
+                .filter(|n| !cells.iter().any(|c| c.contains(&format!("`{n}`"))))
+                .cloned()
+                .collect()
+        }
+
+        /// The package names of the workspace's members (the root manifest's `members`).
+        fn workspace_crates(root: &Path) -> Vec<String> {
+            let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap();
+            let members: Vec<&str> = manifest
+                .lines()
+                .skip_while(|l| !l.trim_start().starts_with("members"))
+                .skip(1)
+                .take_while(|l| !l.trim_start().starts_with(']'))
+                .filter_map(|l| l.trim().trim_end_matches(',').strip_prefix('"'))
+                .map(|l| l.trim_end_matches('"'))
+                .collect();
+            members
+                .iter()
+                .map(|m| {
+                    let text = fs::read_to_string(root.join(m).join("Cargo.toml")).unwrap();
+                    text.lines()
+                        .find_map(|l| l.trim().strip_prefix("name = "))
+                        .map(|n| n.trim_matches('"').to_string())
+                        .unwrap_or_else(|| panic!("{m}/Cargo.toml has no package name"))
+                })
+                .collect()
+        }
+
+        /// The modules a crate root declares public (`pub mod NAME;`).
+        fn public_modules(lib_rs: &str) -> Vec<String> {
+            lib_rs
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("pub mod "))
+                .map(|l| l.trim_end_matches(';').trim().to_string())
+                .collect()
+        }
+
+        /// The first cells of a crate root's `//!` module table (rows `//! | … |`), empty when
+        /// the crate docs have none.
+        fn module_table_cells(lib_rs: &str) -> Vec<String> {
+            lib_rs
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("//! |"))
+                .filter_map(|row| row.split('|').next())
+                .map(|c| c.trim().to_string())
+                .collect()
+        }
+
+        /// The public modules a crate root's module table leaves out; nothing when it has no
+        /// module table.
+        fn modules_missing_from_table(lib_rs: &str) -> Vec<String> {
+            let cells = module_table_cells(lib_rs);
+            if !cells.iter().any(|c| c == "module") {
+                return Vec::new();
+            }
+            missing_from_cells(&cells, &public_modules(lib_rs))
+        }
+
+        /// Phrases that speak of how the project was built rather than of what is true now
+        /// (working periods, tracker numbers, machines, dated results). Matched in lower case at
+        /// the start of a word.
+        const HISTORY: &[&str] = &[
+            "session",
+            "issue #",
+            "the issue's",
+            "build machine",
+            "the project's 2-core",
+            "the project's machine",
+            "loaded machine",
+            "earlier results",
+            "earlier figures",
+            "earlier tables",
+            "today",
+            "goal",
+            "we fixed",
+            "another engineer",
+        ];
+
+        /// Whether `line` holds an ISO date (`2026-12-03`).
+        fn has_date(line: &str) -> bool {
+            let b = line.as_bytes();
+            let digits = |s: &[u8]| s.iter().all(u8::is_ascii_digit);
+            (0..b.len().saturating_sub(9)).any(|i| {
+                let w = &b[i..i + 10];
+                digits(&w[..4])
+                    && w[4] == b'-'
+                    && digits(&w[5..7])
+                    && w[7] == b'-'
+                    && digits(&w[8..])
+            })
+        }
+
+        /// Whether `line` speaks of an issue by number (`issue 5`, `issue #12`).
+        fn has_issue_number(line: &str) -> bool {
+            line.match_indices("issue ")
+                .any(|(i, _)| line[i + 6..].starts_with(|c: char| c.is_ascii_digit()))
+        }
+
+        /// The lines of `text` that speak of how the project was built, each with what gave it
+        /// away; dates are allowed where `dates_allowed` (a generated page that says when its
+        /// numbers were taken).
+        fn history_lines(text: &str, dates_allowed: bool) -> Vec<(usize, String)> {
+            let starts_word = |l: &str, i: usize| {
+                !l[..i]
+                    .chars()
+                    .next_back()
+                    .is_some_and(char::is_alphanumeric)
+            };
+            let mut hits = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                let lower = line.to_lowercase();
+                let phrase = HISTORY
+                    .iter()
+                    .find(|p| lower.match_indices(*p).any(|(i, _)| starts_word(&lower, i)));
+                let why = match phrase {
+                    Some(p) => format!("\"{p}\""),
+                    None if has_issue_number(&lower) => "an issue number".into(),
+                    None if !dates_allowed && has_date(line) => "a date".into(),
+                    None => continue,
+                };
+                hits.push((n + 1, why));
+            }
+            hits
+        }
+
+        /// The docs a reader meets: the README, `docs/*.md` and every crate's README (the
+        /// CHANGELOG, which is history by design, and the generated report are not among them).
+        fn reader_docs(root: &Path) -> Vec<PathBuf> {
+            let mut docs = vec![root.join("README.md")];
+            let mut md = Vec::new();
+            files_with(&root.join("docs"), &["md"], &mut md);
+            docs.extend(
+                md.into_iter()
+                    .filter(|p| p.parent() == Some(&root.join("docs"))),
+            );
+            let mut readmes = Vec::new();
+            for dir in ["crates", "python", "benches", "xtask"] {
+                files_with(&root.join(dir), &["md"], &mut readmes);
+            }
+            docs.extend(readmes.into_iter().filter(|p| p.ends_with("README.md")));
+            docs
+        }
+
+        #[test]
+        fn every_experiment_of_the_registry_is_named_in_the_readme_and_reproduction_md() {
+            let ws = Workspace::locate().unwrap();
+            for doc in ["README.md", "docs/reproduction.md"] {
+                let text = fs::read_to_string(ws.root().join(doc)).unwrap();
+                let missing = unnamed(&text, kappa_cli::EXPERIMENTS);
+                assert!(missing.is_empty(), "{doc} does not name {missing:?}");
+            }
+        }
+
+        #[test]
+        fn the_readmes_crate_table_lists_every_workspace_crate() {
+            let ws = Workspace::locate().unwrap();
+            let readme = fs::read_to_string(ws.root().join("README.md")).unwrap();
+            let crates = workspace_crates(ws.root());
+            assert!(crates.len() >= 10, "found only {crates:?}");
+            let missing = missing_from_cells(&first_cells_after(&readme, "## Crates"), &crates);
+            assert!(
+                missing.is_empty(),
+                "README.md's crate table lacks {missing:?}"
+            );
+        }
+
+        #[test]
+        fn every_module_table_names_each_public_module_of_its_crate() {
+            let ws = Workspace::locate().unwrap();
+            let mut roots = Vec::new();
+            files_with(&ws.root().join("crates"), &["rs"], &mut roots);
+            roots.retain(|p| p.ends_with("src/lib.rs"));
+            assert!(roots.len() >= 8, "found only {} crate roots", roots.len());
+            let wrong: Vec<String> = roots
+                .iter()
+                .filter_map(|p| {
+                    let missing = modules_missing_from_table(&fs::read_to_string(p).unwrap());
+                    let rel = p.strip_prefix(ws.root()).unwrap_or(p).display();
+                    (!missing.is_empty()).then(|| format!("{rel}'s module table lacks {missing:?}"))
+                })
+                .collect();
+            assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        }
+
+        #[test]
+        fn no_doc_speaks_of_how_the_project_was_built() {
+            let ws = Workspace::locate().unwrap();
+            let docs = reader_docs(ws.root());
+            assert!(docs.len() > 10, "found only {} docs", docs.len());
+            let hits: Vec<String> = docs
+                .iter()
+                .flat_map(|p| {
+                    let text = fs::read_to_string(p).unwrap_or_default();
+                    let rel = p.strip_prefix(ws.root()).unwrap_or(p).display().to_string();
+                    let generated = rel == "docs/performance.md";
+                    history_lines(&text, generated)
+                        .into_iter()
+                        .map(move |(n, why)| format!("{rel}:{n}: {why}"))
+                })
+                .collect();
+            assert!(
+                hits.is_empty(),
+                "docs say how the project was built (say what is true now; history goes in the \
+                 CHANGELOG and commit messages):\n{}",
+                hits.join("\n")
+            );
+        }
+
+        #[test]
+        fn a_doc_that_leaves_an_experiment_out_is_caught() {
+            let names = ["theory", "lra", "bert-sentiment"];
+            assert!(unnamed("`theory`, `lra` and `bert-sentiment`", &names).is_empty());
+            assert_eq!(unnamed("`theory` and `lra`", &names), ["bert-sentiment"]);
+            // A name inside another word or without its backticks does not count.
+            assert_eq!(
+                unnamed("`theory`, lra, `bert-sentiments`", &names),
+                ["lra", "bert-sentiment"]
+            );
+        }
+
+        #[test]
+        fn a_crate_table_that_leaves_a_crate_out_is_caught() {
+            let readme = "# x\n\n## Crates\n\n| crate | what |\n|---|---|\n\
+                          | [`kappa-linalg`](crates/linalg) | SVD |\n| `xtask` | commands |\n\n\
+                          Below the table: `kappa-optim`.\n";
+            let cells = first_cells_after(readme, "## Crates");
+            let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+            assert!(missing_from_cells(&cells, &names(&["kappa-linalg", "xtask"])).is_empty());
+            // Named only below the table, or in another column, is not listed.
+            assert_eq!(
+                missing_from_cells(&cells, &names(&["kappa-linalg", "kappa-optim", "xtask"])),
+                ["kappa-optim"]
+            );
+            assert_eq!(
+                missing_from_cells(&cells, &names(&["SVD"])),
+                ["SVD"],
+                "a second column is not the crate's name"
+            );
+        }
+
+        #[test]
+        fn a_module_table_that_leaves_a_public_module_out_is_caught() {
+            let lib = "//! # Principal items\n//!\n//! | module | items |\n//! |---|---|\n\
+                       //! | [`svd`] | the SVD |\n//! | [`exp`](mod@exp) | e^x |\n\
+                       //! | `batched` (with `tch`) | batches |\n\npub mod svd;\npub mod exp;\n\
+                       #[cfg(feature = \"tch\")]\npub mod batched;\nmod private;\n";
+            assert!(modules_missing_from_table(lib).is_empty());
+            let more = format!("{lib}pub mod product;\n");
+            assert_eq!(modules_missing_from_table(&more), ["product"]);
+            // A module named only in the items column is still missing from the table.
+            let items_only = more.replace("| e^x |", "| e^x, see `product` |");
+            assert_eq!(modules_missing_from_table(&items_only), ["product"]);
+            // A crate root without a module table has nothing to check.
+            assert!(modules_missing_from_table("//! A crate.\npub mod a;\n").is_empty());
+        }
+
+        #[test]
+        fn a_doc_that_speaks_of_how_it_was_built_is_caught() {
+            let clean =
+                "The step takes 0.9× torch's time on one AVX-512 core (docs/performance.md).\n\
+                         A subgoal of the issue: 12026-1 is no date.\n";
+            assert!(history_lines(clean, false).is_empty());
+            let dirty = "### Results (2026-12-03)\n\
+                         Measured in session 21.\n\
+                         Measured today on the build machine.\n\
+                         The goal ≤ 0.8 holds.\n\
+                         As issue 5 reported.\n\
+                         Earlier results below.\n";
+            let hits: Vec<usize> = history_lines(dirty, false).iter().map(|h| h.0).collect();
+            assert_eq!(hits, [1, 2, 3, 4, 5, 6]);
+            assert_eq!(history_lines(dirty, false)[0].1, "a date");
+            // A generated page may say when its numbers were taken, and nothing else of the kind.
+            assert_eq!(history_lines(dirty, true).len(), 5);
         }
     }
 }

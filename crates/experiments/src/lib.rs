@@ -8,10 +8,23 @@
 //! `results/report.md`, with tables beside the papers' numbers and PNG plots; `--publish`
 //! splices the sections of the experiments that ran into `docs/results/` ([`publish`]).
 //!
-//! The principal types: [`Experiment`] (what an experiment implements), [`config::ConfigSource`]
-//! (a config file and its errors), [`Run`] (a run folder being written), [`RunRecord`] (a
-//! finished run folder read back), [`plot::LinePlot`], [`report::Section`] and
-//! [`report::Report`].
+//! # Principal items
+//!
+//! | module | items |
+//! |---|---|
+//! | [`registry`](mod@registry) | [`Experiment`] (what an experiment implements: name, claim, config, `validate`, `run`, `report`), [`registry()`] (every experiment, in `--list` order), [`RegisteredExperiment`] |
+//! | [`suite`] | the experiments, one module each (`suite::random_spectra`, …, `suite::lambda_readings`) |
+//! | [`config`] | [`config::ConfigSource`]: a config file (built-in or a user's), `--set` overrides, errors naming the file and the dotted key |
+//! | [`scale`] | [`Scale`]: `smoke`, `cpu`, `long`, `gpu`, `paper` (kappa-cli's, re-exported) |
+//! | [`run`] | [`Run`] (a run folder being written), [`RunRecord`] (a finished run folder read back), [`RunStatus`]: kappa-train's, re-exported |
+//! | [`runner`] | running the selected experiments into run folders and building the report |
+//! | [`units`] | units of work (one experiment and seed each) with their expected cost from `experiments/costs.toml`: `--plan`, `--unit` |
+//! | [`report`] | [`report::Report`] and [`Section`]: the report's sections between markers, tables of runs, cells, verdicts, figures |
+//! | [`publish`] | `--publish`: the sections of the experiments that ran into `docs/results/` |
+//! | [`plot`] | [`plot::LinePlot`]: PNG line and scatter plots with an embedded font |
+//! | [`stats`] | means, standard deviations, medians, least-squares slopes with a 95% interval, Welch's t-test |
+//! | [`conditioning`] | what `vit-fmnist`, `gpt-sotu` and `bert-sentiment` share: conditioned variants, their training and report |
+//! | [`train`] | `train --config FILE`: one model on a user's own data (docs/train-your-own.md) |
 
 pub mod conditioning;
 pub mod config;

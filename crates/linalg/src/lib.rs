@@ -18,7 +18,11 @@
 //! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
 //! | [`exp`](mod@exp) | [`exp::exp_in_place`] (e^x of a slice on the CPU's vector units, < 1.13 ulp, the same bits on every CPU) |
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
-//! | [`threads`] | [`threads::pinned_pool_builder`] (a rayon pool whose workers stay on their own CPUs; opt-in) |
+//! | [`product`] | [`product::mat_mul`], [`product::mat_mul_into`]: general products on faer's kernels, picked from the CPU's features at run time (drop-in for ndarray's `dot` and `general_mat_mul`; the bits do not depend on the thread count) |
+//! | [`syrk`] | the symmetric products behind [`Matrix::gram`] and [`Matrix::gram_add`] (BLAS `?syrk`: half a general product's flops, an exactly symmetric result) |
+//! | [`scalar`] | [`Real`] (`f32`, `f64`), [`scalar::max_abs_entry`] and the exact power-of-two rescaling behind the scale safety below |
+//! | [`threads`] | [`threads::init_global_pool`] (rayon's pool as kappa's binaries set it up: pinned when it has a worker per CPU), [`threads::Pinning`], [`threads::pinned_pool_builder`] |
+//! | `tch_backend` (with `tch`) | `impl Matrix for tch::Tensor`, `tensor_from_array`, `array_from_tensor` |
 //! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback) |
 //! | `mkl` (with `tch`, Linux) | `mkl_dispatch` (the code path libtorch's MKL takes), `mkl_intel_path!` (a binary's opt-in to MKL's feature-based kernels on AMD CPUs) |
 //!
@@ -29,7 +33,10 @@
 //! * The κ rule: κ(A) = σ₁/σ_k (k = min(m, n)) when A has full numerical rank, and +∞ (a value,
 //!   not an error) otherwise; see [`cond`].
 //! * Vectorization is column-major: vec(A M B) = (Bᵀ ⊗ A) vec(M); see [`kron`](mod@kron).
-//! * Matrix products go through BLAS (the system OpenBLAS; `ndarray`'s `blas` feature).
+//! * General products on `ndarray` run on faer's kernels ([`product`]); symmetric products
+//!   ([`syrk`]) and LAPACK (SVD, QR, eigendecomposition, through `ndarray-linalg`) on the system
+//!   OpenBLAS by default (feature `openblas-system`). On `tch` tensors every operation is
+//!   libtorch's, in the tensor's own kind and on its device.
 //!
 //! # Bad input and scale safety
 //!

@@ -9,6 +9,7 @@
 //! | [`layers`] | `LayerNorm`, `Mlp`, [`Block`] (pre-LN), the [`Transformer`] trait |
 //! | [`gpt`] | [`Gpt`], [`GptConfig`] (`tiny`, `cpu`, `gpt2_small`) |
 //! | [`vit`] | [`Vit`], [`VitConfig`] (`tiny`, `cpu`, `vit_b16`) |
+//! | [`nystrom`] | [`NystromConfig`], [`Pinv`]: Nyström attention (landmarks, the iterative pseudo-inverse, the convolution skip) for bidirectional layers; [`nystrom::nystrom_attention`] |
 //! | [`encoder`] | [`Encoder`], [`EncoderConfig`]: the bidirectional encoder of the sequence classifier and the masked LM; [`copy_encoder`], [`load_encoder`] (pretrained weights by name) |
 //! | [`classifier`] | [`SequenceClassifier`], [`SequenceClassifierConfig`] (the encoder, mean pooling, a linear head) |
 //! | [`mlm`] | [`MaskedLm`] (the encoder and a tied masked-LM head), [`MaskingRule`] and [`mask_tokens`] (BERT's 15 %, 80/10/10), the byte vocabulary (`PAD`, `MASK`) |
@@ -17,11 +18,15 @@
 //! | [`diagnostics`] | [`diagnose`]: σ and κ of the effective W_Q/W_K/W_V per head, attention entropy, saturation and softmax-Jacobian norm, exact κ(J); [`matrix_diagnostics`] (spectrum, Gram off-diagonal, column norms) |
 //! | [`files`] | [`files::open_regular`], [`files::read_regular`]: data is read only from regular files (a directory, FIFO, socket, device or dangling link is an error naming it) |
 //! | [`memory`] | [`memory::budget`] (what this process may still allocate: available memory, cgroup, `ulimit -v`), [`memory::ensure_fits`] |
+//! | [`autocast`] | [`autocast::autocast`] (bf16 mixed precision as `torch.autocast`, on CPU and CUDA), [`autocast::native_bf16`] |
+//! | [`seed`] | [`seeded`]: runs a closure with libtorch's global generator seeded, under a process-wide lock |
+//! | [`float`] | serde for `f64` fields that may be ±∞ or NaN (written as `"inf"`, `"-inf"`, `"NaN"`) |
 //! | [`device`], [`error`] | [`parse_device`], [`ModelsError`] |
 //!
 //! Training (the loop, optimizer groups, checkpoints, run folders) is the `kappa-train` crate.
 //!
-//! See `docs/models.md` for the conventions, the math next to the code and measured figures.
+//! See `docs/models.md` for the conventions, the math next to the code and how each part is
+//! tested.
 
 pub mod autocast;
 pub mod classifier;

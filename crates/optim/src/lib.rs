@@ -13,7 +13,8 @@
 //! | [`normuon`] | [`NorMuon`], [`NeuronAxis`]: NorMuon's per-neuron second moment |
 //! | [`elementwise`] | [`Elementwise`]: the row-wise and masked operations of Muon's variants, on both backends |
 //! | [`manifold`] | [`ManifoldMuon`], [`ManifoldMuonConfig`] (preset `paper`), [`ManifoldState`], [`Manifold`], [`DGramRetraction`], [`DualAscent`], [`DualReport`] |
-//! | [`msign`](mod@msign) | [`msign()`], [`Msign`] (exact, Muon quintic, Polar Express) |
+//! | [`msign`](mod@msign) | [`msign()`], [`Msign`]: the exact polar factor, Muon's quintic (with the reference's and torch's normalizations), Polar Express (the paper's or a generated schedule), AOL-preconditioned Polar Express; the last two also as Gram Newton–Schulz |
+//! | [`layout`] | [`Layout`]: which axis of a stored weight is fan-in (`OutIn`, `InOut`) |
 //! | [`momentum`] | [`Momentum`], [`MomentumKind`] (EMA and SGD forms, Nesterov) |
 //! | [`qk_clip`] | [`QkClipConfig`] (τ, α), [`HeadFactors`], [`clip_rows`], [`fused_qkv_row_factors`], [`scale_rows`]: Kimi K2's QK-clip on row blocks of any `Matrix` |
 //! | [`precision`] | [`Precision`], [`WorkingPrecision`], [`cpu_has_native_bf16`] (msign's precision per device) |

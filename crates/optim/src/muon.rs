@@ -6,7 +6,8 @@
 //! For a weight W ∈ ℝ^{m×n} with gradient g, one step is
 //!
 //! 1. U from the momentum recursion ([`Momentum`]: EMA or SGD form, optionally Nesterov);
-//! 2. O = msign(U) ([`Msign`]: exact, Muon's quintic, or Polar Express);
+//! 2. O = msign(U) ([`Msign`]: exact, Muon's quintic, Polar Express, AOL-preconditioned Polar
+//!    Express; the last two also as Gram Newton–Schulz);
 //! 3. optionally NorMuon's per-neuron normalization of O ([`NorMuon`], `normuon`);
 //! 4. W ← (1 − lr·λ)·W − lr·s·O, with decoupled weight decay λ and the shape factor s
 //!    ([`UpdateScale`]). With `cautious_weight_decay` the decay factor applies only to the

@@ -4,7 +4,7 @@
 //!
 //! | module | principal items |
 //! |---|---|
-//! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress), [`Task`], [`Record`]; the optimizer is kappa-optim's [`Optimizer`](kappa_optim::Optimizer) over [`adamw_groups`] or [`modulewise_groups`] |
+//! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress, micro-batches, data parallelism over kappa-dist ranks with [`Trainer::data_parallel`]), [`Task`], [`Part`], [`Record`]; the optimizer is kappa-optim's [`Optimizer`](kappa_optim::Optimizer) over [`adamw_groups`] or [`modulewise_groups`] |
 //! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`LrMultipliers`], [`modulewise_groups`], [`modulewise_groups_by`] (any model whose variables a labelling function places) |
 //! | [`tasks`] | [`LanguageModeling`], [`Classification`] ([`ImageClassification`], [`SequenceClassification`]) |
 //! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress, stop flag |
@@ -41,7 +41,7 @@ pub use tasks::{
     MaskedLanguageModeling, SequenceClassification,
 };
 pub use trainer::{
-    adamw_grouping, adamw_groups, seeded, DivergenceReference, Eval, OptimizerStats, Outcome,
+    adamw_grouping, adamw_groups, seeded, DivergenceReference, Eval, OptimizerStats, Outcome, Part,
     QkClipStats, Record, Summary, Task, TrainConfig, TrainPrecision, Trainer, CKPT_MODEL,
 };
 pub use variants::{train_language_model, train_variant, Final, Line, VariantId};
