@@ -3,6 +3,7 @@ in plain PyTorch, printing the attention diagnostics of each head as it trains.
 
     python python/examples/nanogpt.py --steps 300            # data/sotu/train.txt
     python python/examples/nanogpt.py --text my.txt --correction identity --lam 0.5
+    python python/examples/nanogpt.py --optimizer modulewise --preset HETERO
 
 The text defaults to the `sotu` registry set (`cargo xtask setup --data sotu` installs it).
 The last line printed is a JSON summary (initial and final validation loss, diagnostics).
@@ -84,6 +85,8 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--optimizer", choices=["muon_adamw", "modulewise"], default="muon_adamw")
+    p.add_argument("--preset", default="HETERO", help="the module-wise preset (with --optimizer modulewise)")
     p.add_argument("--lr", type=float, default=0.02, help="Muon's rate")
     p.add_argument("--adamw-lr", type=float, default=3e-3)
     p.add_argument("--correction", choices=["none", "identity", "svd"], default="none")
@@ -105,7 +108,10 @@ def main():
     train, val = data[:split], data[split:]
 
     model = GPT(len(vocab), args)
-    opt = kappa.optim.muon_adamw(model.named_parameters(), lr=args.lr, adamw_lr=args.adamw_lr)
+    if args.optimizer == "modulewise":
+        opt = kappa.optim.modulewise(model.named_parameters(), preset=args.preset, muon_lr=args.lr, lr=args.adamw_lr)
+    else:
+        opt = kappa.optim.muon_adamw(model.named_parameters(), lr=args.lr, adamw_lr=args.adamw_lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
     hook = DiagnosticsHook(model, every=args.report_every, max_tokens=16)
 

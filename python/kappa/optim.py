@@ -19,7 +19,7 @@ import torch
 
 from . import _kappa
 
-__all__ = ["Muon", "ManifoldMuon", "AdamW", "muon_adamw", "matrix_spec"]
+__all__ = ["Muon", "ManifoldMuon", "AdamW", "Modulewise", "muon_adamw", "modulewise", "module_label", "matrix_spec"]
 
 # Settings that are not part of an algorithm's config.
 _GROUP_KEYS = ("params", "param_names", "lr", "initial_lr", "algorithm", "matrix", "batch")
@@ -141,13 +141,16 @@ class _KappaOptimizer(torch.optim.Optimizer):
     def _build(self):
         specs, tensors, index = [], [], 0
         self._frozen = []
+        self._names = [f"group{i}" for i in range(len(self.param_groups))]
+        self._keys = []  # the engine's name of each parameter, in param_groups order
         for i, group in enumerate(self.param_groups):
             settings = self._group_settings(group)
             self._frozen.append(_without_lr(settings))
             names = [str(index + j) for j in range(len(group["params"]))]
             index += len(names)
+            self._keys.extend(names)
             specs.append({
-                "name": f"group{i}",
+                "name": self._names[i],
                 "update": _UPDATES[group["algorithm"]](group),
                 "lr": group["lr"],
                 "matrix": group["matrix"],
@@ -174,7 +177,7 @@ class _KappaOptimizer(torch.optim.Optimizer):
                     f"param_groups[{i}]: {', '.join(changed)} changed after the optimizer was built; "
                     "only `lr` may change between steps"
                 )
-            self._engine.set_lr(f"group{i}", float(group["lr"]))
+            self._engine.set_lr(self._names[i], float(group["lr"]))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -204,10 +207,11 @@ class _KappaOptimizer(torch.optim.Optimizer):
         parameter indices; ``kappa`` the optimizer-wide entries (the step count)."""
         state: Dict[int, Dict[str, torch.Tensor]] = {}
         extra: Dict[str, torch.Tensor] = {}
+        index_of = {k: i for i, k in enumerate(self._keys)}
         for key, tensor in self._engine.state_dict():
             if key.startswith("state/"):
-                _, index, rest = key.split("/", 2)
-                state.setdefault(int(index), {})[rest] = tensor
+                name, rest = key[len("state/"):].split("/", 1)
+                state.setdefault(index_of[name], {})[rest] = tensor
             elif not key.startswith("lr/"):
                 extra[key] = tensor
         groups, index = [], 0
@@ -231,10 +235,12 @@ class _KappaOptimizer(torch.optim.Optimizer):
                 )
         flat: Dict[str, torch.Tensor] = dict(state_dict.get("kappa", {}))
         for index, buffers in state_dict["state"].items():
+            if not 0 <= int(index) < len(self._keys):
+                raise ValueError(f"the state has buffers of parameter {index}; the optimizer has {len(self._keys)}")
             for key, tensor in buffers.items():
-                flat[f"state/{index}/{key}"] = tensor
-        for i, saved in enumerate(groups):
-            flat[f"lr/group{i}"] = torch.tensor([float(saved["lr"])], dtype=torch.float64)
+                flat[f"state/{self._keys[int(index)]}/{key}"] = tensor
+        for name, saved in zip(self._names, groups):
+            flat[f"lr/{name}"] = torch.tensor([float(saved["lr"])], dtype=torch.float64)
         self._engine.load_state_dict(flat)
         for saved, group in zip(groups, self.param_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
@@ -370,3 +376,142 @@ def muon_adamw(
             group.update(lr=adamw_lr, betas=adamw_betas)
         groups.append(group)
     return Muon(groups, lr=lr, weight_decay=weight_decay, **muon)
+
+
+# Parameter-name components of common PyTorch models, by module label (kappa's and nanoGPT's GPT
+# names are read by kappa-train's own labelling first).
+_LABEL_PARTS = {
+    "attention_qkv": ("c_attn", "qkv", "Wqkv", "query_key_value", "q_proj", "k_proj", "v_proj",
+                      "query", "key", "value", "wq", "wk", "wv"),
+    "attention_out": ("out_proj", "o_proj", "wo"),
+    "mlp_in": ("c_fc", "fc1", "fc_in", "up_proj", "gate_proj", "w1", "w3", "linear1"),
+    "mlp_out": ("fc2", "fc_out", "down_proj", "w2", "linear2"),
+}
+_ATTENTION_PARENTS = ("attn", "attention", "self_attn", "self_attention")
+_ATTENTION_CHILDREN = {"q": "attention_qkv", "k": "attention_qkv", "v": "attention_qkv",
+                       "out": "attention_out", "proj": "attention_out", "c_proj": "attention_out",
+                       "dense": "attention_out"}
+_MLP_PARENTS = ("mlp", "ffn", "feed_forward", "feedforward")
+_EMBEDDING_PARTS = ("wte", "wpe", "lm_head", "tok_embeddings")
+
+
+def module_label(name: str, param: torch.Tensor) -> Optional[str]:
+    """The module label of a parameter from its name: ``"attention_qkv"``, ``"attention_out"``,
+    ``"mlp_in"``, ``"mlp_out"``, ``"embedding"``, ``"norm_gain"`` or ``"bias"``; ``None`` when
+    the name says nothing. In order:
+
+    1. kappa's and nanoGPT's GPT names (``h.0.attn.c_attn.weight``,
+       ``transformer.h.0.mlp.c_proj.weight``), read as kappa-train reads them;
+    2. a parameter of rank < 2: ``bias`` when its name ends so, else ``norm_gain``;
+    3. ``wte``, ``wpe``, ``lm_head``, ``tok_embeddings`` or a component containing ``embed``:
+       ``embedding``;
+    4. the module's own name: ``in_proj_weight``, ``q_proj``, ``k_proj``, ``v_proj``, ``qkv``,
+       ``query``/``key``/``value``, … (attention input); ``out_proj``, ``o_proj`` (attention
+       output); ``fc1``, ``up_proj``, ``gate_proj``, ``linear1``, … (MLP input); ``fc2``,
+       ``down_proj``, ``linear2``, … (MLP output);
+    5. a child ``q``, ``k``, ``v`` / ``out``, ``proj``, ``dense`` of a module named ``attn``,
+       ``attention``, ``self_attn``: attention input / output;
+    6. any weight under a module named ``mlp``, ``ffn`` or ``feed_forward`` (an
+       ``nn.Sequential``'s ``mlp.0.weight``): ``mlp_in`` when it widens (more rows than
+       columns), else ``mlp_out``.
+    """
+    label = _kappa.module_label(name)
+    if label is not None:
+        return label
+    parts = name.split(".")
+    if param.dim() < 2:
+        return "bias" if parts[-1].endswith("bias") else "norm_gain"
+    if any(p in _EMBEDDING_PARTS or "embed" in p for p in parts):
+        return "embedding"
+    if parts[-1] == "in_proj_weight":
+        return "attention_qkv"
+    module = parts[-2] if len(parts) > 1 else ""
+    parent = parts[-3] if len(parts) > 2 else ""
+    for label, names in _LABEL_PARTS.items():
+        if module in names:
+            return label
+    if parent in _ATTENTION_PARENTS and module in _ATTENTION_CHILDREN:
+        return _ATTENTION_CHILDREN[module]
+    if parent in _MLP_PARENTS or module in _MLP_PARENTS:
+        return "mlp_in" if param.shape[0] > param.shape[1] else "mlp_out"
+    return None
+
+
+class Modulewise(_KappaOptimizer):
+    r"""A different optimizer per module, after *Different Layers, Different Manifolds*: the
+    attention and MLP matrices each on Muon or manifold Muon (Stiefel, DGram, Oblique), the
+    embeddings on AdamW with weight decay, gains and biases on AdamW without. The groups are
+    kappa-train's ``modulewise_groups`` (the Rust trainer's, so Python and Rust runs of a preset
+    are the same optimizer). Build it with ``kappa.optim.modulewise``.
+
+    ``param_groups`` has one group per module label (``attn_qkv``, ``attn_out``, ``mlp_in``,
+    ``mlp_out``, ``embedding``, ``gain_bias``), each with its ``name``, ``algorithm``,
+    ``geometry`` and peak ``lr``; torch's lr schedulers scale each group's rate as in the
+    paper, where the Muon rate follows the AdamW schedule's factor.
+    """
+
+    def __init__(self, named: List[Tuple[str, torch.Tensor]], labels: List[str], config: dict,
+                 adamw: Tuple[float, float, float, float, float]) -> None:
+        engine, infos = _kappa.modulewise_optimizer(named, labels, json.dumps(config), adamw)
+        tensors = dict(named)
+        groups = [
+            {"params": [tensors[n] for n in names], "lr": lr, "name": name, "algorithm": algorithm,
+             "geometry": geometry}
+            for name, algorithm, geometry, lr, names in infos
+        ]
+        self._prepared, self._infos = (engine, [info[0] for info in infos]), infos
+        torch.optim.Optimizer.__init__(self, groups, {})
+        self._engine = self._build()
+
+    def _group_settings(self, group: dict) -> dict:
+        return {k: v for k, v in group.items() if k not in ("params", "param_names", "initial_lr")}
+
+    def _build(self):
+        engine, self._names = self._prepared
+        self._keys = [name for _, _, _, _, names in self._infos for name in names]
+        self._frozen = [_without_lr(self._group_settings(g)) for g in self.param_groups]
+        return engine
+
+
+def modulewise(
+    named_parameters: Iterable[Tuple[str, torch.Tensor]],
+    preset: str = "HETERO",
+    lr: float = 6e-4,
+    muon_lr: float = 0.02,
+    betas: Tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+    weight_decay: float = 0.1,
+    label_of: Optional[Any] = None,
+    config: Optional[dict] = None,
+) -> Modulewise:
+    """The manifold paper's module-wise optimizer for a transformer's parameters.
+
+    ``preset``: ``"UNCONSTRAINED"`` (Muon everywhere), ``"ALL-STIEFEL"``, ``"ALL-DGRAM"``,
+    ``"HETERO"`` (Stiefel attention, DGram MLP: the paper's best), ``"HETERO-INV"``. The
+    settings are the paper's (kappa-train's ``ModulewiseConfig::paper``: Muon lr 0.02, Polar
+    Express, SGD-Nesterov momentum 0.95, 20 dual-ascent steps, embedding weight decay 0.1);
+    ``muon_lr`` sets the Muon and manifold-Muon peak rate, ``config`` overrides any field of
+    ``ModulewiseConfig`` as a dict (e.g. ``{"assignment": {"split_qkv": True}}``). ``lr``,
+    ``betas``, ``eps`` and ``weight_decay`` are AdamW's (the embeddings take the config's
+    ``embedding_weight_decay``). ``label_of(name, param)`` places each parameter (default
+    ``module_label``); a parameter it cannot place raises ``ValueError`` naming it.
+
+    Building the optimizer retracts every constrained matrix onto its manifold. To resume a run
+    exactly, build it first, then load the model's weights and the optimizer's ``state_dict``
+    (a matrix already on its manifold moves by roundoff when retracted again).
+
+    Usage: ``opt = kappa.optim.modulewise(model.named_parameters(), preset="HETERO")``.
+    """
+    named = [(n, p) for n, p in named_parameters if p.requires_grad]
+    label_of = label_of or module_label
+    labels = [label_of(n, p) for n, p in named]
+    unplaced = [n for (n, _), label in zip(named, labels) if label is None]
+    if unplaced:
+        raise ValueError(
+            f"no module label for {len(unplaced)} parameter(s): {', '.join(unplaced)}; "
+            "pass label_of=(name, param) -> label"
+        )
+    settings = json.loads(_kappa.modulewise_config(preset))
+    settings["muon_lr"] = muon_lr
+    _merge(settings, config)
+    return Modulewise(named, labels, settings, (lr, betas[0], betas[1], eps, weight_decay))

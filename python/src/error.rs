@@ -6,6 +6,7 @@
 
 use kappa_attention::AttentionError;
 use kappa_linalg::LinalgError;
+use kappa_models::ModelsError;
 use kappa_optim::OptimError;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::PyErr;
@@ -84,5 +85,15 @@ impl From<serde_json::Error> for Raised {
 impl From<serde_path_to_error::Error<serde_json::Error>> for Raised {
     fn from(e: serde_path_to_error::Error<serde_json::Error>) -> Self {
         value(format!("{}: {}", e.path(), e.inner()))
+    }
+}
+
+impl From<ModelsError> for Raised {
+    fn from(e: ModelsError) -> Self {
+        match e {
+            ModelsError::Io { .. } => Raised(PyOSError::new_err(e.to_string())),
+            ModelsError::InvalidConfig { .. } | ModelsError::Shape { .. } => value(e),
+            _ => runtime(e),
+        }
     }
 }

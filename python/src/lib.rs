@@ -24,6 +24,9 @@ fn _kappa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(optim::manifold_config, m)?)?;
     m.add_function(wrap_pyfunction!(optim::adamw_config, m)?)?;
     m.add_function(wrap_pyfunction!(optim::muon_adamw_groups, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::module_label, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::modulewise_config, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::modulewise_optimizer, m)?)?;
     m.add_function(wrap_pyfunction!(linalg::msign, m)?)?;
     m.add_function(wrap_pyfunction!(linalg::msign_config, m)?)?;
     m.add_function(wrap_pyfunction!(linalg::polar_express_coefficients, m)?)?;

@@ -11,6 +11,7 @@ use kappa_optim::optimizer::{Group, Grouping, MatrixSpec, Update};
 use kappa_optim::{
     AdamWConfig, Admm, DualSolver, Manifold, ManifoldMuonConfig, MuonConfig, Optimizer,
 };
+use kappa_train::{modulewise_groups_of, ModuleLabel, ModulewiseConfig, Preset, TrainConfig};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use serde::Deserialize;
@@ -256,4 +257,111 @@ pub fn muon_adamw_groups(named: Vec<(String, PyTensor)>) -> PyResult<Vec<(String
         .iter()
         .map(|g| (g.name().to_owned(), g.names().to_vec()))
         .collect())
+}
+
+/// The label kappa's GPT naming gives the parameter `name` (`attention_qkv`, `attention_out`,
+/// `mlp_in`, `mlp_out`, `embedding`, `norm_gain`, `bias`; kappa-train's `ModuleLabel::of`,
+/// which also reads nanoGPT's names), or None.
+#[pyfunction]
+pub fn module_label(name: &str) -> PyResult<Option<String>> {
+    ModuleLabel::of(name).map(|l| label_name(&l)).transpose()
+}
+
+fn label_name(label: &ModuleLabel) -> PyResult<String> {
+    match serde_json::to_value(label).py()? {
+        serde_json::Value::String(s) => Ok(s),
+        other => Err(PyRuntimeError::new_err(format!(
+            "label serialized as {other}"
+        ))),
+    }
+}
+
+/// The module-wise settings of the manifold paper for `preset` (`UNCONSTRAINED`, `ALL-STIEFEL`,
+/// `ALL-DGRAM`, `HETERO`, `HETERO-INV`) as JSON: kappa-train's `ModulewiseConfig::paper`.
+#[pyfunction]
+pub fn modulewise_config(preset: &str) -> PyResult<String> {
+    let preset: Preset =
+        serde_json::from_value(serde_json::Value::String(preset.into())).map_err(|_| {
+            unknown(
+                "module-wise preset",
+                preset,
+                "UNCONSTRAINED, ALL-STIEFEL, ALL-DGRAM, HETERO, HETERO-INV",
+            )
+        })?;
+    serde_json::to_string(&ModulewiseConfig::paper(preset)).py()
+}
+
+/// One group of a module-wise optimizer as Python sees it: name, algorithm (`muon`,
+/// `manifold`, `adamw`), geometry (`muon`, `stiefel`, `dgram`, `oblique`, `adamw`), peak rate,
+/// parameter names.
+type GroupInfo = (String, &'static str, String, f64, Vec<String>);
+
+/// The optimizer kappa-train's `modulewise_groups_of` builds for the named tensors, each with
+/// its label (`labels[i]` for `named[i]`), under the module-wise `config` (JSON of
+/// `ModulewiseConfig`); AdamW groups take `adamw = (lr, beta1, beta2, eps, weight_decay)`.
+/// Returns the optimizer and its groups.
+#[pyfunction]
+pub fn modulewise_optimizer(
+    named: Vec<(String, PyTensor)>,
+    labels: Vec<String>,
+    config: &str,
+    adamw: (f64, f64, f64, f64, f64),
+) -> PyResult<(PyOptimizer, Vec<GroupInfo>)> {
+    if labels.len() != named.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} labels for {} parameters",
+            labels.len(),
+            named.len()
+        )));
+    }
+    let mut by_name = HashMap::new();
+    for ((name, _), label) in named.iter().zip(&labels) {
+        let parsed: ModuleLabel = serde_json::from_value(serde_json::Value::String(label.clone()))
+            .map_err(|_| {
+                unknown(
+                    &format!("module label of `{name}`"),
+                    label,
+                    "attention_qkv, attention_out, mlp_in, mlp_out, embedding, norm_gain, bias",
+                )
+            })?;
+        by_name.insert(name.clone(), parsed);
+    }
+    let config: ModulewiseConfig = from_json(config)?;
+    let (lr, beta1, beta2, eps, weight_decay) = adamw;
+    let train = TrainConfig {
+        lr,
+        min_lr: 0.0,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+        ..TrainConfig::default()
+    };
+    let named = named.into_iter().map(|(n, t)| (n, t.0)).collect();
+    let groups =
+        modulewise_groups_of(named, &config, &train, |n, _| by_name.get(n).copied()).py()?;
+    let infos = groups.iter().map(group_info).collect();
+    let optimizer = Optimizer::new(groups).py()?;
+    Ok((
+        PyOptimizer {
+            inner: Mutex::new(optimizer),
+        },
+        infos,
+    ))
+}
+
+fn group_info(g: &Group) -> GroupInfo {
+    let algorithm = match g.update() {
+        Update::Muon(_) => "muon",
+        Update::Manifold(_) => "manifold",
+        Update::AdamW(_) => "adamw",
+    };
+    let geometry = g.update().name().to_lowercase();
+    (
+        g.name().to_owned(),
+        algorithm,
+        geometry,
+        g.lr(),
+        g.names().to_vec(),
+    )
 }

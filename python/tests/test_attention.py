@@ -128,7 +128,8 @@ def test_bad_inputs_raise_value_errors_with_kappas_message():
         ka.ConditionedMultiheadAttention(10, 3)
 
 
-def test_the_nanogpt_example_trains_and_its_loss_falls():
+@pytest.mark.parametrize("optimizer", ["muon_adamw", "modulewise"])
+def test_the_nanogpt_example_trains_and_its_loss_falls(optimizer):
     import json
     import os
     import pathlib
@@ -141,7 +142,8 @@ def test_the_nanogpt_example_trains_and_its_loss_falls():
         pytest.skip("the sotu data set is not installed (cargo xtask setup --data sotu)")
     run = subprocess.run(
         [sys.executable, str(root / "python" / "examples" / "nanogpt.py"), "--text", str(text), "--steps", "60",
-         "--report-every", "30", "--chars", "200000", "--correction", "identity", "--lam", "0.5"],
+         "--report-every", "30", "--chars", "200000", "--correction", "identity", "--lam", "0.5",
+         "--optimizer", optimizer],
         capture_output=True, text=True, timeout=600, check=True,
     )
     summary = json.loads(run.stdout.strip().splitlines()[-1])

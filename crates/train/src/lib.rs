@@ -5,7 +5,7 @@
 //! | module | principal items |
 //! |---|---|
 //! | [`trainer`] | [`TrainConfig`], [`Trainer`] (optimizer groups, schedule, clipping, eval, checkpoints, resume, divergence, progress, micro-batches, data parallelism over kappa-dist ranks with [`Trainer::data_parallel`]), [`Task`], [`Part`], [`Record`]; the optimizer is kappa-optim's [`Optimizer`](kappa_optim::Optimizer) over [`adamw_groups`] or [`modulewise_groups`] |
-//! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`LrMultipliers`], [`modulewise_groups`], [`modulewise_groups_by`] (any model whose variables a labelling function places) |
+//! | [`modulewise`] | [`ModuleLabel`], [`Geometry`], [`Assignment`], [`Preset`] (the five assignments of *Different Layers, Different Manifolds*), [`ModulewiseConfig`], [`LrMultipliers`], [`modulewise_groups`], [`modulewise_groups_by`] (any model whose variables a labelling function places), [`modulewise_groups_of`] (named tensors, e.g. a PyTorch module's) |
 //! | [`tasks`] | [`LanguageModeling`], [`Classification`] ([`ImageClassification`], [`SequenceClassification`]) |
 //! | [`context`] | [`RunContext`]: name, scale, seed, threads, device, data folder, progress, stop flag |
 //! | [`stop`] | [`StopFlag`]: stop at the next step with a checkpoint (SIGTERM, SIGUSR1) |
@@ -14,7 +14,8 @@
 //! | [`variants`] | [`train_variant`]: the variants of a run trained in turn, each resumable; [`train_language_model`] for a GPT variant |
 //! | [`error`] | [`RunError`] (run folders; training errors are [`kappa_models::ModelsError`]) |
 //!
-//! See `docs/models.md` for the training loop's conventions and measured figures.
+//! See `docs/train.md` for the training loop's concepts, math and tests, and
+//! `docs/performance.md` for measured figures.
 
 pub mod context;
 pub mod error;
@@ -31,8 +32,8 @@ pub use error::{RunError, RunResult};
 pub use kappa_optim::AdamWKernel;
 
 pub use modulewise::{
-    modulewise_groups, modulewise_groups_by, Assignment, Geometry, LrMultipliers, ModuleLabel,
-    ModulewiseConfig, Preset,
+    modulewise_groups, modulewise_groups_by, modulewise_groups_of, Assignment, Geometry,
+    LrMultipliers, ModuleLabel, ModulewiseConfig, Preset,
 };
 pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
 pub use stop::StopFlag;

@@ -517,18 +517,31 @@ pub fn modulewise_groups(
     modulewise_groups_by(vs, config, train, |name, _| ModuleLabel::of(name))
 }
 
-/// The parameter groups of any model whose variables `label_of` labels: one group per
+/// The parameter groups of any model whose variables `label_of` labels: [`modulewise_groups_of`]
+/// over the var store's trainable variables, in name order.
+pub fn modulewise_groups_by(
+    vs: &nn::VarStore,
+    config: &ModulewiseConfig,
+    train: &TrainConfig,
+    label_of: impl Fn(&str, &Tensor) -> Option<ModuleLabel>,
+) -> Result<Vec<Group>> {
+    modulewise_groups_of(named_trainable(vs), config, train, label_of)
+}
+
+/// The parameter groups of the named tensors `named` (a var store's, or a PyTorch module's
+/// parameters) whose names `label_of` labels: one group per
 /// hidden-matrix label (named by [`ModuleLabel::name`], updated by the label's [`Geometry`] at
 /// `muon_lr` — or the train config's lr for AdamW — times the label's multiplier),
 /// `embedding` (AdamW, weight decay `embedding_weight_decay`) and `gain_bias` (AdamW, no
 /// decay). Manifold groups retract their blocks onto the manifold when the optimizer is built
 /// ([`Optimizer::new`](kappa_optim::Optimizer::new)). With `split_qkv`, each QKV matrix is
-/// three row blocks (three equal "heads" along the rows).
+/// three row blocks (three equal "heads" along the rows). Groups list their tensors in the
+/// order of `named`.
 ///
-/// Errors: an invalid config or train config (the schedule's floor divides by its lr); trainable
-/// variables `label_of` cannot place, every one named.
-pub fn modulewise_groups_by(
-    vs: &nn::VarStore,
+/// Errors: an invalid config or train config (the schedule's floor divides by its lr); tensors
+/// `label_of` cannot place, every one named.
+pub fn modulewise_groups_of(
+    named: Vec<(String, Tensor)>,
     config: &ModulewiseConfig,
     train: &TrainConfig,
     label_of: impl Fn(&str, &Tensor) -> Option<ModuleLabel>,
@@ -537,7 +550,7 @@ pub fn modulewise_groups_by(
     train.validate()?;
     let mut by_label: BTreeMap<ModuleLabel, Vec<(String, Tensor)>> = BTreeMap::new();
     let mut unplaced = Vec::new();
-    for (name, t) in named_trainable(vs) {
+    for (name, t) in named {
         match label_of(&name, &t) {
             Some(label) => by_label.entry(label).or_default().push((name, t)),
             None => unplaced.push(name),

@@ -254,17 +254,30 @@ impl ManifoldMuon {
     /// retraction does not land on the manifold within `manifold_tol`
     /// ([`OptimError::NotRetractable`]): on Stiefel a numerically rank-deficient W (the zero
     /// matrix included) — its nearest Stiefel points are not unique, and msign keeps null
-    /// directions at 0 (see [`msign`](crate::msign())) — or one too ill-conditioned for a
-    /// Newton–Schulz msign (use `Msign::Exact`); on DGram with the column-norm retraction,
+    /// directions at 0 (see [`msign`](crate::msign())); on DGram with the column-norm retraction,
     /// linearly dependent non-zero columns; on DGram, column norms beyond `f64::MAX`. The zero
     /// matrix is on DGram (free column norms, zero included) and is kept. On Oblique a column
     /// of norm 0 or below 2⁻⁵⁰·‖W‖_F ([`retraction`], "floor") is [`OptimError::ZeroColumn`]
     /// (argument `w`, the column's tall index).
+    ///
+    /// A `w` that the configured msign does not bring onto the manifold (a Newton–Schulz
+    /// schedule designed for σ/‖W‖_F above a floor, against a square Gaussian init whose
+    /// smallest singular values fall below it) is retracted again with the exact polar factor
+    /// ([`Msign::Exact`], an SVD): the init is retracted once, so its cost does not matter, and
+    /// the error remains only for a `w` no msign can retract.
     pub fn retract_onto<M: WorkingPrecision>(&self, w: &mut M) -> Result<()> {
         w.validate("w").map_err(crate::error::from_linalg)?;
         let (m, n) = w.shape();
         let flip = self.flip(m, n);
-        let (r, _) = self.retract_checked(&Self::tall(w, flip)?, "w")?;
+        let tall = Self::tall(w, flip)?;
+        let (r, _) = match self.retract_checked(&tall, "w") {
+            Err(OptimError::NotRetractable { .. }) if self.config.msign != Msign::Exact => {
+                let c = &self.config;
+                let exact = retract(&tall, c.manifold, Msign::Exact, c.precision, "w")?;
+                self.checked(exact, "w")?
+            }
+            other => other?,
+        };
         w.copy_from(&if flip { r.into_transpose() } else { r })?;
         Ok(())
     }

@@ -552,6 +552,27 @@ fn retract_onto_puts_a_gaussian_init_on_the_manifold() {
 }
 
 #[test]
+fn retract_onto_falls_back_to_the_exact_polar_factor_below_the_schedules_floor() {
+    // A square init with σ from 1 down to 1e-7: Polar Express is designed for σ/‖W‖_F ≥ 1e-3,
+    // so its msign leaves the small σ far from 1 and misses the tolerance; the retraction then
+    // takes the exact polar factor U·Vᵀ.
+    let n = 24;
+    let s: Vec<f64> = (0..n).map(|i| 10f64.powf(-7.0 * i as f64 / (n - 1) as f64)).collect();
+    let g = with_spectrum(n, n, &s, 3);
+    let opt = ManifoldMuon::new(ManifoldMuonConfig::paper(Manifold::Stiefel)).unwrap();
+    let mut w = g.clone();
+    opt.retract_onto(&mut w).unwrap();
+    let u = orthonormal(n, n, 3);
+    let v = orthonormal(n, n, 3u64.wrapping_add(7));
+    let polar = u.dot(&v.t());
+    // W = U·diag(s)·Vᵀ is formed with f64 rounding (γ_n relative) and the SVD adds its backward
+    // error (svd_err): the polar factor's first-order bound over σ_min = 1e-7.
+    let tol = polar_perturbation(fro(&g), s[n - 1], svd_err(n, n) + gamma(n));
+    assert!(max_abs_diff(&w, &polar) <= tol, "{} > {tol}", max_abs_diff(&w, &polar));
+    assert!(stiefel_error(&w) <= orthonormality_tol(n, n));
+}
+
+#[test]
 fn polar_express_holds_stiefel_to_its_accuracy() {
     // The paper's msign in f64: σ end at 1 ± 1e-6, so the constraint holds to ~1e-6, not 1e-10.
     let opt = ManifoldMuon::new(ManifoldMuonConfig {
