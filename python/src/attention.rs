@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tch::{Device, Kind, Tensor};
 
-use crate::bridge::{f64_matrix_mut, PyTensor};
+use crate::bridge::{empty_huge, f64_matrix_mut, PyTensor};
 use crate::error::ToPy;
 use crate::linalg::matrix;
 
@@ -76,7 +76,7 @@ fn weight_jacobian(
 ) -> PyResult<PyTensor> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
     let (nk, dk) = block_shape(&fwd, 3)?;
-    let mut full = Tensor::f_empty([nk as i64, 3 * dk as i64], (Kind::Double, Device::Cpu)).py()?;
+    let mut full = empty_huge(&[nk as i64, 3 * dk as i64], Kind::Double)?;
     let view = f64_matrix_mut(&mut full)?;
     let (q, rest) = view.split_at(Axis(1), dk);
     let (k, v) = rest.split_at(Axis(1), dk);
@@ -100,7 +100,7 @@ fn weight_jacobian_blocks(
 ) -> PyResult<(PyTensor, PyTensor, PyTensor)> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
     let (nk, dk) = block_shape(&fwd, 1)?;
-    let empty = || Tensor::f_empty([nk as i64, dk as i64], (Kind::Double, Device::Cpu)).py();
+    let empty = || empty_huge(&[nk as i64, dk as i64], Kind::Double);
     let (mut q, mut k, mut v) = (empty()?, empty()?, empty()?);
     let views = [
         f64_matrix_mut(&mut q)?,
