@@ -58,8 +58,8 @@
 //! (`kappa_linalg::mkl_intel_path!()` at the top of this file, exported by `benches/build.rs`):
 //! libtorch's MKL then picks its kernels by the CPU's features — AVX-512 on AMD CPUs that have
 //! it — where stock PyTorch on an AMD CPU runs MKL's AVX2 kernels (docs/architecture.md,
-//! `kappa_linalg::mkl`). The `-mkl` cells give the reference the same kernels the way the
-//! existing measurements did (docs/optim.md, "Like for like"): a one-line library,
+//! "libtorch's MKL on AMD CPUs"). The `-mkl` cells give the reference the same kernels the way a
+//! PyTorch user can (the same section): a one-line library,
 //! `int mkl_serv_intel_cpu_true(void) { return 1; }`, preloaded into the Python process
 //! (`LD_PRELOAD`, set on the child after `peer::reference_command` clears it), which answers
 //! the check first because `libtorch_cpu.so` calls it through its procedure linkage table. The

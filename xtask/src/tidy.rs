@@ -338,7 +338,7 @@ mod tests {
 
         /// The docs a reader meets: the README, `docs/*.md` and every crate's README (the
         /// CHANGELOG, which is history by design, and the generated report are not among them).
-        fn reader_docs(root: &Path) -> Vec<PathBuf> {
+        pub(super) fn reader_docs(root: &Path) -> Vec<PathBuf> {
             let mut docs = vec![root.join("README.md")];
             let mut md = Vec::new();
             files_with(&root.join("docs"), &["md"], &mut md);
@@ -484,6 +484,357 @@ mod tests {
             assert_eq!(history_lines(dirty, false)[0].1, "a date");
             // A generated page may say when its numbers were taken, and nothing else of the kind.
             assert_eq!(history_lines(dirty, true).len(), 5);
+        }
+    }
+
+    /// Links that lead nowhere: a relative Markdown link to a file that does not exist or to a
+    /// heading its target does not have, and a `docs/<name>.md` mention (in a comment, a config or
+    /// a doc) of a page that does not exist or of a section the page does not have. Each check is
+    /// a function over file contents and a lookup of the files it points to, so a fixture test
+    /// can see it fail.
+    mod links {
+        use std::collections::HashMap;
+        use std::fs;
+        use std::path::{Component, Path, PathBuf};
+
+        use super::docs::reader_docs;
+        use super::files_with;
+        use crate::workspace::Workspace;
+
+        /// `path` with `.` and `..` resolved lexically (what a link's target names).
+        fn normalize(path: &Path) -> PathBuf {
+            let mut out = PathBuf::new();
+            for part in path.components() {
+                match part {
+                    Component::CurDir => {}
+                    Component::ParentDir => {
+                        out.pop();
+                    }
+                    other => out.push(other),
+                }
+            }
+            out
+        }
+
+        /// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as `-`.
+        fn slug(heading: &str) -> String {
+            heading
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        }
+
+        /// The lines of `text` outside fenced code blocks, numbered from 1.
+        fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+            let mut fenced = false;
+            let mut out = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("```") {
+                    fenced = !fenced;
+                } else if !fenced {
+                    out.push((n + 1, line));
+                }
+            }
+            out
+        }
+
+        /// The anchors of a Markdown text's headings (a repeated heading's get `-1`, `-2`, …).
+        fn anchors(text: &str) -> Vec<String> {
+            let mut seen: HashMap<String, usize> = HashMap::new();
+            prose_lines(text)
+                .into_iter()
+                .filter_map(|(_, l)| l.strip_prefix('#'))
+                .map(|h| slug(h.trim_start_matches('#')))
+                .map(|a| {
+                    let count = seen.entry(a.clone()).or_insert(0);
+                    *count += 1;
+                    if *count == 1 {
+                        a
+                    } else {
+                        format!("{a}-{}", *count - 1)
+                    }
+                })
+                .collect()
+        }
+
+        /// The targets of a Markdown text's inline links (`[text](target)`, images included)
+        /// that stay in the repository: no scheme (`https:`, `mailto:`).
+        fn relative_links(text: &str) -> Vec<(usize, String)> {
+            let mut out = Vec::new();
+            for (n, line) in prose_lines(text) {
+                for (i, _) in line.match_indices("](") {
+                    let rest = &line[i + 2..];
+                    let target = rest.split([')', ' ']).next().unwrap_or("");
+                    // A path: no scheme, no brackets or commas (`P[i,m](V[m,c] − …)` is math).
+                    let path_like = target
+                        .chars()
+                        .all(|c| c.is_alphanumeric() || matches!(c, '.' | '_' | '/' | '#' | '-'));
+                    if !target.is_empty() && path_like {
+                        out.push((n, target.to_string()));
+                    }
+                }
+            }
+            out
+        }
+
+        /// The relative links of `doc` (at `doc_path`) that lead nowhere, each with why;
+        /// `lookup` gives the text of an existing file (empty for a folder or a file that is not
+        /// text) and `None` for a missing one.
+        fn broken_links(
+            doc_path: &Path,
+            doc: &str,
+            lookup: &dyn Fn(&Path) -> Option<String>,
+        ) -> Vec<(usize, String)> {
+            let dir = doc_path.parent().unwrap_or(Path::new(""));
+            let mut out = Vec::new();
+            for (n, target) in relative_links(doc) {
+                let (file, anchor) = target.split_once('#').unwrap_or((&target, ""));
+                let (path, text) = if file.is_empty() {
+                    (doc_path.to_path_buf(), Some(doc.to_string()))
+                } else {
+                    let path = normalize(&dir.join(file));
+                    let text = lookup(&path);
+                    (path, text)
+                };
+                match text {
+                    None => out.push((n, format!("{target}: no such file"))),
+                    Some(text)
+                        if !anchor.is_empty()
+                            && path.extension().is_some_and(|e| e == "md")
+                            && !anchors(&text).iter().any(|a| a == anchor) =>
+                    {
+                        out.push((n, format!("{target}: no such heading")))
+                    }
+                    Some(_) => {}
+                }
+            }
+            out
+        }
+
+        /// A `docs/<name>.md` mention: its line, the page (from the repository's root), and the
+        /// section it names when a quoted title follows (`docs/optim.md, "Math"`).
+        struct Mention {
+            line: usize,
+            page: String,
+            section: Option<String>,
+        }
+
+        /// The quoted title after a mention (`, "Title"`, ` ("Title"`, ` "Title"`); a quote right
+        /// after the name closes a string literal and names nothing.
+        fn quoted_section(rest: &str) -> Option<String> {
+            let after = rest.strip_prefix(',').unwrap_or(rest);
+            let after = after.trim_start();
+            let after = after.strip_prefix('(').unwrap_or(after);
+            if after.len() == rest.len() {
+                return None;
+            }
+            let (title, _) = after.strip_prefix('"')?.split_once('"')?;
+            title
+                .starts_with(char::is_alphabetic)
+                .then(|| title.to_string())
+        }
+
+        /// The `docs/<name>.md` pages that `text` mentions, with the sections they name.
+        fn docs_mentions(text: &str) -> Vec<Mention> {
+            let mut out = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                for (i, _) in line.match_indices("docs/") {
+                    let inside_a_word = line[..i]
+                        .chars()
+                        .next_back()
+                        .is_some_and(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                    let name: String = line[i + 5..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                        .collect();
+                    let name = name.trim_end_matches('.');
+                    if !inside_a_word && name.len() > 3 && name.ends_with(".md") {
+                        out.push(Mention {
+                            line: n + 1,
+                            page: format!("docs/{name}"),
+                            section: quoted_section(&line[i + 5 + name.len()..]),
+                        });
+                    }
+                }
+            }
+            out
+        }
+
+        /// A title as [`section_titles`] compares it: no backticks or stars, lower case.
+        fn plain(title: &str) -> String {
+            let kept: String = title.chars().filter(|c| !matches!(c, '`' | '*')).collect();
+            kept.trim().to_lowercase()
+        }
+
+        /// The titles a mention may name: a page's headings and bold paragraph openings
+        /// (`**The memory allocator: …**`).
+        fn section_titles(page: &str) -> Vec<String> {
+            prose_lines(page)
+                .into_iter()
+                .filter_map(|(_, l)| {
+                    l.strip_prefix('#')
+                        .map(|h| h.trim_start_matches('#'))
+                        .or_else(|| l.strip_prefix("**"))
+                })
+                .map(plain)
+                .collect()
+        }
+
+        /// Why `mention` leads nowhere, if it does: its page does not exist under `root`, or no
+        /// title of the page starts with the section it names.
+        fn mention_problem(
+            root: &Path,
+            mention: &Mention,
+            lookup: &dyn Fn(&Path) -> Option<String>,
+        ) -> Option<String> {
+            let Some(page) = lookup(&root.join(&mention.page)) else {
+                return Some(format!("{} does not exist", mention.page));
+            };
+            let section = mention.section.as_ref()?;
+            let wanted = plain(section);
+            let found = section_titles(&page).iter().any(|t| t.starts_with(&wanted));
+            (!found).then(|| format!("{}, \"{section}\": no such section", mention.page))
+        }
+
+        /// The files whose links and mentions are checked: the docs a reader meets, and every
+        /// Rust file and TOML file (code comments and configs) of the workspace.
+        fn checked_files(root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
+            let mut sources = Vec::new();
+            for dir in [
+                "crates",
+                "xtask",
+                "benches",
+                "python",
+                "experiments",
+                "examples",
+            ] {
+                files_with(&root.join(dir), &["rs", "toml"], &mut sources);
+            }
+            sources.push(root.join("Cargo.toml"));
+            (reader_docs(root), sources)
+        }
+
+        #[test]
+        fn every_link_and_docs_mention_leads_to_a_file_and_heading_that_exist() {
+            let ws = Workspace::locate().unwrap();
+            let root = ws.root();
+            let lookup = |p: &Path| {
+                p.exists()
+                    .then(|| fs::read_to_string(p).unwrap_or_default())
+            };
+            let (docs, sources) = checked_files(root);
+            assert!(
+                docs.len() > 10 && sources.len() > 100,
+                "found too few files"
+            );
+            let mut wrong = Vec::new();
+            for file in docs.iter().chain(&sources) {
+                let text = fs::read_to_string(file).unwrap_or_default();
+                let rel = file
+                    .strip_prefix(root)
+                    .unwrap_or(file)
+                    .display()
+                    .to_string();
+                let is_doc = docs.contains(file);
+                if is_doc {
+                    for (n, why) in broken_links(file, &text, &lookup) {
+                        wrong.push(format!("{rel}:{n}: {why}"));
+                    }
+                }
+                for mention in docs_mentions(&text) {
+                    if let Some(why) = mention_problem(root, &mention, &lookup) {
+                        wrong.push(format!("{rel}:{}: {why}", mention.line));
+                    }
+                }
+            }
+            assert!(
+                wrong.is_empty(),
+                "links and mentions that lead nowhere (point them to where the content lives \
+                 now):\n{}",
+                wrong.join("\n")
+            );
+        }
+
+        #[test]
+        fn a_link_to_a_missing_file_or_heading_is_caught() {
+            let page = "# B\n\n## Two words, `code` and λ·I_k\n\n## Same\n\n## Same\n";
+            // Paths built at run time so that this file does not mention them.
+            let in_docs = |name: &str| PathBuf::from(["docs/", name, ".md"].concat());
+            let files: HashMap<PathBuf, &str> = [
+                (in_docs("b"), page),
+                (PathBuf::from("crates/linalg"), ""),
+                (PathBuf::from("README.md"), "# kappa\n"),
+            ]
+            .into_iter()
+            .collect();
+            let lookup = |p: &Path| files.get(p).map(|t| t.to_string());
+            let doc = "# A\n\nSee [b](b.md), [its section](b.md#two-words-code-and-λi_k), \
+                       [the second](b.md#same-1), [the crate](../crates/linalg), \
+                       [home](../README.md), [up](#a), [the web](https://x.org/gone.md), \
+                       P[i,m](V[m,c] − A).\n\
+                       ```text\n[in code](gone.md)\n```\n\
+                       Broken: [gone](gone.md), [no section](b.md#missing), [no own](#nope), \
+                       [third](b.md#same-2).\n";
+            let broken = broken_links(&in_docs("a"), doc, &lookup);
+            let why: Vec<&str> = broken.iter().map(|(_, w)| w.as_str()).collect();
+            assert_eq!(
+                why,
+                [
+                    "gone.md: no such file",
+                    "b.md#missing: no such heading",
+                    "#nope: no such heading",
+                    "b.md#same-2: no such heading"
+                ]
+            );
+            assert!(broken.iter().all(|(n, _)| *n == 7), "{broken:?}");
+        }
+
+        #[test]
+        fn a_mention_of_a_missing_docs_page_or_section_is_caught() {
+            // Built at run time so that this file does not mention the pages itself.
+            let page = |name: &str| ["docs/", name, ".md"].concat();
+            // A path inside another word, a page in a subfolder and a name without `.md` are
+            // not mentions of a page; a quote right after the name closes a string.
+            let text = format!(
+                "//! See {}, \"Math\".\n// and `{}`.\n// ({} (\"Traps\"), {} \"Gone\")\n\
+                 // Not: mydocs/x.md, docs/results/report.md, docs/guide, join(\"{}\", \"x\").\n",
+                page("optim"),
+                page("gone"),
+                page("optim"),
+                page("optim"),
+                page("optim"),
+            );
+            let mentions = docs_mentions(&text);
+            let named: Vec<(usize, Option<&str>)> = mentions
+                .iter()
+                .map(|m| (m.line, m.section.as_deref()))
+                .collect();
+            assert_eq!(
+                named,
+                [
+                    (1, Some("Math")),
+                    (2, None),
+                    (3, Some("Traps")),
+                    (3, Some("Gone")),
+                    (4, None)
+                ]
+            );
+            let optim = "# Optim\n\n## Math\n\n**Traps and what the code does.** Text.\n";
+            let lookup = |p: &Path| (p == Path::new(&page("optim"))).then(|| optim.to_string());
+            let problems: Vec<String> = mentions
+                .iter()
+                .filter_map(|m| mention_problem(Path::new(""), m, &lookup))
+                .collect();
+            assert_eq!(
+                problems,
+                [
+                    format!("{} does not exist", page("gone")),
+                    format!("{}, \"Gone\": no such section", page("optim")),
+                ]
+            );
         }
     }
 }

@@ -13,10 +13,10 @@ use crate::scale::Scale;
 /// The options of `cargo xtask reproduce` and of `kappa-experiments reproduce`.
 #[derive(Args, Clone, Debug, PartialEq)]
 pub struct ReproduceArgs {
-    /// smoke (seconds, used by tests), cpu (the default: the suite in about an hour on 2 cores),
-    /// long (CPU-sized models trained for hours: only the experiments that have it), gpu (hours
-    /// on one GPU) or paper (the papers' sizes, for GPU machines). Picks the built-in config
-    /// files (`experiments/<name>/<scale>.toml`) and names the results folder.
+    /// smoke (used by tests), cpu (the default: sized for 2 cores), long (CPU-sized models
+    /// trained long: only the experiments that have it), gpu (sized for one GPU) or paper (the
+    /// papers' sizes, for GPU machines); `--plan` prints each unit's expected minutes. Picks the
+    /// built-in config files (`experiments/<name>/<scale>.toml`) and names the results folder.
     #[arg(long, default_value = "cpu")]
     pub scale: Scale,
     /// Run only these experiments (repeatable); `--list` shows the names.

@@ -1,6 +1,7 @@
 //! How large an experiment runs: `smoke` for tests, `cpu` for a 2-core machine, `gpu` for one
 //! GPU, `paper` for the papers' sizes, and `long` (only some experiments) for a CPU-sized model
-//! trained over the long horizon a claim needs.
+//! trained over the long horizon a claim needs. What each unit is expected to take is in
+//! `experiments/costs.toml`, which `cargo xtask reproduce --plan` prints.
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,15 +16,15 @@ use crate::names::unknown;
     serde(rename_all = "lowercase")
 )]
 pub enum Scale {
-    /// Seconds; exercised by the test suite.
+    /// The smallest configs, which exercise every code path: what the test suite runs.
     Smoke,
-    /// The default: the whole suite in about an hour on 2 cores.
+    /// The default: sized for a 2-core CPU.
     Cpu,
     /// A CPU-sized model trained long: only the experiments whose claim needs a long horizon
     /// have it (manifolds: DGram attention's divergence after an accumulated spectral step
-    /// Σηₜ ≈ 290). Hours per unit on a CPU.
+    /// Σηₜ ≈ 290).
     Long,
-    /// Between cpu and paper: hours, not weeks, on one current GPU.
+    /// Between cpu and paper: models sized for one current GPU.
     Gpu,
     /// The papers' sizes, for a GPU machine.
     Paper,

@@ -128,7 +128,7 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     // Before anything uses rayon: its workers pinned when they are one per CPU
-    // (`KAPPA_PIN_THREADS` overrides; docs/architecture.md, "Threads").
+    // (`KAPPA_PIN_THREADS` overrides; docs/architecture.md, "Where rayon's workers run").
     let pinning = kappa_linalg::threads::Pinning::from_env();
     kappa_linalg::threads::init_global_pool(0, pinning)?;
     let blas = kappa_linalg::blas_report();

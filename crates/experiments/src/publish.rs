@@ -9,9 +9,10 @@ use anyhow::{Context, Result};
 
 use crate::report::Report;
 
-/// Splices the parts of `ran` from `results/report.md` into `docs/report.md` ([`Report::splice`],
-/// in registry order) and replaces each such experiment's plots under `docs/<name>/` with the
-/// ones its new part embeds. Nothing is written when the splice is refused (two scales).
+/// Splices the parts of `ran` from `<results>/report.md` into `<docs>/report.md` (`docs` is
+/// `docs/results` by default; [`Report::splice`], in registry order) and replaces each such
+/// experiment's plots under `<docs>/<name>/` with the ones its new part embeds. Nothing is
+/// written when the splice is refused (two scales).
 pub fn publish(results: &Path, docs: &Path, ran: &[&str]) -> Result<()> {
     let new_path = results.join("report.md");
     let new = read(&new_path)?.unwrap_or_default();

@@ -8,9 +8,9 @@
 //! in turn (a finished variant is kept when a unit resumes).
 //!
 //! Each unit carries its expected [`Cost`] at its scale, read from the repository's
-//! `experiments/costs.toml` (the minutes measured at the cpu scale on the project's machine,
-//! and estimates, stated as such, for the larger scales), and, when an earlier run of it is in
-//! the results folder, the minutes that run took.
+//! `experiments/costs.toml` (the minutes measured at the cpu scale on a 2-core CPU, and
+//! estimates, stated as such, for the larger scales), and, when the results folder already
+//! holds a run of it, the minutes that run took.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +36,8 @@ pub struct Cost {
     pub memory_gib: f64,
     /// Expected wall minutes.
     pub minutes: f64,
-    /// Where `minutes` comes from: a measurement (machine, threads, date) or an estimate (how).
+    /// Where `minutes` comes from: a measurement (CPU, threads, what was timed) or an estimate
+    /// (how it was made).
     pub basis: String,
 }
 

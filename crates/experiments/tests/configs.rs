@@ -35,7 +35,14 @@ fn reproduce_bin(root: &Path, args: &[&str]) -> (bool, String) {
             "--threads",
             "1",
         ])
-        .args(["--results", "results", "--data", "data", "--docs", "docs"])
+        .args([
+            "--results",
+            "results",
+            "--data",
+            "data",
+            "--docs",
+            "docs/results",
+        ])
         .args(args)
         .env("OPENBLAS_NUM_THREADS", "1")
         .output()
@@ -225,9 +232,9 @@ fn publish_replaces_the_sections_that_ran_and_keeps_the_others() {
     let root = scratch("publish");
     let (ok, stderr) = reproduce_bin(&root, &["--only", "random-spectra", "--publish"]);
     assert!(ok, "{stderr}");
-    let docs = root.join("docs/report.md");
+    let docs = root.join("docs/results/report.md");
     let first = fs::read_to_string(&docs).unwrap();
-    let plots: Vec<PathBuf> = fs::read_dir(root.join("docs/random-spectra/smoke"))
+    let plots: Vec<PathBuf> = fs::read_dir(root.join("docs/results/random-spectra/smoke"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();

@@ -69,8 +69,9 @@ fn modulewise(preset: Preset) -> ModulewiseConfig {
 const U32: f64 = f32::EPSILON as f64 / 2.0;
 
 /// The f32 Polar Express band: msign's output singular values lie within 1e-4 of 1
-/// (docs/optim.md, "Cost in accuracy"; kappa-optim's `tch_backend::bf16_update_band_against_f32`)
-/// for inputs with σ/‖X‖_F ≥ [`PE_DOMAIN`] (crates/optim/src/msign.rs, module table).
+/// (docs/optim.md, "Precision per device"; kappa-optim's
+/// `tch_backend::bf16_update_band_against_f32`) for inputs with σ/‖X‖_F ≥ [`PE_DOMAIN`]
+/// (crates/optim/src/msign.rs, module table).
 const PE_F32_BAND: f64 = 1e-4;
 /// The smallest σ/‖X‖_F the Polar Express band covers (msign.rs module table).
 const PE_DOMAIN: f64 = 1e-3;

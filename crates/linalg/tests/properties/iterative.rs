@@ -141,9 +141,9 @@ proptest! {
 
     #[test]
     fn lanczos_kappa_matches_svd_from_below((m, n, seed) in (1usize..60, 1usize..20, any::<u64>()), lk in 0.0f64..4.0) {
-        // The claim (docs/linalg.md, Iterative estimates): a lower bound always; within the
-        // residual band of κ whenever the extreme Ritz values found σ₁ and σ_k; misconvergence
-        // onto an inner σ is possible (kept: `misconvergence_*` below) and rare.
+        // The claim (docs/linalg.md, "Conventions", Iterative estimates): a lower bound always;
+        // within the residual band of κ whenever the extreme Ritz values found σ₁ and σ_k;
+        // misconvergence onto an inner σ is possible (kept: `misconvergence_*` below) and rare.
         let (a, sv) = lanczos_draw(m, n, seed, lk);
         let e = condition_number_estimate(a.view(), IterativeOptions::default()).unwrap();
         prop_assert!(e.converged, "{e:?}");
@@ -177,9 +177,9 @@ proptest! {
         // The two Ritz values it stopped at are singular values of A to the requested relative
         // accuracy (together). That they are the *extreme* ones is what no Krylov method can
         // promise (misconvergence, see the docs); the Gaussian test below checks κ itself.
-        // The band is the documented heuristic claim of the rule (docs/linalg.md, Iterative
-        // estimates: "the Ritz values it stops at are singular values to tol"), plus the reference
-        // SVD's error 30·max(m,n)·ε·σ₁ on each distance (relative to θ).
+        // The band is the documented heuristic claim of the rule (docs/linalg.md, "Conventions",
+        // Iterative estimates: "the Ritz values it stops at are singular values to tol"), plus
+        // the reference SVD's error 30·max(m,n)·ε·σ₁ on each distance (relative to θ).
         let distance = |t: f64| distance_to_nearest(sv, t) / t;
         let found = distance(e.sigma_max) + distance(e.sigma_min);
         let r = svd_rel(m, n, f64::EPSILON) * sv[0];
@@ -214,8 +214,9 @@ proptest! {
 
 #[test]
 fn tall_gaussian_estimate_is_within_one_percent() {
-    // The benchmark's goal is 1 % (docs/linalg.md, Benchmarks); the derived claim is tighter:
-    // this fixed input's estimate finds the extremes, so `kappa_claims`' residual band holds.
+    // The benchmark asks for 1 % (docs/linalg.md, "Performance", `kappa_estimate_f64`); the
+    // derived claim is tighter: this fixed input's estimate finds the extremes, so
+    // `kappa_claims`' residual band holds.
     let a: Array2<f64> = gaussian(2048, 128, 11);
     let sv = singular_values(a.view(), SvdDriver::QrIteration)
         .unwrap()
@@ -335,7 +336,8 @@ fn error_estimate_rule_stops_earlier_than_the_residual_rule() {
     let r_svd = 2.0 * svd_rel(2048, 128, f64::EPSILON) * sv[0] / sv[127];
     assert!(err_e <= 1e-2 + r_svd, "{err_e}");
     // The estimate is above the true error (it is meant to be; a fact about this input with a
-    // wide margin: measured 3.5e-3 against 1.8e-4, docs/linalg.md).
+    // wide margin: measured 3.5e-3 against 1.8e-4, docs/linalg.md, "Conventions", Iterative
+    // estimates).
     assert!(e.error_estimate >= err_e, "{e:?} vs {err_e}");
     // A complete Krylov space is exact: estimate 0.
     let small: Array2<f64> = gaussian(30, 4, 2);
@@ -431,8 +433,8 @@ fn misconvergence_regression_5x5() {
     assert_eq!(kappa_claims(&a, &sv, &e), Ok(true), "{e:?} vs {sv:?}");
 }
 
-/// The 17×17 case of docs/linalg.md (a random scan of that shape; the earlier 8.5 % one is no
-/// longer drawn by the current generator): κ̂ 0.34 % low with residual 4.3e-4, σ̂_min on σ₁₆.
+/// The 17×17 misconvergence of docs/linalg.md ("Conventions", Iterative estimates; found by a
+/// random scan of that shape): κ̂ 0.34 % low with residual 4.3e-4, σ̂_min on σ₁₆.
 #[test]
 fn misconvergence_regression_17x17() {
     let (a, sv) = lanczos_draw(17, 17, 2099019525815302519, 1.850239531088362);

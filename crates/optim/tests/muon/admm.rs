@@ -258,7 +258,7 @@ fn calls_to(violations: &[f64], calls_per_entry: usize, target: f64) -> Option<u
         .map(|i| (i + 1) * calls_per_entry)
 }
 
-/// The violation levels of the count table (docs/optim.md, "ADMM: … calls to one violation").
+/// The violation levels of the count table (docs/optim.md, "ADMM: the same problem split in two").
 const LEVELS: [f64; 3] = [1e-2, 1e-3, 1e-4];
 
 /// The ascent's msign calls to one violation level: from the preset's K = 20 run when it gets
@@ -356,7 +356,7 @@ fn markdown(label: &str, r: &CountRow) -> String {
 
 #[test]
 fn the_admm_count_table_of_the_docs_holds() {
-    // The fixed-seed problems of docs/optim.md ("ADMM: … calls to one violation"): W 96×32 on
+    // The fixed-seed problems of docs/optim.md ("ADMM: the same problem split in two"): W 96×32 on
     // each manifold, exact msign, a Gaussian G and one with σ from 1 to 1e-3. Counts, not
     // timings: deterministic for a given LAPACK (a different one moves a count only where a
     // violation lies within rounding of a level). `--nocapture` prints the table.
