@@ -12,8 +12,9 @@
 //! - `cargo xtask report [--scale S] [--results DIR]… [--out DIR]` builds the report from run
 //!   folders written anywhere (units run on other machines), naming missing or failed units.
 //! - `cargo xtask bench [--threads N[,M…]]` runs the criterion benchmarks (once per count).
-//! - `cargo xtask python` builds the Python package `kappa` into the project's virtual
-//!   environment (`cargo xtask test` does too, then runs its pytest suite).
+//! - `cargo xtask python [--bench [--threads N[,M…]] [--publish]]` builds the Python package
+//!   `kappa` into the project's virtual environment (`cargo xtask test` does too, then runs its
+//!   pytest suite), and runs its benchmarks.
 //!
 //! Every cargo call made from here gets `LIBTORCH` and the runtime library path, so nobody has
 //! to export anything by hand.
@@ -22,6 +23,7 @@ mod cargo;
 mod data;
 mod publish;
 mod python;
+mod python_bench;
 mod reproduce;
 mod setup;
 mod slurm;
@@ -79,8 +81,9 @@ enum Command {
     Train(kappa_cli::TrainArgs),
     /// Run the criterion benchmarks (nothing else should run on the machine meanwhile).
     Bench(cargo::BenchArgs),
-    /// Build the Python package `kappa` (python/) into the project's virtual environment.
-    Python,
+    /// Build the Python package `kappa` (python/) into the project's virtual environment
+    /// (`--bench`: then run its benchmarks; `--publish`: write docs/performance-python.md).
+    Python(python::PythonArgs),
 }
 
 fn main() -> ExitCode {
@@ -110,7 +113,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report(args) => reproduce::report(&ws, &args)?,
         Command::Train(args) => train::train(&ws, &args)?,
         Command::Bench(args) => cargo::bench(&ws, &args)?,
-        Command::Python => python::install(&ws)?,
+        Command::Python(args) => python::install(&ws, &args)?,
     }
     Ok(())
 }

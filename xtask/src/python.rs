@@ -135,8 +135,28 @@ pub fn pytest(ws: &Workspace) -> Command {
     cmd
 }
 
-/// `cargo xtask python`: setup, the tools, then the package built into the venv.
-pub fn install(ws: &Workspace) -> Result<()> {
+/// `cargo xtask python` options.
+#[derive(clap::Args)]
+pub struct PythonArgs {
+    /// After building, run the package's benchmarks (python/benches) once per thread count;
+    /// nothing else should run on the machine meanwhile.
+    #[arg(long)]
+    bench: bool,
+    /// Thread counts of the benchmarks (a count, or a list such as 1,2).
+    #[arg(long, default_value = "1", value_delimiter = ',', requires = "bench",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    threads: Vec<u32>,
+    /// Write docs/performance-python.md from the benchmarks' results.
+    #[arg(long, requires = "bench")]
+    publish: bool,
+    /// The benchmarks' short forms: checks the harness, measures nothing.
+    #[arg(long, requires = "bench", conflicts_with = "publish")]
+    quick: bool,
+}
+
+/// `cargo xtask python`: setup, the tools, then the package built into the venv; with
+/// `--bench`, its benchmarks ([`crate::python_bench`]).
+pub fn install(ws: &Workspace, args: &PythonArgs) -> Result<()> {
     let tc = setup::setup(ws, &data::DataSelection::default())?;
     let mut report = Report::default();
     ensure_tools(ws, &mut report)?;
@@ -146,6 +166,12 @@ pub fn install(ws: &Workspace) -> Result<()> {
         ws.venv_dir().display(),
         python(ws).display()
     );
+    if args.bench {
+        crate::python_bench::run_all(ws, &args.threads, args.quick)?;
+        if args.publish {
+            crate::python_bench::publish(ws, &args.threads)?;
+        }
+    }
     Ok(())
 }
 
