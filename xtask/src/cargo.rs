@@ -16,9 +16,8 @@ use crate::workspace::{run, Workspace};
 /// A `cargo` command in the workspace root that finds libtorch at build and at run time.
 ///
 /// It leaves OpenMP's wait policy to the caller: with libtorch's GEMMs on libtorch's own MKL (one
-/// OpenMP pool for a training step), OpenMP's default spin-then-sleep is 20–37% faster at two
-/// threads than the passive policy xtask once set (`benches/benches/step_env.rs`,
-/// docs/architecture.md).
+/// OpenMP pool for a training step), OpenMP's default spin-then-sleep beats the passive policy
+/// at two threads (`benches/benches/step_env.rs` measures both; docs/architecture.md).
 pub(crate) fn cargo(ws: &Workspace, tc: &Toolchain) -> Command {
     let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let mut cmd = Command::new(program);
