@@ -16,7 +16,7 @@ use ndarray::Axis;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::bridge::{empty_huge, f64_matrix_mut, PyTensor};
 use crate::error::ToPy;

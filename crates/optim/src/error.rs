@@ -148,6 +148,17 @@ pub enum OptimError {
         /// What is wrong, naming the groups and parameters.
         reason: String,
     },
+    /// A collective of a sharded [`Optimizer`](crate::optimizer::Optimizer) step failed
+    /// (feature `dist`): a rank left, disagreed or stalled past the communicator's timeout. The
+    /// step is incomplete on this rank (some blocks are updated, others not).
+    #[cfg(feature = "dist")]
+    #[error("group `{group}`: the exchange between the ranks failed: {source}")]
+    Collective {
+        /// The group whose blocks were exchanged.
+        group: String,
+        /// The collective's error.
+        source: kappa_dist::DistError,
+    },
     /// A saved optimizer state that does not fit the optimizer: a key missing, left over or of
     /// the wrong size, kind or values. Nothing was loaded.
     #[error("optimizer state `{key}`: {reason}")]

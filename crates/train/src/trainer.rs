@@ -64,7 +64,8 @@
 //! - every gradient g ← (Σ_r g_r) / P: the ranks' sums added in rank order in their kind (f32),
 //!   then divided once ([`kappa_dist::rules`]), before clipping, so ‖g‖ and the clip are the
 //!   average's;
-//! - every rank runs the same optimizer step on the same gradients.
+//! - every rank runs the optimizer step on the same gradients (Muon's and manifold Muon's
+//!   blocks sharded over the ranks, below).
 //!
 //! With P = 1 (one rank and `micro_batch_size` 0 or `batch_size`) none of this adds an
 //! operation. The sum of two parts is part 0 + part 1 however they fall to ranks, so 2 ranks
@@ -74,14 +75,16 @@
 //! addition is not associative); such runs agree to rounding, not bit for bit.
 //!
 //! **Optimizer state is replicated.** Every rank holds all of it (AdamW's moments, Muon's
-//! momentum) and applies the same update to the same weights, so the weights need no exchange
-//! after a step and stay equal on all ranks. The price is memory (each rank holds the whole
-//! state) and time (each rank runs the whole step, every orthogonalization of Muon included);
-//! owning each matrix's state and orthogonalization on one rank would divide both by W. The gain
-//! is that a checkpoint is the same as a one-process run's: rank 0's weights and state, nothing
-//! per rank. A run saved on W ranks resumes on any W' that divides P, bit for bit where the
-//! grouping of the sum is the same (W and W' in {1, P}, or P = 2), to rounding otherwise. Every
-//! rank reads the same checkpoint file to resume.
+//! momentum, NorMuon's second moments) and ends every step with the same weights. On more than
+//! one rank the orthogonalizations are sharded ([`Optimizer::shard`]): each batch of same-shape
+//! Muon or manifold-Muon blocks is split over the ranks, each rank steps its part, then every
+//! block's new weight and state is gathered from the rank that stepped it, so each rank runs
+//! about 1/W of the Newton–Schulz iterations (AdamW groups are stepped whole on every rank). The
+//! price of replication is memory (each rank holds the whole state) and the exchange of the
+//! momenta with the weights; the gain is that a checkpoint is the same as a one-process run's:
+//! rank 0's weights and state, nothing per rank. A run saved on W ranks resumes on any W' that
+//! divides P, bit for bit where the grouping of the sum is the same (W and W' in {1, P}, or
+//! P = 2), to rounding otherwise. Every rank reads the same checkpoint file to resume.
 //!
 //! Rank 0 alone sends records to the sink, writes checkpoints and shows progress. Every rank
 //! evaluates (the same model on the same validation batches, so none waits for another's
@@ -895,9 +898,10 @@ impl<'a> Trainer<'a> {
     /// [`Trainer::load_checkpoint`] when resuming: every rank loads the same checkpoint);
     /// then rank 0's variables (weights and buffers) are copied to every rank, so all start from
     /// one model whatever their initialization. Training then gives each rank its parts of
-    /// every batch and averages the gradients over the ranks; rank 0 alone sends records to
-    /// the sink, writes checkpoints and shows progress (see "Data parallelism and
-    /// micro-batches" in [the module docs](self)).
+    /// every batch and averages the gradients over the ranks, and, on more than one rank, the
+    /// optimizer's Muon and manifold-Muon blocks are sharded over them ([`Optimizer::shard`]);
+    /// rank 0 alone sends records to the sink, writes checkpoints and shows progress (see "Data
+    /// parallelism and micro-batches" in [the module docs](self)).
     ///
     /// Errors: a batch that does not split evenly over the ranks ([`TrainConfig::parts`],
     /// naming `train.batch_size`), and a collective that fails (a rank that left, disagreed
@@ -909,6 +913,7 @@ impl<'a> Trainer<'a> {
         for (_, var) in &mut vars {
             comm.broadcast(var, 0).map_err(dist_err)?;
         }
+        self.optimizer.shard(Arc::clone(&comm));
         (self.comm, self.parts) = (comm, parts);
         Ok(())
     }

@@ -8,7 +8,9 @@ use tch::{Kind, Tensor};
 
 use super::matrix::{MatrixSpec, Resolved};
 use super::stats::{Accumulator, OptimizerStats};
+use super::Sharding;
 use crate::error::{OptimError, Result};
+use crate::precision::batch_precision;
 use crate::{
     AdamW, AdamWConfig, AdamWKernel, AdamWState, ManifoldMuon, ManifoldMuonConfig, ManifoldState,
     ManifoldStep, Muon, MuonConfig, MuonState,
@@ -308,8 +310,9 @@ impl Group {
     }
 
     /// One update of every parameter with a gradient, at learning rate `lr` (the scheduled
-    /// rate of this step). Called without gradient recording.
-    pub(crate) fn step(&mut self, lr: f64) -> Result<()> {
+    /// rate of this step); Muon's and manifold Muon's blocks split over the ranks of `shard`
+    /// when given (AdamW's are not). Called without gradient recording.
+    pub(super) fn step(&mut self, lr: f64, shard: Option<&mut Sharding>) -> Result<()> {
         let started = Instant::now();
         let result = match &mut self.states {
             States::None => Err(OptimError::Groups {
@@ -326,32 +329,68 @@ impl Group {
                 muon.set_lr(lr).map_err(|e| group_err(&self.name, e))?;
                 let jobs = Jobs::collect(&self.names, &self.params, &self.layouts, states)?;
                 let muon = &*muon;
-                jobs.run(self.batch, &mut self.stats, |stats, ws, gs, ss| {
-                    let n = if ws.len() > 1 {
-                        muon.step_batch(ws, gs, ss)?.len()
+                let step = |stats: &mut Accumulator,
+                            ws: &mut [Tensor],
+                            gs: &[Tensor],
+                            ss: &mut [MuonState<Tensor>],
+                            count: usize| {
+                    let n = if count > 1 {
+                        let precision = batch_precision(&ws[0], count, muon.config().precision);
+                        let c = MuonConfig {
+                            precision,
+                            ..*muon.config()
+                        };
+                        Muon::new(c)?.step_batch(ws, gs, ss)?.len()
                     } else {
                         muon.step(&mut ws[0], &gs[0], &mut ss[0]).map(|_| 1)?
                     };
                     stats.updates += n as u64;
                     Ok(())
-                })
+                };
+                match shard {
+                    None => jobs.run(self.batch, &mut self.stats, step),
+                    Some(s) => {
+                        let c = *muon.config();
+                        let second = |w: &Tensor| second_moment_len(&c, w);
+                        s.run(jobs, &self.name, self.batch, &mut self.stats, second, step)
+                    }
+                }
             }
             States::Manifold(opt, states) => {
                 opt.set_lr(lr).map_err(|e| group_err(&self.name, e))?;
                 let jobs = Jobs::collect(&self.names, &self.params, &self.layouts, states)?;
                 let (opt, threads) = (&*opt, self.threads);
-                if !self.batch && threads > 1 {
-                    jobs.run_threads(opt, threads, &mut self.stats)
-                } else {
-                    jobs.run(self.batch, &mut self.stats, |stats, ws, gs, ss| {
-                        let steps = if ws.len() > 1 {
-                            opt.step_batch(ws, gs, ss)?
-                        } else {
-                            vec![opt.step(&mut ws[0], &gs[0], &mut ss[0])?]
+                let step = |stats: &mut Accumulator,
+                            ws: &mut [Tensor],
+                            gs: &[Tensor],
+                            ss: &mut [ManifoldState<Tensor>],
+                            count: usize| {
+                    let steps = if count > 1 {
+                        let precision = batch_precision(&ws[0], count, opt.config().precision);
+                        let c = ManifoldMuonConfig {
+                            precision,
+                            ..*opt.config()
                         };
-                        steps.iter().for_each(|s| stats.add_manifold(s));
-                        Ok(())
-                    })
+                        ManifoldMuon::new(c)?.step_batch(ws, gs, ss)?
+                    } else {
+                        vec![opt.step(&mut ws[0], &gs[0], &mut ss[0])?]
+                    };
+                    steps.iter().for_each(|s| stats.add_manifold(s));
+                    Ok(())
+                };
+                match shard {
+                    None if !self.batch && threads > 1 => {
+                        jobs.run_threads(opt, threads, &mut self.stats)
+                    }
+                    None => jobs.run(self.batch, &mut self.stats, step),
+                    Some(s) => s.run(
+                        jobs,
+                        &self.name,
+                        self.batch,
+                        &mut self.stats,
+                        |_| None,
+                        step,
+                    ),
                 }
             }
         };
@@ -377,20 +416,33 @@ type BatchKey = (Vec<i64>, Kind, tch::Device);
 
 /// One block to step: its parameter's index, views of the block in the parameter and its
 /// gradient, and the block's state.
-struct Job<'s, S> {
-    param: usize,
-    w: Tensor,
-    g: Tensor,
-    state: &'s mut S,
+pub(super) struct Job<'s, S> {
+    pub(super) param: usize,
+    pub(super) w: Tensor,
+    pub(super) g: Tensor,
+    pub(super) state: &'s mut S,
 }
 
 /// The blocks of a group's parameters that have gradients, and the stacks to write back.
-struct Jobs<'a, 's, S> {
-    names: &'a [String],
+pub(super) struct Jobs<'a, 's, S> {
+    pub(super) names: &'a [String],
     params: &'a [Tensor],
     layouts: &'a [Resolved],
-    jobs: Vec<Job<'s, S>>,
+    pub(super) jobs: Vec<Job<'s, S>>,
     copies: Vec<(usize, Tensor)>,
+}
+
+/// Steps one batch: the blocks' weights, gradients and states, and the number of blocks of
+/// the whole batch (the precision is decided on it, so that a part of a batch computes in the
+/// type the whole would).
+pub(super) trait StepBatch<S>:
+    FnMut(&mut Accumulator, &mut [Tensor], &[Tensor], &mut [S], usize) -> Result<()>
+{
+}
+
+impl<S, F> StepBatch<S> for F where
+    F: FnMut(&mut Accumulator, &mut [Tensor], &[Tensor], &mut [S], usize) -> Result<()>
+{
 }
 
 impl<'a, 's, S: Default> Jobs<'a, 's, S> {
@@ -435,7 +487,7 @@ impl<'a, 's, S: Default> Jobs<'a, 's, S> {
 
     /// The blocks in batches: same shape, kind and device (in order of first appearance) when
     /// `batch`, else one by one.
-    fn batches(jobs: Vec<Job<'s, S>>, batch: bool) -> Vec<Vec<Job<'s, S>>> {
+    pub(super) fn batches(jobs: Vec<Job<'s, S>>, batch: bool) -> Vec<Vec<Job<'s, S>>> {
         if !batch {
             return jobs.into_iter().map(|j| vec![j]).collect();
         }
@@ -452,35 +504,74 @@ impl<'a, 's, S: Default> Jobs<'a, 's, S> {
 
     /// Runs `f` on each batch (the blocks' weights, gradients and states as slices; the states
     /// are moved in and back), then writes back the stacks that were copies.
-    fn run(
-        self,
-        batch: bool,
-        stats: &mut Accumulator,
-        mut f: impl FnMut(&mut Accumulator, &mut [Tensor], &[Tensor], &mut [S]) -> Result<()>,
-    ) -> Result<()> {
-        let names = self.names;
+    fn run(self, batch: bool, stats: &mut Accumulator, mut f: impl StepBatch<S>) -> Result<()> {
+        let (names, params, layouts, copies) = (self.names, self.params, self.layouts, self.copies);
         for batch in Self::batches(self.jobs, batch) {
-            let params: Vec<usize> = batch.iter().map(|j| j.param).collect();
-            let (mut ws, mut gs, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-            for j in batch {
-                ws.push(j.w);
-                gs.push(j.g);
-                slots.push(j.state);
-            }
-            let mut states: Vec<S> = slots.iter_mut().map(|s| std::mem::take(*s)).collect();
-            let result = f(stats, &mut ws, &gs, &mut states);
-            for (slot, s) in slots.into_iter().zip(states) {
-                *slot = s;
-            }
-            result.map_err(|e| param_err(&names_of(names, &params), e))?;
+            let count = batch.len();
+            with_batch(names, batch, |ws, gs, states| {
+                f(stats, ws, gs, states, count)
+            })?;
         }
-        for (i, stack) in &self.copies {
-            self.layouts[*i]
-                .write_back(&self.params[*i], stack)
-                .map_err(|e| param_err(&names[*i], e))?;
-        }
-        Ok(())
+        write_back(names, params, layouts, &copies)
     }
+
+    /// Splits the struct into its blocks and what [`write_back`] needs after them.
+    #[cfg(feature = "dist")]
+    pub(super) fn into_parts(self) -> (Vec<Job<'s, S>>, impl FnOnce() -> Result<()> + 'a) {
+        let (names, params, layouts, copies) = (self.names, self.params, self.layouts, self.copies);
+        (self.jobs, move || {
+            write_back(names, params, layouts, &copies)
+        })
+    }
+}
+
+/// Runs `f` on one batch's weights, gradients and states (the states are moved in and back);
+/// an error names the batch's parameters.
+pub(super) fn with_batch<S: Default, R>(
+    names: &[String],
+    batch: Vec<Job<'_, S>>,
+    f: impl FnOnce(&mut [Tensor], &[Tensor], &mut [S]) -> Result<R>,
+) -> Result<R> {
+    let params: Vec<usize> = batch.iter().map(|j| j.param).collect();
+    let (mut ws, mut gs, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    for j in batch {
+        ws.push(j.w);
+        gs.push(j.g);
+        slots.push(j.state);
+    }
+    let mut states: Vec<S> = slots.iter_mut().map(|s| std::mem::take(*s)).collect();
+    let result = f(&mut ws, &gs, &mut states);
+    for (slot, s) in slots.into_iter().zip(states) {
+        *slot = s;
+    }
+    result.map_err(|e| param_err(&names_of(names, &params), e))
+}
+
+/// Writes the stacks that were copies back into their parameters.
+fn write_back(
+    names: &[String],
+    params: &[Tensor],
+    layouts: &[Resolved],
+    copies: &[(usize, Tensor)],
+) -> Result<()> {
+    for (i, stack) in copies {
+        layouts[*i]
+            .write_back(&params[*i], stack)
+            .map_err(|e| param_err(&names[*i], e))?;
+    }
+    Ok(())
+}
+
+/// The length of NorMuon's second moment of a block `w` stepped by `c` (one value per neuron),
+/// `None` without NorMuon.
+fn second_moment_len(c: &MuonConfig, w: &Tensor) -> Option<usize> {
+    let (rows, cols) = kappa_linalg::Matrix::shape(w);
+    let n = c.normuon?;
+    Some(if n.axis.along_rows(rows, cols, c.layout) {
+        rows
+    } else {
+        cols
+    })
 }
 
 impl Jobs<'_, '_, ManifoldState<Tensor>> {
@@ -528,17 +619,12 @@ impl Jobs<'_, '_, ManifoldState<Tensor>> {
         for (_, param, step) in out {
             stats.add_manifold(&step.map_err(|e| param_err(&self.names[param], e))?);
         }
-        for (i, stack) in &self.copies {
-            self.layouts[*i]
-                .write_back(&self.params[*i], stack)
-                .map_err(|e| param_err(&self.names[*i], e))?;
-        }
-        Ok(())
+        write_back(self.names, self.params, self.layouts, &self.copies)
     }
 }
 
 /// The names of the parameters `indices` point at (each once), for an error of a batch.
-fn names_of(names: &[String], indices: &[usize]) -> String {
+pub(super) fn names_of(names: &[String], indices: &[usize]) -> String {
     let mut seen: Vec<usize> = indices.to_vec();
     seen.dedup();
     let listed: Vec<&str> = seen.iter().take(3).map(|&i| names[i].as_str()).collect();

@@ -59,6 +59,8 @@
 pub mod group;
 pub mod matrix;
 pub mod rules;
+#[cfg(feature = "dist")]
+pub mod shard;
 mod state;
 pub mod stats;
 
@@ -71,6 +73,11 @@ pub use group::{Group, Update};
 pub use matrix::{Axis, Dims, Heads, MatrixSpec, Split};
 pub use rules::{Grouping, Rule, AUXILIARY};
 pub use stats::OptimizerStats;
+
+#[cfg(feature = "dist")]
+use shard::Sharding;
+#[cfg(feature = "dist")]
+pub use shard::Traffic;
 
 use crate::error::{libtorch, OptimError, Result};
 use crate::{InputError, WarmupCosine};
@@ -107,6 +114,30 @@ impl std::fmt::Debug for GradientDropper {
     }
 }
 
+/// Without the `dist` feature there is no sharding: a type without values.
+#[cfg(not(feature = "dist"))]
+#[derive(Debug)]
+enum Sharding {}
+
+#[cfg(not(feature = "dist"))]
+impl Sharding {
+    fn begin_step(&mut self) {
+        match *self {}
+    }
+
+    fn run<S>(
+        &mut self,
+        _: group::Jobs<'_, '_, S>,
+        _: &str,
+        _: bool,
+        _: &mut stats::Accumulator,
+        _: impl Fn(&Tensor) -> Option<usize>,
+        _: impl group::StepBatch<S>,
+    ) -> Result<()> {
+        match *self {}
+    }
+}
+
 /// The optimizer (module docs).
 pub struct Optimizer {
     groups: Vec<Group>,
@@ -114,6 +145,7 @@ pub struct Optimizer {
     steps: u64,
     dropper: GradientDropper,
     checked: bool,
+    shard: Option<Sharding>,
 }
 
 impl std::fmt::Debug for Optimizer {
@@ -175,6 +207,7 @@ impl Optimizer {
             steps: 0,
             dropper: GradientDropper(dropper),
             checked: false,
+            shard: None,
         })
     }
 
@@ -282,8 +315,11 @@ impl Optimizer {
         for (g, &lr) in self.groups.iter().zip(&rates) {
             g.check_rate(lr)?;
         }
+        if let Some(s) = &mut self.shard {
+            s.begin_step();
+        }
         for (g, lr) in self.groups.iter_mut().zip(rates) {
-            g.step(lr)?;
+            g.step(lr, self.shard.as_mut())?;
         }
         self.steps += 1;
         self.checked = false;

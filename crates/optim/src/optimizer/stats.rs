@@ -73,6 +73,24 @@ impl Accumulator {
         self.manifold_violation_max = self.manifold_violation_max.max(step.manifold_violation);
     }
 
+    /// Adds half of `twice`, the sums of two identical block updates (a block stepped beside a
+    /// copy of itself): the counts and sums halved, the maxima as they are.
+    #[cfg(feature = "dist")]
+    pub(crate) fn add_half_of(&mut self, twice: &Accumulator) {
+        self.updates += twice.updates / 2;
+        self.dual += twice.dual / 2;
+        self.dual_steps += twice.dual_steps / 2.0;
+        self.msign_calls += twice.msign_calls / 2.0;
+        self.violation += twice.violation / 2.0;
+        self.violation_max = self.violation_max.max(twice.violation_max);
+        self.descent_ratio += twice.descent_ratio / 2.0;
+        self.descent_ratios += twice.descent_ratios / 2;
+        self.diverged += twice.diverged / 2;
+        self.manifold_violation_max = self
+            .manifold_violation_max
+            .max(twice.manifold_violation_max);
+    }
+
     pub(crate) fn finish(self) -> OptimizerStats {
         let per = |x: f64, n: u64| (n > 0).then(|| x / n as f64);
         OptimizerStats {
