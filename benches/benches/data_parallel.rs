@@ -64,14 +64,16 @@ fn train_config(total: u64) -> TrainConfig {
     }
 }
 
-/// One rank's training run; the `seconds` of each training record (rank 0; empty elsewhere).
-fn train(dir: &Path, comm: Option<Arc<dyn Communicator>>, total: u64) -> Vec<f64> {
+/// One rank's training run with `threads` libtorch threads (set on the calling thread: the count
+/// is per thread); the `seconds` of each training record (rank 0; empty elsewhere).
+fn train(dir: &Path, comm: Option<Arc<dyn Communicator>>, threads: usize, total: u64) -> Vec<f64> {
     let context = RunContext {
         seed: 0,
-        threads: 1,
+        threads,
         ..RunContext::default()
     }
     .quiet();
+    context.apply_threads();
     let corpus = TextCorpus::load_sotu(dir, TokenizerKind::Char, None, Device::Cpu).expect("text");
     let vs = nn::VarStore::new(Device::Cpu);
     let mut cfg = GptConfig::cpu(corpus.tokenizer.vocab_size());
@@ -105,15 +107,12 @@ fn child(mode: &str, dir: &Path, quick: bool) -> f64 {
     let total = warmup + timed;
     let seconds = match mode {
         "B" => {
-            tch::set_num_threads(1);
-            let runs =
-                Threads::run(2, |comm| train(dir, Some(Arc::new(comm)), total)).expect("two ranks");
+            let runs = Threads::run(2, |comm| train(dir, Some(Arc::new(comm)), 1, total))
+                .expect("two ranks");
             runs.into_iter().next().expect("rank 0")
         }
-        _ => {
-            tch::set_num_threads(if mode == "C" { 2 } else { 1 });
-            train(dir, None, total)
-        }
+        "C" => train(dir, None, 2, total),
+        _ => train(dir, None, 1, total),
     };
     let (from, to) = (seconds[warmup as usize - 1], seconds[total as usize - 1]);
     (timed as usize * BATCH * CONTEXT) as f64 / (to - from)
