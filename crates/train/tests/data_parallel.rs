@@ -9,8 +9,8 @@ use kappa_dist::{Communicator, Threads};
 use kappa_models::data::fixtures;
 use kappa_models::{Conditioning, Gpt, GptConfig, ModelsError, TextCorpus, TokenizerKind};
 use kappa_train::{
-    seeded, Eval, LanguageModeling, Outcome, Part, Record, RunContext, StopFlag, Task, TrainConfig,
-    Trainer,
+    modulewise_groups, seeded, Eval, LanguageModeling, ModulewiseConfig, Outcome, Part, Preset,
+    Record, RunContext, StopFlag, Task, TrainConfig, Trainer,
 };
 use tch::{nn, Device, Tensor};
 
@@ -95,15 +95,34 @@ fn segment(
     (from, to): (u64, u64),
     ckpt: &Path,
 ) -> Trained {
+    segment_with(dir, comm, (from, to), ckpt, None)
+}
+
+/// [`segment`] with the groups of a module-wise preset (`None`: the default AdamW groups).
+fn segment_with(
+    dir: &Path,
+    comm: Option<Arc<dyn Communicator>>,
+    (from, to): (u64, u64),
+    ckpt: &Path,
+    preset: Option<Preset>,
+) -> Trained {
     let rank = comm.as_ref().map_or(0, |c| c.rank());
     let context = context();
     let (vs, mut task) = lm_task(dir, 1 + 98 * rank as u64);
-    let mut trainer = Trainer::new(&vs, config(7), &context).unwrap();
+    let mut trainer = match preset {
+        None => Trainer::new(&vs, config(7), &context).unwrap(),
+        Some(p) => {
+            let groups = modulewise_groups(&vs, &ModulewiseConfig::paper(p), &config(7)).unwrap();
+            Trainer::with_groups(&vs, config(7), groups, &context).unwrap()
+        }
+    };
     if from > 0 {
         trainer.load_checkpoint(ckpt).unwrap();
     }
     if let Some(comm) = comm {
+        let world = comm.world();
         trainer.data_parallel(comm).unwrap();
+        assert_eq!(trainer.optimizer().is_sharded(), world > 1);
     }
     trainer.stop_after(to);
     let mut records = Vec::new();
@@ -159,6 +178,25 @@ fn two_ranks_train_bit_for_bit_as_one_rank_with_two_micro_batches() {
     assert!(two[1].records.is_empty(), "rank 1 sends no records");
     assert_same_vars(&two[0].vars, &one.vars, "rank 0 against one rank");
     assert_same_vars(&two[1].vars, &one.vars, "rank 1 against one rank");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn two_ranks_sharding_muon_and_manifold_muon_train_bit_for_bit_as_one_rank() {
+    // Muon (UNCONSTRAINED) and Stiefel/DGram manifold Muon (HETERO): each rank orthogonalizes
+    // its share of every batch of blocks and the weights and state are gathered.
+    let dir = temp("sharded");
+    let ckpt = dir.join("unused.safetensors");
+    for preset in [Preset::Unconstrained, Preset::Hetero] {
+        let one = segment_with(&dir, None, (0, 7), &ckpt, Some(preset));
+        let two = Threads::run(2, |comm| {
+            segment_with(&dir, Some(Arc::new(comm)), (0, 7), &ckpt, Some(preset))
+        })
+        .unwrap();
+        assert_eq!(two[0].records, one.records, "{preset:?}");
+        assert_same_vars(&two[0].vars, &one.vars, "rank 0 against one rank");
+        assert_same_vars(&two[1].vars, &one.vars, "rank 1 against one rank");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
