@@ -90,6 +90,7 @@ pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
         return Ok(());
     }
     crate::python::prepare_tests(ws)?;
+    warn_if_disk_is_short(ws);
     let started = std::time::Instant::now();
     // Only `cargo package`'s verification uses these, so clearing them first is the same as
     // clearing them just before it.
@@ -104,6 +105,40 @@ pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The free space under which `test` warns: a release build of the workspace with its tests,
+/// the Python package and the checkpoints the tests write take about this much.
+const TEST_DISK_GIB: u64 = 20;
+
+/// Prints the free space of the target folder's file system, with a warning when it is under
+/// [`TEST_DISK_GIB`]: a test that fails for want of disk then says so before its own message.
+fn warn_if_disk_is_short(ws: &Workspace) {
+    let dir = ws.target_dir();
+    let _ = fs::create_dir_all(&dir);
+    let Some(free) = free_gib(&dir) else { return };
+    if free < TEST_DISK_GIB {
+        eprintln!(
+            "xtask test: warning: {free} GiB free under {} (a full run needs about {TEST_DISK_GIB} \
+             GiB; tests that write checkpoints fail when the disk fills)",
+            dir.display()
+        );
+    } else {
+        eprintln!("xtask test: {free} GiB free under {}", dir.display());
+    }
+}
+
+/// Free GiB of the file system holding `dir`, from POSIX `df -Pk` (none where it is missing).
+fn free_gib(dir: &std::path::Path) -> Option<u64> {
+    let out = crate::workspace::output_of(Command::new("df").arg("-Pk").arg(dir))?;
+    let kib: u64 = out
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()?;
+    Some(kib / (1024 * 1024))
 }
 
 /// Removes cargo's extracted copies of earlier `cargo package` tarballs of our libraries.

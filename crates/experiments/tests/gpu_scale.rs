@@ -17,7 +17,7 @@
 //! paper sizes at this scale; `builtin_configs.rs` checks that their files load.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use kappa_experiments::run::{Resumed, Run, RunContext, RunRecord, RunStatus};
 use kappa_experiments::suite::bert_sentiment::{BertSentiment, FINE_TUNING, PRETRAINING};
@@ -28,13 +28,6 @@ use kappa_experiments::suite::manifolds::Manifolds;
 use kappa_experiments::suite::vit_fmnist::VitFmnist;
 use kappa_experiments::{Experiment, Scale};
 use kappa_train::{Line, Outcome, Record, TrainConfig};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kappa-gpu-scale-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn context(name: &str, seed: u64, data: &Path) -> RunContext {
     RunContext {
@@ -143,13 +136,13 @@ fn check<E: Experiment>(
     names: &[String],
     write_data: impl FnOnce(&Path),
 ) {
-    let root = scratch(e.name());
+    // Removed when the check ends, failing or not: each holds checkpoints of a full-width model.
+    let root = kappa_testkit::Scratch::new(&format!("gpu-scale-{}", e.name()));
     let data = root.join("data");
     write_data(&data);
     let ctx = context(e.name(), seed, &data);
     let lines = one_step_then_resume(e, config, &root.join("run"), ctx);
     assert_trained(&lines, names);
-    fs::remove_dir_all(&root).unwrap();
 }
 
 #[test]

@@ -24,14 +24,18 @@
 //! Besides the configuration: [`hostile`] (the bad-input harness), [`cli_cases`] (the same for
 //! a command-line program: hostile files and configs, each run with a deadline and a memory
 //! ceiling, checked for its exit status, its message and the files it must not touch),
-//! [`binding`] (which library the dynamic linker binds a symbol to) and [`imports`] (import
-//! circles between a crate's modules).
+//! [`binding`] (which library the dynamic linker binds a symbol to) [`imports`] (import
+//! circles between a crate's modules) and [`Scratch`] (a test's folder, removed when the
+//! test ends, passing or failing).
 
 pub mod binding;
 #[cfg(unix)]
 pub mod cli_cases;
 pub mod hostile;
 pub mod imports;
+pub mod scratch;
+
+pub use scratch::Scratch;
 
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, RngSeed};
 
