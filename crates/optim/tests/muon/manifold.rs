@@ -557,7 +557,9 @@ fn retract_onto_falls_back_to_the_exact_polar_factor_below_the_schedules_floor()
     // so its msign leaves the small σ far from 1 and misses the tolerance; the retraction then
     // takes the exact polar factor U·Vᵀ.
     let n = 24;
-    let s: Vec<f64> = (0..n).map(|i| 10f64.powf(-7.0 * i as f64 / (n - 1) as f64)).collect();
+    let s: Vec<f64> = (0..n)
+        .map(|i| 10f64.powf(-7.0 * i as f64 / (n - 1) as f64))
+        .collect();
     let g = with_spectrum(n, n, &s, 3);
     let opt = ManifoldMuon::new(ManifoldMuonConfig::paper(Manifold::Stiefel)).unwrap();
     let mut w = g.clone();
@@ -568,7 +570,11 @@ fn retract_onto_falls_back_to_the_exact_polar_factor_below_the_schedules_floor()
     // W = U·diag(s)·Vᵀ is formed with f64 rounding (γ_n relative) and the SVD adds its backward
     // error (svd_err): the polar factor's first-order bound over σ_min = 1e-7.
     let tol = polar_perturbation(fro(&g), s[n - 1], svd_err(n, n) + gamma(n));
-    assert!(max_abs_diff(&w, &polar) <= tol, "{} > {tol}", max_abs_diff(&w, &polar));
+    assert!(
+        max_abs_diff(&w, &polar) <= tol,
+        "{} > {tol}",
+        max_abs_diff(&w, &polar)
+    );
     assert!(stiefel_error(&w) <= orthonormality_tol(n, n));
 }
 
