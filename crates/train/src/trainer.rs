@@ -40,7 +40,7 @@
 //!    (τ/S_h)^{1−α} ([`kappa_models::ConditionedAttention::clip_qk`]), so that afterwards every
 //!    head's max logit on the step's layer inputs is τ at most. Whatever the groups'
 //!    optimizers (AdamW, Muon, manifold Muon): on a manifold-constrained W_Q/W_K the rescale
-//!    leaves the manifold and the group's next retraction brings W back (docs/models.md,
+//!    leaves the manifold and the group's next retraction brings W back (docs/train.md,
 //!    "QK-clip"). Training records carry the window's largest measured logit and clipped-head
 //!    count ([`QkClipStats`]).
 //!
