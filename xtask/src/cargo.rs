@@ -212,10 +212,22 @@ fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
     // Verified: each package is built from its own tarball, as crates.io would.
     let mut packages = vec!["package", "--locked", "--allow-dirty"];
     packages.extend(PUBLISHED.iter().flat_map(|p| ["-p", p]));
-    let mut steps = vec![
+    let mut steps =
+        vec![
         step("formatting", &["fmt", "--all", "--check"]),
         step("lints", &clippy),
         step("tests", &["test", "--workspace", "--release", "--locked"]),
+        step(
+            "kappa-dist's NCCL backend (feature nccl): lints and tests, GPU tests where a GPU is",
+            &["clippy", "-p", "kappa-dist", "--features", "nccl", "--all-targets", "--release"]
+                .into_iter()
+                .chain(["--locked", "--", "-D", "warnings"])
+                .collect::<Vec<_>>(),
+        ),
+        step(
+            "kappa-dist's NCCL backend: tests",
+            &["test", "-p", "kappa-dist", "--features", "nccl", "--release", "--locked"],
+        ),
         (
             "python package: built into the venv (maturin develop)",
             crate::python::develop(ws, tc),

@@ -110,6 +110,17 @@ pub enum DistError {
         /// The panic's message.
         message: String,
     },
+    /// The transport under a backend failed or cannot be used: its library cannot be loaded,
+    /// it reports an error, or a peer it connects to is gone.
+    #[error("rank {rank}: {backend}: {message}")]
+    Transport {
+        /// The backend (`MPI`, `NCCL`).
+        backend: &'static str,
+        /// The rank that saw the failure.
+        rank: usize,
+        /// The transport's message.
+        message: String,
+    },
     /// A group that cannot be formed (a world of 0 ranks, a thread that cannot start).
     #[error("a group of {world} ranks: {reason}")]
     World {

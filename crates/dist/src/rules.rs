@@ -28,7 +28,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::error::{DistError, Op, Result};
 
@@ -81,8 +81,8 @@ pub fn accumulation_kind(kind: Kind) -> Option<Kind> {
 }
 
 /// The flattened contributions `parts` (rank 0 first; one kind and element count) reduced in the
-/// order and precision of the [module docs](self#sum-order), as a new 1-D CPU tensor of their
-/// kind that aliases none of them.
+/// order and precision of the [module docs](self#sum-order), as a new 1-D tensor of their kind
+/// on the first part's device that aliases none of them (the others are moved to that device).
 pub fn reduce_in_rank_order(parts: &[Tensor], reduce: ReduceOp) -> Result<Tensor, tch::TchError> {
     let Some(first) = parts.first() else {
         return Ok(Tensor::new());
@@ -91,7 +91,7 @@ pub fn reduce_in_rank_order(parts: &[Tensor], reduce: ReduceOp) -> Result<Tensor
     let acc_kind = accumulation_kind(kind).unwrap_or(kind);
     let widened = |t: &Tensor, copy: bool| {
         t.f_reshape([-1])?
-            .f_to_device_(Device::Cpu, acc_kind, false, copy)
+            .f_to_device_(first.device(), acc_kind, false, copy)
     };
     let mut acc = widened(first, true)?;
     for part in &parts[1..] {
