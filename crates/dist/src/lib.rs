@@ -7,11 +7,14 @@
 //! | (root) | [`Communicator`]: rank, world, [`all_reduce`](Communicator::all_reduce), [`reduce_scatter`](Communicator::reduce_scatter), [`all_gather`](Communicator::all_gather), [`broadcast`](Communicator::broadcast), [`barrier`](Communicator::barrier) |
 //! | [`single`] | [`Single`]: one process, world 1 |
 //! | [`threads`] | [`Threads`]: N ranks as threads of one process ([`Threads::run`]) |
+//! | `mpi` (feature `mpi`) | `Mpi`: one process per rank over MPI (`mpirun`, `srun`), CPU tensors |
 //! | `nccl` (feature `nccl`) | `Nccl`: one GPU per rank over NCCL; `NcclId` |
 //! | [`rules`] | [`shard_range`], [`ReduceOp`], the sum order ([`reduce_in_rank_order`]) |
 //! | [`error`] | [`DistError`], [`Op`] |
 
 pub mod error;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod rules;
@@ -19,6 +22,8 @@ pub mod single;
 pub mod threads;
 
 pub use error::{DistError, Op, Result};
+#[cfg(feature = "mpi")]
+pub use mpi::Mpi;
 #[cfg(feature = "nccl")]
 pub use nccl::{Nccl, NcclId};
 pub use rules::{accumulation_kind, reduce_in_rank_order, shard_range, ReduceOp};

@@ -200,6 +200,86 @@ impl Call {
     }
 }
 
+/// The element kinds a call descriptor names, by index ([`Call::encode`]).
+#[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
+const KINDS: [Kind; 11] = [
+    Kind::Uint8,
+    Kind::Int8,
+    Kind::Int16,
+    Kind::Int,
+    Kind::Int64,
+    Kind::Half,
+    Kind::Float,
+    Kind::Double,
+    Kind::Bool,
+    Kind::BFloat16,
+    Kind::ComplexFloat,
+];
+
+/// The operations a call descriptor names, by index ([`Call::encode`]).
+#[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
+const OPS: [Op; 5] = [
+    Op::AllReduce,
+    Op::ReduceScatter,
+    Op::AllGather,
+    Op::Broadcast,
+    Op::Barrier,
+];
+
+#[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
+impl Call {
+    /// The call as five integers, what backends over a transport exchange to agree on a round:
+    /// operation, reduction (0 none, 1 sum, 2 mean), kind (an index into [`KINDS`], −1 none, −2
+    /// another), element count, root (−1 none).
+    pub fn encode(&self) -> [i64; 5] {
+        let op = OPS.iter().position(|o| *o == self.op).unwrap_or(0) as i64;
+        let reduce = match self.reduce {
+            None => 0,
+            Some(ReduceOp::Sum) => 1,
+            Some(ReduceOp::Mean) => 2,
+        };
+        let kind = self.kind.map_or(-1, |k| {
+            KINDS.iter().position(|x| *x == k).map_or(-2, |i| i as i64)
+        });
+        let root = self.root.map_or(-1, |r| r as i64);
+        [op, reduce, kind, self.numel as i64, root]
+    }
+
+    /// The call [`Call::encode`] wrote (a kind outside [`KINDS`] comes back as none).
+    pub fn decode(v: [i64; 5]) -> Self {
+        Call {
+            op: OPS[usize::try_from(v[0]).unwrap_or(0).min(OPS.len() - 1)],
+            reduce: match v[1] {
+                1 => Some(ReduceOp::Sum),
+                2 => Some(ReduceOp::Mean),
+                _ => None,
+            },
+            kind: usize::try_from(v[2])
+                .ok()
+                .and_then(|i| KINDS.get(i).copied()),
+            numel: usize::try_from(v[3]).unwrap_or(0),
+            root: usize::try_from(v[4]).ok(),
+        }
+    }
+}
+
+/// The ranks' calls of one round as [`Call::encode`] wrote them, concatenated in rank order:
+/// [`DistError::Mismatch`] naming the first rank whose call differs from rank 0's.
+#[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
+pub(crate) fn check_agreement(encoded: &[i64]) -> Result<()> {
+    let calls: Vec<[i64; 5]> = (encoded.chunks_exact(5))
+        .map(|c| [c[0], c[1], c[2], c[3], c[4]])
+        .collect();
+    match calls.iter().position(|c| *c != calls[0]) {
+        None => Ok(()),
+        Some(rank) => Err(DistError::Mismatch {
+            rank,
+            expected: Call::decode(calls[0]).to_string(),
+            found: Call::decode(calls[rank]).to_string(),
+        }),
+    }
+}
+
 /// `kind` can be reduced by `reduce`: it has an [`accumulation_kind`], and a mean needs a
 /// floating-point kind.
 fn check_reducible(op: Op, rank: usize, kind: Kind, reduce: ReduceOp) -> Result<()> {
@@ -282,5 +362,32 @@ mod tests {
         }
         assert_eq!(shard_range(5, 0, 0), 0..0);
         assert_eq!(shard_range(5, 2, 2), 0..0);
+    }
+
+    #[test]
+    fn every_call_survives_its_five_integer_descriptor() {
+        let t = Tensor::zeros([7], (Kind::BFloat16, tch::Device::Cpu));
+        let out = Tensor::zeros([4], (Kind::BFloat16, tch::Device::Cpu));
+        let calls = [
+            Call::all_reduce(1, &t, ReduceOp::Mean).unwrap(),
+            Call::reduce_scatter(0, 2, &t, &out, ReduceOp::Sum).unwrap(),
+            Call::all_gather(0, 2, &out, &t).unwrap(),
+            Call::broadcast(0, 3, &t, 2).unwrap(),
+            Call::barrier(),
+        ];
+        for call in calls {
+            assert_eq!(Call::decode(call.encode()), call);
+        }
+    }
+
+    #[test]
+    fn the_first_rank_whose_call_differs_from_rank_0s_is_named() {
+        let t = Tensor::zeros([7], (Kind::Float, tch::Device::Cpu));
+        let sum = Call::all_reduce(0, &t, ReduceOp::Sum).unwrap().encode();
+        let mean = Call::all_reduce(0, &t, ReduceOp::Mean).unwrap().encode();
+        assert_eq!(check_agreement(&[sum, sum].concat()), Ok(()));
+        let e = check_agreement(&[sum, sum, mean, mean].concat()).unwrap_err();
+        assert!(matches!(e, DistError::Mismatch { rank: 2, .. }), "{e}");
+        assert!(e.to_string().contains("all_reduce(mean) of 7 Float"), "{e}");
     }
 }

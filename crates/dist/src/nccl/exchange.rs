@@ -9,73 +9,21 @@ use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
-use super::{check, ffi, transport, Nccl, State, KINDS};
+use super::{check, ffi, transport, Nccl, State};
 use crate::error::{DistError, Op, Result};
-use crate::rules::{reduce_in_rank_order, shard_range, Call, ReduceOp};
-
-const OPS: [Op; 5] = [
-    Op::AllReduce,
-    Op::ReduceScatter,
-    Op::AllGather,
-    Op::Broadcast,
-    Op::Barrier,
-];
-
-/// A call as five integers: operation, reduction (0 none, 1 sum, 2 mean), kind (an index into
-/// [`KINDS`], −1 none, −2 another), element count, root (−1 none).
-pub(super) fn encode(call: &Call) -> [i64; 5] {
-    let op = OPS.iter().position(|o| *o == call.op).unwrap_or(0) as i64;
-    let reduce = match call.reduce {
-        None => 0,
-        Some(ReduceOp::Sum) => 1,
-        Some(ReduceOp::Mean) => 2,
-    };
-    let kind = call.kind.map_or(-1, |k| {
-        KINDS.iter().position(|x| *x == k).map_or(-2, |i| i as i64)
-    });
-    let root = call.root.map_or(-1, |r| r as i64);
-    [op, reduce, kind, call.numel as i64, root]
-}
-
-/// The call [`encode`] wrote (a kind outside [`KINDS`] comes back as none).
-pub(super) fn decode(v: [i64; 5]) -> Call {
-    Call {
-        op: OPS[usize::try_from(v[0]).unwrap_or(0).min(OPS.len() - 1)],
-        reduce: match v[1] {
-            1 => Some(ReduceOp::Sum),
-            2 => Some(ReduceOp::Mean),
-            _ => None,
-        },
-        kind: usize::try_from(v[2])
-            .ok()
-            .and_then(|i| KINDS.get(i).copied()),
-        numel: usize::try_from(v[3]).unwrap_or(0),
-        root: usize::try_from(v[4]).ok(),
-    }
-}
+use crate::rules::{check_agreement, reduce_in_rank_order, shard_range, Call, ReduceOp};
 
 impl Nccl {
     /// Every rank's call, gathered; the first rank whose call differs from rank 0's fails the
     /// collective on every rank with [`DistError::Mismatch`].
     pub(super) fn agree(&self, st: &State, call: &Call) -> Result<()> {
         let op = call.op;
-        let mine = Tensor::from_slice(&encode(call))
+        let mine = Tensor::from_slice(&call.encode())
             .f_to(self.device())
             .map_err(|e| DistError::tensor(op, self.rank, e))?;
         let all = self.gather_shards(st, op, &mine, 5 * self.world)?;
         let all = Vec::<i64>::try_from(&all).map_err(|e| DistError::tensor(op, self.rank, e))?;
-        let calls: Vec<[i64; 5]> = all
-            .chunks(5)
-            .map(|c| [c[0], c[1], c[2], c[3], c[4]])
-            .collect();
-        match calls.iter().position(|c| *c != calls[0]) {
-            None => Ok(()),
-            Some(rank) => Err(DistError::Mismatch {
-                rank,
-                expected: decode(calls[0]).to_string(),
-                found: decode(calls[rank]).to_string(),
-            }),
-        }
+        check_agreement(&all)
     }
 
     /// `t` as a flat, contiguous tensor (a view of `t` when `t` is contiguous).

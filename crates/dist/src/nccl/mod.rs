@@ -54,7 +54,7 @@ use std::ptr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::error::{DistError, Op, Result};
 use crate::rules::{write_into, Call, ReduceOp};
@@ -445,21 +445,6 @@ fn primary_context(rank: usize, device: usize) -> Result<ffi::Context> {
     }
     Ok(context)
 }
-
-/// The element kinds a descriptor names, by index.
-const KINDS: [Kind; 11] = [
-    Kind::Uint8,
-    Kind::Int8,
-    Kind::Int16,
-    Kind::Int,
-    Kind::Int64,
-    Kind::Half,
-    Kind::Float,
-    Kind::Double,
-    Kind::Bool,
-    Kind::BFloat16,
-    Kind::ComplexFloat,
-];
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::exchange::{decode, encode};
 use super::*;
 
 fn scratch(name: &str) -> PathBuf {
@@ -13,22 +12,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-#[test]
-fn every_call_survives_its_five_integer_descriptor() {
-    let t = Tensor::zeros([7], (Kind::BFloat16, Device::Cpu));
-    let out = Tensor::zeros([4], (Kind::BFloat16, Device::Cpu));
-    let calls = [
-        Call::all_reduce(1, &t, ReduceOp::Mean).unwrap(),
-        Call::reduce_scatter(0, 2, &t, &out, ReduceOp::Sum).unwrap(),
-        Call::all_gather(0, 2, &out, &t).unwrap(),
-        Call::broadcast(0, 3, &t, 2).unwrap(),
-        Call::barrier(),
-    ];
-    for call in calls {
-        assert_eq!(decode(encode(&call)), call);
-    }
 }
 
 #[test]
