@@ -58,6 +58,7 @@ use criterion::{black_box, BenchmarkId, Criterion};
 use kappa_attention::{AttentionOptions, JacobianWorkspace, ScoreScale, SelfAttention};
 use kappa_benches::paired::Spread;
 use kappa_benches::peer::{reference_command, Peer};
+use kappa_benches::record;
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds};
 use kappa_linalg::tch_backend::tensor_from_array;
 use ndarray::Array2;
@@ -349,8 +350,9 @@ fn summary(threads: usize) {
     }
 }
 
-/// A paired-ratio summary with its number of rounds, as the summary prints it.
-struct Rounds(Spread);
+/// A paired-ratio summary with its number of rounds, as the summary prints it, and each side's
+/// median seconds per call where known (kappa's, the peer's).
+struct Rounds(Spread, Option<f64>, Option<f64>);
 
 impl std::fmt::Display for Rounds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -428,6 +430,7 @@ fn paired_jacobian(
     kappa_fresh();
     kappa_ws();
     let (mut rf, mut rw) = (Vec::new(), Vec::new());
+    let (mut tfs, mut tws, mut tjs) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         let (tf, tw, tj);
         if round % 2 == 0 {
@@ -441,6 +444,9 @@ fn paired_jacobian(
         }
         rf.push(tj / tf);
         rw.push(tj / tw);
+        tfs.push(tf);
+        tws.push(tw);
+        tjs.push(tj);
         eprintln!(
             "round {round}: jacrev {:.1} ms, kappa fresh {:.1} ms, workspace {:.1} ms",
             tj * 1e3,
@@ -448,7 +454,12 @@ fn paired_jacobian(
             tw * 1e3
         );
     }
-    Ok((Rounds(Spread::of(rf)), Rounds(Spread::of(rw))))
+    let med = |t: Vec<f64>| Some(Spread::of(t).median);
+    let jacrev = med(tjs);
+    Ok((
+        Rounds(Spread::of(rf), med(tfs), jacrev),
+        Rounds(Spread::of(rw), med(tws), jacrev),
+    ))
 }
 
 /// Alternating blocks of `reps` kappa VJPs and `reps` autograd backwards (then the same with
@@ -485,13 +496,17 @@ fn paired_vjp(inp: &Inputs, rounds: usize, reps: usize, threads: usize) -> (Roun
     let settle = (threads > 1).then(|| Duration::from_millis(150));
     let pairs = |a: &mut dyn FnMut(), b: &mut dyn FnMut()| {
         let (ta, tb) = kappa_benches::paired::alternate_settled(a, b, 1, rounds, settle);
-        let per_call = |t: &[f64]| Spread::of(t.to_vec()).median / reps as f64 * 1e3;
+        let per_call = |t: &[f64]| Spread::of(t.to_vec()).median / reps as f64;
         eprintln!(
             "  per call, medians of the rounds: kappa {:.3} ms, autograd {:.3} ms",
-            per_call(&ta),
-            per_call(&tb)
+            per_call(&ta) * 1e3,
+            per_call(&tb) * 1e3
         );
-        Rounds(Spread::of(kappa_benches::paired::ratios(&ta, &tb)))
+        Rounds(
+            Spread::of(kappa_benches::paired::ratios(&ta, &tb)),
+            Some(per_call(&ta)),
+            Some(per_call(&tb)),
+        )
     };
     (
         pairs(&mut kappa, &mut torch),
@@ -507,12 +522,35 @@ fn paired(threads: usize) {
         "\n==== kappa-attention paired ratios (f64, threads = {threads}; median (min–max) over \
          alternating rounds) ===="
     );
+    let mut record = paired_record();
     for (_, n, d, k) in selected_shapes() {
         let inp = inputs(n, d, k);
         let p = id(n, d, k);
         let (vjp, fb) = paired_vjp(&inp, vjp_rounds, reps, threads);
         println!("{p}: kappa VJP / autograd backward:            {vjp}  (goal ≤ 1.0)");
         println!("{p}: kappa forward+VJP / forward+backward:     {fb}");
+        let (nf, df, kf) = (n as f64, d as f64, k as f64);
+        let vjp_flops = 6.0 * nf * df * kf + 8.0 * nf * nf * kf;
+        let fwd_flops = 6.0 * nf * df * kf + 4.0 * nf * nf * kf;
+        let row = |variant: &str, r: &Rounds, flops: Option<f64>| record::Row {
+            parameter: p.clone(),
+            variant: variant.to_string(),
+            threads,
+            kappa_s: r.1,
+            peer_s: r.2,
+            ratio: record::Ratio::of(r.0),
+            work: flops.map(|amount| record::Work {
+                bound: record::Bound::GemmF64,
+                amount,
+            }),
+        };
+        record
+            .rows
+            .push(row("VJP / backward", &vjp, Some(vjp_flops)));
+        let fb_flops = vjp_flops + fwd_flops;
+        record
+            .rows
+            .push(row("forward+VJP / forward+backward", &fb, Some(fb_flops)));
         if jac_rounds == 0 {
             continue;
         }
@@ -520,12 +558,44 @@ fn paired(threads: usize) {
             Ok((fresh, ws)) => {
                 println!("{p}: jacrev / kappa Jacobian, fresh result:   {fresh}  (goal ≥ 20)");
                 println!("{p}: jacrev / kappa Jacobian, workspace:      {ws}  (goal ≥ 50)");
+                for (variant, r) in [
+                    ("Jacobian, fresh result", &fresh),
+                    ("Jacobian, workspace", &ws),
+                ] {
+                    record.rows.push(record::Row {
+                        ratio: record::Ratio::inverse_of(r.0),
+                        ..row(variant, r, None)
+                    });
+                }
             }
             Err(e) => println!(
                 "{p}: jacrev reference did not run ({e}); set KAPPA_PYTHON to a Python with \
                  torch"
             ),
         }
+    }
+    record.write();
+}
+
+/// The paired ratios' record (`kappa_benches::record`), rows still to come.
+fn paired_record() -> record::Paired {
+    record::Paired {
+        bench: "attention",
+        name: "paired_ratios",
+        title: "Attention's VJP against autograd, its Jacobian against torch.func.jacrev".into(),
+        what: "One f64 attention head (N tokens, D wide, k per head): kappa-attention's weight \
+               VJP from a cached forward pass against one tch autograd backward, forward + VJP \
+               against forward + backward, and the exact weight Jacobian (fresh result, or into \
+               a reused workspace; forward included) against `torch.func.jacrev` in a child \
+               process; rounds alternated."
+            .into(),
+        peer: "autograd / jacrev".into(),
+        spread: "min–max over rounds",
+        model: "forward 6NDk + 4N²k flops (the three projections, the scores and the weighted \
+                values), the weight VJP 6NDk + 8N²k (the three weight gradients, and the score \
+                and value products' two gradients each)"
+            .into(),
+        rows: Vec::new(),
     }
 }
 

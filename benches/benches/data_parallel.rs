@@ -28,6 +28,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use kappa_benches::paired::{cpu_model, ratios, Spread};
+use kappa_benches::record;
 use kappa_dist::{Communicator, Threads};
 use kappa_models::data::fixtures;
 use kappa_models::{Gpt, GptConfig, TextCorpus, TokenizerKind};
@@ -193,6 +194,7 @@ fn main() {
         "B / C (ranks against libtorch threads): {}",
         Spread::of(ratios(&b, &c))
     );
+    write_record(&a, &b, &c);
     // Every step averages the f32 gradient of every parameter over the ranks. An all-reduce must
     // move at least 2·(W − 1)/W of it per rank (reduce-scatter then all-gather): one gradient's
     // bytes at W = 2.
@@ -201,4 +203,38 @@ fn main() {
         parameters,
         4 * parameters
     );
+}
+
+/// The two ratios as the bench's record (`kappa_benches::record`): step times (the inverse of
+/// tokens per second, pair by pair) of two ranks against one rank, and against two threads.
+fn write_record(a: &[f64], b: &[f64], c: &[f64]) {
+    let step_s = |tps: &[f64]| Some((BATCH * CONTEXT) as f64 / Spread::of(tps.to_vec()).median);
+    let row = |variant: &str, peer: &[f64]| record::Row {
+        parameter: format!("gpt-sotu cpu, batch {BATCH}, context {CONTEXT}"),
+        variant: variant.to_string(),
+        threads: 2,
+        kappa_s: step_s(b),
+        peer_s: step_s(peer),
+        ratio: record::Ratio::of(Spread::of(ratios(peer, b))),
+        work: None,
+    };
+    record::Paired {
+        bench: "data_parallel",
+        name: "ranks_vs_threads",
+        title: "Data-parallel training: two ranks against one rank and against two threads".into(),
+        what: "kappa-train's `Trainer` on the gpt-sotu `cpu` model, step time (the trainer's \
+               records, no evaluation) on two ranks of one libtorch thread each (kappa-dist's \
+               `Threads`) against one rank with one thread, and against one rank with two \
+               libtorch threads; each configuration in its own child process, alternated. A \
+               ratio of 0.5 against one rank is a perfect second rank."
+            .into(),
+        peer: "one rank".into(),
+        spread: "min–max over pairs",
+        model: String::new(),
+        rows: vec![
+            row("2 ranks × 1 thread / 1 rank × 1 thread", a),
+            row("2 ranks × 1 thread / 1 rank × 2 threads", c),
+        ],
+    }
+    .write();
 }

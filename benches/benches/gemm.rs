@@ -37,7 +37,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::hint::black_box;
 
 use kappa_benches::paired::{alternate_settled, cpu_model, ratios, Spread};
-use kappa_benches::{configure_threads, gaussian};
+use kappa_benches::{configure_threads, gaussian, record};
 use ndarray::linalg::general_mat_mul;
 use ndarray::Array2;
 use tch::{Device, Kind, Tensor};
@@ -198,10 +198,16 @@ fn settle() -> Option<std::time::Duration> {
 
 static THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
 
+/// The rows measured so far, for the record `main` writes at the end.
+static ROWS: std::sync::Mutex<Vec<record::Row>> = std::sync::Mutex::new(Vec::new());
+
+/// One path against MKL at n, printed and kept for the record (the bound by the path's element
+/// type: bf16, f64, else f32).
 fn row(n: usize, path: &str, ours: impl FnMut(), mkl: impl FnMut()) {
     let (mut ours, mut mkl) = (repeated(n, ours), repeated(n, mkl));
     let (t_ours, t_mkl) = alternate_settled(&mut ours, &mut mkl, 2, pairs(n), settle());
-    let gf = |t: &[f64]| reps(n) as f64 * flops(n) / Spread::of(t.to_vec()).median * 1e-9;
+    let per_call = |t: &[f64]| Spread::of(t.to_vec()).median / reps(n) as f64;
+    let gf = |t: &[f64]| flops(n) / per_call(t) * 1e-9;
     println!(
         "{:<6} {:<26} {:>9.1} {:>9.1}   {}",
         n,
@@ -210,6 +216,46 @@ fn row(n: usize, path: &str, ours: impl FnMut(), mkl: impl FnMut()) {
         gf(&t_mkl),
         Spread::of(ratios(&t_mkl, &t_ours))
     );
+    let bound = if path.contains("bf16") {
+        record::Bound::GemmBf16
+    } else if path.contains("f64") {
+        record::Bound::GemmF64
+    } else {
+        record::Bound::GemmF32
+    };
+    let row = record::Row {
+        parameter: format!("{n}x{n}"),
+        variant: path.to_string(),
+        threads: THREADS.load(std::sync::atomic::Ordering::Relaxed),
+        kappa_s: Some(per_call(&t_ours)),
+        peer_s: Some(per_call(&t_mkl)),
+        ratio: record::Ratio::of(Spread::of(ratios(&t_ours, &t_mkl))),
+        work: Some(record::Work {
+            bound,
+            amount: flops(n),
+        }),
+    };
+    ROWS.lock().map(|mut rows| rows.push(row)).ok();
+}
+
+/// Writes the rows [`row`] kept as the bench's record (`kappa_benches::record`).
+fn write_record() {
+    let rows = ROWS.lock().map(|r| r.clone()).unwrap_or_default();
+    record::Paired {
+        bench: "gemm",
+        name: "products_vs_libtorch",
+        title: "Products against libtorch's GEMM".into(),
+        what: "n×n products on each path (kappa-linalg's faer products, ndarray on OpenBLAS, \
+               tch itself, a newer OpenBLAS where installed) against libtorch's MKL GEMM of the \
+               same size (f32 for the bf16 row), alternated pair by pair; \"kappa\" is the \
+               path named in the variant."
+            .into(),
+        peer: "libtorch (MKL)".into(),
+        spread: "min–max over pairs",
+        model: "2n³ flops a product".into(),
+        rows,
+    }
+    .write();
 }
 
 /// LAPACK's `dgesdd_` (Fortran calling convention: every argument by reference).
@@ -393,5 +439,6 @@ fn main() {
             Err(e) => println!("(no generic-kernel contrast: {e})"),
         }
     }
+    write_record();
     lapack_table(threads);
 }

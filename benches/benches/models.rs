@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
 use kappa_benches::peer::{reference_command, Peer};
+use kappa_benches::record;
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step, NOT_RUN};
 use kappa_models::{
     autocast::autocast, autocast::native_bf16, Conditioning, Gpt, GptConfig, HeadLayout, Vit,
@@ -351,6 +352,7 @@ struct VersusPyTorch {
     cpu: Option<Quartiles>,
     min: f64,
     max: f64,
+    pairs: usize,
 }
 
 fn versus_pytorch(
@@ -396,6 +398,7 @@ fn versus_pytorch(
         cpu: (cpu.len() == pairs && pairs > 0).then(|| Quartiles::of(cpu)),
         min,
         max,
+        pairs,
     })
 }
 
@@ -434,48 +437,134 @@ fn gpt_versus_pytorch(pairs: usize) {
         println!("(no bf16 rows: this CPU has no native bf16, avx512_bf16 or amx_bf16)");
     }
     let restore = tch::get_num_threads();
+    let mut rows = Vec::new();
     for threads in [1usize, 2] {
         tch::set_num_threads(threads as i32);
         for (label, cfg, batch) in versus_models() {
             for &precision in &precisions {
-                let label = match precision {
-                    TrainPrecision::F32 => format!("{label}, f32"),
-                    TrainPrecision::Bf16 => format!("{label}, bf16 autocast"),
+                let variant = match precision {
+                    TrainPrecision::F32 => "f32",
+                    TrainPrecision::Bf16 => "bf16 autocast",
                 };
-                versus_row(&label, cfg, batch, threads, precision, pairs);
+                let run = VersusRun {
+                    cfg,
+                    batch,
+                    threads,
+                    precision,
+                };
+                if let Some(r) = versus_row(&format!("{label}, {variant}"), &run, pairs) {
+                    rows.push(versus_record_row(label, variant, &run, &r));
+                }
             }
         }
     }
     tch::set_num_threads(restore);
+    record::Paired {
+        bench: "models",
+        name: "gpt_vs_eager",
+        title: "GPT training step against PyTorch eager".into(),
+        what: "kappa's GPT training step (the `Trainer`'s: fused AdamW, gradient clipping) \
+               against the same model's step in PyTorch eager in a child process, single steps \
+               alternated, f32 and bf16 autocast."
+            .into(),
+        peer: "PyTorch eager".into(),
+        spread: "min–max over pairs",
+        model: "forward and backward ≈ 3 × the forward's flops, 3 · flops_per_token(T) · B·T \
+                (`GptConfig::flops_per_token`: the matrix products and attention scores)"
+            .into(),
+        rows,
+    }
+    .write();
 }
 
-/// One row of the kappa-vs-PyTorch table.
-fn versus_row(
-    label: &str,
+/// One GPT of the kappa-vs-PyTorch table, as run.
+struct VersusRun {
     cfg: GptConfig,
     batch: i64,
     threads: usize,
     precision: TrainPrecision,
-    pairs: usize,
-) {
+}
+
+/// The record row of one kappa-vs-PyTorch result.
+fn versus_record_row(
+    label: &str,
+    variant: &str,
+    run: &VersusRun,
+    r: &VersusPyTorch,
+) -> record::Row {
+    let t = run.cfg.block_size;
+    let flops = 3.0 * run.cfg.flops_per_token(t) * (run.batch as usize * t) as f64;
+    let bound = match run.precision {
+        TrainPrecision::F32 => record::Bound::GemmF32,
+        TrainPrecision::Bf16 => record::Bound::GemmBf16,
+    };
+    record::Row {
+        parameter: label.to_string(),
+        variant: variant.to_string(),
+        threads: run.threads,
+        kappa_s: Some(r.kappa_ms * 1e-3),
+        peer_s: Some(r.torch_ms * 1e-3),
+        ratio: record::Ratio {
+            median: r.wall.median,
+            lo: r.min,
+            hi: r.max,
+            pairs: r.pairs,
+        },
+        work: Some(record::Work {
+            bound,
+            amount: flops,
+        }),
+    }
+}
+
+/// One row of the kappa-vs-PyTorch table, printed; the result where the reference ran.
+fn versus_row(label: &str, run: &VersusRun, pairs: usize) -> Option<VersusPyTorch> {
+    let VersusRun {
+        cfg,
+        batch,
+        threads,
+        precision,
+    } = *run;
     let config = serde_json::to_string(&cfg).unwrap_or_default();
     let result =
         ReferenceServer::start("gpt", &config, batch, threads, precision).and_then(|mut torch| {
             versus_pytorch(gpt_step_of(cfg, batch, precision), &mut torch, pairs)
         });
     match result {
-        Ok(r) => println!(
-            "| {label} | {threads} | {:.2} | {:.2} | {} | {:.3}–{:.3} | {} |",
-            r.kappa_ms,
-            r.torch_ms,
-            r.wall,
-            r.min,
-            r.max,
-            r.cpu.map_or(NOT_RUN.to_string(), |q| q.to_string()),
-        ),
-        Err(e) => {
-            println!("| {label} | {threads} | {NOT_RUN} | {NOT_RUN} | reference failed: {e} | | |")
+        Ok(r) => {
+            println!(
+                "| {label} | {threads} | {:.2} | {:.2} | {} | {:.3}–{:.3} | {} |",
+                r.kappa_ms,
+                r.torch_ms,
+                r.wall,
+                r.min,
+                r.max,
+                r.cpu.map_or(NOT_RUN.to_string(), |q| q.to_string()),
+            );
+            Some(r)
         }
+        Err(e) => {
+            println!("| {label} | {threads} | {NOT_RUN} | {NOT_RUN} | reference failed: {e} | | |");
+            None
+        }
+    }
+}
+
+/// The conditioned-against-baseline record (`kappa_benches::record`), rows still to come.
+fn conditioned_record() -> record::Paired {
+    record::Paired {
+        bench: "models",
+        name: "conditioned_vs_baseline",
+        title: "Conditioned training step against the baseline step".into(),
+        what: "A step of the CPU GPT and ViT with conditioned attention against the same \
+               model's baseline step, single steps alternated (control: a second baseline \
+               model; λ = 0.001 conditions without collapsing attention). Here \"kappa\" is the \
+               conditioned step and the peer the baseline."
+            .into(),
+        peer: "baseline step".into(),
+        spread: "interquartile range over pairs",
+        model: String::new(),
+        rows: Vec::new(),
     }
 }
 
@@ -522,15 +611,31 @@ fn main() {
         if threads == 1 && flush_subnormals() {
             rows.push(("λ=10, subnormals flushed (both)", LAMBDA));
         }
+        let mut record = conditioned_record();
         for (label, lambda) in rows {
             for (name, (wall, cpu)) in [
                 ("gpt", paired_ratio(gpt_step(0.0), gpt_step(lambda), pairs)),
                 ("vit", paired_ratio(vit_step(0.0), vit_step(lambda), pairs)),
             ] {
+                record.rows.push(record::Row {
+                    parameter: name.to_string(),
+                    variant: label.to_string(),
+                    threads,
+                    kappa_s: None,
+                    peer_s: None,
+                    ratio: record::Ratio {
+                        median: wall.median,
+                        lo: wall.q1,
+                        hi: wall.q3,
+                        pairs,
+                    },
+                    work: None,
+                });
                 let cpu = cpu.map_or(NOT_RUN.to_string(), |q| q.to_string());
                 println!("| {name} | {label} | {wall} | {cpu} |");
             }
         }
+        record.write();
     }
 
     let peak = sgemm_flops();

@@ -1,7 +1,8 @@
 //! Benchmarks of kappa-optim on the tch backend (f32, CPU; Muon also with `Precision::Auto`,
 //! bf16 on CPUs with native bf16 products): one Muon step against its bare
 //! Newton–Schulz matmuls, one Stiefel and one DGram manifold-Muon step (paper preset, K = 20)
-//! against one AdamW step (tch's), the dual-ascent cost in msign units, and kappa's Muon against
+//! against one AdamW step (tch's), kappa's fused AdamW step against tch's (`kappa_adamw`), the
+//! dual-ascent cost in msign units, and kappa's Muon against
 //! `torch.optim.Muon` at the same shapes and on a GPT-2 block's four matrices, same thread count,
 //! in f32 and bf16 (kappa's bf16 rows: the shipped quintic, AOL, the Gram Polar Express and AOL
 //! as Gram Newton–Schulz): the peer is a child process stepping on command
@@ -40,12 +41,15 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, BenchmarkId, Criterion};
 use kappa_benches::paired::{cpu_model, ratios, seconds, Spread};
 use kappa_benches::peer::{reference_command, Peer};
-use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, shape_id};
+use kappa_benches::record;
+use kappa_benches::{
+    configure_threads, fmt_ms, fmt_ratio, gaussian, median_seconds, ns_step_flops, shape_id,
+};
 use kappa_linalg::tch_backend::tensor_from_array;
 use kappa_linalg::Matrix;
 use kappa_optim::{
-    msign, Manifold, ManifoldMuon, ManifoldMuonConfig, ManifoldState, Msign, Muon, MuonConfig,
-    MuonState, Precision, WorkingPrecision,
+    msign, AdamW, AdamWConfig, AdamWKernel, AdamWState, Manifold, ManifoldMuon, ManifoldMuonConfig,
+    ManifoldState, Msign, Muon, MuonConfig, MuonState, Precision, WorkingPrecision,
 };
 use ndarray::Array2;
 use tch::nn::OptimizerConfig;
@@ -142,6 +146,17 @@ fn bench(c: &mut Criterion) {
         (&p * &grad).sum(Kind::Float).backward();
         g.bench_function(BenchmarkId::new("adamw_step", &id), |b| {
             b.iter(|| opt.step())
+        });
+        // kappa-optim's AdamW (the fused kernel) on the same shape and gradient.
+        let adamw = AdamW::new(AdamWConfig::torch()).expect("adamw");
+        let (params, grads) = ([t32(&w0)], [grad.shallow_clone()]);
+        let mut states = [AdamWState::new()];
+        g.bench_function(BenchmarkId::new("kappa_adamw", &id), |b| {
+            b.iter(|| {
+                adamw
+                    .step_tensors(&params, &grads, &mut states, 1e-3, AdamWKernel::default())
+                    .expect("adamw step")
+            })
         });
     }
     g.finish();
@@ -677,25 +692,79 @@ fn print_versus_torch(threads: usize, shapes: &[(usize, usize)]) {
         println!("(bf16 rows skipped: this CPU has no native bf16 products)");
         &[F32]
     };
+    let mut record = versus_record();
     for (id, group) in versus_rows(shapes) {
         // A Gram row on one shape where it does not pay would only repeat its plain row.
         let repeats = |c: &&Cell| group.len() == 1 && c.msign_for(group[0]) != c.msign;
         for cell in cells.iter().filter(|c| !repeats(c) && chosen(c)) {
             match versus_torch(&mut torch, &group, cell) {
-                Ok(v) => println!(
-                    "{id:<11} {:<14} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
-                    cell.label,
-                    v.kappa.median * 1e3,
-                    v.torch.median * 1e3,
-                    v.ratio.to_string(),
-                    v.kappa_band.0,
-                    v.kappa_band.1,
-                    v.torch_band.0,
-                    v.torch_band.1,
-                ),
+                Ok(v) => {
+                    println!(
+                        "{id:<11} {:<14} {:>9.2} {:>9.2} {:>24} {:>6.3}-{:.3} {:>6.3}-{:.3}",
+                        cell.label,
+                        v.kappa.median * 1e3,
+                        v.torch.median * 1e3,
+                        v.ratio.to_string(),
+                        v.kappa_band.0,
+                        v.kappa_band.1,
+                        v.torch_band.0,
+                        v.torch_band.1,
+                    );
+                    record
+                        .rows
+                        .push(versus_record_row(&id, &group, cell, threads, &v));
+                }
                 Err(e) => println!("{id:<11} {:<14} not run: {e}", cell.label),
             }
         }
+    }
+    record.write();
+}
+
+/// The versus-torch table's record (`kappa_benches::record`), rows still to come.
+fn versus_record() -> record::Paired {
+    record::Paired {
+        bench: "optim",
+        name: "muon_vs_torch",
+        title: "Muon step against torch.optim.Muon".into(),
+        what: "kappa-optim's Muon step (Keller's settings; f32, and in bf16 every orthogonalizer) \
+               against `torch.optim.Muon`'s in a child process, single steps alternated; \
+               `gpt2-layer` steps a GPT-2 block's four matrices."
+            .into(),
+        peer: "torch.optim.Muon".into(),
+        spread: "min–max over pairs",
+        model: "the quintic's five Newton–Schulz steps per m×n matrix, 5·(4r²s + 2r³) flops \
+                (r = min(m, n), s = max(m, n)), whichever orthogonalizer the row runs: the work \
+                the step stands for, so that rows compare on one scale"
+            .into(),
+        rows: Vec::new(),
+    }
+}
+
+/// One row of the versus-torch record.
+fn versus_record_row(
+    id: &str,
+    group: &[(usize, usize)],
+    cell: &Cell,
+    threads: usize,
+    v: &VersusTorch,
+) -> record::Row {
+    let flops: f64 = group.iter().map(|&(m, n)| 5.0 * ns_step_flops(m, n)).sum();
+    let bound = match cell.precision {
+        Precision::F32 => record::Bound::GemmF32,
+        _ => record::Bound::GemmBf16,
+    };
+    record::Row {
+        parameter: id.to_string(),
+        variant: cell.label.to_string(),
+        threads,
+        kappa_s: Some(v.kappa.median),
+        peer_s: Some(v.torch.median),
+        ratio: record::Ratio::of(v.ratio),
+        work: Some(record::Work {
+            bound,
+            amount: flops,
+        }),
     }
 }
 

@@ -38,9 +38,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::sync::Arc;
 
-use kappa_benches::configure_threads;
 use kappa_benches::gpt2::leaf_with_grad;
 use kappa_benches::paired::{cpu_model, ratios, seconds, Spread};
+use kappa_benches::{configure_threads, record};
 use kappa_dist::{Communicator, Threads};
 use kappa_optim::optimizer::{Group, Optimizer, Traffic};
 use kappa_optim::{MuonConfig, Precision};
@@ -148,6 +148,7 @@ fn main() {
         std::process::exit(1);
     };
     let ratio = Spread::of(ratios(&m.sharded, &m.single));
+    write_record(&m, params.len(), quick);
     println!(
         "per-rank step time, sharded / one rank: {ratio} (goal ≤ 0.55); one rank {:.1} ms, sharded {:.1} ms (medians of {rounds} rounds)",
         1e3 * Spread::of(m.single).median,
@@ -160,4 +161,36 @@ fn main() {
         mib(m.traffic.minimum),
         m.traffic.received as f64 / m.traffic.minimum.max(1) as f64
     );
+}
+
+/// The sharded-against-one-rank ratio as the bench's record (`kappa_benches::record`).
+fn write_record(m: &Measured, matrices: usize, quick: bool) {
+    let model = if quick {
+        "4 × 128, quick"
+    } else {
+        "GPT-2 small"
+    };
+    record::Paired {
+        bench: "sharded_muon",
+        name: "sharded_vs_one_rank",
+        title: "Muon sharded over two ranks against one rank".into(),
+        what: "One `Optimizer::step()` of Muon over a model's hidden matrices (f32, Keller's \
+               settings), sharded over W = 2 ranks of kappa-dist's `Threads` (one libtorch \
+               thread each; exchanges included), against one rank stepping them all; rounds \
+               alternated. 0.5 is a perfect split."
+            .into(),
+        peer: "one rank".into(),
+        spread: "min–max over rounds",
+        model: String::new(),
+        rows: vec![record::Row {
+            parameter: format!("{matrices} matrices ({model})"),
+            variant: String::new(),
+            threads: WORLD,
+            kappa_s: Some(Spread::of(m.sharded.clone()).median),
+            peer_s: Some(Spread::of(m.single.clone()).median),
+            ratio: record::Ratio::of(Spread::of(ratios(&m.sharded, &m.single))),
+            work: None,
+        }],
+    }
+    .write();
 }

@@ -9,6 +9,7 @@ extern crate kappa_models as _;
 pub mod gpt2;
 pub mod paired;
 pub mod peer;
+pub mod record;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -302,11 +302,13 @@ pub struct BenchArgs {
     #[arg(long, default_value = "1", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     threads: Vec<u32>,
     /// Run only this benchmark target (linalg, attention, optim, models, manifolds, gemm,
-    /// nystrom, step_env).
+    /// nystrom, step_env, optimizer_api, data_parallel, sharded_muon, limits; with `--publish`,
+    /// `limits` runs too).
     #[arg(long)]
     bench: Option<String>,
-    /// Write docs/performance.md from this run's criterion results: one table per comparison of
-    /// kappa against its peer, with the CPU, thread counts, date, commit and this command.
+    /// Write docs/performance.md from this run's results: the machine's limits, one table per
+    /// comparison of kappa against its peer with kappa's fraction of the limit, the CPU, thread
+    /// counts, date, commit and this command.
     #[arg(long)]
     publish: bool,
     /// Arguments passed to criterion (a filter, `--quick`, …).
@@ -334,6 +336,10 @@ pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         cmd.env("KAPPA_VENV", ws.venv_dir());
         if let Some(bench) = &args.bench {
             cmd.args(["--bench", bench]);
+            // The page holds every figure against the machine's limits, measured in the same run.
+            if args.publish && bench != "limits" {
+                cmd.args(["--bench", "limits"]);
+            }
         }
         run(cmd
             .arg("--")
