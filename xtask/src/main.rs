@@ -11,7 +11,10 @@
 //!   a Slurm job array with a dependent report job and submits them (see docs/cluster.md).
 //! - `cargo xtask report [--scale S] [--results DIR]… [--out DIR]` builds the report from run
 //!   folders written anywhere (units run on other machines), naming missing or failed units.
-//! - `cargo xtask bench [--threads N[,M…]]` runs the criterion benchmarks (once per count).
+//! - `cargo xtask bench [--threads N[,M…]] [--publish]` runs the criterion benchmarks (once per
+//!   count) and writes docs/performance.md.
+//! - `cargo xtask costs [--results DIR]… [--refresh]` sets the measured minutes of
+//!   `experiments/costs.toml` from the finished runs' run.json files.
 //! - `cargo xtask python [--bench [--threads N[,M…]] [--publish]]` builds the Python package
 //!   `kappa` into the project's virtual environment (`cargo xtask test` does too, then runs its
 //!   pytest suite), and runs its benchmarks.
@@ -20,6 +23,7 @@
 //! to export anything by hand.
 
 mod cargo;
+mod costs;
 mod data;
 mod publish;
 mod python;
@@ -81,6 +85,9 @@ enum Command {
     Train(kappa_cli::TrainArgs),
     /// Run the criterion benchmarks (nothing else should run on the machine meanwhile).
     Bench(cargo::BenchArgs),
+    /// Show, and with `--refresh` write, the minutes of experiments/costs.toml that the
+    /// completed runs' run.json files measured (median over seeds).
+    Costs(costs::CostsArgs),
     /// Build the Python package `kappa` (python/) into the project's virtual environment
     /// (`--bench`: then run its benchmarks; `--publish`: write docs/performance-python.md).
     Python(python::PythonArgs),
@@ -113,6 +120,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report(args) => reproduce::report(&ws, &args)?,
         Command::Train(args) => train::train(&ws, &args)?,
         Command::Bench(args) => cargo::bench(&ws, &args)?,
+        Command::Costs(args) => costs::costs(&ws, &args)?,
         Command::Python(args) => python::install(&ws, &args)?,
     }
     Ok(())
