@@ -125,7 +125,10 @@ fn measured(runs: &Runs, cpu: &str) -> (f64, String) {
     let (lo, hi) = minutes
         .iter()
         .fold((f64::INFINITY, 0f64), |(lo, hi), &m| (lo.min(m), hi.max(m)));
-    let mid = (median(minutes.clone()) * 10.0).round().max(1.0) / 10.0;
+    // To 0.1 min as the range prints it (so 1.25 reads 1.2 in both), never below 0.1.
+    let mid = format!("{:.1}", median(minutes.clone()))
+        .parse::<f64>()
+        .map_or(0.1, |m| m.max(0.1));
     let mut threads: Vec<String> = runs.iter().map(|r| r.2.to_string()).collect();
     threads.sort();
     threads.dedup();
