@@ -59,6 +59,12 @@ pub struct TestArgs {
     /// preempted with SIGTERM and requeued, its metrics equal to an uninterrupted run's.
     #[arg(long, conflicts_with = "explore")]
     slurm: bool,
+    /// Only the MPI checks, which the whole run ends with (installs Debian's Open MPI and
+    /// libclang as root when missing; about a minute after the build): kappa-dist's MPI backend
+    /// under `mpirun` against the threads backend, a killed rank, and `train` on 2 ranks against
+    /// 1 process.
+    #[arg(long, conflicts_with_all = ["explore", "slurm"])]
+    mpi: bool,
 }
 
 /// The libraries users depend on alone: they must build, test and document without libtorch.
@@ -82,6 +88,9 @@ pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
         return crate::slurm_test::test(ws);
     }
     let tc = setup::setup(ws, &DataSelection::default())?;
+    if args.mpi {
+        return crate::mpi_test::test(ws, &tc);
+    }
     if args.explore {
         run(cargo(ws, &tc)
             .args(["test", "--workspace", "--release", "--locked"])
@@ -100,6 +109,8 @@ pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
         eprintln!("xtask test: {what}");
         run(&mut cmd)?;
     }
+    eprintln!("xtask test: the MPI backend and training over mpirun (feature mpi)");
+    crate::mpi_test::test(ws, &tc)?;
     eprintln!(
         "xtask test: formatting, lints, tests, standalone builds, docs and packages all passed ({:.0} s)",
         started.elapsed().as_secs_f64()

@@ -25,6 +25,7 @@
 mod cargo;
 mod costs;
 mod data;
+mod mpi_test;
 mod publish;
 mod python;
 mod python_bench;

@@ -111,7 +111,7 @@ fn sweep(ws: &Workspace, root: &Path, cluster: &Cluster) -> Result<()> {
 }
 
 /// `metrics.jsonl` of a run folder without what measures time or says where a run resumed.
-fn metrics(dir: &Path) -> Result<Vec<serde_json::Value>> {
+pub(crate) fn metrics(dir: &Path) -> Result<Vec<serde_json::Value>> {
     fn strip(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(map) => {

@@ -11,7 +11,8 @@
 //!   run folders, merging several results folders and naming missing or failed units.
 //! - `kappa-experiments train --config FILE [--set KEY=VALUE]… [--seed N] [--threads N]
 //!   [--device D] [--out DIR] [--resume]` trains one model on a user's data (kappa-cli's
-//!   [`TrainArgs`]; see `kappa_experiments::train`).
+//!   [`TrainArgs`]; see `kappa_experiments::train`). Built with the feature `mpi`, `mpirun -np N
+//!   kappa-experiments train …` trains one model on N ranks (`kappa_experiments::ranks`).
 //! - `kappa-experiments blas` says which BLAS kernel the process runs and how it was chosen, and
 //!   which code path libtorch's MKL takes.
 
@@ -311,7 +312,11 @@ fn run_train(args: &TrainArgs) -> Result<()> {
         stop,
         ..kappa_train::RunContext::default()
     };
-    let dir = kappa_experiments::train::run_train_command(
+    // Under `mpirun -np N` (a build with the feature `mpi`) this process is one of N ranks.
+    let ranks = kappa_experiments::ranks::Ranks::join()?;
+    let comm = ranks.communicator();
+    let rank = comm.rank();
+    let dir = kappa_experiments::train::run_train_ranks(
         &args.config,
         &args.set,
         context,
@@ -321,7 +326,11 @@ fn run_train(args: &TrainArgs) -> Result<()> {
             (_, true) => Existing::StartOver,
             _ => Existing::Refuse,
         },
-    )?;
-    eprintln!("train: wrote {}", dir.join("report.md").display());
+        comm,
+    );
+    let dir = ranks.end(dir)?;
+    if rank == 0 {
+        eprintln!("train: wrote {}", dir.join("report.md").display());
+    }
     Ok(())
 }

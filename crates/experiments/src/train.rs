@@ -25,9 +25,11 @@
 //! written, by an error naming the key. See [`kappa_models::data::images`] for the details.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use kappa_cli::Set;
+use kappa_dist::{Communicator, Single};
 use kappa_models::{
     parse_device, summarize, GptConfig, ImageSplits, Normalize, Split, SplitOptions, TextCorpus,
     TokenizerKind, Vit, VitConfig,
@@ -35,11 +37,11 @@ use kappa_models::{
 use kappa_optim::optimizer::Group;
 use kappa_train::{
     adamw_groups, modulewise_groups, train_language_model, train_variant, ImageClassification,
-    Line, ModulewiseConfig, Outcome, Preset, Record, Resumed, Run, RunContext, RunRecord,
+    Line, ModulewiseConfig, Outcome, Preset, Record, Resumed, Run, RunContext, RunError, RunRecord,
     RunStatus, TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
-use tch::{nn, Device};
+use tch::{nn, Device, Tensor};
 
 use crate::config::ConfigSource;
 use crate::plot::{LinePlot, Mark};
@@ -530,6 +532,22 @@ pub fn run_train_command(
     out: &Path,
     existing: Existing,
 ) -> Result<PathBuf> {
+    run_train_ranks(config, sets, context, out, existing, Arc::new(Single))
+}
+
+/// [`run_train_command`] on every rank of `comm` (`mpirun -np N … train`): one model trained
+/// data-parallel ([`kappa_train::Trainer::data_parallel`]), each rank taking its parts of every
+/// batch. Rank 0 alone writes the run folder (config, metrics, checkpoint, `run.json`, report);
+/// it decides whether there is training to do and tells the others, which then read the same
+/// folder ([`Run::follow`]: the checkpoint a resume continues from). Every rank loads the data.
+pub fn run_train_ranks(
+    config: &Path,
+    sets: &[Set],
+    context: RunContext,
+    out: &Path,
+    existing: Existing,
+    comm: Arc<dyn Communicator>,
+) -> Result<PathBuf> {
     let job = TrainJob::load(config, sets)?;
     let context = RunContext {
         name: job.name.clone(),
@@ -539,30 +557,42 @@ pub fn run_train_command(
     };
     context.apply_threads();
     let dir = out.join(&job.name);
-    if existing == Existing::Refuse {
-        kappa_train::folder::ensure_empty(&dir)?;
-    }
-    // The data is loaded (and the model checked against it) before a fresh run folder is
-    // written; a run folder that is resumed loads it only when there is training left to do.
-    let resuming = existing == Existing::Resume
-        && kappa_train::folder::regular_or_absent(&dir.join("config.toml"))?;
-    let data = match resuming {
-        true => None,
-        false => Some(JobData::load(&job, parse_device(&context.device)?)?),
-    };
-    let run = match existing {
-        Existing::Resume => match Run::resume(&dir, context, &job)? {
-            Resumed::Started(run) | Resumed::Continued(run) => Some(run),
-            Resumed::Finished(_) => None,
-        },
-        Existing::StartOver => Some(Run::start_over(&dir, context, &job)?),
-        Existing::Refuse => Some(Run::create(&dir, context, &job)?),
+    let device = parse_device(&context.device)?;
+    anyhow::ensure!(
+        comm.world() == 1 || device == Device::Cpu,
+        "--device {}: training on several ranks exchanges CPU tensors over MPI; use --device cpu",
+        context.device
+    );
+    let (run, data) = if comm.rank() == 0 {
+        let (run, data) = open_run(&job, &dir, context, existing)?;
+        let resumed = run.as_ref().is_some_and(Run::is_resumed);
+        tell_ranks(&*comm, run.is_some(), resumed)?;
+        (run, data)
+    } else {
+        match tell_ranks(&*comm, false, false)? {
+            None => (None, None),
+            Some(resumed) => {
+                let data = JobData::load(&job, device)?;
+                (Some(Run::follow(&dir, context, resumed)), Some(data))
+            }
+        }
     };
     if let Some(mut run) = run {
-        let status = train_loaded(&job, data, &mut run).unwrap_or_else(|e| RunStatus::Failed {
+        if comm.world() > 1 {
+            run.data_parallel(Arc::clone(&comm));
+        }
+        let trained = train_loaded(&job, data, &mut run);
+        let interrupted = (trained.as_ref().err())
+            .is_some_and(|e| matches!(e.downcast_ref(), Some(RunError::Interrupted { .. })));
+        let status = trained.unwrap_or_else(|e| RunStatus::Failed {
             error: format!("{e:#}"),
         });
         let info = run.finish(status)?;
+        // A stop on request ends every rank after the same step: the others wait until rank 0
+        // has written `run.json` before the job ends.
+        if interrupted && comm.world() > 1 {
+            comm.barrier()?;
+        }
         if let RunStatus::Failed { error } = info.status {
             anyhow::bail!(
                 "{error} (the run folder {} keeps what was done; --resume continues it)",
@@ -570,8 +600,53 @@ pub fn run_train_command(
             );
         }
     }
-    write_report(&dir)?;
+    if comm.rank() == 0 {
+        write_report(&dir)?;
+    }
     Ok(dir)
+}
+
+/// Rank 0's run folder for `job` (what happens to one that exists is `existing`'s choice), or
+/// `None` for a resumed run that is finished, with the data when it was loaded (before a fresh
+/// folder is written, so a job that does not fit its data leaves none).
+fn open_run(
+    job: &TrainJob,
+    dir: &Path,
+    context: RunContext,
+    existing: Existing,
+) -> Result<(Option<Run>, Option<JobData>)> {
+    if existing == Existing::Refuse {
+        kappa_train::folder::ensure_empty(dir)?;
+    }
+    // The data is loaded (and the model checked against it) before a fresh run folder is
+    // written; a run folder that is resumed loads it only when there is training left to do.
+    let resuming = existing == Existing::Resume
+        && kappa_train::folder::regular_or_absent(&dir.join("config.toml"))?;
+    let data = match resuming {
+        true => None,
+        false => Some(JobData::load(job, parse_device(&context.device)?)?),
+    };
+    let run = match existing {
+        Existing::Resume => match Run::resume(dir, context, job)? {
+            Resumed::Started(run) | Resumed::Continued(run) => Some(run),
+            Resumed::Finished(_) => None,
+        },
+        Existing::StartOver => Some(Run::start_over(dir, context, job)?),
+        Existing::Refuse => Some(Run::create(dir, context, job)?),
+    };
+    Ok((run, data))
+}
+
+/// Rank 0 broadcasts whether there is training to do (`train`) and whether its run continues
+/// an earlier one (`resumed`); every rank returns `None` (nothing to train) or `Some(resumed)`.
+/// On one rank it only returns the arguments.
+fn tell_ranks(comm: &dyn Communicator, train: bool, resumed: bool) -> Result<Option<bool>> {
+    let mut flags = Tensor::from_slice(&[i64::from(train), i64::from(resumed)]);
+    if comm.world() > 1 {
+        comm.broadcast(&mut flags, 0)?;
+    }
+    let flags = Vec::<i64>::try_from(&flags)?;
+    Ok((flags[0] == 1).then_some(flags[1] == 1))
 }
 
 /// One evaluation's numbers for the report.

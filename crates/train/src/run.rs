@@ -16,13 +16,21 @@
 //!
 //! `metrics.jsonl` has one writer, [`Run::log`]: one JSON object per line, flushed to the disk
 //! per line. `config.toml` and `run.json` are written atomically ([`folder::write_atomic`]).
+//!
+//! # One run on several ranks
+//!
+//! A data-parallel run ([`Run::data_parallel`]) has one folder, written by rank 0's [`Run`]
+//! alone; every other rank holds a [`Run::follow`] of it, which reads the folder (the records
+//! and checkpoint a resume continues from) and writes nothing.
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use kappa_dist::Communicator;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -123,6 +131,10 @@ pub struct Run {
     earlier_seconds: f64,
     resumes: u32,
     interruption: Option<(usize, u64)>,
+    /// The ranks of a data-parallel run ([`Run::data_parallel`]).
+    comm: Option<Arc<dyn Communicator>>,
+    /// A rank other than 0's view of the folder ([`Run::follow`]): it writes nothing.
+    follower: bool,
 }
 
 /// `metrics.jsonl`'s writer, opened at the first write: a resume reads and checks the file but
@@ -284,7 +296,33 @@ impl Run {
             earlier_seconds: 0.0,
             resumes: 0,
             interruption: None,
+            comm: None,
+            follower: false,
         }
+    }
+
+    /// Rank r > 0's view of the run folder `dir` that rank 0's [`Run`] writes, after rank 0
+    /// created or resumed it (`resumed`: whether rank 0's run continues an earlier one). It
+    /// reads the folder as rank 0's does; [`Run::log`], [`Run::retain_metrics`] and
+    /// [`Run::finish`] write nothing.
+    pub fn follow(dir: &Path, context: RunContext, resumed: bool) -> Self {
+        let metrics = Metrics::new(dir.join("metrics.jsonl"), None);
+        let mut run = Self::open(dir, context, metrics);
+        run.resumes = u32::from(resumed);
+        run.follower = true;
+        run
+    }
+
+    /// Makes the run's training data-parallel over `comm`'s ranks: each variant's trainer joins
+    /// them ([`Trainer::data_parallel`](crate::Trainer::data_parallel)). Rank 0 holds the
+    /// writing [`Run`], the others a [`Run::follow`] of its folder.
+    pub fn data_parallel(&mut self, comm: Arc<dyn Communicator>) {
+        self.comm = Some(comm);
+    }
+
+    /// The ranks of a data-parallel run ([`Run::data_parallel`]); `None` on one process.
+    pub fn communicator(&self) -> Option<Arc<dyn Communicator>> {
+        self.comm.clone()
     }
 
     /// Whether this run continues an earlier, unfinished one ([`Run::resume`]).
@@ -327,6 +365,9 @@ impl Run {
     /// the file holds every record logged before a checkpoint written after it (what resume
     /// needs); a crash mid-line leaves a torn last line, which a resume drops.
     pub fn log<T: Serialize>(&mut self, record: &T) -> Result<()> {
+        if self.follower {
+            return Ok(());
+        }
         let path = self.metrics.path.clone();
         let mut line = serde_json::to_vec(record).map_err(|e| RunError::format(&path, 0, e))?;
         line.push(b'\n');
@@ -356,7 +397,7 @@ impl Run {
         let total = records.len();
         let kept: Vec<T> = records.into_iter().filter(|r| keep(r)).collect();
         let dropped = total - kept.len();
-        if dropped == 0 {
+        if dropped == 0 || self.follower {
             return Ok(0);
         }
         let path = self.metrics.path.clone();
@@ -402,7 +443,7 @@ impl Run {
             resumes: self.resumes,
             blas: blas_description(),
         };
-        if untouched && !info.status.is_finished() {
+        if self.follower || (untouched && !info.status.is_finished()) {
             return Ok(info);
         }
         let path = self.dir.join("run.json");

@@ -73,7 +73,8 @@ pub struct VariantId<'a> {
 /// variables exist), runs the trainer (checkpoint at [`variant_checkpoint`]), logs every record,
 /// then logs the summary with the headline metric from `metric`. In a resumed run a variant that
 /// finished before is not retrained (its logged outcome is returned), and an interrupted one
-/// continues from its checkpoint (see the module docs).
+/// continues from its checkpoint (see the module docs). On the ranks of a data-parallel run
+/// ([`Run::data_parallel`]) the trainer joins them once resumed.
 pub fn train_variant<T: Task, E>(
     run: &mut Run,
     variant: VariantId<'_>,
@@ -97,6 +98,9 @@ where
     trainer.set_label(format!("{} seed {} {name}", context.name, context.seed));
     let ckpt = variant_checkpoint(run, variant.index);
     let resumed_at = resume_variant(run, &mut trainer, name, &ckpt)?;
+    if let Some(comm) = run.communicator() {
+        trainer.data_parallel(comm)?;
+    }
     if let Some(step) = run.interruption_of(variant.index) {
         trainer.stop_after(step);
     }

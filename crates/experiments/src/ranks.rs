@@ -1,0 +1,178 @@
+//! The ranks of a `train` command started by a launcher: one process, or one rank of several
+//! over MPI (feature `mpi`).
+//!
+//! A launcher tells each process it starts how many there are: Open MPI's `mpirun` sets
+//! `OMPI_COMM_WORLD_SIZE`, MPICH's and Slurm's PMI `PMI_SIZE`, Slurm `SLURM_NTASKS`. [`Ranks::join`]
+//! compares those counts with the world MPI reports, and stops with an error naming both where
+//! they differ: a binary built without MPI, or an `srun` whose `--mpi` type MPI does not speak,
+//! would otherwise run N processes that each train the whole model alone and write one run
+//! folder N times over.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use kappa_dist::{Communicator, Single};
+
+/// The environment variables through which launchers announce the number of processes.
+pub const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"];
+
+/// The process counts `env` announces ([`LAUNCHER_VARS`] that are set, with their values).
+pub fn announced(env: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
+    (LAUNCHER_VARS.iter())
+        .filter_map(|&var| env(var).map(|v| (var, v.trim().to_string())))
+        .collect()
+}
+
+/// Whether `announced` asks for more than one process.
+pub fn several(announced: &[(&'static str, String)]) -> bool {
+    announced
+        .iter()
+        .any(|(_, v)| v.parse::<usize>().map_or(true, |n| n > 1))
+}
+
+/// Checks the world MPI formed (`None`: a binary without MPI) against the counts the launcher
+/// announced; the error names each count and what to do.
+pub fn check_world(world: Option<usize>, announced: &[(&'static str, String)]) -> Result<()> {
+    let counts = || {
+        (announced.iter())
+            .map(|(var, v)| format!("{var}={v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(world) = world else {
+        anyhow::ensure!(
+            !several(announced),
+            "the launcher started this process as one of several ({}), but kappa-experiments \
+             was built without MPI: each process would train the whole model alone. Build it \
+             with `--features mpi` (cargo build --release -p kappa-experiments --features mpi) \
+             or start one process",
+            counts()
+        );
+        return Ok(());
+    };
+    let differs = (announced.iter()).find(|(_, v)| v.parse::<usize>().ok() != Some(world));
+    if let Some((var, v)) = differs {
+        anyhow::bail!(
+            "MPI formed a world of {world} process(es), but {var}={v} ({}): the launcher's \
+             processes are not connected by MPI, and each would train the whole model alone. \
+             Under Slurm give srun the MPI type the MPI library was built for (`srun \
+             --mpi=pmix`, or pmi2; `srun --mpi=list` lists them), or start the ranks with mpirun",
+            counts()
+        );
+    }
+    Ok(())
+}
+
+/// This process's place among the ranks of one training job.
+pub enum Ranks {
+    /// One process.
+    One,
+    /// One rank of an MPI job.
+    #[cfg(feature = "mpi")]
+    Mpi(Arc<kappa_dist::Mpi>),
+}
+
+impl Ranks {
+    /// Joins the launcher's ranks: with the feature `mpi` and a launcher that announced more
+    /// than one process, MPI is initialized and its world checked against the announced counts
+    /// ([`check_world`]); otherwise this is one process, and an announcement of several is an
+    /// error.
+    pub fn join() -> Result<Self> {
+        let announced = announced(|var| std::env::var(var).ok());
+        if !several(&announced) {
+            return Ok(Ranks::One);
+        }
+        Self::join_mpi(&announced)
+    }
+
+    #[cfg(feature = "mpi")]
+    fn join_mpi(announced: &[(&'static str, String)]) -> Result<Self> {
+        let mpi = kappa_dist::Mpi::init()?;
+        if let Err(e) = check_world(Some(mpi.world()), announced) {
+            // Every process of the launcher fails alike; none waits for another.
+            let _ = mpi.finalize();
+            return Err(e);
+        }
+        Ok(Ranks::Mpi(Arc::new(mpi)))
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn join_mpi(announced: &[(&'static str, String)]) -> Result<Self> {
+        check_world(None, announced).map(|()| Ranks::One)
+    }
+
+    /// The communicator of the ranks ([`Single`] for one process).
+    pub fn communicator(&self) -> Arc<dyn Communicator> {
+        match self {
+            Ranks::One => Arc::new(Single),
+            #[cfg(feature = "mpi")]
+            Ranks::Mpi(mpi) => Arc::clone(mpi) as Arc<dyn Communicator>,
+        }
+    }
+
+    /// Ends the job's part on this rank with `result`. On several ranks a success finalizes
+    /// MPI; a failure is printed (`error: rank R of W: …`) and ends the whole job (`MPI_Abort`),
+    /// so that no rank waits for this one.
+    pub fn end<T>(self, result: Result<T>) -> Result<T> {
+        match self {
+            Ranks::One => result,
+            #[cfg(feature = "mpi")]
+            Ranks::Mpi(mpi) => {
+                let (rank, world) = (mpi.rank(), mpi.world());
+                let e = match result {
+                    Ok(value) => match Arc::try_unwrap(mpi) {
+                        Ok(mpi) => return mpi.finalize().map(|()| value).map_err(Into::into),
+                        Err(mpi) => {
+                            eprintln!("error: rank {rank} of {world}: MPI is still in use");
+                            mpi.abort(1)
+                        }
+                    },
+                    Err(e) => e,
+                };
+                eprintln!("error: rank {rank} of {world}: {e:#}");
+                mpi.abort(1)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        |name| {
+            (vars.iter())
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn one_process_needs_no_mpi_and_several_without_mpi_are_refused() {
+        let none = announced(env(&[]));
+        assert!(check_world(None, &none).is_ok());
+        let one = announced(env(&[("SLURM_NTASKS", "1")]));
+        assert!(!several(&one) && check_world(None, &one).is_ok());
+        let two = announced(env(&[("OMPI_COMM_WORLD_SIZE", "2")]));
+        let e = check_world(None, &two).unwrap_err().to_string();
+        assert!(
+            e.contains("OMPI_COMM_WORLD_SIZE=2") && e.contains("without MPI"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_mpi_world_that_differs_from_slurm_ntasks_is_refused_naming_both() {
+        let four = announced(env(&[("SLURM_NTASKS", "4"), ("PMI_SIZE", "4")]));
+        assert!(check_world(Some(4), &four).is_ok());
+        let e = check_world(Some(1), &four).unwrap_err().to_string();
+        assert!(
+            e.contains("world of 1") && e.contains("SLURM_NTASKS=4"),
+            "{e}"
+        );
+        assert!(e.contains("--mpi=pmix"), "{e}");
+        let garbled = announced(env(&[("SLURM_NTASKS", "four")]));
+        assert!(several(&garbled) && check_world(Some(1), &garbled).is_err());
+    }
+}

@@ -1,0 +1,354 @@
+//! `cargo xtask test`'s MPI checks: kappa-dist's MPI backend and one model trained over
+//! `mpirun`, on loopback, each command under a timeout.
+//!
+//! Installs Debian's Open MPI and libclang (rsmpi's bindings are generated at build time) when
+//! they are missing (as root), lints and builds with the feature `mpi`, then:
+//!
+//! 1. `mpi_check collectives` on 2 and 3 ranks: every collective gives the bits of the threads
+//!    backend (kappa-dist's `examples/mpi_check.rs`);
+//! 2. `mpi_check kill`: a rank killed with SIGKILL mid-run ends the job, non-zero, naming the
+//!    signal; `mpi_check leave`: a rank that drops its communicator ends the job, non-zero;
+//! 3. `train` on 2 ranks gives the metrics and checkpoint of the same job on 1 process, bit for
+//!    bit (the job's `micro_batch_size` makes 2 parts of every batch on both);
+//! 4. a 2-rank `train` stopped with SIGUSR1 (forwarded by `mpirun`) resumes on 1 process to the
+//!    same metrics;
+//! 5. the binary started alone with `SLURM_NTASKS=2` (as a wrong `srun --mpi` type starts it)
+//!    stops with an error naming the counts.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::cargo::cargo;
+use crate::setup::Toolchain;
+use crate::workspace::{describe, output_of, run, Workspace};
+
+const PACKAGES: [&str; 3] = ["openmpi-bin", "libopenmpi-dev", "libclang-dev"];
+
+/// `mpirun` on loopback only, with more ranks than cores allowed.
+const MPIRUN: [&str; 9] = [
+    "--oversubscribe",
+    "--mca",
+    "btl",
+    "self,tcp",
+    "--mca",
+    "btl_tcp_if_include",
+    "lo",
+    "--mca",
+    "oob_tcp_if_include",
+];
+
+/// The longest any one command of these checks may take.
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The MPI checks, after the rest of `cargo xtask test`.
+pub fn test(ws: &Workspace, tc: &Toolchain) -> Result<()> {
+    let started = Instant::now();
+    install()?;
+    let features = "kappa-dist/mpi,kappa-experiments/mpi";
+    let mut lints = cargo(ws, tc);
+    lints.args([
+        "clippy",
+        "-p",
+        "kappa-dist",
+        "-p",
+        "kappa-experiments",
+        "--features",
+    ]);
+    lints.args([
+        features,
+        "--all-targets",
+        "--release",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    run(&mut lints)?;
+    run(cargo(ws, tc)
+        .args(["test", "-p", "kappa-experiments", "--features", "mpi"])
+        .args(["--release", "--locked", "--lib", "ranks"]))?;
+    run(cargo(ws, tc)
+        .args(["build", "--release", "--locked", "-p", "kappa-dist"])
+        .args(["--features", "mpi", "--example", "mpi_check"]))?;
+    run(cargo(ws, tc)
+        .args(["build", "--release", "--locked", "-p", "kappa-experiments"])
+        .args(["--features", "mpi"]))?;
+    let release = ws.target_dir().join("release");
+    let scratch = scratch();
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir_all(&scratch)?;
+    let checked = collectives(ws, tc, &release.join("examples/mpi_check"))
+        .and_then(|()| train(ws, tc, &release.join("kappa-experiments"), &scratch));
+    if checked.is_ok() {
+        let _ = fs::remove_dir_all(&scratch);
+    }
+    checked?;
+    eprintln!(
+        "xtask test: MPI checks passed ({:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Installs Open MPI and libclang from the system's packages when one is missing.
+fn install() -> Result<()> {
+    let installed = |p: &str| {
+        output_of(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+            .is_some_and(|s| s.contains("install ok installed"))
+    };
+    if PACKAGES.iter().all(|p| installed(p)) {
+        return Ok(());
+    }
+    run(Command::new("apt-get")
+        .args(["install", "-y", "--no-install-recommends"])
+        .args(PACKAGES)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .context(
+        "the MPI checks need Open MPI and libclang: installing them needs root and Debian's \
+         packages (apt-get install openmpi-bin libopenmpi-dev libclang-dev)",
+    )
+}
+
+/// The collectives on 2 and 3 ranks, a killed rank, and a rank that leaves.
+fn collectives(ws: &Workspace, tc: &Toolchain, check: &Path) -> Result<()> {
+    for np in [2, 3] {
+        let (status, out) = mpirun(ws, tc, np, check.as_os_str(), &["collectives"])?;
+        let agreed = out.matches("equal the threads backend's").count();
+        ensure!(
+            status.success() && agreed == np,
+            "mpi_check collectives on {np} ranks ({status}):\n{out}"
+        );
+    }
+    let (status, out) = mpirun(ws, tc, 2, check.as_os_str(), &["kill"])?;
+    ensure!(
+        !status.success() && out.contains("signal 9"),
+        "a rank killed with SIGKILL did not end the job with an error ({status}):\n{out}"
+    );
+    let (status, out) = mpirun(ws, tc, 2, check.as_os_str(), &["leave"])?;
+    ensure!(
+        !status.success() && out.contains("without Mpi::finalize"),
+        "a rank that dropped its communicator did not end the job ({status}):\n{out}"
+    );
+    Ok(())
+}
+
+/// `cmd` under [`TIMEOUT`], its output (stdout and stderr) to `log`; the exit status and the
+/// output. A command past the timeout is killed and is an error.
+fn with_timeout(cmd: &mut Command, log: &Path) -> Result<(ExitStatus, String)> {
+    let child = spawn_logged(cmd, log)?;
+    wait_bounded(child, Instant::now(), &describe(cmd), log)
+}
+
+/// Starts `cmd` with its output (stdout and stderr) to `log`.
+fn spawn_logged(cmd: &mut Command, log: &Path) -> Result<Child> {
+    let line = describe(cmd);
+    eprintln!("$ {line}");
+    let file = fs::File::create(log)?;
+    cmd.stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file);
+    cmd.spawn()
+        .with_context(|| format!("could not start `{line}`"))
+}
+
+/// Waits for `child` (started at `start`) until [`TIMEOUT`]; its status and `log`'s output. A
+/// child past the timeout is killed and is an error.
+fn wait_bounded(
+    mut child: Child,
+    start: Instant,
+    line: &str,
+    log: &Path,
+) -> Result<(ExitStatus, String)> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok((status, fs::read_to_string(log).unwrap_or_default()));
+        }
+        if start.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let out = fs::read_to_string(log).unwrap_or_default();
+            bail!("`{line}` did not end within {TIMEOUT:?}:\n{out}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `mpirun -np N program args…` on loopback (as root where need be) under [`TIMEOUT`].
+fn mpirun(
+    ws: &Workspace,
+    tc: &Toolchain,
+    np: usize,
+    program: &std::ffi::OsStr,
+    args: &[&str],
+) -> Result<(ExitStatus, String)> {
+    let mut cmd = mpirun_command(ws, tc, np, program, args);
+    with_timeout(&mut cmd, &log_file(np, args))
+}
+
+fn mpirun_command(
+    ws: &Workspace,
+    tc: &Toolchain,
+    np: usize,
+    program: &std::ffi::OsStr,
+    args: &[&str],
+) -> Command {
+    let mut cmd = Command::new("mpirun");
+    crate::cargo::with_toolchain(&mut cmd, ws, tc);
+    cmd.args(MPIRUN)
+        .args(["lo", "-np", &np.to_string()])
+        .arg(program)
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .current_dir(ws.root());
+    cmd
+}
+
+/// The folder of the checks' files (removed when they pass).
+fn scratch() -> PathBuf {
+    std::env::temp_dir().join(format!("kappa-mpi-{}", std::process::id()))
+}
+
+/// The output of a command of `np` processes whose first argument is `args[0]`.
+fn log_file(np: usize, args: &[&str]) -> PathBuf {
+    let what = args.first().copied().unwrap_or("run").replace('/', "-");
+    scratch().join(format!("{what}-{np}.log"))
+}
+
+/// A GPT job small enough for seconds of training: 200 steps of 4 sequences cut into 2
+/// micro-batches, module-wise Muon (sharded over the ranks), a checkpoint every 5 steps.
+const JOB: &str = r#"
+name = "tiny-gpt"
+
+[data]
+kind = "text"
+path = "input.txt"
+tokenizer = "char"
+
+[model]
+kind = "gpt"
+vocab_size = 0
+block_size = 16
+n_layer = 1
+n_head = 2
+n_embd = 16
+mlp_ratio = 4
+bias = true
+scaling = "inv_sqrt_k"
+conditioning = { kind = "identity", lambda = 1.0, layout = "shifted" }
+fused_kernel = false
+
+[optimizer]
+kind = "modulewise"
+preset = "HETERO"
+
+[train]
+steps = 200
+batch_size = 4
+micro_batch_size = 2
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 1
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+eps = 1e-8
+grad_clip = 1.0
+eval_every = 100
+eval_batches = 2
+log_every = 1
+checkpoint_every = 5
+divergence_factor = 4.0
+diagnostics = { enabled = true, samples = 2, jacobian_max_tokens = 8 }
+"#;
+
+/// `train` on 2 ranks against 1 process, a 2-rank run resumed on 1 process, and the refusal of
+/// a world that differs from `SLURM_NTASKS`.
+fn train(ws: &Workspace, tc: &Toolchain, binary: &Path, dir: &Path) -> Result<()> {
+    let text: String = (0..60)
+        .map(|i| format!("The state of the union is strong in year {i}. "))
+        .collect();
+    fs::write(dir.join("input.txt"), text)?;
+    let job = dir.join("job.toml");
+    fs::write(&job, JOB)?;
+    let train_args = |out: &Path| -> Vec<String> {
+        let (job, out) = (job.display().to_string(), out.display().to_string());
+        let args = ["train", "--config", &job, "--out", &out, "--threads", "1"];
+        args.iter().map(|s| s.to_string()).collect()
+    };
+    let one = |out: &Path, extra: &[&str]| -> Result<()> {
+        let mut cmd = Command::new(binary);
+        crate::cargo::with_toolchain(&mut cmd, ws, tc);
+        cmd.args(train_args(out)).args(extra);
+        let (status, log) = with_timeout(&mut cmd, &log_file(1, &["train"]))?;
+        ensure!(status.success(), "{} ({status}):\n{log}", describe(&cmd));
+        Ok(())
+    };
+    let (ranks, single, resumed) = (dir.join("ranks"), dir.join("single"), dir.join("resumed"));
+    let args = train_args(&ranks);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, out) = mpirun(ws, tc, 2, binary.as_os_str(), &args)?;
+    ensure!(status.success(), "train on 2 ranks ({status}):\n{out}");
+    one(&single, &[])?;
+    let run = |root: &Path| root.join("tiny-gpt");
+    ensure!(
+        crate::slurm_test::metrics(&run(&ranks))? == crate::slurm_test::metrics(&run(&single))?,
+        "train on 2 ranks: the metrics differ from the same job's on 1 process"
+    );
+    let checkpoint = |root: &Path| fs::read(run(root).join("variant-0/checkpoint.safetensors"));
+    ensure!(
+        checkpoint(&ranks)? == checkpoint(&single)?,
+        "train on 2 ranks: the checkpoint differs from the same job's on 1 process"
+    );
+    stop_on_two_ranks(ws, tc, binary, &train_args(&resumed), &run(&resumed))?;
+    one(&resumed, &["--resume"])?;
+    ensure!(
+        crate::slurm_test::metrics(&run(&resumed))? == crate::slurm_test::metrics(&run(&single))?,
+        "a 2-rank run resumed on 1 process: the metrics differ from the uninterrupted run's"
+    );
+    let mut alone = Command::new(binary);
+    crate::cargo::with_toolchain(&mut alone, ws, tc);
+    alone
+        .args(train_args(&dir.join("alone")))
+        .env("SLURM_NTASKS", "2");
+    let (status, out) = with_timeout(&mut alone, &log_file(1, &["alone"]))?;
+    ensure!(
+        !status.success() && out.contains("world of 1") && out.contains("SLURM_NTASKS=2"),
+        "a process alone with SLURM_NTASKS=2 was not refused ({status}):\n{out}"
+    );
+    Ok(())
+}
+
+/// Starts `train` on 2 ranks and sends `mpirun` SIGUSR1 (which it forwards to the ranks, whose
+/// stop flag it raises) once 5 records are logged; the ranks stop after one step, rank 0 with a
+/// checkpoint, and the job fails as interrupted.
+fn stop_on_two_ranks(
+    ws: &Workspace,
+    tc: &Toolchain,
+    binary: &Path,
+    args: &[String],
+    run: &Path,
+) -> Result<()> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let log = log_file(2, &["stopped"]);
+    let mut cmd = mpirun_command(ws, tc, 2, binary.as_os_str(), &args);
+    let start = Instant::now();
+    let mut child = spawn_logged(&mut cmd, &log)?;
+    let metrics = run.join("metrics.jsonl");
+    let lines = || fs::read_to_string(&metrics).map_or(0, |t| t.lines().count());
+    while lines() < 5 && start.elapsed() < TIMEOUT && child.try_wait()?.is_none() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").args(["-USR1", &pid]).status();
+    let (status, out) = wait_bounded(child, start, &describe(&cmd), &log)?;
+    ensure!(
+        !status.success() && out.contains("interrupted after step"),
+        "the 2-rank run was not stopped by SIGUSR1 ({status}):\n{out}"
+    );
+    Ok(())
+}
