@@ -2,7 +2,8 @@
 //! over MPI (feature `mpi`).
 //!
 //! A launcher tells each process it starts how many there are: Open MPI's `mpirun` sets
-//! `OMPI_COMM_WORLD_SIZE`, MPICH's and Slurm's PMI `PMI_SIZE`, Slurm `SLURM_NTASKS`. [`Ranks::join`]
+//! `OMPI_COMM_WORLD_SIZE` (which alone counts when set), MPICH's and Slurm's PMI `PMI_SIZE`,
+//! Slurm `SLURM_NTASKS`. [`Ranks::join`]
 //! compares those counts with the world MPI reports, and stops with an error naming both where
 //! they differ: a binary built without MPI, or an `srun` whose `--mpi` type MPI does not speak,
 //! would otherwise run N processes that each train the whole model alone and write one run
@@ -17,10 +18,16 @@ use kappa_dist::{Communicator, Single};
 pub const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"];
 
 /// The process counts `env` announces ([`LAUNCHER_VARS`] that are set, with their values).
+/// `mpirun`'s count alone when it is set: `mpirun` started the process, and the Slurm
+/// allocation it may run in (whose `SLURM_NTASKS` the process inherits) can hold more tasks.
 pub fn announced(env: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
-    (LAUNCHER_VARS.iter())
+    let set: Vec<(&'static str, String)> = (LAUNCHER_VARS.iter())
         .filter_map(|&var| env(var).map(|v| (var, v.trim().to_string())))
-        .collect()
+        .collect();
+    match set.iter().find(|(var, _)| *var == LAUNCHER_VARS[0]) {
+        Some(mpirun) => vec![mpirun.clone()],
+        None => set,
+    }
 }
 
 /// Whether `announced` asks for more than one process.
@@ -172,6 +179,11 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("--mpi=pmix"), "{e}");
+        let inside = announced(env(&[("SLURM_NTASKS", "8"), ("OMPI_COMM_WORLD_SIZE", "2")]));
+        assert!(
+            check_world(Some(2), &inside).is_ok(),
+            "mpirun's count rules"
+        );
         let garbled = announced(env(&[("SLURM_NTASKS", "four")]));
         assert!(several(&garbled) && check_world(Some(1), &garbled).is_err());
     }
