@@ -595,7 +595,11 @@ pub fn run_train_ranks(
         }
         if let RunStatus::Failed { error } = info.status {
             // An interrupted run's error already says that --resume continues it.
-            let hint = if interrupted { "" } else { "; --resume continues it" };
+            let hint = if interrupted {
+                ""
+            } else {
+                "; --resume continues it"
+            };
             anyhow::bail!(
                 "{error} (the run folder {} keeps what was done{hint})",
                 dir.display()
