@@ -57,12 +57,15 @@
 //! anything; a resumed run then steps bit for bit as the uninterrupted one.
 
 pub mod group;
+mod jobs;
 pub mod matrix;
 pub mod rules;
 #[cfg(feature = "dist")]
 pub mod shard;
 mod state;
 pub mod stats;
+#[cfg(not(feature = "dist"))]
+mod unsharded;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -78,10 +81,12 @@ pub use stats::OptimizerStats;
 use shard::Sharding;
 #[cfg(feature = "dist")]
 pub use shard::Traffic;
+#[cfg(not(feature = "dist"))]
+use unsharded::Sharding;
 
 use crate::error::{libtorch, OptimError, Result};
 use crate::{InputError, WarmupCosine};
-use group::param_err;
+use jobs::param_err;
 
 /// A learning-rate schedule: the rate of step index `step` (0-based) for a group whose peak
 /// rate is `peak`. Implemented by [`WarmupCosine`] and by any closure `Fn(u64) -> f64`, read as
@@ -111,30 +116,6 @@ struct GradientDropper(tch::COptimizer);
 impl std::fmt::Debug for GradientDropper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("GradientDropper")
-    }
-}
-
-/// Without the `dist` feature there is no sharding: a type without values.
-#[cfg(not(feature = "dist"))]
-#[derive(Debug)]
-enum Sharding {}
-
-#[cfg(not(feature = "dist"))]
-impl Sharding {
-    fn begin_step(&mut self) {
-        match *self {}
-    }
-
-    fn run<S>(
-        &mut self,
-        _: group::Jobs<'_, '_, S>,
-        _: &str,
-        _: bool,
-        _: &mut stats::Accumulator,
-        _: impl Fn(&Tensor) -> Option<usize>,
-        _: impl group::StepBatch<S>,
-    ) -> Result<()> {
-        match *self {}
     }
 }
 
@@ -431,5 +412,32 @@ fn finite(g: &Tensor) -> Result<bool> {
             .and_then(|a| a.f_int64_value(&[]))
             .map(|v| v == 1)
             .map_err(libtorch("grad")),
+    }
+}
+
+#[cfg(feature = "dist")]
+impl Optimizer {
+    /// Shards Muon's and manifold Muon's blocks over `comm`'s ranks from the next step on
+    /// (module docs of [`shard`]): each rank steps about 1/W of every batch of same-shape
+    /// blocks, then every block's new weight and state is gathered from its rank, so weights
+    /// and state stay the same on every rank. On a group of one rank it does nothing.
+    ///
+    /// Every rank must then call [`Optimizer::step`] with the same gradients, for each step's
+    /// exchanges are collectives over `comm`.
+    pub fn shard(&mut self, comm: std::sync::Arc<dyn kappa_dist::Communicator>) {
+        self.shard = (comm.world() > 1).then(|| Sharding::new(comm));
+    }
+
+    /// Whether the matrix groups are sharded ([`Optimizer::shard`] over more than one rank).
+    pub fn is_sharded(&self) -> bool {
+        self.shard.is_some()
+    }
+
+    /// What this rank received in the last step's exchanges (zero when not sharded).
+    pub fn traffic(&self) -> Traffic {
+        self.shard
+            .as_ref()
+            .map(Sharding::traffic)
+            .unwrap_or_default()
     }
 }

@@ -55,15 +55,19 @@
 //! before an exchange returns its error; the others fail in that exchange when it drops its
 //! communicator, or after the communicator's timeout — an [`OptimError::Collective`] naming the
 //! group, within an [`OptimError::Param`] naming the batch's parameters.
+//!
+//! [`Optimizer::shard`]: super::Optimizer::shard
+//! [`Optimizer::take_stats`]: super::Optimizer::take_stats
+//! [`Optimizer::traffic`]: super::Optimizer::traffic
+//! [`Optimizer::step`]: super::Optimizer::step
 
 use std::sync::Arc;
 
 use kappa_dist::{shard_range, Communicator};
 use tch::{Device, Kind, Tensor};
 
-use super::group::{with_batch, Jobs, StepBatch};
+use super::jobs::{with_batch, Jobs, StepBatch};
 use super::stats::Accumulator;
-use super::Optimizer;
 use crate::error::{libtorch, OptimError, Result};
 use crate::{InputError, ManifoldState, MomentumState, MuonState};
 
@@ -84,29 +88,18 @@ pub(super) struct Sharding {
     traffic: Traffic,
 }
 
-impl Optimizer {
-    /// Shards Muon's and manifold Muon's blocks over `comm`'s ranks from the next step on
-    /// (module docs of [`shard`](self)): each rank steps about 1/W of every batch of same-shape
-    /// blocks, then every block's new weight and state is gathered from its rank, so weights
-    /// and state stay the same on every rank. On a group of one rank it does nothing.
-    ///
-    /// Every rank must then call [`Optimizer::step`] with the same gradients, for each step's
-    /// exchanges are collectives over `comm`.
-    pub fn shard(&mut self, comm: Arc<dyn Communicator>) {
-        self.shard = (comm.world() > 1).then(|| Sharding {
+impl Sharding {
+    /// Sharding over `comm`'s ranks, with no traffic yet.
+    pub(super) fn new(comm: Arc<dyn Communicator>) -> Self {
+        Sharding {
             comm,
             traffic: Traffic::default(),
-        });
+        }
     }
 
-    /// Whether the matrix groups are sharded ([`Optimizer::shard`] over more than one rank).
-    pub fn is_sharded(&self) -> bool {
-        self.shard.is_some()
-    }
-
-    /// What this rank received in the last step's exchanges (zero when not sharded).
-    pub fn traffic(&self) -> Traffic {
-        self.shard.as_ref().map(|s| s.traffic).unwrap_or_default()
+    /// What this rank received in the last step's exchanges.
+    pub(super) fn traffic(&self) -> Traffic {
+        self.traffic
     }
 }
 
