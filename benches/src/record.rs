@@ -2,7 +2,7 @@
 //! peer in a child process, the machine's limits), as small JSON files beside criterion's, so
 //! that `cargo xtask bench --publish` can put them on `docs/performance.md`.
 //!
-//! [`write`] is the one place that writes them: `<criterion>/kappa-paired/<bench>/<name>.json`,
+//! [`write()`] is the one place that writes them: `<criterion>/kappa-paired/<bench>/<name>.json`,
 //! each with the time it was written (`written_unix`, seconds since 1970), the CPU model and the
 //! body the bench gives. Two bodies exist:
 //!
@@ -129,7 +129,7 @@ pub struct Paired {
 }
 
 impl Paired {
-    /// The summary as a JSON body for [`write`].
+    /// The summary as a JSON body for [`write()`].
     pub fn to_json(&self) -> Value {
         let rows: Vec<Value> = self.rows.iter().map(row_json).collect();
         json!({
@@ -143,7 +143,7 @@ impl Paired {
         })
     }
 
-    /// Writes the summary ([`write`]); a summary without rows is not written.
+    /// Writes the summary ([`write()`]); a summary without rows is not written.
     pub fn write(&self) {
         if !self.rows.is_empty() {
             write(self.bench, self.name, self.to_json());

@@ -4,7 +4,7 @@
 //!
 //! Built with maturin (`python/pyproject.toml`); it links the libtorch of that PyTorch, so
 //! `import torch` must run first (the package's `__init__.py` does). Errors arrive as Python
-//! exceptions carrying kappa's message ([`error`]).
+//! exceptions carrying kappa's message (the `error` module).
 
 mod attention;
 mod bridge;

@@ -5,8 +5,8 @@
 //! kappa-train's `RunInfo`) records the run's experiment and scale, its seed and libtorch
 //! threads, how it ended and its wall seconds. The completed runs of each (experiment, scale)
 //! that `costs.toml` has an entry for give that entry's `minutes` (the median over the seeds,
-//! to 0.1 min) and `basis` ("measured: median of N seeds, X–Y min, <CPU model>, --threads T,
-//! <date of the latest run>"); failed, diverged and interrupted runs do not count. The file is
+//! to 0.1 min) and `basis` ("measured: median of N seeds, X–Y min, ⟨CPU model⟩, --threads T,
+//! ⟨date of the latest run⟩"); failed, diverged and interrupted runs do not count. The file is
 //! edited in place with `toml_edit`, so its comments, layout and every other entry stay as they
 //! are. Without `--refresh` the command only shows what a refresh would change.
 //!

@@ -6,7 +6,7 @@
 //! interval of each benchmark; [`COMPARISONS`] pairs two functions of a group), the paired
 //! comparisons the benches record themselves ([`records`]: a peer in a child process, single
 //! steps alternated, the median per-pair ratio with its range; [`PAIRED`] lists them), and the
-//! machine's limits (`--bench limits`: peak GEMM throughput and triad bandwidth). [`write`]
+//! machine's limits (`--bench limits`: peak GEMM throughput and triad bandwidth). [`write()`]
 //! renders the limits, then one table per comparison with kappa's rate under its work model
 //! ([`bounds`]) and its fraction of the limit, under the CPU model, thread counts, date,
 //! commit and command.
