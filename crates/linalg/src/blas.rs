@@ -6,13 +6,16 @@
 //! Xeons (family 6 model 207), where its own Skylake-X kernel runs 4–8× faster.
 //!
 //! kappa-linalg therefore checks the kernel once, when the program starts (an ELF `.init_array`
-//! entry, which runs after the shared libraries are initialized and before `main`, while the
-//! process has one thread): if OpenBLAS chose a generic SSE kernel on a CPU with AVX2 or more
-//! and the environment did not choose it through `OPENBLAS_CORETYPE`, it asks OpenBLAS to
-//! re-initialize with the best of its own kernels that the CPU's features allow (Cooperlake for
-//! AVX-512 with BF16, Skylake-X for AVX-512, Haswell for AVX2 with FMA), through the library's
-//! exported `gotoblas_dynamic_quit`/`gotoblas_dynamic_init` — the same path OpenBLAS takes at
-//! load time, with `OPENBLAS_CORETYPE` set only for that call. A kernel set in the environment
+//! entry, which runs after the shared libraries are initialized and before `main`): if OpenBLAS
+//! chose a generic SSE kernel on a CPU with AVX2 or more and the environment did not choose it
+//! through `OPENBLAS_CORETYPE`, it asks OpenBLAS to re-initialize with the best of its own
+//! kernels that the CPU's features allow (Cooperlake for AVX-512 with BF16, Skylake-X for
+//! AVX-512, Haswell for AVX2 with FMA), through the library's exported
+//! `gotoblas_dynamic_quit`/`gotoblas_dynamic_init` — the same path OpenBLAS takes at load time,
+//! with `OPENBLAS_CORETYPE` set only for that call. OpenBLAS's thread pool, which it starts when
+//! it loads and whose workers read the kernel table as they start, is stopped (its threads
+//! joined, through the exported `blas_thread_shutdown_`, as OpenBLAS's own fork handler does)
+//! before the switch; the next threaded call starts it again. A kernel set in the environment
 //! is never replaced (some environments set one on purpose, where a kernel is known to compute
 //! wrong results on a CPU).
 //!
@@ -267,7 +270,7 @@ fn cpu_has_avx512_bf16() -> bool {
 /// # Safety
 /// No BLAS or LAPACK call may be in flight on any thread, and none may start until this
 /// returns: OpenBLAS swaps its kernel table underneath them. (The start-up check calls it
-/// before `main`, while the process has one thread.)
+/// before `main`, before any BLAS call; OpenBLAS's own workers are stopped for the switch.)
 pub unsafe fn upgrade_generic_kernel() -> KernelSelection {
     let selection = choose_upgrade();
     record(selection.clone());
@@ -347,7 +350,8 @@ static CHECK_AT_START: extern "C" fn() = check_at_start;
 extern "C" fn check_at_start() {
     // A panic must not unwind into the C runtime; the check is best-effort.
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: before `main`, after the libraries' initializers: one thread, no BLAS call.
+        // SAFETY: before `main`, after the libraries' initializers: no BLAS call has been made;
+        // OpenBLAS's starting workers are joined by the switch itself.
         unsafe { upgrade_generic_kernel() }
     });
 }
@@ -391,20 +395,29 @@ mod openblas {
 
     type Hook = unsafe extern "C" fn();
 
-    /// `gotoblas_dynamic_quit` and `gotoblas_dynamic_init`, which only `DYNAMIC_ARCH` builds
-    /// export (looked up at run time, so that other builds still link).
-    fn hooks() -> Option<(Hook, Hook)> {
-        let find = |name: &CStr| {
-            // SAFETY: dlsym with RTLD_DEFAULT searches the loaded objects; `name` is NUL-terminated.
-            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-            // SAFETY: a non-null result is the address of the exported function, whose C
-            // signature is `void f(void)`.
-            (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Hook>(p) })
-        };
-        Some((
-            find(c"gotoblas_dynamic_quit")?,
-            find(c"gotoblas_dynamic_init")?,
-        ))
+    /// The exported functions a kernel switch needs, looked up at run time so that every
+    /// OpenBLAS build links: `gotoblas_dynamic_quit`/`gotoblas_dynamic_init` (only `DYNAMIC_ARCH`
+    /// builds have them) and `blas_thread_shutdown_` (only builds with their own thread pool).
+    struct Hooks {
+        quit: Hook,
+        init: Hook,
+        stop_workers: Option<Hook>,
+    }
+
+    fn find(name: &CStr) -> Option<Hook> {
+        // SAFETY: dlsym with RTLD_DEFAULT searches the loaded objects; `name` is NUL-terminated.
+        let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        // SAFETY: a non-null result is the address of the exported function; the three looked
+        // up here all have the C signature `void f(void)`.
+        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Hook>(p) })
+    }
+
+    fn hooks() -> Option<Hooks> {
+        Some(Hooks {
+            quit: find(c"gotoblas_dynamic_quit")?,
+            init: find(c"gotoblas_dynamic_init")?,
+            stop_workers: find(c"blas_thread_shutdown_"),
+        })
     }
 
     pub(super) fn can_switch() -> bool {
@@ -414,16 +427,26 @@ mod openblas {
     /// Re-initializes OpenBLAS with `OPENBLAS_CORETYPE=kernel` for that call only; returns the
     /// kernel it reports afterwards (OpenBLAS falls back to its default for an unknown name).
     ///
+    /// OpenBLAS's own thread pool starts when the library loads, and each worker's first act
+    /// reads the kernel table (it allocates its buffer and, finding the table unset, selects a
+    /// kernel itself). So the pool is stopped first, its threads joined, as OpenBLAS's own fork
+    /// handler does; the next threaded call starts it again on the new kernel.
+    ///
     /// # Safety
     /// No BLAS call in flight on any thread; no other thread reading the environment.
     pub(super) unsafe fn switch_to(kernel: &str) -> Option<String> {
-        let (quit, init) = hooks()?;
+        let hooks = hooks()?;
         std::env::set_var("OPENBLAS_CORETYPE", kernel);
-        // SAFETY: the caller guarantees no BLAS call is in flight; `quit` clears the kernel
-        // table pointer and `init` selects and initializes a kernel from OPENBLAS_CORETYPE.
+        // SAFETY: the caller guarantees no BLAS call is in flight; `stop_workers` joins the
+        // pool's threads (idle, or finishing their start-up), after which no thread but this
+        // one touches OpenBLAS; `quit` clears the kernel table pointer and `init` selects and
+        // initializes a kernel from OPENBLAS_CORETYPE.
         unsafe {
-            quit();
-            init();
+            if let Some(stop) = hooks.stop_workers {
+                stop();
+            }
+            (hooks.quit)();
+            (hooks.init)();
         }
         std::env::remove_var("OPENBLAS_CORETYPE");
         names().1
