@@ -8,6 +8,8 @@
 //!    backend (kappa-dist's `examples/mpi_check.rs`);
 //! 2. `mpi_check kill`: a rank killed with SIGKILL mid-run ends the job, non-zero, naming the
 //!    signal; `mpi_check leave`: a rank that drops its communicator ends the job, non-zero;
+//!    `mpi_check stall`: a rank that sleeps instead of reaching a collective makes the other fail
+//!    with a timeout, which ends the job, non-zero, within a minute;
 //! 3. `train` on 2 ranks gives the metrics and checkpoint of the same job on 1 process, bit for
 //!    bit (the job's `micro_batch_size` makes 2 parts of every batch on both);
 //! 4. a 2-rank `train` stopped with SIGUSR1 (forwarded by `mpirun`) resumes on 1 process to the
@@ -113,7 +115,7 @@ fn install() -> Result<()> {
     )
 }
 
-/// The collectives on 2 and 3 ranks, a killed rank, and a rank that leaves.
+/// The collectives on 2 and 3 ranks, a killed rank, a rank that leaves and a rank that stalls.
 fn collectives(ws: &Workspace, tc: &Toolchain, check: &Path) -> Result<()> {
     for np in [2, 3] {
         let (status, out) = mpirun(ws, tc, np, check.as_os_str(), &["collectives"])?;
@@ -132,6 +134,18 @@ fn collectives(ws: &Workspace, tc: &Toolchain, check: &Path) -> Result<()> {
     ensure!(
         !status.success() && out.contains("without Mpi::finalize"),
         "a rank that dropped its communicator did not end the job ({status}):\n{out}"
+    );
+    // The stalled rank sleeps two minutes; the job must end well before, within the group's
+    // 2 s timeout plus start-up and MPI_Abort.
+    let start = Instant::now();
+    let (status, out) = mpirun(ws, tc, 2, check.as_os_str(), &["stall"])?;
+    let took = start.elapsed();
+    ensure!(
+        !status.success()
+            && out.contains("did not take part within the timeout")
+            && took < Duration::from_secs(60),
+        "a stalled rank did not end the job through the others' timeout ({status}, {:.0} s):\n{out}",
+        took.as_secs_f64()
     );
     Ok(())
 }

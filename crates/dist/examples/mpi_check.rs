@@ -12,6 +12,9 @@
 //! - `mpi_check leave`: rank 1 drops its communicator without `Mpi::finalize`, as a rank that
 //!   fails does, while rank 0 waits for it in an all-reduce; the drop must end the job with a
 //!   non-zero exit.
+//! - `mpi_check stall`: rank 1 sleeps instead of reaching an all-reduce; rank 0 must fail with
+//!   `DistError::Timeout` after [`STALL_TIMEOUT`] (printing `failed after S s`), and its dropped
+//!   communicator must end the job, the sleeping rank with it, with a non-zero exit.
 //!
 //! ```text
 //! cargo build --release -p kappa-dist --features mpi --example mpi_check
@@ -23,6 +26,9 @@ use std::time::{Duration, Instant};
 
 use kappa_dist::{shard_range, Communicator, DistError, Mpi, ReduceOp, Threads};
 use tch::{Device, Kind, Tensor};
+
+/// The group's timeout in `stall` mode.
+const STALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Rank `rank`'s input of `n` elements of `kind`: distinct on every rank, not round in any kind.
 fn input(rank: usize, n: i64, kind: Kind) -> Tensor {
@@ -141,6 +147,33 @@ fn kill(comm: &Mpi) -> Result<(), String> {
     Ok(())
 }
 
+/// Rank 1 stalls (sleeps) before an all-reduce; the others must fail with a timeout after
+/// `STALL_TIMEOUT`, and their dropped communicators end the job, the stalled rank with it.
+fn stall(comm: Mpi) -> Result<(), String> {
+    let comm = comm.with_timeout(STALL_TIMEOUT);
+    if comm.rank() == 1 {
+        std::thread::sleep(Duration::from_secs(120));
+        return Err("rank 1: still running two minutes later".into());
+    }
+    let start = Instant::now();
+    let mut t = Tensor::ones([4], (Kind::Float, Device::Cpu));
+    match comm.all_reduce_sum(&mut t) {
+        Err(e @ DistError::Timeout { .. }) => {
+            eprintln!(
+                "mpi_check: rank {} failed after {:.1} s: {e}",
+                comm.rank(),
+                start.elapsed().as_secs_f64()
+            );
+            drop(comm);
+            Err("still running after dropping the communicator".into())
+        }
+        other => Err(format!(
+            "rank {}: the all-reduce returned {other:?}",
+            comm.rank()
+        )),
+    }
+}
+
 /// Rank 1 drops its communicator without finalizing (as a rank that fails returns); the others
 /// all-reduce and wait for it. The drop must end the job, non-zero.
 fn leave(comm: Mpi) -> Result<(), String> {
@@ -167,15 +200,22 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if mode == "leave" {
-        let e = leave(comm).err().unwrap_or_default();
+    if mode == "leave" || mode == "stall" {
+        let left = if mode == "leave" {
+            leave(comm)
+        } else {
+            stall(comm)
+        };
+        let e = left.err().unwrap_or_default();
         eprintln!("mpi_check: {e}");
         std::process::exit(1);
     }
     let checked = match mode.as_str() {
         "collectives" => check_collectives(&comm),
         "kill" => kill(&comm),
-        other => Err(format!("unknown mode {other}: collectives, kill or leave")),
+        other => Err(format!(
+            "unknown mode {other}: collectives, kill, leave or stall"
+        )),
     };
     if let Err(e) = checked {
         eprintln!("mpi_check: {e}");

@@ -14,9 +14,10 @@
 //! - **reduce-scatter** is the first half, **all-gather** the second, **broadcast** is
 //!   `MPI_Bcast`, and **barrier** is the agreement below.
 //! - **Agreement.** Before each collective the ranks gather what they are about to call
-//!   (operation, reduction, kind, element count, root: five integers, `MPI_Allgather`), so
+//!   (operation, reduction, kind, element count, root: five integers, `MPI_Iallgather`), so
 //!   calls that disagree fail on every rank with [`DistError::Mismatch`] instead of mixing
-//!   buffers of other sizes; the group then stays failed.
+//!   buffers of other sizes; the group then stays failed. The gather is non-blocking and
+//!   polled against the group's timeout ([`Mpi::with_timeout`], default [`DEFAULT_TIMEOUT`]).
 //!
 //! Elements travel as an MPI datatype of their byte size (any kind of 1, 2, 4 or 8 bytes), read
 //! from and written to the tensors' memory directly; counts and offsets are MPI `int`s, so a
@@ -33,8 +34,12 @@
 //! - Dropping an [`Mpi`] of more than one rank without [`Mpi::finalize`] (a rank that returns
 //!   early with an error, or panics) calls `MPI_Abort`: the job ends with the rank's message,
 //!   where otherwise the others would wait for it in their next collective and it would wait
-//!   for them in `MPI_Finalize`. A rank that stalls without dying is waited for: MPI's blocking
-//!   collectives have no timeout (a job's time limit under Slurm bounds it).
+//!   for them in `MPI_Finalize`.
+//! - A rank that stalls without dying (a hung data loader, a deadlock) keeps the others waiting
+//!   in the next collective's agreement no longer than the timeout: they fail with
+//!   [`DistError::Timeout`], and when they drop their [`Mpi`] the job ends as above, the stalled
+//!   rank with it. Once every rank has agreed, all of them are inside the exchange, which is
+//!   MPI's own blocking call.
 
 // The tensors' memory is handed to MPI as byte slices: every unsafe block states what makes it
 // sound.
@@ -43,9 +48,11 @@
 use std::fmt;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use mpi::datatype::{Partition, PartitionMut, UserDatatype, View};
 use mpi::environment::Universe;
+use mpi::request::StaticScope;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Equivalence as _, Root as _};
 use mpi::{Count, Threading};
@@ -53,7 +60,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{DistError, Op, Result};
 use crate::rules::{check_agreement, reduce_in_rank_order, shard_range, write_into, Call};
-use crate::{Communicator, ReduceOp};
+use crate::{Communicator, ReduceOp, DEFAULT_TIMEOUT};
 
 const BACKEND: &str = "MPI";
 
@@ -71,6 +78,7 @@ const BACKEND: &str = "MPI";
 pub struct Mpi {
     rank: usize,
     world: usize,
+    timeout: Duration,
     state: Mutex<State>,
 }
 
@@ -92,6 +100,7 @@ impl fmt::Debug for Mpi {
         f.debug_struct("Mpi")
             .field("rank", &self.rank)
             .field("world", &self.world)
+            .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -121,8 +130,17 @@ impl Mpi {
         Ok(Self {
             rank,
             world,
+            timeout: DEFAULT_TIMEOUT,
             state: Mutex::new(state),
         })
+    }
+
+    /// The same rank with another timeout: how long a collective waits for the other ranks to
+    /// reach it before it fails with [`DistError::Timeout`] (see the module docs). Give every
+    /// rank the same timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Ends this rank's part in the job: a barrier, then `MPI_Finalize`. Call it on every rank
@@ -161,7 +179,7 @@ impl Mpi {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        let out = agree(&st, self.world, call).and_then(|()| f(&st));
+        let out = self.agree(&st, call).and_then(|()| f(&st));
         if let Err(e) = &out {
             st.failed = Some(e.clone());
         }
@@ -239,6 +257,49 @@ impl Mpi {
         Ok(whole)
     }
 
+    /// `MPI_COMM_WORLD`'s calls of this round, gathered: [`DistError::Mismatch`] on every rank
+    /// when one differs from rank 0's, [`DistError::Timeout`] when not every rank arrives
+    /// within the timeout.
+    fn agree(&self, st: &State, call: &Call) -> Result<()> {
+        // Buffers of the request's own: after a timeout it stays pending and MPI may still
+        // write them, so they are freed only once it has completed.
+        let send: *mut [i64; 5] = Box::into_raw(Box::new(call.encode()));
+        let recv: *mut [i64] = Box::into_raw(vec![0i64; 5 * self.world].into_boxed_slice());
+        // SAFETY: both point to live allocations, freed below only after the request completed.
+        let (send_ref, recv_ref): (&'static [i64; 5], &'static mut [i64]) =
+            unsafe { (&*send, &mut *recv) };
+        let mut request = st
+            .comm
+            .immediate_all_gather_into(StaticScope, &send_ref[..], recv_ref);
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            match request.test() {
+                Ok(_) => break,
+                Err(pending) => request = pending,
+            }
+            if start.elapsed() >= self.timeout {
+                // SAFETY: the request is left pending, unregistered from a scope that tracks
+                // nothing; its buffers are leaked, so MPI may still write them.
+                let _ = unsafe { request.into_raw() };
+                return Err(DistError::Timeout {
+                    op: call.op,
+                    missing: (0..self.world).filter(|&r| r != self.rank).collect(),
+                    waited: self.timeout,
+                });
+            }
+            polls += 1;
+            pause(polls);
+        }
+        // SAFETY: the request has completed, so MPI no longer reads `send` nor writes `recv`;
+        // both came from `Box::into_raw` above and are freed once, here.
+        let all = unsafe {
+            drop(Box::from_raw(send));
+            Box::from_raw(recv)
+        };
+        check_agreement(&all)
+    }
+
     /// `t` as a flat, contiguous tensor (a view of `t` when `t` is contiguous).
     fn flat(&self, op: Op, t: &Tensor) -> Result<Tensor> {
         t.f_reshape([-1])
@@ -262,13 +323,16 @@ impl Drop for Mpi {
     }
 }
 
-/// `MPI_COMM_WORLD`'s calls of this round, gathered: [`DistError::Mismatch`] on every rank
-/// when one differs from rank 0's.
-fn agree(st: &State, world: usize, call: &Call) -> Result<()> {
-    let mine = call.encode();
-    let mut all = vec![0i64; 5 * world];
-    st.comm.all_gather_into(&mine[..], &mut all[..]);
-    check_agreement(&all)
+/// Between two polls of a pending agreement: yield for the first thousand (ranks that arrive
+/// together meet within microseconds), then sleep 50 µs, doubling to 0.5 ms, so that a rank
+/// that waits long costs little CPU and learns of the last arrival within half a millisecond.
+fn pause(polls: u32) {
+    if polls < 1000 {
+        std::thread::yield_now();
+    } else {
+        let micros = 50u64 << (polls - 1000).min(4);
+        std::thread::sleep(Duration::from_micros(micros.min(500)));
+    }
 }
 
 /// The counts and offsets, in elements, of the W shards of a tensor.

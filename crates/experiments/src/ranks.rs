@@ -70,6 +70,12 @@ pub fn check_world(world: Option<usize>, announced: &[(&'static str, String)]) -
     Ok(())
 }
 
+/// How long a rank waits for the others in a collective before the job fails: long enough for
+/// rank 0 to prepare a data set and open the run while the others wait for its word (the
+/// default of torch.distributed's CPU backends).
+#[cfg(feature = "mpi")]
+pub const RANK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
 /// This process's place among the ranks of one training job.
 pub enum Ranks {
     /// One process.
@@ -94,7 +100,7 @@ impl Ranks {
 
     #[cfg(feature = "mpi")]
     fn join_mpi(announced: &[(&'static str, String)]) -> Result<Self> {
-        let mpi = kappa_dist::Mpi::init()?;
+        let mpi = kappa_dist::Mpi::init()?.with_timeout(RANK_TIMEOUT);
         if let Err(e) = check_world(Some(mpi.world()), announced) {
             // Every process of the launcher fails alike; none waits for another.
             let _ = mpi.finalize();
