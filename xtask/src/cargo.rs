@@ -84,10 +84,10 @@ const PUBLISHED: &[&str] = &[
 /// the docs and the packages (see [`checks`]), in the release profile (shared with reproduce and
 /// bench so libtorch's C++ wrapper is compiled once).
 pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
-    if args.slurm {
-        return crate::slurm_test::test(ws);
-    }
     let tc = setup::setup(ws, &DataSelection::default())?;
+    if args.slurm {
+        return crate::slurm_test::test(ws, &tc);
+    }
     if args.mpi {
         return crate::mpi_test::test(ws, &tc);
     }

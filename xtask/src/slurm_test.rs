@@ -13,6 +13,11 @@
 //!    that every unit's `metrics.jsonl` equals the reference's (timings and `resumed_at`
 //!    aside), and that the report job wrote a report that misses nothing.
 //!
+//! 5. runs `train` as a 2-task job through `srun --mpi=pmix` (kappa-experiments built with the
+//!    feature `mpi`), stops it with SIGUSR1 mid-run (`scancel --signal=USR1`): it exits 75 and
+//!    requeues itself, and the second attempt resumes; the metrics and checkpoint must equal the
+//!    same job's on one process.
+//!
 //! The daemons are stopped and the folder removed however the test ends.
 
 use std::fs;
@@ -22,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
+use crate::setup::Toolchain;
 use crate::workspace::{output_of, run, Workspace};
 
 const PACKAGES: [&str; 4] = ["slurmctld", "slurmd", "slurm-client", "munge"];
@@ -44,18 +50,21 @@ const SWEEP: [&str; 14] = [
 const TIMEOUT: Duration = Duration::from_secs(900);
 
 /// `cargo xtask test --slurm`.
-pub fn test(ws: &Workspace) -> Result<()> {
+pub fn test(ws: &Workspace, tc: &Toolchain) -> Result<()> {
     install()?;
     let root = std::env::temp_dir().join(format!("kappa-slurm-{}", std::process::id()));
     let _ = fs::remove_dir_all(&root);
     let cluster = Cluster::start(&root.join("cluster"))?;
-    let outcome = sweep(ws, &root, &cluster);
+    let outcome = sweep(ws, &root, &cluster).and_then(|()| ranks_job(ws, tc, &root, &cluster));
     drop(cluster);
     if outcome.is_ok() {
         let _ = fs::remove_dir_all(&root);
     }
     outcome?;
-    eprintln!("xtask test --slurm: the array ran, the preempted unit requeued and resumed exactly");
+    eprintln!(
+        "xtask test --slurm: the array ran, the preempted unit requeued and resumed exactly, \
+         and so did a 2-task train job"
+    );
     Ok(())
 }
 
@@ -108,6 +117,83 @@ fn sweep(ws: &Workspace, root: &Path, cluster: &Cluster) -> Result<()> {
         "the report is incomplete:\n{report}"
     );
     Ok(())
+}
+
+/// Steps of the 2-task job: enough that SIGUSR1 arrives mid-run.
+const RANKS_STEPS: &str = "train.steps=600";
+
+/// `train` as a 2-task job through `srun --mpi=pmix`, stopped with SIGUSR1, requeued and
+/// resumed, against the same job on one process.
+fn ranks_job(ws: &Workspace, tc: &Toolchain, root: &Path, cluster: &Cluster) -> Result<()> {
+    crate::mpi_test::install()?;
+    run(crate::cargo::cargo(ws, tc)
+        .args(["build", "--release", "--locked", "-p", "kappa-experiments"])
+        .args(["--features", "mpi"]))?;
+    let dir = root.join("ranks");
+    fs::create_dir_all(&dir)?;
+    // A copy: a later build without the feature does not change the job's binary.
+    let binary = dir.join("kappa-experiments");
+    fs::copy(ws.target_dir().join("release/kappa-experiments"), &binary)?;
+    let job = crate::mpi_test::write_job(&dir)?;
+    let mut single = Command::new(&binary);
+    crate::cargo::with_toolchain(&mut single, ws, tc);
+    run(single
+        .args(["train", "--threads", "1", "--set", RANKS_STEPS, "--config"])
+        .arg(&job)
+        .arg("--out")
+        .arg(dir.join("single")))?;
+    let script = dir.join("job.sbatch");
+    fs::write(
+        &script,
+        ranks_script(&binary, &job, &dir, &tc.libtorch.lib_dir()),
+    )?;
+    let id = cluster.output(&["sbatch", "--parsable", &script.display().to_string()])?;
+    let id = id.trim();
+    let slurm_run = dir.join("slurm/tiny-gpt");
+    wait_for(&slurm_run.join("metrics.jsonl"), 5)?;
+    run(cluster.command("scancel").args(["--signal=USR1", id]))?;
+    cluster.wait_until_idle()?;
+    let log = fs::read_to_string(dir.join("job.out"))?;
+    ensure!(
+        log.contains("interrupted after step")
+            && log.contains("attempt 2")
+            && log.contains("train: wrote"),
+        "the 2-task job was not stopped, requeued and finished:\n{log}"
+    );
+    ensure!(
+        metrics(&slurm_run)? == metrics(&dir.join("single/tiny-gpt"))?,
+        "the 2-task Slurm job's metrics differ from the same job's on one process"
+    );
+    let checkpoint = |run: &Path| fs::read(run.join("variant-0/checkpoint.safetensors"));
+    ensure!(
+        checkpoint(&slurm_run)? == checkpoint(&dir.join("single/tiny-gpt"))?,
+        "the 2-task Slurm job's checkpoint differs from the same job's on one process"
+    );
+    Ok(())
+}
+
+/// The batch script of the 2-task job: `train` on both tasks (`--resume` once requeued), and a
+/// requeue when it exits 75 (stopped on request).
+fn ranks_script(binary: &Path, job: &Path, dir: &Path, lib_dir: &Path) -> String {
+    let (b, j, d, l) = (
+        binary.display(),
+        job.display(),
+        dir.display(),
+        lib_dir.display(),
+    );
+    format!(
+        "#!/bin/bash\n#SBATCH --job-name=kappa-ranks\n#SBATCH --ntasks=2\n\
+         #SBATCH --cpus-per-task=1\n#SBATCH --mem=4G\n#SBATCH --requeue\n\
+         #SBATCH --open-mode=append\n#SBATCH --output={d}/job.out\n\
+         export LD_LIBRARY_PATH='{l}' OPENBLAS_NUM_THREADS=1 RAYON_NUM_THREADS=1\n\
+         attempt=$(( ${{SLURM_RESTART_COUNT:-0}} + 1 ))\necho \"attempt $attempt\"\n\
+         resume=()\nif [ \"$attempt\" -gt 1 ]; then resume=(--resume); fi\n\
+         srun --mpi=pmix '{b}' train --threads 1 --set {RANKS_STEPS} --config '{j}' \
+         --out '{d}/slurm' \"${{resume[@]}}\"\nstatus=$?\n\
+         if [ \"$status\" -eq {code} ]; then scontrol requeue \"$SLURM_JOB_ID\"; fi\n\
+         exit \"$status\"\n",
+        code = kappa_cli::REQUEUE_EXIT_CODE
+    )
 }
 
 /// `metrics.jsonl` of a run folder without what measures time or says where a run resumed.

@@ -115,6 +115,10 @@ fn main() -> std::process::ExitCode {
             eprintln!("reproduce: {e}");
             std::process::ExitCode::from(Preempted::EXIT_CODE)
         }
+        Err(e) if e.is::<kappa_experiments::train::TrainStopped>() => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::from(kappa_cli::REQUEUE_EXIT_CODE)
+        }
         Err(e) => {
             // The error and its causes; a backtrace only on request (`RUST_BACKTRACE` is often
             // set globally, and a backtrace for a typo helps nobody).

@@ -124,26 +124,28 @@ impl Ranks {
     }
 
     /// Ends the job's part on this rank with `result`. On several ranks a success finalizes
-    /// MPI; a failure is printed (`error: rank R of W: …`) and ends the whole job (`MPI_Abort`),
-    /// so that no rank waits for this one.
+    /// MPI, and so does a stop on request ([`TrainStopped`](crate::train::TrainStopped): every
+    /// rank stopped after the same step), whose error is then returned; any other failure is
+    /// printed (`error: rank R of W: …`) and ends the whole job (`MPI_Abort`), so that no rank
+    /// waits for this one.
     pub fn end<T>(self, result: Result<T>) -> Result<T> {
         match self {
             Ranks::One => result,
             #[cfg(feature = "mpi")]
             Ranks::Mpi(mpi) => {
                 let (rank, world) = (mpi.rank(), mpi.world());
-                let e = match result {
-                    Ok(value) => match Arc::try_unwrap(mpi) {
-                        Ok(mpi) => return mpi.finalize().map(|()| value).map_err(Into::into),
-                        Err(mpi) => {
-                            eprintln!("error: rank {rank} of {world}: MPI is still in use");
-                            mpi.abort(1)
-                        }
-                    },
-                    Err(e) => e,
-                };
-                eprintln!("error: rank {rank} of {world}: {e:#}");
-                mpi.abort(1)
+                let stopped = matches!(&result, Err(e) if e.is::<crate::train::TrainStopped>());
+                if let (Err(e), false) = (&result, stopped) {
+                    eprintln!("error: rank {rank} of {world}: {e:#}");
+                    mpi.abort(1)
+                }
+                match Arc::try_unwrap(mpi) {
+                    Ok(mpi) => mpi.finalize().map_err(Into::into).and(result),
+                    Err(mpi) => {
+                        eprintln!("error: rank {rank} of {world}: MPI is still in use");
+                        mpi.abort(1)
+                    }
+                }
             }
         }
     }

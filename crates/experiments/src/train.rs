@@ -594,14 +594,18 @@ pub fn run_train_ranks(
             comm.barrier()?;
         }
         if let RunStatus::Failed { error } = info.status {
-            // An interrupted run's error already says that --resume continues it.
-            let hint = if interrupted {
-                ""
-            } else {
-                "; --resume continues it"
-            };
+            if interrupted {
+                // Its error already says that --resume continues it.
+                return Err(TrainStopped {
+                    message: format!(
+                        "{error} (the run folder {} keeps what was done)",
+                        dir.display()
+                    ),
+                }
+                .into());
+            }
             anyhow::bail!(
-                "{error} (the run folder {} keeps what was done{hint})",
+                "{error} (the run folder {} keeps what was done; --resume continues it)",
                 dir.display()
             );
         }
@@ -610,6 +614,16 @@ pub fn run_train_ranks(
         write_report(&dir)?;
     }
     Ok(dir)
+}
+
+/// A `train` run stopped on request (SIGINT, SIGTERM, SIGUSR1) after a checkpoint: every rank
+/// stopped after the same step, and `--resume` continues the run. The binary exits with
+/// [`kappa_cli::REQUEUE_EXIT_CODE`] on it, so that a Slurm script can requeue the job.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct TrainStopped {
+    /// What stopped, and where the run folder is.
+    pub message: String,
 }
 
 /// Rank 0's run folder for `job` (what happens to one that exists is `existing`'s choice), or
