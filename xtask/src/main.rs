@@ -82,8 +82,14 @@ enum Command {
     /// Build the report from run folders, merging several results folders (`--results`,
     /// repeatable; default `results/`) and naming missing or failed units.
     Report(kappa_cli::ReportArgs),
-    /// Train one model on your own data from a TOML job file (see `examples/train/`).
-    Train(kappa_cli::TrainArgs),
+    /// Train one model on your own data from a TOML job file (see `examples/train/`), here or,
+    /// with `--slurm`, as a Slurm job on one or more processes.
+    Train {
+        #[command(flatten)]
+        args: kappa_cli::TrainArgs,
+        #[command(flatten)]
+        slurm: slurm::TrainSlurmArgs,
+    },
     /// Run the criterion benchmarks (nothing else should run on the machine meanwhile).
     Bench(cargo::BenchArgs),
     /// Show, and with `--refresh` write, the minutes of experiments/costs.toml that the
@@ -119,7 +125,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Reproduce { args, slurm } if slurm.slurm => reproduce::slurm(&ws, &args, &slurm)?,
         Command::Reproduce { args, .. } => reproduce::reproduce(&ws, &args)?,
         Command::Report(args) => reproduce::report(&ws, &args)?,
-        Command::Train(args) => train::train(&ws, &args)?,
+        Command::Train { args, slurm } => train::train(&ws, &args, &slurm)?,
         Command::Bench(args) => cargo::bench(&ws, &args)?,
         Command::Costs(args) => costs::costs(&ws, &args)?,
         Command::Python(args) => python::install(&ws, &args)?,

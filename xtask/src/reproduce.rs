@@ -139,7 +139,7 @@ pub fn slurm(ws: &Workspace, args: &ReproduceArgs, slurm: &SlurmArgs) -> Result<
 }
 
 /// `s` as one shell word (single-quoted when it has anything but safe characters).
-fn shell_word(s: &str) -> String {
+pub(crate) fn shell_word(s: &str) -> String {
     let safe = |c: char| c.is_ascii_alphanumeric() || "-_./:=,".contains(c);
     if !s.is_empty() && s.chars().all(safe) {
         s.to_string()

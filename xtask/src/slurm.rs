@@ -22,8 +22,8 @@ use crate::workspace::{output_of, run};
 /// The Slurm options of `cargo xtask reproduce`.
 #[derive(Args, Clone, Debug, Default, PartialEq)]
 pub struct SlurmArgs {
-    /// Write a Slurm job array over the units of this reproduction (one task per unit) and a
-    /// dependent report job, and submit them with sbatch.
+    /// Submit to Slurm with sbatch: `reproduce` as a job array over its units (one task per
+    /// unit) and a dependent report job; `train` as one job, requeued and resumed when stopped.
     #[arg(long)]
     pub slurm: bool,
     /// Only write the scripts (`<results>/slurm/<scale>/`), do not submit them.
@@ -35,7 +35,8 @@ pub struct SlurmArgs {
     /// `#SBATCH --account`.
     #[arg(long, requires = "slurm")]
     pub account: Option<String>,
-    /// `#SBATCH --time` of each task (default: twice the longest expected unit, at least 10 min).
+    /// `#SBATCH --time` of each task (`reproduce`: by default twice the longest expected unit,
+    /// at least 10 min; `train`: by default the cluster's).
     #[arg(long, requires = "slurm", value_name = "D-HH:MM:SS")]
     pub time: Option<String>,
     /// GPUs per task (default: 1 when `--device` is cuda, else 0).
@@ -44,6 +45,132 @@ pub struct SlurmArgs {
     /// Any further `#SBATCH` option, e.g. `--sbatch-option=--qos=long` (repeatable).
     #[arg(long = "sbatch-option", requires = "slurm", value_name = "OPTION")]
     pub extra: Vec<String>,
+}
+
+/// The Slurm options of `cargo xtask train`: one model as one Slurm job, on
+/// `nodes × ntasks-per-node` processes (MPI ranks through `srun`) when that is above 1.
+#[derive(Args, Clone, Debug, PartialEq)]
+pub struct TrainSlurmArgs {
+    /// `--slurm`, `--dry-run`, `--partition`, `--account`, `--time`, `--gpus-per-task`,
+    /// `--sbatch-option`.
+    #[command(flatten)]
+    pub common: SlurmArgs,
+    /// `#SBATCH --nodes`.
+    #[arg(long, requires = "slurm", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub nodes: u32,
+    /// `#SBATCH --ntasks-per-node`: ranks per node (each one process with `--threads` threads).
+    #[arg(long, requires = "slurm", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ntasks_per_node: u32,
+    /// srun's `--mpi` type for more than one rank: one the MPI library speaks (`pmix` for
+    /// Debian's Open MPI, or `pmi2`; `srun --mpi=list` lists them).
+    #[arg(long, requires = "slurm", default_value = "pmix", value_name = "TYPE")]
+    pub srun_mpi: String,
+}
+
+impl TrainSlurmArgs {
+    /// The number of ranks.
+    pub fn ranks(&self) -> u32 {
+        self.nodes * self.ntasks_per_node
+    }
+}
+
+/// What the train job runs: the binary, its library path and `train`'s arguments.
+pub struct TrainJob<'a> {
+    /// The job's name (the TOML's `name`).
+    pub name: &'a str,
+    /// The `kappa-experiments` binary the job runs (built with the feature `mpi` for several
+    /// ranks).
+    pub binary: &'a Path,
+    /// libtorch's library folder.
+    pub lib_dir: &'a Path,
+    /// `train`'s arguments without `--resume` and `--fresh`.
+    pub train_args: Vec<String>,
+    /// The first attempt's `--resume` or `--fresh`, if the user gave one.
+    pub first_attempt: Option<&'static str>,
+    /// Threads per rank (`--cpus-per-task`).
+    pub threads: usize,
+    /// Whether it trains on CUDA.
+    pub cuda: bool,
+    /// Where the job's log goes (`<job id>.out`, both attempts appended).
+    pub logs: PathBuf,
+}
+
+/// The script of a train job: `train` on every rank, `--resume` from the second attempt on,
+/// and a requeue when it exits 75 (stopped on request: preemption, or SIGUSR1 two minutes
+/// before the time limit).
+pub fn train_script(job: &TrainJob<'_>, args: &TrainSlurmArgs) -> String {
+    let gpus = args.common.gpus_per_task.unwrap_or(u32::from(job.cuda));
+    let mut s = String::from("#!/bin/bash\n");
+    let _ = writeln!(s, "#SBATCH --job-name=kappa-train-{}", job.name);
+    let _ = writeln!(s, "#SBATCH --nodes={}", args.nodes);
+    let _ = writeln!(s, "#SBATCH --ntasks-per-node={}", args.ntasks_per_node);
+    let _ = writeln!(s, "#SBATCH --cpus-per-task={}", job.threads);
+    if let Some(time) = &args.common.time {
+        let _ = writeln!(s, "#SBATCH --time={time}");
+    }
+    if gpus > 0 {
+        let _ = writeln!(s, "#SBATCH --gpus-per-task={gpus}");
+    }
+    let _ = writeln!(s, "#SBATCH --signal=USR1@120");
+    let _ = writeln!(s, "#SBATCH --requeue");
+    let _ = writeln!(s, "#SBATCH --output={}/%j.out", job.logs.display());
+    let _ = writeln!(s, "#SBATCH --open-mode=append");
+    common_options(&mut s, &args.common);
+    let _ = writeln!(s, "export LD_LIBRARY_PATH={}", quote(job.lib_dir));
+    let _ = writeln!(
+        s,
+        "export OPENBLAS_NUM_THREADS={0} RAYON_NUM_THREADS={0}",
+        job.threads
+    );
+    let _ = writeln!(
+        s,
+        "attempt=$(( ${{SLURM_RESTART_COUNT:-0}} + 1 ))\necho \"kappa: attempt $attempt\""
+    );
+    let first = job.first_attempt.unwrap_or("");
+    let _ = writeln!(
+        s,
+        "if [ \"$attempt\" -gt 1 ]; then again=--resume; else again={first}; fi"
+    );
+    let mpi = if args.ranks() > 1 {
+        format!(" --mpi={}", args.srun_mpi)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        s,
+        "srun{mpi} {} train {} $again",
+        quote(job.binary),
+        job.train_args.join(" ")
+    );
+    let _ = write!(
+        s,
+        "status=$?\nif [ \"$status\" -eq {} ]; then\n    scontrol requeue \"$SLURM_JOB_ID\"\nfi\n\
+         exit \"$status\"\n",
+        kappa_cli::REQUEUE_EXIT_CODE
+    );
+    s
+}
+
+/// Writes `train.sbatch` into `dir` and submits it unless `dry_run`; the job id when submitted.
+pub fn submit_train(dir: &Path, script: &str, dry_run: bool) -> Result<Option<String>> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    fs::write(dir.join("train.sbatch"), script)?;
+    eprintln!("slurm: wrote {}", dir.join("train.sbatch").display());
+    if dry_run {
+        return Ok(None);
+    }
+    if output_of(Command::new("sbatch").arg("--version")).is_none() {
+        bail!("sbatch is not on the PATH: run on a Slurm login node, or add --dry-run to only write the script");
+    }
+    let id = output_of(
+        Command::new("sbatch")
+            .args(["--parsable", "train.sbatch"])
+            .current_dir(dir),
+    )
+    .context("sbatch train.sbatch failed")?;
+    let id = id.trim().split(';').next().unwrap_or_default().to_string();
+    eprintln!("slurm: submitted the train job as job {id}");
+    Ok(Some(id))
 }
 
 /// A unit as `plan.json` lists it (the fields the scripts need).
@@ -292,6 +419,62 @@ mod tests {
         assert!(cuda.contains("#SBATCH --gpus-per-task=1"));
         let report = report_script(&job(bin, lib, false), &args);
         assert!(report.contains("'/k/kappa-experiments' report --scale cpu"));
+    }
+
+    #[test]
+    fn a_train_job_runs_its_ranks_through_srun_and_resumes_when_requeued() {
+        let (bin, lib) = (Path::new("/k/kappa-experiments"), Path::new("/t/lib"));
+        let job = |first_attempt, cuda| TrainJob {
+            name: "tiny",
+            binary: bin,
+            lib_dir: lib,
+            train_args: vec!["--config".into(), "/j/job.toml".into()],
+            first_attempt,
+            threads: 4,
+            cuda,
+            logs: PathBuf::from("/runs/slurm/tiny/logs"),
+        };
+        let parse = |argv: &[&str]| {
+            #[derive(clap::Parser)]
+            struct Cli {
+                #[command(flatten)]
+                slurm: TrainSlurmArgs,
+            }
+            let argv = std::iter::once("xtask").chain(argv.iter().copied());
+            <Cli as clap::Parser>::try_parse_from(argv).map(|c| c.slurm)
+        };
+        let ranks = parse(&["--slurm", "--nodes", "2", "--ntasks-per-node", "4"]).unwrap();
+        assert_eq!(ranks.ranks(), 8);
+        let script = train_script(&job(Some("--fresh"), true), &ranks);
+        for line in [
+            "#SBATCH --job-name=kappa-train-tiny",
+            "#SBATCH --nodes=2",
+            "#SBATCH --ntasks-per-node=4",
+            "#SBATCH --cpus-per-task=4",
+            "#SBATCH --gpus-per-task=1",
+            "#SBATCH --requeue",
+            "#SBATCH --signal=USR1@120",
+            "#SBATCH --output=/runs/slurm/tiny/logs/%j.out",
+            "export OPENBLAS_NUM_THREADS=4 RAYON_NUM_THREADS=4",
+            "if [ \"$attempt\" -gt 1 ]; then again=--resume; else again=--fresh; fi",
+            "srun --mpi=pmix '/k/kappa-experiments' train --config /j/job.toml $again",
+            "if [ \"$status\" -eq 75 ]; then",
+        ] {
+            assert!(script.contains(line), "no `{line}` in\n{script}");
+        }
+        assert!(
+            !script.contains("--time"),
+            "the cluster's default time applies"
+        );
+        let one = parse(&["--slurm", "--srun-mpi", "pmi2", "--time", "1:00:00"]).unwrap();
+        let script = train_script(&job(None, false), &one);
+        assert!(
+            script.contains("srun '/k/kappa-experiments' train"),
+            "{script}"
+        );
+        assert!(script.contains("#SBATCH --time=1:00:00") && !script.contains("gpus"));
+        assert!(parse(&["--slurm", "--nodes", "0"]).is_err());
+        assert!(parse(&["--ntasks-per-node", "2"]).is_err(), "needs --slurm");
     }
 
     #[test]

@@ -13,10 +13,10 @@
 //!    that every unit's `metrics.jsonl` equals the reference's (timings and `resumed_at`
 //!    aside), and that the report job wrote a report that misses nothing.
 //!
-//! 5. runs `train` as a 2-task job through `srun --mpi=pmix` (kappa-experiments built with the
-//!    feature `mpi`), stops it with SIGUSR1 mid-run (`scancel --signal=USR1`): it exits 75 and
-//!    requeues itself, and the second attempt resumes; the metrics and checkpoint must equal the
-//!    same job's on one process.
+//! 5. submits a job with `cargo xtask train --slurm --ntasks-per-node 2` (2 MPI ranks through
+//!    `srun --mpi=pmix`), stops it with SIGUSR1 mid-run (`scancel --signal=USR1`): it exits 75
+//!    and requeues itself, and the second attempt resumes; the metrics and checkpoint must equal
+//!    the same job's on one process.
 //!
 //! The daemons are stopped and the folder removed however the test ends.
 
@@ -122,78 +122,65 @@ fn sweep(ws: &Workspace, root: &Path, cluster: &Cluster) -> Result<()> {
 /// Steps of the 2-task job: enough that SIGUSR1 arrives mid-run.
 const RANKS_STEPS: &str = "train.steps=600";
 
-/// `train` as a 2-task job through `srun --mpi=pmix`, stopped with SIGUSR1, requeued and
-/// resumed, against the same job on one process.
+/// `cargo xtask train --slurm --ntasks-per-node 2` (`srun --mpi=pmix`), stopped with SIGUSR1,
+/// requeued and resumed, against the same job on one process.
 fn ranks_job(ws: &Workspace, tc: &Toolchain, root: &Path, cluster: &Cluster) -> Result<()> {
-    crate::mpi_test::install()?;
-    run(crate::cargo::cargo(ws, tc)
-        .args(["build", "--release", "--locked", "-p", "kappa-experiments"])
-        .args(["--features", "mpi"]))?;
     let dir = root.join("ranks");
     fs::create_dir_all(&dir)?;
-    // A copy: a later build without the feature does not change the job's binary.
-    let binary = dir.join("kappa-experiments");
-    fs::copy(ws.target_dir().join("release/kappa-experiments"), &binary)?;
     let job = crate::mpi_test::write_job(&dir)?;
-    let mut single = Command::new(&binary);
-    crate::cargo::with_toolchain(&mut single, ws, tc);
-    run(single
-        .args(["train", "--threads", "1", "--set", RANKS_STEPS, "--config"])
-        .arg(&job)
-        .arg("--out")
-        .arg(dir.join("single")))?;
-    let script = dir.join("job.sbatch");
-    fs::write(
-        &script,
-        ranks_script(&binary, &job, &dir, &tc.libtorch.lib_dir()),
-    )?;
-    let id = cluster.output(&["sbatch", "--parsable", &script.display().to_string()])?;
-    let id = id.trim();
-    let slurm_run = dir.join("slurm/tiny-gpt");
+    let train = |out: &Path| {
+        let mut cmd = Command::new(std::env::current_exe().expect("xtask's own path"));
+        cmd.args(["train", "--threads", "1", "--set", RANKS_STEPS, "--config"])
+            .arg(&job)
+            .arg("--out")
+            .arg(out)
+            .env("SLURM_CONF", &cluster.conf)
+            .current_dir(ws.root());
+        cmd
+    };
+    let slurm = dir.join("slurm");
+    run(train(&slurm).args(["--slurm", "--ntasks-per-node", "2"]))?;
+    let slurm_run = slurm.join("tiny-gpt");
     wait_for(&slurm_run.join("metrics.jsonl"), 5)?;
-    run(cluster.command("scancel").args(["--signal=USR1", id]))?;
+    let id = cluster.output(&["squeue", "-h", "-n", "kappa-train-tiny-gpt", "-o", "%i"])?;
+    let id = id
+        .lines()
+        .next()
+        .context("the train job is not in the queue")?
+        .trim()
+        .to_string();
+    run(cluster.command("scancel").args(["--signal=USR1", &id]))?;
     cluster.wait_until_idle()?;
-    let log = fs::read_to_string(dir.join("job.out"))?;
+    let log_path = slurm.join("slurm/tiny-gpt/logs").join(format!("{id}.out"));
+    let log = fs::read_to_string(&log_path).with_context(|| log_path.display().to_string())?;
     ensure!(
         log.contains("interrupted after step")
             && log.contains("attempt 2")
             && log.contains("train: wrote"),
         "the 2-task job was not stopped, requeued and finished:\n{log}"
     );
+    // The reference: the same job on one process, here (the binary `--slurm` built for MPI
+    // runs alone as a world of one).
+    let single = dir.join("single");
+    let binary = slurm.join("slurm/tiny-gpt/kappa-experiments");
+    let mut alone = Command::new(&binary);
+    crate::cargo::with_toolchain(&mut alone, ws, tc);
+    run(alone
+        .args(["train", "--threads", "1", "--set", RANKS_STEPS, "--config"])
+        .arg(&job)
+        .arg("--out")
+        .arg(&single))?;
+    let single_run = single.join("tiny-gpt");
     ensure!(
-        metrics(&slurm_run)? == metrics(&dir.join("single/tiny-gpt"))?,
+        metrics(&slurm_run)? == metrics(&single_run)?,
         "the 2-task Slurm job's metrics differ from the same job's on one process"
     );
     let checkpoint = |run: &Path| fs::read(run.join("variant-0/checkpoint.safetensors"));
     ensure!(
-        checkpoint(&slurm_run)? == checkpoint(&dir.join("single/tiny-gpt"))?,
+        checkpoint(&slurm_run)? == checkpoint(&single_run)?,
         "the 2-task Slurm job's checkpoint differs from the same job's on one process"
     );
     Ok(())
-}
-
-/// The batch script of the 2-task job: `train` on both tasks (`--resume` once requeued), and a
-/// requeue when it exits 75 (stopped on request).
-fn ranks_script(binary: &Path, job: &Path, dir: &Path, lib_dir: &Path) -> String {
-    let (b, j, d, l) = (
-        binary.display(),
-        job.display(),
-        dir.display(),
-        lib_dir.display(),
-    );
-    format!(
-        "#!/bin/bash\n#SBATCH --job-name=kappa-ranks\n#SBATCH --ntasks=2\n\
-         #SBATCH --cpus-per-task=1\n#SBATCH --mem=4G\n#SBATCH --requeue\n\
-         #SBATCH --open-mode=append\n#SBATCH --output={d}/job.out\n\
-         export LD_LIBRARY_PATH='{l}' OPENBLAS_NUM_THREADS=1 RAYON_NUM_THREADS=1\n\
-         attempt=$(( ${{SLURM_RESTART_COUNT:-0}} + 1 ))\necho \"attempt $attempt\"\n\
-         resume=()\nif [ \"$attempt\" -gt 1 ]; then resume=(--resume); fi\n\
-         srun --mpi=pmix '{b}' train --threads 1 --set {RANKS_STEPS} --config '{j}' \
-         --out '{d}/slurm' \"${{resume[@]}}\"\nstatus=$?\n\
-         if [ \"$status\" -eq {code} ]; then scontrol requeue \"$SLURM_JOB_ID\"; fi\n\
-         exit \"$status\"\n",
-        code = kappa_cli::REQUEUE_EXIT_CODE
-    )
 }
 
 /// `metrics.jsonl` of a run folder without what measures time or says where a run resumed.
