@@ -3,7 +3,8 @@
 //! started over (`--fresh`) only when asked, and a fresh start deletes only the run's own files;
 //! a resume that cannot read its config, metrics, run.json or checkpoint, or whose checkpoint
 //! does not fit the run, stops with an error naming the file and leaves the folder
-//! byte-identical; Ctrl-C checkpoints and says how to resume, a second Ctrl-C exits at once.
+//! byte-identical; Ctrl-C checkpoints, says how to resume and exits 75, a second Ctrl-C exits at
+//! once.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -380,7 +381,9 @@ fn ctrl_c_checkpoints_after_the_current_step_and_says_how_to_resume() {
         started && ended,
         "started {started}, ended {ended}: {stderr}"
     );
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    // 75 (EX_TEMPFAIL): stopped, to be resumed; what a Slurm script requeues on.
+    let requeue = i32::from(kappa_cli::REQUEUE_EXIT_CODE);
+    assert_eq!(output.status.code(), Some(requeue), "{stderr}");
     assert!(stderr.contains("--resume continues it"), "{stderr}");
     let ckpt = out.join("gpt-chars/variant-0/checkpoint.safetensors");
     let step = Tensor::read_safetensors(&ckpt)
