@@ -111,17 +111,9 @@ pub fn train_script(job: &TrainJob<'_>, args: &TrainSlurmArgs) -> String {
     if gpus > 0 {
         let _ = writeln!(s, "#SBATCH --gpus-per-task={gpus}");
     }
-    let _ = writeln!(s, "#SBATCH --signal=USR1@120");
-    let _ = writeln!(s, "#SBATCH --requeue");
-    let _ = writeln!(s, "#SBATCH --output={}/%j.out", job.logs.display());
-    let _ = writeln!(s, "#SBATCH --open-mode=append");
+    requeue_options(&mut s, &format!("{}/%j.out", job.logs.display()));
     common_options(&mut s, &args.common);
-    let _ = writeln!(s, "export LD_LIBRARY_PATH={}", quote(job.lib_dir));
-    let _ = writeln!(
-        s,
-        "export OPENBLAS_NUM_THREADS={0} RAYON_NUM_THREADS={0}",
-        job.threads
-    );
+    environment(&mut s, job.lib_dir, job.threads);
     let _ = writeln!(
         s,
         "attempt=$(( ${{SLURM_RESTART_COUNT:-0}} + 1 ))\necho \"kappa: attempt $attempt\""
@@ -142,12 +134,7 @@ pub fn train_script(job: &TrainJob<'_>, args: &TrainSlurmArgs) -> String {
         quote(job.binary),
         job.train_args.join(" ")
     );
-    let _ = write!(
-        s,
-        "status=$?\nif [ \"$status\" -eq {} ]; then\n    scontrol requeue \"$SLURM_JOB_ID\"\nfi\n\
-         exit \"$status\"\n",
-        kappa_cli::REQUEUE_EXIT_CODE
-    );
+    requeue_on_stop(&mut s, "$SLURM_JOB_ID");
     s
 }
 
@@ -227,11 +214,7 @@ pub fn array_script(units: &[PlannedUnit], job: &Job<'_>, args: &SlurmArgs) -> S
     if gpus > 0 {
         let _ = writeln!(s, "#SBATCH --gpus-per-task={gpus}");
     }
-    let _ = writeln!(s, "#SBATCH --signal=USR1@120");
-    let _ = writeln!(s, "#SBATCH --requeue");
-    let _ = writeln!(s, "#SBATCH --output={}/%A_%a.out", job.logs.display());
-    // A requeued task appends to its log: both attempts stay readable.
-    let _ = writeln!(s, "#SBATCH --open-mode=append");
+    requeue_options(&mut s, &format!("{}/%A_%a.out", job.logs.display()));
     common_options(&mut s, args);
     let _ = writeln!(
         s,
@@ -245,25 +228,45 @@ pub fn array_script(units: &[PlannedUnit], job: &Job<'_>, args: &SlurmArgs) -> S
         quote(job.logs.parent().unwrap_or(Path::new(".")))
     );
     let _ = writeln!(s, "unit=$(sed -n \"${{SLURM_ARRAY_TASK_ID}}p\" units.txt)");
-    let _ = writeln!(s, "export LD_LIBRARY_PATH={}", quote(job.lib_dir));
-    let _ = writeln!(
-        s,
-        "export OPENBLAS_NUM_THREADS={0} RAYON_NUM_THREADS={0}",
-        job.threads
-    );
+    environment(&mut s, job.lib_dir, job.threads);
     let _ = writeln!(
         s,
         "srun {} reproduce {} --unit \"$unit\"",
         quote(job.binary),
         job.reproduce_args.join(" ")
     );
+    requeue_on_stop(&mut s, "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}");
+    s
+}
+
+/// A job that can be stopped and requeued: SIGUSR1 two minutes before the time limit (kappa
+/// checkpoints and exits 75 on it, as on preemption's SIGTERM), requeueable, its log at
+/// `output` appended to by every attempt so that all stay readable.
+fn requeue_options(s: &mut String, output: &str) {
+    let _ = writeln!(s, "#SBATCH --signal=USR1@120");
+    let _ = writeln!(s, "#SBATCH --requeue");
+    let _ = writeln!(s, "#SBATCH --output={output}");
+    let _ = writeln!(s, "#SBATCH --open-mode=append");
+}
+
+/// libtorch's libraries and the BLAS and rayon thread counts of a task.
+fn environment(s: &mut String, lib_dir: &Path, threads: usize) {
+    let _ = writeln!(s, "export LD_LIBRARY_PATH={}", quote(lib_dir));
+    let _ = writeln!(
+        s,
+        "export OPENBLAS_NUM_THREADS={threads} RAYON_NUM_THREADS={threads}"
+    );
+}
+
+/// The script's end: requeue `job` (a shell word) when the step exited 75 (stopped on request,
+/// checkpoint written), and exit with the step's status.
+fn requeue_on_stop(s: &mut String, job: &str) {
     let _ = write!(
         s,
-        "status=$?\nif [ \"$status\" -eq {} ]; then\n    scontrol requeue \
-         \"${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\nfi\nexit \"$status\"\n",
+        "status=$?\nif [ \"$status\" -eq {} ]; then\n    scontrol requeue \"{job}\"\nfi\n\
+         exit \"$status\"\n",
         kappa_cli::REQUEUE_EXIT_CODE
     );
-    s
 }
 
 /// The report job's script (submitted with a dependency on the array).

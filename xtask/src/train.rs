@@ -19,6 +19,14 @@ use crate::workspace::{run, Workspace};
 /// `cargo xtask train`.
 pub fn train(ws: &Workspace, args: &TrainArgs, slurm: &TrainSlurmArgs) -> Result<()> {
     let (args, name) = check(args)?;
+    if slurm.common.slurm && slurm.ranks() > 1 && args.device.0.starts_with("cuda") {
+        anyhow::bail!(
+            "--device {} on {} ranks: training on several ranks exchanges CPU tensors over MPI; \
+             use --device cpu, or one rank",
+            args.device.0,
+            slurm.ranks()
+        );
+    }
     let tc = setup::setup(ws, &DataSelection::default())?;
     if slurm.common.slurm {
         return submit(ws, &tc, &args, &name, slurm);
@@ -83,6 +91,12 @@ fn check(args: &TrainArgs) -> Result<(TrainArgs, String)> {
     let table = toml::from_str::<toml::Table>(&text)
         .map_err(|e| anyhow::anyhow!("{}: not valid TOML: {e}", path.display()))?;
     let name = table.get("name").and_then(|v| v.as_str()).unwrap_or("job");
+    // `--slurm`'s folder `<out>/slurm/<name>/` is made from it before the binary checks it.
+    anyhow::ensure!(
+        !name.is_empty() && !name.starts_with('.'),
+        "{}: name = {name:?}: a run name is not empty and does not start with a dot",
+        path.display()
+    );
     let name: String = name
         .chars()
         .map(|c| {
@@ -125,6 +139,11 @@ mod tests {
         fs::write(&good, "name = \"x\"").unwrap();
         let (args, name) = check(&parse(&good)).unwrap();
         assert!(args.config.is_absolute() && args.out.is_absolute() && name == "x");
+        for bad in ["", ".", ".."] {
+            fs::write(&good, format!("name = {bad:?}")).unwrap();
+            let err = check(&parse(&good)).unwrap_err();
+            assert!(format!("{err:#}").contains("a run name"), "{err:#}");
+        }
         // A folder (like a FIFO, which would block) is not read as a config.
         let err = check(&parse(&dir)).unwrap_err();
         assert!(format!("{err:#}").contains("not a regular file"), "{err:#}");
