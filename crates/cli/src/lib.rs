@@ -35,7 +35,7 @@ mod reproduce;
 mod scale;
 mod train;
 
-pub use names::{DeviceName, ExperimentName, EXPERIMENTS};
+pub use names::{DeviceName, ExperimentName, EXPERIMENTS, SERIES};
 pub use parse::parse_args;
 pub use report::ReportArgs;
 pub use reproduce::{config_experiment, ReproduceArgs, Set};

@@ -5,13 +5,17 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// Expands `$callback![name, ...]` with the experiment names, in the registry's order: the one
-/// list of names, for code that needs them as literals (kappa-experiments embeds each one's
-/// config files with `include_str!`). [`EXPERIMENTS`] is the same list as a slice.
+/// Expands `$callback![name, ...]` with the names of the experiments that have a config at every
+/// scale but `long`, in the registry's order: the one list of these names, for code that needs
+/// them as literals (kappa-experiments embeds each one's config files with `include_str!`).
+/// [`EXPERIMENTS`] is this list followed by [`SERIES`].
 ///
 /// ```
 /// macro_rules! count { ($($name:literal),*) => { [$($name),*].len() } }
-/// assert_eq!(kappa_cli::with_experiment_names!(count), kappa_cli::EXPERIMENTS.len());
+/// assert_eq!(
+///     kappa_cli::with_experiment_names!(count) + kappa_cli::SERIES.len(),
+///     kappa_cli::EXPERIMENTS.len()
+/// );
 /// ```
 #[macro_export]
 macro_rules! with_experiment_names {
@@ -32,8 +36,13 @@ macro_rules! with_experiment_names {
     };
 }
 
+/// The experiments that run only at the scales they name (`smoke`, `long`, `gpu`): series of
+/// other experiments' models, too long for the default `cpu` suite. They follow the others in the
+/// registry.
+pub const SERIES: &[&str] = &["scaling"];
+
 macro_rules! name_slice {
-    ($($name:literal),*) => { &[$($name),*] };
+    ($($name:literal),*) => { &[$($name,)* "scaling"] };
 }
 
 /// The experiment names, in the registry's order.
@@ -139,6 +148,11 @@ mod tests {
             .unwrap_err()
             .contains("unknown experiment `bogus`;"));
         assert_eq!("theory".parse::<ExperimentName>().unwrap().0, "theory");
+    }
+
+    #[test]
+    fn the_series_come_last() {
+        assert!(EXPERIMENTS.ends_with(SERIES));
     }
 
     #[test]

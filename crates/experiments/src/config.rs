@@ -77,8 +77,13 @@ macro_rules! builtin_file {
 pub const BUILTIN: &[Builtin] = kappa_cli::with_experiment_names!(builtin_files);
 
 /// The files of the scales only some experiments have: `long`, for the claims that need a long
-/// horizon.
-pub const BUILTIN_OPTIONAL: &[Builtin] = &[builtin_file!("manifolds", Long, "long")];
+/// horizon, and the series ([`kappa_cli::SERIES`]), which have `smoke`, `long` and `gpu` only.
+pub const BUILTIN_OPTIONAL: &[Builtin] = &[
+    builtin_file!("manifolds", Long, "long"),
+    builtin_file!("scaling", Smoke, "smoke"),
+    builtin_file!("scaling", Long, "long"),
+    builtin_file!("scaling", Gpu, "gpu"),
+];
 
 /// Every built-in file.
 pub fn builtins() -> impl Iterator<Item = &'static Builtin> {
@@ -901,7 +906,8 @@ mod tests {
 
     #[test]
     fn every_builtin_file_names_its_experiment() {
-        let names: Vec<&str> = BUILTIN.iter().step_by(4).map(|b| b.experiment).collect();
+        let mut names: Vec<&str> = BUILTIN.iter().step_by(4).map(|b| b.experiment).collect();
+        names.extend(kappa_cli::SERIES);
         assert_eq!(names, kappa_cli::EXPERIMENTS);
         for b in builtins() {
             let source = ConfigSource::builtin(b.experiment, b.scale).unwrap();

@@ -55,6 +55,8 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// How to draw it.
     pub mark: Mark,
+    /// Its colour's index in the palette.
+    pub color: usize,
 }
 
 /// A line/scatter plot with optional log axes, rendered to PNG.
@@ -94,10 +96,25 @@ impl LinePlot {
 
     /// Adds a series.
     pub fn series(mut self, label: &str, points: Vec<(f64, f64)>, mark: Mark) -> Self {
+        let color = self.series.last().map_or(0, |s| s.color + 1);
         self.series.push(Series {
             label: label.into(),
             points,
             mark,
+            color,
+        });
+        self
+    }
+
+    /// Adds a series in the previous series' colour, without a legend entry (an interval or a
+    /// fitted line that belongs to it).
+    pub fn companion(mut self, points: Vec<(f64, f64)>, mark: Mark) -> Self {
+        let color = self.series.last().map_or(0, |s| s.color);
+        self.series.push(Series {
+            label: String::new(),
+            points,
+            mark,
+            color,
         });
         self
     }
@@ -184,8 +201,8 @@ impl LinePlot {
             .label_style(("sans-serif", 15))
             .draw()
             .map_err(|e| err(&e))?;
-        for (i, s) in self.series.iter().enumerate() {
-            let color = PALETTE[i % PALETTE.len()].to_rgba();
+        for s in &self.series {
+            let color = PALETTE[s.color % PALETTE.len()].to_rgba();
             let points: Vec<(f64, f64)> = s
                 .points
                 .iter()
@@ -196,27 +213,31 @@ impl LinePlot {
             match s.mark {
                 Mark::Line | Mark::Reference => {
                     let width = if s.mark == Mark::Line { 2 } else { 1 };
-                    chart
+                    let drawn = chart
                         .draw_series(LineSeries::new(points, color.stroke_width(width)))
-                        .map_err(|e| err(&e))?
-                        .label(&s.label)
-                        .legend(move |(x, y)| {
+                        .map_err(|e| err(&e))?;
+                    if !s.label.is_empty() {
+                        drawn.label(&s.label).legend(move |(x, y)| {
                             PathElement::new(
                                 vec![(x, y), (x + 20, y)],
                                 legend_color.stroke_width(2),
                             )
                         });
+                    }
                 }
                 Mark::Points => {
-                    chart
+                    let drawn = chart
                         .draw_series(
                             points
                                 .into_iter()
                                 .map(|p| Circle::new(p, 4, color.filled())),
                         )
-                        .map_err(|e| err(&e))?
-                        .label(&s.label)
-                        .legend(move |(x, y)| Circle::new((x + 10, y), 4, legend_color.filled()));
+                        .map_err(|e| err(&e))?;
+                    if !s.label.is_empty() {
+                        drawn.label(&s.label).legend(move |(x, y)| {
+                            Circle::new((x + 10, y), 4, legend_color.filled())
+                        });
+                    }
                 }
             }
         }

@@ -256,6 +256,7 @@ pub fn registry() -> Vec<Box<dyn RegisteredExperiment>> {
         Box::new(suite::lra::Lra),
         Box::new(suite::bert_sentiment::BertSentiment),
         Box::new(suite::lambda_readings::LambdaReadings),
+        Box::new(suite::scaling::Scaling),
     ]
 }
 

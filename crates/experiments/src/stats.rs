@@ -100,6 +100,33 @@ pub struct LineFit {
     pub slope: f64,
     /// t₀.₉₇₅(m − 2)·se(s): the slope's 95% interval is s ± this.
     pub half_width: f64,
+    /// How many points were fitted (m).
+    pub points: usize,
+    /// Their mean x̄.
+    pub x_mean: f64,
+    /// Σ(x − x̄)².
+    pub sxx: f64,
+    /// The residual variance SSE / (m − 2).
+    pub residual_variance: f64,
+}
+
+impl LineFit {
+    /// The fitted mean at `x`, a + s·x, and its 95% interval half-width
+    /// t₀.₉₇₅(m − 2)·√(σ̂²·(1/m + (x − x̄)²/Sxx)): the interval of the line, not of a new point.
+    /// Beyond the fitted x it is an extrapolation that assumes the line holds there.
+    pub fn predict(&self, x: f64) -> (f64, f64) {
+        let m = self.points as f64;
+        let var = self.residual_variance * (1.0 / m + (x - self.x_mean).powi(2) / self.sxx);
+        (
+            self.intercept + self.slope * x,
+            t975(self.points - 2) * var.sqrt(),
+        )
+    }
+
+    /// Where the line crosses y: x = (y − a)/s (`None` for a slope of 0).
+    pub fn crossing(&self, y: f64) -> Option<f64> {
+        (self.slope != 0.0).then(|| (y - self.intercept) / self.slope)
+    }
 }
 
 /// The least-squares line through the finite points (`None` for fewer than 3, or all at one x).
@@ -125,11 +152,15 @@ pub fn fit_line(points: &[(f64, f64)]) -> Option<LineFit> {
         .iter()
         .map(|p| (p.1 - intercept - slope * p.0).powi(2))
         .sum();
-    let se = (sse / (m - 2) as f64 / sxx).sqrt();
+    let residual_variance = sse / (m - 2) as f64;
     Some(LineFit {
         intercept,
         slope,
-        half_width: t975(m - 2) * se,
+        half_width: t975(m - 2) * (residual_variance / sxx).sqrt(),
+        points: m,
+        x_mean: xm,
+        sxx,
+        residual_variance,
     })
 }
 
@@ -298,6 +329,21 @@ pub fn mean_below(x: &[f64], threshold: f64) -> Option<TTest> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// y = x + (0.1, −0.1, −0.1, 0.1) at x = 0..3: slope 1, intercept 0, σ̂² = 0.04/2, x̄ = 1.5,
+    /// Sxx = 5; the line's interval at x is 4.303·√(0.02·(1/4 + (x − 1.5)²/5)).
+    #[test]
+    fn line_predictions_and_crossings() {
+        let fit = fit_line(&[(0.0, 0.1), (1.0, 0.9), (2.0, 1.9), (3.0, 3.1)]).unwrap();
+        assert!((fit.slope - 1.0).abs() < 1e-12 && fit.intercept.abs() < 1e-12);
+        let (y, h) = fit.predict(1.5);
+        assert!((y - 1.5).abs() < 1e-12);
+        assert!((h - 4.303 * (0.02f64 / 4.0).sqrt()).abs() < 1e-12);
+        let (y, h) = fit.predict(5.5);
+        assert!((y - 5.5).abs() < 1e-12);
+        assert!((h - 4.303 * (0.02f64 * 3.45).sqrt()).abs() < 1e-12);
+        assert!((fit.crossing(2.0).unwrap() - 2.0).abs() < 1e-12);
+    }
 
     #[test]
     fn mean_and_sample_std() {

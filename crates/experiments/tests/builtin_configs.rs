@@ -45,6 +45,7 @@ fn every_file_is_exactly_the_config_its_runs_use() {
         assert_eq!(used, toml::Value::Table(written), "{}", source.origin());
         files += 1;
     }
-    // Eleven experiments at smoke, cpu, gpu and paper; manifolds at long.
-    assert_eq!(files, 45);
+    // Eleven experiments at smoke, cpu, gpu and paper; manifolds at long; the scaling series at
+    // smoke, long and gpu.
+    assert_eq!(files, 48);
 }

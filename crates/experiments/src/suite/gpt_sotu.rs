@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use kappa_models::{GptConfig, TextCorpus, TokenizerKind};
-use kappa_train::{adamw_groups, train_language_model, TrainConfig, VariantId};
+use kappa_train::{adamw_groups, train_language_model, Outcome, TrainConfig, VariantId};
 use serde::{Deserialize, Serialize};
 use tch::nn;
 
@@ -78,27 +78,9 @@ impl Experiment for GptSotu {
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {
-        let train = &config.train;
-        let device = kappa_models::parse_device(&run.context().device)?;
-        let dir = run.context().data_dir.join(TextCorpus::SOTU);
         for (i, variant) in config.variants.iter().enumerate() {
-            let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
-            let model = config.model.with_conditioning(variant.conditioning);
-            let id = VariantId {
-                index: i,
-                name: &variant.name,
-            };
-            let groups = |vs: &nn::VarStore| Ok(adamw_groups(vs, train)?);
-            train_language_model::<anyhow::Error>(
-                run,
-                id,
-                train,
-                model,
-                corpus,
-                groups,
-                config.final_eval_batches,
-            )
-            .with_context(|| format!("variant {}", variant.name))?;
+            train_variant(run, config, i, variant)
+                .with_context(|| format!("variant {}", variant.name))?;
         }
         Ok(RunStatus::Completed)
     }
@@ -121,4 +103,33 @@ impl Experiment for GptSotu {
         conditioning_report(&mut section, runs, out_dir, report_dir, &spec)?;
         Ok(section)
     }
+}
+
+/// Trains `variant` (with `config`'s model, text and training settings, AdamW on every
+/// parameter) as variant `index` of `run`; its metric is the final validation loss.
+pub fn train_variant(
+    run: &mut Run,
+    config: &Config,
+    index: usize,
+    variant: &Variant,
+) -> Result<Outcome> {
+    let train = &config.train;
+    let device = kappa_models::parse_device(&run.context().device)?;
+    let dir = run.context().data_dir.join(TextCorpus::SOTU);
+    let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
+    let model = config.model.with_conditioning(variant.conditioning);
+    let id = VariantId {
+        index,
+        name: &variant.name,
+    };
+    let groups = |vs: &nn::VarStore| Ok(adamw_groups(vs, train)?);
+    train_language_model::<anyhow::Error>(
+        run,
+        id,
+        train,
+        model,
+        corpus,
+        groups,
+        config.final_eval_batches,
+    )
 }

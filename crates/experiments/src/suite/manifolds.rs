@@ -114,38 +114,16 @@ impl Experiment for Manifolds {
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {
-        let train = TrainConfig {
-            // The embeddings' decay is the assignment's; gains never decay.
-            weight_decay: 0.0,
-            ..config.train.clone()
-        };
         if config.libtorch_threads > 0 {
             run.pin_threads(config.libtorch_threads);
         }
-        let device = kappa_models::parse_device(&run.context().device)?;
-        let dir = run.context().data_dir.join(TextCorpus::SOTU);
         let first_seed = run.context().seed == 0;
         for (i, variant) in config.variants.iter().enumerate() {
             if variant.ablation && !first_seed {
                 continue;
             }
-            let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
-            let id = VariantId {
-                index: i,
-                name: &variant.name,
-            };
-            let groups =
-                |vs: &nn::VarStore| Ok(modulewise_groups(vs, &variant.modulewise, &train)?);
-            train_language_model::<anyhow::Error>(
-                run,
-                id,
-                &train,
-                config.model,
-                corpus,
-                groups,
-                config.final_eval_batches,
-            )
-            .with_context(|| format!("variant {}", variant.name))?;
+            train_variant(run, config, i, variant)
+                .with_context(|| format!("variant {}", variant.name))?;
         }
         Ok(RunStatus::Completed)
     }
@@ -153,6 +131,39 @@ impl Experiment for Manifolds {
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
         report(self, runs, out_dir, report_dir)
     }
+}
+
+/// Trains `variant` (with `config`'s model, text and training settings) as variant `index` of
+/// `run`: its hidden matrices by the variant's module-wise assignment, the embeddings and gains by
+/// AdamW; its metric is the final validation loss. (The caller pins `libtorch_threads`.)
+pub fn train_variant(
+    run: &mut Run,
+    config: &Config,
+    index: usize,
+    variant: &Variant,
+) -> Result<Outcome> {
+    let train = TrainConfig {
+        // The embeddings' decay is the assignment's; gains never decay.
+        weight_decay: 0.0,
+        ..config.train.clone()
+    };
+    let device = kappa_models::parse_device(&run.context().device)?;
+    let dir = run.context().data_dir.join(TextCorpus::SOTU);
+    let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
+    let id = VariantId {
+        index,
+        name: &variant.name,
+    };
+    let groups = |vs: &nn::VarStore| Ok(modulewise_groups(vs, &variant.modulewise, &train)?);
+    train_language_model::<anyhow::Error>(
+        run,
+        id,
+        &train,
+        config.model,
+        corpus,
+        groups,
+        config.final_eval_batches,
+    )
 }
 
 /// One evaluation's headline numbers.
@@ -355,13 +366,13 @@ fn report(e: &Manifolds, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) 
 /// O(ηₜ²)), so by Weyl's inequality |σᵢ(W + ΔW) − σᵢ(W)| ≤ ‖ΔW‖₂ no singular value of a hidden
 /// matrix can have moved by more than this sum: the horizon on which the paper's DGram-attention
 /// runs diverged (Σηₜ ≈ 290 and 350).
-fn spectral_step(train: &TrainConfig, muon_lr: f64, steps: u64) -> f64 {
+pub(crate) fn spectral_step(train: &TrainConfig, muon_lr: f64, steps: u64) -> f64 {
     let schedule = train.schedule();
     (0..steps).map(|i| schedule.lr(muon_lr, i)).sum()
 }
 
 /// "then cosine to a tenth", "then constant", … : the schedule after the warmup.
-fn after_warmup(train: &TrainConfig) -> String {
+pub(crate) fn after_warmup(train: &TrainConfig) -> String {
     let m = train.min_lr / train.lr;
     if m == 1.0 {
         "then constant".into()

@@ -10,5 +10,6 @@ pub mod manifolds;
 pub mod optim_geometry;
 pub mod optimizer_race;
 pub mod random_spectra;
+pub mod scaling;
 pub mod theory;
 pub mod vit_fmnist;

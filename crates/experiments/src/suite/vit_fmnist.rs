@@ -79,47 +79,14 @@ impl Experiment for VitFmnist {
     }
 
     fn run(&self, config: &Config, run: &mut Run) -> Result<RunStatus> {
-        /// The images of one evaluation batch of the test split, after training.
-        const TEST_BATCH: usize = 256;
-        let train = &config.train;
-        let seed = run.context().seed;
-        let device = kappa_models::parse_device(&run.context().device)?;
-        let dir = run.context().data_dir.join(FashionMnist::SET);
         let mut diverged = None;
         for (i, variant) in config.variants.iter().enumerate() {
-            let model = config.model.with_conditioning(variant.conditioning);
-            // A step that cannot fit is an error naming its keys before anything is loaded or
-            // built (on a GPU the device reports its own failure).
-            if device == tch::Device::Cpu {
-                train.ensure_vit_step_fits(&model, TEST_BATCH)?;
-            }
-            let data = FashionMnist::load(&dir, config.validation, config.train_limit, device)?;
-            let outcome = train_conditioned(
-                run,
-                i,
-                variant,
-                train,
-                |vs| {
-                    Ok(ImageClassification::new(
-                        Vit::new(&vs.root(), model)?,
-                        data,
-                        seed,
-                    )?)
-                },
-                |task| {
-                    Ok(task
-                        .evaluate_split(Split::Test, None, TEST_BATCH)?
-                        .accuracy
-                        .unwrap_or(f64::NAN))
-                },
-            )
-            .with_context(|| format!("variant {}", variant.name))?;
+            let outcome = train_variant(run, config, i, variant)
+                .with_context(|| format!("variant {}", variant.name))?;
             if let Outcome::Diverged { step, reason } = outcome {
                 diverged.get_or_insert((step, format!("{}: {reason}", variant.name)));
             }
         }
-        // A diverged variant is a result: the other variants still ran. The run is marked
-        // diverged only when every variant diverged.
         let all = config.variants.len();
         Ok(match diverged {
             Some((step, reason)) if all == 1 => RunStatus::Diverged { step, reason },
@@ -144,4 +111,43 @@ impl Experiment for VitFmnist {
         conditioning_report(&mut section, runs, out_dir, report_dir, &spec)?;
         Ok(section)
     }
+}
+
+/// Trains `variant` (with `config`'s model, data and training settings) as variant `index` of
+/// `run`; its metric is the test accuracy.
+pub fn train_variant(
+    run: &mut Run,
+    config: &Config,
+    index: usize,
+    variant: &Variant,
+) -> Result<Outcome> {
+    const TEST_BATCH: usize = 256;
+    let train = &config.train;
+    let seed = run.context().seed;
+    let device = kappa_models::parse_device(&run.context().device)?;
+    let model = config.model.with_conditioning(variant.conditioning);
+    if device == tch::Device::Cpu {
+        train.ensure_vit_step_fits(&model, TEST_BATCH)?;
+    }
+    let dir = run.context().data_dir.join(FashionMnist::SET);
+    let data = FashionMnist::load(&dir, config.validation, config.train_limit, device)?;
+    train_conditioned(
+        run,
+        index,
+        variant,
+        train,
+        |vs| {
+            Ok(ImageClassification::new(
+                Vit::new(&vs.root(), model)?,
+                data,
+                seed,
+            )?)
+        },
+        |task| {
+            Ok(task
+                .evaluate_split(Split::Test, None, TEST_BATCH)?
+                .accuracy
+                .unwrap_or(f64::NAN))
+        },
+    )
 }
