@@ -20,7 +20,7 @@ use crate::report::cells::{fixed, MISSING};
 use crate::report::variants::read_variants;
 use crate::report::{opened, Figures, Section};
 use crate::run::RunRecord;
-use crate::stats::{fit_line, mean, mean_std, t975, LineFit};
+use crate::stats::{fit_line, mean, mean_std, per_step, t975, LineFit};
 use crate::Experiment;
 
 /// GPT-2 small's width, where the trends are read out (its head dimension is 64, not the
@@ -43,8 +43,9 @@ struct Heads {
 /// What one point logged in one run.
 #[derive(Clone, Debug, Default)]
 struct Trace {
-    /// The first and the last evaluation with head diagnostics.
-    first: Option<Heads>,
+    /// Every evaluation with head diagnostics: (step, heads).
+    evals: Vec<(u64, Heads)>,
+    /// The last of them.
     last: Option<Heads>,
     outcome: Option<Outcome>,
     metric: f64,
@@ -53,7 +54,7 @@ struct Trace {
 
 impl Trace {
     fn add(&mut self, line: Line) {
-        if let Some(Record::Eval { heads, .. }) = &line.record {
+        if let Some(Record::Eval { heads, step, .. }) = &line.record {
             if !heads.is_empty() {
                 let n = heads.len() as f64;
                 let mut h = Heads::default();
@@ -63,7 +64,7 @@ impl Trace {
                     h.entropy += d.entropy / n;
                     h.saturated += d.saturated_fraction / n;
                 }
-                self.first.get_or_insert(h);
+                self.evals.push((*step, h));
                 self.last = Some(h);
             }
         }
@@ -572,6 +573,71 @@ fn mechanism(
         &plot,
         "max_logit_vs_width.png",
     );
+    for preset in [Preset::AllDGram, Preset::HeteroInv] {
+        let Some(name) = preset_name(config, preset) else {
+            continue;
+        };
+        section.paragraph(&format!(
+            "Verdict — {}",
+            divergence_line(name, widths, traces, points)
+        ));
+        let mut over_time = LinePlot::new(
+            &format!("{name}: largest attention logit during training"),
+            "step",
+            "max logit (mean over seeds)",
+        )
+        .log_y();
+        for &w in widths {
+            if let Some(p) = find(points, Study::Manifolds, w, name) {
+                let evals = traces.of(&p).into_iter().flat_map(|(_, t)| t.evals.iter());
+                let curve = per_step(evals.map(|(s, h)| (*s, h.max_logit)), mean);
+                over_time = over_time.series(&format!("D = {w}"), curve, Mark::Line);
+            }
+        }
+        let file = format!("max_logit_over_steps_{}.png", preset.name().to_lowercase());
+        figures.add_if_drawn(
+            section,
+            &format!("{name} max logit over steps"),
+            &over_time,
+            &file,
+        );
+    }
+}
+
+/// "ALL-DGRAM diverged in 2 of 12 runs: at D = 128 (steps 5100, 6300)", or "in none".
+fn divergence_line(name: &str, widths: &[usize], traces: &Traces, points: &[Point]) -> String {
+    let mut runs = 0;
+    let mut at = Vec::new();
+    for &w in widths {
+        let Some(p) = find(points, Study::Manifolds, w, name) else {
+            continue;
+        };
+        let ts = traces.of(&p);
+        runs += ts.len();
+        let steps: Vec<String> = ts
+            .iter()
+            .filter_map(|(_, t)| t.diverged_at())
+            .map(|s| s.to_string())
+            .collect();
+        if !steps.is_empty() {
+            at.push((w, steps));
+        }
+    }
+    let count: usize = at.iter().map(|(_, s)| s.len()).sum();
+    if at.is_empty() {
+        return format!(
+            "{name} diverged in none of its {runs} runs, at any width: the paper's instability \
+             does not appear at these widths and this Σηₜ."
+        );
+    }
+    let cells: Vec<String> = at
+        .iter()
+        .map(|(w, s)| format!("D = {w} (step {})", s.join(", ")))
+        .collect();
+    format!(
+        "{name} diverged in {count} of its {runs} runs: {}.",
+        cells.join("; ")
+    )
 }
 
 /// "NAME: slope s, 95% CI [lo, hi] per doubling of D."
