@@ -58,7 +58,7 @@ use kappa_benches::peer::{reference_command, Peer};
 use kappa_benches::record;
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step, NOT_RUN};
 use kappa_models::{
-    autocast::autocast, autocast::native_bf16, Conditioning, Gpt, GptConfig, HeadLayout, Vit,
+    autocast::autocast, autocast::native_bf16, CorrectionConfig, Gpt, GptConfig, HeadLayout, Vit,
     VitConfig,
 };
 use kappa_optim::Optimizer;
@@ -70,11 +70,11 @@ const GPT_BATCH: i64 = 32;
 const VIT_BATCH: i64 = 64;
 const LAMBDA: f64 = 10.0;
 
-fn conditioning(lambda: f64) -> Conditioning {
+fn correction(lambda: f64) -> CorrectionConfig {
     if lambda > 0.0 {
-        Conditioning::identity(lambda, HeadLayout::Shifted)
+        CorrectionConfig::identity(lambda, HeadLayout::Shifted)
     } else {
-        Conditioning::None
+        CorrectionConfig::None
     }
 }
 
@@ -107,7 +107,7 @@ fn vit_config() -> VitConfig {
 /// A training step of the cpu GPT (B = 32, T = 64) with the given λ, owning its model.
 fn gpt_step(lambda: f64) -> impl FnMut() {
     gpt_step_of(
-        gpt_config().with_conditioning(conditioning(lambda)),
+        gpt_config().with_correction(correction(lambda)),
         GPT_BATCH,
         TrainPrecision::F32,
     )
@@ -141,7 +141,7 @@ fn gpt_step_of(cfg: GptConfig, batch: i64, precision: TrainPrecision) -> impl Fn
 /// A training step of the cpu ViT (B = 64) with the given λ, owning its model.
 fn vit_step(lambda: f64) -> impl FnMut() {
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = vit_config().with_conditioning(conditioning(lambda));
+    let cfg = vit_config().with_correction(correction(lambda));
     let vit = seeded(0, || Vit::new(&vs.root(), cfg)).expect("vit");
     let (x, y) = seeded(1, || {
         (

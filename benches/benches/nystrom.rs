@@ -31,7 +31,8 @@ use std::time::Instant;
 use kappa_benches::paired::{ratios, Spread};
 use kappa_benches::{configure_threads, record};
 use kappa_models::{
-    AttentionConfig, AttentionKernel, ConditionedAttention, Conditioning, NystromConfig, ScoreScale,
+    AttentionConfig, AttentionKernel, ConditionedAttention, CorrectionConfig, NystromConfig,
+    ScoreScale,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -51,7 +52,7 @@ fn layer(kernel: &str) -> (nn::VarStore, ConditionedAttention) {
         bias: false,
         causal: false,
         scaling: ScoreScale::InvSqrtK,
-        conditioning: Conditioning::None,
+        correction: CorrectionConfig::None,
         fused_kernel: fused,
         kernel,
     };

@@ -253,7 +253,7 @@ n_embd = 16
 mlp_ratio = 4
 bias = true
 scaling = "inv_sqrt_k"
-conditioning = { kind = "identity", lambda = 1.0, layout = "shifted" }
+correction = { kind = "identity", lambda = 1.0, layout = "shifted" }
 fused_kernel = false
 
 [optimizer]

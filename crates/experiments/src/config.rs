@@ -552,7 +552,7 @@ fn remove_at(root: &mut toml::Value, path: &[String]) {
     }
 }
 
-/// A deserializer path as the dotted TOML key (`variants.2.conditioning.lambda`).
+/// A deserializer path as the dotted TOML key (`variants.2.correction.lambda`).
 fn dotted(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let parts: Vec<String> = path

@@ -23,12 +23,12 @@
 //! | [`publish`] | `--publish`: the sections of the experiments that ran into `docs/results/` |
 //! | [`plot`] | [`plot::LinePlot`]: PNG line and scatter plots with an embedded font |
 //! | [`stats`] | means, standard deviations, medians, least-squares slopes with a 95% interval, Welch's t-test |
-//! | [`conditioning`] | what `vit-fmnist`, `gpt-sotu` and `bert-sentiment` share: conditioned variants, their training and report |
+//! | [`correction_study`] | what `vit-fmnist`, `gpt-sotu` and `bert-sentiment` share: conditioned variants, their training and report |
 //! | [`train`] | `train --config FILE`: one model on a user's own data (docs/train-your-own.md) |
 //! | [`ranks`] | [`ranks::Ranks`]: one process, or one rank of several over MPI (feature `mpi`); the launcher's process counts checked against MPI's |
 
-pub mod conditioning;
 pub mod config;
+pub mod correction_study;
 pub mod plot;
 pub mod publish;
 pub mod ranks;

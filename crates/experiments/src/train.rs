@@ -767,8 +767,8 @@ fn summary_paragraph(job: &TrainJob, record: &RunRecord, lines: &[Line]) -> Stri
         ),
     };
     let conditioning = match &job.model {
-        ModelSpec::Gpt(g) => g.conditioning.label(),
-        ModelSpec::Vit(v) => v.conditioning.label(),
+        ModelSpec::Gpt(g) => g.correction.label(),
+        ModelSpec::Vit(v) => v.correction.label(),
     };
     let last = lines.iter().rev().find_map(|l| l.summary.as_ref());
     let end = match (&record.info.status, last) {

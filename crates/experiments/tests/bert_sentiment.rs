@@ -92,9 +92,7 @@ fn reproduce_only_bert_sentiment_pretrains_fine_tunes_and_reports() {
     for i in 0..config.variants.len() {
         let (pre, ft) = (tensors(2 * i), tensors(2 * i + 1));
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-        let model = config
-            .model
-            .with_conditioning(config.variants[i].conditioning);
+        let model = config.model.with_correction(config.variants[i].correction);
         kappa_models::seeded(seed, || kappa_models::MaskedLm::new(&vs.root(), model)).unwrap();
         let init = vs.variables();
         let encoder: Vec<&String> = ft

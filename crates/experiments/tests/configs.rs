@@ -120,9 +120,9 @@ fn bad_values_and_unknown_set_keys_are_named() {
              finite and lie in (0, 10], found -1.0",
         ),
         (
-            "variants.1.conditioning.lambda=-2",
+            "variants.1.correction.lambda=-2",
             "error: experiments/vit-fmnist/smoke.toml: invalid config: \
-             `variants.1.conditioning.lambda` must be finite and ≥ 0, found -2",
+             `variants.1.correction.lambda` must be finite and ≥ 0, found -2",
         ),
         (
             "variants.9.name=x",

@@ -130,9 +130,9 @@ const GPT_JOB: &[(&str, &str)] = &[
     ("model.bias", "false"),
     ("model.scaling", "\"inv_sqrt_k\""),
     ("model.fused_kernel", "true"),
-    ("model.conditioning.kind", "\"identity\""),
-    ("model.conditioning.lambda", "1.0"),
-    ("model.conditioning.layout", "\"shifted\""),
+    ("model.correction.kind", "\"identity\""),
+    ("model.correction.lambda", "1.0"),
+    ("model.correction.layout", "\"shifted\""),
 ];
 
 /// The ViT on the IDX folder `fmnist` (8×8 gray images, 3 classes).
@@ -154,8 +154,8 @@ const IDX_JOB: &[(&str, &str)] = &[
     ("model.bias", "false"),
     ("model.scaling", "\"inv_sqrt_k\""),
     ("model.fused_kernel", "true"),
-    ("model.conditioning.kind", "\"svd\""),
-    ("model.conditioning.every", "1"),
+    ("model.correction.kind", "\"svd\""),
+    ("model.correction.every", "1"),
 ];
 
 /// The ViT on the PNG folder `images` (8×8 RGB images, classes `ant` and `bee`).
@@ -176,7 +176,7 @@ const PNG_JOB: &[(&str, &str)] = &[
     ("model.bias", "false"),
     ("model.scaling", "\"inv_sqrt_k\""),
     ("model.fused_kernel", "true"),
-    ("model.conditioning.kind", "\"none\""),
+    ("model.correction.kind", "\"none\""),
 ];
 
 /// The `[train]` table every job shares: 4 steps, evaluations and checkpoints at 2 and 4.
@@ -702,7 +702,7 @@ const VIT_INTS: &[IntKey] = &[
     ("model.channels", Refused, Some(Refused)),
     ("model.patch_size", Refused, Some(Refused)),
     ("model.num_classes", Refused, Some(Refused)),
-    ("model.conditioning.every", Refused, Some(Either)),
+    ("model.correction.every", Refused, Some(Either)),
     ("data.validation", Refused, Some(Refused)),
     ("data.train_limit", Refused, Some(Accepted)),
     ("data.num_classes", Refused, Some(Refused)),
@@ -741,7 +741,7 @@ const FLOATS: &[FloatKey] = &[
     },
     FloatKey {
         kind: Some(Kind::Gpt),
-        ..float("model.conditioning.lambda", [Accepted, Either, Either])
+        ..float("model.correction.lambda", [Accepted, Either, Either])
     },
     FloatKey {
         kind: Some(Kind::Gpt),
@@ -776,8 +776,8 @@ const BAD_NAMES: &[(Kind, &str, &str, Keys)] = &[
     (Kind::Gpt, "data.kind", "\"csv\"", &[]),
     (Kind::Gpt, "model.kind", "\"rnn\"", &[]),
     (Kind::Png, "model.scaling", "\"loud\"", &[]),
-    (Kind::Gpt, "model.conditioning.kind", "\"magic\"", &[]),
-    (Kind::Gpt, "model.conditioning.layout", "\"diagonal\"", &[]),
+    (Kind::Gpt, "model.correction.kind", "\"magic\"", &[]),
+    (Kind::Gpt, "model.correction.layout", "\"diagonal\"", &[]),
     (Kind::Idx, "train.precision", "\"f8\"", &[]),
     (Kind::Png, "train.divergence_reference", "\"worst\"", &[]),
     (Kind::Gpt, "optimizer.kind", "\"sgd\"", &[]),
@@ -950,13 +950,10 @@ const REPRODUCE_SETS: &[(&str, &str)] = &[
     ("tokenizer=klingon", "tokenizer"),
     ("max_chars=0", "max_chars"),
     (
-        "variants.1.conditioning.lambda=nan",
-        "variants.1.conditioning.lambda",
+        "variants.1.correction.lambda=nan",
+        "variants.1.correction.lambda",
     ),
-    (
-        "variants.0.conditioning.kind=magic",
-        "variants.0.conditioning",
-    ),
+    ("variants.0.correction.kind=magic", "variants.0.correction"),
     ("train.steps=99999999999999999999", "train.steps"),
 ];
 
@@ -1211,7 +1208,7 @@ impl<'a> Gen<'a> {
             (Kind::Idx, "data.dirr"),
             (Kind::Png, "nmae"),
             (Kind::Gpt, "train.diagnostics.sample"),
-            (Kind::Gpt, "model.conditioning.lamda"),
+            (Kind::Gpt, "model.correction.lamda"),
         ];
         for (kind, key) in self.drawn(unknown, 4) {
             self.value(kind, key, "1", Refused, &[]);
@@ -1222,7 +1219,7 @@ impl<'a> Gen<'a> {
             (Kind::Idx, "model.n_head"),
             (Kind::Gpt, "data.path"),
             (Kind::Png, "data.validation"),
-            (Kind::Gpt, "model.conditioning.lambda"),
+            (Kind::Gpt, "model.correction.lambda"),
             (Kind::Png, "train"),
         ];
         for (kind, key) in self.drawn(missing, 5) {

@@ -39,7 +39,7 @@ fn job(dir: &Path, extra: &[&str]) -> (PathBuf, Vec<Set>) {
         "model.n_layer=1",
         "model.n_head=2",
         "model.n_embd=16",
-        "model.conditioning={ kind = \"none\" }",
+        "model.correction={ kind = \"none\" }",
         "train.steps=6",
         "train.batch_size=4",
         "train.warmup_steps=1",

@@ -44,7 +44,7 @@ n_embd = 16
 mlp_ratio = 4
 bias = true
 scaling = "inv_sqrt_k"
-conditioning = { kind = "identity", lambda = 1.0, layout = "shifted" }
+correction = { kind = "identity", lambda = 1.0, layout = "shifted" }
 fused_kernel = false
 
 [train]
@@ -94,7 +94,7 @@ n_embd = 16
 mlp_ratio = 2
 bias = false
 scaling = "inv_sqrt_k"
-conditioning = { kind = "svd", every = 1 }
+correction = { kind = "svd", every = 1 }
 fused_kernel = true
 
 [train]
@@ -468,13 +468,13 @@ fn out_of_range_and_mistyped_values_are_errors_naming_the_dotted_key() {
         ),
         (
             &gpt,
-            "model.conditioning.kind=bogus",
-            "model.conditioning.kind: unknown variant",
+            "model.correction.kind=bogus",
+            "model.correction.kind: unknown variant",
         ),
         (
             &gpt,
-            "model.conditioning.lambda=x",
-            "model.conditioning.lambda: invalid type",
+            "model.correction.lambda=x",
+            "model.correction.lambda: invalid type",
         ),
         (
             &vit,

@@ -18,7 +18,7 @@ use tch::{nn, Kind, Tensor};
 use kappa_attention::ScoreScale;
 
 use crate::conditioned_attention::{
-    AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
+    AttentionConfig, AttentionKernel, AttentionTrace, CorrectionConfig,
 };
 use crate::encoder::{Encoder, EncoderConfig, ENCODER};
 use crate::error::{ModelsError, Result};
@@ -51,7 +51,8 @@ pub struct SequenceClassifierConfig {
     /// The score scale s.
     pub scaling: ScoreScale,
     /// The spectral correction of every attention layer.
-    pub conditioning: Conditioning,
+    #[serde(alias = "conditioning")]
+    pub correction: CorrectionConfig,
     /// Use libtorch's fused attention kernel (softmax kernel only).
     pub fused_kernel: bool,
     /// Exact softmax or Nyström attention.
@@ -72,7 +73,7 @@ impl SequenceClassifierConfig {
             mlp_ratio: 2,
             bias: false,
             scaling: ScoreScale::InvSqrtK,
-            conditioning: Conditioning::None,
+            correction: CorrectionConfig::None,
             fused_kernel: true,
             kernel,
         }
@@ -94,7 +95,7 @@ impl SequenceClassifierConfig {
             mlp_ratio: self.mlp_ratio,
             bias: self.bias,
             scaling: self.scaling,
-            conditioning: self.conditioning,
+            correction: self.correction,
             fused_kernel: self.fused_kernel,
             kernel: self.kernel,
         }
@@ -114,7 +115,7 @@ impl SequenceClassifierConfig {
             mlp_ratio: encoder.mlp_ratio,
             bias: encoder.bias,
             scaling: encoder.scaling,
-            conditioning: encoder.conditioning,
+            correction: encoder.correction,
             fused_kernel: encoder.fused_kernel,
             kernel: encoder.kernel,
         }

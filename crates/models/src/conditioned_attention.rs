@@ -1,4 +1,4 @@
-//! Multi-head self-attention with spectral conditioning: a fused QKV projection, causal or
+//! Multi-head self-attention with spectral correction: a fused QKV projection, causal or
 //! bidirectional, libtorch's fused scaled-dot-product kernel, and the corrections of
 //! *Spectral Conditioning of Attention* as fixed, non-trainable buffers.
 //!
@@ -9,9 +9,9 @@
 //! weight W_Q^h ∈ ℝ^{D×k} (in × out, k = D/H) is the transpose of the k×D block of rows
 //! `h·k..(h+1)·k` of the first D rows; W_K^h and W_V^h come from the second and third D rows.
 //!
-//! # Conditioning (the C's of `SpecA(X) = softmax(X(W_Q+C_Q)(W_K+C_K)ᵀXᵀ/s) X(W_V+C_V)`)
+//! # Corrections (the C's of `SpecA(X) = softmax(X(W_Q+C_Q)(W_K+C_K)ᵀXᵀ/s) X(W_V+C_V)`)
 //!
-//! * [`Conditioning::Identity`]: C = λ·E with λ fixed. The projection folds λ into the weight:
+//! * [`CorrectionConfig::Identity`]: C = λ·E with λ fixed. The projection folds λ into the weight:
 //!   `X(W + λE)ᵀ` with `W + λE` formed by one fused 3D×D pass (`addcmul`) from W, the fixed
 //!   pattern E (built once, not a variable) and the λ buffer. That costs 3D² element operations
 //!   per forward, against B·T·3D for adding `λ·X[:, block]` to the projection output (the
@@ -21,11 +21,11 @@
 //!   - `Shifted` (the fused `W + λI_D` reading): head h of Q, K and V receives λ·X[:, hk..hk+k],
 //!     so the shift of the whole projection is `λ·[X X X]`;
 //!   - `SameBlock`: every head receives λ·X[:, 0..k] (the paper's single-head I_k repeated).
-//! * [`Conditioning::ScaleAware`]: the same shift with λ chosen from the weights by
+//! * [`CorrectionConfig::ScaleAware`]: the same shift with λ chosen from the weights by
 //!   `kappa_attention::LambdaPolicy::TargetKappa(κ_t)` (λ = σ_max·(κ_t+1)/(κ_t−1), shared by the
 //!   3H per-head matrices of the layer, so every κ(W^h + λE) ≤ κ_t by Weyl), chosen at
 //!   initialization and, if `every > 0`, re-chosen every `every` optimizer steps without gradient.
-//! * [`Conditioning::Svd`]: Theorem 3.5's exact correction C^h = σ₁(W^h)·U^h V^hᵀ per head and
+//! * [`CorrectionConfig::Svd`]: Theorem 3.5's exact correction C^h = σ₁(W^h)·U^h V^hᵀ per head and
 //!   projection, recomputed every `every` steps without gradient, so κ(W^h + C^h) < 2 right
 //!   after each refresh.
 //!
@@ -62,7 +62,7 @@ use crate::nystrom::{nystrom_attention, NystromConfig};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[serde(deny_unknown_fields)]
-pub enum Conditioning {
+pub enum CorrectionConfig {
     /// Plain attention.
     #[default]
     None,
@@ -95,7 +95,7 @@ pub enum Conditioning {
     },
 }
 
-/// What the λ of [`Conditioning::Identity`] is measured in (docs/models.md, "The readings of
+/// What the λ of [`CorrectionConfig::Identity`] is measured in (docs/models.md, "The readings of
 /// λ·I_k").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -136,10 +136,10 @@ impl ShiftInput {
     }
 }
 
-impl Conditioning {
+impl CorrectionConfig {
     /// `Identity` with the paper's reading: absolute λ, shifting the attention's input.
     pub fn identity(lambda: f64, layout: HeadLayout) -> Self {
-        Conditioning::Identity {
+        CorrectionConfig::Identity {
             lambda,
             layout,
             unit: LambdaUnit::Absolute,
@@ -150,8 +150,8 @@ impl Conditioning {
     /// A short label for tables and plots (`baseline`, `λ=10`, `scale-aware κ≤1.5`, `svd/10`).
     pub fn label(&self) -> String {
         match *self {
-            Conditioning::None => "baseline".into(),
-            Conditioning::Identity {
+            CorrectionConfig::None => "baseline".into(),
+            CorrectionConfig::Identity {
                 lambda,
                 layout,
                 unit,
@@ -169,21 +169,21 @@ impl Conditioning {
                 }
                 label
             }
-            Conditioning::ScaleAware {
+            CorrectionConfig::ScaleAware {
                 target_kappa,
                 every,
                 ..
             } => format!("scale-aware κ≤{target_kappa} (every {every})"),
-            Conditioning::Svd { every } => format!("svd (every {every})"),
+            CorrectionConfig::Svd { every } => format!("svd (every {every})"),
         }
     }
 
     /// Checks the correction's values; errors name the key under `field`
-    /// (`variants.1.conditioning.lambda`).
+    /// (`variants.1.correction.lambda`).
     pub fn validate(&self, field: &str) -> Result<()> {
         match *self {
-            Conditioning::None => Ok(()),
-            Conditioning::Identity { lambda, .. } => {
+            CorrectionConfig::None => Ok(()),
+            CorrectionConfig::Identity { lambda, .. } => {
                 if lambda.is_finite() && lambda >= 0.0 {
                     Ok(())
                 } else {
@@ -193,7 +193,7 @@ impl Conditioning {
                     ))
                 }
             }
-            Conditioning::ScaleAware { target_kappa, .. } => {
+            CorrectionConfig::ScaleAware { target_kappa, .. } => {
                 if target_kappa.is_finite() && target_kappa > 1.0 {
                     Ok(())
                 } else {
@@ -203,7 +203,7 @@ impl Conditioning {
                     ))
                 }
             }
-            Conditioning::Svd { every } => {
+            CorrectionConfig::Svd { every } => {
                 if every >= 1 {
                     Ok(())
                 } else {
@@ -232,7 +232,8 @@ pub struct AttentionConfig {
     /// the scores by 1/s.
     pub scaling: ScoreScale,
     /// The spectral correction.
-    pub conditioning: Conditioning,
+    #[serde(alias = "conditioning")]
+    pub correction: CorrectionConfig,
     /// Use libtorch's fused `scaled_dot_product_attention` when no probabilities are requested.
     pub fused_kernel: bool,
     /// Exact softmax attention (the default) or its Nyström approximation (bidirectional only).
@@ -289,7 +290,7 @@ impl AttentionConfig {
             }
             n.validate(&format!("{field}.kernel.nystrom"))?;
         }
-        self.conditioning.validate(&format!("{field}.conditioning"))
+        self.correction.validate(&format!("{field}.correction"))
     }
 
     /// k = D/H.
@@ -325,13 +326,13 @@ pub struct AttentionTrace {
 /// ```
 /// use kappa_attention::{HeadLayout, ScoreScale};
 /// use kappa_models::conditioned_attention::{
-///     AttentionConfig, AttentionKernel, Conditioning, ConditionedAttention,
+///     AttentionConfig, AttentionKernel, CorrectionConfig, ConditionedAttention,
 /// };
 /// use tch::{nn, Device, Kind, Tensor};
 /// let vs = nn::VarStore::new(Device::Cpu);
 /// let cfg = AttentionConfig {
 ///     n_embd: 16, n_head: 4, bias: false, causal: true, scaling: ScoreScale::InvSqrtK,
-///     conditioning: Conditioning::identity(1.0, HeadLayout::Shifted),
+///     correction: CorrectionConfig::identity(1.0, HeadLayout::Shifted),
 ///     fused_kernel: true, kernel: AttentionKernel::Softmax,
 /// };
 /// let attn = ConditionedAttention::new(vs.root() / "attn", cfg, 0.02)?;
@@ -389,14 +390,14 @@ impl ConditionedAttention {
         let d = cfg.n_embd as i64;
         let c_attn = Linear::new(&(&p / "c_attn"), d, 3 * d, cfg.bias, 0.02)?;
         let c_proj = Linear::new(&(&p / "c_proj"), d, d, cfg.bias, proj_std)?;
-        let lambda = match cfg.conditioning {
-            Conditioning::Identity { .. } | Conditioning::ScaleAware { .. } => {
+        let lambda = match cfg.correction {
+            CorrectionConfig::Identity { .. } | CorrectionConfig::ScaleAware { .. } => {
                 Some(p.f_zeros_no_train("lambda", &[])?)
             }
             _ => None,
         };
-        let correction = match cfg.conditioning {
-            Conditioning::Svd { .. } => Some(p.f_zeros_no_train("correction", &[3 * d, d])?),
+        let correction = match cfg.correction {
+            CorrectionConfig::Svd { .. } => Some(p.f_zeros_no_train("correction", &[3 * d, d])?),
             _ => None,
         };
         let nystrom_conv = match cfg.kernel {
@@ -427,7 +428,7 @@ impl ConditionedAttention {
         // which the model's weight check (`layers::ensure_weights_fit`) bounded on the CPU:
         // tch's panicking calls below cannot be handed a size that does not fit.
         layer.pattern = layer.shift_pattern();
-        layer.refresh_conditioning(0)?;
+        layer.refresh_correction(0)?;
         Ok(layer)
     }
 
@@ -473,10 +474,9 @@ impl ConditionedAttention {
     }
 
     fn layout(&self) -> Option<HeadLayout> {
-        match self.cfg.conditioning {
-            Conditioning::Identity { layout, .. } | Conditioning::ScaleAware { layout, .. } => {
-                Some(layout)
-            }
+        match self.cfg.correction {
+            CorrectionConfig::Identity { layout, .. }
+            | CorrectionConfig::ScaleAware { layout, .. } => Some(layout),
             _ => None,
         }
     }
@@ -496,10 +496,20 @@ impl ConditionedAttention {
     /// Recomputes the correction buffers after optimizer step `step` (0 = initialization):
     /// the SVD correction when `step % every == 0`, the scale-aware λ at initialization and
     /// when `every > 0 && step % every == 0`. No gradient flows through this.
+    pub fn refresh_correction(&self, step: u64) -> Result<()> {
+        self.refresh(step)
+    }
+
+    /// The old name of [`ConditionedAttention::refresh_correction`].
+    #[deprecated(since = "0.2.0", note = "renamed `refresh_correction`")]
     pub fn refresh_conditioning(&self, step: u64) -> Result<()> {
-        match self.cfg.conditioning {
-            Conditioning::None => Ok(()),
-            Conditioning::Identity { lambda, unit, .. } => {
+        self.refresh(step)
+    }
+
+    fn refresh(&self, step: u64) -> Result<()> {
+        match self.cfg.correction {
+            CorrectionConfig::None => Ok(()),
+            CorrectionConfig::Identity { lambda, unit, .. } => {
                 if step == 0 {
                     let value = match unit {
                         LambdaUnit::Absolute => lambda,
@@ -513,7 +523,7 @@ impl ConditionedAttention {
                 }
                 Ok(())
             }
-            Conditioning::ScaleAware {
+            CorrectionConfig::ScaleAware {
                 target_kappa,
                 every,
                 ..
@@ -526,7 +536,7 @@ impl ConditionedAttention {
                 }
                 Ok(())
             }
-            Conditioning::Svd { every } => {
+            CorrectionConfig::Svd { every } => {
                 if step.is_multiple_of(every) {
                     if let Some(c) = &self.correction {
                         let new = self.svd_correction()?;
@@ -613,8 +623,8 @@ impl ConditionedAttention {
     /// block then passes x̂ to [`ConditionedAttention::forward_shifted`].
     pub fn shifts_normalized_tokens(&self) -> bool {
         matches!(
-            self.cfg.conditioning,
-            Conditioning::Identity {
+            self.cfg.correction,
+            CorrectionConfig::Identity {
                 input: ShiftInput::Normalized,
                 ..
             }
@@ -899,14 +909,14 @@ mod tests {
     use super::*;
     use tch::Device;
 
-    fn cfg(conditioning: Conditioning, causal: bool, bias: bool) -> AttentionConfig {
+    fn cfg(correction: CorrectionConfig, causal: bool, bias: bool) -> AttentionConfig {
         AttentionConfig {
             n_embd: 12,
             n_head: 3,
             bias,
             causal,
             scaling: ScoreScale::InvSqrtK,
-            conditioning,
+            correction,
             fused_kernel: true,
             kernel: AttentionKernel::Softmax,
         }
@@ -958,28 +968,24 @@ mod tests {
 
     #[test]
     fn shapes_and_gradients_of_every_variant() {
-        for conditioning in [
-            Conditioning::None,
-            Conditioning::identity(2.0, HeadLayout::Shifted),
-            Conditioning::identity(2.0, HeadLayout::SameBlock),
-            Conditioning::ScaleAware {
+        for correction in [
+            CorrectionConfig::None,
+            CorrectionConfig::identity(2.0, HeadLayout::Shifted),
+            CorrectionConfig::identity(2.0, HeadLayout::SameBlock),
+            CorrectionConfig::ScaleAware {
                 target_kappa: 1.5,
                 layout: HeadLayout::Shifted,
                 every: 1,
             },
-            Conditioning::Svd { every: 1 },
+            CorrectionConfig::Svd { every: 1 },
         ] {
             for bias in [false, true] {
-                let (vs, attn) = build(cfg(conditioning, true, bias), 1);
+                let (vs, attn) = build(cfg(correction, true, bias), 1);
                 let y = attn.try_forward(&x(2)).unwrap();
                 assert_eq!(y.size(), vec![2, 5, 12]);
                 y.square().sum(Kind::Float).backward();
                 let trainable = vs.trainable_variables();
-                assert_eq!(
-                    trainable.len(),
-                    if bias { 4 } else { 2 },
-                    "{conditioning:?}"
-                );
+                assert_eq!(trainable.len(), if bias { 4 } else { 2 }, "{correction:?}");
                 for t in &trainable {
                     let g = t.grad();
                     assert!(g.defined() && g.size() == t.size());
@@ -1005,16 +1011,16 @@ mod tests {
                 .map(Tensor::numel)
                 .sum::<usize>()
         };
-        let base = count(Conditioning::None);
+        let base = count(CorrectionConfig::None);
         assert_eq!(base, 12 * 36 + 36 + 12 * 12 + 12);
         for c in [
-            Conditioning::identity(10.0, HeadLayout::Shifted),
-            Conditioning::ScaleAware {
+            CorrectionConfig::identity(10.0, HeadLayout::Shifted),
+            CorrectionConfig::ScaleAware {
                 target_kappa: 2.0,
                 layout: HeadLayout::SameBlock,
                 every: 0,
             },
-            Conditioning::Svd { every: 5 },
+            CorrectionConfig::Svd { every: 5 },
         ] {
             assert_eq!(count(c), base, "{c:?}");
         }
@@ -1022,27 +1028,27 @@ mod tests {
 
     #[test]
     fn the_cheap_path_equals_the_materialized_weight() {
-        for conditioning in [
-            Conditioning::identity(3.0, HeadLayout::Shifted),
-            Conditioning::identity(3.0, HeadLayout::SameBlock),
-            Conditioning::ScaleAware {
+        for correction in [
+            CorrectionConfig::identity(3.0, HeadLayout::Shifted),
+            CorrectionConfig::identity(3.0, HeadLayout::SameBlock),
+            CorrectionConfig::ScaleAware {
                 target_kappa: 1.5,
                 layout: HeadLayout::Shifted,
                 every: 0,
             },
-            Conditioning::Svd { every: 1 },
+            CorrectionConfig::Svd { every: 1 },
         ] {
             for causal in [false, true] {
-                let (_vs, attn) = build(cfg(conditioning, causal, true), 4);
+                let (_vs, attn) = build(cfg(correction, causal, true), 4);
                 let xs = x(5);
                 let w_eff = attn.effective_qkv_weight();
                 let cheap = attn.try_forward(&xs).unwrap();
                 let materialized = reference(&attn, &xs, &w_eff);
                 let base = reference(&attn, &xs, attn.qkv_weight());
                 let diff = max_diff(&cheap, &materialized);
-                assert!(diff < 1e-4, "{conditioning:?}: {diff}");
+                assert!(diff < 1e-4, "{correction:?}: {diff}");
                 // ... and the correction changes the output.
-                assert!(max_diff(&cheap, &base) > 1e-3, "{conditioning:?}");
+                assert!(max_diff(&cheap, &base) > 1e-3, "{correction:?}");
             }
         }
     }
@@ -1051,7 +1057,7 @@ mod tests {
     fn the_materialized_pattern_is_lambda_times_the_identity_blocks() {
         let (_vs, attn) = build(
             cfg(
-                Conditioning::identity(2.5, HeadLayout::SameBlock),
+                CorrectionConfig::identity(2.5, HeadLayout::SameBlock),
                 false,
                 false,
             ),
@@ -1068,11 +1074,11 @@ mod tests {
 
     #[test]
     fn gradients_are_plain_gradients_at_the_corrected_weight() {
-        for conditioning in [
-            Conditioning::identity(3.0, HeadLayout::Shifted),
-            Conditioning::Svd { every: 1 },
+        for correction in [
+            CorrectionConfig::identity(3.0, HeadLayout::Shifted),
+            CorrectionConfig::Svd { every: 1 },
         ] {
-            let (_vs, attn) = build(cfg(conditioning, true, true), 7);
+            let (_vs, attn) = build(cfg(correction, true, true), 7);
             let xs = x(8);
             attn.try_forward(&xs)
                 .unwrap()
@@ -1087,7 +1093,7 @@ mod tests {
                 .sum(Kind::Float)
                 .backward();
             let rel = max_diff(&g, &w_eff.grad()) / g.abs().max().double_value(&[]);
-            assert!(rel < 1e-4, "{conditioning:?}: {rel}");
+            assert!(rel < 1e-4, "{correction:?}: {rel}");
         }
     }
 
@@ -1099,7 +1105,7 @@ mod tests {
                 ScoreScale::One,
                 ScoreScale::Custom(2.5),
             ] {
-                let mut c = cfg(Conditioning::None, causal, true);
+                let mut c = cfg(CorrectionConfig::None, causal, true);
                 c.scaling = scaling;
                 let (_vs, attn) = build(c, 9);
                 let xs = x(10);
@@ -1129,12 +1135,12 @@ mod tests {
                 })
                 .collect()
         };
-        let (_vs, svd) = build(cfg(Conditioning::Svd { every: 1 }, false, false), 11);
-        svd.refresh_conditioning(1).unwrap();
+        let (_vs, svd) = build(cfg(CorrectionConfig::Svd { every: 1 }, false, false), 11);
+        svd.refresh_correction(1).unwrap();
         assert!(kappas(&svd).iter().all(|&k| k < 2.0), "{:?}", kappas(&svd));
         let (_vs, sa) = build(
             cfg(
-                Conditioning::ScaleAware {
+                CorrectionConfig::ScaleAware {
                     target_kappa: 1.5,
                     layout: HeadLayout::Shifted,
                     every: 1,
@@ -1144,7 +1150,7 @@ mod tests {
             ),
             12,
         );
-        sa.refresh_conditioning(1).unwrap();
+        sa.refresh_correction(1).unwrap();
         assert!(sa.lambda().unwrap() > 0.0);
         assert!(
             kappas(&sa).iter().all(|&k| k <= 1.5 + 1e-4),
@@ -1155,7 +1161,7 @@ mod tests {
 
     #[test]
     fn bad_inputs_and_configs_are_errors() {
-        let (_vs, attn) = build(cfg(Conditioning::None, false, false), 13);
+        let (_vs, attn) = build(cfg(CorrectionConfig::None, false, false), 13);
         let wrong = Tensor::zeros([2, 5, 7], (Kind::Float, Device::Cpu));
         assert!(matches!(
             attn.try_forward(&wrong),
@@ -1164,13 +1170,13 @@ mod tests {
         let ints = Tensor::zeros([2, 5, 12], (Kind::Int64, Device::Cpu));
         assert!(attn.try_forward(&ints).is_err());
         let mut c = cfg(
-            Conditioning::identity(-1.0, HeadLayout::Shifted),
+            CorrectionConfig::identity(-1.0, HeadLayout::Shifted),
             false,
             false,
         );
         let err = c.validate("model").unwrap_err().to_string();
-        assert!(err.contains("model.conditioning.lambda"), "{err}");
-        c.conditioning = Conditioning::None;
+        assert!(err.contains("model.correction.lambda"), "{err}");
+        c.correction = CorrectionConfig::None;
         for bad in [0.0, -1.0, f64::NAN, 1e-300, 1e300] {
             c.scaling = ScoreScale::Custom(bad);
             let err = c.validate("model").unwrap_err().to_string();
@@ -1195,8 +1201,8 @@ mod tests {
         layout: HeadLayout,
         unit: LambdaUnit,
         input: ShiftInput,
-    ) -> Conditioning {
-        Conditioning::Identity {
+    ) -> CorrectionConfig {
+        CorrectionConfig::Identity {
             lambda,
             layout,
             unit,
@@ -1217,7 +1223,7 @@ mod tests {
         );
         let (_vs, attn) = build(cfg(c, false, false), 7);
         // `build` scales W after construction: choose λ again, as at initialization.
-        attn.refresh_conditioning(0).unwrap();
+        attn.refresh_correction(0).unwrap();
         let blocks = attn.head_blocks(attn.qkv_weight()).to_kind(Kind::Double);
         let (_, singular, _) = blocks.svd(true, false);
         let sigma = singular.max().double_value(&[]);
@@ -1235,13 +1241,13 @@ mod tests {
         tch::no_grad(|| {
             let _ = attn.c_attn.weight.shallow_clone().g_mul_scalar_(4.0);
         });
-        attn.refresh_conditioning(0).unwrap();
+        attn.refresh_correction(0).unwrap();
         assert_eq!(attn.lambda().unwrap(), 4.0 * got);
         // Chosen once: later steps keep it.
         tch::no_grad(|| {
             let _ = attn.c_attn.weight.shallow_clone().g_mul_scalar_(0.5);
         });
-        attn.refresh_conditioning(10).unwrap();
+        attn.refresh_correction(10).unwrap();
         assert_eq!(attn.lambda().unwrap(), 4.0 * got);
     }
 
@@ -1277,10 +1283,10 @@ mod tests {
 
     #[test]
     fn readings_round_trip_and_old_configs_parse() {
-        let old: Conditioning =
+        let old: CorrectionConfig =
             serde_json::from_str(r#"{"kind": "identity", "lambda": 10.0, "layout": "shifted"}"#)
                 .unwrap();
-        assert_eq!(old, Conditioning::identity(10.0, HeadLayout::Shifted));
+        assert_eq!(old, CorrectionConfig::identity(10.0, HeadLayout::Shifted));
         // The default reading is written as before (built-in config files stay unchanged).
         assert!(!serde_json::to_string(&old).unwrap().contains("unit"));
         let c = reading(
@@ -1295,9 +1301,9 @@ mod tests {
                 && text.contains(r#""input":"normalized""#),
             "{text}"
         );
-        assert_eq!(serde_json::from_str::<Conditioning>(&text).unwrap(), c);
+        assert_eq!(serde_json::from_str::<CorrectionConfig>(&text).unwrap(), c);
         assert_eq!(c.label(), "λ=0.3·σ₀ (same block) (on x̂)");
         let bad = r#"{"kind": "identity", "lambda": 1.0, "layout": "shifted", "unit": "relative"}"#;
-        assert!(serde_json::from_str::<Conditioning>(bad).is_err());
+        assert!(serde_json::from_str::<CorrectionConfig>(bad).is_err());
     }
 }

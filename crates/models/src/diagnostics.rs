@@ -386,7 +386,7 @@ pub fn summarize(heads: &[HeadDiagnostics]) -> DiagnosticsSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conditioned_attention::Conditioning;
+    use crate::conditioned_attention::CorrectionConfig;
     use crate::gpt::{Gpt, GptConfig};
     use crate::vit::{Vit, VitConfig};
     use kappa_attention::HeadLayout;
@@ -426,16 +426,16 @@ mod tests {
 
     #[test]
     fn a_large_identity_shift_collapses_attention_and_flattens_the_spectrum() {
-        let run = |c: Conditioning| {
+        let run = |c: CorrectionConfig| {
             tch::manual_seed(1);
             let vs = nn::VarStore::new(Device::Cpu);
-            let vit = Vit::new(&vs.root(), VitConfig::tiny().with_conditioning(c)).unwrap();
+            let vit = Vit::new(&vs.root(), VitConfig::tiny().with_correction(c)).unwrap();
             let x = Tensor::randn([2, 1, 28, 28], (Kind::Float, Device::Cpu));
             let (_l, traces) = vit.forward_trace(&x, true);
             summarize(&diagnose(&vit, &traces, &DiagnosticsConfig::default()).unwrap())
         };
-        let base = run(Conditioning::None);
-        let ten = run(Conditioning::identity(10.0, HeadLayout::Shifted));
+        let base = run(CorrectionConfig::None);
+        let ten = run(CorrectionConfig::identity(10.0, HeadLayout::Shifted));
         assert!(base.saturated_fraction < 0.1, "{base:?}");
         assert!(ten.saturated_fraction > 0.9, "{ten:?}");
         assert!(ten.kappa_wq < base.kappa_wq && ten.sigma_min_wq > base.sigma_min_wq);

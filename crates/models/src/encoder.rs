@@ -1,6 +1,6 @@
 //! The bidirectional pre-LN encoder that [`crate::classifier::SequenceClassifier`] and
 //! [`crate::mlm::MaskedLm`] share: token embedding, learned positions, pre-LN blocks with
-//! bidirectional attention (exact softmax or Nyström, either with any [`Conditioning`]) and a
+//! bidirectional attention (exact softmax or Nyström, either with any [`CorrectionConfig`]) and a
 //! final LayerNorm. Both models build it under the var-store path [`ENCODER`], so the
 //! encoder's variables have the same names in both (`encoder.wte`, `encoder.wpe`,
 //! `encoder.h.<i>.…`, `encoder.ln_f.…`) and a pretrained encoder moves into a classifier by
@@ -29,7 +29,7 @@ use tch::{nn, Kind, Tensor};
 use kappa_attention::ScoreScale;
 
 use crate::conditioned_attention::{
-    AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
+    AttentionConfig, AttentionKernel, AttentionTrace, CorrectionConfig,
 };
 use crate::error::{ModelsError, Result};
 use crate::layers::{block_parameters, ensure_weights_fit, Block, LayerNorm, Transformer};
@@ -58,7 +58,8 @@ pub struct EncoderConfig {
     /// The score scale s.
     pub scaling: ScoreScale,
     /// The spectral correction of every attention layer.
-    pub conditioning: Conditioning,
+    #[serde(alias = "conditioning")]
+    pub correction: CorrectionConfig,
     /// Use libtorch's fused attention kernel (softmax kernel only).
     pub fused_kernel: bool,
     /// Exact softmax or Nyström attention.
@@ -67,11 +68,14 @@ pub struct EncoderConfig {
 
 impl EncoderConfig {
     /// The same encoder with another conditioning.
-    pub fn with_conditioning(self, conditioning: Conditioning) -> Self {
-        Self {
-            conditioning,
-            ..self
-        }
+    pub fn with_correction(self, correction: CorrectionConfig) -> Self {
+        Self { correction, ..self }
+    }
+
+    /// The old name of [`EncoderConfig::with_correction`].
+    #[deprecated(since = "0.2.0", note = "renamed `with_correction`")]
+    pub fn with_conditioning(self, correction: CorrectionConfig) -> Self {
+        self.with_correction(correction)
     }
 
     /// The attention settings of every layer (bidirectional).
@@ -82,7 +86,7 @@ impl EncoderConfig {
             bias: self.bias,
             causal: false,
             scaling: self.scaling,
-            conditioning: self.conditioning,
+            correction: self.correction,
             fused_kernel: self.fused_kernel,
             kernel: self.kernel,
         }

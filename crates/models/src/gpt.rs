@@ -13,7 +13,7 @@ use tch::{nn, Kind, Tensor};
 use kappa_attention::ScoreScale;
 
 use crate::conditioned_attention::{
-    AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
+    AttentionConfig, AttentionKernel, AttentionTrace, CorrectionConfig,
 };
 use crate::diagnostics::DiagnosticsConfig;
 use crate::error::{ModelsError, Result};
@@ -42,7 +42,8 @@ pub struct GptConfig {
     /// The score scale s (every preset names it: `"inv_sqrt_k"`).
     pub scaling: ScoreScale,
     /// The spectral correction of every attention layer.
-    pub conditioning: Conditioning,
+    #[serde(alias = "conditioning")]
+    pub correction: CorrectionConfig,
     /// Use libtorch's fused attention kernel.
     pub fused_kernel: bool,
 }
@@ -59,7 +60,7 @@ impl GptConfig {
             mlp_ratio: 4,
             bias: false,
             scaling: ScoreScale::InvSqrtK,
-            conditioning: Conditioning::None,
+            correction: CorrectionConfig::None,
             fused_kernel: true,
         }
     }
@@ -88,7 +89,7 @@ impl GptConfig {
             mlp_ratio: 4,
             bias: true,
             scaling: ScoreScale::InvSqrtK,
-            conditioning: Conditioning::None,
+            correction: CorrectionConfig::None,
             fused_kernel: true,
         }
     }
@@ -111,12 +112,15 @@ impl GptConfig {
         }
     }
 
-    /// The same model with another conditioning.
-    pub fn with_conditioning(self, conditioning: Conditioning) -> Self {
-        Self {
-            conditioning,
-            ..self
-        }
+    /// The same model with another correction.
+    pub fn with_correction(self, correction: CorrectionConfig) -> Self {
+        Self { correction, ..self }
+    }
+
+    /// The old name of [`GptConfig::with_correction`].
+    #[deprecated(since = "0.2.0", note = "renamed `with_correction`")]
+    pub fn with_conditioning(self, correction: CorrectionConfig) -> Self {
+        self.with_correction(correction)
     }
 
     /// The attention settings of every layer.
@@ -127,7 +131,7 @@ impl GptConfig {
             bias: self.bias,
             causal: true,
             scaling: self.scaling,
-            conditioning: self.conditioning,
+            correction: self.correction,
             fused_kernel: self.fused_kernel,
             kernel: AttentionKernel::Softmax,
         }
@@ -349,6 +353,30 @@ mod tests {
     use super::*;
     use tch::Device;
 
+    /// Configs written before the rename (`conditioning = …`) read as `correction`; both names
+    /// at once are a duplicate-field error, not a silent choice.
+    #[test]
+    fn the_old_key_conditioning_reads_as_correction() {
+        let mut cfg = GptConfig::tiny(13).with_correction(CorrectionConfig::identity(
+            10.0,
+            kappa_attention::HeadLayout::Shifted,
+        ));
+        let new = serde_json::to_value(cfg).unwrap();
+        let mut old = new.clone();
+        let c = old.as_object_mut().unwrap().remove("correction").unwrap();
+        old.as_object_mut()
+            .unwrap()
+            .insert("conditioning".into(), c.clone());
+        assert_eq!(
+            serde_json::from_value::<GptConfig>(old.clone()).unwrap(),
+            cfg
+        );
+        old.as_object_mut().unwrap().insert("correction".into(), c);
+        assert!(serde_json::from_value::<GptConfig>(old).is_err());
+        cfg.correction = CorrectionConfig::None;
+        assert_ne!(serde_json::from_value::<GptConfig>(new).unwrap(), cfg);
+    }
+
     #[test]
     fn parameter_count_matches_the_var_store_and_gpt2_small_has_124m() {
         for bias in [false, true] {
@@ -446,7 +474,7 @@ mod tests {
         let vs = nn::VarStore::new(Device::Cpu);
         let m = Gpt::new(
             &vs.root(),
-            GptConfig::tiny(20).with_conditioning(Conditioning::identity(
+            GptConfig::tiny(20).with_correction(CorrectionConfig::identity(
                 1.0,
                 kappa_attention::HeadLayout::Shifted,
             )),

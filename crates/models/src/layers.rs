@@ -262,11 +262,17 @@ pub trait Transformer {
     fn blocks(&self) -> &[Block];
 
     /// Recomputes every layer's correction after optimizer step `step`
-    /// ([`ConditionedAttention::refresh_conditioning`]).
-    fn refresh_conditioning(&self, step: u64) -> Result<()> {
+    /// ([`ConditionedAttention::refresh_correction`]).
+    fn refresh_correction(&self, step: u64) -> Result<()> {
         self.blocks()
             .iter()
-            .try_for_each(|b| b.attn.refresh_conditioning(step))
+            .try_for_each(|b| b.attn.refresh_correction(step))
+    }
+
+    /// The old name of [`Transformer::refresh_correction`].
+    #[deprecated(since = "0.2.0", note = "renamed `refresh_correction`")]
+    fn refresh_conditioning(&self, step: u64) -> Result<()> {
+        self.refresh_correction(step)
     }
 
     /// Turns every layer's max-logit capture on or off
@@ -299,7 +305,7 @@ pub trait Transformer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conditioned_attention::{AttentionKernel, Conditioning, LambdaUnit, ShiftInput};
+    use crate::conditioned_attention::{AttentionKernel, CorrectionConfig, LambdaUnit, ShiftInput};
     use kappa_attention::{HeadLayout, ScoreScale};
     use tch::{Device, Kind};
 
@@ -314,7 +320,7 @@ mod tests {
             bias: false,
             causal: true,
             scaling: ScoreScale::InvSqrtK,
-            conditioning: Conditioning::Identity {
+            correction: CorrectionConfig::Identity {
                 lambda: 2.0,
                 layout: HeadLayout::Shifted,
                 unit: LambdaUnit::Absolute,

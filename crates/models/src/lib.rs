@@ -4,7 +4,7 @@
 //!
 //! | module | principal items |
 //! |---|---|
-//! | [`conditioned_attention`] | [`ConditionedAttention`] (an `nn::Module`), [`AttentionConfig`], [`Conditioning`] (none, λ·I_k, scale-aware λ, exact SVD); the layouts and score scales are kappa-attention's [`HeadLayout`] and [`ScoreScale`] (re-exported) |
+//! | [`conditioned_attention`] | [`ConditionedAttention`] (an `nn::Module`), [`AttentionConfig`], [`CorrectionConfig`] (none, λ·I_k, scale-aware λ, exact SVD); the layouts and score scales are kappa-attention's [`HeadLayout`] and [`ScoreScale`] (re-exported) |
 //! | [`linear`] | `Linear` (N(0, σ²) init, optional bias) |
 //! | [`layers`] | `LayerNorm`, `Mlp`, [`Block`] (pre-LN), the [`Transformer`] trait |
 //! | [`gpt`] | [`Gpt`], [`GptConfig`] (`tiny`, `cpu`, `gpt2_small`) |
@@ -51,9 +51,13 @@ pub mod vit;
 
 pub use classifier::{SequenceClassifier, SequenceClassifierConfig};
 pub use conditioned_attention::{
-    AttentionConfig, AttentionKernel, AttentionTrace, ConditionedAttention, Conditioning,
+    AttentionConfig, AttentionKernel, AttentionTrace, ConditionedAttention, CorrectionConfig,
     LambdaUnit, ShiftInput,
 };
+
+/// The old name of [`CorrectionConfig`] ("conditioning" now means condition numbers only).
+#[deprecated(since = "0.2.0", note = "renamed `CorrectionConfig`")]
+pub type Conditioning = CorrectionConfig;
 pub use data::{
     FashionMnist, ImageSet, ImageSplits, Normalize, Split, SplitOptions, TextCorpus, Tokenizer,
     TokenizerKind,

@@ -188,11 +188,11 @@ impl MaskedLm {
     /// ```
     /// use kappa_models::encoder::EncoderConfig;
     /// use kappa_models::mlm::{mask_tokens, MaskedLm, MaskingRule, BYTE_VOCAB};
-    /// use kappa_models::{AttentionKernel, Conditioning, ScoreScale};
+    /// use kappa_models::{AttentionKernel, CorrectionConfig, ScoreScale};
     /// use tch::{nn, Device, Kind, Tensor};
     /// let cfg = EncoderConfig { vocab_size: BYTE_VOCAB, seq_len: 16, n_layer: 1, n_head: 2,
     ///     n_embd: 16, mlp_ratio: 2, bias: false, scaling: ScoreScale::InvSqrtK,
-    ///     conditioning: Conditioning::None, fused_kernel: true, kernel: AttentionKernel::Softmax };
+    ///     correction: CorrectionConfig::None, fused_kernel: true, kernel: AttentionKernel::Softmax };
     /// let vs = nn::VarStore::new(Device::Cpu);
     /// let model = MaskedLm::new(&vs.root(), cfg)?;
     /// let text = Tensor::from_slice(b"the state of the union is strong").narrow(0, 0, 32)

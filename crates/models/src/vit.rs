@@ -13,7 +13,7 @@ use tch::{nn, Kind, Tensor};
 use kappa_attention::ScoreScale;
 
 use crate::conditioned_attention::{
-    AttentionConfig, AttentionKernel, AttentionTrace, Conditioning,
+    AttentionConfig, AttentionKernel, AttentionTrace, CorrectionConfig,
 };
 use crate::diagnostics::DiagnosticsConfig;
 use crate::error::{ModelsError, Result};
@@ -47,7 +47,8 @@ pub struct VitConfig {
     /// The score scale s (every preset names it: `"inv_sqrt_k"`).
     pub scaling: ScoreScale,
     /// The spectral correction of every attention layer.
-    pub conditioning: Conditioning,
+    #[serde(alias = "conditioning")]
+    pub correction: CorrectionConfig,
     /// Use libtorch's fused attention kernel.
     pub fused_kernel: bool,
 }
@@ -66,7 +67,7 @@ impl VitConfig {
             mlp_ratio: 4,
             bias: false,
             scaling: ScoreScale::InvSqrtK,
-            conditioning: Conditioning::None,
+            correction: CorrectionConfig::None,
             fused_kernel: true,
         }
     }
@@ -97,17 +98,20 @@ impl VitConfig {
             mlp_ratio: 4,
             bias: true,
             scaling: ScoreScale::InvSqrtK,
-            conditioning: Conditioning::None,
+            correction: CorrectionConfig::None,
             fused_kernel: true,
         }
     }
 
-    /// The same model with another conditioning.
-    pub fn with_conditioning(self, conditioning: Conditioning) -> Self {
-        Self {
-            conditioning,
-            ..self
-        }
+    /// The same model with another correction.
+    pub fn with_correction(self, correction: CorrectionConfig) -> Self {
+        Self { correction, ..self }
+    }
+
+    /// The old name of [`VitConfig::with_correction`].
+    #[deprecated(since = "0.2.0", note = "renamed `with_correction`")]
+    pub fn with_conditioning(self, correction: CorrectionConfig) -> Self {
+        self.with_correction(correction)
     }
 
     /// Tokens per image: (S/P)² + 1 (`usize::MAX` when that does not fit a `usize`).
@@ -131,7 +135,7 @@ impl VitConfig {
             bias: self.bias,
             causal: false,
             scaling: self.scaling,
-            conditioning: self.conditioning,
+            correction: self.correction,
             fused_kernel: self.fused_kernel,
             kernel: AttentionKernel::Softmax,
         }
@@ -444,7 +448,7 @@ mod tests {
         let vs = nn::VarStore::new(Device::Cpu);
         let m = Vit::new(
             &vs.root(),
-            VitConfig::tiny().with_conditioning(Conditioning::Svd { every: 1 }),
+            VitConfig::tiny().with_correction(CorrectionConfig::Svd { every: 1 }),
         )
         .unwrap();
         let x = Tensor::randn([4, 1, 28, 28], (Kind::Float, Device::Cpu));

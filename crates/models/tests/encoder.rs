@@ -10,7 +10,7 @@ use tch::{nn, Device, Kind, Tensor};
 use kappa_models::classifier::{SequenceClassifier, SequenceClassifierConfig};
 use kappa_models::layers::{Block, LayerNorm};
 use kappa_models::linear::Linear;
-use kappa_models::{seeded, AttentionKernel, Conditioning, HeadLayout};
+use kappa_models::{seeded, AttentionKernel, CorrectionConfig, HeadLayout};
 
 /// The classifier as it was written before the encoder was its own module: the variables
 /// drawn in the order wte, wpe, blocks, ln_f, head, and the forward embedding + positions →
@@ -53,13 +53,13 @@ fn the_classifier_computes_what_it_computed_before_the_encoder_was_split_out() {
     let tokens = seeded(3, || {
         Tensor::randint_low(0, 12, [3, 16], (Kind::Int64, Device::Cpu))
     });
-    for (bias, conditioning) in [
-        (false, Conditioning::None),
-        (true, Conditioning::identity(10.0, HeadLayout::Shifted)),
+    for (bias, correction) in [
+        (false, CorrectionConfig::None),
+        (true, CorrectionConfig::identity(10.0, HeadLayout::Shifted)),
     ] {
         let cfg = SequenceClassifierConfig {
             bias,
-            conditioning,
+            correction,
             ..SequenceClassifierConfig::tiny(AttentionKernel::Softmax)
         };
         let vs = nn::VarStore::new(Device::Cpu);
@@ -67,15 +67,15 @@ fn the_classifier_computes_what_it_computed_before_the_encoder_was_split_out() {
         let ours = model.logits(&tokens).unwrap();
         let want = reference_logits(cfg, 7, &tokens);
         // The same draws and the same operations in the same order: bit-identical.
-        assert!(ours.equal(&want), "{conditioning:?}: {ours} vs {want}");
+        assert!(ours.equal(&want), "{correction:?}: {ours} vs {want}");
     }
 }
 
-fn encoder_config(conditioning: Conditioning) -> kappa_models::EncoderConfig {
+fn encoder_config(correction: CorrectionConfig) -> kappa_models::EncoderConfig {
     SequenceClassifierConfig {
         vocab_size: kappa_models::mlm::BYTE_VOCAB,
         pad_id: Some(kappa_models::mlm::PAD),
-        conditioning,
+        correction,
         ..SequenceClassifierConfig::tiny(AttentionKernel::Softmax)
     }
     .encoder()
@@ -92,7 +92,7 @@ fn the_masked_lm_loss_reads_only_the_selected_positions() {
     use kappa_models::mlm::{mask_tokens, MaskedLm, MaskingRule, IGNORE};
     let vs = nn::VarStore::new(Device::Cpu);
     let model = seeded(1, || {
-        MaskedLm::new(&vs.root(), encoder_config(Conditioning::None))
+        MaskedLm::new(&vs.root(), encoder_config(CorrectionConfig::None))
     })
     .unwrap();
     let (inputs, targets) = mask_tokens(&byte_text(2), &MaskingRule::default(), 5, 0).unwrap();
@@ -183,7 +183,7 @@ fn encoder_weights_move_from_the_masked_lm_into_the_classifier_by_name() {
     use kappa_models::encoder::is_encoder_variable;
     use kappa_models::mlm::{MaskedLm, PAD};
     use kappa_models::{copy_encoder, load_encoder};
-    let cond = Conditioning::identity(10.0, HeadLayout::Shifted);
+    let cond = CorrectionConfig::identity(10.0, HeadLayout::Shifted);
     let enc = encoder_config(cond);
     let (src, dst) = (
         nn::VarStore::new(Device::Cpu),
@@ -258,10 +258,10 @@ fn encoder_weights_move_from_the_masked_lm_into_the_classifier_by_name() {
         err.contains("`encoder.h.2.ln_1.weight` is missing"),
         "{err}"
     );
-    // Another conditioning: the λ buffers exist on one side only.
+    // Another correction: the λ buffers exist on one side only.
     let plain = nn::VarStore::new(Device::Cpu);
     let plain_cfg = SequenceClassifierConfig {
-        conditioning: Conditioning::None,
+        correction: CorrectionConfig::None,
         ..cls_cfg
     };
     let _p = seeded(6, || SequenceClassifier::new(&plain.root(), plain_cfg)).unwrap();

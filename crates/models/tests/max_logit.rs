@@ -6,8 +6,8 @@ use kappa_attention::{HeadLayout, ScoreScale};
 use kappa_models::diagnostics::{diagnose, DiagnosticsConfig};
 use kappa_models::max_logit::{head_max_logits, CHUNK_ENTRIES};
 use kappa_models::{
-    seeded, AttentionConfig, AttentionKernel, ConditionedAttention, Conditioning, Gpt, GptConfig,
-    Transformer,
+    seeded, AttentionConfig, AttentionKernel, ConditionedAttention, CorrectionConfig, Gpt,
+    GptConfig, Transformer,
 };
 use kappa_optim::QkClipConfig;
 use tch::{nn, Device, Kind, Tensor};
@@ -76,14 +76,14 @@ fn the_chunked_max_equals_the_materialized_one_and_excludes_the_future() {
 
 #[test]
 fn the_capture_matches_the_diagnostics_and_does_not_change_the_forward() {
-    for conditioning in [
-        Conditioning::None,
-        Conditioning::identity(2.0, HeadLayout::Shifted),
+    for correction in [
+        CorrectionConfig::None,
+        CorrectionConfig::identity(2.0, HeadLayout::Shifted),
     ] {
         let vs = nn::VarStore::new(CPU);
         let cfg = GptConfig {
             bias: true,
-            ..GptConfig::tiny(9).with_conditioning(conditioning)
+            ..GptConfig::tiny(9).with_correction(correction)
         };
         let (gpt, idx) = seeded(1, || {
             let gpt = Gpt::new(&vs.root(), cfg).unwrap();
@@ -114,7 +114,7 @@ fn the_capture_matches_the_diagnostics_and_does_not_change_the_forward() {
                 .collect();
             assert!(
                 close(&got, &diag, 1e-5),
-                "{conditioning:?} {layer}: {got:?} {diag:?}"
+                "{correction:?} {layer}: {got:?} {diag:?}"
             );
             // The trace's scores are unmasked: the reference masks them.
             let t = 16;
@@ -136,7 +136,7 @@ fn the_capture_matches_the_diagnostics_and_does_not_change_the_forward() {
 }
 
 fn layer(
-    conditioning: Conditioning,
+    correction: CorrectionConfig,
     bias: bool,
     causal: bool,
 ) -> (nn::VarStore, ConditionedAttention) {
@@ -147,7 +147,7 @@ fn layer(
         bias,
         causal,
         scaling: ScoreScale::InvSqrtK,
-        conditioning,
+        correction,
         fused_kernel: true,
         kernel: AttentionKernel::Softmax,
     };
@@ -175,15 +175,15 @@ fn allowance(d: usize, k: usize) -> f64 {
 
 #[test]
 fn the_clip_brings_every_head_of_the_captured_input_to_tau() {
-    for conditioning in [
-        Conditioning::None,
-        Conditioning::identity(3.0, HeadLayout::Shifted),
-        Conditioning::identity(3.0, HeadLayout::SameBlock),
-        Conditioning::Svd { every: 1 },
+    for correction in [
+        CorrectionConfig::None,
+        CorrectionConfig::identity(3.0, HeadLayout::Shifted),
+        CorrectionConfig::identity(3.0, HeadLayout::SameBlock),
+        CorrectionConfig::Svd { every: 1 },
     ] {
         for (bias, causal) in [(false, true), (true, true), (true, false)] {
-            let (_vs, attn) = layer(conditioning, bias, causal);
-            attn.refresh_conditioning(1).unwrap();
+            let (_vs, attn) = layer(correction, bias, causal);
+            attn.refresh_correction(1).unwrap();
             let x = seeded(3, || Tensor::randn([2, 7, 12], (Kind::Float, CPU)));
             let clip = QkClipConfig {
                 tau: 1.0,
@@ -220,20 +220,17 @@ fn the_clip_brings_every_head_of_the_captured_input_to_tau() {
                     let new = w_new.narrow(0, start, len);
                     let dev = (&new - &old * gamma).abs().max().double_value(&[]);
                     let scale = old.abs().max().double_value(&[]);
-                    assert!(
-                        dev <= 1e-6 * scale,
-                        "{conditioning:?} head {h} block {block}"
-                    );
+                    assert!(dev <= 1e-6 * scale, "{correction:?} head {h} block {block}");
                 }
                 if before[h] > tau {
                     assert!(
                         after[h] <= tau * (1.0 + tol),
-                        "{conditioning:?} {h}: {}",
+                        "{correction:?} {h}: {}",
                         after[h]
                     );
                     assert!(
                         after[h] >= tau * (1.0 - tol),
-                        "{conditioning:?} {h}: {}",
+                        "{correction:?} {h}: {}",
                         after[h]
                     );
                 } else {
@@ -247,7 +244,7 @@ fn the_clip_brings_every_head_of_the_captured_input_to_tau() {
 
 #[test]
 fn scale_qk_checks_the_head_count() {
-    let (_vs, attn) = layer(Conditioning::None, false, true);
+    let (_vs, attn) = layer(CorrectionConfig::None, false, true);
     assert!(attn.scale_qk(&[kappa_optim::HeadFactors::ONE]).is_err());
     assert!(attn
         .max_logits(&Tensor::zeros([1, 2, 5], (Kind::Float, CPU)))

@@ -17,7 +17,7 @@
 
 use kappa_models::nystrom::{iterative_pinv, nystrom_attention};
 use kappa_models::{
-    AttentionConfig, AttentionKernel, ConditionedAttention, Conditioning, NystromConfig, Pinv,
+    AttentionConfig, AttentionKernel, ConditionedAttention, CorrectionConfig, NystromConfig, Pinv,
     ScoreScale,
 };
 use tch::{nn, Device, Kind, Tensor};
@@ -190,7 +190,7 @@ fn layer_unseeded(kernel: AttentionKernel) -> (nn::VarStore, ConditionedAttentio
         bias: true,
         causal: false,
         scaling: ScoreScale::InvSqrtK,
-        conditioning: Conditioning::identity(0.5, kappa_models::HeadLayout::Shifted),
+        correction: CorrectionConfig::identity(0.5, kappa_models::HeadLayout::Shifted),
         fused_kernel: true,
         kernel,
     };
@@ -275,7 +275,7 @@ fn bad_nystrom_settings_are_named_errors() {
         bias: false,
         causal: true,
         scaling: ScoreScale::InvSqrtK,
-        conditioning: Conditioning::None,
+        correction: CorrectionConfig::None,
         fused_kernel: true,
         kernel: AttentionKernel::Nystrom(NystromConfig::paper(4)),
     };

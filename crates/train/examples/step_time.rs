@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kappa_models::{Conditioning, Gpt, GptConfig, HeadLayout, Vit, VitConfig};
+use kappa_models::{CorrectionConfig, Gpt, GptConfig, HeadLayout, Vit, VitConfig};
 use kappa_train::{seeded, TrainConfig};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -33,13 +33,13 @@ fn main() {
     let steps: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
     tch::set_num_threads(threads);
     let conds = [
-        Conditioning::None,
-        Conditioning::identity(10.0, HeadLayout::Shifted),
-        Conditioning::Svd { every: 1 },
+        CorrectionConfig::None,
+        CorrectionConfig::identity(10.0, HeadLayout::Shifted),
+        CorrectionConfig::Svd { every: 1 },
     ];
     for c in conds {
         let vs = nn::VarStore::new(Device::Cpu);
-        let cfg = VitConfig::cpu().with_conditioning(c);
+        let cfg = VitConfig::cpu().with_correction(c);
         let vit = seeded(0, || Vit::new(&vs.root(), cfg)).unwrap();
         let (x, y) = seeded(1, || {
             (
@@ -49,9 +49,9 @@ fn main() {
         });
         let s = time_steps(&vs, steps, || {
             let l = vit.loss(&x, &y).unwrap();
-            if matches!(c, Conditioning::Svd { .. }) {
+            if matches!(c, CorrectionConfig::Svd { .. }) {
                 use kappa_models::Transformer;
-                vit.refresh_conditioning(1).unwrap();
+                vit.refresh_correction(1).unwrap();
             }
             l
         });
@@ -62,7 +62,7 @@ fn main() {
             128.0 / s
         );
         let vs = nn::VarStore::new(Device::Cpu);
-        let cfg = GptConfig::cpu(98).with_conditioning(c);
+        let cfg = GptConfig::cpu(98).with_correction(c);
         let gpt = seeded(0, || Gpt::new(&vs.root(), cfg)).unwrap();
         let idx = seeded(1, || {
             Tensor::randint(98, [32, 64], (Kind::Int64, Device::Cpu))

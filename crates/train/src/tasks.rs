@@ -115,7 +115,7 @@ impl Task for LanguageModeling {
     }
 
     fn after_step(&mut self, step: u64) -> Result<()> {
-        self.model.refresh_conditioning(step)
+        self.model.refresh_correction(step)
     }
 
     fn transformer(&self) -> Option<&dyn Transformer> {
@@ -232,7 +232,7 @@ impl Task for MaskedLanguageModeling {
     }
 
     fn after_step(&mut self, step: u64) -> Result<()> {
-        self.model.refresh_conditioning(step)
+        self.model.refresh_correction(step)
     }
 
     fn transformer(&self) -> Option<&dyn Transformer> {
@@ -437,7 +437,7 @@ impl<M: ClassifierModel, D: ClassificationData> Task for Classification<M, D> {
     }
 
     fn after_step(&mut self, step: u64) -> Result<()> {
-        self.model.refresh_conditioning(step)
+        self.model.refresh_correction(step)
     }
 
     fn transformer(&self) -> Option<&dyn Transformer> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kappa_dist::{Communicator, Threads};
 use kappa_models::data::fixtures;
-use kappa_models::{Conditioning, Gpt, GptConfig, ModelsError, TextCorpus, TokenizerKind};
+use kappa_models::{CorrectionConfig, Gpt, GptConfig, ModelsError, TextCorpus, TokenizerKind};
 use kappa_train::{
     modulewise_groups, seeded, Eval, LanguageModeling, ModulewiseConfig, Outcome, Part, Preset,
     Record, RunContext, StopFlag, Task, TrainConfig, Trainer,
@@ -61,7 +61,7 @@ fn lm_task(dir: &Path, init_seed: u64) -> (nn::VarStore, LanguageModeling) {
     let corpus = TextCorpus::load_sotu(dir, TokenizerKind::Char, None, Device::Cpu).unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
     let cfg = GptConfig::tiny(corpus.tokenizer.vocab_size())
-        .with_conditioning(Conditioning::Svd { every: 2 });
+        .with_correction(CorrectionConfig::Svd { every: 2 });
     let gpt = seeded(init_seed, || Gpt::new(&vs.root(), cfg)).unwrap();
     (vs, LanguageModeling::new(gpt, corpus, 5).unwrap())
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use kappa_models::data::fixtures;
 use kappa_models::{
-    Conditioning, FashionMnist, Gpt, GptConfig, HeadLayout, ModelsError, TextCorpus, TokenizerKind,
-    Vit, VitConfig,
+    CorrectionConfig, FashionMnist, Gpt, GptConfig, HeadLayout, ModelsError, TextCorpus,
+    TokenizerKind, Vit, VitConfig,
 };
 use kappa_train::trainer::{adamw_groups, named_trainable};
 use kappa_train::{
@@ -53,12 +53,12 @@ fn context() -> RunContext {
 
 fn lm_task(
     dir: &std::path::Path,
-    conditioning: Conditioning,
+    correction: CorrectionConfig,
     init_seed: u64,
 ) -> (nn::VarStore, LanguageModeling) {
     let corpus = TextCorpus::load_sotu(dir, TokenizerKind::Char, None, Device::Cpu).unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = GptConfig::tiny(corpus.tokenizer.vocab_size()).with_conditioning(conditioning);
+    let cfg = GptConfig::tiny(corpus.tokenizer.vocab_size()).with_correction(correction);
     let gpt = seeded(init_seed, || Gpt::new(&vs.root(), cfg)).unwrap();
     (vs, LanguageModeling::new(gpt, corpus, 5).unwrap())
 }
@@ -89,7 +89,7 @@ fn same_seed_and_threads_give_identical_losses() {
     let dir = temp("det");
     fixtures::write_sotu(&dir).unwrap();
     let run = || {
-        let (vs, mut task) = lm_task(&dir, Conditioning::Svd { every: 2 }, 1);
+        let (vs, mut task) = lm_task(&dir, CorrectionConfig::Svd { every: 2 }, 1);
         let mut trainer = Trainer::new(&vs, config(6), &context()).unwrap();
         let mut records = Vec::new();
         let s = trainer
@@ -118,7 +118,7 @@ fn same_seed_and_threads_give_identical_losses() {
 fn checkpoints_round_trip_and_a_resumed_run_matches_the_uninterrupted_one() {
     let dir = temp("resume");
     fixtures::write_sotu(&dir).unwrap();
-    let conditioning = Conditioning::ScaleAware {
+    let correction = CorrectionConfig::ScaleAware {
         target_kappa: 1.5,
         layout: HeadLayout::SameBlock,
         every: 2,
@@ -127,14 +127,14 @@ fn checkpoints_round_trip_and_a_resumed_run_matches_the_uninterrupted_one() {
     // the runs are compared bit for bit.
     context().apply_threads();
     // Uninterrupted: 7 steps.
-    let (vs_a, mut task_a) = lm_task(&dir, conditioning, 1);
+    let (vs_a, mut task_a) = lm_task(&dir, correction, 1);
     let mut a = Trainer::new(&vs_a, config(7), &context()).unwrap();
     let mut rec_a = Vec::new();
     a.run(&mut task_a, &mut collect(&mut rec_a), None).unwrap();
 
     // Interrupted after 4 steps, then resumed into a fresh model with another init.
     let ckpt = dir.join("run/ckpt.safetensors");
-    let (vs_b, mut task_b) = lm_task(&dir, conditioning, 1);
+    let (vs_b, mut task_b) = lm_task(&dir, correction, 1);
     let mut b = Trainer::new(&vs_b, config(7), &context()).unwrap();
     b.stop_after(4);
     let mut rec_b = Vec::new();
@@ -143,7 +143,7 @@ fn checkpoints_round_trip_and_a_resumed_run_matches_the_uninterrupted_one() {
         .unwrap();
     assert_eq!(s.outcome, Outcome::Interrupted { step: 4 });
 
-    let (vs_c, mut task_c) = lm_task(&dir, conditioning, 99);
+    let (vs_c, mut task_c) = lm_task(&dir, correction, 99);
     let mut c = Trainer::new(&vs_c, config(7), &context()).unwrap();
     c.load_checkpoint(&ckpt).unwrap();
     assert_eq!(c.step(), 4);
@@ -185,13 +185,13 @@ fn checkpoints_round_trip_and_a_resumed_run_matches_the_uninterrupted_one() {
 
     // A checkpoint from another seed or another model is refused.
     let other_seed = context().with_seed(6);
-    let (vs_d, _t) = lm_task(&dir, conditioning, 1);
+    let (vs_d, _t) = lm_task(&dir, correction, 1);
     let err = Trainer::new(&vs_d, config(7), &other_seed)
         .unwrap()
         .load_checkpoint(&ckpt)
         .unwrap_err();
     assert!(err.to_string().contains("seed"), "{err}");
-    let (vs_e, _t) = lm_task(&dir, Conditioning::None, 1);
+    let (vs_e, _t) = lm_task(&dir, CorrectionConfig::None, 1);
     assert!(Trainer::new(&vs_e, config(7), &context())
         .unwrap()
         .load_checkpoint(&ckpt)
@@ -202,7 +202,7 @@ fn checkpoints_round_trip_and_a_resumed_run_matches_the_uninterrupted_one() {
 fn an_exploding_loss_is_detected_and_recorded() {
     let dir = temp("diverge");
     fixtures::write_sotu(&dir).unwrap();
-    let (vs, mut task) = lm_task(&dir, Conditioning::None, 2);
+    let (vs, mut task) = lm_task(&dir, CorrectionConfig::None, 2);
     let mut cfg = config(50);
     // The largest lr a config may set: AdamW moves every weight by about 10 a step.
     cfg.lr = kappa_train::trainer::MAX_LR;
@@ -253,7 +253,7 @@ impl Task for Poisoned {
 fn a_non_finite_loss_stops_the_run() {
     let dir = temp("nan");
     fixtures::write_sotu(&dir).unwrap();
-    let (vs, task) = lm_task(&dir, Conditioning::None, 3);
+    let (vs, task) = lm_task(&dir, CorrectionConfig::None, 3);
     let mut task = Poisoned(task);
     let mut trainer = Trainer::new(&vs, config(10), &context()).unwrap();
     let mut records = Vec::new();
@@ -461,9 +461,9 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
     let vs = nn::VarStore::new(Device::Cpu);
     // λ = 0.3: at D = 16 with LayerNorm tokens, λ = 1 already saturates the class token's
     // attention onto itself and the model stays at chance on this fixture (docs/models.md, "Why a large λ collapses attention").
-    let c = Conditioning::identity(0.3, HeadLayout::Shifted);
+    let c = CorrectionConfig::identity(0.3, HeadLayout::Shifted);
     let vit = seeded(0, || {
-        Vit::new(&vs.root(), VitConfig::tiny().with_conditioning(c))
+        Vit::new(&vs.root(), VitConfig::tiny().with_correction(c))
     })
     .unwrap();
     let mut task = ImageClassification::new(vit, data, 0).unwrap();
@@ -514,7 +514,7 @@ fn vit_trains_on_fixture_images_and_reports_accuracy() {
 /// The first training losses of a 4-step run of the tiny GPT at `precision` (`None` when the
 /// trainer refuses it).
 fn first_losses(dir: &std::path::Path, precision: kappa_train::TrainPrecision) -> Option<Vec<f64>> {
-    let (vs, mut task) = lm_task(dir, Conditioning::None, 1);
+    let (vs, mut task) = lm_task(dir, CorrectionConfig::None, 1);
     let cfg = TrainConfig {
         precision,
         ..config(4)
@@ -592,7 +592,7 @@ fn a_nystrom_classifier_trains_on_listops() {
         seq_len: data.seq_len,
         pad_id: data.pad_id,
         num_classes: data.num_classes,
-        conditioning: Conditioning::identity(0.3, HeadLayout::Shifted),
+        correction: CorrectionConfig::identity(0.3, HeadLayout::Shifted),
         ..SequenceClassifierConfig::tiny(AttentionKernel::Nystrom(NystromConfig::paper(8)))
     };
     let vs = nn::VarStore::new(Device::Cpu);

@@ -5,7 +5,7 @@
 //! [`SequenceClassifier`] ([`kappa_models::load_encoder`] from the pretraining checkpoint) and
 //! fine-tuned on the movie-review sentences ([`MovieReviews`], an SST-2-like binary split);
 //! the headline is the test accuracy against the paper's SST-2 row. Both stages train through
-//! [`crate::conditioning::train_conditioned`], so an interrupted run resumes at either stage.
+//! [`crate::correction_study::train_corrected`], so an interrupted run resumes at either stage.
 
 mod report;
 
@@ -24,7 +24,7 @@ use kappa_train::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::conditioning::{train_conditioned, Stage, Variant};
+use crate::correction_study::{train_corrected, Stage, Variant};
 use crate::report::Section;
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::scale::Scale;
@@ -147,10 +147,9 @@ impl Experiment for BertSentiment {
                 "variants.{i}.name: {:?} is listed twice",
                 v.name
             );
-            v.conditioning
-                .validate(&format!("variants.{i}.conditioning"))?;
+            v.correction.validate(&format!("variants.{i}.correction"))?;
             c.model
-                .with_conditioning(v.conditioning)
+                .with_correction(v.correction)
                 .validate()
                 .with_context(|| format!("variant {:?}", v.name))?;
         }
@@ -224,13 +223,13 @@ pub fn corpus(corpus: &Corpus, run: &Run) -> Result<TextCorpus> {
 fn pretrain(config: &Config, run: &mut Run, i: usize, variant: &Variant) -> Result<Outcome> {
     let staged = Variant {
         name: PRETRAINING.name(&variant.name),
-        conditioning: variant.conditioning,
+        correction: variant.correction,
     };
-    let model = config.model.with_conditioning(variant.conditioning);
+    let model = config.model.with_correction(variant.correction);
     let text = corpus(&config.corpus, run)?;
     let (seed, rule) = (run.context().seed, config.masking);
     let (batches, batch) = (config.final_eval_batches, config.pretrain.batch_size);
-    train_conditioned(
+    train_corrected(
         run,
         2 * i,
         &staged,
@@ -248,15 +247,15 @@ fn pretrain(config: &Config, run: &mut Run, i: usize, variant: &Variant) -> Resu
 fn finetune(config: &Config, run: &mut Run, i: usize, variant: &Variant) -> Result<Outcome> {
     let staged = Variant {
         name: FINE_TUNING.name(&variant.name),
-        conditioning: variant.conditioning,
+        correction: variant.correction,
     };
-    let encoder = config.model.with_conditioning(variant.conditioning);
+    let encoder = config.model.with_correction(variant.correction);
     let device = kappa_models::parse_device(&run.context().device)?;
     let dir = run.context().data_dir.join(MovieReviews::SET);
     let data = MovieReviews::load(&dir, &config.text(), device)?;
     let checkpoint = variant_checkpoint(run, 2 * i);
     let seed = run.context().seed;
-    train_conditioned(
+    train_corrected(
         run,
         2 * i + 1,
         &staged,

@@ -10,7 +10,7 @@ use kappa_train::{adamw_groups, train_language_model, Outcome, TrainConfig, Vari
 use serde::{Deserialize, Serialize};
 use tch::nn;
 
-use crate::conditioning::{conditioning_report, ReportSpec, Variant};
+use crate::correction_study::{correction_report, ReportSpec, Variant};
 use crate::report::{opened, Section};
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::Experiment;
@@ -65,10 +65,10 @@ impl Experiment for GptSotu {
         };
         for (i, variant) in c.variants.iter().enumerate() {
             variant
-                .conditioning
-                .validate(&format!("variants.{i}.conditioning"))?;
+                .correction
+                .validate(&format!("variants.{i}.correction"))?;
             model
-                .with_conditioning(variant.conditioning)
+                .with_correction(variant.correction)
                 .validate()
                 .with_context(|| format!("variant {:?}", variant.name))?;
         }
@@ -100,7 +100,7 @@ impl Experiment for GptSotu {
                     Arena (mean 58.70 → 59.42): different models, tasks and scales.",
             stage: None,
         };
-        conditioning_report(&mut section, runs, out_dir, report_dir, &spec)?;
+        correction_report(&mut section, runs, out_dir, report_dir, &spec)?;
         Ok(section)
     }
 }
@@ -117,7 +117,7 @@ pub fn train_variant(
     let device = kappa_models::parse_device(&run.context().device)?;
     let dir = run.context().data_dir.join(TextCorpus::SOTU);
     let corpus = TextCorpus::load_sotu(&dir, config.tokenizer, config.max_chars, device)?;
-    let model = config.model.with_conditioning(variant.conditioning);
+    let model = config.model.with_correction(variant.correction);
     let id = VariantId {
         index,
         name: &variant.name,

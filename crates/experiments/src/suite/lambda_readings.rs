@@ -15,13 +15,13 @@ use anyhow::{Context, Result};
 use kappa_models::data::sequences::{ListOps, ListOpsConfig};
 use kappa_models::mlm::{MaskedLm, MaskingRule};
 use kappa_models::{
-    Conditioning, EncoderConfig, HeadLayout, LambdaUnit, ScoreScale, SequenceClassifier,
+    CorrectionConfig, EncoderConfig, HeadLayout, LambdaUnit, ScoreScale, SequenceClassifier,
     SequenceClassifierConfig, ShiftInput, Split,
 };
 use kappa_train::{MaskedLanguageModeling, Outcome, SequenceClassification, Task, TrainConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::conditioning::{train_conditioned, Variant};
+use crate::correction_study::{train_corrected, Variant};
 use crate::report::{opened, Section};
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::suite::bert_sentiment::{corpus, Corpus};
@@ -66,11 +66,11 @@ pub struct Reading {
 
 impl Reading {
     /// This reading's correction at `lambda` (none at λ = 0).
-    pub fn conditioning(&self, lambda: f64) -> Conditioning {
+    pub fn correction(&self, lambda: f64) -> CorrectionConfig {
         if lambda == 0.0 {
-            return Conditioning::None;
+            return CorrectionConfig::None;
         }
-        Conditioning::Identity {
+        CorrectionConfig::Identity {
             lambda,
             layout: self.layout,
             unit: self.unit,
@@ -157,14 +157,14 @@ pub struct Cell {
     /// The score scale.
     pub scaling: ScoreScale,
     /// The correction.
-    pub conditioning: Conditioning,
+    pub correction: CorrectionConfig,
 }
 
 impl Cell {
     fn model_config(&self, model: &SequenceClassifierConfig) -> SequenceClassifierConfig {
         SequenceClassifierConfig {
             scaling: self.scaling,
-            conditioning: self.conditioning,
+            correction: self.correction,
             ..*model
         }
     }
@@ -172,7 +172,7 @@ impl Cell {
     fn encoder_config(&self, model: &EncoderConfig) -> EncoderConfig {
         EncoderConfig {
             scaling: self.scaling,
-            conditioning: self.conditioning,
+            correction: self.correction,
             ..*model
         }
     }
@@ -206,7 +206,7 @@ impl Config {
                 cells.push(Cell {
                     name,
                     scaling: r.scaling,
-                    conditioning: Conditioning::None,
+                    correction: CorrectionConfig::None,
                 });
             }
         }
@@ -215,7 +215,7 @@ impl Config {
                 cells.push(Cell {
                     name: cell_name(model, r, lambda),
                     scaling: r.scaling,
-                    conditioning: r.conditioning(lambda),
+                    correction: r.correction(lambda),
                 });
             }
         }
@@ -321,7 +321,7 @@ fn train_cell(spec: &ModelSpec, cell: &Cell, index: usize, run: &mut Run) -> Res
     let device = kappa_models::parse_device(&run.context().device)?;
     let variant = Variant {
         name: cell.name.clone(),
-        conditioning: cell.conditioning,
+        correction: cell.correction,
     };
     let accuracy = |eval: kappa_train::Eval| eval.accuracy.unwrap_or(f64::NAN);
     match spec {
@@ -332,7 +332,7 @@ fn train_cell(spec: &ModelSpec, cell: &Cell, index: usize, run: &mut Run) -> Res
             // The splits are a function of the config alone (seed 0): every seed and cell
             // sees the same expressions; the seed changes the initialization and the order.
             let splits = ListOps::generate(data, 0, device)?;
-            train_conditioned(
+            train_corrected(
                 run,
                 index,
                 &variant,
@@ -355,7 +355,7 @@ fn train_cell(spec: &ModelSpec, cell: &Cell, index: usize, run: &mut Run) -> Res
             let config = cell.encoder_config(model);
             let text = corpus(text, run)?;
             let (rule, batches) = (*masking, *final_eval_batches);
-            train_conditioned(
+            train_corrected(
                 run,
                 index,
                 &variant,

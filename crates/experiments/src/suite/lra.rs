@@ -7,7 +7,7 @@
 //! no data here; the report says so.
 //!
 //! Every run (one seed) trains, task by task, every variant of [`Config::variants`] through
-//! [`crate::conditioning::train_conditioned`] (so an interrupted run resumes, and a diverged
+//! [`crate::correction_study::train_corrected`] (so an interrupted run resumes, and a diverged
 //! variant is a result); the headline metric is test accuracy. The report picks the
 //! best λ of the sweep by validation accuracy and decides each claim by the rule in [`rule`].
 
@@ -24,14 +24,14 @@ use kappa_models::data::sequences::{
     MovieReviews, Pathfinder, PathfinderConfig, SequenceSet, SequenceSplits, TextConfig,
 };
 use kappa_models::{
-    AttentionKernel, Conditioning, FashionMnist, HeadLayout, SequenceClassifier,
+    AttentionKernel, CorrectionConfig, FashionMnist, HeadLayout, SequenceClassifier,
     SequenceClassifierConfig, Split,
 };
 use kappa_train::{SequenceClassification, TrainConfig};
 use serde::{Deserialize, Serialize};
 use tch::Kind;
 
-use crate::conditioning::{train_conditioned, Variant};
+use crate::correction_study::{train_corrected, Variant};
 use crate::report::Section;
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::{Experiment, Scale};
@@ -99,7 +99,7 @@ pub struct ScaleAware {
 /// scale-aware λ.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Conditionings {
+pub struct CorrectionSweep {
     /// The paper's λ (10).
     pub paper_lambda: f64,
     /// The sweep the best λ is chosen from (by validation accuracy, [`rule::best_lambda`]).
@@ -165,7 +165,8 @@ pub struct Config {
     /// The model.
     pub model: ModelShape,
     /// The conditioned variants.
-    pub conditioning: Conditionings,
+    #[serde(alias = "conditioning")]
+    pub correction: CorrectionSweep,
     /// Significance level of the verdicts ([`rule::verdict`]).
     pub alpha: f64,
     /// Training settings of every task (seed, threads and device come from the run context).
@@ -178,14 +179,14 @@ const TEST_BATCH: usize = 128;
 impl Config {
     /// The variants of every task, baseline first: the paper's λ, the sweep, the scale-aware λ.
     pub fn variants(&self) -> Vec<LraVariant> {
-        let c = &self.conditioning;
-        let identity = |lambda| Conditioning::identity(lambda, c.layout);
-        let one = |role, name: String, conditioning| LraVariant {
+        let c = &self.correction;
+        let identity = |lambda| CorrectionConfig::identity(lambda, c.layout);
+        let one = |role, name: String, correction| LraVariant {
             role,
-            variant: Variant { name, conditioning },
+            variant: Variant { name, correction },
         };
         let mut out = vec![
-            one(Role::Baseline, "baseline".into(), Conditioning::None),
+            one(Role::Baseline, "baseline".into(), CorrectionConfig::None),
             one(
                 Role::Paper,
                 format!("λ={} (paper)", c.paper_lambda),
@@ -200,13 +201,13 @@ impl Config {
             ));
         }
         if let Some(s) = c.scale_aware {
-            let conditioning = Conditioning::ScaleAware {
+            let correction = CorrectionConfig::ScaleAware {
                 target_kappa: s.target_kappa,
                 layout: c.layout,
                 every: s.every,
             };
             let name = format!("scale-aware κ≤{}", s.target_kappa);
-            out.push(one(Role::ScaleAware, name, conditioning));
+            out.push(one(Role::ScaleAware, name, correction));
         }
         out
     }
@@ -232,7 +233,11 @@ impl Config {
     }
 
     /// The classifier of `task` with `conditioning`.
-    pub fn model_of(&self, task: LraTask, conditioning: Conditioning) -> SequenceClassifierConfig {
+    pub fn model_of(
+        &self,
+        task: LraTask,
+        correction: CorrectionConfig,
+    ) -> SequenceClassifierConfig {
         let (seq_len, vocab_size, num_classes, pad_id) = self.shape_of(task);
         let m = &self.model;
         SequenceClassifierConfig {
@@ -246,7 +251,7 @@ impl Config {
             mlp_ratio: m.mlp_ratio,
             bias: m.bias,
             scaling: m.scaling,
-            conditioning,
+            correction,
             fused_kernel: true,
             kernel: m.kernel,
         }
@@ -379,7 +384,7 @@ impl Experiment for Lra {
         );
         for &task in &c.tasks {
             for v in c.variants() {
-                c.model_of(task, v.variant.conditioning)
+                c.model_of(task, v.variant.correction)
                     .validate()
                     .with_context(|| format!("task {} ({})", task.name(), v.variant.name))?;
             }
@@ -400,9 +405,9 @@ impl Experiment for Lra {
                 let name = Config::variant_name(task, v);
                 let variant = Variant {
                     name: name.clone(),
-                    conditioning: v.variant.conditioning,
+                    correction: v.variant.correction,
                 };
-                let model = config.model_of(task, v.variant.conditioning);
+                let model = config.model_of(task, v.variant.correction);
                 let build = |vs: &tch::nn::VarStore| -> Result<SequenceClassification> {
                     let splits = match &loaded {
                         Some(d) => share(d),
@@ -423,7 +428,7 @@ impl Experiment for Lra {
                 };
                 let index = t * variants.len() + i;
                 // A diverged variant is a result (its summary says so); the others still run.
-                train_conditioned(run, index, &variant, &config.train, build, test)
+                train_corrected(run, index, &variant, &config.train, build, test)
                     .with_context(|| format!("variant {name}"))?;
             }
         }
@@ -446,7 +451,7 @@ fn validate_lists(c: &Config) -> Result<()> {
             t.name()
         );
     }
-    let k = &c.conditioning;
+    let k = &c.correction;
     anyhow::ensure!(
         k.paper_lambda.is_finite() && k.paper_lambda >= 0.0,
         "conditioning.paper_lambda: must be finite and ≥ 0, found {}",

@@ -8,7 +8,7 @@
 //! - the conditioning study: a character GPT and a ViT with and without λ·I_k.
 //!
 //! The report fits each effect against log₂ D over every (width, seed) with a 95% interval on
-//! the slope, and says which way the effect moves with width ([`report`]). One unit (a seed)
+//! the slope, and says which way the effect moves with width. One unit (a seed)
 //! trains every point in turn and resumes from the point it stopped at.
 
 mod report;
@@ -299,7 +299,7 @@ fn setup_manifolds(c: &Config) -> String {
 
 /// What the conditioning study trained.
 fn setup_conditioning(c: &Config) -> String {
-    let names = |vs: &[crate::conditioning::Variant]| {
+    let names = |vs: &[crate::correction_study::Variant]| {
         vs.iter()
             .map(|v| v.name.as_str())
             .collect::<Vec<_>>()

@@ -2,7 +2,7 @@
 //! corrections of *Spectral Conditioning of Attention* (λ·I_k at λ = 1 and the paper's λ = 10,
 //! the scale-aware λ, the exact SVD correction), with the conditioning measured while training.
 //! The variants train one after another through [`kappa_train::variants`] (so an interrupted run
-//! resumes); the report is [`crate::conditioning::conditioning_report`], shared with `gpt-sotu`.
+//! resumes); the report is [`crate::correction_study::correction_report`], shared with `gpt-sotu`.
 
 use std::path::Path;
 
@@ -11,7 +11,7 @@ use kappa_models::{FashionMnist, Split, Vit, VitConfig};
 use kappa_train::{ImageClassification, Outcome, TrainConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::conditioning::{conditioning_report, train_conditioned, ReportSpec, Variant};
+use crate::correction_study::{correction_report, train_corrected, ReportSpec, Variant};
 use crate::report::{opened, Section};
 use crate::run::{Run, RunRecord, RunStatus};
 use crate::Experiment;
@@ -60,10 +60,10 @@ impl Experiment for VitFmnist {
         anyhow::ensure!(!c.variants.is_empty(), "variants: need at least one");
         for (i, variant) in c.variants.iter().enumerate() {
             variant
-                .conditioning
-                .validate(&format!("variants.{i}.conditioning"))?;
+                .correction
+                .validate(&format!("variants.{i}.correction"))?;
             c.model
-                .with_conditioning(variant.conditioning)
+                .with_correction(variant.correction)
                 .validate()
                 .with_context(|| format!("variant {:?}", variant.name))?;
         }
@@ -108,7 +108,7 @@ impl Experiment for VitFmnist {
                     baseline 80.7 (±0.41), + spectral conditioning 81.7 (±0.38), Δ = +1.0.",
             stage: None,
         };
-        conditioning_report(&mut section, runs, out_dir, report_dir, &spec)?;
+        correction_report(&mut section, runs, out_dir, report_dir, &spec)?;
         Ok(section)
     }
 }
@@ -125,13 +125,13 @@ pub fn train_variant(
     let train = &config.train;
     let seed = run.context().seed;
     let device = kappa_models::parse_device(&run.context().device)?;
-    let model = config.model.with_conditioning(variant.conditioning);
+    let model = config.model.with_correction(variant.correction);
     if device == tch::Device::Cpu {
         train.ensure_vit_step_fits(&model, TEST_BATCH)?;
     }
     let dir = run.context().data_dir.join(FashionMnist::SET);
     let data = FashionMnist::load(&dir, config.validation, config.train_limit, device)?;
-    train_conditioned(
+    train_corrected(
         run,
         index,
         variant,

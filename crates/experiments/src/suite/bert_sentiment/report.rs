@@ -1,17 +1,17 @@
 //! The `bert-sentiment` section: the accuracy table beside the paper's SST-2 row, the verdict
 //! of each conditioned variant against the baseline (Welch's one-sided test, rule in
 //! [`verdict`]), the pretraining loss curves, and the attention diagnostics of the pretrained
-//! and the fine-tuned models ([`conditioning_report`] per stage).
+//! and the fine-tuned models ([`correction_report`] per stage).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
-use kappa_models::{Conditioning, HeadLayout};
+use kappa_models::{CorrectionConfig, HeadLayout};
 use kappa_train::{Line, Outcome, Record};
 
 use super::{BertSentiment, Config, FINE_TUNING, PRETRAINING};
-use crate::conditioning::{conditioning_report, ReportSpec, Stage};
+use crate::correction_study::{correction_report, ReportSpec, Stage};
 use crate::plot::{LinePlot, Mark};
 use crate::report::cells::{over_seeds, MISSING};
 use crate::report::variants::read_variants;
@@ -118,7 +118,7 @@ pub fn report(
             paper: "",
             stage: Some(stage),
         };
-        conditioning_report(&mut section, runs, out_dir, report_dir, &spec)?;
+        correction_report(&mut section, runs, out_dir, report_dir, &spec)?;
     }
     Ok(section)
 }
@@ -126,10 +126,10 @@ pub fn report(
 /// The paper's SST-2 number for a variant: the baseline's for no conditioning, the
 /// conditioned one for λ·I_k at λ = 10 in the fused reading (the paper's: absolute λ on the
 /// LayerNorm's output); none otherwise.
-fn paper_cell(conditioning: &Conditioning) -> String {
-    match *conditioning {
-        Conditioning::None => format!("{:.1}", PAPER_SST2.0),
-        c if c == Conditioning::identity(10.0, HeadLayout::Shifted) => {
+fn paper_cell(correction: &CorrectionConfig) -> String {
+    match *correction {
+        CorrectionConfig::None => format!("{:.1}", PAPER_SST2.0),
+        c if c == CorrectionConfig::identity(10.0, HeadLayout::Shifted) => {
             format!("{:.1}", PAPER_SST2.1)
         }
         _ => MISSING.into(),
@@ -154,7 +154,7 @@ fn accuracy_table(section: &mut Section, config: &Config, stages: &Stages) {
                 ),
                 over_seeds(&test, 2),
                 test.len().to_string(),
-                paper_cell(&v.conditioning),
+                paper_cell(&v.correction),
             ]
         })
         .collect();

@@ -283,7 +283,7 @@ fn setup(c: &Config) -> String {
             .map_or(String::new(), |n| format!(" (the first {n} test examples)")),
         lengths.join(", "),
         image_note(c.data.image_side),
-        c.conditioning.sweep,
+        c.correction.sweep,
         c.alpha
     )
 }

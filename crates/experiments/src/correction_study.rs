@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use anyhow::Result;
-use kappa_models::{summarize, Conditioning, HeadDiagnostics};
+use kappa_models::{summarize, CorrectionConfig, HeadDiagnostics};
 use kappa_train::{
     adamw_groups, train_variant, Final, Line, Outcome, Record, Run, RunRecord, Task, TrainConfig,
     VariantId,
@@ -30,12 +30,13 @@ pub struct Variant {
     /// Table label.
     pub name: String,
     /// The correction.
-    pub conditioning: Conditioning,
+    #[serde(alias = "conditioning")]
+    pub correction: CorrectionConfig,
 }
 
 /// Trains variant `index` of a run with kappa-train's AdamW groups ([`adamw_groups`]): see
 /// [`train_variant`] for resume and what is logged.
-pub fn train_conditioned<T: Task>(
+pub fn train_corrected<T: Task>(
     run: &mut Run,
     index: usize,
     variant: &Variant,
@@ -227,7 +228,7 @@ fn read_data(runs: &[RunRecord], stage: Option<Stage>) -> Result<Vec<VariantData
 }
 
 /// The tables, plots and verdicts shared by `vit-fmnist` and `gpt-sotu`.
-pub fn conditioning_report(
+pub fn correction_report(
     section: &mut Section,
     runs: &[RunRecord],
     out_dir: &Path,
