@@ -19,7 +19,7 @@
 //! | [`qk_clip`] | [`QkClipConfig`] (τ, α), [`HeadFactors`], [`clip_rows`], [`fused_qkv_row_factors`], [`scale_rows`]: Kimi K2's QK-clip on row blocks of any `Matrix` |
 //! | [`precision`] | [`Precision`], [`WorkingPrecision`], [`cpu_has_native_bf16`] (msign's precision per device) |
 //! | `fused` (with `tch`) | one-pass CPU f32 kernels: AdamW's update, Muon's momentum, `sum_of_squares` (the clipping norm) |
-//! | [`convergence`] | [`DataModel`](convergence::DataModel), [`Sample`](convergence::Sample), [`EmpiricalProblem`](convergence::EmpiricalProblem), [`PopulationProblem`](convergence::PopulationProblem), [`Moments`](convergence::Moments), [`spectral_init`](convergence::spectral_init), [`Trainer`](convergence::Trainer), [`Settings`](convergence::Settings) |
+//! | [`convergence`] | [`DataModel`](convergence::DataModel), [`Sample`](convergence::Sample), [`EmpiricalProblem`](convergence::EmpiricalProblem), [`PopulationProblem`](convergence::PopulationProblem), [`Moments`](convergence::Moments), [`spectral_init`](convergence::spectral_init), [`Descent`](convergence::Descent), [`Settings`](convergence::Settings) |
 //!
 //! The convergence code is `f64` on `ndarray`, on top of `kappa-linalg` (PSD square roots, SVD, κ).
 

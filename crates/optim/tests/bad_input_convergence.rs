@@ -278,7 +278,7 @@ fn bad_input_convergence() {
         ("EmpiricalProblem::loss", 3),
         ("EmpiricalProblem::loss_grad", 4),
         ("pgd_step", 5),
-        ("Trainer::new + run(3)", 6),
+        ("Descent::new + run(3)", 6),
     ] {
         for (arg, shape) in [("a", kd), ("b", dd)] {
             let s = bs.clone();
@@ -412,12 +412,12 @@ fn bad_input_convergence() {
     assert!(calls >= 2500, "only {calls} calls");
 }
 
-/// Trainer::new and three steps from a hostile start: a construction error naming `a0`/`b0`, or
+/// Descent::new and three steps from a hostile start: a construction error naming `a0`/`b0`, or
 /// finite records (a divergence is reported as `Diverged`, also fine).
 fn trainer_run(s: &Base, a: Array2<f64>, b: Array2<f64>, arg: &str) -> kappa_optim::Result<()> {
     let obj = Objective::Population(s.model.population().clone());
     let mut t =
-        Trainer::new(obj, &s.moments, a, b, Settings::algorithm()).map_err(|e| match e {
+        Descent::new(obj, &s.moments, a, b, Settings::algorithm()).map_err(|e| match e {
             OptimError::Input(InputError::ShapeMismatch {
                 expected,
                 found,
@@ -546,7 +546,7 @@ fn scalars_and_sizes(fuzz: &mut Fuzz, bs: &std::sync::Arc<Base>) {
                     false,
                 )?;
                 verdict(
-                    Trainer::new(obj, &s.moments, s.a.clone(), s.b.clone(), settings).map(|_| ()),
+                    Descent::new(obj, &s.moments, s.a.clone(), s.b.clone(), settings).map(|_| ()),
                     field,
                     false,
                 )

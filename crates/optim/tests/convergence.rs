@@ -838,9 +838,9 @@ proptest! {
         let (a, b) = spectral_init_with(&oracle, w.view()).unwrap();
         let settings = Settings { lambda, ..Settings::algorithm() };
         let (u, v) = oracle.whiten(a.view(), b.view()).unwrap();
-        let mut trainer = Trainer::new(Objective::Population(model.population().clone()), &oracle, a, b, settings).unwrap()
+        let mut descent = Descent::new(Objective::Population(model.population().clone()), &oracle, a, b, settings).unwrap()
             .with_truth(Truth { population: model.population().clone(), probe: None });
-        let rec = trainer.record().unwrap();
+        let rec = descent.record().unwrap();
         let e_f = init_product_bound(&oracle) * oracle.sigma_hat_max_eigenvalue().sqrt();
         let g = init_gap_bound(&oracle);
         let tol_e = 0.5 * e_f * e_f * (1.0 + 2.0 * d as f64 * gamma(d));
@@ -1071,8 +1071,8 @@ proptest! {
         for renorm in [Renormalization::Balance, Renormalization::None] {
             let settings = Settings { renormalization: renorm, lambda: 0.0, ..Settings::algorithm() };
             let truth = Truth { population: model.population().clone(), probe: Some(Probe { context: sample.x().to_owned(), queries: test.clone(), every: 1000 }) };
-            let mut trainer = Trainer::new(Objective::Empirical(problem.clone()), &mo, ai.clone(), bi.clone(), settings).unwrap().with_truth(truth);
-            match trainer.run(15) {
+            let mut descent = Descent::new(Objective::Empirical(problem.clone()), &mo, ai.clone(), bi.clone(), settings).unwrap().with_truth(truth);
+            match descent.run(15) {
                 Ok(recs) => {
                     let max_b = recs.iter().skip(1).map(|r| r.b_norm).fold(0.0, f64::max);
                     out.push((max_b, recs.last().unwrap().finite_excess.unwrap()));
@@ -1096,7 +1096,7 @@ fn t7_tail_mu(
     a0: Array2<f64>,
     b0: Array2<f64>,
 ) -> Result<f64, TestCaseError> {
-    let mut trainer = Trainer::new(
+    let mut descent = Descent::new(
         Objective::Population(model.population().clone()),
         mo,
         a0,
@@ -1108,7 +1108,7 @@ fn t7_tail_mu(
         population: model.population().clone(),
         probe: None,
     });
-    let recs = trainer.run(120).unwrap();
+    let recs = descent.run(120).unwrap();
     let e0 = recs[0].excess.unwrap();
     let pts: Vec<(f64, f64)> = recs
         .iter()
@@ -1224,7 +1224,7 @@ fn excess_trace(
         preconditioner: pre,
         ..Settings::algorithm()
     };
-    let mut trainer = Trainer::new(
+    let mut descent = Descent::new(
         Objective::Population(model.population().clone()),
         mo,
         a0,
@@ -1236,7 +1236,7 @@ fn excess_trace(
         population: model.population().clone(),
         probe: None,
     });
-    trainer
+    descent
         .run(steps)
         .unwrap()
         .iter()
@@ -1483,7 +1483,7 @@ fn non_finite_and_mismatched_inputs_are_errors() {
         }))
     ));
     let mo = Moments::estimate(&sample).unwrap();
-    let err = Trainer::new(
+    let err = Descent::new(
         Objective::Empirical(problem.clone()),
         &mo,
         Array2::zeros((1, 3)),
@@ -1499,7 +1499,7 @@ fn non_finite_and_mismatched_inputs_are_errors() {
         ),
         "{err}"
     );
-    let err = Trainer::new(
+    let err = Descent::new(
         Objective::Empirical(problem),
         &mo,
         a,
@@ -1540,7 +1540,7 @@ fn a_diverging_step_size_is_reported_with_its_step() {
         step: StepSize::Relative { c: 20.0 },
         ..Settings::algorithm()
     };
-    let mut trainer = Trainer::new(
+    let mut descent = Descent::new(
         Objective::Population(model.population().clone()),
         &mo,
         a0,
@@ -1548,16 +1548,16 @@ fn a_diverging_step_size_is_reported_with_its_step() {
         settings,
     )
     .unwrap();
-    let err = trainer.run(500).unwrap_err();
+    let err = descent.run(500).unwrap_err();
     match err {
         OptimError::Diverged { step, .. } => {
             assert!(step > 0 && step < 500, "step {step}");
             assert_eq!(
-                trainer.steps_done(),
+                descent.steps_done(),
                 step,
                 "the trainer stops at the step it reports"
             );
-            let (a, b) = trainer.params();
+            let (a, b) = descent.params();
             assert!(
                 a.iter().chain(b.iter()).all(|x| x.is_finite()),
                 "the last parameters are finite"

@@ -21,8 +21,9 @@ use std::path::Path;
 
 use anyhow::Result;
 use kappa_optim::convergence::{
-    geometric_rate, random_init, spectral_init, ContextMode, CovarianceSpec, EmpiricalProblem,
-    ModelSpec, Moments, Objective, Probe, Settings, StepRecord, TargetSpec, Trainer, Truth,
+    geometric_rate, random_init, spectral_init, ContextMode, CovarianceSpec, Descent,
+    EmpiricalProblem, ModelSpec, Moments, Objective, Probe, Settings, StepRecord, TargetSpec,
+    Truth,
 };
 use kappa_optim::OptimError;
 use ndarray::Array2;
@@ -283,7 +284,7 @@ struct Outcome {
 
 /// Runs a trainer for up to `budget` steps; stops early at the target when `stop_at_target`.
 fn drive(
-    trainer: &mut Trainer,
+    trainer: &mut Descent,
     budget: usize,
     target: f64,
     stop_at_target: bool,
@@ -410,7 +411,7 @@ impl Convergence {
                         ..Settings::algorithm()
                     };
                     let steps = if pre { c.steps } else { c.plain_steps };
-                    let mut trainer = Trainer::new(
+                    let mut trainer = Descent::new(
                         Objective::Population(model.population().clone()),
                         &moments,
                         a0.clone(),
@@ -508,7 +509,7 @@ fn curve_case(
             c.algorithm_steps
         };
         let mut trainer =
-            Trainer::new(objective.clone(), &moments, a.clone(), b.clone(), settings)?
+            Descent::new(objective.clone(), &moments, a.clone(), b.clone(), settings)?
                 .with_truth(truth.clone());
         let out = drive(&mut trainer, budget, c.target_excess, baseline)?;
         let fit = if baseline { None } else { fit_mu(&out.full) };
@@ -563,7 +564,7 @@ fn sweep_draw(
     };
     let objective = Objective::Empirical(EmpiricalProblem::new(&sample, c.mode)?);
     let mut trainer =
-        Trainer::new(objective, &moments, a0, b0, Settings::algorithm())?.with_truth(truth);
+        Descent::new(objective, &moments, a0, b0, Settings::algorithm())?.with_truth(truth);
     let mut records = Vec::new();
     for t in 0..=c.steps {
         let r = if t == c.steps {

@@ -19,7 +19,7 @@
 //!
 //! 1. [`Moments::estimate`]: Σ̂ = XXᵀ/n, M̂ = YXᵀ(XXᵀ)^{-1}, T̂ = M̂Σ̂^{1/2} and its SVD.
 //! 2. [`spectral_init`]: the balanced point of the estimated minimiser manifold.
-//! 3. [`Trainer`] with [`Settings::algorithm`]: Σ̂-preconditioned GD on L̂_n + (λ/4)‖D‖²,
+//! 3. [`Descent`] with [`Settings::algorithm`]: Σ̂-preconditioned GD on L̂_n + (λ/4)‖D‖²,
 //!    renormalized after every step, η = c/σ_max(T̂).
 //!
 //! Baselines and ablations are other [`Settings`] and initializations through the same trainer:
@@ -40,8 +40,8 @@
 //! let moments = Moments::estimate(&sample)?;
 //! let (a0, b0) = spectral_init(&moments)?;
 //! let objective = Objective::Empirical(EmpiricalProblem::new(&sample, ContextMode::SplitKeys)?);
-//! let mut trainer = Trainer::new(objective, &moments, a0, b0, Settings::algorithm())?;
-//! let records = trainer.run(5)?;
+//! let mut descent = Descent::new(objective, &moments, a0, b0, Settings::algorithm())?;
+//! let records = descent.run(5)?;
 //! assert_eq!(records.len(), 6);
 //! # Ok::<(), kappa_optim::OptimError>(())
 //! ```
@@ -68,9 +68,13 @@ pub use moments::{default_stiefel, spectral_init, spectral_init_with, Moments};
 pub use population::{limit_predict_with, PopulationProblem};
 pub use rate::{geometric_rate, RateFit};
 pub use train::{
-    pgd_step, random_init, renormalize, Objective, PgdStep, Probe, Renormalization, Settings,
-    StepQuantities, StepRecord, StepSize, Trainer, Truth, UpdateRule,
+    pgd_step, random_init, renormalize, Descent, Objective, PgdStep, Probe, Renormalization,
+    Settings, StepQuantities, StepRecord, StepSize, Truth, UpdateRule,
 };
+
+/// The old name of [`Descent`] (kappa-train's `Trainer` is the training loop of tch models).
+#[deprecated(since = "0.2.0", note = "renamed `Descent`")]
+pub type Trainer = Descent;
 
 /// A loss value, its gradients with respect to A (k×d) and B (d×d), and, for the finite-context
 /// layer, the largest softmax weight over all queries (a saturation indicator: 1/n_k is uniform

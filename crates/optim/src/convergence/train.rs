@@ -1,4 +1,4 @@
-//! The structure-aware gradient descent (docs/convergence.md, §The algorithm) and its baselines, behind one [`Trainer`].
+//! The structure-aware gradient descent (docs/convergence.md, §The algorithm) and its baselines, behind one [`Descent`].
 //!
 //! Objective Q = L + R, where L is the population loss or the empirical L̂_n ([`Objective`]) and
 //! R is the balancing regularizer in the Σ̂ geometry (docs/convergence.md, §Regularizer; a reconstruction):
@@ -98,7 +98,7 @@ pub enum UpdateRule {
 }
 
 /// Every choice of the algorithm, so that the paper's algorithm and its baselines and ablations
-/// run through one [`Trainer`]. Reconstructed defaults are marked in [`Settings::algorithm`].
+/// run through one [`Descent`]. Reconstructed defaults are marked in [`Settings::algorithm`].
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
     /// Precondition with Σ̂ (the whitened geometry) or use Euclidean gradients in (A, B).
@@ -289,14 +289,14 @@ struct AdamState {
 /// let moments = Moments::estimate(&model.sample(500, &mut rng)?)?;
 /// let (a0, b0) = spectral_init(&moments)?;
 /// let objective = Objective::Population(model.population().clone());
-/// let mut trainer = Trainer::new(objective, &moments, a0, b0, Settings::algorithm())?
+/// let mut descent = Descent::new(objective, &moments, a0, b0, Settings::algorithm())?
 ///     .with_truth(Truth { population: model.population().clone(), probe: None });
-/// let records = trainer.run(200)?;
+/// let records = descent.run(200)?;
 /// let (first, last) = (&records[0], records.last().unwrap());
 /// assert!(last.excess.unwrap() < 1e-8 * first.excess.unwrap());
 /// # Ok::<(), kappa_optim::OptimError>(())
 /// ```
-pub struct Trainer {
+pub struct Descent {
     objective: Objective,
     moments: Moments,
     settings: Settings,
@@ -310,7 +310,7 @@ pub struct Trainer {
     truth: Option<Truth>,
 }
 
-impl Trainer {
+impl Descent {
     /// A trainer at (A₀, B₀); `moments` give the preconditioner, the regularizer's Σ̂ and the
     /// step size scale.
     ///
@@ -383,7 +383,7 @@ impl Trainer {
     ///
     /// Errors: [`OptimError::Diverged`] when θ_t's loss is non-finite or above the threshold, or
     /// when the update would make a parameter non-finite; its `step` is t, and the trainer is
-    /// left at θ_t (finite), so [`Trainer::steps_done`] equals the reported step.
+    /// left at θ_t (finite), so [`Descent::steps_done`] equals the reported step.
     pub fn step(&mut self) -> Result<StepRecord> {
         self.advance(true)
     }
@@ -546,11 +546,11 @@ pub struct PgdStep {
 }
 
 /// One (preconditioned) gradient step on Q = L + R from (A, B) with the GD rule, η from
-/// `settings.step` exactly as a [`Trainer`] chooses it, then the renormalization (module docs).
-/// The [`Trainer`] runs this same update; use it to step without a trainer's state.
+/// `settings.step` exactly as a [`Descent`] chooses it, then the renormalization (module docs).
+/// The [`Descent`] runs this same update; use it to step without a trainer's state.
 ///
 /// Errors: invalid settings, or `settings.update` = Adam (`arg: "settings.update"`: Adam keeps
-/// moment estimates between steps, so it needs a [`Trainer`]); A, B or the moments not matching
+/// moment estimates between steps, so it needs a [`Descent`]); A, B or the moments not matching
 /// the objective; non-finite A or B; T̂ = 0 with a relative step; [`OptimError::Diverged`]
 /// (step 0) when the loss or the new parameters are not finite.
 ///
@@ -578,7 +578,7 @@ pub fn pgd_step(
     if matches!(settings.update, UpdateRule::Adam { .. }) {
         return Err(InputError::invalid(
             "settings.update",
-            "pgd_step is the GD rule; Adam keeps state between steps, use a Trainer",
+            "pgd_step is the GD rule; Adam keeps state between steps, use a Descent",
         )
         .into());
     }
@@ -720,7 +720,7 @@ fn frob(a: &Array2<f64>) -> f64 {
 ///
 /// Errors (A and B unchanged): A not ·×d or B not d×d for the moments' d; a non-positive or
 /// non-finite `max_scale` (`arg: "max_scale"`). Non-finite entries are left as they are (the
-/// [`Trainer`] reports them as divergence).
+/// [`Descent`] reports them as divergence).
 pub fn renormalize(
     a: &mut Array2<f64>,
     b: &mut Array2<f64>,
