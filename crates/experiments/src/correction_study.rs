@@ -23,7 +23,7 @@ use crate::report::verdict::{held, versus};
 use crate::report::{Figures, Section};
 use crate::stats::{mean, mean_std, median, per_step};
 
-/// One model variant: a name (a label in tables) and its conditioning.
+/// One model variant: a name (a label in tables) and its correction.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Variant {

@@ -139,13 +139,13 @@ fn bad_settings_are_refused_naming_the_key() {
     );
     refused("tasks=[\"retrieval\"]", "tasks");
     refused("tasks=[]", "tasks: need at least one");
-    refused("conditioning.sweep=[0.1, 10.0]", "conditioning.sweep.1");
-    refused("conditioning.sweep=[-1.0]", "conditioning.sweep.0");
+    refused("correction.sweep=[0.1, 10.0]", "correction.sweep.1");
+    refused("correction.sweep=[-1.0]", "correction.sweep.0");
     refused("alpha=1.5", "alpha");
     refused("data.text.seq_len=30", "model.kernel.nystrom.landmarks");
     refused("data.listops.max_length=4", "data.listops.max_length");
     refused(
-        "conditioning.scale_aware.target_kappa=1.0",
-        "conditioning.scale_aware.target_kappa",
+        "correction.scale_aware.target_kappa=1.0",
+        "correction.scale_aware.target_kappa",
     );
 }

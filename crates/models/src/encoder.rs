@@ -67,7 +67,7 @@ pub struct EncoderConfig {
 }
 
 impl EncoderConfig {
-    /// The same encoder with another conditioning.
+    /// The same encoder with another correction.
     pub fn with_correction(self, correction: CorrectionConfig) -> Self {
         Self { correction, ..self }
     }

@@ -454,24 +454,24 @@ fn validate_lists(c: &Config) -> Result<()> {
     let k = &c.correction;
     anyhow::ensure!(
         k.paper_lambda.is_finite() && k.paper_lambda >= 0.0,
-        "conditioning.paper_lambda: must be finite and ≥ 0, found {}",
+        "correction.paper_lambda: must be finite and ≥ 0, found {}",
         k.paper_lambda
     );
     for (i, &l) in k.sweep.iter().enumerate() {
         anyhow::ensure!(
             l.is_finite() && l >= 0.0,
-            "conditioning.sweep.{i}: must be finite and ≥ 0, found {l}"
+            "correction.sweep.{i}: must be finite and ≥ 0, found {l}"
         );
         anyhow::ensure!(
             !k.sweep[..i].contains(&l) && l != k.paper_lambda,
-            "conditioning.sweep.{i}: λ = {l} is listed twice (the sweep and paper_lambda \
+            "correction.sweep.{i}: λ = {l} is listed twice (the sweep and paper_lambda \
              must be distinct)"
         );
     }
     if let Some(s) = k.scale_aware {
         anyhow::ensure!(
             s.target_kappa.is_finite() && s.target_kappa > 1.0,
-            "conditioning.scale_aware.target_kappa: must be finite and > 1, found {}",
+            "correction.scale_aware.target_kappa: must be finite and > 1, found {}",
             s.target_kappa
         );
     }
