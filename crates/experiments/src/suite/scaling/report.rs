@@ -531,8 +531,10 @@ fn mechanism(
          largest attention logit / the largest σ_max(W_Q^h)·σ_max(W_K^h) / the logit as a share \
          of the bound D·σσ/√k (LayerNorm output of unit variance, k = {}) / the share of \
          saturated attention rows (more than 0.99 of a row's mass on one token), and how many \
-         seeds diverged. The paper's DGram-attention runs (ALL-DGRAM, HETERO-INV) diverged at \
-         GPT-2 small, where D/√k = 96.",
+         seeds diverged. The bound's ‖x‖² ≤ D holds for unit LayerNorm gains; gains that training \
+         raises let a logit exceed the share 100%, even with σσ = 1 (Stiefel attention). The \
+         paper's DGram-attention runs (ALL-DGRAM, HETERO-INV) diverged at GPT-2 small, where \
+         D/√k = 96.",
         config.head_dim
     ));
     let mut headers = vec!["variant".to_string()];
@@ -702,19 +704,27 @@ fn lr_transfer(section: &mut Section, config: &Config, traces: &Traces, points: 
     );
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
     section.table(&headers, &rows);
-    let same = best.windows(2).all(|p| p[0] == p[1]);
-    section.paragraph(&format!(
-        "Verdict — the best Muon lr by width: {}; {}.",
-        best.iter()
-            .map(|l| l.to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-        if same && best.len() == widths.len() {
-            "the same at every width: the lr transfers across this range"
-        } else {
-            "it moves with width: the lr does not transfer across this range"
-        }
-    ));
+    section.paragraph(&format!("Verdict — {}", lr_verdict(&best, widths.len())));
+}
+
+/// The lr-transfer verdict from the best lr at each width that has runs.
+fn lr_verdict(best: &[f64], widths: usize) -> String {
+    let listed = best
+        .iter()
+        .map(|l| l.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let verdict = if best.len() < widths {
+        format!(
+            "only {} of the {widths} widths have completed runs at every lr, so no verdict yet",
+            best.len()
+        )
+    } else if best.windows(2).all(|p| p[0] == p[1]) {
+        "the same at every width: the lr transfers across this range".into()
+    } else {
+        "it moves with width: the lr does not transfer across this range".into()
+    };
+    format!("the best Muon lr by width: {listed}; {verdict}.")
 }
 
 fn conditioning_study(section: &mut Section, config: &Config, traces: &Traces, figures: &Figures) {
@@ -836,6 +846,13 @@ mod tests {
         let text = direction(&effect(0.001, 0.0, 0.05, Some(0.0135)), 4);
         assert!(text.contains("is flat with width"), "{text}");
         assert!(!text.contains("reaches"), "{text}");
+    }
+
+    #[test]
+    fn the_lr_verdict_waits_for_every_width() {
+        assert!(lr_verdict(&[0.025, 0.025], 4).contains("only 2 of the 4 widths"));
+        assert!(lr_verdict(&[0.025, 0.025], 2).contains("transfers"));
+        assert!(lr_verdict(&[0.025, 0.05], 2).contains("does not transfer"));
     }
 
     #[test]
