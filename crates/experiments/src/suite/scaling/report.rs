@@ -685,7 +685,9 @@ fn lr_transfer(section: &mut Section, config: &Config, traces: &Traces, points: 
                     here.push((l, v.modulewise.muon_lr));
                 }
             }
-            if let Some(&(_, lr)) = here.iter().min_by(|a, b| a.0.total_cmp(&b.0)) {
+            // A width counts once every lr has a completed run there.
+            let best_here = here.iter().min_by(|a, b| a.0.total_cmp(&b.0));
+            if let (true, Some(&(_, lr))) = (here.len() == variants.len(), best_here) {
                 best.push(lr);
             }
             row
@@ -707,7 +709,7 @@ fn lr_transfer(section: &mut Section, config: &Config, traces: &Traces, points: 
     section.paragraph(&format!("Verdict — {}", lr_verdict(&best, widths.len())));
 }
 
-/// The lr-transfer verdict from the best lr at each width that has runs.
+/// The lr-transfer verdict from the best lr at each width where every lr has a completed run.
 fn lr_verdict(best: &[f64], widths: usize) -> String {
     let listed = best
         .iter()
