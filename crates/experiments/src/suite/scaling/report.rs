@@ -57,7 +57,10 @@ impl Trace {
         if let Some(Record::Eval { heads, step, .. }) = &line.record {
             if !heads.is_empty() {
                 let n = heads.len() as f64;
-                let mut h = Heads::default();
+                let mut h = Heads {
+                    max_logit: f64::NEG_INFINITY,
+                    ..Heads::default()
+                };
                 for d in heads {
                     h.max_logit = h.max_logit.max(d.max_logit);
                     h.qk = h.qk.max(d.wq.sigma_max * d.wk.sigma_max);
@@ -295,6 +298,23 @@ fn effect_plot(title: &str, y: &str, effects: &[Effect]) -> LinePlot {
     plot
 }
 
+/// The effects' table, a verdict line each, and their plot (`title`, y label) as `file`.
+fn effects_with_plot(
+    section: &mut Section,
+    figures: &Figures,
+    effects: &[Effect],
+    digits: usize,
+    (title, y_label): (&str, &str),
+    file: &str,
+) {
+    effect_table(section, effects, digits);
+    for e in effects {
+        section.paragraph(&format!("Verdict — {}", direction(e, digits)));
+    }
+    let plot = effect_plot(title, y_label, effects);
+    figures.add_if_drawn(section, title, &plot, file);
+}
+
 /// The paired difference `f(a) − f(b)` per (width, seed) over the widths where both points of a
 /// seed exist and `keep` holds for both.
 fn paired(
@@ -401,17 +421,14 @@ fn manifold_study(section: &mut Section, config: &Config, traces: &Traces, figur
          seeds at each width (runs that diverged are left out of the pair), and the paper's gap \
          at GPT-2 small.",
     );
-    effect_table(section, &effects, 4);
-    for e in &effects {
-        section.paragraph(&format!("Verdict — {}", direction(e, 4)));
-    }
-    figures.add_if_drawn(
+    effects_with_plot(
         section,
-        "loss advantages against width",
-        &effect_plot(
+        figures,
+        &effects,
+        4,
+        (
             "Loss advantage in the paper's order against width",
             "L(B) − L(A) (nats)",
-            &effects,
         ),
         "ordering_vs_width.png",
     );
@@ -514,9 +531,10 @@ fn mechanism(
             let logit = mean(&ends.iter().map(|h| h.max_logit).collect::<Vec<_>>());
             let qk = mean(&ends.iter().map(|h| h.qk).collect::<Vec<_>>());
             let sat = mean(&ends.iter().map(|h| h.saturated).collect::<Vec<_>>());
+            let entropy = mean(&ends.iter().map(|h| h.entropy).collect::<Vec<_>>());
             curve.push((w as f64, logit));
             row.push(format!(
-                "{logit:.2} / {qk:.2} / {:.1}% / {:.0}%, diverged {diverged}/{}",
+                "{logit:.2} / {qk:.2} / {:.1}% / {:.0}% / {entropy:.2}, diverged {diverged}/{}",
                 100.0 * logit / (qk * w as f64 / k.sqrt()),
                 100.0 * sat,
                 ts.len()
@@ -530,8 +548,8 @@ fn mechanism(
         "**DGram attention and its mechanism.** At the last evaluation, means over seeds: the \
          largest attention logit / the largest σ_max(W_Q^h)·σ_max(W_K^h) / the logit as a share \
          of the bound D·σσ/√k (LayerNorm output of unit variance, k = {}) / the share of \
-         saturated attention rows (more than 0.99 of a row's mass on one token), and how many \
-         seeds diverged. The bound's ‖x‖² ≤ D holds for unit LayerNorm gains; gains that training \
+         saturated attention rows (more than 0.99 of a row's mass on one token) / the mean \
+         attention entropy (nats), and how many seeds diverged. The bound's ‖x‖² ≤ D holds for unit LayerNorm gains; gains that training \
          raises let a logit exceed the share 100%, even with σσ = 1 (Stiefel attention). The \
          paper's DGram-attention runs (ALL-DGRAM, HETERO-INV) diverged at GPT-2 small, where \
          D/√k = 96.",
@@ -763,14 +781,12 @@ fn conditioning_study(section: &mut Section, config: &Config, traces: &Traces, f
          points), mean ± 95% interval over seeds at each width; the paper's ViT-B gain on \
          ImageNet is +1.0 point.",
     );
-    effect_table(section, &effects, 3);
-    for e in &effects {
-        section.paragraph(&format!("Verdict — {}", direction(e, 3)));
-    }
-    figures.add_if_drawn(
+    effects_with_plot(
         section,
-        "λ·I_k gain against width",
-        &effect_plot("Gain of λ·I_k against width", "gain", &effects),
+        figures,
+        &effects,
+        3,
+        ("Gain of λ·I_k against width", "gain"),
         "conditioning_vs_width.png",
     );
 }
