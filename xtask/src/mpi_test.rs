@@ -15,7 +15,10 @@
 //! 4. a 2-rank `train` stopped with SIGUSR1 (forwarded by `mpirun`) resumes on 1 process to the
 //!    same metrics;
 //! 5. the binary started alone with `SLURM_NTASKS=2` (as a wrong `srun --mpi` type starts it)
-//!    stops with an error naming the counts.
+//!    stops with an error naming the counts;
+//! 6. `reproduce --unit` of the manifolds study's smoke unit on 2 ranks gives the metrics and
+//!    checkpoints of the same unit on 1 process (2 micro-batches on both), and a unit of an
+//!    experiment that trains no model (theory) is refused on 2 ranks.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -84,7 +87,8 @@ pub fn test(ws: &Workspace, tc: &Toolchain) -> Result<()> {
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch)?;
     let checked = collectives(ws, tc, &release.join("examples/mpi_check"))
-        .and_then(|()| train(ws, tc, &release.join("kappa-experiments"), &scratch));
+        .and_then(|()| train(ws, tc, &release.join("kappa-experiments"), &scratch))
+        .and_then(|()| reproduce(ws, tc, &release.join("kappa-experiments"), &scratch));
     if checked.is_ok() {
         let _ = fs::remove_dir_all(&scratch);
     }
@@ -339,6 +343,76 @@ fn train(ws: &Workspace, tc: &Toolchain, binary: &Path, dir: &Path) -> Result<()
     ensure!(
         !status.success() && out.contains("world of 1") && out.contains("SLURM_NTASKS=2"),
         "a process alone with SLURM_NTASKS=2 was not refused ({status}):\n{out}"
+    );
+    Ok(())
+}
+
+/// `reproduce --unit manifolds/smoke/seed-0` on 2 ranks against 1 process, on a small text in
+/// the place of the SOTU addresses; a theory unit refused on 2 ranks.
+fn reproduce(ws: &Workspace, tc: &Toolchain, binary: &Path, dir: &Path) -> Result<()> {
+    let data = dir.join("data");
+    let sotu = data.join("sotu");
+    fs::create_dir_all(&sotu)?;
+    let text = |n: usize| -> String {
+        (0..n)
+            .map(|i| format!("The state of the union is strong in year {i}. "))
+            .collect()
+    };
+    fs::write(sotu.join("train.txt"), text(400))?;
+    fs::write(sotu.join("val.txt"), text(100))?;
+    let args = |unit: &str, results: &Path| -> Vec<String> {
+        let experiment = unit.split('/').next().unwrap_or(unit);
+        let words = [
+            "reproduce",
+            "--scale",
+            "smoke",
+            "--only",
+            experiment,
+            "--unit",
+            unit,
+        ];
+        let mut args: Vec<String> = words.iter().map(|s| s.to_string()).collect();
+        args.extend(["--threads", "1"].map(String::from));
+        if experiment == "manifolds" {
+            args.extend(["--set", "train.micro_batch_size=2"].map(String::from));
+        }
+        args.extend(["--data".into(), data.display().to_string()]);
+        args.extend(["--results".into(), results.display().to_string()]);
+        args
+    };
+    let unit = "manifolds/smoke/seed-0";
+    let (ranks, single) = (dir.join("reproduce-ranks"), dir.join("reproduce-single"));
+    let on_ranks = args(unit, &ranks);
+    let on_ranks: Vec<&str> = on_ranks.iter().map(String::as_str).collect();
+    let (status, out) = mpirun(ws, tc, 2, binary.as_os_str(), &on_ranks)?;
+    ensure!(
+        status.success(),
+        "reproduce --unit on 2 ranks ({status}):\n{out}"
+    );
+    let mut one = Command::new(binary);
+    crate::cargo::with_toolchain(&mut one, ws, tc);
+    one.args(args(unit, &single));
+    let (status, out) = with_timeout(&mut one, &log_file(1, &["reproduce"]))?;
+    ensure!(status.success(), "{} ({status}):\n{out}", describe(&one));
+    let run = |root: &Path| root.join(unit);
+    ensure!(
+        crate::slurm_test::metrics(&run(&ranks))? == crate::slurm_test::metrics(&run(&single))?,
+        "reproduce --unit {unit} on 2 ranks: the metrics differ from the unit's on 1 process"
+    );
+    for variant in ["variant-0", "variant-2"] {
+        let checkpoint =
+            |root: &Path| fs::read(run(root).join(variant).join("checkpoint.safetensors"));
+        ensure!(
+            checkpoint(&ranks)? == checkpoint(&single)?,
+            "reproduce --unit {unit} on 2 ranks: {variant}'s checkpoint differs from 1 process's"
+        );
+    }
+    let theory = args("theory/smoke/seed-0", &dir.join("reproduce-theory"));
+    let theory: Vec<&str> = theory.iter().map(String::as_str).collect();
+    let (status, out) = mpirun(ws, tc, 2, binary.as_os_str(), &theory)?;
+    ensure!(
+        !status.success() && out.contains("trains no model that ranks can share"),
+        "a theory unit on 2 ranks was not refused ({status}):\n{out}"
     );
     Ok(())
 }

@@ -182,8 +182,20 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-/// `reproduce`: resolve every config, run, write the report, and publish it when asked.
+/// `reproduce`: resolve every config, run, write the report, and publish it when asked. Under
+/// `mpirun -np N`, or `srun` with N tasks (a build with the feature `mpi`), this process is one
+/// of N ranks that train each unit named by `--unit` together.
 fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
+    let ranks = kappa_experiments::ranks::Ranks::join()?;
+    let comm = ranks.communicator();
+    ranks.end(reproduce_on(args, places, comm))
+}
+
+fn reproduce_on(
+    args: &ReproduceArgs,
+    places: &Places,
+    ranks: std::sync::Arc<dyn kappa_dist::Communicator>,
+) -> Result<()> {
     let experiments = select_at(&selected(args)?, args.scale)?;
     if args.list {
         list(&experiments);
@@ -205,6 +217,7 @@ fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
         sets: &args.set,
         units: &args.unit,
         stop: stop.clone(),
+        ranks,
     };
     if args.plan {
         return write_plan(&experiments, &settings);

@@ -1,5 +1,5 @@
-//! The ranks of a `train` command started by a launcher: one process, or one rank of several
-//! over MPI (feature `mpi`).
+//! The ranks of a `train` or `reproduce --unit` command started by a launcher: one process, or
+//! one rank of several over MPI (feature `mpi`).
 //!
 //! A launcher tells each process it starts how many there are: Open MPI's `mpirun` sets
 //! `OMPI_COMM_WORLD_SIZE` (which alone counts when set), MPICH's and Slurm's PMI `PMI_SIZE`,
@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use kappa_dist::{Communicator, Single};
+use tch::Tensor;
 
 /// The environment variables through which launchers announce the number of processes.
 pub const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"];
@@ -124,8 +125,9 @@ impl Ranks {
     }
 
     /// Ends the job's part on this rank with `result`. On several ranks a success finalizes
-    /// MPI, and so does a stop on request ([`TrainStopped`](crate::train::TrainStopped): every
-    /// rank stopped after the same step), whose error is then returned; any other failure is
+    /// MPI, and so does a stop on request ([`TrainStopped`](crate::train::TrainStopped) or
+    /// [`Preempted`](crate::runner::Preempted): every rank stopped after the same step), whose
+    /// error is then returned; any other failure is
     /// printed (`error: rank R of W: …`) and ends the whole job (`MPI_Abort`), so that no rank
     /// waits for this one.
     pub fn end<T>(self, result: Result<T>) -> Result<T> {
@@ -134,7 +136,7 @@ impl Ranks {
             #[cfg(feature = "mpi")]
             Ranks::Mpi(mpi) => {
                 let (rank, world) = (mpi.rank(), mpi.world());
-                let stopped = matches!(&result, Err(e) if e.is::<crate::train::TrainStopped>());
+                let stopped = matches!(&result, Err(e) if stopped_on_request(e));
                 if let (Err(e), false) = (&result, stopped) {
                     eprintln!("error: rank {rank} of {world}: {e:#}");
                     mpi.abort(1)
@@ -149,6 +151,24 @@ impl Ranks {
             }
         }
     }
+}
+
+/// Whether `e` is a stop on request (SIGINT, SIGTERM, SIGUSR1) of `train` or `reproduce`:
+/// the run checkpointed, and `--resume` continues it.
+pub fn stopped_on_request(e: &anyhow::Error) -> bool {
+    e.is::<crate::train::TrainStopped>() || e.is::<crate::runner::Preempted>()
+}
+
+/// Rank 0 broadcasts whether there is training to do (`train`) and whether its run continues
+/// an earlier one (`resumed`); every rank returns `None` (nothing to train) or `Some(resumed)`.
+/// On one rank it only returns the arguments.
+pub fn tell_ranks(comm: &dyn Communicator, train: bool, resumed: bool) -> Result<Option<bool>> {
+    let mut flags = Tensor::from_slice(&[i64::from(train), i64::from(resumed)]);
+    if comm.world() > 1 {
+        comm.broadcast(&mut flags, 0)?;
+    }
+    let flags = Vec::<i64>::try_from(&flags)?;
+    Ok((flags[0] == 1).then_some(flags[1] == 1))
 }
 
 #[cfg(test)]

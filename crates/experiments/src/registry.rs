@@ -1,13 +1,16 @@
 //! The experiment trait and the registry of every experiment `cargo xtask reproduce` knows.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use kappa_cli::Set;
+use kappa_dist::Communicator;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::config::{ConfigError, ConfigSource};
+use crate::ranks::tell_ranks;
 use crate::report::Section;
 use crate::run::{Resumed, Run, RunContext, RunInfo, RunRecord, RunStatus};
 use crate::scale::Scale;
@@ -71,6 +74,15 @@ pub trait Experiment: Sync {
         false
     }
 
+    /// Whether a run can train data-parallel over several ranks (`reproduce --unit` under
+    /// `mpirun` or `srun`): every model it trains goes through [`kappa_train::train_variant`]
+    /// (which joins the run's ranks, [`Run::data_parallel`]), and it writes only through its
+    /// [`Run`] (which writes nothing on ranks other than 0). False by default: the numerical
+    /// experiments train no model to split.
+    fn data_parallel(&self) -> bool {
+        false
+    }
+
     /// Runs once with `config`, logging to `run`; returns how the run ended.
     fn run(&self, config: &Self::Config, run: &mut Run) -> Result<RunStatus>;
 
@@ -102,6 +114,19 @@ pub trait RegisteredExperiment: Sync {
         dir: &Path,
         context: RunContext,
         config: &ResolvedConfig,
+    ) -> Result<Resumption>;
+    /// See [`Experiment::data_parallel`].
+    fn data_parallel(&self) -> bool;
+    /// [`RegisteredExperiment::resume`] on every rank of `comm` at once, one run trained
+    /// data-parallel: rank 0 resumes or creates the folder and tells the others whether there is
+    /// training to do ([`tell_ranks`]); they follow its folder ([`Run::follow`]) and write
+    /// nothing. Every rank returns when rank 0 has written `run.json`.
+    fn resume_on_ranks(
+        &self,
+        dir: &Path,
+        context: RunContext,
+        config: &ResolvedConfig,
+        comm: &Arc<dyn Communicator>,
     ) -> Result<Resumption>;
     /// See [`Experiment::report`].
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section>;
@@ -156,6 +181,50 @@ impl<E: Experiment> RegisteredExperiment for E {
             }
             Resumed::Finished(info) => Resumption::Skipped(info),
         })
+    }
+    fn data_parallel(&self) -> bool {
+        Experiment::data_parallel(self)
+    }
+    fn resume_on_ranks(
+        &self,
+        dir: &Path,
+        context: RunContext,
+        config: &ResolvedConfig,
+        comm: &Arc<dyn Communicator>,
+    ) -> Result<Resumption> {
+        let config: E::Config = config.decode(Experiment::name(self))?;
+        let (mut run, how): (Run, fn(RunInfo) -> Resumption) = if comm.rank() == 0 {
+            let (run, how): (Run, fn(RunInfo) -> Resumption) =
+                match Run::resume(dir, context.clone(), &config)? {
+                    Resumed::Finished(info) => {
+                        tell_ranks(&**comm, false, false)?;
+                        return Ok(Resumption::Skipped(info));
+                    }
+                    Resumed::Started(run) => (run, Resumption::Started),
+                    Resumed::Continued(run) if self.continues_interrupted_runs() => {
+                        (run, Resumption::Continued)
+                    }
+                    Resumed::Continued(run) => {
+                        drop(run);
+                        let run = Run::start_over(dir, context, &config)?;
+                        (run, Resumption::Restarted)
+                    }
+                };
+            tell_ranks(&**comm, true, run.is_resumed())?;
+            (run, how)
+        } else {
+            match tell_ranks(&**comm, false, false)? {
+                None => return Ok(Resumption::Skipped(RunRecord::read(dir)?.info)),
+                Some(true) => (Run::follow(dir, context, true), Resumption::Continued),
+                Some(false) => (Run::follow(dir, context, false), Resumption::Started),
+            }
+        };
+        run.data_parallel(Arc::clone(comm));
+        let info = run_to_the_end(self, &config, run)?;
+        // The others leave once rank 0 has written `run.json` (a launcher may end the job when
+        // one process exits).
+        comm.barrier()?;
+        Ok(how(info))
     }
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
         Experiment::report(self, runs, out_dir, report_dir)

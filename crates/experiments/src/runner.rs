@@ -3,10 +3,12 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use kappa_cli::Set;
+use kappa_dist::Communicator;
 
 use crate::config::ConfigSource;
 use crate::registry::{ResolvedConfig, Resumption};
@@ -78,6 +80,12 @@ pub struct Settings<'a> {
     /// Raised (SIGTERM, SIGUSR1) to stop: the running unit checkpoints at its next step, no
     /// further unit starts, and [`reproduce`] returns [`Preempted`].
     pub stop: StopFlag,
+    /// The ranks that run each unit together, one model trained data-parallel
+    /// ([`RegisteredExperiment::resume_on_ranks`]; `reproduce --unit` under `mpirun` or
+    /// `srun`), or [`kappa_dist::Single`]. On several ranks only the units of `units` run, each
+    /// of an experiment that trains data-parallel ([`crate::Experiment::data_parallel`]), and
+    /// rank 0 alone writes and prints.
+    pub ranks: Arc<dyn Communicator>,
 }
 
 /// `reproduce` stopped because its [`StopFlag`] was raised: the units it names were left
@@ -134,6 +142,7 @@ pub fn reproduce(
 ) -> Result<Vec<String>> {
     let configs = resolve_configs(experiments, settings)?;
     let units = plan_of(experiments, &configs, settings)?;
+    check_ranks(experiments, &units, settings)?;
     let chosen = if settings.units.is_empty() {
         if !settings.resume {
             clear_scale_folders(experiments, settings)?;
@@ -148,17 +157,22 @@ pub fn reproduce(
         if settings.stop.is_raised() {
             return Err(preempted(&chosen[done..]));
         }
-        eprintln!("[{}/{}] {}", done + 1, chosen.len(), unit.id);
+        let speaks = settings.ranks.rank() == 0;
+        if speaks {
+            eprintln!("[{}/{}] {}", done + 1, chosen.len(), unit.id);
+        }
         let index = experiments
             .iter()
             .position(|e| e.name() == unit.experiment)
             .expect("a unit of the plan names a selected experiment");
         let (info, how) = run_unit(&*experiments[index], &configs[index], unit, settings)?;
-        eprintln!(
-            "      {} ({how}) in {:.1} s",
-            describe(&info.status),
-            info.wall_seconds
-        );
+        if speaks {
+            eprintln!(
+                "      {} ({how}) in {:.1} s",
+                describe(&info.status),
+                info.wall_seconds
+            );
+        }
         if let RunStatus::Failed { error } = &info.status {
             failed.push(format!("{}: {error}", unit.id));
         }
@@ -166,12 +180,45 @@ pub fn reproduce(
             return Err(preempted(&chosen[done..]));
         }
     }
-    eprintln!(
-        "reproduce: {} run(s) in {:.1} s",
-        chosen.len(),
-        started.elapsed().as_secs_f64()
-    );
+    if settings.ranks.rank() == 0 {
+        eprintln!(
+            "reproduce: {} run(s) in {:.1} s",
+            chosen.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
     Ok(failed)
+}
+
+/// On several ranks, a command that runs named units (`--unit`), each of an experiment that
+/// trains data-parallel; an error that says what to do otherwise.
+fn check_ranks(
+    experiments: &[Box<dyn RegisteredExperiment>],
+    units: &[Unit],
+    settings: &Settings<'_>,
+) -> Result<()> {
+    let world = settings.ranks.world();
+    if world == 1 {
+        return Ok(());
+    }
+    if settings.units.is_empty() {
+        bail!(
+            "reproduce on {world} ranks runs the units named by --unit, each one model trained \
+             on every rank; give --unit ID (`reproduce --plan` lists them), or start one process"
+        );
+    }
+    for unit in pick(units, settings.units)? {
+        let shared = (experiments.iter()).any(|e| e.name() == unit.experiment && e.data_parallel());
+        if !shared {
+            bail!(
+                "{}: {} trains no model that ranks can share; run it on one process (without \
+                 mpirun, or with one srun task)",
+                unit.id,
+                unit.experiment
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The units of `experiments` under `settings` (their `configs` resolved by
@@ -249,15 +296,24 @@ fn run_unit(
     // its run's count again, which `Run::pin_threads` may have changed).
     context.apply_threads();
     let dir = unit.dir(settings.results);
+    if settings.ranks.world() > 1 {
+        let resumed = experiment.resume_on_ranks(&dir, context, config, &settings.ranks)?;
+        return Ok(how(resumed));
+    }
     if !settings.resume && settings.units.is_empty() {
         return Ok((experiment.execute(&dir, context, config)?, "started"));
     }
-    Ok(match experiment.resume(&dir, context, config)? {
+    Ok(how(experiment.resume(&dir, context, config)?))
+}
+
+/// The run's `run.json` and how it came about, in a few words.
+fn how(resumed: Resumption) -> (RunInfo, &'static str) {
+    match resumed {
         Resumption::Skipped(info) => (info, "kept from an earlier run"),
         Resumption::Continued(info) => (info, "resumed"),
         Resumption::Restarted(info) => (info, "rerun from the start"),
         Resumption::Started(info) => (info, "started"),
-    })
+    }
 }
 
 fn preempted(left: &[&Unit]) -> anyhow::Error {

@@ -41,10 +41,11 @@ use kappa_train::{
     RunStatus, TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
-use tch::{nn, Device, Tensor};
+use tch::{nn, Device};
 
 use crate::config::ConfigSource;
 use crate::plot::{LinePlot, Mark};
+use crate::ranks::tell_ranks;
 use crate::report::cells::MISSING;
 use crate::report::Section;
 
@@ -655,18 +656,6 @@ fn open_run(
         Existing::Refuse => Some(Run::create(dir, context, job)?),
     };
     Ok((run, data))
-}
-
-/// Rank 0 broadcasts whether there is training to do (`train`) and whether its run continues
-/// an earlier one (`resumed`); every rank returns `None` (nothing to train) or `Some(resumed)`.
-/// On one rank it only returns the arguments.
-fn tell_ranks(comm: &dyn Communicator, train: bool, resumed: bool) -> Result<Option<bool>> {
-    let mut flags = Tensor::from_slice(&[i64::from(train), i64::from(resumed)]);
-    if comm.world() > 1 {
-        comm.broadcast(&mut flags, 0)?;
-    }
-    let flags = Vec::<i64>::try_from(&flags)?;
-    Ok((flags[0] == 1).then_some(flags[1] == 1))
 }
 
 /// One evaluation's numbers for the report.

@@ -43,6 +43,7 @@ fn reproduce_only_bert_sentiment_pretrains_fine_tunes_and_reports() {
         sets: &sets,
         units: &[],
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
     };
     reproduce(&experiments, &settings).unwrap();
     report(Scale::Smoke, std::slice::from_ref(&results), &results, &[]).unwrap();
@@ -120,6 +121,7 @@ fn reproduce_only_bert_sentiment_pretrains_fine_tunes_and_reports() {
         resume: true,
         fresh: false,
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
         ..settings
     };
     reproduce(&experiments, &resumed).unwrap();

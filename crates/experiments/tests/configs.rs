@@ -89,6 +89,7 @@ fn a_misspelt_key_stops_the_command_before_any_run_and_is_named() {
         sets: &[],
         units: &[],
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
     };
     let err = reproduce(&select(&["optim-geometry".into()]).unwrap(), &settings).unwrap_err();
     assert!(
@@ -282,6 +283,7 @@ fn sets_apply_to_every_selected_experiment_and_must_fit_each() {
         sets: &sets,
         units: &[],
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
     };
     // gpt-sotu has a [train] table, random-spectra does not.
     let both = select(&["random-spectra".into(), "gpt-sotu".into()]).unwrap();

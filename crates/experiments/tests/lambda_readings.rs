@@ -46,6 +46,7 @@ fn reproduce_only_lambda_readings_writes_the_reading_table() {
         sets: &[],
         units: &[],
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
     };
     reproduce(&experiments, &settings).unwrap();
     report(Scale::Smoke, std::slice::from_ref(&results), &results, &[]).unwrap();

@@ -39,6 +39,7 @@ fn settings<'a>(results: &'a Path, data: &'a Path, sets: &'a [Set]) -> Settings<
         sets,
         units: &[],
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
     }
 }
 

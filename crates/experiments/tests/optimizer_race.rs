@@ -30,6 +30,7 @@ fn reproduce_only_optimizer_race_writes_the_ranking() {
         sets: &[],
         units: &[],
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
     };
     reproduce(&experiments, &settings).unwrap();
     report(Scale::Smoke, std::slice::from_ref(&results), &results, &[]).unwrap();

@@ -35,6 +35,7 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
         sets: &[],
         units: &[],
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
     };
     reproduce(&experiments, &settings).unwrap();
     report(Scale::Smoke, std::slice::from_ref(&results), &results, &[]).unwrap();
@@ -46,6 +47,7 @@ fn every_experiment_runs_at_smoke_scale_and_the_report_has_tables_and_plots() {
         resume: true,
         fresh: false,
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
         ..settings
     };
     reproduce(&experiments, &resumed).unwrap();

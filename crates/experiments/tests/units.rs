@@ -26,6 +26,7 @@ fn settings<'a>(results: &'a Path, data: &'a Path, units: &'a [String]) -> Setti
         sets: &[],
         units,
         stop: Default::default(),
+        ranks: std::sync::Arc::new(kappa_dist::Single),
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kappa_dist::{Communicator, DistError, Threads};
-use kappa_optim::optimizer::{Axis, Group, MatrixSpec, Optimizer};
+use kappa_optim::optimizer::{Axis, Group, MatrixSpec, Optimizer, OptimizerStats};
 use kappa_optim::{AdamWConfig, Manifold, ManifoldMuonConfig, MuonConfig, OptimError};
 use tch::{Kind, Tensor};
 
@@ -117,7 +117,9 @@ fn assert_same_bits(expected: &[(String, Tensor)], found: &[(String, Tensor)], w
 fn a_sharded_step_on_2_and_3_ranks_is_the_unsharded_step_bit_for_bit_on_every_rank() {
     tch::set_num_threads(1);
     let steps = 3;
-    let expected = run(&mut optimizer(), steps).unwrap();
+    let mut unsharded = optimizer();
+    let expected = run(&mut unsharded, steps).unwrap();
+    let expected_stats = unsharded.take_stats();
     assert!(expected.iter().any(|(n, _)| n == "state/h.1.qkv/second/5"));
     for world in [2, 3] {
         let ranks = Threads::run(world, |comm| {
@@ -126,14 +128,14 @@ fn a_sharded_step_on_2_and_3_ranks_is_the_unsharded_step_bit_for_bit_on_every_ra
             opt.shard(Arc::new(comm));
             assert!(opt.is_sharded());
             let out = run(&mut opt, steps);
-            (out, opt.traffic())
+            (out, opt.traffic(), opt.take_stats())
         })
         .unwrap();
         let first: Vec<(String, Tensor)> = match &ranks[0].0 {
             Ok(v) => v.iter().map(|(n, t)| (n.clone(), t.copy())).collect(),
             Err(e) => panic!("rank 0 of {world}: {e}"),
         };
-        for (rank, (found, traffic)) in ranks.into_iter().enumerate() {
+        for (rank, (found, traffic, stats)) in ranks.into_iter().enumerate() {
             let what = format!("rank {rank} of {world}");
             let found = found.unwrap();
             for ((name, a), (_, b)) in first.iter().zip(&found) {
@@ -145,7 +147,42 @@ fn a_sharded_step_on_2_and_3_ranks_is_the_unsharded_step_bit_for_bit_on_every_ra
                 traffic.minimum > 0 && traffic.received >= traffic.minimum,
                 "{what}"
             );
+            assert_same_stats(&expected_stats, &stats, &what);
         }
+    }
+}
+
+/// The statistics of every rank of a sharded run count every rank's blocks: the unsharded
+/// step's counts and maxima exactly, its sums to the rounding of adding the ranks' parts in
+/// another order (relative 1e-12: a few dozen terms of one sign), `seconds` aside.
+fn assert_same_stats(
+    expected: &[(String, OptimizerStats)],
+    found: &[(String, OptimizerStats)],
+    what: &str,
+) {
+    assert_eq!(expected.len(), found.len(), "{what}");
+    let close = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => (a - b).abs() <= 1e-12 * a.abs().max(b.abs()),
+        (a, b) => a.is_none() && b.is_none(),
+    };
+    for ((name, e), (_, f)) in expected.iter().zip(found) {
+        let what = format!("{what}, group `{name}`");
+        assert!(e.updates > 0, "{what}: no updates counted");
+        assert_eq!(
+            (e.updates, e.diverged, e.dual_steps, e.msign_calls),
+            (f.updates, f.diverged, f.dual_steps, f.msign_calls),
+            "{what}"
+        );
+        assert_eq!(e.violation_max, f.violation_max, "{what}");
+        assert_eq!(e.manifold_violation_max, f.manifold_violation_max, "{what}");
+        assert!(
+            close(e.violation, f.violation),
+            "{what}: {e:?} against {f:?}"
+        );
+        assert!(
+            close(e.descent_ratio, f.descent_ratio),
+            "{what}: {e:?} against {f:?}"
+        );
     }
 }
 

@@ -126,6 +126,10 @@ impl Experiment for BertSentiment {
         true
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     /// Five seeds at the paper's scale, as the paper; three elsewhere.
     fn default_seeds(&self, scale: Scale) -> u32 {
         if scale == Scale::Paper {

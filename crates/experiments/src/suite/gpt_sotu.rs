@@ -52,6 +52,10 @@ impl Experiment for GptSotu {
         true
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn data_needs(&self) -> &'static [&'static str] {
         &["sotu"]
     }

@@ -241,6 +241,10 @@ impl Experiment for LambdaReadings {
         true
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn default_seeds(&self, _scale: crate::Scale) -> u32 {
         2
     }

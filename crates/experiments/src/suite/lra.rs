@@ -345,6 +345,10 @@ impl Experiment for Lra {
         true
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn data_needs(&self) -> &'static [&'static str] {
         &["movie-reviews", "fashion-mnist"]
     }

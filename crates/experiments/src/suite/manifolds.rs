@@ -94,6 +94,10 @@ impl Experiment for Manifolds {
         true
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn validate(&self, c: &Config) -> Result<()> {
         anyhow::ensure!(!c.variants.is_empty(), "variants: need at least one");
         // The tokenizer sets the vocabulary when `vocab_size` is 0.

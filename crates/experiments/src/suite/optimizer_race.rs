@@ -148,6 +148,10 @@ impl Experiment for OptimizerRace {
         true
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn validate(&self, c: &Config) -> Result<()> {
         GptConfig {
             vocab_size: c.model.vocab_size.max(1),

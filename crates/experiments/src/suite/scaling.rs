@@ -189,6 +189,10 @@ impl Experiment for Scaling {
         true
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn validate(&self, c: &Config) -> Result<()> {
         anyhow::ensure!(
             c.head_dim >= 1,

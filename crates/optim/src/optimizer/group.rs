@@ -88,6 +88,10 @@ pub struct Group {
     pub(crate) layouts: Vec<Resolved>,
     pub(crate) states: States,
     pub(crate) stats: Accumulator,
+    /// This rank's part of the last sharded step, until the ranks merge it into `stats`
+    /// ([`Optimizer::shard`](super::Optimizer::shard)).
+    #[cfg_attr(not(feature = "dist"), allow(dead_code))]
+    pub(crate) pending: Accumulator,
 }
 
 /// The per-parameter states of a group (per block for the matrix updates).
@@ -116,6 +120,7 @@ impl Group {
             layouts: Vec::new(),
             states: States::None,
             stats: Accumulator::default(),
+            pending: Accumulator::default(),
         }
     }
 
@@ -356,7 +361,14 @@ impl Group {
                     Some(s) => {
                         let c = *muon.config();
                         let second = |w: &Tensor| second_moment_len(&c, w);
-                        s.run(jobs, &self.name, self.batch, &mut self.stats, second, step)
+                        s.run(
+                            jobs,
+                            &self.name,
+                            self.batch,
+                            &mut self.pending,
+                            second,
+                            step,
+                        )
                     }
                 }
             }
@@ -391,7 +403,7 @@ impl Group {
                         jobs,
                         &self.name,
                         self.batch,
-                        &mut self.stats,
+                        &mut self.pending,
                         |_| None,
                         step,
                     ),

@@ -302,6 +302,9 @@ impl Optimizer {
         for (g, lr) in self.groups.iter_mut().zip(rates) {
             g.step(lr, self.shard.as_mut())?;
         }
+        if let Some(s) = &self.shard {
+            s.merge_stats(&mut self.groups)?;
+        }
         self.steps += 1;
         self.checked = false;
         Ok(())

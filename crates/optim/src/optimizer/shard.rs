@@ -13,8 +13,9 @@
 //! for that batch's exchange (a model with one matrix per shape is not sped up). AdamW groups are
 //! not sharded: every rank steps them whole, as without sharding. A group built
 //! `with_batch(false)` is split the same way and steps its blocks one by one; manifold Muon's
-//! `with_threads` is not used when sharded. A group's statistics
-//! ([`Optimizer::take_stats`]) count the blocks this rank stepped.
+//! `with_threads` is not used when sharded. A group's statistics ([`Optimizer::take_stats`])
+//! count every rank's blocks: the ranks exchange them at the end of each step (a few numbers
+//! per group), so they are those of the unsharded step; `seconds` is this rank's time.
 //!
 //! # What moves
 //!
@@ -194,6 +195,40 @@ impl Sharding {
     /// Starts counting a step's traffic.
     pub(super) fn begin_step(&mut self) {
         self.traffic = Traffic::default();
+    }
+
+    /// Merges every group's statistics of the step just taken over the ranks (one
+    /// [`Communicator::all_gather`] of a few numbers per group): each block was stepped on one
+    /// rank, so counts and sums add and maxima are the ranks' largest. A group's `seconds` stay
+    /// this rank's: the ranks step together.
+    pub(super) fn merge_stats(&self, groups: &mut [super::Group]) -> Result<()> {
+        let row = Accumulator::ROW;
+        let mine: Vec<f64> = (groups.iter()).flat_map(|g| g.pending.to_row()).collect();
+        let device = (groups.iter())
+            .find_map(|g| g.params.first().map(Tensor::device))
+            .unwrap_or(Device::Cpu);
+        let world = self.comm.world();
+        let options = (Kind::Double, device);
+        let tensors = || -> std::result::Result<(Tensor, Tensor), tch::TchError> {
+            let out = Tensor::f_empty([(world * mine.len()) as i64], options)?;
+            Ok((Tensor::f_from_slice(&mine)?.f_to_device(device)?, out))
+        };
+        let (mine, mut out) = tensors().map_err(libtorch("statistics"))?;
+        self.comm
+            .all_gather(&mine, &mut out)
+            .map_err(|source| OptimError::Collective {
+                group: "(statistics)".to_string(),
+                source,
+            })?;
+        let all =
+            Vec::<f64>::try_from(out.to_device(Device::Cpu)).map_err(libtorch("statistics"))?;
+        let per_rank = groups.len() * row;
+        for (i, g) in groups.iter_mut().enumerate() {
+            let rows = (0..world).map(|r| &all[r * per_rank + i * row..][..row]);
+            g.stats.add_rows(rows);
+            g.pending = Accumulator::default();
+        }
+        Ok(())
     }
 
     /// Steps this rank's part of each same-shape batch of `jobs` with `f` (batched when `batch`

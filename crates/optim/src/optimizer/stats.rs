@@ -91,6 +91,45 @@ impl Accumulator {
             .max(twice.manifold_violation_max);
     }
 
+    /// The number of entries of [`Accumulator::to_row`].
+    #[cfg(feature = "dist")]
+    pub(crate) const ROW: usize = 10;
+
+    /// Every count, sum and maximum but `seconds`, as f64 (exact for counts below 2⁵³): what
+    /// the ranks of a sharded step exchange ([`Accumulator::add_rows`]).
+    #[cfg(feature = "dist")]
+    pub(crate) fn to_row(&self) -> [f64; Self::ROW] {
+        [
+            self.updates as f64,
+            self.dual as f64,
+            self.dual_steps,
+            self.msign_calls,
+            self.violation,
+            self.violation_max,
+            self.descent_ratio,
+            self.descent_ratios as f64,
+            self.diverged as f64,
+            self.manifold_violation_max,
+        ]
+    }
+
+    /// Adds the ranks' [`Accumulator::to_row`]s: counts and sums summed, maxima taken.
+    #[cfg(feature = "dist")]
+    pub(crate) fn add_rows<'a>(&mut self, rows: impl IntoIterator<Item = &'a [f64]>) {
+        for r in rows {
+            self.updates += r[0] as u64;
+            self.dual += r[1] as u64;
+            self.dual_steps += r[2];
+            self.msign_calls += r[3];
+            self.violation += r[4];
+            self.violation_max = self.violation_max.max(r[5]);
+            self.descent_ratio += r[6];
+            self.descent_ratios += r[7] as u64;
+            self.diverged += r[8] as u64;
+            self.manifold_violation_max = self.manifold_violation_max.max(r[9]);
+        }
+    }
+
     pub(crate) fn finish(self) -> OptimizerStats {
         let per = |x: f64, n: u64| (n > 0).then(|| x / n as f64);
         OptimizerStats {
