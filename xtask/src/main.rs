@@ -78,6 +78,9 @@ enum Command {
         args: kappa_cli::ReproduceArgs,
         #[command(flatten)]
         slurm: slurm::SlurmArgs,
+        /// With `--slurm`: each unit on `--nodes` × `--ntasks-per-node` ranks.
+        #[command(flatten)]
+        ranks: slurm::RankArgs,
     },
     /// Build the report from run folders, merging several results folders (`--results`,
     /// repeatable; default `results/`) and naming missing or failed units.
@@ -122,7 +125,9 @@ fn run(cli: Cli) -> Result<()> {
             setup::setup(&ws, &data)?;
         }
         Command::Test(args) => cargo::test(&ws, &args)?,
-        Command::Reproduce { args, slurm } if slurm.slurm => reproduce::slurm(&ws, &args, &slurm)?,
+        Command::Reproduce { args, slurm, ranks } if slurm.slurm => {
+            reproduce::slurm(&ws, &args, &slurm, &ranks)?
+        }
         Command::Reproduce { args, .. } => reproduce::reproduce(&ws, &args)?,
         Command::Report(args) => reproduce::report(&ws, &args)?,
         Command::Train { args, slurm } => train::train(&ws, &args, &slurm)?,

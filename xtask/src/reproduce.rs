@@ -16,7 +16,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use kappa_cli::{config_experiment, ExperimentName, ReportArgs, ReproduceArgs};
 
-use crate::slurm::{write_and_submit, Job, PlannedUnit, SlurmArgs};
+use crate::slurm::{write_and_submit, Job, PlannedUnit, RankArgs, SlurmArgs};
 
 use crate::cargo::cargo;
 use crate::data::DataSelection;
@@ -80,16 +80,29 @@ fn data_needs(
         .map_err(anyhow::Error::msg)
 }
 
-/// `cargo xtask reproduce --slurm`: setup and data, the runner built once, its plan, then the
-/// job array over the plan's units and the report job ([`crate::slurm`]).
-pub fn slurm(ws: &Workspace, args: &ReproduceArgs, slurm: &SlurmArgs) -> Result<()> {
+/// `cargo xtask reproduce --slurm`: setup and data, the runner built once (with the feature
+/// `mpi` when each unit runs on several `ranks`), its plan, then the job array over the plan's
+/// units and the report job ([`crate::slurm`]).
+pub fn slurm(
+    ws: &Workspace,
+    args: &ReproduceArgs,
+    slurm: &SlurmArgs,
+    ranks: &RankArgs,
+) -> Result<()> {
     let (args, selection) = check(args)?;
     if args.list || args.plan || !args.unit.is_empty() {
         bail!("--slurm runs the whole plan: drop --list, --plan and --unit");
     }
+    ranks.check_device(&args.device.0)?;
     let tc = setup::setup(ws, &DataSelection::default())?;
     setup::data_only(ws, &data_needs(ws, &tc, &args, &selection)?)?;
-    run(cargo(ws, &tc).args(["build", "--release", "--locked", "-p", "kappa-experiments"]))?;
+    let mut build = cargo(ws, &tc);
+    build.args(["build", "--release", "--locked", "-p", "kappa-experiments"]);
+    if ranks.count() > 1 {
+        crate::mpi_test::install()?;
+        build.args(["--features", "mpi"]);
+    }
+    run(&mut build)?;
     let (results, data) = (ws.results_dir(), ws.data_dir());
     let task_args = ReproduceArgs {
         resume: false,
@@ -134,7 +147,7 @@ pub fn slurm(ws: &Workspace, args: &ReproduceArgs, slurm: &SlurmArgs) -> Result<
         cuda: args.device.0.starts_with("cuda"),
         logs: dir.join("logs"),
     };
-    write_and_submit(&dir, &units, &job, slurm)?;
+    write_and_submit(&dir, &units, &job, slurm, ranks)?;
     Ok(())
 }
 

@@ -47,14 +47,10 @@ pub struct SlurmArgs {
     pub extra: Vec<String>,
 }
 
-/// The Slurm options of `cargo xtask train`: one model as one Slurm job, on
-/// `nodes × ntasks-per-node` processes (MPI ranks through `srun`) when that is above 1.
+/// How many processes train one model (one MPI rank each, started by `srun`): the options
+/// `cargo xtask train --slurm` and `cargo xtask reproduce --slurm` share.
 #[derive(Args, Clone, Debug, PartialEq)]
-pub struct TrainSlurmArgs {
-    /// `--slurm`, `--dry-run`, `--partition`, `--account`, `--time`, `--gpus-per-task`,
-    /// `--sbatch-option`.
-    #[command(flatten)]
-    pub common: SlurmArgs,
+pub struct RankArgs {
     /// `#SBATCH --nodes`.
     #[arg(long, requires = "slurm", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub nodes: u32,
@@ -67,11 +63,61 @@ pub struct TrainSlurmArgs {
     pub srun_mpi: String,
 }
 
-impl TrainSlurmArgs {
+impl Default for RankArgs {
+    /// One process.
+    fn default() -> Self {
+        Self {
+            nodes: 1,
+            ntasks_per_node: 1,
+            srun_mpi: "pmix".into(),
+        }
+    }
+}
+
+impl RankArgs {
     /// The number of ranks.
-    pub fn ranks(&self) -> u32 {
+    pub fn count(&self) -> u32 {
         self.nodes * self.ntasks_per_node
     }
+
+    /// The `#SBATCH` lines of the ranks' layout.
+    fn write_layout(&self, s: &mut String) {
+        let _ = writeln!(s, "#SBATCH --nodes={}", self.nodes);
+        let _ = writeln!(s, "#SBATCH --ntasks-per-node={}", self.ntasks_per_node);
+    }
+
+    /// `srun` with the `--mpi` type when there is more than one rank.
+    fn srun(&self) -> String {
+        match self.count() > 1 {
+            true => format!("srun --mpi={}", self.srun_mpi),
+            false => "srun".into(),
+        }
+    }
+
+    /// An error for `--device cuda` on several ranks: they exchange CPU tensors over MPI.
+    pub fn check_device(&self, device: &str) -> Result<()> {
+        if self.count() > 1 && device.starts_with("cuda") {
+            bail!(
+                "--device {device} on {} ranks: training on several ranks exchanges CPU tensors \
+                 over MPI; use --device cpu, or one rank",
+                self.count()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The Slurm options of `cargo xtask train`: one model as one Slurm job, on
+/// `nodes × ntasks-per-node` processes (MPI ranks through `srun`) when that is above 1.
+#[derive(Args, Clone, Debug, PartialEq)]
+pub struct TrainSlurmArgs {
+    /// `--slurm`, `--dry-run`, `--partition`, `--account`, `--time`, `--gpus-per-task`,
+    /// `--sbatch-option`.
+    #[command(flatten)]
+    pub common: SlurmArgs,
+    /// `--nodes`, `--ntasks-per-node`, `--srun-mpi`.
+    #[command(flatten)]
+    pub ranks: RankArgs,
 }
 
 /// What the train job runs: the binary, its library path and `train`'s arguments.
@@ -102,8 +148,7 @@ pub fn train_script(job: &TrainJob<'_>, args: &TrainSlurmArgs) -> String {
     let gpus = args.common.gpus_per_task.unwrap_or(u32::from(job.cuda));
     let mut s = String::from("#!/bin/bash\n");
     let _ = writeln!(s, "#SBATCH --job-name=kappa-train-{}", job.name);
-    let _ = writeln!(s, "#SBATCH --nodes={}", args.nodes);
-    let _ = writeln!(s, "#SBATCH --ntasks-per-node={}", args.ntasks_per_node);
+    args.ranks.write_layout(&mut s);
     let _ = writeln!(s, "#SBATCH --cpus-per-task={}", job.threads);
     if let Some(time) = &args.common.time {
         let _ = writeln!(s, "#SBATCH --time={time}");
@@ -123,14 +168,10 @@ pub fn train_script(job: &TrainJob<'_>, args: &TrainSlurmArgs) -> String {
         s,
         "if [ \"$attempt\" -gt 1 ]; then again=--resume; else again={first}; fi"
     );
-    let mpi = if args.ranks() > 1 {
-        format!(" --mpi={}", args.srun_mpi)
-    } else {
-        String::new()
-    };
     let _ = writeln!(
         s,
-        "srun{mpi} {} train {} $again",
+        "{} {} train {} $again",
+        args.ranks.srun(),
         quote(job.binary),
         job.train_args.join(" ")
     );
@@ -196,8 +237,14 @@ pub struct Job<'a> {
     pub logs: PathBuf,
 }
 
-/// The array script for `units`.
-pub fn array_script(units: &[PlannedUnit], job: &Job<'_>, args: &SlurmArgs) -> String {
+/// The array script for `units`, each unit on `ranks` processes (one model trained
+/// data-parallel when more than one).
+pub fn array_script(
+    units: &[PlannedUnit],
+    job: &Job<'_>,
+    args: &SlurmArgs,
+    ranks: &RankArgs,
+) -> String {
     let longest = units.iter().map(|u| u.cost.minutes).fold(0.0, f64::max);
     let memory = units.iter().map(|u| u.cost.memory_gib).fold(0.0, f64::max);
     let time = args
@@ -209,8 +256,17 @@ pub fn array_script(units: &[PlannedUnit], job: &Job<'_>, args: &SlurmArgs) -> S
     let _ = writeln!(s, "#SBATCH --job-name=kappa-units");
     let _ = writeln!(s, "#SBATCH --array=1-{}", units.len());
     let _ = writeln!(s, "#SBATCH --time={time}");
+    if ranks.count() > 1 {
+        ranks.write_layout(&mut s);
+    }
     let _ = writeln!(s, "#SBATCH --cpus-per-task={}", job.threads);
-    let _ = writeln!(s, "#SBATCH --mem={}G", (1.5 * memory).ceil().max(1.0));
+    // Per node: each rank holds the whole model.
+    let per_node = f64::from(ranks.ntasks_per_node);
+    let _ = writeln!(
+        s,
+        "#SBATCH --mem={}G",
+        (1.5 * memory * per_node).ceil().max(1.0)
+    );
     if gpus > 0 {
         let _ = writeln!(s, "#SBATCH --gpus-per-task={gpus}");
     }
@@ -231,7 +287,8 @@ pub fn array_script(units: &[PlannedUnit], job: &Job<'_>, args: &SlurmArgs) -> S
     environment(&mut s, job.lib_dir, job.threads);
     let _ = writeln!(
         s,
-        "srun {} reproduce {} --unit \"$unit\"",
+        "{} {} reproduce {} --unit \"$unit\"",
+        ranks.srun(),
         quote(job.binary),
         job.reproduce_args.join(" ")
     );
@@ -321,6 +378,7 @@ pub fn write_and_submit(
     units: &[PlannedUnit],
     job: &Job<'_>,
     args: &SlurmArgs,
+    ranks: &RankArgs,
 ) -> Result<Option<String>> {
     if units.is_empty() {
         bail!("the plan has no units");
@@ -328,7 +386,10 @@ pub fn write_and_submit(
     fs::create_dir_all(&job.logs).with_context(|| format!("creating {}", job.logs.display()))?;
     let ids: String = units.iter().map(|u| format!("{}\n", u.id)).collect();
     fs::write(dir.join("units.txt"), ids)?;
-    fs::write(dir.join("array.sbatch"), array_script(units, job, args))?;
+    fs::write(
+        dir.join("array.sbatch"),
+        array_script(units, job, args, ranks),
+    )?;
     fs::write(dir.join("report.sbatch"), report_script(job, args))?;
     eprintln!("slurm: wrote {} ({} units)", dir.display(), units.len());
     if args.dry_run {
@@ -401,7 +462,7 @@ mod tests {
             extra: vec!["--qos=long".into()],
             ..SlurmArgs::default()
         };
-        let script = array_script(&units(), &job(bin, lib, false), &args);
+        let script = array_script(&units(), &job(bin, lib, false), &args, &RankArgs::default());
         for line in [
             "#SBATCH --array=1-3",
             "#SBATCH --time=0-00:10:00",
@@ -417,8 +478,22 @@ mod tests {
         ] {
             assert!(script.contains(line), "no `{line}` in\n{script}");
         }
-        assert!(!script.contains("--gpus-per-task"));
-        let cuda = array_script(&units(), &job(bin, lib, true), &args);
+        assert!(!script.contains("--gpus-per-task") && !script.contains("--ntasks-per-node"));
+        let ranks = RankArgs {
+            ntasks_per_node: 2,
+            ..RankArgs::default()
+        };
+        let on_ranks = array_script(&units(), &job(bin, lib, false), &args, &ranks);
+        for line in [
+            "#SBATCH --nodes=1",
+            "#SBATCH --ntasks-per-node=2",
+            "#SBATCH --mem=3G",
+            "srun --mpi=pmix '/k/kappa-experiments' reproduce --scale cpu --unit \"$unit\"",
+        ] {
+            assert!(on_ranks.contains(line), "no `{line}` in\n{on_ranks}");
+        }
+        assert!(ranks.check_device("cuda").is_err() && ranks.check_device("cpu").is_ok());
+        let cuda = array_script(&units(), &job(bin, lib, true), &args, &RankArgs::default());
         assert!(cuda.contains("#SBATCH --gpus-per-task=1"));
         let report = report_script(&job(bin, lib, false), &args);
         assert!(report.contains("'/k/kappa-experiments' report --scale cpu"));
@@ -447,7 +522,7 @@ mod tests {
             <Cli as clap::Parser>::try_parse_from(argv).map(|c| c.slurm)
         };
         let ranks = parse(&["--slurm", "--nodes", "2", "--ntasks-per-node", "4"]).unwrap();
-        assert_eq!(ranks.ranks(), 8);
+        assert_eq!(ranks.ranks.count(), 8);
         let script = train_script(&job(Some("--fresh"), true), &ranks);
         for line in [
             "#SBATCH --job-name=kappa-train-tiny",
@@ -500,7 +575,10 @@ mod tests {
             dry_run: true,
             ..SlurmArgs::default()
         };
-        assert_eq!(write_and_submit(&dir, &units(), &job, &args).unwrap(), None);
+        assert_eq!(
+            write_and_submit(&dir, &units(), &job, &args, &RankArgs::default()).unwrap(),
+            None
+        );
         let ids = fs::read_to_string(dir.join("units.txt")).unwrap();
         assert_eq!(
             ids,

@@ -19,13 +19,8 @@ use crate::workspace::{run, Workspace};
 /// `cargo xtask train`.
 pub fn train(ws: &Workspace, args: &TrainArgs, slurm: &TrainSlurmArgs) -> Result<()> {
     let (args, name) = check(args)?;
-    if slurm.common.slurm && slurm.ranks() > 1 && args.device.0.starts_with("cuda") {
-        anyhow::bail!(
-            "--device {} on {} ranks: training on several ranks exchanges CPU tensors over MPI; \
-             use --device cpu, or one rank",
-            args.device.0,
-            slurm.ranks()
-        );
+    if slurm.common.slurm {
+        slurm.ranks.check_device(&args.device.0)?;
     }
     let tc = setup::setup(ws, &DataSelection::default())?;
     if slurm.common.slurm {
@@ -49,7 +44,7 @@ fn submit(
 ) -> Result<()> {
     let mut build = crate::cargo::cargo(ws, tc);
     build.args(["build", "--release", "--locked", "-p", "kappa-experiments"]);
-    if slurm.ranks() > 1 {
+    if slurm.ranks.count() > 1 {
         crate::mpi_test::install()?;
         build.args(["--features", "mpi"]);
     }

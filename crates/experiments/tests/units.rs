@@ -1,10 +1,15 @@
 //! Units of work: the plan lists one unit per (experiment, seed); running the units one at a
 //! time, into two results folders even, and merging gives the report a plain `reproduce`
-//! writes (timings aside); a missing unit is named in the report instead of failing it.
+//! writes (timings aside); a missing unit is named in the report instead of failing it. A unit
+//! on two ranks (threads) is the unit on one process.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use kappa_cli::Set;
+use kappa_dist::Threads;
 use kappa_experiments::runner::{report, reproduce, resolve_configs, select, Settings};
 use kappa_experiments::units::plan;
 use kappa_experiments::Scale;
@@ -142,5 +147,85 @@ fn a_unit_not_in_the_plan_is_an_error_naming_the_plan() {
         "{text}"
     );
     assert!(!root.join("r/theory").exists(), "a unit ran");
+    fs::remove_dir_all(&root).unwrap();
+}
+
+/// `metrics.jsonl` of `dir` without what measures time.
+fn metrics_without_timings(dir: &Path) -> Vec<serde_json::Value> {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.retain(|k, _| !k.contains("second"));
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let text = fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let lines = text.lines().map(|l| serde_json::from_str(l).unwrap());
+    lines
+        .map(|mut v| {
+            strip(&mut v);
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn a_unit_on_two_ranks_is_the_unit_on_one_process_and_a_numerical_one_is_refused() {
+    let root = scratch("ranks");
+    let data = root.join("data");
+    let unit = ["gpt-sotu/smoke/seed-0".to_string()];
+    // Two parts of every batch on both: the sums run in the same order.
+    let sets = ["train.micro_batch_size=2".parse::<Set>().unwrap()];
+    let (one, two) = (root.join("one"), root.join("two"));
+    let experiments = select(&["gpt-sotu".to_string()]).unwrap();
+    let alone = Settings {
+        sets: &sets,
+        ..settings(&one, &data, &unit)
+    };
+    reproduce(&experiments, &alone).unwrap();
+    let on_ranks = |experiments: &[&str], results: &Path, units: &[String], sets: &[Set]| {
+        let names: Vec<String> = experiments.iter().map(|e| e.to_string()).collect();
+        let experiments = select(&names).unwrap();
+        Threads::run(2, |comm| {
+            tch::set_num_threads(1);
+            let s = Settings {
+                sets,
+                ranks: Arc::new(comm),
+                ..settings(results, &data, units)
+            };
+            reproduce(&experiments, &s).map_err(|e| format!("{e:#}"))
+        })
+        .unwrap()
+    };
+    for (rank, result) in on_ranks(&["gpt-sotu"], &two, &unit, &sets)
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(result, Ok(Vec::new()), "rank {rank}");
+    }
+    let run = |root: &Path| root.join(&unit[0]);
+    assert_eq!(
+        metrics_without_timings(&run(&one)),
+        metrics_without_timings(&run(&two))
+    );
+    let checkpoint = |root: &Path| fs::read(run(root).join("variant-0/checkpoint.safetensors"));
+    assert!(checkpoint(&one).unwrap() == checkpoint(&two).unwrap());
+
+    let theory = ["theory/smoke/seed-0".to_string()];
+    for result in on_ranks(&["theory"], &root.join("theory"), &theory, &[]) {
+        let e = result.unwrap_err();
+        assert!(
+            e.contains("theory trains no model that ranks can share"),
+            "{e}"
+        );
+    }
+    for result in on_ranks(&["gpt-sotu"], &root.join("all"), &[], &[]) {
+        let e = result.unwrap_err();
+        assert!(e.contains("give --unit ID"), "{e}");
+    }
+    assert!(!root.join("theory").exists() && !root.join("all").exists());
     fs::remove_dir_all(&root).unwrap();
 }
