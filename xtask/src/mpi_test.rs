@@ -53,7 +53,8 @@ const TIMEOUT: Duration = Duration::from_secs(180);
 pub fn test(ws: &Workspace, tc: &Toolchain) -> Result<()> {
     let started = Instant::now();
     install()?;
-    let features = "kappa-dist/mpi,kappa-experiments/mpi";
+    // `nccl` implies `mpi`: the lints cover the GPU ranks' code too (it loads NCCL at run time).
+    let features = "kappa-dist/mpi,kappa-experiments/nccl";
     let mut lints = cargo(ws, tc);
     lints.args([
         "clippy",

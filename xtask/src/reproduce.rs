@@ -81,8 +81,8 @@ fn data_needs(
 }
 
 /// `cargo xtask reproduce --slurm`: setup and data, the runner built once (with the feature
-/// `mpi` when each unit runs on several `ranks`), its plan, then the job array over the plan's
-/// units and the report job ([`crate::slurm`]).
+/// `mpi` when each unit runs on several `ranks`, `nccl` on CUDA), its plan, then the job array
+/// over the plan's units and the report job ([`crate::slurm`]).
 pub fn slurm(
     ws: &Workspace,
     args: &ReproduceArgs,
@@ -93,14 +93,13 @@ pub fn slurm(
     if args.list || args.plan || !args.unit.is_empty() {
         bail!("--slurm runs the whole plan: drop --list, --plan and --unit");
     }
-    ranks.check_device(&args.device.0)?;
     let tc = setup::setup(ws, &DataSelection::default())?;
     setup::data_only(ws, &data_needs(ws, &tc, &args, &selection)?)?;
     let mut build = cargo(ws, &tc);
     build.args(["build", "--release", "--locked", "-p", "kappa-experiments"]);
-    if ranks.count() > 1 {
+    if let Some(feature) = ranks.feature(&args.device.0) {
         crate::mpi_test::install()?;
-        build.args(["--features", "mpi"]);
+        build.args(["--features", feature]);
     }
     run(&mut build)?;
     let (results, data) = (ws.results_dir(), ws.data_dir());

@@ -94,16 +94,14 @@ impl RankArgs {
         }
     }
 
-    /// An error for `--device cuda` on several ranks: they exchange CPU tensors over MPI.
-    pub fn check_device(&self, device: &str) -> Result<()> {
-        if self.count() > 1 && device.starts_with("cuda") {
-            bail!(
-                "--device {device} on {} ranks: training on several ranks exchanges CPU tensors \
-                 over MPI; use --device cpu, or one rank",
-                self.count()
-            );
+    /// The `kappa-experiments` feature that joins the ranks on `device`: none for one rank,
+    /// `mpi` on the CPU, `nccl` on CUDA (MPI starts the ranks, NCCL exchanges the GPUs' tensors).
+    pub fn feature(&self, device: &str) -> Option<&'static str> {
+        match (self.count() > 1, device.starts_with("cuda")) {
+            (false, _) => None,
+            (true, false) => Some("mpi"),
+            (true, true) => Some("nccl"),
         }
-        Ok(())
     }
 }
 
@@ -492,7 +490,11 @@ mod tests {
         ] {
             assert!(on_ranks.contains(line), "no `{line}` in\n{on_ranks}");
         }
-        assert!(ranks.check_device("cuda").is_err() && ranks.check_device("cpu").is_ok());
+        assert_eq!(
+            (ranks.feature("cuda"), ranks.feature("cpu")),
+            (Some("nccl"), Some("mpi"))
+        );
+        assert_eq!(RankArgs::default().feature("cuda"), None);
         let cuda = array_script(&units(), &job(bin, lib, true), &args, &RankArgs::default());
         assert!(cuda.contains("#SBATCH --gpus-per-task=1"));
         let report = report_script(&job(bin, lib, false), &args);

@@ -19,9 +19,6 @@ use crate::workspace::{run, Workspace};
 /// `cargo xtask train`.
 pub fn train(ws: &Workspace, args: &TrainArgs, slurm: &TrainSlurmArgs) -> Result<()> {
     let (args, name) = check(args)?;
-    if slurm.common.slurm {
-        slurm.ranks.check_device(&args.device.0)?;
-    }
     let tc = setup::setup(ws, &DataSelection::default())?;
     if slurm.common.slurm {
         return submit(ws, &tc, &args, &name, slurm);
@@ -32,9 +29,9 @@ pub fn train(ws: &Workspace, args: &TrainArgs, slurm: &TrainSlurmArgs) -> Result
     run(&mut cmd)
 }
 
-/// `--slurm`: builds the binary (with the feature `mpi` for several ranks, installing Open MPI
-/// where it is missing), copies it into `<out>/slurm/<name>/` (a later build does not change a
-/// queued job's), writes `train.sbatch` there and submits it.
+/// `--slurm`: builds the binary (with the feature `mpi` for several ranks, `nccl` on CUDA,
+/// installing Open MPI where it is missing), copies it into `<out>/slurm/<name>/` (a later build
+/// does not change a queued job's), writes `train.sbatch` there and submits it.
 fn submit(
     ws: &Workspace,
     tc: &setup::Toolchain,
@@ -44,9 +41,9 @@ fn submit(
 ) -> Result<()> {
     let mut build = crate::cargo::cargo(ws, tc);
     build.args(["build", "--release", "--locked", "-p", "kappa-experiments"]);
-    if slurm.ranks.count() > 1 {
+    if let Some(feature) = slurm.ranks.feature(&args.device.0) {
         crate::mpi_test::install()?;
-        build.args(["--features", "mpi"]);
+        build.args(["--features", feature]);
     }
     run(&mut build)?;
     let dir = args.out.join("slurm").join(name);

@@ -87,4 +87,11 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
 
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
+
+    /// The device whose tensors this backend takes (`None`: any): where a caller puts the small
+    /// tensors it exchanges besides its own (a flag, a loss). CPU over MPI, the rank's GPU over
+    /// NCCL.
+    fn tensor_device(&self) -> Option<tch::Device> {
+        None
+    }
 }

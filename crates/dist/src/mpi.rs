@@ -467,6 +467,10 @@ impl Communicator for Mpi {
     fn barrier(&self) -> Result<()> {
         self.collective(&Call::barrier(), |_| Ok(()))
     }
+
+    fn tensor_device(&self) -> Option<tch::Device> {
+        Some(tch::Device::Cpu)
+    }
 }
 
 /// `DistError::Transport` of this backend.

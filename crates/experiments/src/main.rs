@@ -183,17 +183,22 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// `reproduce`: resolve every config, run, write the report, and publish it when asked. Under
-/// `mpirun -np N`, or `srun` with N tasks (a build with the feature `mpi`), this process is one
-/// of N ranks that train each unit named by `--unit` together.
+/// `mpirun -np N`, or `srun` with N tasks (a build with the feature `mpi`; `nccl` for
+/// `--device cuda`), this process is one of N ranks that train each unit named by `--unit`
+/// together.
 fn run_reproduce(args: &ReproduceArgs, places: &Places) -> Result<()> {
-    let ranks = kappa_experiments::ranks::Ranks::join()?;
+    let ranks = kappa_experiments::ranks::Ranks::join(&args.device.0)?;
     let comm = ranks.communicator();
-    ranks.end(reproduce_on(args, places, comm))
+    let result = ranks
+        .device(&args.device.0)
+        .and_then(|device| reproduce_on(args, places, &device, comm));
+    ranks.end(result)
 }
 
 fn reproduce_on(
     args: &ReproduceArgs,
     places: &Places,
+    device: &str,
     ranks: std::sync::Arc<dyn kappa_dist::Communicator>,
 ) -> Result<()> {
     let experiments = select_at(&selected(args)?, args.scale)?;
@@ -208,7 +213,7 @@ fn reproduce_on(
         scale: args.scale,
         seeds: args.seeds,
         threads: args.threads,
-        device: &args.device.0,
+        device,
         results: &places.results,
         data: &places.data,
         resume: args.resume,
@@ -322,16 +327,17 @@ fn run_train(args: &TrainArgs) -> Result<()> {
     let stop = StopFlag::default();
     stop.raise_on_signals()
         .context("installing the SIGINT/SIGTERM/SIGUSR1 handlers")?;
+    // Under `mpirun -np N` (a build with the feature `mpi`; `nccl` for `--device cuda`) this
+    // process is one of N ranks.
+    let ranks = kappa_experiments::ranks::Ranks::join(&args.device.0)?;
+    let comm = ranks.communicator();
     let context = kappa_train::RunContext {
         seed: args.seed,
         threads: args.threads,
-        device: args.device.0.clone(),
+        device: ranks.device(&args.device.0)?,
         stop,
         ..kappa_train::RunContext::default()
     };
-    // Under `mpirun -np N` (a build with the feature `mpi`) this process is one of N ranks.
-    let ranks = kappa_experiments::ranks::Ranks::join()?;
-    let comm = ranks.communicator();
     let rank = comm.rank();
     let dir = kappa_experiments::train::run_train_ranks(
         &args.config,

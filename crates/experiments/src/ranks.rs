@@ -81,38 +81,66 @@ pub const RANK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 
 pub enum Ranks {
     /// One process.
     One,
-    /// One rank of an MPI job.
+    /// One rank of an MPI job, exchanging CPU tensors over MPI.
     #[cfg(feature = "mpi")]
     Mpi(Arc<kappa_dist::Mpi>),
+    /// One rank of an MPI job on one GPU, exchanging CUDA tensors over NCCL (MPI starts the
+    /// ranks, hands them NCCL's id and ends the job when one fails).
+    #[cfg(feature = "nccl")]
+    Nccl(Arc<kappa_dist::Mpi>, Arc<kappa_dist::Nccl>),
 }
 
 impl Ranks {
-    /// Joins the launcher's ranks: with the feature `mpi` and a launcher that announced more
-    /// than one process, MPI is initialized and its world checked against the announced counts
-    /// ([`check_world`]); otherwise this is one process, and an announcement of several is an
-    /// error.
-    pub fn join() -> Result<Self> {
+    /// Joins the launcher's ranks for a run on `device` (`cpu`, `cuda`): with the feature `mpi`
+    /// and a launcher that announced more than one process, MPI is initialized and its world
+    /// checked against the announced counts ([`check_world`]); on `cuda` (feature `nccl`) each
+    /// rank then takes one GPU ([`local_gpu`]) and the ranks form an NCCL group. Otherwise this
+    /// is one process, and an announcement of several is an error.
+    pub fn join(device: &str) -> Result<Self> {
         let announced = announced(|var| std::env::var(var).ok());
         if !several(&announced) {
             return Ok(Ranks::One);
         }
-        Self::join_mpi(&announced)
+        Self::join_mpi(&announced, device.starts_with("cuda"))
     }
 
     #[cfg(feature = "mpi")]
-    fn join_mpi(announced: &[(&'static str, String)]) -> Result<Self> {
+    fn join_mpi(announced: &[(&'static str, String)], cuda: bool) -> Result<Self> {
         let mpi = kappa_dist::Mpi::init()?.with_timeout(RANK_TIMEOUT);
         if let Err(e) = check_world(Some(mpi.world()), announced) {
             // Every process of the launcher fails alike; none waits for another.
             let _ = mpi.finalize();
             return Err(e);
         }
-        Ok(Ranks::Mpi(Arc::new(mpi)))
+        let mpi = Arc::new(mpi);
+        if cuda {
+            return Self::join_nccl(mpi);
+        }
+        Ok(Ranks::Mpi(mpi))
     }
 
     #[cfg(not(feature = "mpi"))]
-    fn join_mpi(announced: &[(&'static str, String)]) -> Result<Self> {
+    fn join_mpi(announced: &[(&'static str, String)], _cuda: bool) -> Result<Self> {
         check_world(None, announced).map(|()| Ranks::One)
+    }
+
+    #[cfg(feature = "nccl")]
+    fn join_nccl(mpi: Arc<kappa_dist::Mpi>) -> Result<Self> {
+        let gpus = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
+        let gpu = local_gpu(|var| std::env::var(var).ok(), gpus)?;
+        let id = kappa_dist::NcclId::share(&*mpi)?;
+        let nccl = kappa_dist::Nccl::new(&id, mpi.rank(), mpi.world(), gpu)?;
+        Ok(Ranks::Nccl(mpi, Arc::new(nccl.with_timeout(RANK_TIMEOUT))))
+    }
+
+    #[cfg(all(feature = "mpi", not(feature = "nccl")))]
+    fn join_nccl(mpi: Arc<kappa_dist::Mpi>) -> Result<Self> {
+        let _ = Arc::try_unwrap(mpi).map(kappa_dist::Mpi::finalize);
+        anyhow::bail!(
+            "--device cuda on several ranks exchanges CUDA tensors over NCCL, but \
+             kappa-experiments was built without it: build it with `--features nccl`, or train \
+             on the CPU (--device cpu)"
+        )
     }
 
     /// The communicator of the ranks ([`Single`] for one process).
@@ -121,6 +149,25 @@ impl Ranks {
             Ranks::One => Arc::new(Single),
             #[cfg(feature = "mpi")]
             Ranks::Mpi(mpi) => Arc::clone(mpi) as Arc<dyn Communicator>,
+            #[cfg(feature = "nccl")]
+            Ranks::Nccl(_, nccl) => Arc::clone(nccl) as Arc<dyn Communicator>,
+        }
+    }
+
+    /// The device this rank trains on, for the command's `device`: the rank's GPU over NCCL
+    /// (`cuda:G`; an explicit `cuda:N` is an error there, since each rank takes its own),
+    /// otherwise `device` itself.
+    pub fn device(&self, device: &str) -> Result<String> {
+        match self.communicator().tensor_device() {
+            Some(tch::Device::Cuda(gpu)) => {
+                anyhow::ensure!(
+                    device == "cuda",
+                    "--device {device} on several ranks: each rank takes its own GPU (by its \
+                     local rank); give --device cuda"
+                );
+                Ok(format!("cuda:{gpu}"))
+            }
+            _ => Ok(device.to_string()),
         }
     }
 
@@ -133,6 +180,11 @@ impl Ranks {
     pub fn end<T>(self, result: Result<T>) -> Result<T> {
         match self {
             Ranks::One => result,
+            #[cfg(feature = "nccl")]
+            Ranks::Nccl(mpi, nccl) => {
+                drop(nccl);
+                Ranks::Mpi(mpi).end(result)
+            }
             #[cfg(feature = "mpi")]
             Ranks::Mpi(mpi) => {
                 let (rank, world) = (mpi.rank(), mpi.world());
@@ -153,6 +205,34 @@ impl Ranks {
     }
 }
 
+/// The environment variables through which launchers announce a process's rank on its node:
+/// Open MPI's `mpirun`, MPICH's, and Slurm's `srun` (the first set counts).
+pub const LOCAL_RANK_VARS: [&str; 3] = [
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "SLURM_LOCALID",
+];
+
+/// The GPU of this rank among the `gpus` it sees: its local rank modulo `gpus` (the node's
+/// ranks on distinct GPUs when there are as many; under `srun --gpus-per-task=1` each task sees
+/// one GPU, its own, as device 0).
+pub fn local_gpu(env: impl Fn(&str) -> Option<String>, gpus: usize) -> Result<usize> {
+    anyhow::ensure!(gpus > 0, "--device cuda: this process sees no CUDA device");
+    let local = LOCAL_RANK_VARS
+        .iter()
+        .find_map(|&var| env(var).map(|v| (var, v)));
+    let Some((var, value)) = local else {
+        anyhow::bail!(
+            "--device cuda on several ranks: the launcher did not say which rank this is on its \
+             node (none of {} is set), so no GPU can be chosen",
+            LOCAL_RANK_VARS.join(", ")
+        );
+    };
+    let local: usize =
+        (value.trim().parse()).map_err(|_| anyhow::anyhow!("{var}={value} is not a local rank"))?;
+    Ok(local % gpus)
+}
+
 /// Whether `e` is a stop on request (SIGINT, SIGTERM, SIGUSR1) of `train` or `reproduce`:
 /// the run checkpointed, and `--resume` continues it.
 pub fn stopped_on_request(e: &anyhow::Error) -> bool {
@@ -163,11 +243,13 @@ pub fn stopped_on_request(e: &anyhow::Error) -> bool {
 /// an earlier one (`resumed`); every rank returns `None` (nothing to train) or `Some(resumed)`.
 /// On one rank it only returns the arguments.
 pub fn tell_ranks(comm: &dyn Communicator, train: bool, resumed: bool) -> Result<Option<bool>> {
-    let mut flags = Tensor::from_slice(&[i64::from(train), i64::from(resumed)]);
+    let device = comm.tensor_device().unwrap_or(tch::Device::Cpu);
+    let mut flags =
+        Tensor::from_slice(&[i64::from(train), i64::from(resumed)]).f_to_device(device)?;
     if comm.world() > 1 {
         comm.broadcast(&mut flags, 0)?;
     }
-    let flags = Vec::<i64>::try_from(&flags)?;
+    let flags = Vec::<i64>::try_from(&flags.f_to_device(tch::Device::Cpu)?)?;
     Ok((flags[0] == 1).then_some(flags[1] == 1))
 }
 
@@ -181,6 +263,26 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| v.to_string())
         }
+    }
+
+    #[test]
+    fn each_rank_takes_its_local_rank_s_gpu() {
+        let mpirun = env(&[("OMPI_COMM_WORLD_LOCAL_RANK", "3"), ("SLURM_LOCALID", "0")]);
+        assert_eq!(local_gpu(&mpirun, 4).unwrap(), 3);
+        assert_eq!(local_gpu(&mpirun, 2).unwrap(), 1);
+        let srun = env(&[("SLURM_LOCALID", "1")]);
+        assert_eq!(
+            local_gpu(&srun, 1).unwrap(),
+            0,
+            "--gpus-per-task=1: its own GPU"
+        );
+        assert!(local_gpu(&srun, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("no CUDA device"));
+        let e = local_gpu(env(&[]), 2).unwrap_err().to_string();
+        assert!(e.contains("SLURM_LOCALID"), "{e}");
+        assert!(local_gpu(env(&[("MPI_LOCALRANKID", "x")]), 2).is_err());
     }
 
     #[test]

@@ -560,9 +560,11 @@ pub fn run_train_ranks(
     let dir = out.join(&job.name);
     let device = parse_device(&context.device)?;
     anyhow::ensure!(
-        comm.world() == 1 || device == Device::Cpu,
-        "--device {}: training on several ranks exchanges CPU tensors over MPI; use --device cpu",
-        context.device
+        comm.world() == 1 || comm.tensor_device().is_none_or(|d| d == device),
+        "--device {}: these ranks exchange tensors on {:?} (MPI: the CPU; NCCL: each rank's GPU, \
+         with --device cuda)",
+        context.device,
+        comm.tensor_device()
     );
     let (run, data) = if comm.rank() == 0 {
         let (run, data) = open_run(&job, &dir, context, existing)?;

@@ -1260,6 +1260,12 @@ impl<'a> Trainer<'a> {
         Ok(clock.summary(outcome, last_eval))
     }
 
+    /// Where the flags and losses the ranks exchange live: the communicator's device (the
+    /// GPU over NCCL), else the CPU.
+    fn exchange_device(&self) -> tch::Device {
+        self.comm.tensor_device().unwrap_or(tch::Device::Cpu)
+    }
+
     /// Whether to stop before the next step: the [`StopFlag`] is raised on any rank (all ranks
     /// agree, so they stop at the same step).
     fn agree_stop(&self) -> Result<bool> {
@@ -1267,7 +1273,8 @@ impl<'a> Trainer<'a> {
         if self.comm.world() == 1 {
             return Ok(raised);
         }
-        let mut any = Tensor::from_slice(&[i64::from(raised)]);
+        let mut any =
+            Tensor::from_slice(&[i64::from(raised)]).f_to_device(self.exchange_device())?;
         self.comm.all_reduce_sum(&mut any).map_err(dist_err)?;
         Ok(any.f_int64_value(&[0])? > 0)
     }
@@ -1300,7 +1307,7 @@ impl<'a> Trainer<'a> {
         if self.parts == 1 {
             return Ok((mine_sum, units));
         }
-        let mut sum = Tensor::from_slice(&[mine_sum]);
+        let mut sum = Tensor::from_slice(&[mine_sum]).f_to_device(self.exchange_device())?;
         self.comm.all_reduce_sum(&mut sum).map_err(dist_err)?;
         let loss = sum.f_double_value(&[0])? / self.parts as f64;
         Ok((loss, units * world as u64))

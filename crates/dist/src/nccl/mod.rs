@@ -390,6 +390,10 @@ impl Communicator for Nccl {
     fn barrier(&self) -> Result<()> {
         self.collective(Op::Barrier, |st| self.agree(st, &Call::barrier()))
     }
+
+    fn tensor_device(&self) -> Option<Device> {
+        Some(self.device())
+    }
 }
 
 /// `DistError::Transport` of this backend.
