@@ -238,62 +238,39 @@ fn log_file(np: usize, args: &[&str]) -> PathBuf {
     scratch().join(format!("{what}-{np}.log"))
 }
 
-/// A GPT job small enough for seconds of training: 200 steps of 4 sequences cut into 2
-/// micro-batches, module-wise Muon (sharded over the ranks), a checkpoint every 5 steps.
-const JOB: &str = r#"
-name = "tiny-gpt"
+/// kappa's tiny GPT job (`crates/experiments/tests/fixtures/tiny_gpt.toml`, which
+/// `train_command.rs` runs as it is).
+const TINY_GPT: &str = include_str!("../../crates/experiments/tests/fixtures/tiny_gpt.toml");
 
-[data]
-kind = "text"
-path = "input.txt"
-tokenizer = "char"
+/// The tiny GPT job for seconds of training on several ranks: 200 steps of 4 sequences cut into
+/// 2 micro-batches, module-wise Muon (sharded over the ranks), a checkpoint every 5 steps.
+fn job() -> Result<String> {
+    let mut job: toml_edit::DocumentMut = TINY_GPT.parse().context("tiny_gpt.toml")?;
+    let train = &mut job["train"];
+    for (key, value) in [
+        ("steps", 200),
+        ("micro_batch_size", 2),
+        ("eval_every", 100),
+        ("checkpoint_every", 5),
+    ] {
+        train[key] = toml_edit::value(value);
+    }
+    let mut optimizer = toml_edit::Table::new();
+    optimizer["kind"] = toml_edit::value("modulewise");
+    optimizer["preset"] = toml_edit::value("HETERO");
+    job["optimizer"] = toml_edit::Item::Table(optimizer);
+    Ok(job.to_string())
+}
 
-[model]
-kind = "gpt"
-vocab_size = 0
-block_size = 16
-n_layer = 1
-n_head = 2
-n_embd = 16
-mlp_ratio = 4
-bias = true
-scaling = "inv_sqrt_k"
-correction = { kind = "identity", lambda = 1.0, layout = "shifted" }
-fused_kernel = false
-
-[optimizer]
-kind = "modulewise"
-preset = "HETERO"
-
-[train]
-steps = 200
-batch_size = 4
-micro_batch_size = 2
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 1
-weight_decay = 0.1
-beta1 = 0.9
-beta2 = 0.95
-eps = 1e-8
-grad_clip = 1.0
-eval_every = 100
-eval_batches = 2
-log_every = 1
-checkpoint_every = 5
-divergence_factor = 4.0
-diagnostics = { enabled = true, samples = 2, jacobian_max_tokens = 8 }
-"#;
-
-/// Writes [`JOB`] (`job.toml`, named `tiny-gpt`) and its text into `dir`; the job's path.
+/// Writes [`job`] (`job.toml`, named `tiny-gpt`) and its text into `dir`; the job's path.
 pub(crate) fn write_job(dir: &Path) -> Result<PathBuf> {
     let text: String = (0..60)
         .map(|i| format!("The state of the union is strong in year {i}. "))
         .collect();
     fs::write(dir.join("input.txt"), text)?;
-    let job = dir.join("job.toml");
-    fs::write(&job, JOB)?;
-    Ok(job)
+    let path = dir.join("job.toml");
+    fs::write(&path, job()?)?;
+    Ok(path)
 }
 
 /// `train` on 2 ranks against 1 process, a 2-rank run resumed on 1 process, and the refusal of

@@ -26,45 +26,7 @@ fn job_file(dir: &Path) -> PathBuf {
         .map(|i| format!("The state of the union is strong in year {i}. "))
         .collect();
     fs::write(dir.join("input.txt"), text).unwrap();
-    let config = r#"
-name = "tiny-gpt"
-
-[data]
-kind = "text"
-path = "input.txt"
-tokenizer = "char"
-
-[model]
-kind = "gpt"
-vocab_size = 0
-block_size = 16
-n_layer = 1
-n_head = 2
-n_embd = 16
-mlp_ratio = 4
-bias = true
-scaling = "inv_sqrt_k"
-correction = { kind = "identity", lambda = 1.0, layout = "shifted" }
-fused_kernel = false
-
-[train]
-steps = 6
-batch_size = 4
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 1
-weight_decay = 0.1
-beta1 = 0.9
-beta2 = 0.95
-eps = 1e-8
-grad_clip = 1.0
-eval_every = 2
-eval_batches = 2
-log_every = 1
-checkpoint_every = 2
-divergence_factor = 4.0
-diagnostics = { enabled = true, samples = 2, jacobian_max_tokens = 8 }
-"#;
+    let config = include_str!("fixtures/tiny_gpt.toml");
     let path = dir.join("job.toml");
     fs::write(&path, config).unwrap();
     path
@@ -498,13 +460,14 @@ fn out_of_range_and_mistyped_values_are_errors_naming_the_dotted_key() {
     // An integer beyond 64 bits stops the TOML parser: its key, line and column are named.
     let text = fs::read_to_string(&gpt).unwrap();
     let big = text.replace("n_layer = 1\n", "n_layer = 99999999999999999999\n");
+    let line = 1 + text.lines().position(|l| l == "n_layer = 1").unwrap();
     fs::write(&gpt, big).unwrap();
     let err = load_error(&gpt, &[]);
     assert!(
-        err.contains(
+        err.contains(&format!(
             "not valid TOML: model.n_layer: number too large to fit in target type at \
-             line 13, column 11"
-        ),
+             line {line}, column 11"
+        )),
         "{err}"
     );
     // A module-wise optimizer's Muon lr has the same range as train.lr.
