@@ -169,17 +169,9 @@ impl<E: Experiment> RegisteredExperiment for E {
         config: &ResolvedConfig,
     ) -> Result<Resumption> {
         let config: E::Config = config.decode(Experiment::name(self))?;
-        Ok(match Run::resume(dir, context.clone(), &config)? {
-            Resumed::Started(run) => Resumption::Started(run_to_the_end(self, &config, run)?),
-            Resumed::Continued(run) if self.continues_interrupted_runs() => {
-                Resumption::Continued(run_to_the_end(self, &config, run)?)
-            }
-            Resumed::Continued(run) => {
-                drop(run);
-                let run = Run::start_over(dir, context, &config)?;
-                Resumption::Restarted(run_to_the_end(self, &config, run)?)
-            }
-            Resumed::Finished(info) => Resumption::Skipped(info),
+        Ok(match reopen(self, dir, context, &config)? {
+            Reopened::Finished(info) => Resumption::Skipped(info),
+            Reopened::Run(run, how) => how(run_to_the_end(self, &config, run)?),
         })
     }
     fn data_parallel(&self) -> bool {
@@ -193,30 +185,28 @@ impl<E: Experiment> RegisteredExperiment for E {
         comm: &Arc<dyn Communicator>,
     ) -> Result<Resumption> {
         let config: E::Config = config.decode(Experiment::name(self))?;
-        let (mut run, how): (Run, fn(RunInfo) -> Resumption) = if comm.rank() == 0 {
-            let (run, how): (Run, fn(RunInfo) -> Resumption) =
-                match Run::resume(dir, context.clone(), &config)? {
-                    Resumed::Finished(info) => {
-                        tell_ranks(&**comm, false, false)?;
-                        return Ok(Resumption::Skipped(info));
-                    }
-                    Resumed::Started(run) => (run, Resumption::Started),
-                    Resumed::Continued(run) if self.continues_interrupted_runs() => {
-                        (run, Resumption::Continued)
-                    }
-                    Resumed::Continued(run) => {
-                        drop(run);
-                        let run = Run::start_over(dir, context, &config)?;
-                        (run, Resumption::Restarted)
-                    }
-                };
-            tell_ranks(&**comm, true, run.is_resumed())?;
-            (run, how)
+        let (mut run, how) = if comm.rank() == 0 {
+            match reopen(self, dir, context, &config)? {
+                Reopened::Finished(info) => {
+                    tell_ranks(&**comm, false, false)?;
+                    return Ok(Resumption::Skipped(info));
+                }
+                Reopened::Run(run, how) => {
+                    tell_ranks(&**comm, true, run.is_resumed())?;
+                    (run, how)
+                }
+            }
         } else {
             match tell_ranks(&**comm, false, false)? {
                 None => return Ok(Resumption::Skipped(RunRecord::read(dir)?.info)),
-                Some(true) => (Run::follow(dir, context, true), Resumption::Continued),
-                Some(false) => (Run::follow(dir, context, false), Resumption::Started),
+                Some(true) => (
+                    Run::follow(dir, context, true),
+                    Resumption::Continued as Kind,
+                ),
+                Some(false) => (
+                    Run::follow(dir, context, false),
+                    Resumption::Started as Kind,
+                ),
             }
         };
         run.data_parallel(Arc::clone(comm));
@@ -229,6 +219,41 @@ impl<E: Experiment> RegisteredExperiment for E {
     fn report(&self, runs: &[RunRecord], out_dir: &Path, report_dir: &Path) -> Result<Section> {
         Experiment::report(self, runs, out_dir, report_dir)
     }
+}
+
+/// How a run came about ([`Resumption`]'s variants but `Skipped`).
+type Kind = fn(RunInfo) -> Resumption;
+
+/// A run folder reused for `--resume` or `--unit`.
+enum Reopened {
+    /// Its run completed or diverged already.
+    Finished(RunInfo),
+    /// A run to train: started, continued, or restarted (an experiment that cannot continue an
+    /// interrupted run, [`Experiment::continues_interrupted_runs`]).
+    Run(Run, Kind),
+}
+
+/// Reuses the run folder `dir` for `experiment` with `config` ([`Run::resume`]).
+fn reopen<E: Experiment>(
+    experiment: &E,
+    dir: &Path,
+    context: RunContext,
+    config: &E::Config,
+) -> Result<Reopened> {
+    Ok(match Run::resume(dir, context.clone(), config)? {
+        Resumed::Finished(info) => Reopened::Finished(info),
+        Resumed::Started(run) => Reopened::Run(run, Resumption::Started),
+        Resumed::Continued(run) if experiment.continues_interrupted_runs() => {
+            Reopened::Run(run, Resumption::Continued)
+        }
+        Resumed::Continued(run) => {
+            drop(run);
+            Reopened::Run(
+                Run::start_over(dir, context, config)?,
+                Resumption::Restarted,
+            )
+        }
+    })
 }
 
 /// Runs `experiment` into `run` and writes `run.json`; an error is recorded as a failed run.
