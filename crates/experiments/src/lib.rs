@@ -25,12 +25,14 @@
 //! | [`stats`] | means, standard deviations, medians, least-squares slopes with a 95% interval, Welch's t-test |
 //! | [`correction_study`] | what `vit-fmnist`, `gpt-sotu` and `bert-sentiment` share: conditioned variants, their training and report |
 //! | [`train`] | `train --config FILE`: one model on a user's own data (docs/train-your-own.md) |
-//! | [`ranks`] | [`ranks::Ranks`]: one process, or one rank of several over MPI (feature `mpi`); the launcher's process counts checked against MPI's |
+//! | [`rank_zero`] | [`rank_zero::tell_ranks`]: rank 0's word to the other ranks of a data-parallel run (train or not, resumed or not) |
+//! | [`ranks`] | [`ranks::Ranks`]: one process, or one rank of several over MPI (feature `mpi`) or NCCL (feature `nccl`); the launcher's process counts checked against MPI's |
 
 pub mod config;
 pub mod correction_study;
 pub mod plot;
 pub mod publish;
+pub mod rank_zero;
 pub mod ranks;
 pub mod registry;
 pub mod report;

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use kappa_dist::{Communicator, Single};
-use tch::Tensor;
 
 /// The environment variables through which launchers announce the number of processes.
 pub const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"];
@@ -237,20 +236,6 @@ pub fn local_gpu(env: impl Fn(&str) -> Option<String>, gpus: usize) -> Result<us
 /// the run checkpointed, and `--resume` continues it.
 pub fn stopped_on_request(e: &anyhow::Error) -> bool {
     e.is::<crate::train::TrainStopped>() || e.is::<crate::runner::Preempted>()
-}
-
-/// Rank 0 broadcasts whether there is training to do (`train`) and whether its run continues
-/// an earlier one (`resumed`); every rank returns `None` (nothing to train) or `Some(resumed)`.
-/// On one rank it only returns the arguments.
-pub fn tell_ranks(comm: &dyn Communicator, train: bool, resumed: bool) -> Result<Option<bool>> {
-    let device = comm.tensor_device().unwrap_or(tch::Device::Cpu);
-    let mut flags =
-        Tensor::from_slice(&[i64::from(train), i64::from(resumed)]).f_to_device(device)?;
-    if comm.world() > 1 {
-        comm.broadcast(&mut flags, 0)?;
-    }
-    let flags = Vec::<i64>::try_from(&flags.f_to_device(tch::Device::Cpu)?)?;
-    Ok((flags[0] == 1).then_some(flags[1] == 1))
 }
 
 #[cfg(test)]

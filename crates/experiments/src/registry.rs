@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::config::{ConfigError, ConfigSource};
-use crate::ranks::tell_ranks;
+use crate::rank_zero::tell_ranks;
 use crate::report::Section;
 use crate::run::{Resumed, Run, RunContext, RunInfo, RunRecord, RunStatus};
 use crate::scale::Scale;

@@ -45,7 +45,7 @@ use tch::{nn, Device};
 
 use crate::config::ConfigSource;
 use crate::plot::{LinePlot, Mark};
-use crate::ranks::tell_ranks;
+use crate::rank_zero::tell_ranks;
 use crate::report::cells::MISSING;
 use crate::report::Section;
 

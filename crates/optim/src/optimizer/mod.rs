@@ -303,7 +303,13 @@ impl Optimizer {
             g.step(lr, self.shard.as_mut())?;
         }
         if let Some(s) = &self.shard {
-            s.merge_stats(&mut self.groups)?;
+            let device = (self.groups.iter())
+                .find_map(|g| g.params.first().map(Tensor::device))
+                .unwrap_or(tch::Device::Cpu);
+            let mut stats: Vec<_> = (self.groups.iter_mut())
+                .map(|g| (&mut g.pending, &mut g.stats))
+                .collect();
+            s.merge_stats(&mut stats, device)?;
         }
         self.steps += 1;
         self.checked = false;

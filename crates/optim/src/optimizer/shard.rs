@@ -201,12 +201,15 @@ impl Sharding {
     /// [`Communicator::all_gather`] of a few numbers per group): each block was stepped on one
     /// rank, so counts and sums add and maxima are the ranks' largest. A group's `seconds` stay
     /// this rank's: the ranks step together.
-    pub(super) fn merge_stats(&self, groups: &mut [super::Group]) -> Result<()> {
+    pub(super) fn merge_stats(
+        &self,
+        groups: &mut [(&mut Accumulator, &mut Accumulator)],
+        device: Device,
+    ) -> Result<()> {
         let row = Accumulator::ROW;
-        let mine: Vec<f64> = (groups.iter()).flat_map(|g| g.pending.to_row()).collect();
-        let device = (groups.iter())
-            .find_map(|g| g.params.first().map(Tensor::device))
-            .unwrap_or(Device::Cpu);
+        let mine: Vec<f64> = (groups.iter())
+            .flat_map(|(pending, _)| pending.to_row())
+            .collect();
         let world = self.comm.world();
         let options = (Kind::Double, device);
         let tensors = || -> std::result::Result<(Tensor, Tensor), tch::TchError> {
@@ -223,10 +226,10 @@ impl Sharding {
         let all =
             Vec::<f64>::try_from(out.to_device(Device::Cpu)).map_err(libtorch("statistics"))?;
         let per_rank = groups.len() * row;
-        for (i, g) in groups.iter_mut().enumerate() {
+        for (i, (pending, stats)) in groups.iter_mut().enumerate() {
             let rows = (0..world).map(|r| &all[r * per_rank + i * row..][..row]);
-            g.stats.add_rows(rows);
-            g.pending = Accumulator::default();
+            stats.add_rows(rows);
+            **pending = Accumulator::default();
         }
         Ok(())
     }

@@ -16,7 +16,11 @@ impl Sharding {
         match *self {}
     }
 
-    pub(super) fn merge_stats(&self, _: &mut [super::Group]) -> Result<()> {
+    pub(super) fn merge_stats(
+        &self,
+        _: &mut [(&mut Accumulator, &mut Accumulator)],
+        _: tch::Device,
+    ) -> Result<()> {
         match *self {}
     }
 
