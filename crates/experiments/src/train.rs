@@ -559,12 +559,16 @@ pub fn run_train_ranks(
     context.apply_threads();
     let dir = out.join(&job.name);
     let device = parse_device(&context.device)?;
+    let exchanged = comm.tensor_device();
     anyhow::ensure!(
-        comm.world() == 1 || comm.tensor_device().is_none_or(|d| d == device),
-        "--device {}: these ranks exchange tensors on {:?} (MPI: the CPU; NCCL: each rank's GPU, \
+        comm.world() == 1 || exchanged.is_none_or(|d| d == device),
+        "--device {}: these ranks exchange tensors on {} (MPI: the CPU; NCCL: each rank's GPU, \
          with --device cuda)",
         context.device,
-        comm.tensor_device()
+        match exchanged {
+            Some(Device::Cuda(gpu)) => format!("cuda:{gpu}"),
+            _ => "the CPU".to_string(),
+        }
     );
     let (run, data) = if comm.rank() == 0 {
         let (run, data) = open_run(&job, &dir, context, existing)?;

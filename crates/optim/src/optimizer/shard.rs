@@ -223,8 +223,9 @@ impl Sharding {
                 group: "(statistics)".to_string(),
                 source,
             })?;
-        let all =
-            Vec::<f64>::try_from(out.to_device(Device::Cpu)).map_err(libtorch("statistics"))?;
+        let all = (out.f_to_device(Device::Cpu))
+            .and_then(Vec::<f64>::try_from)
+            .map_err(libtorch("statistics"))?;
         let per_rank = groups.len() * row;
         for (i, (pending, stats)) in groups.iter_mut().enumerate() {
             let rows = (0..world).map(|r| &all[r * per_rank + i * row..][..row]);
