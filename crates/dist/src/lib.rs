@@ -79,7 +79,8 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     fn reduce_scatter(&self, input: &Tensor, out: &mut Tensor, reduce: ReduceOp) -> Result<()>;
 
     /// `out` ← the ranks' shards concatenated in rank order: `shard` is this rank's part
-    /// ([`shard_range`] of `out.numel()`, any shape) and of `out`'s kind.
+    /// ([`shard_range`] of `out.numel()`, any shape) and of `out`'s kind. `shard` may be a view
+    /// of this rank's own part of a contiguous `out` (a gather in place, which saves a copy).
     fn all_gather(&self, shard: &Tensor, out: &mut Tensor) -> Result<()>;
 
     /// `t` ← rank `root`'s `t` (unchanged on the root).

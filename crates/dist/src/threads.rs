@@ -6,10 +6,13 @@
 //! The ranks share one state behind a mutex. Collectives are numbered per rank (rounds 0, 1, …);
 //! in round k each rank leaves its call (checked against its own arguments) and a handle on its
 //! tensor, and waits. The last rank to arrive checks that the calls agree with rank 0's
-//! ([`DistError::Mismatch`] otherwise) and computes the result once, on the CPU, in the order of
-//! [`crate::rules`]: the reduction, the concatenation of the shards, or a copy of the root's
-//! tensor. Each rank then writes its part into its own tensor; when all have, round k + 1
-//! opens. While a round is open no rank's tensor changes, since each caller is blocked in it.
+//! ([`DistError::Mismatch`] otherwise) and, for a reduction, computes the result once, on the
+//! CPU, in the order of [`crate::rules`]. Each rank then writes its part into its own tensor,
+//! outside the lock, so that the ranks copy at once: the reduction's part, or straight from the
+//! other ranks' tensors (an all-gather's shards in rank order, a broadcast's root). When all
+//! have written, round k + 1 opens. While a round is open no rank's tensor changes, since each
+//! caller is blocked in it: a rank whose tensor the others read (an all-gather's shard, a
+//! broadcast's root) returns only once every rank has written its part.
 //!
 //! # Failure
 //!
@@ -24,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 use crate::error::{DistError, Op, Result};
 use crate::rules::{reduce_in_rank_order, shard_range, write_into, Call, ReduceOp};
@@ -166,13 +169,14 @@ impl Threads {
         })
     }
 
-    /// One collective: leaves `call` and `data`, waits for the round's result, and hands it to
-    /// `finish` (under the lock) to write this rank's part.
+    /// One collective: leaves `call` and `data`, waits for the round's result, and hands it
+    /// and the ranks' tensors (an all-gather's or a broadcast's, which `finish` reads) to
+    /// `finish`, outside the lock, to write this rank's part.
     fn collective(
         &self,
         call: Call,
         data: Option<Tensor>,
-        finish: impl FnOnce(Option<&Tensor>) -> Result<()>,
+        finish: impl FnOnce(Option<&Tensor>, &[Tensor]) -> Result<()>,
     ) -> Result<()> {
         let (op, sh) = (call.op, &*self.shared);
         let round = self.round.load(Ordering::SeqCst);
@@ -203,13 +207,26 @@ impl Threads {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        let written = finish(st.result.as_ref());
+        let result = st.result.as_ref().map(Tensor::shallow_clone);
+        let reads_inputs = matches!(op, Op::AllGather | Op::Broadcast);
+        let inputs: Vec<Tensor> = (st.calls.iter().flatten())
+            .filter_map(|(_, t)| t.as_ref().filter(|_| reads_inputs))
+            .map(Tensor::shallow_clone)
+            .collect();
+        drop(st);
+        let written = tch::no_grad(|| finish(result.as_ref(), &inputs));
+        drop((result, inputs));
+        let mut st = sh.lock();
         st.took[self.rank] = true;
         if st.took.iter().all(|&t| t) {
             st.next_round();
             sh.changed.notify_all();
         }
         self.round.store(round + 1, Ordering::SeqCst);
+        // The others may still be reading this rank's tensor.
+        while reads_inputs && st.round == round && st.failed.is_none() {
+            st = sh.wait_or_fail(st, deadline, op, |st, r| !st.took[r])?;
+        }
         written
     }
 }
@@ -264,8 +281,8 @@ impl State {
 }
 
 /// The result of a round whose every call is in (computed by rank `by`): an error naming the
-/// first rank whose call differs from rank 0's, else the reduction, the concatenated shards,
-/// the root's tensor (copies on the CPU), or nothing for a barrier.
+/// first rank whose call differs from rank 0's, else the reduction (on the CPU), or nothing:
+/// an all-gather and a broadcast are read from the ranks' tensors, a barrier has no result.
 fn complete_round(calls: &[Option<(Call, Option<Tensor>)>], by: usize) -> Result<Option<Tensor>> {
     let calls: Vec<&(Call, Option<Tensor>)> = calls.iter().flatten().collect();
     let first = &calls[0].0;
@@ -276,26 +293,44 @@ fn complete_round(calls: &[Option<(Call, Option<Tensor>)>], by: usize) -> Result
             found: call.to_string(),
         });
     }
-    let data: Vec<&Tensor> = calls.iter().filter_map(|(_, t)| t.as_ref()).collect();
-    let on_cpu = |t: &Tensor| {
-        t.f_reshape([-1])?
-            .f_to_device_(Device::Cpu, t.kind(), false, true)
-    };
-    let result = match first.op {
+    match first.op {
         Op::AllReduce | Op::ReduceScatter => {
-            let parts: Vec<Tensor> = data.iter().map(|t| t.shallow_clone()).collect();
-            reduce_in_rank_order(&parts, first.reduce.unwrap_or(ReduceOp::Sum)).map(Some)
+            let parts: Vec<Tensor> = (calls.iter())
+                .filter_map(|(_, t)| t.as_ref().map(Tensor::shallow_clone))
+                .collect();
+            reduce_in_rank_order(&parts, first.reduce.unwrap_or(ReduceOp::Sum))
+                .map(Some)
+                .map_err(|e| DistError::tensor(first.op, by, e))
         }
-        Op::AllGather => data
-            .iter()
-            .map(|t| on_cpu(t))
-            .collect::<Result<Vec<_>, _>>()
-            .and_then(|shards| Tensor::f_cat(&shards, 0))
-            .map(Some),
-        Op::Broadcast => data.first().map(|t| on_cpu(t)).transpose(),
-        Op::Barrier => Ok(None),
-    };
-    result.map_err(|e| DistError::tensor(first.op, by, e))
+        Op::AllGather | Op::Broadcast | Op::Barrier => Ok(None),
+    }
+}
+
+/// Writes the ranks' `shards` into `out` in rank order: straight into its elements when it is
+/// contiguous, else through one concatenation.
+fn gather_into(rank: usize, shards: &[Tensor], out: &mut Tensor) -> Result<()> {
+    let op = Op::AllGather;
+    let flat = |t: &Tensor| t.f_reshape([-1]);
+    if !out.is_contiguous() {
+        let all = (shards.iter().map(flat).collect::<Result<Vec<_>, _>>())
+            .and_then(|flats| Tensor::f_cat(&flats, 0));
+        return write_into(
+            op,
+            rank,
+            out,
+            &all.map_err(|e| DistError::tensor(op, rank, e))?,
+        );
+    }
+    let copied = out.f_view([-1]).and_then(|whole| {
+        let mut start = 0;
+        shards.iter().try_for_each(|shard| {
+            let n = shard.numel() as i64;
+            let mut part = whole.f_narrow(0, start, n)?;
+            start += n;
+            part.f_copy_(&flat(shard)?)
+        })
+    });
+    copied.map_err(|e| DistError::tensor(op, rank, e))
 }
 
 impl Drop for Threads {
@@ -326,7 +361,7 @@ impl Communicator for Threads {
     fn all_reduce(&self, t: &mut Tensor, reduce: ReduceOp) -> Result<()> {
         let call = Call::all_reduce(self.rank, t, reduce)?;
         let mine = t.shallow_clone();
-        self.collective(call, Some(mine), |result| match result {
+        self.collective(call, Some(mine), |result, _| match result {
             Some(r) => write_into(Op::AllReduce, self.rank, t, r),
             None => Ok(()),
         })
@@ -336,38 +371,41 @@ impl Communicator for Threads {
         let (op, rank) = (Op::ReduceScatter, self.rank);
         let call = Call::reduce_scatter(rank, self.world(), input, out, reduce)?;
         let range = shard_range(input.numel(), self.world(), rank);
-        self.collective(call, Some(input.shallow_clone()), |result| match result {
-            Some(r) => {
-                let shard = r.f_narrow(0, range.start as i64, range.len() as i64);
-                write_into(
-                    op,
-                    rank,
-                    out,
-                    &shard.map_err(|e| DistError::tensor(op, rank, e))?,
-                )
-            }
-            None => Ok(()),
-        })
+        self.collective(
+            call,
+            Some(input.shallow_clone()),
+            |result, _| match result {
+                Some(r) => {
+                    let shard = r.f_narrow(0, range.start as i64, range.len() as i64);
+                    write_into(
+                        op,
+                        rank,
+                        out,
+                        &shard.map_err(|e| DistError::tensor(op, rank, e))?,
+                    )
+                }
+                None => Ok(()),
+            },
+        )
     }
 
     fn all_gather(&self, shard: &Tensor, out: &mut Tensor) -> Result<()> {
         let call = Call::all_gather(self.rank, self.world(), shard, out)?;
-        self.collective(call, Some(shard.shallow_clone()), |result| match result {
-            Some(r) => write_into(Op::AllGather, self.rank, out, r),
-            None => Ok(()),
+        self.collective(call, Some(shard.shallow_clone()), |_, shards| {
+            gather_into(self.rank, shards, out)
         })
     }
 
     fn broadcast(&self, t: &mut Tensor, root: usize) -> Result<()> {
         let call = Call::broadcast(self.rank, self.world(), t, root)?;
         let mine = (self.rank == root).then(|| t.shallow_clone());
-        self.collective(call, mine, |result| match result {
-            Some(r) if self.rank != root => write_into(Op::Broadcast, self.rank, t, r),
+        self.collective(call, mine, |_, from_root| match from_root {
+            [r] if self.rank != root => write_into(Op::Broadcast, self.rank, t, r),
             _ => Ok(()),
         })
     }
 
     fn barrier(&self) -> Result<()> {
-        self.collective(Call::barrier(), None, |_| Ok(()))
+        self.collective(Call::barrier(), None, |_, _| Ok(()))
     }
 }

@@ -90,6 +90,82 @@ fn all_gather_concatenates_the_shards_in_rank_order_even_uneven_or_empty_ones() 
 }
 
 #[test]
+fn all_gather_fills_a_strided_output_in_its_logical_order() {
+    // The output is a transposed 2×3 view: the gathered [0..6] must land in its logical order.
+    let runs = in_every_world(|comm| {
+        let range = kappa_dist::shard_range(6, comm.world(), comm.rank());
+        let shard = f32s(&range.map(|i| i as f64).collect::<Vec<_>>());
+        let mut out = Tensor::zeros([3, 2], (Kind::Float, tch::Device::Cpu)).tr();
+        assert!(!out.is_contiguous());
+        comm.all_gather(&shard, &mut out).unwrap();
+        values(&out.reshape([-1]))
+    });
+    for (world, ranks) in runs {
+        for out in ranks {
+            assert_eq!(out, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "W {world}");
+        }
+    }
+}
+
+#[test]
+fn all_gather_in_place_reads_the_shard_from_this_ranks_part_of_the_output() {
+    let runs = in_every_world(|comm| {
+        let range = kappa_dist::shard_range(7, comm.world(), comm.rank());
+        let mut out = Tensor::full([7], -1.0, (Kind::Float, tch::Device::Cpu));
+        let values_of_mine: Vec<f64> = range.clone().map(|i| i as f64).collect();
+        let shard = out.narrow(0, range.start as i64, range.len() as i64);
+        shard.shallow_clone().copy_(&f32s(&values_of_mine));
+        comm.all_gather(&shard, &mut out).unwrap();
+        values(&out)
+    });
+    for (world, ranks) in runs {
+        for out in ranks {
+            assert_eq!(out, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "W {world}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_may_overwrite_its_shard_or_root_tensor_as_soon_as_the_call_returns() {
+    // The ranks read each other's tensors (no intermediate copy): a rank that writes into its
+    // shard right after its call must not change what a slower rank reads. Rank 0 sleeps
+    // before each read-side step, so the others are first to return and overwrite.
+    let runs = in_every_world(|comm| {
+        let (rank, world) = (comm.rank(), comm.world());
+        let mut seen = Vec::new();
+        for round in 0..20 {
+            let value = (100 * round + rank) as f64;
+            let mut shard = f32s(&[value; 4]);
+            let mut out = Tensor::zeros([4 * world as i64], (Kind::Float, tch::Device::Cpu));
+            if rank == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            comm.all_gather(&shard, &mut out).unwrap();
+            let _ = shard.fill_(-1.0);
+            let mut t = f32s(&[value]);
+            if rank == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            comm.broadcast(&mut t, world - 1).unwrap();
+            seen.push([values(&out), values(&t)].concat());
+            let _ = t.fill_(-1.0);
+        }
+        seen
+    });
+    for (world, ranks) in runs {
+        for seen in ranks {
+            for (round, out) in seen.iter().enumerate() {
+                let mut expected: Vec<f64> = (0..world)
+                    .flat_map(|r| [(100 * round + r) as f64; 4])
+                    .collect();
+                expected.push((100 * round + world - 1) as f64);
+                assert_eq!(*out, expected, "W {world} round {round}");
+            }
+        }
+    }
+}
+
+#[test]
 fn broadcast_copies_the_roots_tensor_into_every_rank_even_a_parameter() {
     // Rank r holds [r, r, r] (requiring grad, as a parameter does); the root is the last rank.
     let runs = in_every_world(|comm| {

@@ -87,6 +87,8 @@ pub struct Traffic {
 pub(super) struct Sharding {
     comm: Arc<dyn Communicator>,
     traffic: Traffic,
+    /// The gathers' buffers, kept between steps ([`Scratch`]).
+    scratch: Scratch,
 }
 
 impl Sharding {
@@ -95,6 +97,7 @@ impl Sharding {
         Sharding {
             comm,
             traffic: Traffic::default(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -251,6 +254,7 @@ impl Sharding {
         let names = jobs.names;
         let (jobs, write_back) = jobs.into_parts();
         let (comm, world, rank) = (&*self.comm, self.comm.world(), self.comm.rank());
+        let scratch = &mut self.scratch;
         for part in Jobs::batches(jobs, true) {
             let own = shard_range(part.len(), world, rank);
             let traffic = with_batch(names, part, |ws, gs, ss| {
@@ -266,10 +270,11 @@ impl Sharding {
                         f(stats, &mut w[one.clone()], &g[one.clone()], &mut s[one], 1)?;
                     }
                 }
-                let exchange = Exchange {
+                let mut exchange = Exchange {
                     comm,
                     group,
                     own: own.clone(),
+                    scratch: &mut *scratch,
                 };
                 exchange.run(ws, ss, second(&ws[0]))
             })?;
@@ -280,18 +285,66 @@ impl Sharding {
     }
 }
 
+/// The buffers a step's gathers write into, kept between steps so that a step does not fault in
+/// fresh pages for them (on the CPU, a gather of a GPT-2-small batch into new memory took about
+/// as long as the copies themselves): one per payload (weights and momenta, NorMuon's second
+/// moments), kind and device, as large as the largest gather yet. Each batch's gather is its
+/// front part, and this rank's part of it is filled in place (the gather is in place: this
+/// rank's shard is its own part of the output).
+#[derive(Debug, Default)]
+struct Scratch {
+    buffers: Vec<(Payload, Kind, Device, Tensor)>,
+}
+
+/// What a gather carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Payload {
+    WeightsAndMomenta,
+    SecondMoments,
+}
+
+impl Scratch {
+    /// The first `numel` elements of the buffer for `payload` of `options`, grown if needed.
+    fn take(&mut self, payload: Payload, numel: i64, options: (Kind, Device)) -> Result<Tensor> {
+        let at = (self.buffers.iter())
+            .position(|(p, k, d, _)| (*p, *k, *d) == (payload, options.0, options.1));
+        let fits = |t: &Tensor| t.numel() as i64 >= numel;
+        let buffer = match at {
+            Some(i) if fits(&self.buffers[i].3) => &self.buffers[i].3,
+            found => {
+                let fresh = Tensor::f_empty([numel], options).map_err(libtorch("shard"))?;
+                let entry = (payload, options.0, options.1, fresh);
+                let i = match found {
+                    Some(i) => {
+                        self.buffers[i] = entry;
+                        i
+                    }
+                    None => {
+                        self.buffers.push(entry);
+                        self.buffers.len() - 1
+                    }
+                };
+                &self.buffers[i].3
+            }
+        };
+        buffer.f_narrow(0, 0, numel).map_err(libtorch("shard"))
+    }
+}
+
 /// One batch's gathers: `own` is this rank's blocks of it.
 struct Exchange<'c> {
     comm: &'c dyn Communicator,
     group: &'c str,
     own: std::ops::Range<usize>,
+    scratch: &'c mut Scratch,
 }
 
 impl Exchange<'_> {
     /// Gathers every block's weight and momentum (and NorMuon's second moment of `second`
-    /// values when given) from the rank that stepped it; returns the bytes moved.
+    /// values when given) from the rank that stepped it; returns the bytes moved. A block's
+    /// momentum is copied into its state's buffer where that has the block's size and kind.
     fn run<S: Shipped>(
-        &self,
+        &mut self,
         ws: &mut [Tensor],
         states: &mut [S],
         second: Option<usize>,
@@ -303,7 +356,8 @@ impl Exchange<'_> {
             pieces.push(flat(w)?);
             pieces.push(flat(momentum_of(w, s)?)?);
         }
-        let (weights, mut traffic) = self.gather(pieces, 2 * e, ws.len(), options)?;
+        let payload = Payload::WeightsAndMomenta;
+        let (weights, mut traffic) = self.gather(payload, pieces, 2 * e, ws.len(), options)?;
         let seconds = match second {
             Some(len) => {
                 let mut pieces = Vec::with_capacity(self.own.len());
@@ -311,7 +365,8 @@ impl Exchange<'_> {
                     pieces.push(second_of(s, len, like.device())?);
                 }
                 let options = (Kind::Double, like.device());
-                let (t, more) = self.gather(pieces, len as i64, ws.len(), options)?;
+                let payload = Payload::SecondMoments;
+                let (t, more) = self.gather(payload, pieces, len as i64, ws.len(), options)?;
                 traffic.received += more.received;
                 traffic.minimum += more.minimum;
                 Some((t, len as i64))
@@ -322,7 +377,10 @@ impl Exchange<'_> {
             let slot = self.slot(i, ws.len());
             let row = weights.f_narrow(0, slot * 2 * e, 2 * e);
             let size = ws[i].size();
-            let buffer = Tensor::f_empty_like(&ws[i]).map_err(libtorch("shard"))?;
+            let buffer = match states[i].buffer() {
+                Some(b) if b.size() == size && b.kind() == ws[i].kind() => b.shallow_clone(),
+                _ => Tensor::f_empty_like(&ws[i]).map_err(libtorch("shard"))?,
+            };
             row.and_then(|row| {
                 ws[i].f_copy_(&row.f_narrow(0, 0, e)?.f_view(&size[..])?)?;
                 buffer
@@ -339,26 +397,34 @@ impl Exchange<'_> {
         Ok(traffic)
     }
 
-    /// The ranks' `pieces` (this rank's blocks, `per` elements each) gathered in block order,
-    /// each rank's part padded to the most blocks a rank steps of a batch of `n`.
+    /// The ranks' `pieces` (this rank's blocks, `per` elements each) gathered in block order
+    /// into the front of the scratch buffer for `payload`, each rank's part padded (with
+    /// zeros) to the most blocks a rank steps of a batch of `n`.
     fn gather(
-        &self,
-        mut pieces: Vec<Tensor>,
+        &mut self,
+        payload: Payload,
+        pieces: Vec<Tensor>,
         per: i64,
         n: usize,
         options: (Kind, Device),
     ) -> Result<(Tensor, Traffic)> {
-        let world = self.comm.world();
+        let (world, rank) = (self.comm.world(), self.comm.rank());
         let most = shard_range(n, world, 0).len() as i64;
-        let padding = (most - self.own.len() as i64) * per;
-        let mut tensors = || -> std::result::Result<(Tensor, Tensor), tch::TchError> {
-            if padding > 0 {
-                pieces.push(Tensor::f_zeros([padding], options)?);
+        let mut out = self
+            .scratch
+            .take(payload, world as i64 * most * per, options)?;
+        let fill = || -> std::result::Result<Tensor, tch::TchError> {
+            let mine = out.f_narrow(0, rank as i64 * most * per, most * per)?;
+            let mut start = 0;
+            for piece in &pieces {
+                let len = piece.numel() as i64;
+                mine.f_narrow(0, start, len)?.f_copy_(piece)?;
+                start += len;
             }
-            let out = Tensor::f_empty([world as i64 * most * per], options)?;
-            Ok((Tensor::f_cat(&pieces, 0)?, out))
+            let _ = mine.f_narrow(0, start, most * per - start)?.f_zero_()?;
+            Ok(mine)
         };
-        let (mine, mut out) = tensors().map_err(libtorch("shard"))?;
+        let mine = fill().map_err(libtorch("shard"))?;
         self.comm
             .all_gather(&mine, &mut out)
             .map_err(|source| OptimError::Collective {
