@@ -59,6 +59,13 @@ fn collectives(comm: &dyn Communicator) -> Result<Vec<Tensor>, DistError> {
         let mut whole = Tensor::zeros([n], (kind, Device::Cpu));
         comm.all_gather(&shard, &mut whole)?;
         out.push(whole);
+        // In place: the shard is this rank's own part of the output.
+        let mut whole = Tensor::zeros([n], (kind, Device::Cpu));
+        let start = shard_range(n as usize, world, rank).start as i64;
+        let mine = whole.narrow(0, start, len);
+        mine.shallow_clone().copy_(&shard);
+        comm.all_gather(&mine, &mut whole)?;
+        out.push(whole);
         for root in 0..world {
             let mut b = x.copy();
             comm.broadcast(&mut b, root)?;

@@ -11,8 +11,10 @@
 //!   its W copies in rank order ([`reduce_in_rank_order`]: bf16 and f16 in f32, rounded once),
 //!   and `MPI_Allgatherv` returns every reduced shard to every rank. Each rank sends and
 //!   receives 2·N·(W−1)/W elements, what a ring all-reduce moves.
-//! - **reduce-scatter** is the first half, **all-gather** the second, **broadcast** is
-//!   `MPI_Bcast`, and **barrier** is the agreement below.
+//! - **reduce-scatter** is the first half, **all-gather** the second (straight into a
+//!   contiguous output; a shard that lies in it, a gather in place, is sent from a copy, as MPI
+//!   buffers must not overlap), **broadcast** is `MPI_Bcast`, and **barrier** is the agreement
+//!   below.
 //! - **Agreement.** Before each collective the ranks gather what they are about to call
 //!   (operation, reduction, kind, element count, root: five integers, `MPI_Iallgather`), so
 //!   calls that disagree fail on every rank with [`DistError::Mismatch`] instead of mixing
@@ -244,17 +246,25 @@ impl Mpi {
     fn gather_shards(&self, st: &State, op: Op, mine: &Tensor, n: usize) -> Result<Tensor> {
         let whole =
             Tensor::f_empty([n as i64], (mine.kind(), Device::Cpu)).map_err(self.tensor_err(op))?;
+        self.gather_shards_into(st, mine, &whole);
+        Ok(whole)
+    }
+
+    /// `whole` (contiguous, on the CPU) ← the ranks' `mine` (contiguous, 1-D, not overlapping
+    /// `whole`) in rank order.
+    fn gather_shards_into(&self, st: &State, mine: &Tensor, whole: &Tensor) {
+        let n = whole.numel();
         let recv = Shards::of(n, self.world);
         let dt = element_type(mine.kind());
-        // SAFETY: as in `reduce_shards`; `whole` is written by MPI only.
+        // SAFETY: as in `reduce_shards`; `whole` is written by MPI only, and the two do not
+        // overlap (the callers' contract).
         unsafe {
-            let (s, r) = (bytes(mine), bytes_mut(&whole));
+            let (s, r) = (bytes(mine), bytes_mut(whole));
             let s = View::with_count_and_datatype(s, mine.numel() as Count, &dt);
             let mut r = mpi::datatype::MutView::with_count_and_datatype(r, n as Count, &dt);
             let mut r = PartitionMut::new(&mut r, &recv.counts[..], &recv.displs[..]);
             st.comm.all_gather_varcount_into(&s, &mut r);
         }
-        Ok(whole)
     }
 
     /// `MPI_COMM_WORLD`'s calls of this round, gathered: [`DistError::Mismatch`] on every rank
@@ -383,6 +393,16 @@ unsafe fn bytes(t: &Tensor) -> &[u8] {
     std::slice::from_raw_parts(t.data_ptr() as *const u8, n)
 }
 
+/// Whether the memory of two contiguous CPU tensors overlaps.
+fn overlaps(a: &Tensor, b: &Tensor) -> bool {
+    let span = |t: &Tensor| {
+        let start = t.data_ptr() as usize;
+        start..start + t.numel() * t.kind().elt_size_in_bytes()
+    };
+    let (a, b) = (span(a), span(b));
+    a.start < b.end && b.start < a.end
+}
+
 /// The bytes of a contiguous CPU tensor, to be written.
 ///
 /// # Safety
@@ -436,8 +456,20 @@ impl Communicator for Mpi {
         let call = Call::all_gather(self.rank, self.world, shard, out)?;
         self.collective(&call, |st| {
             let shard = self.flat(op, shard)?;
-            let whole = self.gather_shards(st, op, &shard, out.numel())?;
-            write_into(op, self.rank, out, &whole)
+            if !out.is_contiguous() {
+                let whole = self.gather_shards(st, op, &shard, out.numel())?;
+                return write_into(op, self.rank, out, &whole);
+            }
+            // Straight into `out`; MPI's send and receive buffers must not overlap, so a shard
+            // that lies in `out` (a gather in place) is sent from a copy.
+            let send = match overlaps(&shard, out) {
+                true => Tensor::f_empty_like(&shard)
+                    .and_then(|mut copy| copy.f_copy_(&shard).map(|()| copy))
+                    .map_err(self.tensor_err(op))?,
+                false => shard,
+            };
+            self.gather_shards_into(st, &send, out);
+            Ok(())
         })
     }
 
