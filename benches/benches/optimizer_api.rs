@@ -103,10 +103,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kappa_benches::configure_threads;
 use kappa_benches::gpt2::{leaf_with_grad, var_store_with_grads, Gpt2Shape};
 use kappa_benches::paired::{cpu_model, ratios, seconds, Spread};
 use kappa_benches::peer::{reference_command, Peer};
+use kappa_benches::record::{self, Ratio};
+use kappa_benches::{configure_threads, record::Row};
 use kappa_optim::optimizer::{Axis, Group, Grouping, MatrixSpec, Optimizer, Update};
 use kappa_optim::{
     AdamW, AdamWConfig, AdamWKernel, AdamWState, Muon, MuonConfig, MuonState, Precision,
@@ -345,6 +346,7 @@ fn print_api_cost(shape: &Gpt2Shape) {
         "\n1. The API's own cost: Optimizer::step / the calls it makes (Muon::step_batch per \
          shape, AdamW::step_tensors per group) on the same tensors, {pairs} pairs; goal ≤ 1.02"
     );
+    let mut rows = Vec::new();
     for (pname, precision) in PRECISIONS {
         let vs = var_store_with_grads(shape, 1);
         let mut opt = gpt2_optimizer(&vs, precision);
@@ -371,6 +373,43 @@ fn print_api_cost(shape: &Gpt2Shape) {
             100.0 * check / b.median,
             per_group(&mut opt, steps, &raw),
         );
+        rows.push(row(shape, pname, a, b, Ratio::of(ratio)));
+    }
+    record::Paired {
+        bench: "optimizer_api",
+        name: "api_cost",
+        title: "The optimizer API's step against the calls it makes".into(),
+        what: "One `Optimizer::step()` of Muon on GPT-2's hidden matrices plus AdamW on the rest \
+               (`Grouping::muon_adamw`, CPU f32 parameters) against the per-matrix calls it makes \
+               (`Muon::step_batch` per shape, `AdamW::step_tensors` per group) on the same \
+               tensors; the API adds the gradient checks and the grouping. 1 is no cost."
+            .into(),
+        peer: "direct calls".into(),
+        spread: "min–max over pairs",
+        model: String::new(),
+        rows,
+    }
+    .write();
+}
+
+/// A row of the model's name, `variant`, this run's threads, both sides' medians and `ratio`.
+fn row(shape: &Gpt2Shape, variant: &str, kappa: Spread, peer: Spread, ratio: Ratio) -> Row {
+    Row {
+        parameter: model_name(shape),
+        variant: variant.to_string(),
+        threads: tch::get_num_threads() as usize,
+        kappa_s: Some(kappa.median),
+        peer_s: Some(peer.median),
+        ratio,
+        work: None,
+    }
+}
+
+/// The model's short name on the published page.
+fn model_name(shape: &Gpt2Shape) -> String {
+    match *shape == Gpt2Shape::SMALL {
+        true => "GPT-2 small".into(),
+        false => format!("{} × {} (quick)", shape.layers, shape.width),
     }
 }
 
@@ -427,6 +466,7 @@ fn print_split(shape: &Gpt2Shape) {
         3 * h,
         d / h
     );
+    let mut rows = Vec::new();
     for (pname, precision) in PRECISIONS {
         let [speedup, per, bat] = split_row(shape, precision, pairs);
         println!(
@@ -434,7 +474,27 @@ fn print_split(shape: &Gpt2Shape) {
             per.median * 1e3,
             bat.median * 1e3,
         );
+        let mut r = row(shape, pname, bat, per, Ratio::inverse_of(speedup));
+        r.parameter = format!("QKV {}×{d}, {} blocks of {}×{d}", 3 * d, 3 * h, d / h);
+        rows.push(r);
     }
+    record::Paired {
+        bench: "optimizer_api",
+        name: "split_heads",
+        title: "Split orthogonalization: a QKV weight's head blocks batched against one call each"
+            .into(),
+        what: "Muon on a fused QKV weight seen as 3 × heads row blocks \
+               (`MatrixSpec::matrix().split(..).heads(..)`: one batched Newton–Schulz call \
+               through `Optimizer::step`) against one `Muon::step` per block on row views of the \
+               same weight. The blocks' arithmetic is the same either way, so what batching can \
+               save is the per-call overhead and the small products' lower GEMM throughput."
+            .into(),
+        peer: "one call per block".into(),
+        spread: "min–max over pairs",
+        model: String::new(),
+        rows,
+    }
+    .write();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -654,6 +714,7 @@ fn print_versus_torch(threads: usize, shape: &Gpt2Shape) {
          fused=None), {pairs} pairs; kappa/torch the median per-pair ratio [min–max]; goal ≤ 0.8"
     );
     let cells = chosen_cells();
+    let mut rows = Vec::new();
     for same_mkl in [false, true] {
         let group: Vec<&TorchCell> = cells
             .iter()
@@ -680,16 +741,39 @@ fn print_versus_torch(threads: usize, shape: &Gpt2Shape) {
         println!("reference: torch {details}");
         for cell in group {
             match versus_cell(&mut peer, cell, shape, pairs) {
-                Ok(v) => println!(
-                    "{:<9} kappa {:>10.2} ms, torch {:>10.2} ms, kappa/torch {} (torch AdamW: {})",
-                    cell.id,
-                    v.kappa.median * 1e3,
-                    v.torch.median * 1e3,
-                    v.ratio,
-                    v.adamw,
-                ),
+                Ok(v) => {
+                    println!(
+                        "{:<9} kappa {:>10.2} ms, torch {:>10.2} ms, kappa/torch {} (torch AdamW: {})",
+                        cell.id,
+                        v.kappa.median * 1e3,
+                        v.torch.median * 1e3,
+                        v.ratio,
+                        v.adamw,
+                    );
+                    rows.push(row(shape, cell.id, v.kappa, v.torch, Ratio::of(v.ratio)));
+                }
                 Err(e) => println!("{:<9} not run: {e}", cell.id),
             }
         }
     }
+    record::Paired {
+        bench: "optimizer_api",
+        name: "optimizer_vs_torch",
+        title: "The whole-model optimizer step against torch.optim.Muon + torch.optim.AdamW".into(),
+        what: "kappa's `Optimizer::step()` (Muon on GPT-2's hidden matrices, AdamW on the rest) \
+               against `torch.optim.Muon` plus `torch.optim.AdamW` (as shipped: `foreach=None, \
+               fused=None`) with the same split and settings, in a child process. `f32`: both \
+               orthogonalize in f32 (the reference's Newton–Schulz swapped for the same quintic \
+               in f32); `bf16`: kappa's `Precision::Auto` against the reference as shipped (bf16 \
+               Newton–Schulz), only on CPUs with native bf16 products; `-mkl`: the reference \
+               with libtorch's MKL on the kernels kappa's binaries take (the vendor check \
+               answered by a preloaded library), so that the ratio measures kappa, not MKL's \
+               CPU dispatch."
+            .into(),
+        peer: "torch.optim.Muon + AdamW".into(),
+        spread: "min–max over pairs",
+        model: String::new(),
+        rows,
+    }
+    .write();
 }

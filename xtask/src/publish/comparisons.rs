@@ -177,6 +177,21 @@ pub(crate) const PAIRED: &[(&str, &str, &str)] = &[
         "Muon step against torch.optim.Muon",
     ),
     (
+        "optimizer_api",
+        "api_cost",
+        "The optimizer API's step against the calls it makes",
+    ),
+    (
+        "optimizer_api",
+        "optimizer_vs_torch",
+        "The whole-model optimizer step against torch.optim.Muon + torch.optim.AdamW",
+    ),
+    (
+        "optimizer_api",
+        "split_heads",
+        "Split orthogonalization: a QKV weight's head blocks batched against one call each",
+    ),
+    (
         "models",
         "gpt_vs_eager",
         "GPT training step against PyTorch eager",
