@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion};
 use kappa_benches::paired::Spread;
+use kappa_benches::record::{self, Ratio, Row};
 use kappa_benches::{configure_threads, fmt_ms, fmt_ratio, median_seconds, train_step, NOT_RUN};
 use kappa_models::{Gpt, GptConfig};
 use kappa_optim::Optimizer;
@@ -206,6 +207,7 @@ fn paired_table(cfg: GptConfig, idx: &Tensor) {
     println!("\nalternating, {rounds} rounds of 2 steps per run (median [min–max] over rounds):");
     println!("| preset | run | optimizer ms/step | measured / predicted | optimizer time / per-matrix run's |");
     println!("|---|---|---|---|---|");
+    let mut rows = Vec::new();
     for preset in Preset::ALL {
         let mut runs: Vec<(Run, Gpt, Stepper, nn::VarStore)> = RUNS
             .iter()
@@ -234,16 +236,43 @@ fn paired_table(cfg: GptConfig, idx: &Tensor) {
                 .zip(&results[0])
                 .map(|(r, base)| r.0 / base.0)
                 .collect();
+            let predicted: Vec<f64> = results[i].iter().map(|r| r.0 / r.1).collect();
             println!(
                 "| {} | {} | {} | {} | {} |",
                 preset.name(),
                 run_name(preset, *run),
-                Spread::of(ms),
-                Spread::of(ratio),
+                Spread::of(ms.clone()),
+                Spread::of(ratio.clone()),
                 Spread::of(versus)
             );
+            rows.push(Row {
+                parameter: format!("d = {}, {} layers", cfg.n_embd, cfg.n_layer),
+                variant: run_name(preset, *run),
+                threads: tch::get_num_threads() as usize,
+                kappa_s: Some(Spread::of(ms).median / 1e3),
+                peer_s: Some(Spread::of(predicted).median),
+                ratio: Ratio::of(Spread::of(ratio)),
+                work: None,
+            });
         }
     }
+    record::Paired {
+        bench: "manifolds",
+        name: "optimizer_vs_msign_count",
+        title: "Module-wise optimizers against their msign count".into(),
+        what: "The optimizer part of one training step of the manifolds experiment's GPT under \
+               each preset (Muon, manifold Muon on Stiefel and DGram, AdamW), per matrix, \
+               batched (`+batch`) and batched in f32 (`+batch-f32`), against what its msign \
+               calls predict: the calls it made times one Polar Express msign of each matrix's \
+               shape, timed in the same round. 1 is no overhead beyond the msign count; runs \
+               alternate round by round."
+            .into(),
+        peer: "msign calls × one msign".into(),
+        spread: "min–max over rounds",
+        model: String::new(),
+        rows,
+    }
+    .write();
 }
 
 /// The ascent and ADMM settings that stop at [`SOLVER_TOL`] (or after 200 msign calls).

@@ -192,6 +192,11 @@ pub(crate) const PAIRED: &[(&str, &str, &str)] = &[
         "Split orthogonalization: a QKV weight's head blocks batched against one call each",
     ),
     (
+        "manifolds",
+        "optimizer_vs_msign_count",
+        "Module-wise optimizers against their msign count",
+    ),
+    (
         "models",
         "gpt_vs_eager",
         "GPT training step against PyTorch eager",
