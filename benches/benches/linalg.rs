@@ -130,7 +130,11 @@ fn orthogonalizers() -> [(&'static str, NsSchedule, bool); 4] {
         ("ns5", NsSchedule::muon(), false),
         ("pe_designed5", designed, false),
         ("aol4", turbo, true),
-        ("aol3_short", NsSchedule::aol_short().expect("short"), true),
+        (
+            "aol3_short",
+            NsSchedule::aol_three_steps().expect("short"),
+            true,
+        ),
     ]
 }
 

@@ -554,7 +554,7 @@ const BF16_AOL_SHORT: Cell = Cell {
     label: "bf16 aol3",
     torch: "bf16",
     precision: Precision::Bf16,
-    msign: Msign::aol_short(),
+    msign: Msign::aol_three_steps(),
 };
 
 /// The short schedule as Gram Newton–Schulz in bf16 (period 2): 8r²s + 12r³ flops.
@@ -562,7 +562,7 @@ const BF16_AOL_SHORT_GRAM: Cell = Cell {
     label: "bf16 aol3 gram",
     torch: "bf16",
     precision: Precision::Bf16,
-    msign: Msign::gram_aol_short(),
+    msign: Msign::gram_aol_three_steps(),
 };
 
 /// Pairs per cell: `KAPPA_BENCH_VERSUS_PAIRS` (default 15), fewer when a cell passes 30 s (at

@@ -21,8 +21,8 @@ def msign(x: torch.Tensor, method: Method = "polar_express", precision: str = "a
 
     ``method`` is a preset name (``"exact"`` (SVD), ``"muon_quintic"``, ``"muon_reference"``,
     ``"torch_muon"``, ``"polar_express"``, ``"modded_nanogpt"``, ``"gram_polar_express"``,
-    ``"aol"``, ``"gram_aol"``, ``"aol_short"``, ``"gram_aol_short"``) or a dict in the form of
-    kappa-optim's ``Msign`` (``{"polar_express": {"steps": 8}}``,
+    ``"aol"``, ``"gram_aol"``, ``"aol_three_steps"``, ``"gram_aol_three_steps"``) or a dict in
+    the form of kappa-optim's ``Msign`` (``{"polar_express": {"steps": 8}}``,
     ``{"polar_express_designed": {"lower": 1e-3, "steps": 5, "safety": 1.02}}``).
     ``precision`` is ``"auto"``, ``"native"``, ``"f32"`` or ``"bf16"``. Raises ``ValueError``
     for a bad shape, a non-finite entry or an unknown method.

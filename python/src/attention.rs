@@ -24,28 +24,33 @@ use crate::linalg::matrix;
 
 /// The score scale s: `"one"` (s = 1, the paper's form), `"inv_sqrt_k"` (s = √k) or a number.
 #[derive(FromPyObject)]
-pub enum Scale {
+pub enum ScoreScaleArg {
     Name(String),
     Value(f64),
 }
 
-impl Scale {
+impl ScoreScaleArg {
     fn score_scale(&self) -> PyResult<ScoreScale> {
         match self {
-            Scale::Name(n) if n == "one" => Ok(ScoreScale::One),
-            Scale::Name(n) if n == "inv_sqrt_k" => Ok(ScoreScale::InvSqrtK),
-            Scale::Name(n) => Err(crate::optim::unknown(
+            ScoreScaleArg::Name(n) if n == "one" => Ok(ScoreScale::One),
+            ScoreScaleArg::Name(n) if n == "inv_sqrt_k" => Ok(ScoreScale::InvSqrtK),
+            ScoreScaleArg::Name(n) => Err(crate::optim::unknown(
                 "score scale",
                 n,
                 "one, inv_sqrt_k, a number",
             )),
-            Scale::Value(s) => Ok(ScoreScale::Custom(*s)),
+            ScoreScaleArg::Value(s) => Ok(ScoreScale::Custom(*s)),
         }
     }
 }
 
 /// The forward pass of one head on copies of the inputs.
-fn forward(x: &PyTensor, w: [&PyTensor; 3], scale: &Scale, causal: bool) -> PyResult<Forward<f64>> {
+fn forward(
+    x: &PyTensor,
+    w: [&PyTensor; 3],
+    scale: &ScoreScaleArg,
+    causal: bool,
+) -> PyResult<Forward<f64>> {
     let x = matrix(&x.0, "x")?;
     let [wq, wk, wv] = [(w[0], "wq"), (w[1], "wk"), (w[2], "wv")].map(|(t, n)| matrix(&t.0, n));
     let options = AttentionOptions {
@@ -64,14 +69,14 @@ fn tensor(a: Array2<f64>) -> PyResult<PyTensor> {
 
 /// J = ∂vec A/∂[vec W_Q; vec W_K; vec W_V], an (N·k) × (3·D·k) f64 tensor.
 #[pyfunction]
-#[pyo3(signature = (x, wq, wk, wv, scale = Scale::Name("one".into()), causal = false))]
+#[pyo3(signature = (x, wq, wk, wv, scale = ScoreScaleArg::Name("one".into()), causal = false))]
 fn weight_jacobian(
     py: Python<'_>,
     x: PyTensor,
     wq: PyTensor,
     wk: PyTensor,
     wv: PyTensor,
-    scale: Scale,
+    scale: ScoreScaleArg,
     causal: bool,
 ) -> PyResult<PyTensor> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
@@ -88,14 +93,14 @@ fn weight_jacobian(
 /// The blocks (J_Q, J_K, J_V) of J, each (N·k) × (D·k): the form to use when the full J is
 /// beyond kappa's dense limit (2²⁸ entries), e.g. N = 197, D = 192, k = 64.
 #[pyfunction]
-#[pyo3(signature = (x, wq, wk, wv, scale = Scale::Name("one".into()), causal = false))]
+#[pyo3(signature = (x, wq, wk, wv, scale = ScoreScaleArg::Name("one".into()), causal = false))]
 fn weight_jacobian_blocks(
     py: Python<'_>,
     x: PyTensor,
     wq: PyTensor,
     wk: PyTensor,
     wv: PyTensor,
-    scale: Scale,
+    scale: ScoreScaleArg,
     causal: bool,
 ) -> PyResult<(PyTensor, PyTensor, PyTensor)> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
@@ -134,7 +139,7 @@ fn block_shape(fwd: &Forward<f64>, blocks: usize) -> PyResult<(usize, usize)> {
 
 /// J·t for the tangent t = (dW_Q, dW_K, dW_V) without forming J: an N×k tensor.
 #[pyfunction]
-#[pyo3(signature = (x, wq, wk, wv, dwq, dwk, dwv, scale = Scale::Name("one".into()), causal = false))]
+#[pyo3(signature = (x, wq, wk, wv, dwq, dwk, dwv, scale = ScoreScaleArg::Name("one".into()), causal = false))]
 #[allow(clippy::too_many_arguments)]
 fn jvp_weights(
     x: PyTensor,
@@ -144,7 +149,7 @@ fn jvp_weights(
     dwq: PyTensor,
     dwk: PyTensor,
     dwv: PyTensor,
-    scale: Scale,
+    scale: ScoreScaleArg,
     causal: bool,
 ) -> PyResult<PyTensor> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
@@ -158,7 +163,7 @@ fn jvp_weights(
 
 /// Jᵀ·g for an N×k cotangent g without forming J: (dW_Q, dW_K, dW_V), each D×k.
 #[pyfunction]
-#[pyo3(signature = (x, wq, wk, wv, g, scale = Scale::Name("one".into()), causal = false))]
+#[pyo3(signature = (x, wq, wk, wv, g, scale = ScoreScaleArg::Name("one".into()), causal = false))]
 #[allow(clippy::too_many_arguments)]
 fn vjp_weights(
     x: PyTensor,
@@ -166,7 +171,7 @@ fn vjp_weights(
     wk: PyTensor,
     wv: PyTensor,
     g: PyTensor,
-    scale: Scale,
+    scale: ScoreScaleArg,
     causal: bool,
 ) -> PyResult<(PyTensor, PyTensor, PyTensor)> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
@@ -190,14 +195,14 @@ fn kappa_dict<'py>(py: Python<'py>, k: &Kappa) -> PyResult<Bound<'py, PyDict>> {
 /// `pseudo_kappa_lambda`, `rank_lambda`, `kappa_p`), `rhs`, `holds`, `ratio` (κ(J)/rhs),
 /// `block_rhs`, and `jacobian`: the κ of J and of its Q, K, V blocks (`full`, `q`, `k`, `v`).
 #[pyfunction]
-#[pyo3(name = "theorem_3_4", signature = (x, wq, wk, wv, scale = Scale::Name("one".into()), causal = false))]
+#[pyo3(name = "theorem_3_4", signature = (x, wq, wk, wv, scale = ScoreScaleArg::Name("one".into()), causal = false))]
 fn theorem_3_4_bound<'py>(
     py: Python<'py>,
     x: PyTensor,
     wq: PyTensor,
     wk: PyTensor,
     wv: PyTensor,
-    scale: Scale,
+    scale: ScoreScaleArg,
     causal: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;

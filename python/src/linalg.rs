@@ -15,7 +15,7 @@ use crate::optim::{from_json, unknown};
 
 /// The named msign presets, each one of kappa-optim's `Msign` constructors.
 const MSIGN_PRESETS: &str = "exact, muon_quintic, muon_reference, torch_muon, polar_express, \
-     modded_nanogpt, gram_polar_express, aol, gram_aol, aol_short, gram_aol_short";
+     modded_nanogpt, gram_polar_express, aol, gram_aol, aol_three_steps, gram_aol_three_steps";
 
 /// An `Msign` from a preset name or its JSON form (`{"polar_express": {"steps": 8}}`).
 pub fn parse_msign(method: &str) -> PyResult<Msign> {
@@ -29,8 +29,9 @@ pub fn parse_msign(method: &str) -> PyResult<Msign> {
         "gram_polar_express" => Msign::gram_polar_express(),
         "aol" => Msign::aol(),
         "gram_aol" => Msign::gram_aol(),
-        "aol_short" => Msign::aol_short(),
-        "gram_aol_short" => Msign::gram_aol_short(),
+        // The `_short` names are the former ones, still accepted.
+        "aol_three_steps" | "aol_short" => Msign::aol_three_steps(),
+        "gram_aol_three_steps" | "gram_aol_short" => Msign::gram_aol_three_steps(),
         json if json.trim_start().starts_with(['{', '"']) => from_json(json)?,
         other => return Err(unknown("msign", other, MSIGN_PRESETS)),
     })

@@ -10,8 +10,8 @@ use std::path::Path;
 use anyhow::Result;
 use kappa_models::{summarize, CorrectionConfig, HeadDiagnostics};
 use kappa_train::{
-    adamw_groups, train_variant, Final, Line, Outcome, Record, Run, RunRecord, Task, TrainConfig,
-    VariantId,
+    adamw_groups, train_variant, MetricsLine, Outcome, Record, Run, RunRecord, Task, TrainConfig,
+    VariantId, VariantResult,
 };
 use serde::{Deserialize, Serialize};
 use tch::nn;
@@ -54,7 +54,7 @@ pub fn train_corrected<T: Task>(
 
 /// Mean seconds per step over the summaries that timed any step (a variant resumed at its last
 /// step timed none).
-fn mean_step_seconds(finals: &[Final]) -> f64 {
+fn mean_step_seconds(finals: &[VariantResult]) -> f64 {
     let timed: Vec<f64> = finals
         .iter()
         .map(|f| f.seconds_per_step)
@@ -136,13 +136,13 @@ impl Diagnostics {
 /// What one variant logged in one run.
 #[derive(Default)]
 struct VariantRun {
-    finals: Vec<Final>,
+    finals: Vec<VariantResult>,
     /// (step, diagnostics) of every evaluation.
     curve: Vec<(u64, Diagnostics)>,
 }
 
 impl VariantRun {
-    fn add(&mut self, line: Line) {
+    fn add(&mut self, line: MetricsLine) {
         if let Some(f) = line.summary {
             self.finals.push(f);
         }
@@ -157,7 +157,7 @@ impl VariantRun {
 /// One variant over every seed.
 struct VariantData {
     name: String,
-    finals: Vec<Final>,
+    finals: Vec<VariantResult>,
     /// Every seed's (step, diagnostics), run by run.
     curve: Vec<(u64, Diagnostics)>,
     /// Each seed's last evaluation.

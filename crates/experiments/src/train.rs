@@ -37,8 +37,8 @@ use kappa_models::{
 use kappa_optim::optimizer::Group;
 use kappa_train::{
     adamw_groups, modulewise_groups, train_language_model, train_variant, ImageClassification,
-    Line, ModulewiseConfig, Outcome, Preset, Record, Resumed, Run, RunContext, RunError, RunRecord,
-    RunStatus, TrainConfig, VariantId,
+    MetricsLine, ModulewiseConfig, Outcome, Preset, Record, Resumed, Run, RunContext, RunError,
+    RunRecord, RunStatus, TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
 use tch::{nn, Device};
@@ -678,7 +678,7 @@ struct EvalPoint {
 pub fn write_report(dir: &Path) -> Result<()> {
     let record = RunRecord::read(dir)?;
     let job: TrainJob = record.config()?;
-    let lines: Vec<Line> = record.metrics()?;
+    let lines: Vec<MetricsLine> = record.metrics()?;
     let train: Vec<(f64, f64)> = lines
         .iter()
         .filter_map(|l| match &l.record {
@@ -707,7 +707,7 @@ pub fn write_report(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn eval_points(lines: &[Line]) -> Vec<EvalPoint> {
+fn eval_points(lines: &[MetricsLine]) -> Vec<EvalPoint> {
     lines
         .iter()
         .filter_map(|l| match &l.record {
@@ -750,7 +750,7 @@ fn eval_row(e: &EvalPoint) -> Vec<String> {
     ]
 }
 
-fn summary_paragraph(job: &TrainJob, record: &RunRecord, lines: &[Line]) -> String {
+fn summary_paragraph(job: &TrainJob, record: &RunRecord, lines: &[MetricsLine]) -> String {
     let model = match &job.model {
         ModelSpec::Gpt(g) => format!(
             "GPT ({} layers, {} heads, width {})",

@@ -10,7 +10,7 @@ use std::fs;
 use kappa_experiments::runner::{report, reproduce, select, Settings};
 use kappa_experiments::suite::bert_sentiment::{BertSentiment, FINE_TUNING, PRETRAINING};
 use kappa_experiments::{Experiment, RunRecord, Scale};
-use kappa_train::{Line, Outcome, Record};
+use kappa_train::{MetricsLine, Outcome, Record};
 
 #[test]
 fn reproduce_only_bert_sentiment_pretrains_fine_tunes_and_reports() {
@@ -51,7 +51,7 @@ fn reproduce_only_bert_sentiment_pretrains_fine_tunes_and_reports() {
     let config = BertSentiment.config(Scale::Smoke).unwrap();
     let runs = RunRecord::read_all(&results.join("bert-sentiment").join("smoke")).unwrap();
     assert_eq!(runs.len(), 2);
-    let lines: Vec<Line> = runs[0].metrics().unwrap();
+    let lines: Vec<MetricsLine> = runs[0].metrics().unwrap();
     for (i, v) in config.variants.iter().enumerate() {
         for (stage, index) in [(PRETRAINING, 2 * i), (FINE_TUNING, 2 * i + 1)] {
             let name = stage.name(&v.name);

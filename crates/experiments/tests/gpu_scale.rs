@@ -27,7 +27,7 @@ use kappa_experiments::suite::lra::{Config as LraConfig, Lra};
 use kappa_experiments::suite::manifolds::Manifolds;
 use kappa_experiments::suite::vit_fmnist::VitFmnist;
 use kappa_experiments::{Experiment, Scale};
-use kappa_train::{Line, Outcome, Record, TrainConfig};
+use kappa_train::{MetricsLine, Outcome, Record, TrainConfig};
 
 fn context(name: &str, seed: u64, data: &Path) -> RunContext {
     RunContext {
@@ -71,7 +71,7 @@ fn one_step_then_resume<E: Experiment>(
     config: &E::Config,
     dir: &Path,
     ctx: RunContext,
-) -> Vec<Line> {
+) -> Vec<MetricsLine> {
     let mut run = Run::create(dir, ctx.clone(), config).unwrap();
     run.interrupt_variant_at(0, 1);
     let error = e.run(config, &mut run).unwrap_err();
@@ -89,14 +89,17 @@ fn one_step_then_resume<E: Experiment>(
     let status = e.run(config, &mut run).unwrap();
     assert_eq!(status, RunStatus::Completed);
     run.finish(status).unwrap();
-    RunRecord::read(dir).unwrap().metrics::<Line>().unwrap()
+    RunRecord::read(dir)
+        .unwrap()
+        .metrics::<MetricsLine>()
+        .unwrap()
 }
 
 /// Every variant in `names` trained two steps with finite losses and completed; variant 0
 /// resumed at step 1.
-fn assert_trained(lines: &[Line], names: &[String]) {
+fn assert_trained(lines: &[MetricsLine], names: &[String]) {
     for name in names {
-        let of = |l: &&Line| &l.variant == name;
+        let of = |l: &&MetricsLine| &l.variant == name;
         let steps: Vec<(u64, f64)> = lines
             .iter()
             .filter(of)

@@ -8,10 +8,10 @@ use std::fs;
 use kappa_experiments::runner::{report, reproduce, select, Settings};
 use kappa_experiments::suite::lambda_readings::{cell_name, LambdaReadings};
 use kappa_experiments::{Experiment, RunRecord, RunStatus, Scale};
-use kappa_train::{Line, Record};
+use kappa_train::{MetricsLine, Record};
 
 /// The mean λ the layers of `variant` reported at its first evaluation.
-fn first_lambda(lines: &[Line], variant: &str) -> Option<f64> {
+fn first_lambda(lines: &[MetricsLine], variant: &str) -> Option<f64> {
     lines
         .iter()
         .filter(|l| l.variant == variant)
@@ -53,7 +53,7 @@ fn reproduce_only_lambda_readings_writes_the_reading_table() {
 
     let config = LambdaReadings.config(Scale::Smoke).unwrap();
     let runs = RunRecord::read_all(&results.join("lambda-readings").join("smoke")).unwrap();
-    let lines: Vec<Line> = runs[0].metrics().unwrap();
+    let lines: Vec<MetricsLine> = runs[0].metrics().unwrap();
     assert_eq!(runs[0].info.status, RunStatus::Completed);
     assert_eq!(config.models.len(), 2, "the classifier and the masked LM");
     for spec in &config.models {

@@ -12,7 +12,7 @@ use kappa_experiments::config::ConfigSource;
 use kappa_experiments::runner::{report, reproduce, select, Settings};
 use kappa_experiments::suite::lra::{Config, Lra, LraTask};
 use kappa_experiments::{Experiment, RunRecord, Scale};
-use kappa_train::{Line, Outcome};
+use kappa_train::{MetricsLine, Outcome};
 
 fn fixtures(data: &Path) {
     kappa_models::data::fixtures::write_fashion_mnist(&data.join("fashion-mnist"), 80, 30, 0)
@@ -57,7 +57,7 @@ fn reproduce_only_lra_trains_every_variant_of_every_task_and_reports_verdicts() 
     let runs = RunRecord::read_all(&results.join("lra").join("smoke")).unwrap();
     assert_eq!(runs.len(), 2);
     for run in &runs {
-        let lines: Vec<Line> = run.metrics().unwrap();
+        let lines: Vec<MetricsLine> = run.metrics().unwrap();
         for &task in &config.tasks {
             for v in config.variants() {
                 let name = Config::variant_name(task, &v);
@@ -120,7 +120,7 @@ fn one_task_runs_alone_with_a_set() {
     };
     reproduce(&experiments, &one).unwrap();
     let runs = RunRecord::read_all(&results.join("lra").join("smoke")).unwrap();
-    let lines: Vec<Line> = runs[0].metrics().unwrap();
+    let lines: Vec<MetricsLine> = runs[0].metrics().unwrap();
     assert!(lines.iter().all(|l| l.variant.starts_with("listops: ")));
     assert!(lines.iter().any(|l| l.summary.is_some()));
     fs::remove_dir_all(&results).unwrap();

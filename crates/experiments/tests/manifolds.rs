@@ -11,7 +11,7 @@ use kappa_experiments::{Experiment, Run, RunRecord, RunStatus, Scale};
 use kappa_models::{Gpt, TextCorpus};
 use kappa_optim::MuonConfig;
 use kappa_train::{
-    modulewise_groups, seeded, LanguageModeling, Line, Outcome, Preset, Record, TrainConfig,
+    modulewise_groups, seeded, LanguageModeling, MetricsLine, Outcome, Preset, Record, TrainConfig,
     Trainer,
 };
 use tch::{nn, Device};
@@ -58,8 +58,8 @@ fn a_diverged_variant_is_recorded_and_reported_as_a_result() {
 
     let runs = RunRecord::read_all(&dir).unwrap();
     assert_eq!(runs.len(), 1);
-    let lines: Vec<Line> = runs[0].metrics().unwrap();
-    let dgram: Vec<&Line> = lines.iter().filter(|l| l.variant == "ALL-DGRAM").collect();
+    let lines: Vec<MetricsLine> = runs[0].metrics().unwrap();
+    let dgram: Vec<&MetricsLine> = lines.iter().filter(|l| l.variant == "ALL-DGRAM").collect();
     // The variant's records end with the divergence record, then its summary.
     let n = dgram.len();
     let Some(Record::Diverged { step, .. }) = &dgram[n - 2].record else {

@@ -8,7 +8,7 @@ use std::fs;
 use kappa_experiments::runner::{report, reproduce, select, Settings};
 use kappa_experiments::suite::optimizer_race::{Config, OptimizerRace};
 use kappa_experiments::{Experiment, RunRecord, Scale};
-use kappa_train::{Line, Record};
+use kappa_train::{MetricsLine, Record};
 
 #[test]
 fn reproduce_only_optimizer_race_writes_the_ranking() {
@@ -38,7 +38,7 @@ fn reproduce_only_optimizer_race_writes_the_ranking() {
     let config = OptimizerRace.config(Scale::Smoke).unwrap();
     let runs = RunRecord::read_all(&results.join("optimizer-race").join("smoke")).unwrap();
     assert_eq!(runs.len(), 2);
-    let lines: Vec<Line> = runs[0].metrics().unwrap();
+    let lines: Vec<MetricsLine> = runs[0].metrics().unwrap();
     // Every entrant at every grid value finished with a summary.
     for e in &config.entrants {
         for &f in &config.lr_factors {
@@ -100,7 +100,7 @@ fn reproduce_only_optimizer_race_writes_the_ranking() {
 }
 
 /// The largest learning rate in the training records of `variant`.
-fn max_lr(lines: &[Line], variant: &str) -> f64 {
+fn max_lr(lines: &[MetricsLine], variant: &str) -> f64 {
     lines
         .iter()
         .filter(|l| l.variant == variant)

@@ -12,7 +12,7 @@ use kappa_experiments::run::{Resumed, Run, RunContext, RunRecord, RunStatus};
 use kappa_experiments::suite::random_spectra::RandomSpectra;
 use kappa_experiments::suite::vit_fmnist::VitFmnist;
 use kappa_experiments::{Experiment, RegisteredExperiment, Scale};
-use kappa_train::{Line, Record, RunError};
+use kappa_train::{MetricsLine, Record, RunError};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kappa-resume-{name}-{}", std::process::id()));
@@ -42,9 +42,9 @@ fn smoke_config(experiment: &dyn RegisteredExperiment) -> ResolvedConfig {
 
 /// The records of a run folder with the wall-clock fields zeroed (they differ between any two
 /// runs) and the resume marker removed; everything else, losses included, must match exactly.
-fn records_without_timings(dir: &Path) -> Vec<Line> {
+fn records_without_timings(dir: &Path) -> Vec<MetricsLine> {
     let run = RunRecord::read(dir).unwrap();
-    run.metrics::<Line>()
+    run.metrics::<MetricsLine>()
         .unwrap()
         .into_iter()
         .map(|mut line| {
@@ -70,7 +70,7 @@ fn records_without_timings(dir: &Path) -> Vec<Line> {
 /// What a killed process leaves behind beyond a checkpoint: a record logged after it and a
 /// half-written line.
 fn append_orphan_and_torn_lines(metrics: &Path, variant: &str, step: u64) {
-    let orphan = Line {
+    let orphan = MetricsLine {
         variant: variant.into(),
         record: Some(Record::Train {
             step,
@@ -142,7 +142,7 @@ fn an_interrupted_run_resumes_to_the_records_of_an_uninterrupted_one() {
     // Only the interrupted variant says where it resumed; variant 0 was not retrained.
     let summaries: Vec<_> = RunRecord::read(&dir)
         .unwrap()
-        .metrics::<Line>()
+        .metrics::<MetricsLine>()
         .unwrap()
         .into_iter()
         .filter_map(|l| l.summary)

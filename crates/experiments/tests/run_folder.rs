@@ -25,7 +25,7 @@ fn scratch(name: &str) -> PathBuf {
 /// The repository's character-GPT example, made tiny, on a small text in `dir`.
 fn job(dir: &Path, extra: &[&str]) -> (PathBuf, Vec<Set>) {
     let text: String = (0..60)
-        .map(|i| format!("Line {i} of a small text. "))
+        .map(|i| format!("MetricsLine {i} of a small text. "))
         .collect();
     fs::write(dir.join("input.txt"), text).unwrap();
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/train/gpt_chars.toml");
@@ -395,12 +395,15 @@ fn ctrl_c_checkpoints_after_the_current_step_and_says_how_to_resume() {
     let last_logged = fs::read_to_string(&metrics)
         .unwrap()
         .lines()
-        .filter_map(
-            |l| match serde_json::from_str::<kappa_train::Line>(l).ok()?.record {
+        .filter_map(|l| {
+            match serde_json::from_str::<kappa_train::MetricsLine>(l)
+                .ok()?
+                .record
+            {
                 Some(kappa_train::Record::Train { step, .. }) => Some(step as i64),
                 _ => None,
-            },
-        )
+            }
+        })
         .max()
         .unwrap();
     // Every step is logged (`log_every = 1`): the checkpoint is at the last step that ran.

@@ -11,7 +11,7 @@ use kappa_cli::Set;
 use kappa_experiments::train::{run_train_command, train_job, DataSpec, Existing, TrainJob};
 use kappa_models::data::fixtures;
 use kappa_models::Normalize;
-use kappa_train::{Line, Record, Run, RunContext, RunRecord, RunStatus};
+use kappa_train::{MetricsLine, Record, Run, RunContext, RunRecord, RunStatus};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kappa-train-{name}-{}", std::process::id()));
@@ -92,8 +92,8 @@ fn context() -> RunContext {
 }
 
 /// The records without wall-clock fields and resume markers.
-fn records(dir: &Path) -> Vec<Line> {
-    let mut lines: Vec<Line> = RunRecord::read(dir).unwrap().metrics().unwrap();
+fn records(dir: &Path) -> Vec<MetricsLine> {
+    let mut lines: Vec<MetricsLine> = RunRecord::read(dir).unwrap().metrics().unwrap();
     for line in &mut lines {
         if let Some(Record::Train {
             units_per_second,

@@ -30,7 +30,7 @@
 //! the authors clamp the sum at 1e-7 (of the raw input) instead, which does the same for a zero
 //! row but is not scale-invariant; here D·X is invariant under X → αX.
 //!
-//! **A short schedule** ([`NsSchedule::aol_short`]): since ‖D·X‖₂ ≤ 1 exactly, the Polar
+//! **A short schedule** ([`NsSchedule::aol_three_steps`]): since ‖D·X‖₂ ≤ 1 exactly, the Polar
 //! Express generator can design for σ(D·X) ∈ [ℓ, 1] with no safety factor. Three degree-5 steps
 //! for ℓ = 0.03 map that interval into 1 ± 0.036. Against five quintic steps (Muon) and four
 //! Turbo steps, on seeded square and tall Gaussians and κ = 10⁴ spectra (f64, 96×256 to 512²),
@@ -69,10 +69,10 @@ pub const TURBO_MUON_COEFFICIENTS: [PolyStep; 5] = [
 /// The number of Turbo-Muon steps its authors use: 4.
 pub const TURBO_MUON_STEPS: usize = 4;
 
-/// The steps of kappa's short AOL schedule ([`NsSchedule::aol_short`]): 3.
+/// The steps of kappa's short AOL schedule ([`NsSchedule::aol_three_steps`]): 3.
 pub const AOL_SHORT_STEPS: usize = 3;
 
-/// The lower end ℓ of the interval [ℓ, 1] of σ(D·X) that [`NsSchedule::aol_short`] is designed
+/// The lower end ℓ of the interval [ℓ, 1] of σ(D·X) that [`NsSchedule::aol_three_steps`] is designed
 /// for: 0.03.
 pub const AOL_SHORT_LOWER: f64 = 0.03;
 
@@ -103,9 +103,15 @@ impl NsSchedule {
     ///
     /// Errors: none for these constants; the generator's errors otherwise
     /// ([`PolarExpressSpec::design`]).
-    pub fn aol_short() -> Result<Self> {
+    pub fn aol_three_steps() -> Result<Self> {
         let spec = PolarExpressSpec::new(AOL_SHORT_LOWER, 5, AOL_SHORT_STEPS, 1.0);
         Ok(spec.design()?.schedule)
+    }
+
+    /// The former name of [`NsSchedule::aol_three_steps`].
+    #[deprecated(since = "0.2.0", note = "renamed `aol_three_steps`")]
+    pub fn aol_short() -> Result<Self> {
+        Self::aol_three_steps()
     }
 }
 

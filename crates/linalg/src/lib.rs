@@ -14,7 +14,7 @@
 //! | `batched` (with `tch`) | `newton_schulz_batched` (a [B, m, n] tensor of same-shape matrices, each step one `bmm` and two `baddbmm` for the batch; per slice the result of `newton_schulz` to rounding), `newton_schulz_each` (the same on a list of matrices) |
 //! | [`gram_newton_schulz`](mod@gram_newton_schulz) | [`gram_newton_schulz()`] (the same schedules on r×r Gram matrices, restarted every [`GRAM_NS_RESTART`] steps) |
 //! | [`polar_express`](mod@polar_express) | [`PolarExpressSpec`], [`polar_express_schedule`], [`PolarExpressDesign`] (the greedy minimax schedule generator with its predicted error bands), [`SafetyRule`] (how the safety factor enters: the public generator's rule or the paper's run-time table's), [`POLAR_EXPRESS_CUSHION`] |
-//! | [`aol`] | [`aol_newton_schulz`] (Turbo-Muon: AOL rescaling D·X in place of ‖X‖_F, then a schedule; computes msign(D·X)), [`aol_gram_newton_schulz`] (the same as Gram Newton–Schulz), [`NsSchedule::turbo_muon`], [`TURBO_MUON_COEFFICIENTS`], [`NsSchedule::aol_short`] (3 designed steps) |
+//! | [`aol`] | [`aol_newton_schulz`] (Turbo-Muon: AOL rescaling D·X in place of ‖X‖_F, then a schedule; computes msign(D·X)), [`aol_gram_newton_schulz`] (the same as Gram Newton–Schulz), [`NsSchedule::turbo_muon`], [`TURBO_MUON_COEFFICIENTS`], [`NsSchedule::aol_three_steps`] (3 designed steps) |
 //! | [`psd`] | [`psd_sqrt`], [`psd_inv_sqrt`] |
 //! | [`exp`](mod@exp) | [`exp::exp_in_place`] (e^x of a slice on the CPU's vector units, < 1.13 ulp, the same bits on every CPU) |
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |

@@ -19,7 +19,7 @@
 //! | `PolarExpress { steps }` | Amsel et al.'s per-step table, normalization 1.01·‖X‖_F | 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64) |
 //! | `PolarExpressDesigned { lower, steps, safety, cushion, rule }` | a schedule generated for σ/‖X‖_F ∈ [ℓ, 1] ([`kappa_linalg::PolarExpressSpec`], degree 5; cushion 0.024 and the public generator's safety rule [`kappa_linalg::SafetyRule::InDesign`] unless set: [`Msign::designed`]; [`Msign::modded_nanogpt`] is modded-nanogpt's table; cached), normalization s·‖X‖_F | inside the predicted band [`kappa_linalg::PolarExpressDesign::bands`] for σ/‖X‖_F ∈ [ℓ, 1] (f64) |
 //! | `Aol { steps }` (`lower` absent) | Turbo-Muon: X·D, D = diag(Σ_i \|(XᵀX)_ij\|)^{-1/2} (small side; ‖X·D‖₂ ≤ 1) in place of X/‖X‖_F, then the last `steps` of the Turbo-Muon list ([`kappa_linalg::aol_newton_schulz`]) | computes msign(X·D) ≠ msign(X); 96×256 Gaussian, 4 steps: σ ∈ [0.978, 1.032] (NS5 [0.682, 1.134]), ⟨X, O⟩/‖X‖_* 0.966 (NS5 0.725), ‖msign(XD) − msign(X)‖_F/‖msign(X)‖_F 0.009; κ = 1e4: σ ∈ [0.0104, 1.144], quality 0.870 (NS5 0.743), distance 0.117 |
-//! | `Aol { steps, lower: ℓ }` | the same AOL rescaling, then Polar Express designed for σ(X·D) ∈ [ℓ, 1] (no safety factor); [`Msign::aol_short`] = 3 steps at ℓ = 0.03 | computes msign(X·D); 3 steps at ℓ = 0.03 (f64, square and tall Gaussians and κ = 1e4, 96×256 to 512²): σ_max ≤ 1.036, ⟨X, O⟩/(‖X‖_*·σ_max(O)) 0.942–0.965 (NS5 0.690–0.851, Turbo ×4 0.867–0.970), smallest σ 2.1–5.2× below NS5's where σ(X·D) ≪ ℓ |
+//! | `Aol { steps, lower: ℓ }` | the same AOL rescaling, then Polar Express designed for σ(X·D) ∈ [ℓ, 1] (no safety factor); [`Msign::aol_three_steps`] = 3 steps at ℓ = 0.03 | computes msign(X·D); 3 steps at ℓ = 0.03 (f64, square and tall Gaussians and κ = 1e4, 96×256 to 512²): σ_max ≤ 1.036, ⟨X, O⟩/(‖X‖_*·σ_max(O)) 0.942–0.965 (NS5 0.690–0.851, Turbo ×4 0.867–0.970), smallest σ 2.1–5.2× below NS5's where σ(X·D) ≪ ℓ |
 //! | `GramAol { steps, restart, lower }` | `Aol { steps, lower }` run as Gram Newton–Schulz ([`kappa_linalg::aol_gram_newton_schulz`]): the AOL Gram matrix D·A·D starts the first block, r×r products only, re-formed every `restart` steps (at most 2 in bf16) | as `Aol { steps, lower }` to its rounding (the same map of X·D) |
 //! | `GramPolarExpress { steps, restart }` | the same schedule as [`kappa_linalg::gram_newton_schulz()`]: r×r products only, XXᵀ re-formed every `restart` steps (default 2; at most 2 in bf16, where longer periods diverged) | as `PolarExpress` to its rounding: 1 ± 1e-6 after 10 steps for σ/‖X‖_F ∈ [1e-3, 1] (f64, restart 1–3; rounding bound derived in kappa-linalg's tests) |
 //!
@@ -161,7 +161,7 @@ pub enum Msign {
     /// X·D with D = diag(Σ_i |(XᵀX)_ij|)^{-1/2} on the small side in place of X/‖X‖_F, then
     /// `steps` of a schedule: without `lower`, the last `steps` of the Turbo-Muon list (4 by
     /// default, [`Msign::aol`]); with `lower = ℓ`, Polar Express designed for σ(X·D) ∈ [ℓ, 1]
-    /// (degree 5, no safety factor: ‖X·D‖₂ ≤ 1 is exact; [`Msign::aol_short`] is 3 steps at
+    /// (degree 5, no safety factor: ‖X·D‖₂ ≤ 1 is exact; [`Msign::aol_three_steps`] is 3 steps at
     /// ℓ = 0.03). It approximates **msign(X·D), not msign(X)** (the module docs quantify the
     /// difference).
     Aol {
@@ -244,25 +244,37 @@ impl Msign {
         }
     }
 
-    /// AOL with kappa's short schedule ([`kappa_linalg::NsSchedule::aol_short`]): 3 Polar
+    /// AOL with kappa's short schedule ([`kappa_linalg::NsSchedule::aol_three_steps`]): 3 Polar
     /// Express steps designed for σ(X·D) ∈ [0.03, 1]. Three fifths of the quintic's products,
     /// with a higher descent quality than five quintic steps on every input measured (module
     /// docs).
-    pub const fn aol_short() -> Self {
+    pub const fn aol_three_steps() -> Self {
         Msign::Aol {
             steps: kappa_linalg::AOL_SHORT_STEPS,
             lower: Some(kappa_linalg::AOL_SHORT_LOWER),
         }
     }
 
-    /// [`Msign::aol_short`] as Gram Newton–Schulz, restarted every [`GRAM_NS_RESTART`] = 2
+    /// [`Msign::aol_three_steps`] as Gram Newton–Schulz, restarted every [`GRAM_NS_RESTART`] = 2
     /// steps.
-    pub const fn gram_aol_short() -> Self {
+    pub const fn gram_aol_three_steps() -> Self {
         Msign::GramAol {
             steps: kappa_linalg::AOL_SHORT_STEPS,
             restart: kappa_linalg::GRAM_NS_RESTART,
             lower: Some(kappa_linalg::AOL_SHORT_LOWER),
         }
+    }
+
+    /// The former name of [`Msign::aol_three_steps`].
+    #[deprecated(since = "0.2.0", note = "renamed `aol_three_steps`")]
+    pub const fn aol_short() -> Self {
+        Self::aol_three_steps()
+    }
+
+    /// The former name of [`Msign::gram_aol_three_steps`].
+    #[deprecated(since = "0.2.0", note = "renamed `gram_aol_three_steps`")]
+    pub const fn gram_aol_short() -> Self {
+        Self::gram_aol_three_steps()
     }
 
     /// Keller Jordan's reference: the quintic after X/(‖X‖_F + 1e-7).

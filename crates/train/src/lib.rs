@@ -45,4 +45,6 @@ pub use trainer::{
     adamw_grouping, adamw_groups, seeded, DivergenceReference, Eval, OptimizerStats, Outcome, Part,
     QkClipStats, Record, Summary, Task, TrainConfig, TrainPrecision, Trainer, CKPT_MODEL,
 };
-pub use variants::{train_language_model, train_variant, Final, Line, VariantId};
+pub use variants::{train_language_model, train_variant, MetricsLine, VariantId, VariantResult};
+#[allow(deprecated)]
+pub use variants::{Final, Line};

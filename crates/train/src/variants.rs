@@ -28,7 +28,7 @@ use kappa_optim::optimizer::Group;
 
 /// One line of `metrics.jsonl`: a training-loop record or a variant's final summary.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Line {
+pub struct MetricsLine {
     /// The variant's name.
     pub variant: String,
     /// A record of the training loop.
@@ -36,12 +36,20 @@ pub struct Line {
     pub record: Option<Record>,
     /// The variant's summary after training.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub summary: Option<Final>,
+    pub summary: Option<VariantResult>,
 }
+
+/// The former name of [`MetricsLine`].
+#[deprecated(since = "0.2.0", note = "renamed `MetricsLine`")]
+pub type Line = MetricsLine;
+
+/// The former name of [`VariantResult`].
+#[deprecated(since = "0.2.0", note = "renamed `VariantResult`")]
+pub type Final = VariantResult;
 
 /// The end of one variant's training.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Final {
+pub struct VariantResult {
     /// How training ended.
     pub outcome: Outcome,
     /// The headline metric (test accuracy, validation loss, …; NaN unless completed).
@@ -106,7 +114,7 @@ where
     }
     let summary = {
         let mut sink = |r: &Record| -> kappa_models::Result<()> {
-            let line = Line {
+            let line = MetricsLine {
                 variant: name.to_string(),
                 record: Some(r.clone()),
                 summary: None,
@@ -174,12 +182,12 @@ pub fn variant_checkpoint(run: &Run, index: usize) -> PathBuf {
 
 /// The summary line of variant `name` if an earlier attempt of this run finished it (only a
 /// resumed run has earlier attempts); such a variant is not trained again.
-pub fn finished_variant(run: &mut Run, name: &str) -> Result<Option<Final>, RunError> {
+pub fn finished_variant(run: &mut Run, name: &str) -> Result<Option<VariantResult>, RunError> {
     if !run.is_resumed() {
         return Ok(None);
     }
     Ok(run
-        .metrics::<Line>()?
+        .metrics::<MetricsLine>()?
         .into_iter()
         .filter(|l| l.variant == name)
         .find_map(|l| l.summary))
@@ -209,7 +217,7 @@ pub fn resume_variant(
     } else {
         None
     };
-    let keep = |l: &Line| {
+    let keep = |l: &MetricsLine| {
         l.variant != name
             || l.record
                 .as_ref()
@@ -231,7 +239,7 @@ fn check_history(run: &mut Run, name: &str, step: u64, log_every: u64) -> Result
     if last == 0 {
         return Ok(());
     }
-    let logged = run.metrics::<Line>()?.iter().any(|l| {
+    let logged = run.metrics::<MetricsLine>()?.iter().any(|l| {
         l.variant == name && matches!(l.record, Some(Record::Train { step: s, .. }) if s == last)
     });
     if logged {
@@ -278,10 +286,10 @@ pub fn log_variant_summary(
     metric: f64,
     resumed_at: Option<u64>,
 ) -> Result<(), RunError> {
-    run.log(&Line {
+    run.log(&MetricsLine {
         variant: name.to_string(),
         record: None,
-        summary: Some(Final {
+        summary: Some(VariantResult {
             outcome: summary.outcome.clone(),
             metric,
             seconds_per_step: summary.seconds_per_step,

@@ -14,8 +14,8 @@ use kappa_train::modulewise::ModuleSolvers;
 use kappa_train::trainer::named_trainable;
 use kappa_train::{
     modulewise_groups, modulewise_groups_by, seeded, train_language_model, DivergenceReference,
-    Eval, Geometry, LanguageModeling, Line, ModuleLabel, ModulewiseConfig, Outcome, Preset, Record,
-    Run, RunContext, Task, TrainConfig, Trainer, VariantId,
+    Eval, Geometry, LanguageModeling, MetricsLine, ModuleLabel, ModulewiseConfig, Outcome, Preset,
+    Record, Run, RunContext, Task, TrainConfig, Trainer, VariantId,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -626,7 +626,7 @@ fn a_variant_trains_alike_whatever_thread_count_its_thread_had() {
                 &mut run, variant, &train, model, corpus, groups, 1,
             )
             .unwrap();
-            run.metrics::<Line>()
+            run.metrics::<MetricsLine>()
                 .unwrap()
                 .into_iter()
                 .filter_map(|l| match l.record {

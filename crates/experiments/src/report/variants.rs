@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use kappa_train::Line;
+use kappa_train::MetricsLine;
 
 use crate::run::{RunRecord, RunStatus};
 
@@ -22,12 +22,12 @@ pub struct Variants<T> {
 /// (those with a summary line), so a long unit stopped part way still reports what it settled.
 pub fn read_variants<T: Default>(
     runs: &[RunRecord],
-    mut add: impl FnMut(&mut T, Line),
+    mut add: impl FnMut(&mut T, MetricsLine),
 ) -> Result<Variants<T>> {
     let mut order = Vec::new();
     let mut all: BTreeMap<String, Vec<T>> = BTreeMap::new();
     for run in runs {
-        let lines = run.metrics::<Line>()?;
+        let lines = run.metrics::<MetricsLine>()?;
         let failed = matches!(run.info.status, RunStatus::Failed { .. });
         let finished: Vec<String> = lines
             .iter()
@@ -54,13 +54,13 @@ pub fn read_variants<T: Default>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kappa_train::{Final, Outcome, Run, RunContext};
+    use kappa_train::{Outcome, Run, RunContext, VariantResult};
 
-    fn line(variant: &str, summary: bool) -> Line {
-        Line {
+    fn line(variant: &str, summary: bool) -> MetricsLine {
+        MetricsLine {
             variant: variant.into(),
             record: None,
-            summary: summary.then_some(Final {
+            summary: summary.then_some(VariantResult {
                 outcome: Outcome::Completed,
                 metric: 1.0,
                 seconds_per_step: 0.1,

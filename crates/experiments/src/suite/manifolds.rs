@@ -15,8 +15,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use kappa_models::{GptConfig, TextCorpus, TokenizerKind};
 use kappa_train::{
-    modulewise_groups, train_language_model, Line, ModuleLabel, ModulewiseConfig, OptimizerStats,
-    Outcome, Preset, Record, TrainConfig, VariantId,
+    modulewise_groups, train_language_model, MetricsLine, ModuleLabel, ModulewiseConfig,
+    OptimizerStats, Outcome, Preset, Record, TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
 use tch::nn;
@@ -276,7 +276,7 @@ type Traces = BTreeMap<String, Vec<Trace>>;
 
 impl Trace {
     /// Adds one line of `metrics.jsonl`.
-    fn add(&mut self, line: Line) {
+    fn add(&mut self, line: MetricsLine) {
         match (&line.record, &line.summary) {
             (Some(r @ Record::Eval { step, eval, .. }), _) => {
                 self.points.extend(point(*step, eval.loss, r));

@@ -15,8 +15,8 @@ use anyhow::{Context, Result};
 use kappa_models::{GptConfig, TextCorpus, TokenizerKind};
 use kappa_optim::QkClipConfig;
 use kappa_train::{
-    modulewise_groups, train_language_model, Line, ModulewiseConfig, Outcome, Record, TrainConfig,
-    VariantId,
+    modulewise_groups, train_language_model, MetricsLine, ModulewiseConfig, Outcome, Record,
+    TrainConfig, VariantId,
 };
 use serde::{Deserialize, Serialize};
 use tch::nn;
@@ -279,7 +279,7 @@ pub(crate) struct Trace {
 
 impl Trace {
     /// Adds one line of `metrics.jsonl`.
-    fn add(&mut self, line: Line) {
+    fn add(&mut self, line: MetricsLine) {
         match (&line.record, &line.summary) {
             (Some(Record::Eval { step, eval, .. }), _) => self.points.push((*step, eval.loss)),
             (

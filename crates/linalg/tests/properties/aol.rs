@@ -56,7 +56,7 @@ fn quality(x: &Array2<f64>, o: &Array2<f64>) -> f64 {
 fn schedules() -> impl Strategy<Value = NsSchedule> {
     prop_oneof![
         (1usize..=5).prop_map(|k| NsSchedule::turbo_muon(k).unwrap()),
-        Just(NsSchedule::aol_short().unwrap()),
+        Just(NsSchedule::aol_three_steps().unwrap()),
     ]
 }
 
@@ -249,7 +249,7 @@ fn aol_measurements() {
 /// three-step f64 map of σ ≤ 1).
 #[test]
 fn aol_short_measurements() {
-    let short = NsSchedule::aol_short().unwrap();
+    let short = NsSchedule::aol_three_steps().unwrap();
     let design = kappa_linalg::PolarExpressSpec::new(
         kappa_linalg::AOL_SHORT_LOWER,
         5,

@@ -81,7 +81,7 @@ proptest! {
     ) {
         let a: Array2<f64> = gaussian(m, n, seed);
         // Turbo-Muon's 4 steps, or the short designed schedule.
-        let sched = if short { NsSchedule::aol_short() } else { NsSchedule::turbo_muon(4) }.unwrap();
+        let sched = if short { NsSchedule::aol_three_steps() } else { NsSchedule::turbo_muon(4) }.unwrap();
         let (dx, e0u) = super::aol::aol_reference(&a);
         let x = singular_values(dx.view(), SvdDriver::QrIteration).unwrap().to_vec();
         let (r, s_) = dx.dim();
@@ -236,7 +236,7 @@ fn bf16_gram_aol_keeps_the_band_at_periods_1_and_2() {
     // σ(D·X) is 1 and bf16 rounding puts some just above its design interval: measured periods
     // 1–2 0.011–0.025, plain 0.010–0.026, period 3 up to 0.099.
     let turbo = NsSchedule::turbo_muon(4).unwrap();
-    let short = NsSchedule::aol_short().unwrap();
+    let short = NsSchedule::aol_three_steps().unwrap();
     for (name, sched) in [("Turbo ×4", &turbo), ("short ×3", &short)] {
         for kappa in [1.0, 1e2, 1e3] {
             for (m, n, seed) in [(48, 16, 5), (16, 48, 6), (96, 24, 7), (24, 96, 8)] {

@@ -373,11 +373,11 @@ fn gram_aol_variant_round_trips_validates_and_is_the_linalg_routine() {
 
 /// The AOL variants with a designed schedule (`lower`): serde (the field absent for Turbo's
 /// schedule, so older configs read unchanged), the designed schedule with no safety factor
-/// (`NsSchedule::aol_short` for the presets), validation in declaration order, flops, and both
+/// (`NsSchedule::aol_three_steps` for the presets), validation in declaration order, flops, and both
 /// forms bit for bit their linalg routines.
 #[test]
 fn aol_short_variants_round_trip_validate_and_are_the_linalg_routines() {
-    let (plain, gram) = (Msign::aol_short(), Msign::gram_aol_short());
+    let (plain, gram) = (Msign::aol_three_steps(), Msign::gram_aol_three_steps());
     for (m, json) in [
         (plain, r#"{"aol":{"steps":3,"lower":0.03}}"#),
         (gram, r#"{"gram_aol":{"steps":3,"restart":2,"lower":0.03}}"#),
@@ -385,7 +385,7 @@ fn aol_short_variants_round_trip_validate_and_are_the_linalg_routines() {
         assert_eq!(serde_json::to_string(&m).unwrap(), json);
         assert_eq!(serde_json::from_str::<Msign>(json).unwrap(), m);
         assert!(m.validate().is_ok());
-        assert_eq!(ns(m), NsSchedule::aol_short().unwrap());
+        assert_eq!(ns(m), NsSchedule::aol_three_steps().unwrap());
     }
     assert_eq!(ns(plain).normalization, 1.0);
     assert_eq!(plain.flops(96, 96), 0.6 * Msign::MuonQuintic.flops(96, 96));
@@ -418,7 +418,7 @@ fn aol_short_variants_round_trip_validate_and_are_the_linalg_routines() {
         assert!(msign(&Array2::<f64>::eye(3), bad, Precision::Native).is_err());
     }
     let x: Array2<f64> = gaussian(12, 40, 7);
-    let short = NsSchedule::aol_short().unwrap();
+    let short = NsSchedule::aol_three_steps().unwrap();
     assert_eq!(
         msign(&x, plain, Precision::Native).unwrap(),
         kappa_linalg::aol_newton_schulz(&x, &short).unwrap()

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use kappa_models::{CorrectionConfig, HeadLayout};
-use kappa_train::{Line, Outcome, Record};
+use kappa_train::{MetricsLine, Outcome, Record};
 
 use super::{BertSentiment, Config, FINE_TUNING, PRETRAINING};
 use crate::correction_study::{correction_report, ReportSpec, Stage};
@@ -36,7 +36,7 @@ struct StageRun {
 }
 
 impl StageRun {
-    fn add(&mut self, line: Line) {
+    fn add(&mut self, line: MetricsLine) {
         match (line.record, line.summary) {
             (Some(Record::Train { step, loss, .. }), _) => self.train.push((step, loss)),
             (Some(Record::Eval { step, eval, .. }), _) => {

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use kappa_models::HeadDiagnostics;
-use kappa_train::{Line, Outcome, Record};
+use kappa_train::{MetricsLine, Outcome, Record};
 
 use super::{cell_name, Config, Reading};
 use crate::report::cells::{fixed, over_seeds, MISSING};
@@ -54,7 +54,7 @@ struct CellRun {
 }
 
 impl CellRun {
-    fn add(&mut self, line: Line) {
+    fn add(&mut self, line: MetricsLine) {
         if let Some(f) = line.summary {
             self.metric = (f.outcome == Outcome::Completed).then_some(f.metric);
         }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use kappa_models::summarize;
-use kappa_train::{Line, Outcome, Record};
+use kappa_train::{MetricsLine, Outcome, Record};
 
 use super::rule::{best_lambda, verdict, Candidate, Outcomes};
 use super::{Config, Lra, LraTask, LraVariant, Role};
@@ -51,7 +51,7 @@ struct Trace {
 }
 
 impl Trace {
-    fn add(&mut self, line: Line) {
+    fn add(&mut self, line: MetricsLine) {
         if let Some(Record::Eval {
             step, eval, heads, ..
         }) = line.record

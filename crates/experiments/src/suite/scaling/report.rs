@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
-use kappa_train::{Line, Outcome, Preset, Record};
+use kappa_train::{MetricsLine, Outcome, Preset, Record};
 
 use super::{Config, Point, Scaling, Study};
 use crate::plot::{LinePlot, Mark};
@@ -53,7 +53,7 @@ struct Trace {
 }
 
 impl Trace {
-    fn add(&mut self, line: Line) {
+    fn add(&mut self, line: MetricsLine) {
         if let Some(Record::Eval { heads, step, .. }) = &line.record {
             if !heads.is_empty() {
                 let n = heads.len() as f64;
