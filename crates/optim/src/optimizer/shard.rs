@@ -63,6 +63,7 @@
 //! [`Optimizer::step`]: super::Optimizer::step
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use kappa_dist::{shard_range, Communicator};
 use tch::{Device, Kind, Tensor};
@@ -72,14 +73,18 @@ use super::stats::Accumulator;
 use crate::error::{libtorch, OptimError, Result};
 use crate::{InputError, ManifoldState, MomentumState, MuonState};
 
-/// The bytes one rank received in the exchanges of a sharded step, and the least it needed:
-/// the weights and states of the blocks other ranks stepped (module docs, "What moves").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The bytes one rank received in the exchanges of a sharded step, the least it needed (the
+/// weights and states of the blocks other ranks stepped; module docs, "What moves"), and the
+/// time the exchanges took.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Traffic {
     /// Bytes received (the padding of the gathers included).
     pub received: u64,
     /// Bytes of the blocks this rank did not step.
     pub minimum: u64,
+    /// Seconds this rank spent in the exchanges, waiting for the other ranks included: the
+    /// rest of the step is its own share of the updates.
+    pub seconds: f64,
 }
 
 /// The ranks a sharded optimizer steps over, and the last step's traffic.
@@ -276,10 +281,14 @@ impl Sharding {
                     own: own.clone(),
                     scratch: &mut *scratch,
                 };
-                exchange.run(ws, ss, second(&ws[0]))
+                let started = Instant::now();
+                let mut traffic = exchange.run(ws, ss, second(&ws[0]))?;
+                traffic.seconds = started.elapsed().as_secs_f64();
+                Ok(traffic)
             })?;
             self.traffic.received += traffic.received;
             self.traffic.minimum += traffic.minimum;
+            self.traffic.seconds += traffic.seconds;
         }
         write_back()
     }
@@ -435,6 +444,7 @@ impl Exchange<'_> {
         let traffic = Traffic {
             received: bytes((world as i64 - 1) * most),
             minimum: bytes((n - self.own.len()) as i64),
+            seconds: 0.0,
         };
         Ok((out, traffic))
     }
