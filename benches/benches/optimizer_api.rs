@@ -106,8 +106,8 @@ use std::time::{Duration, Instant};
 use kappa_benches::gpt2::{leaf_with_grad, var_store_with_grads, Gpt2Shape};
 use kappa_benches::paired::{cpu_model, ratios, seconds, Spread};
 use kappa_benches::peer::{reference_command, Peer};
-use kappa_benches::record::{self, Ratio};
-use kappa_benches::{configure_threads, record::Row};
+use kappa_benches::configure_threads;
+use kappa_benches::record::{self, Ratio, Row};
 use kappa_optim::optimizer::{Axis, Group, Grouping, MatrixSpec, Optimizer, Update};
 use kappa_optim::{
     AdamW, AdamWConfig, AdamWKernel, AdamWState, Muon, MuonConfig, MuonState, Precision,
@@ -476,6 +476,13 @@ fn print_split(shape: &Gpt2Shape) {
         );
         let mut r = row(shape, pname, bat, per, Ratio::inverse_of(speedup));
         r.parameter = format!("QKV {}×{d}, {} blocks of {}×{d}", 3 * d, 3 * h, d / h);
+        // Keller's five Newton–Schulz steps per block; `auto`'s working type depends on the
+        // CPU, so only the f32 row is held against a GEMM bound.
+        let flops = 5.0 * (3 * h) as f64 * kappa_benches::ns_step_flops((d / h) as usize, d as usize);
+        r.work = (precision == Precision::F32).then_some(record::Work {
+            bound: record::Bound::GemmF32,
+            amount: flops,
+        });
         rows.push(r);
     }
     record::Paired {
