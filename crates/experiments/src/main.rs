@@ -79,7 +79,8 @@ struct Places {
     /// The data folder that `cargo xtask setup` fills.
     #[arg(long, default_value = "data")]
     data: PathBuf,
-    /// Where `--publish` puts the report.
+    /// Where `--publish` puts the report: this folder for the `cpu` scale, its `<scale>/`
+    /// subfolder for the others (a published report holds one scale).
     #[arg(long, default_value = "docs/results")]
     docs: PathBuf,
 }
@@ -253,11 +254,15 @@ fn reproduce_on(
     }
     if args.publish {
         let ran: Vec<&str> = experiments.iter().map(|e| e.name()).collect();
-        publish(&places.results, &places.docs, &ran)?;
+        let docs = match args.scale {
+            Scale::Cpu => places.docs.clone(),
+            other => places.docs.join(other.name()),
+        };
+        publish(&places.results, &docs, &ran)?;
         eprintln!(
             "reproduce: published {} into {}",
             ran.join(", "),
-            places.docs.display()
+            docs.display()
         );
     }
     Ok(())

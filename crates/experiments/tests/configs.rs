@@ -233,9 +233,9 @@ fn publish_replaces_the_sections_that_ran_and_keeps_the_others() {
     let root = scratch("publish");
     let (ok, stderr) = reproduce_bin(&root, &["--only", "random-spectra", "--publish"]);
     assert!(ok, "{stderr}");
-    let docs = root.join("docs/results/report.md");
+    let docs = root.join("docs/results/smoke/report.md");
     let first = fs::read_to_string(&docs).unwrap();
-    let plots: Vec<PathBuf> = fs::read_dir(root.join("docs/results/random-spectra/smoke"))
+    let plots: Vec<PathBuf> = fs::read_dir(root.join("docs/results/smoke/random-spectra/smoke"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();

@@ -6,6 +6,10 @@
 //! for all gradients, one for all buffers; per matrix only when one fails, to report the first
 //! error in order).
 //!
+//! Stacking copies nothing when the matrices are already consecutive blocks of one storage: the
+//! row blocks of one weight and its gradient (a fused QKV split by heads), and the momentum
+//! buffers, which a bank step leaves as views of the one buffer it computed.
+//!
 //! Small matrices are bound by per-call overhead (the three products of a Newton–Schulz step
 //! on a 32×96 matrix are a few microseconds of work each, a libtorch call costs about as much);
 //! one call per operation for all same-shape matrices of a model removes most of it.
@@ -168,9 +172,11 @@ fn step_bank(
         return Ok(None);
     }
     let out = orthogonalize_stacked(&u3, &schedule, c.precision)?;
+    // Views of the new buffer: the states' buffers stay consecutive blocks of one storage, so
+    // the next step stacks them without a copy (`stacked`).
     let buffers = buffer
         .f_view(dims)
-        .and_then(|b| b.f_unbind_copy(0))
+        .and_then(|b| b.f_unbind(0))
         .map_err(libtorch("states"))?;
     let mut scales = Vec::with_capacity(ws.len());
     let jobs = ws.iter_mut().zip(states.iter_mut()).zip(buffers);
@@ -320,7 +326,7 @@ fn stacked_if_valid(
         return None;
     }
     let valid = |group: &[&Tensor]| {
-        Tensor::f_cat(group, 0)
+        stacked(group)
             .ok()
             .filter(|stacked| stacked.validate("batch").is_ok())
     };
@@ -331,6 +337,36 @@ fn stacked_if_valid(
         false => Some(valid(&buffers)?),
     };
     Some(Stacked { grads, buffers })
+}
+
+/// `group` (matrices of one shape, kind and device) as one (B·m)×n matrix: a view when they are
+/// consecutive contiguous blocks of one storage — the row blocks of one weight or its gradient
+/// (a fused QKV split by heads), or the buffers an earlier bank step left — else a copy.
+fn stacked(group: &[&Tensor]) -> std::result::Result<Tensor, tch::TchError> {
+    match consecutive(group) {
+        Some(view) => Ok(view),
+        None => Tensor::f_cat(group, 0),
+    }
+}
+
+/// The view of [`stacked`], `None` when the matrices are not consecutive blocks. Addresses
+/// alone cannot tell two storages that happen to be adjacent from one: `as_strided` checks that
+/// the view lies inside the first matrix's storage, and that storage then holds the others.
+fn consecutive(group: &[&Tensor]) -> Option<Tensor> {
+    let first = group.first()?;
+    let [m, n] = first.size()[..] else {
+        return None;
+    };
+    let bytes = (m * n) as usize * first.kind().elt_size_in_bytes();
+    let base = first.data_ptr() as usize;
+    let placed = group.iter().enumerate().all(|(i, t)| {
+        t.is_contiguous() && t.size() == [m, n] && t.data_ptr() as usize == base + i * bytes
+    });
+    if !placed || bytes == 0 {
+        return None;
+    }
+    let rows = group.len() as i64 * m;
+    first.f_as_strided([rows, n], [n, 1], None::<i64>).ok()
 }
 
 /// msign of every momentum input: one batched Newton–Schulz call for the schedule variants,

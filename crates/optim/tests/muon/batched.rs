@@ -230,3 +230,46 @@ fn a_batch_of_large_matrices_is_stepped_one_by_one_with_the_same_bits() {
     assert!(batched.iter().zip(&before).all(|(a, b)| a.equal(b)));
     assert!(states.iter().all(|s| s.steps() == 2));
 }
+
+/// The row blocks of one weight (a fused QKV split by heads), stepped as views of it, take the
+/// bank path without copies: the same bits as a batch of separate copies of the blocks, written
+/// into the weight itself, with momentum buffers left as consecutive blocks of one storage; a
+/// NaN in one block's gradient rows is reported and changes nothing.
+#[test]
+fn row_blocks_of_one_weight_step_as_views_with_the_bits_of_copies() {
+    let muon = Muon::new(MuonConfig {
+        precision: Precision::F32,
+        ..MuonConfig::keller()
+    })
+    .unwrap();
+    let (blocks, rows, n) = (6i64, 8i64, 24i64);
+    let mut draws = Draws(5 << 16);
+    let weight = draws.next([blocks * rows, n], Kind::Float);
+    let grad = draws.next([blocks * rows, n], Kind::Float);
+    let block = |t: &Tensor, i: i64| t.narrow(0, i * rows, rows);
+    let mut views: Vec<Tensor> = (0..blocks).map(|i| block(&weight, i)).collect();
+    let grads: Vec<Tensor> = (0..blocks).map(|i| block(&grad, i)).collect();
+    let mut copies: Vec<Tensor> = views.iter().map(Tensor::copy).collect();
+    let copied_grads: Vec<Tensor> = grads.iter().map(Tensor::copy).collect();
+    let fresh = || (0..blocks).map(|_| MuonState::new()).collect::<Vec<_>>();
+    let (mut sv, mut sc) = (fresh(), fresh());
+    for step in 0..3 {
+        muon.step_batch(&mut views, &grads, &mut sv).unwrap();
+        muon.step_batch(&mut copies, &copied_grads, &mut sc).unwrap();
+        for i in 0..blocks as usize {
+            assert!(copies[i].equal(&block(&weight, i as i64)), "step {step} block {i}");
+            assert!(sv[i].buffer().unwrap().equal(sc[i].buffer().unwrap()));
+        }
+        let first = sv[0].buffer().unwrap().data_ptr() as usize;
+        let bytes = (rows * n) as usize * 4;
+        for (i, s) in sv.iter().enumerate() {
+            assert_eq!(s.buffer().unwrap().data_ptr() as usize, first + i * bytes);
+        }
+    }
+    let before = weight.copy();
+    let _ = grad.get(3 * rows + 1).get(2).fill_(f64::NAN);
+    let err = muon.step_batch(&mut views, &grads, &mut sv).unwrap_err();
+    assert!(err.to_string().contains("grad"), "{err}");
+    assert!(weight.equal(&before), "a NaN gradient changed the weight");
+    assert!(sv.iter().all(|s| s.steps() == 3));
+}
