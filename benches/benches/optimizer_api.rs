@@ -103,10 +103,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use kappa_benches::configure_threads;
 use kappa_benches::gpt2::{leaf_with_grad, var_store_with_grads, Gpt2Shape};
 use kappa_benches::paired::{cpu_model, ratios, seconds, Spread};
 use kappa_benches::peer::{reference_command, Peer};
-use kappa_benches::configure_threads;
 use kappa_benches::record::{self, Ratio, Row};
 use kappa_optim::optimizer::{Axis, Group, Grouping, MatrixSpec, Optimizer, Update};
 use kappa_optim::{
@@ -478,7 +478,8 @@ fn print_split(shape: &Gpt2Shape) {
         r.parameter = format!("QKV {}×{d}, {} blocks of {}×{d}", 3 * d, 3 * h, d / h);
         // Keller's five Newton–Schulz steps per block; `auto`'s working type depends on the
         // CPU, so only the f32 row is held against a GEMM bound.
-        let flops = 5.0 * (3 * h) as f64 * kappa_benches::ns_step_flops((d / h) as usize, d as usize);
+        let flops =
+            5.0 * (3 * h) as f64 * kappa_benches::ns_step_flops((d / h) as usize, d as usize);
         r.work = (precision == Precision::F32).then_some(record::Work {
             bound: record::Bound::GemmF32,
             amount: flops,

@@ -255,9 +255,13 @@ fn row_blocks_of_one_weight_step_as_views_with_the_bits_of_copies() {
     let (mut sv, mut sc) = (fresh(), fresh());
     for step in 0..3 {
         muon.step_batch(&mut views, &grads, &mut sv).unwrap();
-        muon.step_batch(&mut copies, &copied_grads, &mut sc).unwrap();
+        muon.step_batch(&mut copies, &copied_grads, &mut sc)
+            .unwrap();
         for i in 0..blocks as usize {
-            assert!(copies[i].equal(&block(&weight, i as i64)), "step {step} block {i}");
+            assert!(
+                copies[i].equal(&block(&weight, i as i64)),
+                "step {step} block {i}"
+            );
             assert!(sv[i].buffer().unwrap().equal(sc[i].buffer().unwrap()));
         }
         let first = sv[0].buffer().unwrap().data_ptr() as usize;
