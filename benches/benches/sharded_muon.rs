@@ -155,11 +155,14 @@ fn main() {
     let ratio = Spread::of(ratios(&m.sharded, &m.single));
     write_record(&m, params.len(), quick);
     let share = Spread::of(ratios(&m.own_share, &m.single));
+    let exchanges: Vec<f64> = (m.sharded.iter().zip(&m.own_share))
+        .map(|(s, o)| s - o)
+        .collect();
     println!(
         "per-rank step time, sharded / one rank: {ratio}; one rank {:.1} ms, sharded {:.1} ms, of which exchanges {:.1} ms (medians of {rounds} rounds)",
         1e3 * Spread::of(m.single.clone()).median,
         1e3 * Spread::of(m.sharded.clone()).median,
-        1e3 * (Spread::of(m.sharded.clone()).median - Spread::of(m.own_share.clone()).median),
+        1e3 * Spread::of(exchanges).median,
     );
     println!("per-rank orthogonalization (the step less its exchanges) / one rank: {share} (goal ≤ 0.55)");
     let mib = |b: u64| b as f64 / (1 << 20) as f64;

@@ -7,7 +7,7 @@
 //! and names one experiment (`--only` or its `experiment` key) — and its keys and values in the
 //! binary, before any run. xtask then forwards exactly what it parsed
 //! ([`ReproduceArgs::to_args`]); the binary writes the report and, with `--publish`, splices it
-//! into `docs/results/`.
+//! into `docs/results/` (`docs/results/<scale>/` at a scale other than `cpu`).
 
 use std::fs;
 use std::path::Path;

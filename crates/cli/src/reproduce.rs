@@ -51,7 +51,8 @@ pub struct ReproduceArgs {
     #[arg(long)]
     pub fresh: bool,
     /// Afterwards, put the report sections of the experiments that ran, with their plots, into
-    /// `docs/results/` (tracked by git); the sections of other experiments stay as they are.
+    /// `docs/results/` (tracked by git; `docs/results/<scale>/` at a scale other than `cpu`); the
+    /// sections of other experiments stay as they are.
     #[arg(long)]
     pub publish: bool,
     /// List the experiments and the paper claims they test, then stop.

@@ -83,7 +83,7 @@ pub struct Traffic {
     /// Bytes of the blocks this rank did not step.
     pub minimum: u64,
     /// Seconds this rank spent in the exchanges, waiting for the other ranks included: the
-    /// rest of the step is its own share of the updates.
+    /// rest of its sharded groups' step is its own share of their updates.
     pub seconds: f64,
 }
 
