@@ -147,15 +147,12 @@ fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tenso
     // After the input's check, as `prepare` orders its errors.
     schedule.validate()?;
     check_normalization(x, schedule.normalization)?;
-    let norms = x
-        .f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
-        .and_then(|t| Vec::<f64>::try_from(&t))
-        .map_err(backend("x"))?;
+    let norms = crate::tch_backend::slice_frobenius_norms(x, "x")?;
     let factors: Vec<f64> = norms
         .iter()
         .map(|&fro| (1.0 / fro) / schedule.normalization)
         .collect();
-    // Above 1e-140 the direct f64 reduction is the norm `Matrix::frobenius_norm` returns (below,
+    // Each norm is the one `Matrix::frobenius_norm` returns for the slice above 1e-140 (below,
     // f64 squares lose bits and it rescales first); every non-zero f32/bf16 slice is above.
     let common = |(&fro, &f): (&f64, &f64)| {
         fro.is_finite() && fro > 1e-140 && f.is_finite() && (1e-30..=1e30).contains(&f)

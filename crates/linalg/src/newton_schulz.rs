@@ -283,10 +283,11 @@ pub(crate) fn prepare<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<(Prepar
     check_normalization(x, schedule.normalization)?;
     let (m, n) = x.shape();
     let transposed = m > n;
-    let mut x = x.duplicate()?;
-    if transposed {
-        x = x.into_transpose();
-    }
+    let mut x = if transposed {
+        x.transposed_copy()?
+    } else {
+        x.duplicate()?
+    };
     let mut fro = x.frobenius_norm()?;
     if fro.is_infinite() {
         // Finite entries whose norm overflows f64: ‖X‖_F ≤ √(mn)·f64::MAX, so 2⁻⁶⁴ (exact)
@@ -350,7 +351,12 @@ pub(crate) fn finish<M: Matrix>(x: Prepared<M>, transposed: bool) -> Result<M> {
             reason: "the polynomial steps drove the iterate beyond the element type's range".into(),
         });
     }
-    Ok(if transposed { x.into_transpose() } else { x })
+    if transposed {
+        // A copy rather than a view: a strided result slows every later pass over it (on `tch`
+        // an update W − η·O with O a transposed view took several times a contiguous one).
+        return x.transposed_copy();
+    }
+    Ok(x)
 }
 
 /// Checks that the normalization factor c of a schedule suits `x`'s element type: c and 1/c

@@ -81,6 +81,53 @@ fn all_finite_in_place(t: &Tensor) -> Option<bool> {
     }
 }
 
+/// Σ x² in `f64` of every consecutive run of `run` entries of a contiguous CPU f32 or bf16
+/// tensor, read in place ([`crate::scalar::sum_of_squares`]: squares of either type cannot
+/// overflow or underflow in f64); `None` for other tensors. It replaces a libtorch reduction
+/// with `dtype = f64`, which first writes an f64 copy: 3.2 ms against 0.4 ms for a 3072×768 f32
+/// matrix on one thread of an Intel Xeon with AVX-512.
+#[allow(unsafe_code)]
+fn sums_of_squares_in_place(t: &Tensor, run: usize) -> Option<Vec<f64>> {
+    if !t.defined() || t.device() != Device::Cpu || !t.is_contiguous() || run == 0 {
+        return None;
+    }
+    let n = t.numel();
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: `t` is a defined, contiguous CPU tensor of n > 0 entries (checked above) of the
+    // kind each arm matches (bf16 entries are 16-bit values, read as their bits); the data is
+    // alive while `t` is borrowed and only read here.
+    match t.kind() {
+        Kind::Float => {
+            let x = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f32>(), n) };
+            let sum = |c: &[f32]| crate::scalar::sum_of_squares(c, f64::from);
+            Some(x.chunks(run).map(sum).collect())
+        }
+        Kind::BFloat16 => {
+            let x = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<u16>(), n) };
+            let sum = |c: &[u16]| crate::scalar::sum_of_squares(c, crate::scalar::bf16_bits_to_f64);
+            Some(x.chunks(run).map(sum).collect())
+        }
+        _ => None,
+    }
+}
+
+/// ‖Xᵢ‖_F of every slice of a 3-D tensor [B, m, n], each the value
+/// [`Matrix::frobenius_norm`] returns for the slice alone where that is the in-place sum
+/// (contiguous CPU f32 and bf16), otherwise by one libtorch reduction in f64 (equal to it above
+/// 1e-140, where f64 squares keep their bits). A libtorch failure is an error naming `arg`.
+pub fn slice_frobenius_norms(x: &Tensor, arg: &'static str) -> Result<Vec<f64>> {
+    let run = x.size().iter().skip(1).product::<i64>().max(0) as usize;
+    if let Some(sums) = sums_of_squares_in_place(x, run) {
+        return Ok(sums.into_iter().map(f64::sqrt).collect());
+    }
+    let _g = tch::no_grad_guard();
+    x.f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
+        .and_then(|t| Vec::<f64>::try_from(&t))
+        .map_err(backend(arg))
+}
+
 /// [`all_finite_in_place`]'s scan of the entries as a slice of `A`.
 ///
 /// # Safety
@@ -462,6 +509,9 @@ impl Matrix for Tensor {
         check_2d("self", self)?;
         check_operands(&[("self", self)])?;
         let _g = tch::no_grad_guard();
+        if let Some(sum) = sums_of_squares_in_place(self, self.numel()) {
+            return Ok(sum.iter().sum::<f64>().sqrt());
+        }
         // One reduction in f64: squares of f32/bf16 entries cannot overflow or underflow there.
         let direct = self
             .f_norm_scalaropt_dim_dtype(2.0, [0i64, 1], false, Kind::Double)
@@ -491,6 +541,16 @@ impl Matrix for Tensor {
     fn duplicate(&self) -> Result<Self> {
         let _g = tch::no_grad_guard();
         self.f_detach_copy().map_err(backend("self"))
+    }
+
+    fn transposed_copy(&self) -> Result<Self> {
+        let (m, n) = check_2d("self", self)?;
+        let _g = tch::no_grad_guard();
+        // A fresh row-major tensor, then one strided copy: `contiguous()` would return a view
+        // (no copy) where the transpose already counts as contiguous (a row or a column).
+        let out = Tensor::f_empty([n as i64, m as i64], (self.kind(), self.device()));
+        out.and_then(|mut t| t.f_copy_(&self.f_tr()?).map(|_| t))
+            .map_err(backend("self"))
     }
 
     fn singular_values(&self) -> Result<Vec<f64>> {

@@ -123,7 +123,8 @@ fn slices_alone(first: &Tensor, c: &MuonConfig) -> Result<bool> {
 }
 
 /// [`Muon::step`] on each matrix in turn at `c` (the batch's scaled config and working type),
-/// after every matrix's inputs are checked, so an error changes nothing.
+/// after every matrix's inputs are checked, so an error changes nothing (and each matrix is
+/// checked once).
 fn step_each(
     c: MuonConfig,
     ws: &mut [Tensor],
@@ -135,7 +136,8 @@ fn step_each(
     }
     let muon = Muon::new(c)?;
     let jobs = ws.iter_mut().zip(grads).zip(states.iter_mut());
-    jobs.map(|((w, g), s)| muon.step(w, g, s)).collect()
+    jobs.map(|((w, g), s)| muon.step_checked(&c, w, g, s))
+        .collect()
 }
 
 /// The gradients and momentum buffers of a checked batch, each stacked as one (B·m)×n matrix
@@ -200,9 +202,7 @@ pub(crate) fn batched_schedule(msign: Msign) -> Option<NsSchedule> {
 /// The Frobenius norm of every slice of `u3` = [B, m, n], accumulated in f64 (errors name
 /// `arg`).
 pub(crate) fn slice_norms(u3: &Tensor, arg: &'static str) -> Result<Vec<f64>> {
-    u3.f_norm_scalaropt_dim_dtype(2.0, [1i64, 2], false, Kind::Double)
-        .and_then(|t| Vec::<f64>::try_from(&t))
-        .map_err(libtorch(arg))
+    kappa_linalg::tch_backend::slice_frobenius_norms(u3, arg).map_err(crate::error::from_linalg)
 }
 
 /// Whether every slice norm is one msign takes as it is (neither zero nor outside its safe

@@ -108,22 +108,10 @@ fn adamw_slices_portable(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32],
     }
 }
 
-/// Σ x² of one chunk in f64: [`LANES`] accumulators over the interleaved elements, then the
-/// lanes and the tail added in order.
+/// Σ x² of one chunk in f64 ([`kappa_linalg::scalar::sum_of_squares`]: [`LANES`]
+/// accumulators over the interleaved elements, then the lanes and the tail added in order).
 fn chunk_sum_of_squares(x: &[f32]) -> f64 {
-    let mut acc = [0f64; LANES];
-    let mut it = x.chunks_exact(LANES);
-    for block in &mut it {
-        for (a, &x) in acc.iter_mut().zip(block) {
-            *a += f64::from(x) * f64::from(x);
-        }
-    }
-    let tail: f64 = it
-        .remainder()
-        .iter()
-        .map(|&x| f64::from(x) * f64::from(x))
-        .sum();
-    acc.iter().sum::<f64>() + tail
+    kappa_linalg::scalar::sum_of_squares(x, f64::from)
 }
 
 /// Whether `t` is a defined, contiguous CPU f32 tensor.

@@ -383,12 +383,24 @@ impl Muon {
     ) -> Result<MuonStep> {
         let c = self.scaled_config(lr_multiplier)?;
         check_step_inputs(w, grad, state.momentum.buffer.as_ref())?;
+        self.step_checked(&c, w, grad, state)
+    }
+
+    /// The step at config `c` on inputs that passed [`check_step_inputs`] (a batch checks all
+    /// its matrices first, then steps each without a second pass over them).
+    pub(crate) fn step_checked<M: WorkingPrecision>(
+        &self,
+        c: &MuonConfig,
+        w: &mut M,
+        grad: &M,
+        state: &mut MuonState<M>,
+    ) -> Result<MuonStep> {
         let precision = w.working_name(c.precision)?;
         let (buffer, u) = c
             .momentum
             .advance_lean(state.momentum.buffer.as_ref(), grad)?;
         let o = self.direction(u.as_ref().unwrap_or(&buffer))?;
-        let scale = apply_update(&c, w, o, state, buffer)?;
+        let scale = apply_update(c, w, o, state, buffer)?;
         Ok(MuonStep { scale, precision })
     }
 

@@ -410,3 +410,57 @@ fn requires_grad_inputs_are_not_tracked() {
     let o = newton_schulz_muon(&t).unwrap();
     assert!(!o.requires_grad());
 }
+
+/// The in-place f64 sum of squares (contiguous CPU f32 and bf16) against libtorch's reduction
+/// in f64 on the same entries: each square is exact in f64, so the two sums differ only by f64
+/// additions, at most n units of f64 roundoff relative (n ≤ 4,096 here: ≤ 1e-12).
+#[test]
+fn frobenius_norms_of_f32_and_bf16_tensors_match_the_f64_reduction() {
+    for (m, n, seed) in [(1, 1, 1), (3, 7, 2), (64, 64, 3), (17, 129, 4)] {
+        let a: Array2<f64> = gaussian(m, n, seed);
+        for scale in [1e-30, 1.0, 1e30] {
+            for kind in [Kind::Float, Kind::BFloat16] {
+                let t = (t32(&a) * scale).to_kind(kind);
+                let exact = t.to_kind(Kind::Double).norm().double_value(&[]);
+                for (x, layout) in [(t.shallow_clone(), "row-major"), (t.tr(), "transposed")] {
+                    let got = Matrix::frobenius_norm(&x).unwrap();
+                    let rel = (got - exact).abs() / exact;
+                    assert!(
+                        rel <= 1e-12,
+                        "{m}×{n} {kind:?} ×{scale:e} {layout}: {rel:e}"
+                    );
+                }
+            }
+        }
+    }
+    let bad = t32(&gaussian(3, 4, 5));
+    let _ = bad.get(1).get(2).fill_(f64::NAN);
+    assert!(Matrix::frobenius_norm(&bad).unwrap().is_nan());
+    let _ = bad.get(1).get(2).fill_(f64::INFINITY);
+    assert_eq!(Matrix::frobenius_norm(&bad).unwrap(), f64::INFINITY);
+    let batch = Tensor::stack(&[t32(&gaussian(5, 6, 6)), t32(&gaussian(5, 6, 7))], 0);
+    let norms = kappa_linalg::tch_backend::slice_frobenius_norms(&batch, "x").unwrap();
+    for (i, got) in norms.into_iter().enumerate() {
+        assert_eq!(got, Matrix::frobenius_norm(&batch.get(i as i64)).unwrap());
+    }
+}
+
+/// `transposed_copy` is a deep, row-major copy of the transpose, also where the transpose of a
+/// row or column would already count as contiguous; a tall matrix's Newton–Schulz result is
+/// row-major and the bits of the wide iteration on that copy.
+#[test]
+fn tall_matrices_iterate_on_a_row_major_copy_of_their_transpose() {
+    for (m, n) in [(5, 1), (1, 5), (48, 16)] {
+        let x = t32(&gaussian(m, n, 8));
+        let c = Matrix::transposed_copy(&x).unwrap();
+        assert_eq!(c.size(), [n as i64, m as i64]);
+        assert!(c.is_contiguous());
+        assert_ne!(c.data_ptr(), x.data_ptr(), "{m}×{n}: a copy, not a view");
+        assert!(c.equal(&x.tr()), "{m}×{n}");
+    }
+    let x = t32(&gaussian(48, 16, 9));
+    let tall = newton_schulz_muon(&x).unwrap();
+    let wide = newton_schulz_muon(&x.tr().contiguous()).unwrap();
+    assert!(tall.is_contiguous());
+    assert!(tall.equal(&wide.tr()));
+}
