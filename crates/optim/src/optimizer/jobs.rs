@@ -187,7 +187,11 @@ pub(super) fn second_moment_len(c: &MuonConfig, w: &Tensor) -> Option<usize> {
 
 impl Jobs<'_, '_, ManifoldState<Tensor>> {
     /// Manifold Muon's blocks one by one on `threads` workers (round robin; results in block
-    /// order).
+    /// order). Each worker first applies the calling thread's libtorch thread count
+    /// (`tch::set_num_threads`, which sets OpenMP's and MKL's count for the thread too): without
+    /// it the workers' products ran OpenMP teams of every core, whose threads spin at each
+    /// barrier (a manifold run at width 64 on a loaded 2-core machine took 7.7× as long per
+    /// step, with the same results).
     pub(super) fn run_threads(
         self,
         opt: &ManifoldMuon,
@@ -201,11 +205,13 @@ impl Jobs<'_, '_, ManifoldState<Tensor>> {
             lanes[i % workers].push((i, job));
         }
         type Done = (usize, usize, Result<ManifoldStep<Tensor>>);
+        let intra_op = tch::get_num_threads();
         let mut out: Vec<Done> = std::thread::scope(|scope| {
             let handles: Vec<_> = lanes
                 .into_iter()
                 .map(|lane| {
                     scope.spawn(move || {
+                        tch::set_num_threads(intra_op);
                         // Gradient mode is per thread: the blocks are views of leaves.
                         let _guard = tch::no_grad_guard();
                         lane.into_iter()
