@@ -116,9 +116,16 @@ fn sums_of_squares_in_place(t: &Tensor, run: usize) -> Option<Vec<f64>> {
 /// ‖Xᵢ‖_F of every slice of a 3-D tensor [B, m, n], each the value
 /// [`Matrix::frobenius_norm`] returns for the slice alone where that is the in-place sum
 /// (contiguous CPU f32 and bf16), otherwise by one libtorch reduction in f64 (equal to it above
-/// 1e-140, where f64 squares keep their bits). A libtorch failure is an error naming `arg`.
+/// 1e-140, where f64 squares keep their bits). A slice with a NaN entry has norm NaN, one with
+/// an infinite entry +∞. Errors (naming `arg`): a tensor that is not 3-D
+/// ([`InputError::ShapeMismatch`]), a kind other than f32, bf16 or f64, a libtorch failure.
 pub fn slice_frobenius_norms(x: &Tensor, arg: &'static str) -> Result<Vec<f64>> {
-    let run = x.size().iter().skip(1).product::<i64>().max(0) as usize;
+    let [_, m, n] = x.size()[..] else {
+        let found = format!("{:?}", x.size());
+        return Err(InputError::shape_mismatch(arg, "a 3-D tensor [B, m, n]", found).into());
+    };
+    check_kind(arg, x.kind())?;
+    let run = (m * n).max(0) as usize;
     if let Some(sums) = sums_of_squares_in_place(x, run) {
         return Ok(sums.into_iter().map(f64::sqrt).collect());
     }

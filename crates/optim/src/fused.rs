@@ -108,8 +108,8 @@ fn adamw_slices_portable(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32],
     }
 }
 
-/// Σ x² of one chunk in f64 ([`kappa_linalg::scalar::sum_of_squares`]: [`LANES`]
-/// accumulators over the interleaved elements, then the lanes and the tail added in order).
+/// Σ x² of one chunk in f64 ([`kappa_linalg::scalar::sum_of_squares`]: eight accumulators over
+/// the interleaved elements, then the lanes and the tail added in order).
 fn chunk_sum_of_squares(x: &[f32]) -> f64 {
     kappa_linalg::scalar::sum_of_squares(x, f64::from)
 }

@@ -443,6 +443,22 @@ fn frobenius_norms_of_f32_and_bf16_tensors_match_the_f64_reduction() {
     for (i, got) in norms.into_iter().enumerate() {
         assert_eq!(got, Matrix::frobenius_norm(&batch.get(i as i64)).unwrap());
     }
+    // A matrix, or a tensor of another kind, is an error, not a list of row norms.
+    let matrix = t32(&gaussian(5, 6, 8));
+    let shape = kappa_linalg::tch_backend::slice_frobenius_norms(&matrix, "x");
+    assert!(matches!(
+        shape,
+        Err(LinalgError::Input(InputError::ShapeMismatch {
+            arg: "x",
+            ..
+        }))
+    ));
+    let ints = Tensor::zeros([2, 3, 4], (Kind::Int64, Device::Cpu));
+    let kind = kappa_linalg::tch_backend::slice_frobenius_norms(&ints, "x");
+    assert!(matches!(
+        kind,
+        Err(LinalgError::UnsupportedDtype { arg: "x", .. })
+    ));
 }
 
 /// `transposed_copy` is a deep, row-major copy of the transpose, also where the transpose of a
