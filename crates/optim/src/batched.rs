@@ -33,7 +33,7 @@ use tch::{Kind, Tensor};
 
 use crate::error::{libtorch, Result};
 use crate::msign::{msign, Msign, Working, SAFE_FRO};
-use crate::muon::{apply_update, check_step_inputs, Muon, MuonConfig, MuonState, MuonStep};
+use crate::muon::{apply_update, check_entries, Entries, Muon, MuonConfig, MuonState, MuonStep};
 use crate::precision::{batch_precision, Precision, WorkingPrecision};
 
 impl Muon {
@@ -62,6 +62,18 @@ impl Muon {
         states: &mut [MuonState<Tensor>],
         lr_multiplier: f64,
     ) -> Result<Vec<MuonStep>> {
+        self.step_batch_entries(ws, grads, states, lr_multiplier, Entries::All)
+    }
+
+    /// [`Muon::step_batch_scaled`] checking the finiteness of `entries` only.
+    pub(crate) fn step_batch_entries(
+        &self,
+        ws: &mut [Tensor],
+        grads: &[Tensor],
+        states: &mut [MuonState<Tensor>],
+        lr_multiplier: f64,
+        entries: Entries,
+    ) -> Result<Vec<MuonStep>> {
         let mut c = self.scaled_config(lr_multiplier)?;
         check_batch_shape(ws, grads.len(), states.len())?;
         let Some(first) = ws.first() else {
@@ -72,9 +84,9 @@ impl Muon {
             c.precision = batch_precision(first, ws.len(), c.precision);
         }
         if slices_alone(first, &c)? {
-            return step_each(c, ws, grads, states);
+            return step_each(c, ws, grads, states, entries);
         }
-        let stacked = check_batch(ws, grads, states)?;
+        let stacked = check_batch(ws, grads, states, entries)?;
         let precision = first.working_name(c.precision)?;
         let bank = match stacked {
             Some(stacked) => step_bank(&c, ws, states, stacked)?,
@@ -130,9 +142,10 @@ fn step_each(
     ws: &mut [Tensor],
     grads: &[Tensor],
     states: &mut [MuonState<Tensor>],
+    entries: Entries,
 ) -> Result<Vec<MuonStep>> {
     for ((w, g), s) in ws.iter().zip(grads).zip(states.iter()) {
-        check_step_inputs(w, g, s.buffer())?;
+        check_entries(w, g, "grad", s.buffer(), entries)?;
     }
     let muon = Muon::new(c)?;
     let jobs = ws.iter_mut().zip(grads).zip(states.iter_mut());
@@ -295,20 +308,22 @@ fn check_batch(
     ws: &[Tensor],
     grads: &[Tensor],
     states: &[MuonState<Tensor>],
+    entries: Entries,
 ) -> Result<Option<Stacked>> {
     check_batch_shape(ws, grads.len(), states.len())?;
-    if let Some(stacked) = stacked_if_valid(ws, grads, states) {
+    if let Some(stacked) = stacked_if_valid(ws, grads, states, entries) {
         return Ok(Some(stacked));
     }
     for ((w, g), s) in ws.iter().zip(grads).zip(states) {
-        check_step_inputs(w, g, s.buffer())?;
+        check_entries(w, g, "grad", s.buffer(), entries)?;
     }
     Ok(None)
 }
 
 /// The stacked gradients and buffers when every matrix of the batch passes
-/// [`check_step_inputs`], decided by validating the weights, the gradients and the buffers each
-/// stacked as one matrix (one finiteness sum each instead of one per matrix). `None` — the
+/// the checks of `entries` ([`check_entries`]), decided by validating the weights, and with
+/// [`Entries::All`] the gradients and the buffers, each stacked as one matrix (one finiteness
+/// pass each instead of one per matrix). `None` — the
 /// per-matrix checks then run, and report the first error in order — when any of them fails,
 /// when a gradient or buffer differs from the weights in shape, kind or device (stacking would
 /// hide it), or when some states have a buffer and some not.
@@ -316,6 +331,7 @@ fn stacked_if_valid(
     ws: &[Tensor],
     grads: &[Tensor],
     states: &[MuonState<Tensor>],
+    entries: Entries,
 ) -> Option<Stacked> {
     let first = ws.first()?;
     let like = (first.size(), first.kind(), first.device());
@@ -325,16 +341,17 @@ fn stacked_if_valid(
     if !uniform || !grads.iter().all(|g| same(&g)) || !buffers.iter().all(same) {
         return None;
     }
-    let valid = |group: &[&Tensor]| {
+    let valid = |group: &[&Tensor], check: bool| {
         stacked(group)
             .ok()
-            .filter(|stacked| stacked.validate("batch").is_ok())
+            .filter(|stacked| !check || stacked.validate("batch").is_ok())
     };
-    let _weights = valid(&ws.iter().collect::<Vec<_>>())?;
-    let grads = valid(&grads.iter().collect::<Vec<_>>())?;
+    let all = entries == Entries::All;
+    let _weights = valid(&ws.iter().collect::<Vec<_>>(), true)?;
+    let grads = valid(&grads.iter().collect::<Vec<_>>(), all)?;
     let buffers = match buffers.is_empty() {
         true => None,
-        false => Some(valid(&buffers)?),
+        false => Some(valid(&buffers, all)?),
     };
     Some(Stacked { grads, buffers })
 }

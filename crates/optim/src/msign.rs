@@ -673,9 +673,15 @@ fn quintic_eps<M: Matrix>(x: &M, fro: f64, eps: f64, form: EpsForm) -> Result<M>
 /// ```
 pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) -> Result<M> {
     method.validate()?;
-    x.validate("x").map_err(crate::error::from_linalg)?;
-    check_gram_period(method, x.working_name(precision)?)?;
-    let w = Working::of(x, precision)?;
+    // `Working::of` finds a non-finite entry from the norm it computes anyway (one pass over x
+    // instead of two); an empty x, and any failure before it, get `validate`'s error.
+    let (rows, cols) = x.shape();
+    if rows == 0 || cols == 0 {
+        x.validate("x").map_err(crate::error::from_linalg)?;
+    }
+    let checked = |e| input_error_or(x, e);
+    check_gram_period(method, x.working_name(precision).map_err(checked)?)?;
+    let w = Working::of(x, precision).map_err(checked)?;
     let input = w.input(x);
     if let Some((eps, form)) = method.eps_form() {
         let ratio = eps / w.fro;
@@ -697,6 +703,15 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
         (_, None) => exact(input, x.working_name(precision)?)?,
     };
     w.back(out, x)
+}
+
+/// `validate`'s error for `x` (argument `x`: its layout, kind or entries) where it has one,
+/// otherwise `e`.
+fn input_error_or<M: Matrix>(x: &M, e: crate::OptimError) -> crate::OptimError {
+    match x.validate("x") {
+        Err(v) => crate::error::from_linalg(v),
+        Ok(()) => e,
+    }
 }
 
 /// The Gram form's restart period in bf16 may not exceed [`GRAM_NS_RESTART`]: with three

@@ -290,7 +290,20 @@ pub struct Muon {
     config: MuonConfig,
 }
 
-/// Checks that `grad` (and a momentum buffer) fit `w` and that both are finite.
+/// Which entries a step checks for finiteness before it changes anything (shapes are always
+/// checked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Entries {
+    /// `w`, the gradient and the momentum buffer: every public per-matrix entry point.
+    All,
+    /// `w` only: the optimizer API ([`crate::optimizer`]), which checks every gradient once per
+    /// step and whose buffers are finite (each made by a step from finite inputs, or checked by
+    /// `load_state_dict`). A non-finite gradient or buffer that reaches a step anyway makes the
+    /// momentum input non-finite, which msign reports (argument `x`) before anything changes.
+    WeightOnly,
+}
+
+/// Checks that `grad` (and a momentum buffer) fit `w` and that all three are finite.
 pub(crate) fn check_step_inputs<M: Matrix>(w: &M, grad: &M, buffer: Option<&M>) -> Result<()> {
     check_inputs_named(w, grad, "grad", buffer)
 }
@@ -302,6 +315,17 @@ pub(crate) fn check_inputs_named<M: Matrix>(
     grad_arg: &'static str,
     buffer: Option<&M>,
 ) -> Result<()> {
+    check_entries(w, grad, grad_arg, buffer, Entries::All)
+}
+
+/// [`check_inputs_named`] with the finiteness of `entries` only.
+pub(crate) fn check_entries<M: Matrix>(
+    w: &M,
+    grad: &M,
+    grad_arg: &'static str,
+    buffer: Option<&M>,
+    entries: Entries,
+) -> Result<()> {
     w.validate("w").map_err(from_linalg)?;
     if grad.shape() != w.shape() {
         return Err(InputError::shape_mismatch(
@@ -311,7 +335,9 @@ pub(crate) fn check_inputs_named<M: Matrix>(
         )
         .into());
     }
-    grad.validate(grad_arg).map_err(from_linalg)?;
+    if entries == Entries::All {
+        grad.validate(grad_arg).map_err(from_linalg)?;
+    }
     if let Some(b) = buffer {
         if b.shape() != w.shape() {
             return Err(InputError::shape_mismatch(
@@ -327,7 +353,9 @@ pub(crate) fn check_inputs_named<M: Matrix>(
         }
         // A NaN buffer (a corrupted checkpoint, an earlier NaN gradient fed in by hand) is the
         // caller's `state` argument, not msign's internal `x`.
-        b.validate("state").map_err(from_linalg)?;
+        if entries == Entries::All {
+            b.validate("state").map_err(from_linalg)?;
+        }
     }
     Ok(())
 }
@@ -381,8 +409,21 @@ impl Muon {
         state: &mut MuonState<M>,
         lr_multiplier: f64,
     ) -> Result<MuonStep> {
+        self.step_entries(w, grad, state, lr_multiplier, Entries::All)
+    }
+
+    /// [`Muon::step_scaled`] checking the finiteness of `entries` only.
+    pub(crate) fn step_entries<M: WorkingPrecision>(
+        &self,
+        w: &mut M,
+        grad: &M,
+        state: &mut MuonState<M>,
+        lr_multiplier: f64,
+        entries: Entries,
+    ) -> Result<MuonStep> {
         let c = self.scaled_config(lr_multiplier)?;
-        check_step_inputs(w, grad, state.momentum.buffer.as_ref())?;
+        let buffer = state.momentum.buffer.as_ref();
+        check_entries(w, grad, "grad", buffer, entries)?;
         self.step_checked(&c, w, grad, state)
     }
 

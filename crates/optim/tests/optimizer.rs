@@ -472,3 +472,60 @@ fn zero_grad_drops_gradients_and_the_clip_norm_matches_libtorch() {
         .grad()
         .equal(&Tensor::full([9], 2.0, (Kind::Float, Device::Cpu))));
 }
+
+/// A step checks every gradient once, not again per matrix, and skips even that pass after
+/// `clip_grad_norm` found the norm finite. A gradient made non-finite after the clip still
+/// stops its matrix's step before that matrix or its state changes: its non-finite momentum
+/// input is msign's error, naming the parameter. Both Muon paths: a batch of two same-shape
+/// matrices (the second spoiled) and a matrix alone. (Matrices of other jobs stepped before the
+/// spoiled one keep their step: the check that would refuse the whole step up front is the pass
+/// the clip's finite norm skips.)
+#[test]
+fn a_gradient_spoiled_after_the_clip_still_stops_its_step() {
+    for (shapes, spoiled) in [(vec![[6, 4], [6, 4]], 1), (vec![[5, 3]], 0)] {
+        let params: Vec<Tensor> = (shapes.iter().enumerate())
+            .map(|(i, s)| leaf(s, 11 + i as i64))
+            .collect();
+        let fresh = || {
+            let group = params
+                .iter()
+                .enumerate()
+                .fold(Group::muon("muon", muon_f32()), |g, (i, p)| {
+                    g.with_param(&format!("p{i}"), p.shallow_clone())
+                });
+            Optimizer::new(vec![group]).unwrap()
+        };
+        let grads = |opt: &mut Optimizer| {
+            opt.zero_grad().unwrap();
+            for (i, p) in params.iter().enumerate() {
+                set_grad(p, &f32s(&p.size(), 20 + i as i64));
+            }
+        };
+        let start: Vec<Tensor> = params.iter().map(|p| p.detach().copy()).collect();
+        let mut opt = fresh();
+        grads(&mut opt);
+        opt.step().unwrap();
+        let want: Vec<Tensor> = params.iter().map(|p| p.detach().copy()).collect();
+        for (p, s) in params.iter().zip(&start) {
+            tch::no_grad(|| p.shallow_clone().copy_(s));
+        }
+
+        let mut opt = fresh();
+        grads(&mut opt);
+        assert!(opt.clip_grad_norm(1e9).unwrap().is_finite());
+        let _ = params[spoiled].grad().get(1).get(2).fill_(f64::INFINITY);
+        let e = opt.step().unwrap_err().to_string();
+        let named = format!("`p{spoiled}`");
+        assert!(e.contains(&named) && e.contains("non-finite"), "{e}");
+        for (p, s) in params.iter().zip(&start) {
+            assert!(p.detach().equal(s), "{shapes:?}: a weight changed");
+        }
+        assert_eq!(opt.steps(), 0);
+        // The state is as it was: the repaired step is the first step of a fresh optimizer.
+        grads(&mut opt);
+        opt.step().unwrap();
+        for (p, w) in params.iter().zip(&want) {
+            assert!(p.detach().equal(w), "{shapes:?}: the state changed");
+        }
+    }
+}

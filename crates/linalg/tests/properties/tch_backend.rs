@@ -480,3 +480,30 @@ fn tall_matrices_iterate_on_a_row_major_copy_of_their_transpose() {
     assert!(tall.is_contiguous());
     assert!(tall.equal(&wide.tr()));
 }
+
+/// `validate` of a bf16 tensor (scanned in place by its exponent bits when contiguous, by
+/// libtorch otherwise) finds NaN, +∞ and −∞ at every position, contiguous and transposed, and
+/// passes the finite extremes: the largest bf16 (≈ 3.39e38), the smallest subnormal, −0.
+#[test]
+fn bf16_validate_finds_every_non_finite_entry() {
+    let (m, n) = (3, 37);
+    let base = || Tensor::ones([m, n], (Kind::BFloat16, Device::Cpu));
+    let extremes = base();
+    let _ = extremes.get(0).get(0).fill_(3.3895e38);
+    let _ = extremes.get(1).get(5).fill_(-9.2e-41);
+    let _ = extremes.get(2).get(36).fill_(-0.0);
+    assert!(extremes.validate("x").is_ok());
+    assert!(extremes.tr().validate("x").is_ok());
+    for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        for at in 0..m * n {
+            let t = base();
+            let _ = t.get(at / n).get(at % n).fill_(bad);
+            for (x, layout) in [(t.shallow_clone(), "row-major"), (t.tr(), "transposed")] {
+                match x.validate("x") {
+                    Err(LinalgError::Input(InputError::NonFinite { arg: "x", .. })) => {}
+                    other => panic!("{bad} at {at}, {layout}: {other:?}"),
+                }
+            }
+        }
+    }
+}

@@ -14,6 +14,7 @@ use super::stats::{Accumulator, OptimizerStats};
 #[cfg(not(feature = "dist"))]
 use super::unsharded::Sharding;
 use crate::error::{OptimError, Result};
+use crate::muon::Entries;
 use crate::precision::batch_precision;
 use crate::{
     AdamW, AdamWConfig, AdamWKernel, AdamWState, ManifoldMuon, ManifoldMuonConfig, ManifoldState,
@@ -349,9 +350,13 @@ impl Group {
                             precision,
                             ..*muon.config()
                         };
-                        Muon::new(c)?.step_batch(ws, gs, ss)?.len()
+                        Muon::new(c)?
+                            .step_batch_entries(ws, gs, ss, 1.0, Entries::WeightOnly)?
+                            .len()
                     } else {
-                        muon.step(&mut ws[0], &gs[0], &mut ss[0]).map(|_| 1)?
+                        let (w, g, s) = (&mut ws[0], &gs[0], &mut ss[0]);
+                        muon.step_entries(w, g, s, 1.0, Entries::WeightOnly)
+                            .map(|_| 1)?
                     };
                     stats.updates += n as u64;
                     Ok(())

@@ -35,10 +35,16 @@
 //! [`Optimizer::step`] first checks every gradient (defined ones only: parameters without a
 //! gradient are skipped): its size, kind and device are its parameter's and its entries are
 //! finite; and every group's scheduled rate. A failed check is an error naming the parameter or
-//! group, and no parameter or state has changed. Then each group steps at `schedule.lr(peak, i)` for step index i (0-based; the peak
-//! itself without a schedule). The finiteness check is one pass over the gradients; it is
-//! skipped when [`Optimizer::clip_grad_norm`] found the global norm finite since the last
-//! [`Optimizer::zero_grad`].
+//! group, and no parameter or state has changed. Then each group steps at
+//! `schedule.lr(peak, i)` for step index i (0-based; the peak itself without a schedule). The
+//! finiteness check is one pass over the gradients; it is skipped when
+//! [`Optimizer::clip_grad_norm`] found the global norm finite since the last
+//! [`Optimizer::zero_grad`]. The Muon groups do not check the gradients or their own momentum
+//! buffers again (buffers are finite: each comes from a step on finite inputs, or from
+//! [`Optimizer::load_state_dict`]'s check); they check each weight. A gradient made non-finite
+//! between the clip and the step still stops its matrix's update (msign refuses the non-finite
+//! momentum input, naming the parameter) before that matrix or its state changes, but the
+//! matrices stepped before it keep their step.
 //!
 //! # State
 //!
