@@ -309,6 +309,68 @@ pub fn sum_of_squares<T: Copy>(x: &[T], widen: impl Fn(T) -> f64) -> f64 {
     lanes.iter().sum::<f64>() + tail
 }
 
+/// f32 → bf16 (its bits), rounded to nearest with ties to even, as libtorch converts; a NaN
+/// becomes a quiet NaN. A finite value above the largest bf16 (by at least half its last unit)
+/// rounds to ±∞.
+///
+/// ```
+/// use kappa_linalg::scalar::{bf16_bits_to_f64, f32_to_bf16_bits};
+/// assert_eq!(f32_to_bf16_bits(1.0), 0x3F80);
+/// assert_eq!(f32_to_bf16_bits(1.0 + 2f32.powi(-8)), 0x3F80); // a tie: down to even
+/// assert_eq!(f32_to_bf16_bits(1.0 + 3.0 * 2f32.powi(-8)), 0x3F82); // a tie: up to even
+/// assert_eq!(f32_to_bf16_bits(f32::MAX), 0x7F80); // +∞
+/// assert!(bf16_bits_to_f64(f32_to_bf16_bits(f32::NAN)).is_nan());
+/// ```
+#[inline(always)]
+pub fn f32_to_bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let bias = ((bits >> 16) & 1) + 0x7FFF;
+    let rounded = (bits.wrapping_add(bias) >> 16) as u16;
+    // A select, not a branch, so that loops over it vectorize.
+    if x.is_nan() {
+        0x7FC0
+    } else {
+        rounded
+    }
+}
+
+/// [`sum_of_squares`] of `x` (the same value, bit for bit: the same lanes in the same order)
+/// while writing each entry rounded to bf16 ([`f32_to_bf16_bits`]) into `out`, in one read of
+/// `x`; `None` when `out`'s length is not `x`'s. Inlined into its caller, so that a caller
+/// compiled for wider vector instructions (`#[target_feature]`) runs it on them (the same bits:
+/// each lane's sum keeps its order, and no product is fused into a sum).
+///
+/// ```
+/// use kappa_linalg::scalar::{sum_of_squares, sum_of_squares_to_bf16};
+/// let x: Vec<f32> = (0..19).map(|i| i as f32 / 7.0).collect();
+/// let mut out = vec![0u16; x.len()];
+/// let s = sum_of_squares_to_bf16(&x, &mut out).unwrap();
+/// assert_eq!(s.to_bits(), sum_of_squares(&x, f64::from).to_bits());
+/// assert_eq!(out[7], 0x3F80); // 7/7 = 1
+/// ```
+#[inline(always)]
+pub fn sum_of_squares_to_bf16(x: &[f32], out: &mut [u16]) -> Option<f64> {
+    if out.len() != x.len() {
+        return None;
+    }
+    let mut lanes = [0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    let mut outs = out.chunks_exact_mut(8);
+    for (chunk, o) in (&mut chunks).zip(&mut outs) {
+        for ((lane, &v), o) in lanes.iter_mut().zip(chunk).zip(o) {
+            *o = f32_to_bf16_bits(v);
+            let v = f64::from(v);
+            *lane += v * v;
+        }
+    }
+    let rest = chunks.remainder();
+    for (o, &v) in outs.into_remainder().iter_mut().zip(rest) {
+        *o = f32_to_bf16_bits(v);
+    }
+    let tail: f64 = rest.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    Some(lanes.iter().sum::<f64>() + tail)
+}
+
 /// A bf16 value (its bits) widened exactly to `f64`.
 pub fn bf16_bits_to_f64(bits: u16) -> f64 {
     f64::from(f32::from_bits(u32::from(bits) << 16))

@@ -465,6 +465,162 @@ pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
     Some(partial.iter().sum())
 }
 
+/// A contiguous CPU f32 tensor converted to bf16, with ‖x‖_F: the values of `to_kind(BFloat16)`
+/// and `Matrix::frobenius_norm` (both bit for bit: [`kappa_linalg::scalar::sum_of_squares_to_bf16`]
+/// rounds as libtorch converts and sums in the order of the norm's own pass), in one read of
+/// `x` instead of two. `None` when `x` is not eligible. One thread, as the norm runs.
+#[allow(unsafe_code)]
+pub(crate) fn to_bf16_with_norm(x: &Tensor) -> Option<(Tensor, f64)> {
+    if !eligible(x) {
+        return None;
+    }
+    let out = Tensor::f_empty(x.size(), (Kind::BFloat16, Device::Cpu)).ok()?;
+    let n = x.numel();
+    if n == 0 {
+        return Some((out, 0.0));
+    }
+    // SAFETY: `x` is a defined, contiguous CPU f32 tensor of n elements (checked above), alive
+    // and only read while the caller borrows it; `out` was just allocated here as a contiguous
+    // CPU bf16 tensor of n 16-bit elements, disjoint from `x`, and nothing else refers to it.
+    let (x, o) = unsafe {
+        (
+            std::slice::from_raw_parts(x.data_ptr().cast::<f32>(), n),
+            std::slice::from_raw_parts_mut(out.data_ptr().cast::<u16>(), n),
+        )
+    };
+    let sum = bf16_with_sum_of_squares(x, o)?;
+    Some((out, sum.sqrt()))
+}
+
+/// [`kappa_linalg::scalar::sum_of_squares_to_bf16`] in the widest vector instructions this CPU
+/// has (as [`adamw_slices`]; the same bits on each).
+#[allow(unsafe_code)]
+fn bf16_with_sum_of_squares(x: &[f32], o: &mut [u16]) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
+            // SAFETY: the CPU supports AVX-512F and AVX-512BW (checked just above), the only
+            // requirement of a `target_feature(enable = "avx512f,avx512bw")` function.
+            return unsafe { bf16_with_sum_of_squares_avx512(x, o) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { bf16_with_sum_of_squares_avx2(x, o) };
+        }
+    }
+    kappa_linalg::scalar::sum_of_squares_to_bf16(x, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn bf16_with_sum_of_squares_avx512(x: &[f32], o: &mut [u16]) -> Option<f64> {
+    kappa_linalg::scalar::sum_of_squares_to_bf16(x, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn bf16_with_sum_of_squares_avx2(x: &[f32], o: &mut [u16]) -> Option<f64> {
+    kappa_linalg::scalar::sum_of_squares_to_bf16(x, o)
+}
+
+/// Muon's update of an f32 weight by a bf16 direction, W ← fl(W·d) (with `decay` = d) then
+/// W ← fl(W + α·O) as one fused multiply-add, in one pass (reading W and O, writing W): the
+/// values of `Matrix::scale` and `Matrix::axpy` on O converted to f32 (exactly) where libtorch's
+/// kernels are its AVX2 or AVX-512 ones (factors rounded to f32, `addcmul_` fused, as
+/// [`MomentumScalars`] describes). `None`, with `w` untouched, when `w` is not an eligible f32
+/// tensor, `o` not a contiguous CPU bf16 tensor of `w`'s size, or α or d not finite in f32.
+#[allow(unsafe_code)]
+pub(crate) fn update_from_bf16(
+    w: &Tensor,
+    decay: Option<f64>,
+    alpha: f64,
+    o: &Tensor,
+) -> Option<()> {
+    let o_ok = o.defined()
+        && o.kind() == Kind::BFloat16
+        && o.device() == Device::Cpu
+        && o.is_contiguous()
+        && o.size() == w.size();
+    let (a, d) = (alpha as f32, decay.map(|d| d as f32));
+    if !eligible(w) || !o_ok || !a.is_finite() || d.is_some_and(|d| !d.is_finite()) {
+        return None;
+    }
+    let n = w.numel();
+    if n == 0 {
+        return Some(());
+    }
+    let (start, end) = byte_range(w);
+    let o_start = o.data_ptr() as usize;
+    if o_start < end && start < o_start + 2 * n {
+        return None;
+    }
+    // SAFETY: `w` is a defined, contiguous CPU f32 tensor and `o` a defined, contiguous CPU bf16
+    // tensor, both of n elements (checked above), whose memory does not overlap (checked just
+    // above); both are alive while the caller borrows them, and nothing else reads or writes
+    // them meanwhile.
+    let (w, o) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(w.data_ptr().cast::<f32>(), n),
+            std::slice::from_raw_parts(o.data_ptr().cast::<u16>(), n),
+        )
+    };
+    let units: Vec<(usize, UpdateUnit<'_>)> = w
+        .chunks_mut(CHUNK)
+        .zip(o.chunks(CHUNK))
+        .map(|(w, o)| (w.len(), (w, o)))
+        .collect();
+    run_parallel(
+        split_work(units, workers_from(n, MOMENTUM_PARALLEL_MIN)),
+        |list| {
+            for (w, o) in list {
+                update_unit(w, o, d, a);
+            }
+        },
+    );
+    Some(())
+}
+
+/// One work unit of [`update_from_bf16`]: the weight's entries and the direction's (bf16 bits).
+type UpdateUnit<'a> = (&'a mut [f32], &'a [u16]);
+
+/// One unit of [`update_from_bf16`] on the widest fused multiply-add this CPU has (as
+/// [`momentum_unit`]).
+#[allow(unsafe_code)]
+fn update_unit(w: &mut [f32], o: &[u16], decay: Option<f32>, alpha: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above), the only requirement of a
+        // `target_feature(enable = "avx2,fma")` function.
+        return unsafe { update_unit_fma(w, o, decay, alpha) };
+    }
+    update_unit_portable(w, o, decay, alpha);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn update_unit_fma(w: &mut [f32], o: &[u16], decay: Option<f32>, alpha: f32) {
+    update_unit_portable(w, o, decay, alpha);
+}
+
+#[inline(always)]
+fn update_unit_portable(w: &mut [f32], o: &[u16], decay: Option<f32>, alpha: f32) {
+    let widen = |b: u16| f32::from_bits(u32::from(b) << 16);
+    match decay {
+        Some(d) => {
+            for (w, &o) in w.iter_mut().zip(o) {
+                *w = widen(o).mul_add(alpha, *w * d);
+            }
+        }
+        None => {
+            for (w, &o) in w.iter_mut().zip(o) {
+                *w = widen(o).mul_add(alpha, *w);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

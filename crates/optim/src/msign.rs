@@ -527,7 +527,7 @@ pub(crate) fn power_of_two_scaled<M: Matrix>(x: &M) -> Result<Option<(M, i32)>> 
 
 /// [`power_of_two_scaled`] with ‖x‖_F already known (`f`), saving a pass over `x`.
 fn power_of_two_scaled_from<M: Matrix>(x: &M, f: f64) -> Result<Option<(M, i32)>> {
-    if f == 0.0 || (f.is_finite() && (SAFE_FRO.0..=SAFE_FRO.1).contains(&f)) {
+    if !needs_rescaling(f) {
         return Ok(None);
     }
     let (mut y, mut k, mut f) = (x.duplicate()?, 0i32, f);
@@ -546,6 +546,12 @@ fn power_of_two_scaled_from<M: Matrix>(x: &M, f: f64) -> Result<Option<(M, i32)>
         f = y.frobenius_norm()?;
     }
     Ok(Some((y, k)))
+}
+
+/// Whether a matrix of Frobenius norm `f` needs [`power_of_two_scaled_from`]'s rescaling: a
+/// norm that is not zero and not finite or outside [`SAFE_FRO`].
+fn needs_rescaling(f: f64) -> bool {
+    !(f == 0.0 || (f.is_finite() && (SAFE_FRO.0..=SAFE_FRO.1).contains(&f)))
 }
 
 /// Multiplies `x` by 2^k exactly, in factors of at most 2^±60 (representable in f32 and bf16).
@@ -672,6 +678,20 @@ fn quintic_eps<M: Matrix>(x: &M, fro: f64, eps: f64, form: EpsForm) -> Result<M>
 /// # Ok::<(), kappa_optim::OptimError>(())
 /// ```
 pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) -> Result<M> {
+    let (out, converted) = msign_working(x, method, precision)?;
+    match converted {
+        true => out.to_kind_of(x),
+        false => Ok(out),
+    }
+}
+
+/// [`msign`] before its result returns to `x`'s type: the result and whether it is in the
+/// working type (then `to_kind_of(x)` gives `msign`'s value).
+pub(crate) fn msign_working<M: WorkingPrecision>(
+    x: &M,
+    method: Msign,
+    precision: Precision,
+) -> Result<(M, bool)> {
     method.validate()?;
     // `Working::of` finds a non-finite entry from the norm it computes anyway (one pass over x
     // instead of two); an empty x, and any failure before it, get `validate`'s error.
@@ -687,9 +707,9 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
         let ratio = eps / w.fro;
         if w.scaled.is_some() && (ratio > 1e16 || ratio.is_nan()) {
             // The linear regime needs the unscaled input (its output is ∝ X).
-            return quintic_eps(x, w.fro, eps, form);
+            return Ok((quintic_eps(x, w.fro, eps, form)?, false));
         }
-        return w.back(quintic_eps(input, w.fro, eps, form)?, x);
+        return Ok((quintic_eps(input, w.fro, eps, form)?, w.working.is_some()));
     }
     let out = match (method, method.schedule()) {
         (Msign::GramPolarExpress { restart, .. }, Some(schedule)) => {
@@ -702,7 +722,7 @@ pub fn msign<M: WorkingPrecision>(x: &M, method: Msign, precision: Precision) ->
         (_, Some(schedule)) => newton_schulz(input, &schedule)?,
         (_, None) => exact(input, x.working_name(precision)?)?,
     };
-    w.back(out, x)
+    Ok((out, w.working.is_some()))
 }
 
 /// `validate`'s error for `x` (argument `x`: its layout, kind or entries) where it has one,
@@ -754,6 +774,18 @@ impl<M: WorkingPrecision> Working<M> {
     /// always give a finite f64 norm; finite f64 entries may overflow it and pass), so a caller
     /// that has not validated `x` pays no separate pass.
     pub(crate) fn of(x: &M, precision: Precision) -> Result<Self> {
+        // The conversion and the norm in one pass where the backend has it (kept unless the
+        // norm asks for a rescaling first).
+        if let Some((working, fro)) = x.to_working_with_norm(precision)? {
+            if !needs_rescaling(fro) {
+                let working = Some(working);
+                return Ok(Self {
+                    fro,
+                    scaled: None,
+                    working,
+                });
+            }
+        }
         let fro = x.frobenius_norm()?;
         if !fro.is_finite() {
             x.validate("x").map_err(crate::error::from_linalg)?;

@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{check_range, from_linalg, Result};
 pub use crate::layout::Layout;
 use crate::momentum::{Momentum, MomentumState};
-use crate::msign::{msign, Msign};
+use crate::msign::{msign, msign_working, Msign};
 use crate::normuon::NorMuon;
 use crate::precision::{Precision, WorkingPrecision};
 
@@ -440,7 +440,18 @@ impl Muon {
         let (buffer, u) = c
             .momentum
             .advance_lean(state.momentum.buffer.as_ref(), grad)?;
-        let o = self.direction(u.as_ref().unwrap_or(&buffer))?;
+        let input = u.as_ref().unwrap_or(&buffer);
+        let (o, converted) = msign_working(input, c.msign, c.precision)?;
+        if converted {
+            if let Some(scale) = update_from_working(c, w, &o)? {
+                state.momentum.record_step(buffer);
+                return Ok(MuonStep { scale, precision });
+            }
+        }
+        let o = match converted {
+            true => o.to_kind_of(input)?,
+            false => o,
+        };
         let scale = apply_update(c, w, o, state, buffer)?;
         Ok(MuonStep { scale, precision })
     }
@@ -455,6 +466,25 @@ impl Muon {
         c.validate()?;
         Ok(c)
     }
+}
+
+/// The update of [`apply_update`] from a direction `o` still in the working type, in one pass
+/// where the backend fuses it ([`WorkingPrecision::update_from_working`]) and the update is the
+/// plain one (no NorMuon, no cautious decay): the shape factor s, or `None` with `w` unchanged
+/// (the caller converts `o` back and runs [`apply_update`]). The caller commits the state.
+fn update_from_working<M: WorkingPrecision>(
+    c: &MuonConfig,
+    w: &mut M,
+    o: &M,
+) -> Result<Option<f64>> {
+    if c.normuon.is_some() || (c.weight_decay != 0.0 && c.cautious_weight_decay) {
+        return Ok(None);
+    }
+    let (m, n) = w.shape();
+    let scale = c.scale.factor(m, n, c.layout);
+    let decay = (c.weight_decay != 0.0).then_some(1.0 - c.lr * c.weight_decay);
+    Ok(w.update_from_working(decay, -c.lr * scale, o)?
+        .then_some(scale))
 }
 
 /// Steps 3–4 of the module docs on the direction `o`, then commits the new momentum `buffer`

@@ -129,6 +129,27 @@ pub trait WorkingPrecision: Matrix + Elementwise {
 
     /// The name of the element type `p` resolves to for this matrix (`"f32"`, `"bf16"`, `"f64"`).
     fn working_name(&self, p: Precision) -> Result<&'static str>;
+
+    /// [`to_working`](Self::to_working) together with ‖self‖_F (the value of
+    /// [`Matrix::frobenius_norm`](kappa_linalg::Matrix::frobenius_norm)), from one pass over
+    /// `self` where the backend has one: contiguous CPU f32 tensors converted to bf16
+    /// (`kappa_optim::fused`). `Ok(None)` elsewhere, and where `self` is already in the working
+    /// type.
+    fn to_working_with_norm(&self, p: Precision) -> Result<Option<(Self, f64)>> {
+        let _ = p;
+        Ok(None)
+    }
+
+    /// W ← d·W + α·O for `self` = W and a direction O in the working type W converts to
+    /// ([`to_working`](Self::to_working)), with d = `decay` (none when `None`), in one pass
+    /// where the backend has one (contiguous CPU f32 weights and bf16 directions): the values of
+    /// [`Matrix::scale`](kappa_linalg::Matrix::scale) and
+    /// [`Matrix::axpy`](kappa_linalg::Matrix::axpy) on O converted back. `Ok(false)`, with W
+    /// unchanged, where it has not; the caller then converts O back.
+    fn update_from_working(&mut self, decay: Option<f64>, alpha: f64, o: &Self) -> Result<bool> {
+        let _ = (decay, alpha, o);
+        Ok(false)
+    }
 }
 
 impl<A: kappa_linalg::Real> WorkingPrecision for ndarray::Array2<A> {
@@ -236,6 +257,22 @@ mod tch_impl {
 
         fn working_name(&self, p: Precision) -> Result<&'static str> {
             Ok(kind_name(resolve(self, p)))
+        }
+
+        fn to_working_with_norm(&self, p: Precision) -> Result<Option<(Self, f64)>> {
+            if self.kind() != Kind::Float || resolve(self, p) != Kind::BFloat16 {
+                return Ok(None);
+            }
+            Ok(crate::fused::to_bf16_with_norm(self))
+        }
+
+        fn update_from_working(
+            &mut self,
+            decay: Option<f64>,
+            alpha: f64,
+            o: &Self,
+        ) -> Result<bool> {
+            Ok(crate::fused::update_from_bf16(self, decay, alpha, o).is_some())
         }
     }
 }

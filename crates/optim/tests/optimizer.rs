@@ -491,7 +491,7 @@ fn a_gradient_spoiled_after_the_clip_still_stops_its_step() {
                 .iter()
                 .enumerate()
                 .fold(Group::muon("muon", muon_f32()), |g, (i, p)| {
-                    g.with_param(&format!("p{i}"), p.shallow_clone())
+                    g.with_param(format!("p{i}"), p.shallow_clone())
                 });
             Optimizer::new(vec![group]).unwrap()
         };

@@ -558,3 +558,102 @@ fn one_pass_momentum_rounds_as_documented() {
     // whose checks report it.
     assert!(one_pass(&g, Some(&g.tr().contiguous()), &m).is_none());
 }
+
+/// Entries spanning small, large and subnormal magnitudes, both signs of zero, bf16 ties in both
+/// directions and values that round up to ∞ in bf16, as a CPU f32 tensor.
+fn spread_f32(m: usize, n: usize, seed: u64) -> Tensor {
+    let a = gaussian(m, n, seed).mapv(|x| x * 10f64.powf(6.0 * x.tanh()));
+    let a = t32(&a);
+    let edges = [
+        1e-41,
+        -0.0,
+        1.0 + f32::powi(2.0, -8),
+        1.0 + 3.0 * f32::powi(2.0, -8),
+        f32::MAX,
+        -3.3961e38,
+        -1.5e-39,
+    ];
+    for (j, &v) in edges.iter().enumerate().take(n) {
+        let _ = a.get(0).get(j as i64).fill_(f64::from(v));
+    }
+    a
+}
+
+/// The conversion of a CPU f32 tensor to bf16 with its norm in one pass
+/// (`WorkingPrecision::to_working_with_norm`, the path msign's input takes in bf16) gives
+/// libtorch's conversion and `Matrix::frobenius_norm` bit for bit: rounding to nearest with ties
+/// to even (ties, overflow to ∞, subnormals and −0 included), and the norm summed in the norm's
+/// own order.
+#[test]
+fn bf16_conversion_with_the_norm_is_libtorchs_bit_for_bit() {
+    for (m, n) in [(1, 7), (33, 65), (401, 401)] {
+        let a = spread_f32(m, n, 70 + m as u64);
+        let (bf, fro) = a
+            .to_working_with_norm(Precision::Bf16)
+            .unwrap()
+            .expect("CPU f32 → bf16 takes the one-pass form");
+        let want = a.to_kind(Kind::BFloat16);
+        let bits = |t: &Tensor| t.view_dtype(Kind::Int16);
+        assert!(bits(&bf).equal(&bits(&want)), "{m}×{n}");
+        assert_eq!(
+            fro.to_bits(),
+            kappa_linalg::Matrix::frobenius_norm(&a).unwrap().to_bits(),
+            "{m}×{n}"
+        );
+        // Already in the working type, or not converted to bf16: no one-pass form.
+        assert!(a.to_working_with_norm(Precision::F32).unwrap().is_none());
+        assert!(want
+            .to_working_with_norm(Precision::Bf16)
+            .unwrap()
+            .is_none());
+    }
+}
+
+/// Muon's update of a CPU f32 weight from a bf16 direction in one pass
+/// (`WorkingPrecision::update_from_working`) is W·d then fma(O, α, ·) bit for bit, on one and two
+/// threads and above the parallel pass's threshold (2²¹ entries), with and without decay. It
+/// agrees with `Matrix::scale` and `Matrix::axpy` on O converted to f32: equal on libtorch's AVX2
+/// and AVX-512 kernels; its generic kernel rounds α·O apart, one rounding of at most u·|α·o|
+/// before the sum's, so |Δ| ≤ u·(|α·o| + 2|w'|)·(1 + 4u), u = 2⁻²⁴. A weight that is not
+/// contiguous is left to the caller (`Ok(false)`, unchanged).
+#[test]
+fn bf16_update_in_one_pass_rounds_as_documented() {
+    let threads = tch::get_num_threads();
+    let (alpha, d) = (-0.0217f64, 0.9993f64);
+    for t in [1, 2] {
+        tch::set_num_threads(t);
+        for (m, n) in [(1, 7), (130, 260), (1030, 2048)] {
+            let w0 = spread_f32(m, n, 90 + m as u64).clamp(-1e30, 1e30);
+            let o = t32(&gaussian(m, n, 91 + m as u64)).to_kind(Kind::BFloat16);
+            let (wv, ov) = (f32_entries(&w0), f32_entries(&o.to_kind(Kind::Float)));
+            for decay in [None, Some(d)] {
+                let what = format!("{m}×{n}, decay {decay:?}, {t} thread(s)");
+                let mut w = w0.copy();
+                assert!(w.update_from_working(decay, alpha, &o).unwrap(), "{what}");
+                let (a32, d32) = (alpha as f32, decay.map(|d| d as f32));
+                let want: Vec<u32> = (wv.iter().zip(&ov))
+                    .map(|(&w, &o)| o.mul_add(a32, d32.map_or(w, |d| w * d)).to_bits())
+                    .collect();
+                let got: Vec<u32> = f32_entries(&w).iter().map(|x| x.to_bits()).collect();
+                assert!(got == want, "bits: {what}");
+                let mut ops = w0.copy();
+                if let Some(d) = decay {
+                    kappa_linalg::Matrix::scale(&mut ops, d).unwrap();
+                }
+                kappa_linalg::Matrix::axpy(&mut ops, alpha, &o.to_kind(Kind::Float)).unwrap();
+                let u = f64::from(f32::EPSILON) / 2.0;
+                for ((&x, &y), &o) in f32_entries(&w).iter().zip(&f32_entries(&ops)).zip(&ov) {
+                    let bound = u * (f64::from(a32 * o).abs() + 2.0 * f64::from(x).abs());
+                    let diff = (f64::from(x) - f64::from(y)).abs();
+                    assert!(diff <= bound * (1.0 + 4.0 * u), "ops: {what}: {x} vs {y}");
+                }
+            }
+        }
+    }
+    tch::set_num_threads(threads);
+    let mut strided = t32(&gaussian(8, 6, 5)).tr();
+    let o = t32(&gaussian(6, 8, 6)).to_kind(Kind::BFloat16);
+    let before = strided.copy();
+    assert!(!strided.update_from_working(None, 0.1, &o).unwrap());
+    assert!(strided.equal(&before));
+}
