@@ -131,10 +131,9 @@ pub trait WorkingPrecision: Matrix + Elementwise {
     fn working_name(&self, p: Precision) -> Result<&'static str>;
 
     /// [`to_working`](Self::to_working) together with ‖self‖_F (the value of
-    /// [`Matrix::frobenius_norm`](kappa_linalg::Matrix::frobenius_norm)), from one pass over
-    /// `self` where the backend has one: contiguous CPU f32 tensors converted to bf16
-    /// (`kappa_optim::fused`). `Ok(None)` elsewhere, and where `self` is already in the working
-    /// type.
+    /// [`Matrix::frobenius_norm`]), from one pass over `self` where the backend has one:
+    /// contiguous CPU f32 tensors converted to bf16 (`kappa_optim::fused`). `Ok(None)`
+    /// elsewhere, and where `self` is already in the working type.
     fn to_working_with_norm(&self, p: Precision) -> Result<Option<(Self, f64)>> {
         let _ = p;
         Ok(None)
@@ -143,8 +142,7 @@ pub trait WorkingPrecision: Matrix + Elementwise {
     /// W ← d·W + α·O for `self` = W and a direction O in the working type W converts to
     /// ([`to_working`](Self::to_working)), with d = `decay` (none when `None`), in one pass
     /// where the backend has one (contiguous CPU f32 weights and bf16 directions): the values of
-    /// [`Matrix::scale`](kappa_linalg::Matrix::scale) and
-    /// [`Matrix::axpy`](kappa_linalg::Matrix::axpy) on O converted back. `Ok(false)`, with W
+    /// [`Matrix::scale`] and [`Matrix::axpy`] on O converted back. `Ok(false)`, with W
     /// unchanged, where it has not; the caller then converts O back.
     fn update_from_working(&mut self, decay: Option<f64>, alpha: f64, o: &Self) -> Result<bool> {
         let _ = (decay, alpha, o);
