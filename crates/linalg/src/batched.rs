@@ -189,7 +189,7 @@ fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tenso
 /// CPU thread, a 4-layer GPT's 16 matrices: batched `bmm` 0.69× the speed of one symmetric-product
 /// call per matrix at 256 wide (r²s ≈ 5–7·10⁷), even at 64 wide (r²s ≈ 10⁶); with the Gram
 /// products alone taken slice by slice and the rest batched, the batched step was still 0.82–0.86×
-/// the per-matrix one at 256 wide (AMD Zen 4, session 20), so the whole iteration goes slice by
+/// the per-matrix one at 256 wide (AMD Zen 4), so the whole iteration goes slice by
 /// slice (then 0.92–0.97× at one thread, 0.94–0.99× at two: the stacking copies).
 ///
 /// CPU bf16 slices of that size go alone too, though they have no symmetric product: measured

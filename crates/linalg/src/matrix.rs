@@ -56,8 +56,10 @@ pub trait Matrix: Sized {
 
     /// The Gram matrix `self · selfᵀ` (rows × rows): f32/f64 matrices on the CPU compute one
     /// triangle by BLAS `syrk` in half a general product's flops and mirror it, so the result is
-    /// exactly symmetric (see [`crate::syrk`]); bf16 and CUDA tensors take a general product,
-    /// symmetric to rounding. Errors: rows² beyond
+    /// exactly symmetric (see [`crate::syrk`]); wide CPU bf16 tensors of ≥ 768 rows compute
+    /// the upper triangle by row blocks in general products and mirror it (exactly symmetric
+    /// too); other bf16 and CUDA tensors take a general product, symmetric to rounding.
+    /// Errors: rows² beyond
     /// [`MAX_DENSE_ENTRIES`](crate::MAX_DENSE_ENTRIES) ([`LinalgError::TooLarge`], argument `self`).
     fn gram(&self) -> Result<Self>;
 

@@ -432,6 +432,9 @@ impl Matrix for Tensor {
         if let Some(out) = syrk_where_taken(self, 1.0, None)? {
             return Ok(out);
         }
+        if let Some(out) = crate::syrk::row_block_gram(self).map_err(backend("self"))? {
+            return Ok(out);
+        }
         self.f_matmul(&self.tr()).map_err(backend("self"))
     }
 

@@ -287,6 +287,32 @@ mod tensors {
         assert!(e.to_string().contains("self"), "{e}");
     }
 
+    /// Wide CPU bf16 matrices of ≥ 768 rows take the row-block Gram (`syrk` module docs): exactly
+    /// symmetric, and each entry one bf16 rounding of an f32 dot product, so within
+    /// γ_s(f32)·(|X||X|ᵀ)_ij + u_bf16·|fl32_ij| of the exact product of the rounded entries
+    /// (u_bf16 = 2⁻⁸, |fl32_ij| ≤ |exact_ij| + γ_s(f32)·(|X||X|ᵀ)_ij); 800 rows leave a last
+    /// block of 32.
+    #[test]
+    fn wide_bf16_grams_are_exactly_symmetric_and_within_the_f32_accumulation_bound() {
+        for (m, n, seed) in [(768, 1536, 21), (800, 2400, 22)] {
+            let x = tensor(&gaussian::<f64>(m, n, seed), Kind::BFloat16);
+            let xr: Array2<f64> = array_from_tensor(&x).unwrap();
+            let got: Array2<f64> = array_from_tensor(&x.gram().unwrap()).unwrap();
+            let exact = xr.dot(&xr.t());
+            let mag = xr.mapv(f64::abs).dot(&xr.mapv(f64::abs).t());
+            let g = gamma_u(n, U32);
+            for i in 0..m {
+                for j in 0..m {
+                    assert_eq!(got[[i, j]], got[[j, i]], "{m}×{n}: ({i}, {j})");
+                    let accumulated = g * mag[[i, j]];
+                    let bound = accumulated + 2f64.powi(-8) * (exact[[i, j]].abs() + accumulated);
+                    let err = (got[[i, j]] - exact[[i, j]]).abs();
+                    assert!(err <= bound, "{m}×{n} ({i}, {j}): {err:e} > {bound:e}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn bf16_tensors_take_the_general_product() {
         // bf16 products accumulate in f32 inside libtorch; the bound above with bf16's roundoff
