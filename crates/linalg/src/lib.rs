@@ -20,7 +20,7 @@
 //! | [`kron`](mod@kron) | [`vec()`], [`unvec`], [`kron()`], [`kron_matvec`], [`commutation_matrix`], [`Commutation`] |
 //! | [`product`] | [`product::mat_mul`], [`product::mat_mul_into`]: general products on faer's kernels, picked from the CPU's features at run time (drop-in for ndarray's `dot` and `general_mat_mul`; the bits do not depend on the thread count) |
 //! | [`syrk`] | the symmetric products behind [`Matrix::gram`] and [`Matrix::gram_add`] (BLAS `?syrk`: half a general product's flops, an exactly symmetric result) |
-//! | [`scalar`] | [`Real`] (`f32`, `f64`), [`scalar::max_abs_entry`], [`scalar::sum_of_squares`] (in f64 lanes, a fixed order; `sum_of_squares_to_bf16` also converts to bf16 in the same read) and the exact power-of-two rescaling behind the scale safety below |
+//! | [`scalar`] | [`Real`] (`f32`, `f64`), [`scalar::max_abs_entry`], [`scalar::sum_of_squares`] (in f64 lanes, a fixed order; `sums_of_squares_to_bf16` also converts to bf16 in the same read) and the exact power-of-two rescaling behind the scale safety below |
 //! | [`threads`] | [`threads::init_global_pool`] (rayon's pool as kappa's binaries set it up: pinned when it has a worker per CPU), [`threads::Pinning`], [`threads::pinned_pool_builder`] |
 //! | `tch_backend` (with `tch`) | `impl Matrix for tch::Tensor`, `tensor_from_array`, `array_from_tensor`, `slice_frobenius_norms` (‖Xᵢ‖_F of every slice of a [B, m, n] tensor) |
 //! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback) |
@@ -107,9 +107,9 @@ pub use iterative::{
 pub use kron::{commutation_matrix, kron, kron_matvec, unvec, vec, Commutation};
 pub use matrix::Matrix;
 pub use newton_schulz::{
-    newton_schulz, newton_schulz_cubic, newton_schulz_muon, NsSchedule, PolyStep, CUBIC,
-    MAX_NS_STEPS, MUON_BAND, MUON_BAND_THRESHOLD, MUON_QUINTIC, POLAR_EXPRESS_COEFFICIENTS,
-    POLAR_EXPRESS_SAFETY,
+    newton_schulz, newton_schulz_cubic, newton_schulz_muon, newton_schulz_normed, Normed,
+    NsSchedule, PolyStep, CUBIC, MAX_NS_STEPS, MUON_BAND, MUON_BAND_THRESHOLD, MUON_QUINTIC,
+    POLAR_EXPRESS_COEFFICIENTS, POLAR_EXPRESS_SAFETY,
 };
 pub use polar_express::{
     odd_polynomial_image, polar_express_schedule, PolarExpressDesign, PolarExpressSpec, SafetyRule,

@@ -263,7 +263,77 @@ impl NsSchedule {
 /// ```
 pub fn newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
     // Arguments in signature order: `x`, then `schedule`.
-    let (mut x, transposed) = prepare(x, schedule)?;
+    let (x, transposed) = prepare(x, schedule)?;
+    iterate(x, transposed, schedule)
+}
+
+/// [`newton_schulz`] on a matrix it may take over, whose norm is already known: the same
+/// result, bit for bit, without the pass that checks the entries, the copy and the pass that
+/// sums the squares (a tall matrix is still copied into the wide orientation). Errors: those
+/// of [`newton_schulz`] after the input's (a [`Normed`] matrix is finite and non-empty).
+///
+/// ```
+/// use kappa_linalg::{newton_schulz, newton_schulz_normed, Normed, NsSchedule};
+/// let x = ndarray::array![[2.0_f64, 1.0, 0.0], [0.0, 0.1, 1.0]];
+/// let s = NsSchedule::muon();
+/// let q = newton_schulz_normed(Normed::new(x.clone()).unwrap(), &s).unwrap();
+/// assert_eq!(q, newton_schulz(&x, &s).unwrap());
+/// ```
+pub fn newton_schulz_normed<M: Matrix>(x: Normed<M>, schedule: &NsSchedule) -> Result<M> {
+    schedule.validate()?;
+    check_normalization(&x.matrix, schedule.normalization)?;
+    let (m, n) = x.matrix.shape();
+    let wide = match m > n {
+        true => x.matrix.transposed_copy()?,
+        false => x.matrix,
+    };
+    let (x, transposed) = normalized(wide, x.fro, m > n, schedule.normalization)?;
+    iterate(x, transposed, schedule)
+}
+
+/// A matrix with its Frobenius norm ‖X‖_F, the value [`Matrix::frobenius_norm`] returns for it
+/// (bit for bit), its entries known to be finite: the input of [`newton_schulz_normed`]. Made
+/// by [`Normed::new`], or by a backend's conversion that sums the squares in the pass that
+/// writes the matrix (`tch_backend::to_bf16_normed`).
+#[derive(Debug)]
+pub struct Normed<M> {
+    matrix: M,
+    fro: f64,
+}
+
+impl<M: Matrix> Normed<M> {
+    /// `matrix` with its norm. Errors: `matrix` empty or with a non-finite entry (argument `x`).
+    pub fn new(matrix: M) -> Result<Self> {
+        matrix.validate("x")?;
+        let fro = matrix.frobenius_norm()?;
+        Ok(Self { matrix, fro })
+    }
+
+    /// For backends that compute `fro` as [`Matrix::frobenius_norm`] does, in the pass that
+    /// wrote `matrix`, and have checked that it is finite (hence every entry is).
+    #[cfg(feature = "tch")]
+    pub(crate) fn from_parts(matrix: M, fro: f64) -> Self {
+        Self { matrix, fro }
+    }
+
+    /// ‖X‖_F.
+    pub fn fro(&self) -> f64 {
+        self.fro
+    }
+
+    /// The matrix.
+    pub fn matrix(&self) -> &M {
+        &self.matrix
+    }
+
+    /// The matrix, without its norm.
+    pub fn into_matrix(self) -> M {
+        self.matrix
+    }
+}
+
+/// The steps of `schedule` on a prepared input, then [`finish`].
+fn iterate<M: Matrix>(mut x: Prepared<M>, transposed: bool, schedule: &NsSchedule) -> Result<M> {
     if let Some(x0) = x.as_mut() {
         for p in &schedule.steps {
             let b = poly_part(&x0.gram()?, p)?;
@@ -274,21 +344,30 @@ pub fn newton_schulz<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<M> {
 }
 
 /// The input of an iteration: `x` validated (with `schedule`), in the wide orientation (and
-/// whether it was transposed), normalized to X/(c·‖X‖_F) — or `Ok(None)` in place of the matrix
-/// for the zero matrix, which every odd polynomial keeps at zero. The scaling is documented at
-/// [`newton_schulz`].
+/// whether it was transposed), normalized to X/(c·‖X‖_F) with ‖X‖_F summed in `x`'s own
+/// orientation — or `Ok(None)` in place of the matrix for the zero matrix, which every odd
+/// polynomial keeps at zero. The scaling is documented at [`newton_schulz`].
 pub(crate) fn prepare<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<(Prepared<M>, bool)> {
     x.validate("x")?;
     schedule.validate()?;
     check_normalization(x, schedule.normalization)?;
+    let fro = x.frobenius_norm()?;
     let (m, n) = x.shape();
-    let transposed = m > n;
-    let mut x = if transposed {
-        x.transposed_copy()?
-    } else {
-        x.duplicate()?
+    let wide = match m > n {
+        true => x.transposed_copy()?,
+        false => x.duplicate()?,
     };
-    let mut fro = x.frobenius_norm()?;
+    normalized(wide, fro, m > n, schedule.normalization)
+}
+
+/// [`prepare`] from the wide copy `x` of a matrix of norm `fro`: the rescalings of
+/// [`newton_schulz`]'s scale safety, then X/(c·‖X‖_F).
+fn normalized<M: Matrix>(
+    mut x: M,
+    mut fro: f64,
+    transposed: bool,
+    c: f64,
+) -> Result<(Prepared<M>, bool)> {
     if fro.is_infinite() {
         // Finite entries whose norm overflows f64: ‖X‖_F ≤ √(mn)·f64::MAX, so 2⁻⁶⁴ (exact)
         // brings it back for any mn < 2¹²⁸.
@@ -303,7 +382,7 @@ pub(crate) fn prepare<M: Matrix>(x: &M, schedule: &NsSchedule) -> Result<(Prepar
     if fro == 0.0 {
         return Ok((Prepared::Zero(x), transposed));
     }
-    normalize(&mut x, fro, schedule.normalization)?;
+    normalize(&mut x, fro, c)?;
     Ok((Prepared::Normalized(x), transposed))
 }
 

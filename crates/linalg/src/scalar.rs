@@ -334,44 +334,59 @@ pub fn f32_to_bf16_bits(x: f32) -> u16 {
     }
 }
 
-/// [`sum_of_squares`] of `x` (the same value, bit for bit: the same lanes in the same order)
-/// while writing each entry rounded to bf16 ([`f32_to_bf16_bits`]) into `out`, in one read of
-/// `x`; `None` when `out`'s length is not `x`'s. Inlined into its caller, so that a caller
-/// compiled for wider vector instructions (`#[target_feature]`) runs it on them (the same bits:
-/// each lane's sum keeps its order, and no product is fused into a sum).
+/// `x` rounded to bf16 ([`f32_to_bf16_bits`]) into `out`, in one read of `x`, with two sums
+/// of squares in [`sum_of_squares`]'s order (the same lanes, each keeping its order, so the same
+/// values bit for bit): Σ x² of the input and Σ bf16(x)² of what was written, the norm
+/// `sum_of_squares` gives for `out`. `None` when `out`'s length is not `x`'s. Inlined into its
+/// caller, so that a caller compiled for wider vector instructions (`#[target_feature]`) runs it
+/// on them (the same bits: no product is fused into a sum).
 ///
 /// ```
-/// use kappa_linalg::scalar::{sum_of_squares, sum_of_squares_to_bf16};
+/// use kappa_linalg::scalar::{bf16_bits_to_f64, sum_of_squares, sums_of_squares_to_bf16};
 /// let x: Vec<f32> = (0..19).map(|i| i as f32 / 7.0).collect();
 /// let mut out = vec![0u16; x.len()];
-/// let s = sum_of_squares_to_bf16(&x, &mut out).unwrap();
-/// assert_eq!(s.to_bits(), sum_of_squares(&x, f64::from).to_bits());
+/// let (input, rounded) = sums_of_squares_to_bf16(&x, &mut out).unwrap();
+/// assert_eq!(input.to_bits(), sum_of_squares(&x, f64::from).to_bits());
+/// assert_eq!(rounded.to_bits(), sum_of_squares(&out, bf16_bits_to_f64).to_bits());
 /// assert_eq!(out[7], 0x3F80); // 7/7 = 1
 /// ```
 #[inline(always)]
-pub fn sum_of_squares_to_bf16(x: &[f32], out: &mut [u16]) -> Option<f64> {
+pub fn sums_of_squares_to_bf16(x: &[f32], out: &mut [u16]) -> Option<(f64, f64)> {
     if out.len() != x.len() {
         return None;
     }
-    let mut lanes = [0f64; 8];
+    let (mut input, mut rounded) = ([0f64; 8], [0f64; 8]);
     let mut chunks = x.chunks_exact(8);
     let mut outs = out.chunks_exact_mut(8);
+    // Each value's bits are formed once and widened from a register (no read of `out`), so
+    // that the loop vectorizes.
+    let squares = |v: f32| {
+        let bits = f32_to_bf16_bits(v);
+        let (v, r) = (f64::from(v), bf16_bits_to_f64(bits));
+        (bits, v * v, r * r)
+    };
     for (chunk, o) in (&mut chunks).zip(&mut outs) {
-        for ((lane, &v), o) in lanes.iter_mut().zip(chunk).zip(o) {
-            *o = f32_to_bf16_bits(v);
-            let v = f64::from(v);
-            *lane += v * v;
+        let lanes = input.iter_mut().zip(rounded.iter_mut());
+        for (((i, r), &v), o) in lanes.zip(chunk).zip(o) {
+            let (bits, v2, r2) = squares(v);
+            *o = bits;
+            *i += v2;
+            *r += r2;
         }
     }
-    let rest = chunks.remainder();
-    for (o, &v) in outs.into_remainder().iter_mut().zip(rest) {
-        *o = f32_to_bf16_bits(v);
+    let (mut input_tail, mut rounded_tail) = (0f64, 0f64);
+    for (o, &v) in outs.into_remainder().iter_mut().zip(chunks.remainder()) {
+        let (bits, v2, r2) = squares(v);
+        *o = bits;
+        input_tail += v2;
+        rounded_tail += r2;
     }
-    let tail: f64 = rest.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-    Some(lanes.iter().sum::<f64>() + tail)
+    let total = |lanes: [f64; 8], tail: f64| lanes.iter().sum::<f64>() + tail;
+    Some((total(input, input_tail), total(rounded, rounded_tail)))
 }
 
 /// A bf16 value (its bits) widened exactly to `f64`.
+#[inline(always)]
 pub fn bf16_bits_to_f64(bits: u16) -> f64 {
     f64::from(f32::from_bits(u32::from(bits) << 16))
 }

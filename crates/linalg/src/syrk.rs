@@ -38,7 +38,7 @@
 //! at every call), and the general product otherwise.
 //!
 //! bf16 tensors have no BLAS `syrk` (neither MKL nor oneDNN offers one), so a wide CPU bf16
-//! matrix X ∈ ℝ^{r×s} takes its Gram matrix by **row blocks** instead ([`row_block_gram`]):
+//! matrix X ∈ ℝ^{r×s} takes its Gram matrix by **row blocks** instead:
 //! with X split into row blocks X₁ … X_p of [`ROW_BLOCK`] rows, block row i of the upper
 //! triangle is one general product X_i·[X_i; …; X_p]ᵀ, written where it lies in the result, and
 //! the triangle is then mirrored: (p + 1)/(2p) of the full product's flops, 2/3 at r = 768,
@@ -356,12 +356,12 @@ impl TensorSyrk for f32 {}
 #[cfg(feature = "tch")]
 impl TensorSyrk for f64 {}
 
-/// Rows per block of [`row_block_gram`] (module docs).
+/// Rows per block of the row-block Gram matrix of bf16 tensors (module docs).
 pub const ROW_BLOCK: usize = 256;
-/// The fewest rows a matrix needs for [`row_block_gram`] (module docs).
+/// The fewest rows a bf16 tensor needs for the row-block Gram matrix (module docs).
 pub const ROW_BLOCK_MIN_ROWS: usize = 768;
 
-/// Whether [`row_block_gram`] takes a matrix of this kind, device and shape (module docs).
+/// Whether `row_block_gram` takes a matrix of this kind, device and shape (module docs).
 #[cfg(feature = "tch")]
 pub(crate) fn takes_row_blocks(x: &Tensor) -> bool {
     match x.size()[..] {

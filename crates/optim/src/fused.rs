@@ -465,66 +465,6 @@ pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
     Some(partial.iter().sum())
 }
 
-/// A contiguous CPU f32 tensor converted to bf16, with ‖x‖_F: the values of `to_kind(BFloat16)`
-/// and `Matrix::frobenius_norm` (both bit for bit: [`kappa_linalg::scalar::sum_of_squares_to_bf16`]
-/// rounds as libtorch converts and sums in the order of the norm's own pass), in one read of
-/// `x` instead of two. `None` when `x` is not eligible. One thread, as the norm runs.
-#[allow(unsafe_code)]
-pub(crate) fn to_bf16_with_norm(x: &Tensor) -> Option<(Tensor, f64)> {
-    if !eligible(x) {
-        return None;
-    }
-    let out = Tensor::f_empty(x.size(), (Kind::BFloat16, Device::Cpu)).ok()?;
-    let n = x.numel();
-    if n == 0 {
-        return Some((out, 0.0));
-    }
-    // SAFETY: `x` is a defined, contiguous CPU f32 tensor of n elements (checked above), alive
-    // and only read while the caller borrows it; `out` was just allocated here as a contiguous
-    // CPU bf16 tensor of n 16-bit elements, disjoint from `x`, and nothing else refers to it.
-    let (x, o) = unsafe {
-        (
-            std::slice::from_raw_parts(x.data_ptr().cast::<f32>(), n),
-            std::slice::from_raw_parts_mut(out.data_ptr().cast::<u16>(), n),
-        )
-    };
-    let sum = bf16_with_sum_of_squares(x, o)?;
-    Some((out, sum.sqrt()))
-}
-
-/// [`kappa_linalg::scalar::sum_of_squares_to_bf16`] in the widest vector instructions this CPU
-/// has (as [`adamw_slices`]; the same bits on each).
-#[allow(unsafe_code)]
-fn bf16_with_sum_of_squares(x: &[f32], o: &mut [u16]) -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-        {
-            // SAFETY: the CPU supports AVX-512F and AVX-512BW (checked just above), the only
-            // requirement of a `target_feature(enable = "avx512f,avx512bw")` function.
-            return unsafe { bf16_with_sum_of_squares_avx512(x, o) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { bf16_with_sum_of_squares_avx2(x, o) };
-        }
-    }
-    kappa_linalg::scalar::sum_of_squares_to_bf16(x, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn bf16_with_sum_of_squares_avx512(x: &[f32], o: &mut [u16]) -> Option<f64> {
-    kappa_linalg::scalar::sum_of_squares_to_bf16(x, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn bf16_with_sum_of_squares_avx2(x: &[f32], o: &mut [u16]) -> Option<f64> {
-    kappa_linalg::scalar::sum_of_squares_to_bf16(x, o)
-}
-
 /// Muon's update of an f32 weight by a bf16 direction, W ← fl(W·d) (with `decay` = d) then
 /// W ← fl(W + α·O) as one fused multiply-add, in one pass (reading W and O, writing W): the
 /// values of `Matrix::scale` and `Matrix::axpy` on O converted to f32 (exactly) where libtorch's

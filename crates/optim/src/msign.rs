@@ -74,8 +74,9 @@
 
 use kappa_linalg::input::InputError;
 use kappa_linalg::{
-    aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz, Matrix,
-    NsSchedule, PolarExpressSpec, SafetyRule, GRAM_NS_RESTART, POLAR_EXPRESS_CUSHION,
+    aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz,
+    newton_schulz_normed, Matrix, Normed, NsSchedule, PolarExpressSpec, SafetyRule,
+    GRAM_NS_RESTART, POLAR_EXPRESS_CUSHION,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -702,6 +703,7 @@ pub(crate) fn msign_working<M: WorkingPrecision>(
     let checked = |e| input_error_or(x, e);
     check_gram_period(method, x.working_name(precision).map_err(checked)?)?;
     let w = Working::of(x, precision).map_err(checked)?;
+    let converted = w.converted();
     let input = w.input(x);
     if let Some((eps, form)) = method.eps_form() {
         let ratio = eps / w.fro;
@@ -709,7 +711,7 @@ pub(crate) fn msign_working<M: WorkingPrecision>(
             // The linear regime needs the unscaled input (its output is ∝ X).
             return Ok((quintic_eps(x, w.fro, eps, form)?, false));
         }
-        return Ok((quintic_eps(input, w.fro, eps, form)?, w.working.is_some()));
+        return Ok((quintic_eps(input, w.fro, eps, form)?, converted));
     }
     let out = match (method, method.schedule()) {
         (Msign::GramPolarExpress { restart, .. }, Some(schedule)) => {
@@ -719,10 +721,10 @@ pub(crate) fn msign_working<M: WorkingPrecision>(
         (Msign::GramAol { restart, .. }, Some(schedule)) => {
             aol_gram_newton_schulz(input, &schedule, restart)?
         }
-        (_, Some(schedule)) => newton_schulz(input, &schedule)?,
+        (_, Some(schedule)) => w.newton_schulz(x, &schedule)?,
         (_, None) => exact(input, x.working_name(precision)?)?,
     };
-    Ok((out, w.working.is_some()))
+    Ok((out, converted))
 }
 
 /// `validate`'s error for `x` (argument `x`: its layout, kind or entries) where it has one,
@@ -765,7 +767,14 @@ pub(crate) struct Working<M> {
     /// The power-of-two scaled copy, when one was needed.
     pub(crate) scaled: Option<M>,
     /// The converted copy, when the working type differs from `x`'s.
-    pub(crate) working: Option<M>,
+    converted: Option<Converted<M>>,
+}
+
+/// The converted copy of [`Working`], with its own norm where the conversion computed it in the
+/// same pass (then Newton–Schulz needs no pass of its own before its first step).
+enum Converted<M> {
+    Plain(M),
+    Normed(Normed<M>),
 }
 
 impl<M: WorkingPrecision> Working<M> {
@@ -774,15 +783,14 @@ impl<M: WorkingPrecision> Working<M> {
     /// always give a finite f64 norm; finite f64 entries may overflow it and pass), so a caller
     /// that has not validated `x` pays no separate pass.
     pub(crate) fn of(x: &M, precision: Precision) -> Result<Self> {
-        // The conversion and the norm in one pass where the backend has it (kept unless the
-        // norm asks for a rescaling first).
-        if let Some((working, fro)) = x.to_working_with_norm(precision)? {
+        // The conversion and both norms in one pass where the backend has it (kept unless the
+        // input's norm asks for a rescaling first).
+        if let Some((normed, fro)) = x.to_working_with_norm(precision)? {
             if !needs_rescaling(fro) {
-                let working = Some(working);
                 return Ok(Self {
                     fro,
                     scaled: None,
-                    working,
+                    converted: Some(Converted::Normed(normed)),
                 });
             }
         }
@@ -795,18 +803,35 @@ impl<M: WorkingPrecision> Working<M> {
         Ok(Self {
             fro,
             scaled,
-            working,
+            converted: working.map(Converted::Plain),
         })
+    }
+
+    /// Whether the iteration runs on a converted copy (its output is in the working type).
+    pub(crate) fn converted(&self) -> bool {
+        self.converted.is_some()
     }
 
     /// The matrix the iteration runs on (`x` itself when neither copy was needed).
     pub(crate) fn input<'a>(&'a self, x: &'a M) -> &'a M {
-        self.working.as_ref().or(self.scaled.as_ref()).unwrap_or(x)
+        let converted = self.converted.as_ref().map(|c| match c {
+            Converted::Plain(m) => m,
+            Converted::Normed(n) => n.matrix(),
+        });
+        converted.or(self.scaled.as_ref()).unwrap_or(x)
+    }
+
+    /// [`newton_schulz`] on the input, without its first passes where the norm is known.
+    fn newton_schulz(self, x: &M, schedule: &NsSchedule) -> kappa_linalg::Result<M> {
+        match self.converted {
+            Some(Converted::Normed(normed)) => newton_schulz_normed(normed, schedule),
+            _ => newton_schulz(self.input(x), schedule),
+        }
     }
 
     /// An output in the working type, back in `x`'s type (no copy when they are the same).
     pub(crate) fn back(&self, out: M, x: &M) -> Result<M> {
-        match self.working {
+        match self.converted {
             Some(_) => out.to_kind_of(x),
             None => Ok(out),
         }

@@ -31,7 +31,7 @@
 use kappa_linalg::input::InputError;
 use std::sync::OnceLock;
 
-use kappa_linalg::Matrix;
+use kappa_linalg::{Matrix, Normed};
 use serde::{Deserialize, Serialize};
 
 use crate::elementwise::Elementwise;
@@ -130,11 +130,12 @@ pub trait WorkingPrecision: Matrix + Elementwise {
     /// The name of the element type `p` resolves to for this matrix (`"f32"`, `"bf16"`, `"f64"`).
     fn working_name(&self, p: Precision) -> Result<&'static str>;
 
-    /// [`to_working`](Self::to_working) together with ‖self‖_F (the value of
-    /// [`Matrix::frobenius_norm`]), from one pass over `self` where the backend has one:
-    /// contiguous CPU f32 tensors converted to bf16 (`kappa_optim::fused`). `Ok(None)`
-    /// elsewhere, and where `self` is already in the working type.
-    fn to_working_with_norm(&self, p: Precision) -> Result<Option<(Self, f64)>> {
+    /// [`to_working`](Self::to_working) together with its norm (a [`Normed`] copy) and
+    /// ‖self‖_F (the values of [`Matrix::frobenius_norm`]), from one pass over `self` where the
+    /// backend has one: contiguous CPU f32 tensors with finite entries converted to bf16
+    /// ([`kappa_linalg::tch_backend::to_bf16_normed`]). `Ok(None)` elsewhere, and where `self`
+    /// is already in the working type.
+    fn to_working_with_norm(&self, p: Precision) -> Result<Option<(Normed<Self>, f64)>> {
         let _ = p;
         Ok(None)
     }
@@ -257,11 +258,12 @@ mod tch_impl {
             Ok(kind_name(resolve(self, p)))
         }
 
-        fn to_working_with_norm(&self, p: Precision) -> Result<Option<(Self, f64)>> {
+        fn to_working_with_norm(&self, p: Precision) -> Result<Option<(Normed<Self>, f64)>> {
             if self.kind() != Kind::Float || resolve(self, p) != Kind::BFloat16 {
                 return Ok(None);
             }
-            Ok(crate::fused::to_bf16_with_norm(self))
+            let _g = tch::no_grad_guard();
+            Ok(kappa_linalg::tch_backend::to_bf16_normed(self))
         }
 
         fn update_from_working(

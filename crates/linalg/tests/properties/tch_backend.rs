@@ -11,8 +11,8 @@ use super::common::*;
 use kappa_linalg::tch_backend::{array_from_tensor, tensor_from_array};
 use kappa_linalg::{
     aol_gram_newton_schulz, aol_newton_schulz, gram_newton_schulz, newton_schulz,
-    newton_schulz_cubic, newton_schulz_muon, singular_values, InputError, LinalgError, Matrix,
-    NsSchedule, SvdDriver, GRAM_NS_RESTART,
+    newton_schulz_cubic, newton_schulz_muon, newton_schulz_normed, singular_values, InputError,
+    LinalgError, Matrix, Normed, NsSchedule, SvdDriver, GRAM_NS_RESTART,
 };
 use ndarray::Array2;
 use proptest::prelude::*;
@@ -463,7 +463,8 @@ fn frobenius_norms_of_f32_and_bf16_tensors_match_the_f64_reduction() {
 
 /// `transposed_copy` is a deep, row-major copy of the transpose, also where the transpose of a
 /// row or column would already count as contiguous; a tall matrix's Newton–Schulz result is
-/// row-major and the bits of the wide iteration on that copy.
+/// row-major and the bits of the wide iteration on that copy (its norm, summed in the tall
+/// order, gives the same normalization factor here).
 #[test]
 fn tall_matrices_iterate_on_a_row_major_copy_of_their_transpose() {
     for (m, n) in [(5, 1), (1, 5), (48, 16)] {
@@ -479,6 +480,50 @@ fn tall_matrices_iterate_on_a_row_major_copy_of_their_transpose() {
     let wide = newton_schulz_muon(&x.tr().contiguous()).unwrap();
     assert!(tall.is_contiguous());
     assert!(tall.equal(&wide.tr()));
+}
+
+/// `newton_schulz_normed` is `newton_schulz` without its first passes: the same bits on wide
+/// and tall f32 and bf16 tensors (300×800 takes the row-block Gram in bf16), from `Normed::new`
+/// and from the one-pass bf16 conversion, whose norms are `frobenius_norm`'s. The conversion
+/// declines what it cannot norm: f64, a strided view, an empty tensor, a NaN, an entry that
+/// rounds to ∞ in bf16.
+#[test]
+fn normed_newton_schulz_is_newton_schulz_bit_for_bit() {
+    use kappa_linalg::tch_backend::to_bf16_normed;
+    let s = NsSchedule::muon();
+    for (m, n) in [(16, 48), (48, 16), (1, 5), (300, 800)] {
+        let x = t32(&gaussian(m, n, 31));
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let xk = x.to_kind(kind);
+            let want = newton_schulz(&xk, &s).unwrap();
+            let got = newton_schulz_normed(Normed::new(xk.copy()).unwrap(), &s).unwrap();
+            assert!(got.equal(&want), "{m}×{n} {kind:?}");
+        }
+        let (normed, fro) = to_bf16_normed(&x).unwrap();
+        assert_eq!(fro.to_bits(), Matrix::frobenius_norm(&x).unwrap().to_bits());
+        let want = newton_schulz(&x.to_kind(Kind::BFloat16), &s).unwrap();
+        let got = newton_schulz_normed(normed, &s).unwrap();
+        assert!(got.equal(&want), "{m}×{n} from f32");
+    }
+    let x = t32(&gaussian(4, 6, 32));
+    let with = |v: f64| {
+        let y = x.copy();
+        let _ = y.get(2).get(3).fill_(v);
+        y
+    };
+    for (t, what) in [
+        (x.to_kind(Kind::Double), "f64"),
+        (x.tr(), "a transposed view"),
+        (x.narrow(0, 0, 0), "empty"),
+        (with(f64::NAN), "NaN"),
+        (with(f64::from(f32::MAX)), "rounds to ∞"),
+    ] {
+        assert!(to_bf16_normed(&t).is_none(), "{what}");
+    }
+    assert!(matches!(
+        Normed::new(with(f64::NAN)),
+        Err(LinalgError::Input(InputError::NonFinite { arg: "x", .. }))
+    ));
 }
 
 /// `validate` of a bf16 tensor (scanned in place by its exponent bits when contiguous, by

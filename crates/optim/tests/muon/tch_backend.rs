@@ -579,27 +579,37 @@ fn spread_f32(m: usize, n: usize, seed: u64) -> Tensor {
     a
 }
 
-/// The conversion of a CPU f32 tensor to bf16 with its norm in one pass
+/// The conversion of a CPU f32 tensor to bf16 with both norms in one pass
 /// (`WorkingPrecision::to_working_with_norm`, the path msign's input takes in bf16) gives
-/// libtorch's conversion and `Matrix::frobenius_norm` bit for bit: rounding to nearest with ties
-/// to even (ties, overflow to ∞, subnormals and −0 included), and the norm summed in the norm's
-/// own order.
+/// libtorch's conversion and `Matrix::frobenius_norm` of the input and of the result bit for bit:
+/// rounding to nearest with ties to even (ties, overflow to ∞, subnormals and −0 included, as
+/// the kernel writes them), each norm summed in the norm's own order. An input with an entry
+/// whose rounding overflows is left to the general path (`None`), which rescales it first.
 #[test]
-fn bf16_conversion_with_the_norm_is_libtorchs_bit_for_bit() {
+fn bf16_conversion_with_the_norms_is_libtorchs_bit_for_bit() {
+    use kappa_linalg::scalar::sums_of_squares_to_bf16;
+    let bits = |t: &Tensor| t.view_dtype(Kind::Int16);
+    let norm = |t: &Tensor| kappa_linalg::Matrix::frobenius_norm(t).unwrap().to_bits();
     for (m, n) in [(1, 7), (33, 65), (401, 401)] {
         let a = spread_f32(m, n, 70 + m as u64);
-        let (bf, fro) = a
+        let x = f32_entries(&a);
+        let mut out = vec![0u16; x.len()];
+        let (input, _) = sums_of_squares_to_bf16(&x, &mut out).unwrap();
+        let out: Vec<i16> = out.iter().map(|&b| b as i16).collect();
+        let kernel = Tensor::from_slice(&out).reshape([m as i64, n as i64]);
+        assert!(kernel.equal(&bits(&a.to_kind(Kind::BFloat16))), "{m}×{n}");
+        assert_eq!(input.sqrt().to_bits(), norm(&a), "{m}×{n}");
+        assert!(a.to_working_with_norm(Precision::Bf16).unwrap().is_none());
+
+        let a = a.clamp(-1e38, 1e38);
+        let (normed, fro) = a
             .to_working_with_norm(Precision::Bf16)
             .unwrap()
             .expect("CPU f32 → bf16 takes the one-pass form");
         let want = a.to_kind(Kind::BFloat16);
-        let bits = |t: &Tensor| t.view_dtype(Kind::Int16);
-        assert!(bits(&bf).equal(&bits(&want)), "{m}×{n}");
-        assert_eq!(
-            fro.to_bits(),
-            kappa_linalg::Matrix::frobenius_norm(&a).unwrap().to_bits(),
-            "{m}×{n}"
-        );
+        assert!(bits(normed.matrix()).equal(&bits(&want)), "{m}×{n}");
+        assert_eq!(fro.to_bits(), norm(&a), "{m}×{n}");
+        assert_eq!(normed.fro().to_bits(), norm(&want), "{m}×{n}");
         // Already in the working type, or not converted to bf16: no one-pass form.
         assert!(a.to_working_with_norm(Precision::F32).unwrap().is_none());
         assert!(want
