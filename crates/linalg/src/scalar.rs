@@ -309,9 +309,10 @@ pub fn sum_of_squares<T: Copy>(x: &[T], widen: impl Fn(T) -> f64) -> f64 {
     lanes.iter().sum::<f64>() + tail
 }
 
-/// f32 → bf16 (its bits), rounded to nearest with ties to even, as libtorch converts; a NaN
-/// becomes a quiet NaN. A finite value above the largest bf16 (by at least half its last unit)
-/// rounds to ±∞.
+/// f32 → bf16 (its bits), rounded to nearest with ties to even, as libtorch converts finite
+/// values and ±∞. A finite value above the largest bf16 (by at least half its last unit) rounds
+/// to ±∞. A NaN becomes the quiet NaN 0x7FC0 (libtorch's scalar conversion gives the same; its
+/// vector kernels may write another NaN).
 ///
 /// ```
 /// use kappa_linalg::scalar::{bf16_bits_to_f64, f32_to_bf16_bits};
