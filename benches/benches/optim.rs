@@ -17,7 +17,8 @@
 //! alternate in one run, `KAPPA_BENCH_PAIRS` pairs per row (default 11), each side's sample the
 //! mean of enough calls to last ≥ 50 ms; the batched rows also at GPT-2's depth (12 layers, 12
 //! matrices per shape), where batching can reach further than 4 matrices per shape allow; then,
-//! paired the same way, the f32 step with libtorch's MKL `syrk` against the step without it.
+//! paired the same way, the f32 step with libtorch's MKL `syrk` against the step without it, and
+//! a wide bf16 tensor's Gram matrix by row blocks (`Matrix::gram`) against libtorch's X·Xᵀ.
 //!
 //! Run: `KAPPA_BENCH_THREADS=1 cargo bench -p kappa-benches --bench optim` (and again with 2).
 //! `KAPPA_BENCH_QUICK=1` keeps only 384×384 (a smoke run); `KAPPA_BENCH_VERSUS_ONLY=1` runs only
@@ -339,6 +340,35 @@ fn print_batch_summary() {
         }
     }
     print_syrk_rows(pairs);
+    print_row_block_rows(pairs);
+}
+
+/// The wide shapes of [`print_row_block_rows`] (r ≥ 768 rows, s ≥ 2r columns).
+const ROW_BLOCK_SHAPES: [(usize, usize); 3] = [(768, 2304), (768, 3072), (1024, 4096)];
+
+/// A wide CPU bf16 tensor's Gram matrix as `Matrix::gram` computes it (row blocks, mirrored:
+/// `kappa_linalg::syrk`) against libtorch's general product X·Xᵀ, alternated in pairs, where the
+/// CPU multiplies bf16 natively.
+fn print_row_block_rows(pairs: usize) {
+    if !kappa_optim::cpu_has_native_bf16() {
+        return println!("(bf16 Gram rows skipped: this CPU has no native bf16 products)");
+    }
+    for (m, n) in ROW_BLOCK_SHAPES {
+        let x = t32(&gaussian(m, n, 3)).to_kind(tch::Kind::BFloat16);
+        let mut blocks = || {
+            let _ = black_box(Matrix::gram(&x).expect("gram"));
+        };
+        let mut general = || {
+            let _ = black_box(x.matmul(&x.tr()));
+        };
+        let (r, a, b) = paired_per_call(&mut blocks, &mut general, pairs);
+        println!(
+            "bf16  {:<10} Gram by row blocks {:>8.3} ms, libtorch's X·Xᵀ {:>8.3} ms, ratio {r}",
+            shape_id(m, n),
+            a.median * 1e3,
+            b.median * 1e3,
+        );
+    }
 }
 
 /// kappa's f32 Muon step with libtorch's MKL `syrk` for the Gram products against the same step

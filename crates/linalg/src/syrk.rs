@@ -45,10 +45,10 @@
 //! exactly symmetric. Each entry is still one bf16 rounding of an f32 dot product over the s
 //! columns (oneDNN's), as in the full product; only the order of its summation may differ. It
 //! applies where the smaller products keep the kernels busy (r ≥ [`ROW_BLOCK_MIN_ROWS`],
-//! s ≥ 2r): on one thread of an Intel Xeon with AMX, X·Xᵀ then took 0.87–0.90× the full
-//! product's time at r = 768 and 1024 (s = 2r … 4r), and on two threads 0.47–0.56× at r = 768,
-//! where libtorch runs the full product on one thread; square matrices (the polynomial part's
-//! A·A included) and r = 512 gained nothing and keep the general product.
+//! s ≥ 2r): there the row blocks measured faster than libtorch's full product on one thread and
+//! two (where libtorch ran the full 768-row product on one thread only); square matrices (the
+//! polynomial part's A·A included) and r = 512 gained nothing and keep the general product.
+//! kappa-benches' `optim` bench prints the ratio at three wide shapes.
 //!
 //! (A first try at MKL's routine, with 32-bit integers, crashed when called before libtorch had
 //! run a product of its own. The routine reads 64-bit integers: a size of 2³² + 70 passed as one
