@@ -451,6 +451,9 @@ fn per_point_table(section: &mut Section, config: &Config, traces: &Traces, poin
             for &w in widths {
                 let cell = find(points, Study::Manifolds, w, &v.name).map(|p| {
                     let ts = traces.of(&p);
+                    if ts.is_empty() {
+                        return MISSING.to_string();
+                    }
                     let losses: Vec<f64> = ts
                         .iter()
                         .filter(|(_, t)| t.completed())
@@ -522,6 +525,13 @@ fn mechanism(
             let ts = traces.of(&p);
             let diverged = ts.iter().filter(|(_, t)| t.diverged_at().is_some()).count();
             let ends: Vec<Heads> = ts.iter().filter_map(|(_, t)| t.last).collect();
+            if ends.is_empty() {
+                row.push(match ts.is_empty() {
+                    true => MISSING.into(),
+                    false => format!("{MISSING}, diverged {diverged}/{}", ts.len()),
+                });
+                continue;
+            }
             for h in &ends {
                 logits.push((w, h.max_logit.log2()));
                 // The bound's width factor at fixed σσ: ‖x‖² ≈ D (unit-variance LayerNorm
