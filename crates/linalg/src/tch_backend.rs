@@ -88,7 +88,8 @@ fn all_finite_in_place(t: &Tensor) -> Option<bool> {
 /// [`Matrix::frobenius_norm`] for `x`), in one read of `x` instead of the three that converting,
 /// summing the input's squares and then the result's take
 /// ([`crate::scalar::sums_of_squares_to_bf16`], on AVX-512 or AVX2 where the CPU has them; the
-/// same bits on each). `None` when `x` is not a defined, contiguous CPU f32 tensor, is empty,
+/// same bits on each). Single-threaded: the norms' one lane order is what makes them
+/// `frobenius_norm`'s. `None` when `x` is not a defined, contiguous CPU f32 tensor, is empty,
 /// or has an entry that is not finite or whose bf16 rounding is not (then
 /// [`Normed::new`](crate::Normed::new) on the converted tensor says which).
 ///
@@ -124,9 +125,10 @@ pub fn to_bf16_normed(x: &Tensor) -> Option<(crate::Normed<Tensor>, f64)> {
 }
 
 /// [`crate::scalar::sums_of_squares_to_bf16`] with the same bits, on AVX-512 where the CPU has
-/// it (`avx512f`, `avx512bw`, `avx512vl`), written with its intrinsics: compiled from the
+/// it (`avx512f`, `avx512bw`, `avx512vl`), written with its intrinsics (compiled from the
 /// portable loop, the two sets of eight f64 lanes came out in 128-bit pieces and ran at a third
-/// of the speed of one pass over memory.
+/// of the speed of one pass over memory); elsewhere the portable loop, compiled for AVX2 where
+/// the CPU has it.
 #[allow(unsafe_code)]
 fn bf16_with_sums_of_squares(x: &[f32], o: &mut [u16]) -> Option<(f64, f64)> {
     #[cfg(target_arch = "x86_64")]
@@ -139,6 +141,18 @@ fn bf16_with_sums_of_squares(x: &[f32], o: &mut [u16]) -> Option<(f64, f64)> {
         // above), and `o` has `x`'s length, as it requires.
         return Some(unsafe { bf16_with_sums_of_squares_avx512(x, o) });
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above), the only requirement.
+        return unsafe { bf16_with_sums_of_squares_avx2(x, o) };
+    }
+    crate::scalar::sums_of_squares_to_bf16(x, o)
+}
+
+/// The portable loop compiled for AVX2 (CPUs without AVX-512; the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn bf16_with_sums_of_squares_avx2(x: &[f32], o: &mut [u16]) -> Option<(f64, f64)> {
     crate::scalar::sums_of_squares_to_bf16(x, o)
 }
 
@@ -827,6 +841,14 @@ mod tests {
             assert_eq!(fast, portable, "length {n}");
             let bits = |(a, b): (f64, f64)| (a.to_bits(), b.to_bits());
             assert_eq!(bits(f), bits(p), "length {n}");
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                let mut wide = vec![0u16; n];
+                // SAFETY: the CPU supports AVX2 (checked just above).
+                #[allow(unsafe_code)]
+                let a = unsafe { super::bf16_with_sums_of_squares_avx2(&x, &mut wide) }.unwrap();
+                assert_eq!((wide, bits(a)), (portable, bits(p)), "AVX2, length {n}");
+            }
         }
         let finite: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.61).cos() * 3.0).collect();
         let (mut fast, mut portable) = (vec![0u16; 1000], vec![0u16; 1000]);
