@@ -23,7 +23,7 @@
 //!    shape (the group batches same-shape blocks: 4 calls of 12 matrices) and
 //!    `AdamW::step_tensors` once per AdamW group (the fused kernel, a group's default), in the
 //!    group order. The optimizer's step also checks every gradient (size, kind, device, and one
-//!    pass for finiteness); that pass alone (`kappa_optim::fused::sum_of_squares` per gradient,
+//!    pass for finiteness); that pass alone (`kappa_optim::fused::all_finite` per gradient,
 //!    as the check runs it) is timed too and printed beside the ratio, and so is each group's
 //!    mean time per step on either side (the API's from `Optimizer::take_stats`, which leaves
 //!    the check out). Each side runs twice first (a warm call, then one timed to size the
@@ -314,12 +314,12 @@ fn same_shape_batches(ws: Vec<Tensor>, grads: Vec<Tensor>) -> Vec<RawBatch> {
 }
 
 /// One pass over every gradient as `Optimizer::step`'s finiteness check makes it (one
-/// `sum_of_squares` per gradient): the median seconds of three.
+/// `all_finite` per gradient): the median seconds of three.
 fn finiteness_pass_seconds(opt: &Optimizer) -> f64 {
     let grads: Vec<Tensor> = opt.params().map(|(_, p)| p.grad()).collect();
     let mut pass = || {
         for g in &grads {
-            let _ = kappa_optim::fused::sum_of_squares(std::slice::from_ref(g));
+            let _ = kappa_optim::fused::all_finite(std::slice::from_ref(g));
         }
     };
     Spread::of((0..3).map(|_| seconds(&mut pass)).collect()).median

@@ -18,7 +18,8 @@
 //!   reads p, g, m, v once and writes p, m, v once: 7 passes.
 //! * [`sum_of_squares`]: Σ g² over every gradient, for the clipping norm, in one read
 //!   (libtorch's `to_kind(Double).square().sum()` reads and writes f64 copies: about 9 passes
-//!   in units of the f32 tensor).
+//!   in units of the f32 tensor); [`all_finite`]: whether every gradient entry is finite, in one
+//!   read (the optimizer's gradient check).
 //!
 //! Both compute each element in f64 from the f32 inputs and round once when they store, so the
 //! result of every element is a pure function of that element's inputs: the work can be split
@@ -427,8 +428,47 @@ pub(crate) fn momentum(
 /// let strided = Tensor::arange(4, (Kind::Float, Device::Cpu)).slice(0, 0, None, 2);
 /// assert_eq!(kappa_optim::fused::sum_of_squares(&[strided]), None);
 /// ```
-#[allow(unsafe_code)]
 pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
+    let partial = per_chunk(tensors, None, 0f64, chunk_sum_of_squares)?;
+    Some(partial.iter().sum())
+}
+
+/// Whether every entry of every defined tensor in `tensors` is finite, in one read of each;
+/// `None` when some defined tensor is not a contiguous CPU f32 tensor. Each chunk folds
+/// acc + v·0 in eight f32 lanes: v·0 is 0 for a finite v and NaN for ±∞ and NaN, so the fold
+/// is 0 exactly when every entry is finite. Single-precision lanes read memory at about twice
+/// the rate of [`sum_of_squares`]'s f64 ones, which is why a finiteness check uses this pass.
+///
+/// ```
+/// use tch::Tensor;
+/// let g = Tensor::from_slice(&[3.0f32, -4.0]);
+/// assert_eq!(kappa_optim::fused::all_finite(&[g, Tensor::new()]), Some(true));
+/// let h = Tensor::from_slice(&[1.0f32, f32::NEG_INFINITY]);
+/// assert_eq!(kappa_optim::fused::all_finite(&[h]), Some(false));
+/// ```
+pub fn all_finite(tensors: &[Tensor]) -> Option<bool> {
+    all_finite_on(tensors, None)
+}
+
+/// [`all_finite`] on `threads` workers (`None`: libtorch's intra-op thread count).
+fn all_finite_on(tensors: &[Tensor], threads: Option<usize>) -> Option<bool> {
+    let finite = |c: &[f32]| {
+        kappa_linalg::scalar::fold_in_lanes(c, 0f32, |acc, v| acc + v * 0.0, |a, b| a + b) == 0.0
+    };
+    let chunks = per_chunk(tensors, threads, true, finite)?;
+    Some(chunks.iter().all(|&f| f))
+}
+
+/// `f` of every chunk of at most [`CHUNK`] elements of the defined tensors of `tensors`, in
+/// order, split among `threads` workers (`None`: libtorch's intra-op thread count above
+/// [`PARALLEL_MIN`] elements, else one); `None` when some defined tensor is not eligible.
+#[allow(unsafe_code)]
+fn per_chunk<T: Copy + Send>(
+    tensors: &[Tensor],
+    threads: Option<usize>,
+    init: T,
+    f: impl Fn(&[f32]) -> T + Sync,
+) -> Option<Vec<T>> {
     let defined: Vec<&Tensor> = tensors.iter().filter(|t| t.defined()).collect();
     if !defined.iter().all(|t| eligible(t)) {
         return None;
@@ -445,24 +485,25 @@ pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
         let x = unsafe { std::slice::from_raw_parts(t.data_ptr().cast::<f32>(), n) };
         chunks.extend(x.chunks(CHUNK));
     }
-    let mut partial = vec![0f64; chunks.len()];
+    let mut out = vec![init; chunks.len()];
     let total: usize = chunks.iter().map(|c| c.len()).sum();
-    {
-        let units: Vec<(usize, (&[f32], &mut f64))> = chunks
-            .iter()
-            .zip(partial.iter_mut())
-            .map(|(c, s)| (c.len(), (*c, s)))
-            .collect();
-        run_parallel(
-            split_work(units, workers_from(total, PARALLEL_MIN)),
-            |list| {
-                for (c, s) in list {
-                    *s = chunk_sum_of_squares(c);
-                }
-            },
-        );
-    }
-    Some(partial.iter().sum())
+    let units: Vec<(usize, (&[f32], &mut T))> = chunks
+        .iter()
+        .zip(out.iter_mut())
+        .map(|(c, s)| (c.len(), (*c, s)))
+        .collect();
+    run_parallel(
+        split_work(
+            units,
+            threads.unwrap_or_else(|| workers_from(total, PARALLEL_MIN)),
+        ),
+        |list| {
+            for (c, s) in list {
+                *s = f(c);
+            }
+        },
+    );
+    Some(out)
 }
 
 /// Muon's update of an f32 weight by a bf16 direction, W ← fl(W·d) (with `decay` = d) then
@@ -638,5 +679,40 @@ mod tests {
         // A strided view is refused, not misread.
         assert_eq!(sum_of_squares(&[x.slice(0, 0, None, 2)]), None);
         assert_eq!(sum_of_squares(&[x.to_kind(Kind::Double)]), None);
+    }
+
+    #[test]
+    fn the_finiteness_pass_finds_every_non_finite_entry_wherever_it_lies() {
+        // Every position class of the fold: a lane of the first chunk, the tail of a chunk
+        // (CHUNK + 5 is not a multiple of the lanes), a later chunk, the last element; in the
+        // first and in the second tensor of the call. Finite extremes (±f32::MAX, the smallest
+        // subnormal, −0) must pass: v·0 is ±0 for them, never NaN.
+        let n = 2 * CHUNK + 5;
+        let base = Tensor::linspace(-3.0, 3.0, n as i64, (Kind::Float, Device::Cpu));
+        let _ = base.narrow(0, 1, 1).fill_(f64::from(f32::MAX));
+        let _ = base.narrow(0, 2, 1).fill_(-f64::from(f32::MAX));
+        let _ = base.narrow(0, 3, 1).fill_(f64::from(f32::from_bits(1)));
+        let _ = base.narrow(0, 4, 1).fill_(-0.0);
+        let other = base.copy();
+        assert_eq!(
+            all_finite(&[base.copy(), Tensor::new(), other.copy()]),
+            Some(true)
+        );
+        for threads in [1, 2, 3] {
+            for at in [0, 6, CHUNK - 1, CHUNK, 2 * CHUNK + 1, n - 1] {
+                for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                    for which in 0..2 {
+                        let ts = [base.copy(), other.copy()];
+                        let _ = ts[which].narrow(0, at as i64, 1).fill_(bad);
+                        let found = all_finite_on(&ts, Some(threads));
+                        assert_eq!(found, Some(false), "{bad} at {at} of {which}");
+                    }
+                }
+            }
+        }
+        // Not eligible: refused, not misread.
+        assert_eq!(all_finite(&[base.slice(0, 0, None, 2)]), None);
+        assert_eq!(all_finite(&[base.to_kind(Kind::Double)]), None);
+        assert_eq!(all_finite(&[Tensor::new()]), Some(true));
     }
 }

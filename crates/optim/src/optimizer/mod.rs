@@ -416,11 +416,11 @@ fn first_non_finite(g: &Tensor) -> Result<OptimError> {
     .into())
 }
 
-/// Whether every entry of `g` is finite (one pass: the fused sum of squares of a CPU f32
-/// tensor is finite exactly when every entry is, as each square is exact in f64).
+/// Whether every entry of `g` is finite (one pass, [`crate::fused::all_finite`], for a
+/// contiguous CPU f32 tensor; libtorch's `isfinite().all()` for any other).
 fn finite(g: &Tensor) -> Result<bool> {
-    match crate::fused::sum_of_squares(std::slice::from_ref(g)) {
-        Some(s) => Ok(s.is_finite()),
+    match crate::fused::all_finite(std::slice::from_ref(g)) {
+        Some(f) => Ok(f),
         None => g
             .f_isfinite()
             .and_then(|f| f.f_all())
