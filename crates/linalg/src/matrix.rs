@@ -45,6 +45,16 @@ pub trait Matrix: Sized {
     /// 2⁻¹²⁶ and ≈ 3.40e38 for f32 (≈ 3.39e38 for bf16), 2⁻¹⁰²² and ≈ 1.80e308 for f64.
     fn normal_range(&self) -> (f64, f64);
 
+    /// Whether a Newton–Schulz step X ← a·X + B·X (B symmetric r×r, X r×s, r ≤ s) runs as
+    /// (B + a·I)·X: one product, without the scaled copy of X that the sum takes, and B + a·I
+    /// costs O(r). True for f32 and f64: rounding a + B_ii once adds at most u·(|a| + |B_ii|) to
+    /// a coefficient the product then accumulates within γ_r, the error bound of the summed form.
+    /// False for bf16, whose rounding of a + B_ii (up to 2⁻⁹·|a|, with a ≈ 3.4 in the quintic)
+    /// would exceed what the fused form keeps: a·X and B·X accumulated in f32 and rounded once.
+    fn folds_identity(&self) -> bool {
+        true
+    }
+
     /// The transpose, by value. O(1) on both backends: `ndarray` swaps strides (the result is
     /// column-major), `tch` returns a strided view.
     fn into_transpose(self) -> Self;

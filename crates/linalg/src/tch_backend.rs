@@ -477,6 +477,10 @@ impl Matrix for Tensor {
         }
     }
 
+    fn folds_identity(&self) -> bool {
+        self.kind() != Kind::BFloat16
+    }
+
     fn validate(&self, arg: &'static str) -> Result<()> {
         let (rows, cols) = check_2d(arg, self)?;
         check_kind(arg, self.kind())?;
