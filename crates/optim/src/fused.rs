@@ -434,8 +434,8 @@ pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
 }
 
 /// Whether every entry of every defined tensor in `tensors` is finite, in one read of each;
-/// `None` when some defined tensor is not a contiguous CPU f32 tensor. Each chunk folds
-/// acc + v·0 in eight f32 lanes: v·0 is 0 for a finite v and NaN for ±∞ and NaN, so the fold
+/// `None` when some defined tensor is not a contiguous CPU f32 tensor. Each chunk is
+/// `kappa_linalg::input::all_finite`'s fold of acc + v·0 in eight f32 lanes: v·0 is 0 for a finite v and NaN for ±∞ and NaN, so the fold
 /// is 0 exactly when every entry is finite. Single-precision lanes read memory at about twice
 /// the rate of [`sum_of_squares`]'s f64 ones, which is why a finiteness check uses this pass.
 ///
@@ -453,7 +453,8 @@ pub fn all_finite(tensors: &[Tensor]) -> Option<bool> {
 /// [`all_finite`] on `threads` workers (`None`: libtorch's intra-op thread count).
 fn all_finite_on(tensors: &[Tensor], threads: Option<usize>) -> Option<bool> {
     let finite = |c: &[f32]| {
-        kappa_linalg::scalar::fold_in_lanes(c, 0f32, |acc, v| acc + v * 0.0, |a, b| a + b) == 0.0
+        let row = ndarray::ArrayView1::from(c).insert_axis(ndarray::Axis(0));
+        kappa_linalg::input::all_finite(&row)
     };
     let chunks = per_chunk(tensors, threads, true, finite)?;
     Some(chunks.iter().all(|&f| f))
