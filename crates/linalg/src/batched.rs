@@ -1,5 +1,5 @@
 //! Batched Newton–Schulz on `tch` (feature `tch`): B same-shape matrices, a 3-D tensor
-//! [B, m, n], orthogonalized together, each step one `bmm` and two `baddbmm` calls for the whole
+//! [B, m, n], orthogonalized together, each step two `bmm` and one `baddbmm` call for the whole
 //! batch instead of three products per matrix.
 //!
 //! # Math
@@ -7,20 +7,21 @@
 //! Slice i gets exactly what [`newton_schulz`](crate::newton_schulz()) does to it alone: the
 //! same validation, the same wide orientation (all slices share one shape, so one orientation:
 //! Xᵢ is transposed when m > n), the same normalization Xᵢ/(c·‖Xᵢ‖_F) (per matrix, with the same
-//! power-of-two guards; in a few calls for the whole batch when every slice is finite with a
+//! power-of-two guards; in one pass for the whole batch when every slice is finite with a
 //! factor 1/(c·‖Xᵢ‖_F) in [1e-30, 1e30], slice by slice otherwise), then for every step (a, b, c)
 //!
-//!   A = X·Xᵀ (`bmm`), B = b·A + c·A·A (`baddbmm`), X ← a·X + B·X (`baddbmm`),
+//!   A = X·Xᵀ (`bmm`), B = b·A + c·A·A (`baddbmm`), X ← (B + a·I)·X (`bmm`),
 //!
 //! on the batch. Where a slice is large enough to be bound by arithmetic, not by calls, and its
 //! Gram products take the symmetric kernel (CPU f32/f64 tensors: libtorch's MKL `syrk` at any
 //! thread count, or OpenBLAS's on one thread; see `slices_go_alone`),
 //! each slice instead runs [`newton_schulz`](crate::newton_schulz()) alone (the same bits as
 //! the per-matrix call, then one stacking copy). Only the products differ from the per-matrix
-//! path (a batched kernel may sum in another order than `mm`), so each slice agrees with
+//! path (a batched kernel may sum in another order than `mm`), and a + B_ii, which rounds once
+//! in the working type here and once from f64 there, so each slice agrees with
 //! [`newton_schulz`](crate::newton_schulz()) to the rounding of those products in the working
-//! type, amplified as the iteration amplifies any rounding (the tests bound it by the measured amplification of an input perturbation of
-//! one unit roundoff). A zero slice stays zero. The Gram form
+//! type, amplified as the iteration amplifies any rounding (the tests bound it by the measured
+//! amplification of an input perturbation of one unit roundoff). A zero slice stays zero. The Gram form
 //! ([`gram_newton_schulz`](crate::gram_newton_schulz())) is not batched here.
 
 use tch::{Kind, Tensor};
@@ -60,8 +61,8 @@ fn batch_dims(x: &Tensor) -> Result<(i64, usize, usize)> {
 /// docs); returns a new tensor of `x`'s shape, kind and device.
 ///
 /// Cost: B times the per-matrix flops of [`newton_schulz`](crate::newton_schulz()) in
-/// 3 batched calls per step (2 when c = 0), plus the per-slice normalization (B norms and
-/// scalings) and one copy to stack the slices.
+/// 3 batched products per step (2 when c = 0) and an add to the B diagonals, plus the
+/// normalization (one pass for the B norms, one for the scalings).
 ///
 /// Errors: `x` not 3-D, of an unsupported kind or empty (argument `x`); a non-finite slice
 /// ([`InputError::NonFinite`], argument `x`, the row and column inside the first such slice);
@@ -83,21 +84,91 @@ pub fn newton_schulz_batched(x: &Tensor, schedule: &NsSchedule) -> Result<Tensor
     if slices_go_alone(x, m, n) {
         return each_slice_alone(x, b, schedule);
     }
-    let (mut xb, transposed) = match normalized_at_once(x, schedule)? {
+    let fros = crate::tch_backend::slice_frobenius_norms(x, "x")?;
+    iterate_batch(x, &fros, schedule)
+}
+
+/// [`newton_schulz_batched`] on a batch whose slice norms are already known: the same result,
+/// bit for bit, without the pass that sums the squares.
+///
+/// ```
+/// use kappa_linalg::{newton_schulz_batched, newton_schulz_batched_normed, NormedBatch, NsSchedule};
+/// let x = tch::Tensor::randn([4, 8, 5], (tch::Kind::Float, tch::Device::Cpu));
+/// let s = NsSchedule::muon();
+/// let q = newton_schulz_batched_normed(NormedBatch::new(x.copy()).unwrap(), &s).unwrap();
+/// assert!(q.equal(&newton_schulz_batched(&x, &s).unwrap()));
+/// ```
+pub fn newton_schulz_batched_normed(x: NormedBatch, schedule: &NsSchedule) -> Result<Tensor> {
+    let (b, m, n) = batch_dims(&x.batch)?;
+    let _g = tch::no_grad_guard();
+    if slices_go_alone(&x.batch, m, n) {
+        return each_slice_alone(&x.batch, b, schedule);
+    }
+    iterate_batch(&x.batch, &x.fros, schedule)
+}
+
+/// A 3-D tensor [B, m, n] with the Frobenius norm of each slice, the values
+/// [`slice_frobenius_norms`](crate::tch_backend::slice_frobenius_norms) returns for it: the
+/// input of [`newton_schulz_batched_normed`]. Made by [`NormedBatch::new`], or by a conversion
+/// that sums the squares in the pass that writes the batch
+/// ([`to_bf16_batch_normed`](crate::tch_backend::to_bf16_batch_normed)).
+#[derive(Debug)]
+pub struct NormedBatch {
+    batch: Tensor,
+    fros: Vec<f64>,
+}
+
+impl NormedBatch {
+    /// `batch` with its slice norms. Errors: as [`newton_schulz_batched`] for its input (not
+    /// 3-D, an unsupported kind, empty; a non-finite entry, with its row and column inside the
+    /// first such slice), argument `x`.
+    pub fn new(batch: Tensor) -> Result<Self> {
+        batch_dims(&batch)?;
+        let fros = crate::tch_backend::slice_frobenius_norms(&batch, "x")?;
+        for (i, fro) in fros.iter().enumerate() {
+            if !fro.is_finite() {
+                // An infinite norm from finite f64 entries passes (the iteration rescales it).
+                crate::Matrix::validate(&batch.f_select(0, i as i64).map_err(backend("x"))?, "x")?;
+            }
+        }
+        Ok(Self { batch, fros })
+    }
+
+    /// For conversions that compute the norms as
+    /// [`slice_frobenius_norms`](crate::tch_backend::slice_frobenius_norms) does, in the pass
+    /// that wrote `batch` (a 3-D tensor), and have checked that they are finite.
+    pub(crate) fn from_parts(batch: Tensor, fros: Vec<f64>) -> Self {
+        Self { batch, fros }
+    }
+
+    /// ‖Xᵢ‖_F of every slice.
+    pub fn fros(&self) -> &[f64] {
+        &self.fros
+    }
+
+    /// The batch.
+    pub fn batch(&self) -> &Tensor {
+        &self.batch
+    }
+}
+
+/// The batched iteration on `x` (3-D, of a supported kind, not empty) with slice norms `fros`:
+/// normalization, the steps, the overflow check, the orientation back.
+fn iterate_batch(x: &Tensor, fros: &[f64], schedule: &NsSchedule) -> Result<Tensor> {
+    let (mut xb, transposed) = match normalized_at_once(x, fros, schedule)? {
         Some(prepared) => prepared,
         None => normalized_slice_by_slice(x, schedule)?,
     };
     for p in &schedule.steps {
+        // X ← (B + a·I)·X, as `newton_schulz` folds a·X into the product.
         let poly = poly_part_batched(&xb, p)?;
-        xb = xb.f_baddbmm(&poly, &xb, p.a, 1.0).map_err(backend("x"))?;
+        xb = poly
+            .f_diagonal(0, 1, 2)
+            .and_then(|mut d| d.f_add_scalar_(p.a))
+            .and_then(|_| poly.f_bmm(&xb))
+            .map_err(backend("x"))?;
     }
-    // One pass: a sum in the working kind is finite only if every entry is (finite entries
-    // make it non-finite only by overflowing, which is reported as the overflow it is).
-    let sum = xb
-        .f_sum(xb.kind())
-        .and_then(|f| f.f_double_value(&[]))
-        .map_err(backend("x"))?;
-    if !sum.is_finite() {
+    if !all_finite(&xb)? {
         return Err(LinalgError::Overflow {
             arg: "schedule",
             reason: "the polynomial steps drove the iterate beyond the element type's range".into(),
@@ -108,6 +179,20 @@ pub fn newton_schulz_batched(x: &Tensor, schedule: &NsSchedule) -> Result<Tensor
     } else {
         xb
     })
+}
+
+/// Whether every entry of `x` is finite: scanned in place where it can be (contiguous CPU
+/// tensors), else one sum in the working kind (finite only if every entry is: finite entries
+/// make it non-finite only by overflowing, which is the overflow the caller reports).
+fn all_finite(x: &Tensor) -> Result<bool> {
+    if let Some(finite) = crate::tch_backend::all_finite_in_place(x) {
+        return Ok(finite);
+    }
+    let sum = x
+        .f_sum(x.kind())
+        .and_then(|f| f.f_double_value(&[]))
+        .map_err(backend("x"))?;
+    Ok(sum.is_finite())
 }
 
 /// Every slice through [`prepare`] (validation, orientation, normalization with its guards), then
@@ -128,37 +213,40 @@ fn normalized_slice_by_slice(x: &Tensor, schedule: &NsSchedule) -> Result<(Tenso
     ))
 }
 
-/// What [`normalized_slice_by_slice`] computes, in a handful of calls for the whole batch — one
-/// finiteness sum, one reduction for the B norms (in f64, as `Matrix::frobenius_norm`), one
-/// product with the B factors 1/(c·‖Xᵢ‖_F) — when every slice is the common case: all entries
-/// finite, each norm above 1e-140 and each factor in [1e-30, 1e30], which [`prepare`] applies as
-/// one factor too. `Ok(None)` sends any other batch (a zero, tiny or huge slice, a non-finite entry:
-/// the per-slice path reports which) slice by slice. The factor multiplies in the slice's
-/// arithmetic (f32 for f32 and bf16, as `mul_scalar` keeps a Scalar), rounded once.
-fn normalized_at_once(x: &Tensor, schedule: &NsSchedule) -> Result<Option<(Tensor, bool)>> {
+/// What [`normalized_slice_by_slice`] computes, from the slice norms `fros`, in one pass (one
+/// libtorch product with the B factors for a tall or non-contiguous batch) when every slice
+/// is the common case: every norm finite (so is every entry) and above 1e-140, and each factor
+/// 1/(c·‖Xᵢ‖_F) in [1e-30, 1e30], which [`prepare`] applies as one factor too. `Ok(None)` sends
+/// any other batch (a zero, tiny or huge slice, a non-finite entry: the per-slice path reports
+/// which) slice by slice. The factor multiplies in the slice's arithmetic (f32 for f32 and
+/// bf16, as `mul_scalar` keeps a Scalar), rounded once.
+fn normalized_at_once(
+    x: &Tensor,
+    fros: &[f64],
+    schedule: &NsSchedule,
+) -> Result<Option<(Tensor, bool)>> {
     let (b, m, n) = batch_dims(x)?;
-    let sum = x
-        .f_sum(x.kind())
-        .and_then(|s| s.f_double_value(&[]))
-        .map_err(backend("x"))?;
-    if !sum.is_finite() {
+    if !fros.iter().all(|f| f.is_finite()) {
         return Ok(None);
     }
     // After the input's check, as `prepare` orders its errors.
     schedule.validate()?;
     check_normalization(x, schedule.normalization)?;
-    let norms = crate::tch_backend::slice_frobenius_norms(x, "x")?;
-    let factors: Vec<f64> = norms
+    let factors: Vec<f64> = fros
         .iter()
         .map(|&fro| (1.0 / fro) / schedule.normalization)
         .collect();
     // Each norm is the one `Matrix::frobenius_norm` returns for the slice above 1e-140 (below,
     // f64 squares lose bits and it rescales first); every non-zero f32/bf16 slice is above.
-    let common = |(&fro, &f): (&f64, &f64)| {
-        fro.is_finite() && fro > 1e-140 && f.is_finite() && (1e-30..=1e30).contains(&f)
-    };
-    if norms.len() != b as usize || !norms.iter().zip(&factors).all(common) {
+    let common =
+        |(&fro, &f): (&f64, &f64)| fro > 1e-140 && f.is_finite() && (1e-30..=1e30).contains(&f);
+    if fros.len() != b as usize || !fros.iter().zip(&factors).all(common) {
         return Ok(None);
+    }
+    if m <= n {
+        if let Some(scaled) = crate::tch_backend::scaled_slices(x, &factors) {
+            return Ok(Some((scaled, false)));
+        }
     }
     let transposed = m > n;
     let oriented = if transposed {
@@ -331,6 +419,67 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The one-pass normalization writes what libtorch's product with the factors as a
+    /// [B, 1, 1] tensor of the arithmetic type writes (then rounded to the kind), bit for bit:
+    /// f32, f64, and bf16 (its products in f32, each rounded once to bf16, ties and subnormal
+    /// results included).
+    #[test]
+    fn the_one_pass_scaling_is_libtorchs_product_bit_for_bit() {
+        tch::manual_seed(11);
+        for kind in [Kind::Float, Kind::Double, Kind::BFloat16] {
+            let x = Tensor::randn([5, 7, 19], (kind, Device::Cpu));
+            // A tiny factor sends bf16 and f32 products into the subnormal range.
+            let factors = [0.37, 1.0 / 3.0, 1e-39, 2.5e7, 0.125];
+            let fast = crate::tch_backend::scaled_slices(&x, &factors).unwrap();
+            let arithmetic = if kind == Kind::Double {
+                kind
+            } else {
+                Kind::Float
+            };
+            let f = Tensor::from_slice(&factors)
+                .reshape([5, 1, 1])
+                .to_kind(arithmetic);
+            let reference = (x.to_kind(arithmetic) * f).to_kind(kind);
+            assert_eq!(fast.kind(), kind);
+            assert!(fast.equal(&reference), "{kind:?}");
+        }
+        // Not contiguous, or a factor count that is not B: not taken.
+        let x = Tensor::randn([2, 4, 3], (Kind::Float, Device::Cpu));
+        assert!(crate::tch_backend::scaled_slices(&x.transpose(1, 2), &[1.0, 1.0]).is_none());
+        assert!(crate::tch_backend::scaled_slices(&x, &[1.0]).is_none());
+    }
+
+    /// Known norms change nothing: the normed call returns the plain call's bits, for a bf16
+    /// batch made in one pass and for an f32 batch; a batch with a NaN is refused with its
+    /// place.
+    #[test]
+    fn the_normed_batch_gives_the_plain_result() {
+        tch::manual_seed(12);
+        let s = NsSchedule::muon();
+        let x = Tensor::randn([6, 16, 48], (Kind::Float, Device::Cpu));
+        let (bf16, _) = crate::tch_backend::to_bf16_batch_normed(&x).unwrap();
+        let plain = newton_schulz_batched(&x.to_kind(Kind::BFloat16), &s).unwrap();
+        assert!(newton_schulz_batched_normed(bf16, &s)
+            .unwrap()
+            .equal(&plain));
+        let normed = NormedBatch::new(x.copy()).unwrap();
+        let plain = newton_schulz_batched(&x, &s).unwrap();
+        assert!(newton_schulz_batched_normed(normed, &s)
+            .unwrap()
+            .equal(&plain));
+        let _ = x.get(3).get(2).get(5).fill_(f64::NAN);
+        assert!(crate::tch_backend::to_bf16_batch_normed(&x).is_none());
+        assert!(matches!(
+            NormedBatch::new(x),
+            Err(LinalgError::Input(InputError::NonFinite {
+                arg: "x",
+                row: 2,
+                col: 5,
+                ..
+            }))
+        ));
     }
 
     #[test]

@@ -110,8 +110,7 @@ fn gram_block<M: Matrix>(x: &M, steps: &[PolyStep], gram: Option<M>) -> Result<M
             // Q₁ = M = B + a·I.
             None => {
                 let mut m = b;
-                let d: Vec<f64> = m.diagonal()?.iter().map(|v| v + p.a).collect();
-                m.set_diagonal(&d)?;
+                m.add_to_diagonal(p.a)?;
                 m
             }
             // Q ← M·Q = a·Q + B·Q.

@@ -11,7 +11,7 @@
 //! | [`cond`] | [`condition_number`], [`pseudo_condition_number`], [`numerical_rank`], [`conditioning`], [`RankTolerance`] |
 //! | [`iterative`] | [`sigma_max_power`], [`sigma_min_inverse`], [`condition_number_estimate`], [`MAX_ITERATIONS`] |
 //! | [`newton_schulz`](mod@newton_schulz) | [`newton_schulz_muon`], [`newton_schulz_cubic`], [`newton_schulz()`], [`newton_schulz_normed`] (on a [`Normed`] matrix: the same bits without the first passes), [`NsSchedule`], [`MAX_NS_STEPS`] |
-//! | `batched` (with `tch`) | `newton_schulz_batched` (a [B, m, n] tensor of same-shape matrices, each step one `bmm` and two `baddbmm` for the batch; per slice the result of `newton_schulz` to rounding), `newton_schulz_each` (the same on a list of matrices) |
+//! | `batched` (with `tch`) | `newton_schulz_batched` (a [B, m, n] tensor of same-shape matrices, each step one `bmm` and two `baddbmm` for the batch; per slice the result of `newton_schulz` to rounding), `newton_schulz_batched_normed` (the same with the slice norms known, `NormedBatch`), `newton_schulz_each` (the same on a list of matrices) |
 //! | [`gram_newton_schulz`](mod@gram_newton_schulz) | [`gram_newton_schulz()`] (the same schedules on r×r Gram matrices, restarted every [`GRAM_NS_RESTART`] steps) |
 //! | [`polar_express`](mod@polar_express) | [`PolarExpressSpec`], [`polar_express_schedule`], [`PolarExpressDesign`] (the greedy minimax schedule generator with its predicted error bands), [`SafetyRule`] (how the safety factor enters: the public generator's rule or the paper's run-time table's), [`POLAR_EXPRESS_CUSHION`] |
 //! | [`aol`] | [`aol_newton_schulz`] (Turbo-Muon: AOL rescaling D·X in place of ‖X‖_F, then a schedule; computes msign(D·X)), [`aol_gram_newton_schulz`] (the same as Gram Newton–Schulz), [`NsSchedule::turbo_muon`], [`TURBO_MUON_COEFFICIENTS`], [`NsSchedule::aol_three_steps`] (3 designed steps) |
@@ -22,7 +22,7 @@
 //! | [`syrk`] | the symmetric products behind [`Matrix::gram`] and [`Matrix::gram_add`] (BLAS `?syrk`: half a general product's flops, an exactly symmetric result) |
 //! | [`scalar`] | [`Real`] (`f32`, `f64`), [`scalar::max_abs_entry`], [`scalar::sum_of_squares`] (in f64 lanes, a fixed order; `sums_of_squares_to_bf16` also converts to bf16 in the same read) and the exact power-of-two rescaling behind the scale safety below |
 //! | [`threads`] | [`threads::init_global_pool`] (rayon's pool as kappa's binaries set it up: pinned when it has a worker per CPU), [`threads::Pinning`], [`threads::pinned_pool_builder`] |
-//! | `tch_backend` (with `tch`) | `impl Matrix for tch::Tensor`, `tensor_from_array`, `array_from_tensor`, `slice_frobenius_norms` (‖Xᵢ‖_F of every slice of a [B, m, n] tensor), `to_bf16_normed` (a CPU f32 tensor to bf16 with the norms of both, one read) |
+//! | `tch_backend` (with `tch`) | `impl Matrix for tch::Tensor`, `tensor_from_array`, `array_from_tensor`, `slice_frobenius_norms` (‖Xᵢ‖_F of every slice of a [B, m, n] tensor), `to_bf16_normed` (a CPU f32 tensor to bf16 with the norms of both, one read), `to_bf16_batch_normed` (the same per slice of a [B, m, n] tensor) |
 //! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback) |
 //! | `mkl` (with `tch`, Linux) | `mkl_dispatch` (the code path libtorch's MKL takes), `mkl_intel_path!` (a binary's opt-in to MKL's feature-based kernels on AMD CPUs) |
 //!
@@ -91,7 +91,10 @@ pub use aol::{
     TURBO_MUON_COEFFICIENTS, TURBO_MUON_STEPS,
 };
 #[cfg(feature = "tch")]
-pub use batched::{newton_schulz_batched, newton_schulz_each, slices_go_alone};
+pub use batched::{
+    newton_schulz_batched, newton_schulz_batched_normed, newton_schulz_each, slices_go_alone,
+    NormedBatch,
+};
 pub use blas::{blas_report, BlasReport, KernelSelection, VectorLevel};
 pub use cond::{
     condition_number, condition_number_with, conditioning, conditioning_from_singular_values,

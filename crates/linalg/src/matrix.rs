@@ -45,16 +45,6 @@ pub trait Matrix: Sized {
     /// 2⁻¹²⁶ and ≈ 3.40e38 for f32 (≈ 3.39e38 for bf16), 2⁻¹⁰²² and ≈ 1.80e308 for f64.
     fn normal_range(&self) -> (f64, f64);
 
-    /// Whether a Newton–Schulz step X ← a·X + B·X (B symmetric r×r, X r×s, r ≤ s) runs as
-    /// (B + a·I)·X: one product, without the scaled copy of X that the sum takes, and B + a·I
-    /// costs O(r). True for f32 and f64: rounding a + B_ii once adds at most u·(|a| + |B_ii|) to
-    /// a coefficient the product then accumulates within γ_r, the error bound of the summed form.
-    /// False for bf16, whose rounding of a + B_ii (up to 2⁻⁹·|a|, with a ≈ 3.4 in the quintic)
-    /// would exceed what the fused form keeps: a·X and B·X accumulated in f32 and rounded once.
-    fn folds_identity(&self) -> bool {
-        true
-    }
-
     /// The transpose, by value. O(1) on both backends: `ndarray` swaps strides (the result is
     /// column-major), `tch` returns a strided view.
     fn into_transpose(self) -> Self;
@@ -173,6 +163,16 @@ pub trait Matrix: Sized {
     /// Overwrites the diagonal in place: A_ii ← d_i for i < k = min(rows, cols); `d` must have
     /// length k. With `d` all zeros this is the Off projector of manifold Muon's DGram constraint.
     fn set_diagonal(&mut self, d: &[f64]) -> Result<()>;
+
+    /// Adds `a` to the diagonal in place: A ← A + a·I on the k = min(rows, cols) diagonal
+    /// entries, each sum rounded once to the element type (`tch`: in the type's arithmetic, f32
+    /// for bf16 and f32, with `a` rounded to it first). One call and no read-back where the
+    /// backend has it (`tch`); by default [`diagonal`](Self::diagonal) and
+    /// [`set_diagonal`](Self::set_diagonal).
+    fn add_to_diagonal(&mut self, a: f64) -> Result<()> {
+        let d: Vec<f64> = self.diagonal()?.into_iter().map(|d| d + a).collect();
+        self.set_diagonal(&d)
+    }
 
     /// Scales column j by `s[j]` in place (A ← A·diag(s)); `s` must have length `cols`.
     fn scale_columns(&mut self, s: &[f64]) -> Result<()>;

@@ -11,9 +11,8 @@
 //! evaluated as A = XXᵀ, B = b·A + c·A·A, X ← a·X + B·X (three products; two when c = 0). The
 //! first two are symmetric (A·A = A·Aᵀ), and [`Matrix::gram`] and [`Matrix::gram_add`] compute
 //! them by BLAS `syrk` in half the flops where the backend allows (f32/f64 on the CPU; see
-//! [`crate::syrk`]). In f32 and f64 the last is one product, (B + a·I)·X, instead of a scaled
-//! copy of X plus B·X ([`Matrix::folds_identity`]: one pass over X fewer per step, within the
-//! same error bound); bf16 keeps the sum, which its fused product accumulates in f32.
+//! [`crate::syrk`]). The last is one product, (B + a·I)·X, instead of a scaled copy of X plus
+//! B·X (one pass over X fewer per step, within the same error bound; docs/linalg.md).
 //! The iteration first divides X by `normalization`·‖X‖_F (Frobenius ≥ spectral, so every
 //! singular value lands in [0, 1/normalization]), and works on the *wide orientation* (X is
 //! transposed when it has more rows than columns), so the Gram matrix A is min(m,n)². The result
@@ -345,14 +344,12 @@ fn iterate<M: Matrix>(mut x: Prepared<M>, transposed: bool, schedule: &NsSchedul
     finish(x, transposed)
 }
 
-/// a·X + B·X for the polynomial part B of one step: (B + a·I)·X where the element type folds
-/// the scalar term in ([`Matrix::folds_identity`]), else the product plus the scaled X.
+/// a·X + B·X for the polynomial part B of one step, as (B + a·I)·X: one product, and B + a·I
+/// costs O(r). Rounding a + B_ii (and, on tensors, a to the arithmetic type first) moves a
+/// coefficient by at most 2u·(|a| + |B_ii|), which the product then accumulates within γ_r, the
+/// bound of the summed form (docs/linalg.md).
 fn step_product<M: Matrix>(x: &M, mut b: M, a: f64) -> Result<M> {
-    if !x.folds_identity() {
-        return x.mul_add(1.0, &b, x, a);
-    }
-    let d: Vec<f64> = b.diagonal()?.into_iter().map(|d| d + a).collect();
-    b.set_diagonal(&d)?;
+    b.add_to_diagonal(a)?;
     b.matmul(x)
 }
 
@@ -616,7 +613,6 @@ mod tests {
         let x = x.mapv(|v| v / 8.0);
         let b = poly_part(&x.gram().unwrap(), &MUON_QUINTIC).unwrap();
         let a = MUON_QUINTIC.a;
-        assert!(x.folds_identity());
         let folded = step_product(&x, b.clone(), a).unwrap();
         let summed = x.mul_add(1.0, &b, &x, a).unwrap();
         let (x64, b64) = (x.mapv(f64::from), b.mapv(f64::from));

@@ -69,7 +69,7 @@ fn dims2(t: &Tensor) -> Option<(usize, usize)> {
 /// for any other tensor. For a small matrix this is about a microsecond where
 /// libtorch's sum and the read-back of its value are several.
 #[allow(unsafe_code)]
-fn all_finite_in_place(t: &Tensor) -> Option<bool> {
+pub(crate) fn all_finite_in_place(t: &Tensor) -> Option<bool> {
     if !t.defined() || t.device() != Device::Cpu || !t.is_contiguous() {
         return None;
     }
@@ -122,6 +122,133 @@ pub fn to_bf16_normed(x: &Tensor) -> Option<(crate::Normed<Tensor>, f64)> {
     }
     // The norm is `frobenius_norm`'s: the same in-place sum (`sums_of_squares_in_place`).
     Some((crate::Normed::from_parts(out, rounded.sqrt()), input.sqrt()))
+}
+
+/// [`to_bf16_normed`] for every slice of a contiguous CPU f32 tensor [B, m, n] in one read:
+/// the bf16 batch with the norm of each of its slices (the values of
+/// [`slice_frobenius_norms`]), and ‖Xᵢ‖_F of each input slice. `None` as for
+/// [`to_bf16_normed`] (any slice with an entry that is not finite, or whose rounding is not).
+///
+/// ```
+/// use kappa_linalg::tch_backend::{slice_frobenius_norms, to_bf16_batch_normed};
+/// let x = tch::Tensor::randn([3, 4, 6], (tch::Kind::Float, tch::Device::Cpu));
+/// let (normed, fros) = to_bf16_batch_normed(&x).unwrap();
+/// assert_eq!(fros, slice_frobenius_norms(&x, "x").unwrap());
+/// assert_eq!(normed.fros(), &slice_frobenius_norms(normed.batch(), "x").unwrap()[..]);
+/// assert!(normed.batch().equal(&x.to_kind(tch::Kind::BFloat16)));
+/// ```
+#[allow(unsafe_code)]
+pub fn to_bf16_batch_normed(x: &Tensor) -> Option<(crate::batched::NormedBatch, Vec<f64>)> {
+    let [b, m, n] = x.size()[..] else {
+        return None;
+    };
+    let run = (m * n) as usize;
+    let contiguous_f32 = x.defined() && x.kind() == Kind::Float && x.is_contiguous();
+    if !contiguous_f32 || x.device() != Device::Cpu || b <= 0 || run == 0 {
+        return None;
+    }
+    let out = Tensor::f_empty(x.size(), (Kind::BFloat16, Device::Cpu)).ok()?;
+    let count = b as usize * run;
+    // SAFETY: as in `to_bf16_normed`: `x` is a defined, contiguous CPU f32 tensor of `count`
+    // elements (checked above), only read while borrowed; `out` was just allocated here as a
+    // contiguous CPU bf16 tensor of as many 16-bit elements, disjoint from `x`.
+    let sums = unsafe {
+        let x = std::slice::from_raw_parts(x.data_ptr().cast::<f32>(), count);
+        let o = std::slice::from_raw_parts_mut(out.data_ptr().cast::<u16>(), count);
+        let slices = x.chunks(run).zip(o.chunks_mut(run));
+        slices
+            .map(|(x, o)| bf16_with_sums_of_squares(x, o))
+            .collect::<Option<Vec<_>>>()?
+    };
+    if !sums.iter().all(|(i, r)| i.is_finite() && r.is_finite()) {
+        return None;
+    }
+    let fros = sums.iter().map(|(_, r)| r.sqrt()).collect();
+    let inputs = sums.iter().map(|(i, _)| i.sqrt()).collect();
+    Some((crate::batched::NormedBatch::from_parts(out, fros), inputs))
+}
+
+/// Slice i of the contiguous CPU tensor `x` = [B, m, n] times `factors[i]`, as a new tensor of
+/// `x`'s shape and kind: each product in the kind's arithmetic and rounded once (f32 for bf16,
+/// with the factor rounded to f32), the values of libtorch's `mul` by the factors as a [B, 1, 1]
+/// tensor of that arithmetic. One read and one write, no f32 intermediate for bf16. `None` for
+/// another tensor, or a factor count that is not B.
+#[allow(unsafe_code)]
+pub(crate) fn scaled_slices(x: &Tensor, factors: &[f64]) -> Option<Tensor> {
+    let [b, m, n] = x.size()[..] else {
+        return None;
+    };
+    let run = (m * n) as usize;
+    let fits = x.defined() && x.is_contiguous() && x.device() == Device::Cpu;
+    if !fits || b <= 0 || run == 0 || factors.len() != b as usize {
+        return None;
+    }
+    let out = Tensor::f_empty(x.size(), (x.kind(), Device::Cpu)).ok()?;
+    let count = b as usize * run;
+    // SAFETY: `x` is a defined, contiguous CPU tensor of `count` elements (checked above) of the
+    // kind each arm matches (bf16 read as its bits), only read here; `out` was just allocated as
+    // a contiguous CPU tensor of the same kind and count, disjoint from `x`.
+    unsafe {
+        match x.kind() {
+            Kind::BFloat16 => {
+                let xs = std::slice::from_raw_parts(x.data_ptr().cast::<u16>(), count);
+                let os = std::slice::from_raw_parts_mut(out.data_ptr().cast::<u16>(), count);
+                for ((x, o), &f) in xs.chunks(run).zip(os.chunks_mut(run)).zip(factors) {
+                    scale_bf16(x, f as f32, o)?;
+                }
+            }
+            Kind::Float => {
+                let xs = std::slice::from_raw_parts(x.data_ptr().cast::<f32>(), count);
+                let os = std::slice::from_raw_parts_mut(out.data_ptr().cast::<f32>(), count);
+                for ((x, o), &f) in xs.chunks(run).zip(os.chunks_mut(run)).zip(factors) {
+                    let f = f as f32;
+                    o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * f);
+                }
+            }
+            Kind::Double => {
+                let xs = std::slice::from_raw_parts(x.data_ptr().cast::<f64>(), count);
+                let os = std::slice::from_raw_parts_mut(out.data_ptr().cast::<f64>(), count);
+                for ((x, o), &f) in xs.chunks(run).zip(os.chunks_mut(run)).zip(factors) {
+                    o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * f);
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// [`crate::scalar::scale_bf16_bits`] compiled for AVX-512 or AVX2 where the CPU has them (the
+/// same bits), the portable loop elsewhere.
+#[allow(unsafe_code)]
+fn scale_bf16(x: &[u16], factor: f32, o: &mut [u16]) -> Option<()> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+    {
+        // SAFETY: the CPU supports the features the function enables (checked just above).
+        return unsafe { scale_bf16_avx512(x, factor, o) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above), the only requirement.
+        return unsafe { scale_bf16_avx2(x, factor, o) };
+    }
+    crate::scalar::scale_bf16_bits(x, factor, o)
+}
+
+/// The portable loop compiled for AVX-512 (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn scale_bf16_avx512(x: &[u16], factor: f32, o: &mut [u16]) -> Option<()> {
+    crate::scalar::scale_bf16_bits(x, factor, o)
+}
+
+/// The portable loop compiled for AVX2 (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn scale_bf16_avx2(x: &[u16], factor: f32, o: &mut [u16]) -> Option<()> {
+    crate::scalar::scale_bf16_bits(x, factor, o)
 }
 
 /// [`crate::scalar::sums_of_squares_to_bf16`] with the same bits, on AVX-512 where the CPU has
@@ -477,10 +604,6 @@ impl Matrix for Tensor {
         }
     }
 
-    fn folds_identity(&self) -> bool {
-        self.kind() != Kind::BFloat16
-    }
-
     fn validate(&self, arg: &'static str) -> Result<()> {
         let (rows, cols) = check_2d(arg, self)?;
         check_kind(arg, self.kind())?;
@@ -760,6 +883,15 @@ impl Matrix for Tensor {
             .map_err(backend("d"))?;
         let mut diag = self.f_diagonal(0, 0, 1).map_err(backend("self"))?;
         diag.f_copy_(&src).map_err(backend("d"))?;
+        Ok(())
+    }
+
+    fn add_to_diagonal(&mut self, a: f64) -> Result<()> {
+        check_2d("self", self)?;
+        check_operands(&[("self", self)])?;
+        let _g = tch::no_grad_guard();
+        let mut diag = self.f_diagonal(0, 0, 1).map_err(backend("self"))?;
+        let _ = diag.f_add_scalar_(a).map_err(backend("self"))?;
         Ok(())
     }
 

@@ -1,8 +1,10 @@
 //! Muon on a batch of same-shape `tch` parameters (feature `tch`), run as one **bank**: the B
 //! gradients and momentum buffers stacked as one (B·m)×n matrix, the momentum ([`Momentum`]'s
-//! one code) on it, one conversion to the working type and back, and **one** batched
-//! orthogonalization ([`kappa_linalg::newton_schulz_batched`]) for the whole batch; then NorMuon,
-//! decay and the update per matrix. The checks stack too (one finiteness sum for all weights, one
+//! one code) on it, one conversion to the working type (f32 to bf16 with every slice's norm in
+//! the same read, as [`Muon::step`] converts one matrix), and **one** batched orthogonalization
+//! ([`kappa_linalg::newton_schulz_batched_normed`]) for the whole batch; then NorMuon, decay and
+//! the update per matrix, from its slice of the result (still in bf16 where the update fuses
+//! the conversion back, as [`Muon::step`]'s does). The checks stack too (one finiteness sum for all weights, one
 //! for all gradients, one for all buffers; per matrix only when one fails, to report the first
 //! error in order).
 //!
@@ -28,12 +30,17 @@
 //! [`Momentum`]: crate::Momentum
 
 use kappa_linalg::input::InputError;
-use kappa_linalg::{newton_schulz_batched, newton_schulz_each, Matrix, NsSchedule};
+use kappa_linalg::{
+    newton_schulz_batched_normed, newton_schulz_each, Matrix, NormedBatch, NsSchedule,
+};
 use tch::{Kind, Tensor};
 
 use crate::error::{libtorch, Result};
 use crate::msign::{msign, Msign, Working, SAFE_FRO};
-use crate::muon::{apply_update, check_entries, Entries, Muon, MuonConfig, MuonState, MuonStep};
+use crate::muon::{
+    apply_update, check_entries, update_from_working, Entries, Muon, MuonConfig, MuonState,
+    MuonStep,
+};
 use crate::precision::{batch_precision, Precision, WorkingPrecision};
 
 impl Muon {
@@ -161,8 +168,7 @@ struct Stacked {
 }
 
 /// The batch as one bank (module docs): momentum on the stacked gradients and buffers, one
-/// conversion to the working type and back, one batched Newton–Schulz call; then the
-/// per-matrix update. Returns the shape factors, or `Ok(None)` (nothing computed that is kept)
+/// conversion to the working type, one batched Newton–Schulz call; then the per-matrix update. Returns the shape factors, or `Ok(None)` (nothing computed that is kept)
 /// when the batch is not the common case: an msign without a batched schedule, or a momentum
 /// input whose norm asks msign for a power-of-two rescaling (or is zero or not finite) — the
 /// per-matrix path handles those.
@@ -183,10 +189,11 @@ fn step_bank(
         .advance_lean(stacked.buffers.as_ref(), &stacked.grads)?;
     let u = u.as_ref().unwrap_or(&buffer);
     let u3 = u.f_view(dims).map_err(libtorch("grads"))?;
-    if !take_as_they_are(&slice_norms(&u3, "grads")?) {
+    let Some((normed, converted)) = normed_working(&u3, c.precision)? else {
         return Ok(None);
-    }
-    let out = orthogonalize_stacked(&u3, &schedule, c.precision)?;
+    };
+    // In the working type: each slice goes back in its own update (in cache), not the batch.
+    let out = newton_schulz_batched_normed(normed, &schedule)?;
     // Views of the new buffer: the states' buffers stay consecutive blocks of one storage, so
     // the next step stacks them without a copy (`stacked`).
     let buffers = buffer
@@ -197,9 +204,44 @@ fn step_bank(
     let jobs = ws.iter_mut().zip(states.iter_mut()).zip(buffers);
     for (i, ((w, s), b)) in jobs.enumerate() {
         let o = out.f_select(0, i as i64).map_err(libtorch("grads"))?;
+        if converted {
+            if let Some(scale) = update_from_working(c, w, &o)? {
+                s.record_momentum(b);
+                scales.push(scale);
+                continue;
+            }
+        }
+        let o = match converted {
+            true => o.to_kind_of(w)?,
+            false => o,
+        };
         scales.push(apply_update(c, w, o, s, b)?);
     }
     Ok(Some(scales))
+}
+
+/// The momentum inputs `u3` = [B, m, n] in the working type of `precision` with their slice
+/// norms, and whether they were converted (the result is then in the working type too), as
+/// [`Working::of`] prepares one matrix: f32 to bf16 with both norms in one read where the
+/// backend has it. `None` when a slice's norm asks msign for a rescaling, or is zero or not
+/// finite ([`take_as_they_are`]): the per-matrix path handles those, and reports their errors.
+fn normed_working(u3: &Tensor, precision: Precision) -> Result<Option<(NormedBatch, bool)>> {
+    if u3.kind() == Kind::Float && u3.working_name(precision)? == "bf16" {
+        if let Some((normed, fros)) = kappa_linalg::tch_backend::to_bf16_batch_normed(u3) {
+            return Ok(take_as_they_are(&fros).then_some((normed, true)));
+        }
+    }
+    let Some(working) = u3.to_working(precision)? else {
+        let normed = NormedBatch::new(u3.shallow_clone()).ok();
+        return Ok(normed
+            .filter(|n| take_as_they_are(n.fros()))
+            .map(|n| (n, false)));
+    };
+    if !take_as_they_are(&slice_norms(u3, "grads")?) {
+        return Ok(None);
+    }
+    let normed = NormedBatch::new(working).map_err(crate::error::from_linalg)?;
+    Ok(Some((normed, true)))
 }
 
 /// The schedule of an msign that runs batched (module docs), `None` for the others.
@@ -228,21 +270,6 @@ fn take_as_they_are(norms: &[f64]) -> bool {
         .all(|&f| f.is_finite() && (2.0 * lo..=hi / 2.0).contains(&f))
 }
 
-/// One batched Newton–Schulz call on `u3` = [B, m, n] in the working type of `precision`
-/// (converted there and back).
-fn orthogonalize_stacked(
-    u3: &Tensor,
-    schedule: &NsSchedule,
-    precision: Precision,
-) -> Result<Tensor> {
-    let working = u3.to_working(precision)?;
-    let out = newton_schulz_batched(working.as_ref().unwrap_or(u3), schedule)?;
-    match working {
-        Some(_) => out.to_kind_of(u3),
-        None => Ok(out),
-    }
-}
-
 /// msign of every slice of `u3` = [B, m, n] (finite, with Frobenius norms `norms`): one
 /// batched Newton–Schulz call when `method` has a batched schedule and every norm is one msign
 /// takes as it is, one [`msign`] per slice otherwise; the result is stacked as `u3`.
@@ -253,7 +280,14 @@ pub(crate) fn msign_stacked(
     precision: Precision,
 ) -> Result<Tensor> {
     if let Some(schedule) = batched_schedule(method).filter(|_| take_as_they_are(norms)) {
-        return orthogonalize_stacked(u3, &schedule, precision);
+        if let Some((normed, converted)) = normed_working(u3, precision)? {
+            let out = newton_schulz_batched_normed(normed, &schedule)?;
+            return if converted {
+                out.to_kind_of(u3)
+            } else {
+                Ok(out)
+            };
+        }
     }
     let slices = u3.f_unbind(0).map_err(libtorch("x"))?;
     let out = slices

@@ -241,6 +241,11 @@ impl<M> MuonState<M> {
         }
     }
 
+    /// Commits a step whose update needed no NorMuon moment: the new momentum `buffer`.
+    pub(crate) fn record_momentum(&mut self, buffer: M) {
+        self.momentum.record_step(buffer);
+    }
+
     /// The momentum part of the state.
     pub fn momentum(&self) -> &MomentumState<M> {
         &self.momentum
@@ -444,7 +449,7 @@ impl Muon {
         let (o, converted) = msign_working(input, c.msign, c.precision)?;
         if converted {
             if let Some(scale) = update_from_working(c, w, &o)? {
-                state.momentum.record_step(buffer);
+                state.record_momentum(buffer);
                 return Ok(MuonStep { scale, precision });
             }
         }
@@ -472,7 +477,7 @@ impl Muon {
 /// where the backend fuses it ([`WorkingPrecision::update_from_working`]) and the update is the
 /// plain one (no NorMuon, no cautious decay): the shape factor s, or `None` with `w` unchanged
 /// (the caller converts `o` back and runs [`apply_update`]). The caller commits the state.
-fn update_from_working<M: WorkingPrecision>(
+pub(crate) fn update_from_working<M: WorkingPrecision>(
     c: &MuonConfig,
     w: &mut M,
     o: &M,
