@@ -159,14 +159,22 @@ fn iterate_batch(x: &Tensor, fros: &[f64], schedule: &NsSchedule) -> Result<Tens
         Some(prepared) => prepared,
         None => normalized_slice_by_slice(x, schedule)?,
     };
+    // Two iterates alternate in two buffers (the normalized input, owned here, and one more),
+    // so a call allocates one batch-sized buffer, not one per step.
+    let mut spare: Option<Tensor> = None;
     for p in &schedule.steps {
         // X ← (B + a·I)·X, as `newton_schulz` folds a·X into the product.
         let poly = poly_part_batched(&xb, p)?;
-        xb = poly
+        let _ = poly
             .f_diagonal(0, 1, 2)
             .and_then(|mut d| d.f_add_scalar_(p.a))
-            .and_then(|_| poly.f_bmm(&xb))
             .map_err(backend("x"))?;
+        let next = match spare.take() {
+            Some(t) => poly.f_bmm_out(&t, &xb),
+            None => poly.f_bmm(&xb),
+        }
+        .map_err(backend("x"))?;
+        spare = Some(std::mem::replace(&mut xb, next));
     }
     if !all_finite(&xb)? {
         return Err(LinalgError::Overflow {

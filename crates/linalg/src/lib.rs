@@ -22,7 +22,7 @@
 //! | [`syrk`] | the symmetric products behind [`Matrix::gram`] and [`Matrix::gram_add`] (BLAS `?syrk`: half a general product's flops, an exactly symmetric result) |
 //! | [`scalar`] | [`Real`] (`f32`, `f64`), [`scalar::max_abs_entry`], [`scalar::sum_of_squares`] (in f64 lanes, a fixed order; `sums_of_squares_to_bf16` also converts to bf16 in the same read) and the exact power-of-two rescaling behind the scale safety below |
 //! | [`threads`] | [`threads::init_global_pool`] (rayon's pool as kappa's binaries set it up: pinned when it has a worker per CPU), [`threads::Pinning`], [`threads::pinned_pool_builder`] |
-//! | `tch_backend` (with `tch`) | `impl Matrix for tch::Tensor`, `tensor_from_array`, `array_from_tensor`, `slice_frobenius_norms` (‖Xᵢ‖_F of every slice of a [B, m, n] tensor), `to_bf16_normed` (a CPU f32 tensor to bf16 with the norms of both, one read), `to_bf16_batch_normed` (the same per slice of a [B, m, n] tensor) |
+//! | `tch_backend` (with `tch`) | `impl Matrix for tch::Tensor`, `tensor_from_array`, `array_from_tensor`, `slice_frobenius_norms` (‖Xᵢ‖_F of every slice of a [B, m, n] tensor), `to_bf16_normed` (a CPU f32 tensor to bf16 with the norms of both, one read), `to_bf16_batch_normed` (the same per slice of a [B, m, n] tensor; `_from` for slices the caller writes), `bf16_with_sums_of_squares` (the conversion on slices) |
 //! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback) |
 //! | `mkl` (with `tch`, Linux) | `mkl_dispatch` (the code path libtorch's MKL takes), `mkl_intel_path!` (a binary's opt-in to MKL's feature-based kernels on AMD CPUs) |
 //!

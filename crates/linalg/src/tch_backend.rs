@@ -160,12 +160,63 @@ pub fn to_bf16_batch_normed(x: &Tensor) -> Option<(crate::batched::NormedBatch, 
             .map(|(x, o)| bf16_with_sums_of_squares(x, o))
             .collect::<Option<Vec<_>>>()?
     };
+    normed_from_sums(out, &sums)
+}
+
+/// The bf16 batch `out` with its slice norms from the sums of squares (input, rounded) of each
+/// slice's conversion, and the input norms; `None` when a sum is not finite.
+fn normed_from_sums(
+    out: Tensor,
+    sums: &[(f64, f64)],
+) -> Option<(crate::batched::NormedBatch, Vec<f64>)> {
     if !sums.iter().all(|(i, r)| i.is_finite() && r.is_finite()) {
         return None;
     }
     let fros = sums.iter().map(|(_, r)| r.sqrt()).collect();
     let inputs = sums.iter().map(|(i, _)| i.sqrt()).collect();
     Some((crate::batched::NormedBatch::from_parts(out, fros), inputs))
+}
+
+/// [`to_bf16_batch_normed`] of a batch [B, m, n] whose f32 entries the caller writes slice by
+/// slice: `fill(i, scratch)` writes slice i (m·n values, row-major) into `scratch`, which is
+/// converted to bf16 with both sums of squares before the next slice is asked for, so the f32
+/// batch never exists in memory (one slice of scratch, reused, stays in cache). Returns the
+/// bf16 batch with its slice norms and ‖Xᵢ‖_F of the f32 slices; `None` for dimensions that are
+/// not positive, or when a slice has an entry that is not finite or whose rounding is not.
+///
+/// ```
+/// use kappa_linalg::tch_backend::{to_bf16_batch_normed, to_bf16_batch_normed_from};
+/// let x = tch::Tensor::randn([3, 4, 6], (tch::Kind::Float, tch::Device::Cpu));
+/// let v = Vec::<f32>::try_from(x.flatten(0, -1)).unwrap();
+/// let (normed, fros) = to_bf16_batch_normed_from([3, 4, 6], |i, s| {
+///     s.copy_from_slice(&v[i * 24..(i + 1) * 24])
+/// })
+/// .unwrap();
+/// let (direct, direct_fros) = to_bf16_batch_normed(&x).unwrap();
+/// assert!(normed.batch().equal(direct.batch()));
+/// assert_eq!((normed.fros(), &fros), (direct.fros(), &direct_fros));
+/// ```
+#[allow(unsafe_code)]
+pub fn to_bf16_batch_normed_from(
+    [b, m, n]: [i64; 3],
+    mut fill: impl FnMut(usize, &mut [f32]),
+) -> Option<(crate::batched::NormedBatch, Vec<f64>)> {
+    if b <= 0 || m <= 0 || n <= 0 {
+        return None;
+    }
+    let run = (m * n) as usize;
+    let out = Tensor::f_empty([b, m, n], (Kind::BFloat16, Device::Cpu)).ok()?;
+    let mut scratch = vec![0f32; run];
+    // SAFETY: `out` was just allocated here as a contiguous CPU bf16 tensor of b·run 16-bit
+    // elements; nothing else refers to it until it is returned.
+    let o =
+        unsafe { std::slice::from_raw_parts_mut(out.data_ptr().cast::<u16>(), b as usize * run) };
+    let mut sums = Vec::with_capacity(b as usize);
+    for (i, o) in o.chunks_mut(run).enumerate() {
+        fill(i, &mut scratch);
+        sums.push(bf16_with_sums_of_squares(&scratch, o)?);
+    }
+    normed_from_sums(out, &sums)
 }
 
 /// Slice i of the contiguous CPU tensor `x` = [B, m, n] times `factors[i]`, as a new tensor of
@@ -255,9 +306,20 @@ fn scale_bf16_avx2(x: &[u16], factor: f32, o: &mut [u16]) -> Option<()> {
 /// it (`avx512f`, `avx512bw`, `avx512vl`), written with its intrinsics (compiled from the
 /// portable loop, the two sets of eight f64 lanes came out in 128-bit pieces and ran at a third
 /// of the speed of one pass over memory); elsewhere the portable loop, compiled for AVX2 where
-/// the CPU has it.
+/// the CPU has it. What [`to_bf16_normed`] runs on a tensor's entries, for callers that produce
+/// the f32 values themselves (kappa-optim's momentum writes them to a cache-sized scratch).
+///
+/// ```
+/// use kappa_linalg::scalar::sums_of_squares_to_bf16;
+/// use kappa_linalg::tch_backend::bf16_with_sums_of_squares;
+/// let x: Vec<f32> = (0..37).map(|i| (i as f32).sin()).collect();
+/// let (mut fast, mut portable) = (vec![0u16; 37], vec![0u16; 37]);
+/// let a = bf16_with_sums_of_squares(&x, &mut fast).unwrap();
+/// let b = sums_of_squares_to_bf16(&x, &mut portable).unwrap();
+/// assert_eq!((a.0.to_bits(), a.1.to_bits(), &fast), (b.0.to_bits(), b.1.to_bits(), &portable));
+/// ```
 #[allow(unsafe_code)]
-fn bf16_with_sums_of_squares(x: &[f32], o: &mut [u16]) -> Option<(f64, f64)> {
+pub fn bf16_with_sums_of_squares(x: &[f32], o: &mut [u16]) -> Option<(f64, f64)> {
     #[cfg(target_arch = "x86_64")]
     if o.len() == x.len()
         && std::arch::is_x86_feature_detected!("avx512f")

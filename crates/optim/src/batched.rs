@@ -1,7 +1,8 @@
 //! Muon on a batch of same-shape `tch` parameters (feature `tch`), run as one **bank**: the B
 //! gradients and momentum buffers stacked as one (B·m)×n matrix, the momentum ([`Momentum`]'s
-//! one code) on it, one conversion to the working type (f32 to bf16 with every slice's norm in
-//! the same read, as [`Muon::step`] converts one matrix), and **one** batched orthogonalization
+//! one code) on it, one conversion to the working type (f32 to bf16 with every slice's norm, in
+//! the momentum's own pass: the f32 input of a slice only ever lives in a one-slice scratch),
+//! and **one** batched orthogonalization
 //! ([`kappa_linalg::newton_schulz_batched_normed`]) for the whole batch; then NorMuon, decay and
 //! the update per matrix, from its slice of the result (still in bf16 where the update fuses
 //! the conversion back, as [`Muon::step`]'s does). The checks stack too (one finiteness sum for all weights, one
@@ -184,12 +185,7 @@ fn step_bank(
     let _g = tch::no_grad_guard();
     let (m, n) = ws[0].shape();
     let dims = [ws.len() as i64, m as i64, n as i64];
-    let (buffer, u) = c
-        .momentum
-        .advance_lean(stacked.buffers.as_ref(), &stacked.grads)?;
-    let u = u.as_ref().unwrap_or(&buffer);
-    let u3 = u.f_view(dims).map_err(libtorch("grads"))?;
-    let Some((normed, converted)) = normed_working(&u3, c.precision)? else {
+    let Some((buffer, normed, converted)) = momentum_normed(c, &stacked, dims)? else {
         return Ok(None);
     };
     // In the working type: each slice goes back in its own update (in cache), not the batch.
@@ -218,6 +214,31 @@ fn step_bank(
         scales.push(apply_update(c, w, o, s, b)?);
     }
     Ok(Some(scales))
+}
+
+/// The bank's momentum: the new (stacked) buffer and the Muon input of every slice in the
+/// working type with its norms ([`normed_working`]), and whether it was converted — for a bf16
+/// working type straight from the gradients and buffers ([`Momentum::advance_to_bf16`], the
+/// f32 input never written). `None` where [`normed_working`] gives none.
+fn momentum_normed(
+    c: &MuonConfig,
+    stacked: &Stacked,
+    dims: [i64; 3],
+) -> Result<Option<(Tensor, NormedBatch, bool)>> {
+    let buffers = stacked.buffers.as_ref();
+    let grads = &stacked.grads;
+    if grads.kind() == Kind::Float && grads.working_name(c.precision)? == "bf16" {
+        if let Some((buffer, normed, fros)) = c.momentum.advance_to_bf16(buffers, grads, dims) {
+            return Ok(take_as_they_are(&fros).then_some((buffer, normed, true)));
+        }
+    }
+    let (buffer, u) = c.momentum.advance_lean(buffers, grads)?;
+    let u3 = u
+        .as_ref()
+        .unwrap_or(&buffer)
+        .f_view(dims)
+        .map_err(libtorch("grads"))?;
+    Ok(normed_working(&u3, c.precision)?.map(|(normed, converted)| (buffer, normed, converted)))
 }
 
 /// The momentum inputs `u3` = [B, m, n] in the working type of `precision` with their slice

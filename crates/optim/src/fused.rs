@@ -416,6 +416,59 @@ pub(crate) fn momentum(
     Some((buf, u))
 }
 
+/// [`momentum`] on a batch of `dims` = [B, m, n] slices whose Muon input goes to bf16: the new
+/// buffer, as [`momentum`] writes it, and the input U (Nesterov's, or the new buffer) converted
+/// slice by slice as `to_kind` converts it, with its norms
+/// ([`kappa_linalg::tch_backend::to_bf16_batch_normed_from`]): U exists only in a scratch of one
+/// slice, so it costs no write and no read of memory. Returns the buffer, the bf16 batch with
+/// its norms, and ‖Uᵢ‖_F of each f32 slice; `None` when an operand is not eligible, shapes
+/// differ from `dims`, or a slice of U (or its rounding) is not finite (the caller then runs
+/// the two steps apart, which report it).
+#[allow(unsafe_code)]
+pub(crate) fn momentum_to_bf16(
+    grad: &Tensor,
+    buffer: Option<&Tensor>,
+    grad_weight: f64,
+    beta: f64,
+    nesterov: bool,
+    dims: [i64; 3],
+) -> Option<(Tensor, kappa_linalg::NormedBatch, Vec<f64>)> {
+    let n = grad.numel();
+    let fits = |t: &Tensor| eligible(t) && t.numel() == n;
+    if !fits(grad) || buffer.is_some_and(|b| !fits(b)) || dims.iter().product::<i64>() != n as i64 {
+        return None;
+    }
+    let c = MomentumScalars {
+        grad_weight: (grad_weight != 1.0).then_some(grad_weight as f32),
+        beta: beta as f32,
+    };
+    let buf = Tensor::f_empty(grad.size(), (Kind::Float, Device::Cpu)).ok()?;
+    let run = (dims[1] * dims[2]).max(1) as usize;
+    // SAFETY: `grad` and `buffer` are defined, contiguous CPU f32 tensors of n elements (checked
+    // above), alive and not written while the caller borrows them; `buf` was just allocated here
+    // as a contiguous CPU f32 tensor of n elements, disjoint from them, and nothing else refers
+    // to it until this function returns it.
+    let (g, old, b) = unsafe {
+        (
+            std::slice::from_raw_parts(grad.data_ptr().cast::<f32>(), n),
+            buffer.map(|b| std::slice::from_raw_parts(b.data_ptr().cast::<f32>(), n)),
+            std::slice::from_raw_parts_mut(buf.data_ptr().cast::<f32>(), n),
+        )
+    };
+    let fill = |i: usize, u: &mut [f32]| {
+        let r = i * run..(i + 1) * run;
+        let old = old.map(|o| &o[r.clone()]);
+        if nesterov {
+            momentum_unit(&c, (&g[r.clone()], old, &mut b[r], Some(u)));
+        } else {
+            momentum_unit(&c, (&g[r.clone()], old, &mut b[r.clone()], None));
+            u.copy_from_slice(&b[r]);
+        }
+    };
+    let (normed, fros) = kappa_linalg::tch_backend::to_bf16_batch_normed_from(dims, fill)?;
+    Some((buf, normed, fros))
+}
+
 /// Σ g² over every element of `tensors`, in f64; `None` when some tensor is not eligible (not a
 /// contiguous CPU f32 tensor). Undefined tensors (parameters without a gradient) count as
 /// empty. Each square is exact in f64 and fixed chunks are added in order, so the value does not
@@ -619,6 +672,40 @@ mod tests {
         assert!(overlapping(&[(0, 8), (0, 8)], &[]));
         // Empty ranges never overlap.
         assert!(!overlapping(&[(4, 4)], &[(0, 8)]));
+    }
+
+    /// The momentum written straight to bf16 is the momentum, then the conversion, bit for bit:
+    /// the same new buffer as [`momentum`], and the bf16 batch, slice norms and input norms
+    /// [`kappa_linalg::tch_backend::to_bf16_batch_normed`] gives for its input (Nesterov's U,
+    /// or the buffer), for EMA and SGD weights, with and without an old buffer.
+    #[test]
+    fn momentum_to_bf16_is_momentum_then_the_conversion() {
+        let cpu = (Kind::Float, Device::Cpu);
+        tch::manual_seed(4);
+        let dims = [5i64, 16, 48];
+        let (g, old) = (Tensor::randn(dims, cpu), Tensor::randn(dims, cpu) * 0.3);
+        for (w_g, nesterov, with_old) in [
+            (0.05, true, true),
+            (0.05, true, false),
+            (1.0, false, true),
+            (1.0, true, true),
+        ] {
+            let old = with_old.then_some(&old);
+            let (buf, normed, fros) = momentum_to_bf16(&g, old, w_g, 0.95, nesterov, dims).unwrap();
+            let (want_buf, u) = momentum(&g, old, w_g, 0.95, nesterov).unwrap();
+            let u = u.unwrap_or_else(|| want_buf.shallow_clone());
+            let (want, want_fros) = kappa_linalg::tch_backend::to_bf16_batch_normed(&u).unwrap();
+            let case = format!("w_g {w_g}, nesterov {nesterov}, old {with_old}");
+            assert!(buf.equal(&want_buf), "{case}: buffer");
+            assert!(normed.batch().equal(want.batch()), "{case}: bf16 input");
+            assert_eq!(
+                (normed.fros(), &fros),
+                (want.fros(), &want_fros),
+                "{case}: norms"
+            );
+        }
+        // Dimensions that do not cover the gradient: not taken.
+        assert!(momentum_to_bf16(&g, None, 1.0, 0.9, true, [4, 16, 48]).is_none());
     }
 
     #[test]

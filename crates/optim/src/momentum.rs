@@ -102,6 +102,21 @@ impl Momentum {
         with_input(self.advance_by_operations(buffer, grad)?)
     }
 
+    /// [`Momentum::advance_lean`] for a batch [B, m, n] (`dims`) of CPU f32 gradients whose
+    /// Muon input is converted to bf16: the new buffer, and the input already in bf16 with its
+    /// norms, from one read of the gradient and buffer ([`crate::fused::momentum_to_bf16`]; the
+    /// same values as advancing and then converting). `None` where that kernel does not apply.
+    #[cfg(feature = "tch")]
+    pub(crate) fn advance_to_bf16(
+        &self,
+        buffer: Option<&tch::Tensor>,
+        grad: &tch::Tensor,
+        dims: [i64; 3],
+    ) -> Option<(tch::Tensor, kappa_linalg::NormedBatch, Vec<f64>)> {
+        let (w_g, beta) = (self.grad_weight(), self.beta);
+        crate::fused::momentum_to_bf16(grad, buffer, w_g, beta, self.nesterov, dims)
+    }
+
     /// The weight of g in both recursions: 1 − β (EMA) or 1 (SGD).
     fn grad_weight(&self) -> f64 {
         match self.kind {

@@ -148,6 +148,55 @@ fn a_batched_step_matches_one_step_per_matrix() {
     }
 }
 
+/// The bank in bf16 (f32 weights, `Precision::Bf16`: the momentum written straight to bf16 with
+/// its norms, the update from the bf16 direction) against one step per matrix, which converts
+/// and updates one matrix at a time: the same buffers bit for bit, the weights within the
+/// tolerance of the module docs with bf16's unit roundoff 2⁻⁹ (the perturbation that measures
+/// the response must survive the conversion to bf16).
+#[test]
+fn a_bf16_bank_step_matches_one_step_per_matrix() {
+    let mut draws = Draws(5 << 16);
+    let cfg = MuonConfig {
+        precision: Precision::Bf16,
+        lr: 0.05,
+        ..MuonConfig::keller()
+    };
+    let muon = Muon::new(cfg).unwrap();
+    let (b, m, n) = (3, 16, 40);
+    let mut wb: Vec<Tensor> = (0..b)
+        .map(|_| draws.next([m, n], Kind::Float) * 0.1)
+        .collect();
+    let mut w1: Vec<Tensor> = wb.iter().map(Tensor::copy).collect();
+    let mut sb: Vec<MuonState<Tensor>> = (0..b).map(|_| MuonState::new()).collect();
+    let mut s1: Vec<MuonState<Tensor>> = (0..b).map(|_| MuonState::new()).collect();
+    let (u, k) = (2f64.powi(-9), n as f64);
+    let mut tol = vec![0.0; b];
+    for step in 0..3 {
+        let g: Vec<Tensor> = (0..b).map(|_| draws.next([m, n], Kind::Float)).collect();
+        let report = muon.step_batch(&mut wb, &g, &mut sb).unwrap();
+        assert!(report.iter().all(|r| r.precision == "bf16"));
+        for i in 0..b {
+            let before = w1[i].copy();
+            let wp = response(&muon, &before, &g[i], &s1[i], u, &mut draws);
+            muon.step(&mut w1[i], &g[i], &mut s1[i]).unwrap();
+            let d = max_abs(&(&wp - &w1[i]));
+            let floor = u * max_abs(&(&w1[i] - &before));
+            tol[i] += 3.0 * 5.0 * k.sqrt() * d.max(floor);
+            let diff = max_abs(&(&wb[i] - &w1[i]));
+            assert!(
+                diff <= tol[i],
+                "step {step} matrix {i}: {diff:e} > {:e}",
+                tol[i]
+            );
+            let (bb, b1) = (sb[i].buffer().unwrap(), s1[i].buffer().unwrap());
+            assert!(
+                bb.equal(b1),
+                "step {step} matrix {i}: momentum buffers differ"
+            );
+        }
+    }
+}
+
 #[test]
 fn bad_batches_are_rejected_before_anything_changes() {
     let muon = Muon::new(MuonConfig::paper()).unwrap();
