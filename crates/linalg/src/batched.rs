@@ -85,7 +85,7 @@ pub fn newton_schulz_batched(x: &Tensor, schedule: &NsSchedule) -> Result<Tensor
         return each_slice_alone(x, b, schedule);
     }
     let fros = crate::tch_backend::slice_frobenius_norms(x, "x")?;
-    iterate_batch(x, &fros, schedule)
+    iterate_batch(x, &fros, schedule, false)
 }
 
 /// [`newton_schulz_batched`] on a batch whose slice norms are already known: the same result,
@@ -104,7 +104,7 @@ pub fn newton_schulz_batched_normed(x: NormedBatch, schedule: &NsSchedule) -> Re
     if slices_go_alone(&x.batch, m, n) {
         return each_slice_alone(&x.batch, b, schedule);
     }
-    iterate_batch(&x.batch, &x.fros, schedule)
+    iterate_batch(&x.batch, &x.fros, schedule, x.owned)
 }
 
 /// A 3-D tensor [B, m, n] with the Frobenius norm of each slice, the values
@@ -116,6 +116,9 @@ pub fn newton_schulz_batched_normed(x: NormedBatch, schedule: &NsSchedule) -> Re
 pub struct NormedBatch {
     batch: Tensor,
     fros: Vec<f64>,
+    /// Whether no other tensor shares the batch's storage (made by a conversion here), so the
+    /// normalization may scale it in place.
+    owned: bool,
 }
 
 impl NormedBatch {
@@ -131,14 +134,23 @@ impl NormedBatch {
                 crate::Matrix::validate(&batch.f_select(0, i as i64).map_err(backend("x"))?, "x")?;
             }
         }
-        Ok(Self { batch, fros })
+        Ok(Self {
+            batch,
+            fros,
+            owned: false,
+        })
     }
 
     /// For conversions that compute the norms as
     /// [`slice_frobenius_norms`](crate::tch_backend::slice_frobenius_norms) does, in the pass
-    /// that wrote `batch` (a 3-D tensor), and have checked that they are finite.
+    /// that wrote `batch` (a 3-D tensor, new and not shared), and have checked that they are
+    /// finite.
     pub(crate) fn from_parts(batch: Tensor, fros: Vec<f64>) -> Self {
-        Self { batch, fros }
+        Self {
+            batch,
+            fros,
+            owned: true,
+        }
     }
 
     /// ‖Xᵢ‖_F of every slice.
@@ -153,9 +165,10 @@ impl NormedBatch {
 }
 
 /// The batched iteration on `x` (3-D, of a supported kind, not empty) with slice norms `fros`:
-/// normalization, the steps, the overflow check, the orientation back.
-fn iterate_batch(x: &Tensor, fros: &[f64], schedule: &NsSchedule) -> Result<Tensor> {
-    let (mut xb, transposed) = match normalized_at_once(x, fros, schedule)? {
+/// normalization (in place when `owned`: no other tensor shares `x`'s storage), the steps, the
+/// overflow check, the orientation back.
+fn iterate_batch(x: &Tensor, fros: &[f64], schedule: &NsSchedule, owned: bool) -> Result<Tensor> {
+    let (mut xb, transposed) = match normalized_at_once(x, fros, schedule, owned)? {
         Some(prepared) => prepared,
         None => normalized_slice_by_slice(x, schedule)?,
     };
@@ -232,6 +245,7 @@ fn normalized_at_once(
     x: &Tensor,
     fros: &[f64],
     schedule: &NsSchedule,
+    owned: bool,
 ) -> Result<Option<(Tensor, bool)>> {
     let (b, m, n) = batch_dims(x)?;
     if !fros.iter().all(|f| f.is_finite()) {
@@ -252,7 +266,7 @@ fn normalized_at_once(
         return Ok(None);
     }
     if m <= n {
-        if let Some(scaled) = crate::tch_backend::scaled_slices(x, &factors) {
+        if let Some(scaled) = crate::tch_backend::scaled_slices(x, &factors, owned) {
             return Ok(Some((scaled, false)));
         }
     }
@@ -440,7 +454,14 @@ mod tests {
             let x = Tensor::randn([5, 7, 19], (kind, Device::Cpu));
             // A tiny factor sends bf16 and f32 products into the subnormal range.
             let factors = [0.37, 1.0 / 3.0, 1e-39, 2.5e7, 0.125];
-            let fast = crate::tch_backend::scaled_slices(&x, &factors).unwrap();
+            let fast = crate::tch_backend::scaled_slices(&x, &factors, false).unwrap();
+            let owned = x.copy();
+            let in_place = crate::tch_backend::scaled_slices(&owned, &factors, true).unwrap();
+            assert_eq!(
+                in_place.data_ptr(),
+                owned.data_ptr(),
+                "scaled where it lies"
+            );
             let arithmetic = if kind == Kind::Double {
                 kind
             } else {
@@ -452,11 +473,13 @@ mod tests {
             let reference = (x.to_kind(arithmetic) * f).to_kind(kind);
             assert_eq!(fast.kind(), kind);
             assert!(fast.equal(&reference), "{kind:?}");
+            assert!(in_place.equal(&reference), "{kind:?} in place");
         }
         // Not contiguous, or a factor count that is not B: not taken.
         let x = Tensor::randn([2, 4, 3], (Kind::Float, Device::Cpu));
-        assert!(crate::tch_backend::scaled_slices(&x.transpose(1, 2), &[1.0, 1.0]).is_none());
-        assert!(crate::tch_backend::scaled_slices(&x, &[1.0]).is_none());
+        let scaled = |x: &Tensor, f: &[f64]| crate::tch_backend::scaled_slices(x, f, false);
+        assert!(scaled(&x.transpose(1, 2), &[1.0, 1.0]).is_none());
+        assert!(scaled(&x, &[1.0]).is_none());
     }
 
     /// Known norms change nothing: the normed call returns the plain call's bits, for a bf16

@@ -386,20 +386,16 @@ pub fn sums_of_squares_to_bf16(x: &[f32], out: &mut [u16]) -> Option<(f64, f64)>
     Some((total(input, input_tail), total(rounded, rounded_tail)))
 }
 
-/// `x`·`factor` into `out` for bf16 values given by their bits: each product formed in f32 and
+/// `x`·`factor` in place for bf16 values given by their bits: each product formed in f32 and
 /// rounded to bf16 ([`f32_to_bf16_bits`]), the values libtorch's `mul` of a bf16 tensor by an
-/// f32 factor (or by a Scalar, which it keeps in f32) gives for finite products. `None` when
-/// `out`'s length is not `x`'s. Inlined into its caller, so that a caller compiled for wider
-/// vector instructions (`#[target_feature]`) runs it on them (the same bits).
+/// f32 factor (or by a Scalar, which it keeps in f32) gives for finite products. Inlined into its
+/// caller, so that a caller compiled for wider vector instructions (`#[target_feature]`) runs it
+/// on them (the same bits).
 #[inline(always)]
-pub(crate) fn scale_bf16_bits(x: &[u16], factor: f32, out: &mut [u16]) -> Option<()> {
-    if out.len() != x.len() {
-        return None;
+pub(crate) fn scale_bf16_bits(x: &mut [u16], factor: f32) {
+    for v in x.iter_mut() {
+        *v = f32_to_bf16_bits(f32::from_bits(u32::from(*v) << 16) * factor);
     }
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = f32_to_bf16_bits(f32::from_bits(u32::from(v) << 16) * factor);
-    }
-    Some(())
 }
 
 /// A bf16 value (its bits) widened exactly to `f64`.

@@ -219,51 +219,57 @@ pub fn to_bf16_batch_normed_from(
     normed_from_sums(out, &sums)
 }
 
-/// Slice i of the contiguous CPU tensor `x` = [B, m, n] times `factors[i]`, as a new tensor of
-/// `x`'s shape and kind: each product in the kind's arithmetic and rounded once (f32 for bf16,
-/// with the factor rounded to f32), the values of libtorch's `mul` by the factors as a [B, 1, 1]
-/// tensor of that arithmetic. One read and one write, no f32 intermediate for bf16. `None` for
-/// another tensor, or a factor count that is not B.
+/// Slice i of the contiguous CPU tensor `x` = [B, m, n] times `factors[i]`, each product in the
+/// kind's arithmetic and rounded once (f32 for bf16, with the factor rounded to f32): the values
+/// of libtorch's `mul` by the factors as a [B, 1, 1] tensor of that arithmetic, in one pass, no
+/// f32 intermediate for bf16. With `owned` (no other tensor shares `x`'s storage) the slices
+/// are scaled in place and `x` itself is returned, else a new tensor (a copy scaled in place).
+/// `None` for another tensor, or a factor count that is not B.
 #[allow(unsafe_code)]
-pub(crate) fn scaled_slices(x: &Tensor, factors: &[f64]) -> Option<Tensor> {
+pub(crate) fn scaled_slices(x: &Tensor, factors: &[f64], owned: bool) -> Option<Tensor> {
     let [b, m, n] = x.size()[..] else {
         return None;
     };
     let run = (m * n) as usize;
     let fits = x.defined() && x.is_contiguous() && x.device() == Device::Cpu;
-    if !fits || b <= 0 || run == 0 || factors.len() != b as usize {
+    let kind_fits = matches!(x.kind(), Kind::BFloat16 | Kind::Float | Kind::Double);
+    if !fits || !kind_fits || b <= 0 || run == 0 || factors.len() != b as usize {
         return None;
     }
-    let out = Tensor::f_empty(x.size(), (x.kind(), Device::Cpu)).ok()?;
+    let out = match owned {
+        true => x.shallow_clone(),
+        false => {
+            let mut copy = x.f_empty_like().ok()?;
+            copy.f_copy_(x).ok()?;
+            copy
+        }
+    };
     let count = b as usize * run;
-    // SAFETY: `x` is a defined, contiguous CPU tensor of `count` elements (checked above) of the
-    // kind each arm matches (bf16 read as its bits), only read here; `out` was just allocated as
-    // a contiguous CPU tensor of the same kind and count, disjoint from `x`.
+    // SAFETY: `out` is a defined, contiguous CPU tensor of `count` elements (checked above; a
+    // copy keeps both) of the kind each arm matches (bf16 as its bits), and no other tensor
+    // refers to its storage while this runs (`owned`, or a copy made here): this is the only
+    // reference to the data.
     unsafe {
-        match x.kind() {
+        match out.kind() {
             Kind::BFloat16 => {
-                let xs = std::slice::from_raw_parts(x.data_ptr().cast::<u16>(), count);
                 let os = std::slice::from_raw_parts_mut(out.data_ptr().cast::<u16>(), count);
-                for ((x, o), &f) in xs.chunks(run).zip(os.chunks_mut(run)).zip(factors) {
-                    scale_bf16(x, f as f32, o)?;
+                for (o, &f) in os.chunks_mut(run).zip(factors) {
+                    scale_bf16(o, f as f32);
                 }
             }
             Kind::Float => {
-                let xs = std::slice::from_raw_parts(x.data_ptr().cast::<f32>(), count);
                 let os = std::slice::from_raw_parts_mut(out.data_ptr().cast::<f32>(), count);
-                for ((x, o), &f) in xs.chunks(run).zip(os.chunks_mut(run)).zip(factors) {
+                for (o, &f) in os.chunks_mut(run).zip(factors) {
                     let f = f as f32;
-                    o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * f);
+                    o.iter_mut().for_each(|v| *v *= f);
                 }
             }
-            Kind::Double => {
-                let xs = std::slice::from_raw_parts(x.data_ptr().cast::<f64>(), count);
+            _ => {
                 let os = std::slice::from_raw_parts_mut(out.data_ptr().cast::<f64>(), count);
-                for ((x, o), &f) in xs.chunks(run).zip(os.chunks_mut(run)).zip(factors) {
-                    o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * f);
+                for (o, &f) in os.chunks_mut(run).zip(factors) {
+                    o.iter_mut().for_each(|v| *v *= f);
                 }
             }
-            _ => return None,
         }
     }
     Some(out)
@@ -272,34 +278,34 @@ pub(crate) fn scaled_slices(x: &Tensor, factors: &[f64]) -> Option<Tensor> {
 /// [`crate::scalar::scale_bf16_bits`] compiled for AVX-512 or AVX2 where the CPU has them (the
 /// same bits), the portable loop elsewhere.
 #[allow(unsafe_code)]
-fn scale_bf16(x: &[u16], factor: f32, o: &mut [u16]) -> Option<()> {
+fn scale_bf16(x: &mut [u16], factor: f32) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
     {
         // SAFETY: the CPU supports the features the function enables (checked just above).
-        return unsafe { scale_bf16_avx512(x, factor, o) };
+        return unsafe { scale_bf16_avx512(x, factor) };
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above), the only requirement.
-        return unsafe { scale_bf16_avx2(x, factor, o) };
+        return unsafe { scale_bf16_avx2(x, factor) };
     }
-    crate::scalar::scale_bf16_bits(x, factor, o)
+    crate::scalar::scale_bf16_bits(x, factor)
 }
 
 /// The portable loop compiled for AVX-512 (the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn scale_bf16_avx512(x: &[u16], factor: f32, o: &mut [u16]) -> Option<()> {
-    crate::scalar::scale_bf16_bits(x, factor, o)
+fn scale_bf16_avx512(x: &mut [u16], factor: f32) {
+    crate::scalar::scale_bf16_bits(x, factor)
 }
 
 /// The portable loop compiled for AVX2 (the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn scale_bf16_avx2(x: &[u16], factor: f32, o: &mut [u16]) -> Option<()> {
-    crate::scalar::scale_bf16_bits(x, factor, o)
+fn scale_bf16_avx2(x: &mut [u16], factor: f32) {
+    crate::scalar::scale_bf16_bits(x, factor)
 }
 
 /// [`crate::scalar::sums_of_squares_to_bf16`] with the same bits, on AVX-512 where the CPU has
