@@ -70,6 +70,16 @@
 //! `KAPPA_MKL_VENDOR_CHECK=keep` puts kappa's side back on MKL's own choice, so the plain cells
 //! then compare equal kernels. On Intel CPUs the two kinds of cell run the same kernels.
 //!
+//! **The allocator's state.** libtorch allocates through glibc's `malloc`, which returns freed
+//! buffers of a few MiB to the kernel (they fault in again, page by page, when reused) until the
+//! process has freed one block of 32 MiB or more, and keeps them mapped from then on (it raises
+//! its thresholds itself). Which state a part measures in would depend on the parts that ran
+//! before it: the split step, whose batch buffers are 3.5–7 MiB, ran 1.3× slower as the first
+//! part than after part 1. The bench sets the later state at its start
+//! (`kappa_benches::warm_allocator`, and the same thresholds for the reference through glibc's
+//! `MALLOC_*_THRESHOLD_` variables): the state of any process that trains a model with a
+//! 32 MiB tensor, GPT-2 small's embedding included.
+//!
 //! Run (nothing else should run on the machine meanwhile; at GPT-2 small one f32 step takes
 //! seconds, so a full run takes several minutes per thread count):
 //!
@@ -174,6 +184,7 @@ fn settle() -> Option<Duration> {
 
 fn main() {
     let threads = configure_threads();
+    kappa_benches::warm_allocator();
     let shape = model();
     let auto = Tensor::zeros([shape.width, shape.width], (Kind::Float, Device::Cpu))
         .working_name(Precision::Auto)
@@ -599,6 +610,7 @@ impl Drop for VendorShim {
 /// the peer with that line's details (torch version, MKL's answers).
 fn start_reference(threads: usize, shim: Option<&VendorShim>) -> Result<(Peer, String), String> {
     let mut cmd = reference_command("optimizer_torch_peer.py", threads);
+    kappa_benches::warm_allocator_for(&mut cmd);
     cmd.arg(threads.to_string());
     if let Some(shim) = shim {
         cmd.env("LD_PRELOAD", &shim.library);

@@ -73,6 +73,40 @@ pub fn configure_threads() -> usize {
     threads
 }
 
+/// glibc's `malloc` thresholds (bytes) in a process that has freed a block of 32 MiB or more:
+/// glibc then raises its mmap threshold to that block's size, capped at 32 MiB, and its trim
+/// threshold to twice the mmap threshold (docs/architecture.md, "The memory allocator").
+/// Before, freed buffers of a few MiB go back to the kernel and fault in again when reused; after,
+/// they stay mapped. A bench that sets these at its start measures every part in that state
+/// instead of one that depends on which parts ran before it.
+pub const WARM_MALLOC_THRESHOLDS: [(&str, usize); 2] = [
+    ("MALLOC_MMAP_THRESHOLD_", 32 << 20),
+    ("MALLOC_TRIM_THRESHOLD_", 64 << 20),
+];
+
+/// Sets [`WARM_MALLOC_THRESHOLDS`] in this process (`mallopt`; nothing off glibc).
+#[allow(unsafe_code)]
+pub fn warm_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let [(_, mmap), (_, trim)] = WARM_MALLOC_THRESHOLDS;
+        // SAFETY: `mallopt` only changes two of glibc's tuning parameters; it is called with
+        // valid parameter numbers and values, and no other thread allocates during start-up.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, mmap as libc::c_int);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, trim as libc::c_int);
+        }
+    }
+}
+
+/// Gives a child process [`WARM_MALLOC_THRESHOLDS`] through glibc's environment variables, so
+/// that a peer measures in the allocator state [`warm_allocator`] gives this process.
+pub fn warm_allocator_for(cmd: &mut Command) {
+    for (var, bytes) in WARM_MALLOC_THRESHOLDS {
+        cmd.env(var, bytes.to_string());
+    }
+}
+
 /// A seeded Gaussian matrix.
 pub fn gaussian<A: kappa_linalg::Real>(rows: usize, cols: usize, seed: u64) -> Array2<A> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
