@@ -24,7 +24,7 @@
 //! amplification of an input perturbation of one unit roundoff). A zero slice stays zero. The Gram form
 //! ([`gram_newton_schulz`](crate::gram_newton_schulz())) is not batched here.
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::error::{LinalgError, Result};
 use crate::input::InputError;
@@ -111,7 +111,7 @@ pub fn newton_schulz_batched_normed(x: NormedBatch, schedule: &NsSchedule) -> Re
 /// [`slice_frobenius_norms`](crate::tch_backend::slice_frobenius_norms) returns for it: the
 /// input of [`newton_schulz_batched_normed`]. Made by [`NormedBatch::new`], or by a conversion
 /// that sums the squares in the pass that writes the batch
-/// ([`to_bf16_batch_normed`](crate::tch_backend::to_bf16_batch_normed)).
+/// ([`to_bf16_batch_normed`]).
 #[derive(Debug)]
 pub struct NormedBatch {
     batch: Tensor,
@@ -162,6 +162,99 @@ impl NormedBatch {
     pub fn batch(&self) -> &Tensor {
         &self.batch
     }
+}
+
+/// [`to_bf16_normed`](crate::tch_backend::to_bf16_normed) for every slice of a contiguous CPU f32 tensor [B, m, n] in one read:
+/// the bf16 batch with the norm of each of its slices (the values of
+/// [`slice_frobenius_norms`](crate::tch_backend::slice_frobenius_norms)), and ‖Xᵢ‖_F of each input slice. `None` as for
+/// [`to_bf16_normed`](crate::tch_backend::to_bf16_normed) (any slice with an entry that is not finite, or whose rounding is not).
+///
+/// ```
+/// use kappa_linalg::batched::to_bf16_batch_normed;
+/// use kappa_linalg::tch_backend::slice_frobenius_norms;
+/// let x = tch::Tensor::randn([3, 4, 6], (tch::Kind::Float, tch::Device::Cpu));
+/// let (normed, fros) = to_bf16_batch_normed(&x).unwrap();
+/// assert_eq!(fros, slice_frobenius_norms(&x, "x").unwrap());
+/// assert_eq!(normed.fros(), &slice_frobenius_norms(normed.batch(), "x").unwrap()[..]);
+/// assert!(normed.batch().equal(&x.to_kind(tch::Kind::BFloat16)));
+/// ```
+#[allow(unsafe_code)]
+pub fn to_bf16_batch_normed(x: &Tensor) -> Option<(NormedBatch, Vec<f64>)> {
+    let [b, m, n] = x.size()[..] else {
+        return None;
+    };
+    let run = (m * n) as usize;
+    let contiguous_f32 = x.defined() && x.kind() == Kind::Float && x.is_contiguous();
+    if !contiguous_f32 || x.device() != Device::Cpu || b <= 0 || run == 0 {
+        return None;
+    }
+    let out = Tensor::f_empty(x.size(), (Kind::BFloat16, Device::Cpu)).ok()?;
+    let count = b as usize * run;
+    // SAFETY: as in `to_bf16_normed`: `x` is a defined, contiguous CPU f32 tensor of `count`
+    // elements (checked above), only read while borrowed; `out` was just allocated here as a
+    // contiguous CPU bf16 tensor of as many 16-bit elements, disjoint from `x`.
+    let sums = unsafe {
+        let x = std::slice::from_raw_parts(x.data_ptr().cast::<f32>(), count);
+        let o = std::slice::from_raw_parts_mut(out.data_ptr().cast::<u16>(), count);
+        let slices = x.chunks(run).zip(o.chunks_mut(run));
+        slices
+            .map(|(x, o)| crate::tch_backend::bf16_with_sums_of_squares(x, o))
+            .collect::<Option<Vec<_>>>()?
+    };
+    normed_from_sums(out, &sums)
+}
+
+/// The bf16 batch `out` with its slice norms from the sums of squares (input, rounded) of each
+/// slice's conversion, and the input norms; `None` when a sum is not finite.
+fn normed_from_sums(out: Tensor, sums: &[(f64, f64)]) -> Option<(NormedBatch, Vec<f64>)> {
+    if !sums.iter().all(|(i, r)| i.is_finite() && r.is_finite()) {
+        return None;
+    }
+    let fros = sums.iter().map(|(_, r)| r.sqrt()).collect();
+    let inputs = sums.iter().map(|(i, _)| i.sqrt()).collect();
+    Some((NormedBatch::from_parts(out, fros), inputs))
+}
+
+/// [`to_bf16_batch_normed`] of a batch [B, m, n] whose f32 entries the caller writes slice by
+/// slice: `fill(i, scratch)` writes slice i (m·n values, row-major) into `scratch`, which is
+/// converted to bf16 with both sums of squares before the next slice is asked for, so the f32
+/// batch never exists in memory (one slice of scratch, reused, stays in cache). Returns the
+/// bf16 batch with its slice norms and ‖Xᵢ‖_F of the f32 slices; `None` for dimensions that are
+/// not positive, or when a slice has an entry that is not finite or whose rounding is not.
+///
+/// ```
+/// use kappa_linalg::batched::{to_bf16_batch_normed, to_bf16_batch_normed_from};
+/// let x = tch::Tensor::randn([3, 4, 6], (tch::Kind::Float, tch::Device::Cpu));
+/// let v = Vec::<f32>::try_from(x.flatten(0, -1)).unwrap();
+/// let (normed, fros) = to_bf16_batch_normed_from([3, 4, 6], |i, s| {
+///     s.copy_from_slice(&v[i * 24..(i + 1) * 24])
+/// })
+/// .unwrap();
+/// let (direct, direct_fros) = to_bf16_batch_normed(&x).unwrap();
+/// assert!(normed.batch().equal(direct.batch()));
+/// assert_eq!((normed.fros(), &fros), (direct.fros(), &direct_fros));
+/// ```
+#[allow(unsafe_code)]
+pub fn to_bf16_batch_normed_from(
+    [b, m, n]: [i64; 3],
+    mut fill: impl FnMut(usize, &mut [f32]),
+) -> Option<(NormedBatch, Vec<f64>)> {
+    if b <= 0 || m <= 0 || n <= 0 {
+        return None;
+    }
+    let run = (m * n) as usize;
+    let out = Tensor::f_empty([b, m, n], (Kind::BFloat16, Device::Cpu)).ok()?;
+    let mut scratch = vec![0f32; run];
+    // SAFETY: `out` was just allocated here as a contiguous CPU bf16 tensor of b·run 16-bit
+    // elements; nothing else refers to it until it is returned.
+    let o =
+        unsafe { std::slice::from_raw_parts_mut(out.data_ptr().cast::<u16>(), b as usize * run) };
+    let mut sums = Vec::with_capacity(b as usize);
+    for (i, o) in o.chunks_mut(run).enumerate() {
+        fill(i, &mut scratch);
+        sums.push(crate::tch_backend::bf16_with_sums_of_squares(&scratch, o)?);
+    }
+    normed_from_sums(out, &sums)
 }
 
 /// The batched iteration on `x` (3-D, of a supported kind, not empty) with slice norms `fros`:
@@ -375,7 +468,6 @@ pub fn newton_schulz_each(xs: &[Tensor], schedule: &NsSchedule) -> Result<Vec<Te
 mod tests {
     use super::*;
     use crate::newton_schulz;
-    use tch::Device;
 
     /// Unit roundoff of the kind.
     fn unit(kind: Kind) -> f64 {
@@ -490,7 +582,7 @@ mod tests {
         tch::manual_seed(12);
         let s = NsSchedule::muon();
         let x = Tensor::randn([6, 16, 48], (Kind::Float, Device::Cpu));
-        let (bf16, _) = crate::tch_backend::to_bf16_batch_normed(&x).unwrap();
+        let (bf16, _) = to_bf16_batch_normed(&x).unwrap();
         let plain = newton_schulz_batched(&x.to_kind(Kind::BFloat16), &s).unwrap();
         assert!(newton_schulz_batched_normed(bf16, &s)
             .unwrap()
@@ -501,7 +593,7 @@ mod tests {
             .unwrap()
             .equal(&plain));
         let _ = x.get(3).get(2).get(5).fill_(f64::NAN);
-        assert!(crate::tch_backend::to_bf16_batch_normed(&x).is_none());
+        assert!(to_bf16_batch_normed(&x).is_none());
         assert!(matches!(
             NormedBatch::new(x),
             Err(LinalgError::Input(InputError::NonFinite {

@@ -248,7 +248,7 @@ fn momentum_normed(
 /// finite ([`take_as_they_are`]): the per-matrix path handles those, and reports their errors.
 fn normed_working(u3: &Tensor, precision: Precision) -> Result<Option<(NormedBatch, bool)>> {
     if u3.kind() == Kind::Float && u3.working_name(precision)? == "bf16" {
-        if let Some((normed, fros)) = kappa_linalg::tch_backend::to_bf16_batch_normed(u3) {
+        if let Some((normed, fros)) = kappa_linalg::batched::to_bf16_batch_normed(u3) {
             return Ok(take_as_they_are(&fros).then_some((normed, true)));
         }
     }

@@ -419,7 +419,7 @@ pub(crate) fn momentum(
 /// [`momentum`] on a batch of `dims` = [B, m, n] slices whose Muon input goes to bf16: the new
 /// buffer, as [`momentum`] writes it, and the input U (Nesterov's, or the new buffer) converted
 /// slice by slice as `to_kind` converts it, with its norms
-/// ([`kappa_linalg::tch_backend::to_bf16_batch_normed_from`]): U exists only in a scratch of one
+/// ([`kappa_linalg::batched::to_bf16_batch_normed_from`]): U exists only in a scratch of one
 /// slice, so it costs no write and no read of memory. Returns the buffer, the bf16 batch with
 /// its norms, and ‖Uᵢ‖_F of each f32 slice; `None` when an operand is not eligible, shapes
 /// differ from `dims`, or a slice of U (or its rounding) is not finite (the caller then runs
@@ -465,7 +465,7 @@ pub(crate) fn momentum_to_bf16(
             u.copy_from_slice(&b[r]);
         }
     };
-    let (normed, fros) = kappa_linalg::tch_backend::to_bf16_batch_normed_from(dims, fill)?;
+    let (normed, fros) = kappa_linalg::batched::to_bf16_batch_normed_from(dims, fill)?;
     Some((buf, normed, fros))
 }
 
@@ -676,7 +676,7 @@ mod tests {
 
     /// The momentum written straight to bf16 is the momentum, then the conversion, bit for bit:
     /// the same new buffer as [`momentum`], and the bf16 batch, slice norms and input norms
-    /// [`kappa_linalg::tch_backend::to_bf16_batch_normed`] gives for its input (Nesterov's U,
+    /// [`kappa_linalg::batched::to_bf16_batch_normed`] gives for its input (Nesterov's U,
     /// or the buffer), for EMA and SGD weights, with and without an old buffer.
     #[test]
     fn momentum_to_bf16_is_momentum_then_the_conversion() {
@@ -694,7 +694,7 @@ mod tests {
             let (buf, normed, fros) = momentum_to_bf16(&g, old, w_g, 0.95, nesterov, dims).unwrap();
             let (want_buf, u) = momentum(&g, old, w_g, 0.95, nesterov).unwrap();
             let u = u.unwrap_or_else(|| want_buf.shallow_clone());
-            let (want, want_fros) = kappa_linalg::tch_backend::to_bf16_batch_normed(&u).unwrap();
+            let (want, want_fros) = kappa_linalg::batched::to_bf16_batch_normed(&u).unwrap();
             let case = format!("w_g {w_g}, nesterov {nesterov}, old {with_old}");
             assert!(buf.equal(&want_buf), "{case}: buffer");
             assert!(normed.batch().equal(want.batch()), "{case}: bf16 input");
