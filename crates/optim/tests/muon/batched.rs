@@ -95,6 +95,25 @@ fn response(
     wp
 }
 
+/// One per-matrix step of the reference `w` and the tolerance it adds (module docs):
+/// 3·steps·√k·max(d, u·max|ΔW|), d the step's response to g perturbed by u, for
+/// `(u, k, steps)` = `rounding`.
+fn reference_step(
+    muon: &Muon,
+    w: &mut Tensor,
+    g: &Tensor,
+    state: &mut MuonState<Tensor>,
+    (u, k, steps): (f64, f64, usize),
+    draws: &mut Draws,
+) -> f64 {
+    let before = w.copy();
+    let wp = response(muon, &before, g, state, u, draws);
+    muon.step(w, g, state).unwrap();
+    let d = max_abs(&(&wp - &*w));
+    let floor = u * max_abs(&(&*w - &before));
+    3.0 * steps as f64 * k.sqrt() * d.max(floor)
+}
+
 #[test]
 fn a_batched_step_matches_one_step_per_matrix() {
     let mut draws = Draws(3 << 16);
@@ -121,12 +140,9 @@ fn a_batched_step_matches_one_step_per_matrix() {
                     let report = muon.step_batch(&mut wb, &g, &mut sb).unwrap();
                     assert_eq!(report.len(), b);
                     for i in 0..b {
-                        let before = w1[i].copy();
-                        let wp = response(&muon, &before, &g[i], &s1[i], u, &mut draws);
-                        muon.step(&mut w1[i], &g[i], &mut s1[i]).unwrap();
-                        let d = max_abs(&(&wp - &w1[i]));
-                        let floor = u * max_abs(&(&w1[i] - &before));
-                        tol[i] += 3.0 * ns_steps(cfg.msign) as f64 * k.sqrt() * d.max(floor);
+                        let rounding = (u, k, ns_steps(cfg.msign));
+                        let (w, s) = (&mut w1[i], &mut s1[i]);
+                        tol[i] += reference_step(&muon, w, &g[i], s, rounding, &mut draws);
                         if cfg.msign == Msign::Exact {
                             tol[i] = 0.0;
                         }
@@ -176,12 +192,8 @@ fn a_bf16_bank_step_matches_one_step_per_matrix() {
         let report = muon.step_batch(&mut wb, &g, &mut sb).unwrap();
         assert!(report.iter().all(|r| r.precision == "bf16"));
         for i in 0..b {
-            let before = w1[i].copy();
-            let wp = response(&muon, &before, &g[i], &s1[i], u, &mut draws);
-            muon.step(&mut w1[i], &g[i], &mut s1[i]).unwrap();
-            let d = max_abs(&(&wp - &w1[i]));
-            let floor = u * max_abs(&(&w1[i] - &before));
-            tol[i] += 3.0 * 5.0 * k.sqrt() * d.max(floor);
+            let (w, s) = (&mut w1[i], &mut s1[i]);
+            tol[i] += reference_step(&muon, w, &g[i], s, (u, k, 5), &mut draws);
             let diff = max_abs(&(&wb[i] - &w1[i]));
             assert!(
                 diff <= tol[i],
