@@ -74,8 +74,8 @@
 //! buffers of a few MiB to the kernel (they fault in again, page by page, when reused) until the
 //! process has freed one block of 32 MiB or more, and keeps them mapped from then on (it raises
 //! its thresholds itself). Which state a part measures in would depend on the parts that ran
-//! before it: the split step, whose batch buffers are 3.5–7 MiB, ran 1.3× slower as the first
-//! part than after part 1. The bench sets the later state at its start
+//! before it: the split step, whose batch buffers are 3.5–7 MiB, ran markedly slower as the
+//! first part than after part 1. The bench sets the later state at its start
 //! (`kappa_benches::warm_allocator`, and the same thresholds for the reference through glibc's
 //! `MALLOC_*_THRESHOLD_` variables): the state of any process that trains a model with a
 //! 32 MiB tensor, GPT-2 small's embedding included.

@@ -90,8 +90,9 @@ pub fn warm_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let [(_, mmap), (_, trim)] = WARM_MALLOC_THRESHOLDS;
-        // SAFETY: `mallopt` only changes two of glibc's tuning parameters; it is called with
-        // valid parameter numbers and values, and no other thread allocates during start-up.
+        // SAFETY: `mallopt` only changes two of glibc's tuning parameters, under the lock of its
+        // allocator state (other threads may allocate meanwhile); the parameter numbers and
+        // values are valid for it.
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, mmap as libc::c_int);
             libc::mallopt(libc::M_TRIM_THRESHOLD, trim as libc::c_int);

@@ -17,12 +17,12 @@
 //! thread count, or OpenBLAS's on one thread; see `slices_go_alone`),
 //! each slice instead runs [`newton_schulz`](crate::newton_schulz()) alone (the same bits as
 //! the per-matrix call, then one stacking copy). Only the products differ from the per-matrix
-//! path (a batched kernel may sum in another order than `mm`), and a + B_ii, which rounds once
-//! in the working type here and once from f64 there, so each slice agrees with
+//! path (a batched kernel may sum in another order than `mm`; a + B_ii rounds the same way,
+//! in the working type, on both), so each slice agrees with
 //! [`newton_schulz`](crate::newton_schulz()) to the rounding of those products in the working
 //! type, amplified as the iteration amplifies any rounding (the tests bound it by the measured
-//! amplification of an input perturbation of one unit roundoff). A zero slice stays zero. The Gram form
-//! ([`gram_newton_schulz`](crate::gram_newton_schulz())) is not batched here.
+//! amplification of an input perturbation of one unit roundoff). A zero slice stays zero. The
+//! Gram form ([`gram_newton_schulz`](crate::gram_newton_schulz())) is not batched here.
 
 use tch::{Device, Kind, Tensor};
 
@@ -164,10 +164,11 @@ impl NormedBatch {
     }
 }
 
-/// [`to_bf16_normed`](crate::tch_backend::to_bf16_normed) for every slice of a contiguous CPU f32 tensor [B, m, n] in one read:
-/// the bf16 batch with the norm of each of its slices (the values of
-/// [`slice_frobenius_norms`](crate::tch_backend::slice_frobenius_norms)), and ‖Xᵢ‖_F of each input slice. `None` as for
-/// [`to_bf16_normed`](crate::tch_backend::to_bf16_normed) (any slice with an entry that is not finite, or whose rounding is not).
+/// [`to_bf16_normed`](crate::tch_backend::to_bf16_normed) for every slice of a contiguous CPU
+/// f32 tensor [B, m, n] in one read: the bf16 batch with the norm of each of its slices (the
+/// values of [`slice_frobenius_norms`](crate::tch_backend::slice_frobenius_norms)), and ‖Xᵢ‖_F
+/// of each input slice. `None` as for [`to_bf16_normed`](crate::tch_backend::to_bf16_normed)
+/// (any slice with an entry that is not finite, or whose rounding is not).
 ///
 /// ```
 /// use kappa_linalg::batched::to_bf16_batch_normed;

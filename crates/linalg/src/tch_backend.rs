@@ -128,7 +128,8 @@ pub fn to_bf16_normed(x: &Tensor) -> Option<(crate::Normed<Tensor>, f64)> {
 /// kind's arithmetic and rounded once (f32 for bf16, with the factor rounded to f32): the values
 /// of libtorch's `mul` by the factors as a [B, 1, 1] tensor of that arithmetic, in one pass, no
 /// f32 intermediate for bf16. With `owned` (no other tensor shares `x`'s storage) the slices
-/// are scaled in place and `x` itself is returned, else a new tensor (a copy scaled in place).
+/// are scaled in place and `x` itself is returned, else a new tensor: f32 and f64 written from
+/// `x` in the one pass, bf16 (whose batches kappa's conversions own) a copy scaled in place.
 /// `None` for another tensor, or a factor count that is not B.
 #[allow(unsafe_code)]
 pub(crate) fn scaled_slices(x: &Tensor, factors: &[f64], owned: bool) -> Option<Tensor> {
@@ -141,6 +142,20 @@ pub(crate) fn scaled_slices(x: &Tensor, factors: &[f64], owned: bool) -> Option<
     if !fits || !kind_fits || b <= 0 || run == 0 || factors.len() != b as usize {
         return None;
     }
+    let count = b as usize * run;
+    if !owned && x.kind() != Kind::BFloat16 {
+        let out = x.f_empty_like().ok()?;
+        // SAFETY: `x` is a defined, contiguous CPU f32 or f64 tensor of `count` elements
+        // (checked above), only read here; `out` was just allocated like it (contiguous, same
+        // kind and count), disjoint from it, and nothing else refers to it.
+        unsafe {
+            match x.kind() {
+                Kind::Float => scale_into::<f32>(x, &out, count, run, factors, |f| f as f32),
+                _ => scale_into::<f64>(x, &out, count, run, factors, |f| f),
+            }
+        }
+        return Some(out);
+    }
     let out = match owned {
         true => x.shallow_clone(),
         false => {
@@ -149,7 +164,6 @@ pub(crate) fn scaled_slices(x: &Tensor, factors: &[f64], owned: bool) -> Option<
             copy
         }
     };
-    let count = b as usize * run;
     // SAFETY: `out` is a defined, contiguous CPU tensor of `count` elements (checked above; a
     // copy keeps both) of the kind each arm matches (bf16 as its bits), and no other tensor
     // refers to its storage while this runs (`owned`, or a copy made here): this is the only
@@ -162,22 +176,61 @@ pub(crate) fn scaled_slices(x: &Tensor, factors: &[f64], owned: bool) -> Option<
                     scale_bf16(o, f as f32);
                 }
             }
-            Kind::Float => {
-                let os = std::slice::from_raw_parts_mut(out.data_ptr().cast::<f32>(), count);
-                for (o, &f) in os.chunks_mut(run).zip(factors) {
-                    let f = f as f32;
-                    o.iter_mut().for_each(|v| *v *= f);
-                }
-            }
-            _ => {
-                let os = std::slice::from_raw_parts_mut(out.data_ptr().cast::<f64>(), count);
-                for (o, &f) in os.chunks_mut(run).zip(factors) {
-                    o.iter_mut().for_each(|v| *v *= f);
-                }
-            }
+            Kind::Float => scale_in_place::<f32>(&out, count, run, factors, |f| f as f32),
+            _ => scale_in_place::<f64>(&out, count, run, factors, |f| f),
         }
     }
     Some(out)
+}
+
+/// [`scaled_slices`]'s product of f32 or f64 slices into `out`, the factor converted by `cast`.
+///
+/// # Safety
+///
+/// `x` and `out` must be defined, contiguous CPU tensors of `count` elements of type `A`, with
+/// disjoint storage; nothing else may write `x` or refer to `out` while this runs.
+#[allow(unsafe_code)]
+unsafe fn scale_into<A: Copy + std::ops::Mul<Output = A>>(
+    x: &Tensor,
+    out: &Tensor,
+    count: usize,
+    run: usize,
+    factors: &[f64],
+    cast: impl Fn(f64) -> A,
+) {
+    // SAFETY: by this function's contract.
+    let (xs, os) = unsafe {
+        (
+            std::slice::from_raw_parts(x.data_ptr().cast::<A>(), count),
+            std::slice::from_raw_parts_mut(out.data_ptr().cast::<A>(), count),
+        )
+    };
+    for ((x, o), &f) in xs.chunks(run).zip(os.chunks_mut(run)).zip(factors) {
+        let f = cast(f);
+        o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * f);
+    }
+}
+
+/// [`scaled_slices`]'s product of f32 or f64 slices in place, the factor converted by `cast`.
+///
+/// # Safety
+///
+/// `out` must be a defined, contiguous CPU tensor of `count` elements of type `A` that nothing
+/// else refers to while this runs.
+#[allow(unsafe_code)]
+unsafe fn scale_in_place<A: Copy + std::ops::MulAssign>(
+    out: &Tensor,
+    count: usize,
+    run: usize,
+    factors: &[f64],
+    cast: impl Fn(f64) -> A,
+) {
+    // SAFETY: by this function's contract.
+    let os = unsafe { std::slice::from_raw_parts_mut(out.data_ptr().cast::<A>(), count) };
+    for (o, &f) in os.chunks_mut(run).zip(factors) {
+        let f = cast(f);
+        o.iter_mut().for_each(|v| *v *= f);
+    }
 }
 
 /// [`crate::scalar::scale_bf16_bits`] compiled for AVX-512 or AVX2 where the CPU has them (the
@@ -920,6 +973,37 @@ impl Matrix for Tensor {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// `add_to_diagonal` on a tensor adds to the min(rows, cols) diagonal entries only, as the
+    /// trait's default (diagonal, then set_diagonal) does (f64: both exact); a tensor that is
+    /// not 2-D, or of another kind, is a typed error and stays as it was.
+    #[test]
+    fn add_to_diagonal_adds_to_the_diagonal_only() {
+        let cpu = (Kind::Double, Device::Cpu);
+        for shape in [[3, 5], [5, 3]] {
+            let mut t = Tensor::arange(15, cpu).reshape(shape);
+            let mut want = array_from_tensor(&t).unwrap();
+            want.diag_mut().iter_mut().for_each(|v| *v += 2.5);
+            t.add_to_diagonal(2.5).unwrap();
+            assert_eq!(array_from_tensor(&t).unwrap(), want, "{shape:?}");
+        }
+        let mut flat = Tensor::zeros([4], cpu);
+        assert!(matches!(
+            flat.add_to_diagonal(1.0),
+            Err(LinalgError::Input(InputError::ShapeMismatch {
+                arg: "self",
+                ..
+            }))
+        ));
+        let mut ints = Tensor::zeros([2, 2], (Kind::Int64, Device::Cpu));
+        assert!(matches!(
+            ints.add_to_diagonal(1.0),
+            Err(LinalgError::UnsupportedDtype { arg: "self", .. })
+        ));
+        assert_eq!(ints.abs().sum(Kind::Int64).int64_value(&[]), 0);
+    }
+
     /// The conversion with both sums of squares, on whatever vector unit this CPU has, writes
     /// and sums exactly what the portable loop does, for every length up to a few lanes past
     /// 32 and every kind of entry: ties both ways, subnormals, ±0, values rounding to ∞, ±∞, NaN.

@@ -2,12 +2,11 @@
 //! gradients and momentum buffers stacked as one (B·m)×n matrix, the momentum ([`Momentum`]'s
 //! one code) on it, one conversion to the working type (f32 to bf16 with every slice's norm, in
 //! the momentum's own pass: the f32 input of a slice only ever lives in a one-slice scratch),
-//! and **one** batched orthogonalization
-//! ([`kappa_linalg::newton_schulz_batched_normed`]) for the whole batch; then NorMuon, decay and
-//! the update per matrix, from its slice of the result (still in bf16 where the update fuses
-//! the conversion back, as [`Muon::step`]'s does). The checks stack too (one finiteness sum for all weights, one
-//! for all gradients, one for all buffers; per matrix only when one fails, to report the first
-//! error in order).
+//! and **one** batched orthogonalization ([`kappa_linalg::newton_schulz_batched_normed`]) for
+//! the whole batch; then NorMuon, decay and the update per matrix, from its slice of the result
+//! (still in bf16 where the update fuses the conversion back, as [`Muon::step`]'s does). The
+//! checks stack too (one finiteness sum for all weights, one for all gradients, one for all
+//! buffers; per matrix only when one fails, to report the first error in order).
 //!
 //! Stacking copies nothing when the matrices are already consecutive blocks of one storage: the
 //! row blocks of one weight and its gradient (a fused QKV split by heads), and the momentum
@@ -39,7 +38,7 @@ use tch::{Kind, Tensor};
 use crate::error::{libtorch, Result};
 use crate::msign::{msign, Msign, Working, SAFE_FRO};
 use crate::muon::{
-    apply_update, check_entries, update_from_working, Entries, Muon, MuonConfig, MuonState,
+    apply_update, check_entries, update_from_direction, Entries, Muon, MuonConfig, MuonState,
     MuonStep,
 };
 use crate::precision::{batch_precision, Precision, WorkingPrecision};
@@ -169,10 +168,11 @@ struct Stacked {
 }
 
 /// The batch as one bank (module docs): momentum on the stacked gradients and buffers, one
-/// conversion to the working type, one batched Newton–Schulz call; then the per-matrix update. Returns the shape factors, or `Ok(None)` (nothing computed that is kept)
-/// when the batch is not the common case: an msign without a batched schedule, or a momentum
-/// input whose norm asks msign for a power-of-two rescaling (or is zero or not finite) — the
-/// per-matrix path handles those.
+/// conversion to the working type, one batched Newton–Schulz call; then the per-matrix update.
+/// Returns the shape factors, or `Ok(None)` (nothing computed that is kept) when the batch is
+/// not the common case: an msign without a batched schedule, or a momentum input whose norm
+/// asks msign for a power-of-two rescaling (or is zero or not finite) — the per-matrix path
+/// handles those.
 fn step_bank(
     c: &MuonConfig,
     ws: &mut [Tensor],
@@ -200,18 +200,7 @@ fn step_bank(
     let jobs = ws.iter_mut().zip(states.iter_mut()).zip(buffers);
     for (i, ((w, s), b)) in jobs.enumerate() {
         let o = out.f_select(0, i as i64).map_err(libtorch("grads"))?;
-        if converted {
-            if let Some(scale) = update_from_working(c, w, &o)? {
-                s.record_momentum(b);
-                scales.push(scale);
-                continue;
-            }
-        }
-        let o = match converted {
-            true => o.to_kind_of(w)?,
-            false => o,
-        };
-        scales.push(apply_update(c, w, o, s, b)?);
+        scales.push(update_from_direction(c, w, o, converted, s, b)?);
     }
     Ok(Some(scales))
 }

@@ -241,11 +241,6 @@ impl<M> MuonState<M> {
         }
     }
 
-    /// Commits a step whose update needed no NorMuon moment: the new momentum `buffer`.
-    pub(crate) fn record_momentum(&mut self, buffer: M) {
-        self.momentum.record_step(buffer);
-    }
-
     /// The momentum part of the state.
     pub fn momentum(&self) -> &MomentumState<M> {
         &self.momentum
@@ -447,17 +442,7 @@ impl Muon {
             .advance_lean(state.momentum.buffer.as_ref(), grad)?;
         let input = u.as_ref().unwrap_or(&buffer);
         let (o, converted) = msign_working(input, c.msign, c.precision)?;
-        if converted {
-            if let Some(scale) = update_from_working(c, w, &o)? {
-                state.record_momentum(buffer);
-                return Ok(MuonStep { scale, precision });
-            }
-        }
-        let o = match converted {
-            true => o.to_kind_of(input)?,
-            false => o,
-        };
-        let scale = apply_update(c, w, o, state, buffer)?;
+        let scale = update_from_direction(c, w, o, converted, state, buffer)?;
         Ok(MuonStep { scale, precision })
     }
 
@@ -473,11 +458,34 @@ impl Muon {
     }
 }
 
+/// Steps 3–4 of the module docs from the direction `o`, which is still in the working type when
+/// `converted`: the fused update where it applies ([`update_from_working`]), else `o` converted
+/// back to `w`'s type and [`apply_update`]. Commits the new momentum `buffer` to `state`;
+/// returns the shape factor s.
+pub(crate) fn update_from_direction<M: WorkingPrecision>(
+    c: &MuonConfig,
+    w: &mut M,
+    o: M,
+    converted: bool,
+    state: &mut MuonState<M>,
+    buffer: M,
+) -> Result<f64> {
+    if !converted {
+        return apply_update(c, w, o, state, buffer);
+    }
+    if let Some(scale) = update_from_working(c, w, &o)? {
+        state.momentum.record_step(buffer);
+        return Ok(scale);
+    }
+    let o = o.to_kind_of(w)?;
+    apply_update(c, w, o, state, buffer)
+}
+
 /// The update of [`apply_update`] from a direction `o` still in the working type, in one pass
 /// where the backend fuses it ([`WorkingPrecision::update_from_working`]) and the update is the
 /// plain one (no NorMuon, no cautious decay): the shape factor s, or `None` with `w` unchanged
 /// (the caller converts `o` back and runs [`apply_update`]). The caller commits the state.
-pub(crate) fn update_from_working<M: WorkingPrecision>(
+fn update_from_working<M: WorkingPrecision>(
     c: &MuonConfig,
     w: &mut M,
     o: &M,
