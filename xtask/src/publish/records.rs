@@ -122,7 +122,7 @@ pub(crate) fn render(
          faster), with the {}.",
         table.title, table.bench, table.what, table.peer, table.spread
     );
-    if with_work {
+    if with_work && !table.model.is_empty() {
         out.push_str(&format!(" Work of one kappa call: {}.", table.model));
     }
     out.push_str("\n\n| shape | variant | threads | kappa ms | peer ms | kappa / peer | pairs |");
@@ -236,6 +236,19 @@ mod tests {
         ] {
             assert!(text.contains(needle), "the table lacks {needle:?}:\n{text}");
         }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A record that gives rows a work amount but no model text leaves the sentence out rather
+    /// than print an empty one.
+    #[test]
+    fn a_table_without_a_work_model_has_no_work_sentence() {
+        let dir = fixture("no-model", now());
+        let mut table = fresh(&dir, UNIX_EPOCH).paired.remove(0);
+        table.model.clear();
+        let text = render(&table, &table.rows, &|_| None);
+        assert!(!text.contains("Work of one kappa call"), "{text}");
+        assert!(text.contains("kappa rate | of the limit |"), "{text}");
         fs::remove_dir_all(&dir).unwrap();
     }
 
