@@ -391,6 +391,7 @@ pub fn sums_of_squares_to_bf16(x: &[f32], out: &mut [u16]) -> Option<(f64, f64)>
 /// f32 factor (or by a Scalar, which it keeps in f32) gives for finite products. Inlined into its
 /// caller, so that a caller compiled for wider vector instructions (`#[target_feature]`) runs it
 /// on them (the same bits).
+#[cfg(feature = "tch")]
 #[inline(always)]
 pub(crate) fn scale_bf16_bits(x: &mut [u16], factor: f32) {
     for v in x.iter_mut() {

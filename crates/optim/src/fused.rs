@@ -489,8 +489,9 @@ pub fn sum_of_squares(tensors: &[Tensor]) -> Option<f64> {
 /// Whether every entry of every defined tensor in `tensors` is finite, in one read of each;
 /// `None` when some defined tensor is not a contiguous CPU f32 tensor. Each chunk is
 /// `kappa_linalg::input::all_finite`'s fold of acc + v·0 in eight f32 lanes: v·0 is 0 for a
-/// finite v and NaN for ±∞ and NaN, so the fold is 0 exactly when every entry is finite. Single-precision lanes read memory at about twice
-/// the rate of [`sum_of_squares`]'s f64 ones, which is why a finiteness check uses this pass.
+/// finite v and NaN for ±∞ and NaN, so the fold is 0 exactly when every entry is finite.
+/// Single-precision lanes read memory at about twice the rate of [`sum_of_squares`]'s f64 ones,
+/// which is why a finiteness check uses this pass.
 ///
 /// ```
 /// use tch::Tensor;
