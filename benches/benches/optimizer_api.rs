@@ -19,40 +19,41 @@
 //!
 //! 1. **The API's own cost** (goal ≤ 1.02), at `Precision::F32` and `Precision::Auto`: one
 //!    `Optimizer::step()` over the model against the calls it makes, made directly on the same
-//!    parameter and gradient tensors with states of their own — `Muon::step_batch` once per
-//!    shape (the group batches same-shape blocks: 4 calls of 12 matrices) and
-//!    `AdamW::step_tensors` once per AdamW group (the fused kernel, a group's default), in the
-//!    group order. The optimizer's step also checks every gradient (size, kind, device, and one
-//!    pass for finiteness); that pass alone (`kappa_optim::fused::all_finite` per gradient,
-//!    as the check runs it) is timed too and printed beside the ratio, and so is each group's
-//!    mean time per step on either side (the API's from `Optimizer::take_stats`, which leaves
-//!    the check out). Each side runs twice first (a warm call, then one timed to size the
-//!    samples); each sample is the mean of as many steps as last ≥ 50 ms (one at GPT-2 small,
-//!    where a step takes seconds). Both sides run on the same thread pools, so no pause
-//!    separates them.
+//!    parameter and gradient tensors with states of their own — `Muon::step_batch` once per shape
+//!    (the group batches same-shape blocks: 4 calls of 12 matrices) and `AdamW::step_tensors` once
+//!    per AdamW group (the fused kernel, a group's default), in the group order. The groups step on
+//!    the calling thread (`Group::with_threads(1)`), as the direct calls do; what worker threads
+//!    add is in 3. The optimizer's step also checks every gradient (size, kind, device, and one
+//!    pass for finiteness); that pass alone (`kappa_optim::fused::all_finite` per gradient, as the
+//!    check runs it) is timed too and printed beside the ratio, and so is each group's mean time
+//!    per step on either side (the API's from `Optimizer::take_stats`, which leaves the check out).
+//!    Each side runs twice first (a warm call, then one timed to size the samples); each sample is
+//!    the mean of as many steps as last ≥ 50 ms (one at GPT-2 small, where a step takes seconds).
+//!    Both sides run on the same thread pools, so no pause separates them.
 //! 2. **Split orthogonalization** (goal ≥ 3 at one thread), f32 and Auto: the QKV weight (3d, d)
 //!    seen through `MatrixSpec::matrix().split(Axis::Rows, [d, d, d]).heads(Axis::Rows, h)` in a
-//!    one-group `Optimizer` (one batched Newton–Schulz call for all 3h head blocks) against one
-//!    `Muon::step` per head block (3h calls on row views of the same weight and gradient, each
-//!    block with its own state). Samples as in 1; at two threads each timed sample follows a
-//!    200 ms pause and one untimed call (`paired::alternate_settled`: the calls are short, and
-//!    the rayon and OpenMP pools may both be awake). The ratio is per-block time / batched
-//!    time.
-//! 3. **Against PyTorch** (goal ≤ 0.8): kappa's `Optimizer::step` (as in 1) against
-//!    `torch.optim.Muon` on the hidden matrices plus `torch.optim.AdamW` on the rest, with the
-//!    same split and settings (`benches/reference/optimizer_torch_peer.py`, a child process
-//!    stepping on command; its step time is measured in Python), one step per sample after one
-//!    warm step each (the reference's setup takes one more). torch's AdamW runs as torch
-//!    ships it: `foreach=None, fused=None`, which on CPU tensors is its per-tensor for-loop
-//!    (the script reports what torch chose, printed in the row). Cells: `f32` — kappa
-//!    `Precision::F32`, the reference's Newton–Schulz swapped for the same quintic in f32 (as
-//!    `muon_torch.py` does); `bf16` — kappa `Precision::Auto` (bf16 on CPUs with native bf16
-//!    products, which the heading says) against `torch.optim.Muon` as shipped (its
-//!    Newton–Schulz in bf16), run only where the CPU multiplies bf16 natively (emulated bf16
-//!    is 20–40× slower on both sides); `f32-mkl` (and `bf16-mkl` on request) — the same cells
-//!    like for like, described next. At two threads each timed step follows a 200 ms pause
-//!    (the other process's OpenMP workers go to sleep); there is no untimed wake-up step, as a
-//!    step lasts far longer than the wake-up.
+//!    one-group `Optimizer` on the calling thread (`with_threads(1)`: one batched Newton–Schulz
+//!    call for all 3h head blocks) against one `Muon::step` per head block (3h calls on row views
+//!    of the same weight and gradient, each block with its own state). Samples as in 1; at two
+//!    threads each timed sample follows a 200 ms pause and one untimed call
+//!    (`paired::alternate_settled`: the calls are short, and the rayon and OpenMP pools may both be
+//!    awake). The ratio is per-block time / batched time.
+//! 3. **Against PyTorch** (goal ≤ 0.8): kappa's `Optimizer::step` (as in 1, with its groups as
+//!    built by default: at two threads each Muon batch is split over two workers of one libtorch
+//!    thread each, `Group::with_threads`) against `torch.optim.Muon` on the hidden matrices plus
+//!    `torch.optim.AdamW` on the rest, with the same split and settings
+//!    (`benches/reference/optimizer_torch_peer.py`, a child process stepping on command; its step
+//!    time is measured in Python), one step per sample after one warm step each (the reference's
+//!    setup takes one more). torch's AdamW runs as torch ships it: `foreach=None, fused=None`,
+//!    which on CPU tensors is its per-tensor for-loop (the script reports what torch chose, printed
+//!    in the row). Cells: `f32` — kappa `Precision::F32`, the reference's Newton–Schulz swapped for
+//!    the same quintic in f32 (as `muon_torch.py` does); `bf16` — kappa `Precision::Auto` (bf16 on
+//!    CPUs with native bf16 products, which the heading says) against `torch.optim.Muon` as shipped
+//!    (its Newton–Schulz in bf16), run only where the CPU multiplies bf16 natively (emulated bf16
+//!    is 20–40× slower on both sides); `f32-mkl` (and `bf16-mkl` on request) — the same cells like
+//!    for like, described next. At two threads each timed step follows a 200 ms pause (the other
+//!    process's OpenMP workers go to sleep); there is no untimed wake-up step, as a step lasts far
+//!    longer than the wake-up.
 //!
 //! **Like for like.** kappa's bench binaries answer MKL's vendor check themselves
 //! (`kappa_linalg::mkl_intel_path!()` at the top of this file, exported by `benches/build.rs`):
@@ -170,11 +171,21 @@ fn keller(precision: Precision) -> MuonConfig {
     }
 }
 
-/// kappa's optimizer over the var store's parameters (module docs).
-fn gpt2_optimizer(vs: &tch::nn::VarStore, precision: Precision) -> Optimizer {
-    Grouping::muon_adamw(keller(precision), AdamWConfig::torch(), ADAMW_LR)
-        .build(vs)
-        .expect("the GPT-2 optimizer")
+/// kappa's optimizer over the var store's parameters (module docs), its groups on `threads`
+/// workers when given (else libtorch's count, the default).
+fn gpt2_optimizer(
+    vs: &tch::nn::VarStore,
+    precision: Precision,
+    threads: Option<usize>,
+) -> Optimizer {
+    let groups = Grouping::muon_adamw(keller(precision), AdamWConfig::torch(), ADAMW_LR)
+        .assign(vs.variables())
+        .expect("the GPT-2 groups");
+    let groups = match threads {
+        Some(n) => groups.into_iter().map(|g| g.with_threads(n)).collect(),
+        None => groups,
+    };
+    Optimizer::new(groups).expect("the GPT-2 optimizer")
 }
 
 /// The pause of `alternate_settled` at more than one thread.
@@ -360,7 +371,7 @@ fn print_api_cost(shape: &Gpt2Shape) {
     let mut rows = Vec::new();
     for (pname, precision) in PRECISIONS {
         let vs = var_store_with_grads(shape, 1);
-        let mut opt = gpt2_optimizer(&vs, precision);
+        let mut opt = gpt2_optimizer(&vs, precision, Some(1));
         let mut raw: Vec<RawGroup> = opt.groups().iter().map(RawGroup::of).collect();
         let check = finiteness_pass_seconds(&opt);
         // One step of each side first, its time left out of the per-group means: it creates the
@@ -393,7 +404,8 @@ fn print_api_cost(shape: &Gpt2Shape) {
         what: "One `Optimizer::step()` of Muon on GPT-2's hidden matrices plus AdamW on the rest \
                (`Grouping::muon_adamw`, CPU f32 parameters) against the per-matrix calls it makes \
                (`Muon::step_batch` per shape, `AdamW::step_tensors` per group) on the same \
-               tensors; the API adds the gradient checks and the grouping. 1 is no cost."
+               tensors, both on the calling thread (`Group::with_threads(1)`); the API adds the \
+               gradient checks and the grouping. 1 is no cost."
             .into(),
         peer: "direct calls".into(),
         spread: "min–max over pairs",
@@ -449,6 +461,7 @@ fn split_row(shape: &Gpt2Shape, precision: Precision, pairs: usize) -> [Spread; 
     let p = leaf_with_grad(&[3 * d, d], 7);
     let group = Group::muon("qkv", keller(precision))
         .with_matrix(spec)
+        .with_threads(1)
         .with_param("h.0.attn.c_attn.weight", p.shallow_clone());
     let mut opt = Optimizer::new(vec![group]).expect("the QKV optimizer");
     let muon = Muon::new(keller(precision)).expect("muon");
@@ -504,7 +517,7 @@ fn print_split(shape: &Gpt2Shape) {
             .into(),
         what: "Muon on a fused QKV weight seen as 3 × heads row blocks \
                (`MatrixSpec::matrix().split(..).heads(..)`: one batched Newton–Schulz call \
-               through `Optimizer::step`) against one `Muon::step` per block on row views of the \
+               through `Optimizer::step` on the calling thread) against one `Muon::step` per block on row views of the \
                same weight. The blocks' arithmetic is the same either way, so what batching can \
                save is the per-call overhead and the small products' lower GEMM throughput."
             .into(),
@@ -669,7 +682,7 @@ fn setup_cell(
         ));
     }
     let vs = var_store_with_grads(shape, 1);
-    let opt = gpt2_optimizer(&vs, cell.kappa);
+    let opt = gpt2_optimizer(&vs, cell.kappa, None);
     Ok((vs, opt, adamw.to_string()))
 }
 
@@ -782,8 +795,9 @@ fn print_versus_torch(threads: usize, shape: &Gpt2Shape) {
         bench: "optimizer_api",
         name: "optimizer_vs_torch",
         title: "The whole-model optimizer step against torch.optim.Muon + torch.optim.AdamW".into(),
-        what: "kappa's `Optimizer::step()` (Muon on GPT-2's hidden matrices, AdamW on the rest) \
-               against `torch.optim.Muon` plus `torch.optim.AdamW` (as shipped: `foreach=None, \
+        what: "kappa's `Optimizer::step()` (Muon on GPT-2's hidden matrices, AdamW on the rest; \
+               groups as built by default, so at two threads each Muon batch is split over two \
+               workers of one libtorch thread each) against `torch.optim.Muon` plus `torch.optim.AdamW` (as shipped: `foreach=None, \
                fused=None`) with the same split and settings, in a child process. `f32`: both \
                orthogonalize in f32 (the reference's Newton–Schulz swapped for the same quintic \
                in f32); `bf16`: kappa's `Precision::Auto` against the reference as shipped (bf16 \

@@ -418,10 +418,11 @@ pub struct ModulewiseConfig {
     pub dgram_retraction: DGramRetraction,
     /// AdamW weight decay of the embeddings (the paper: 0.1, like nanoGPT).
     pub embedding_weight_decay: f64,
-    /// Worker threads that step the matrices of one manifold group concurrently (each matrix's
-    /// step is independent, so the result does not depend on this). Small matrices on the CPU
-    /// are bound by per-operation overhead, not FLOPs, and one process thread per core is the
-    /// only way to use the cores there; keep 1 on CUDA.
+    /// Worker threads that step the matrices of one Muon or manifold group concurrently
+    /// ([`Group::with_threads`]; each matrix's step is independent, so at one libtorch thread
+    /// the result does not depend on this). Small matrices on the CPU are bound by
+    /// per-operation overhead, not FLOPs, and one process thread per core is the only way to
+    /// use the cores there; keep 1 on CUDA.
     #[serde(default = "one")]
     pub optimizer_threads: usize,
     /// Per-label multipliers on the peak learning rate (all 1 by default).
@@ -430,10 +431,10 @@ pub struct ModulewiseConfig {
     /// Step the row blocks of one group that share a shape together: Muon groups with one
     /// batched orthogonalization ([`kappa_optim::Muon::step_batch`]), manifold groups with
     /// their dual ascents in lock step ([`kappa_optim::ManifoldMuon::step_batch`]), instead of
-    /// one call per block; a shape that occurs once keeps the per-matrix call, and a batched
-    /// manifold group ignores `optimizer_threads`. Off by default: the batched products round
-    /// differently from one product per matrix, so the published runs (unbatched) stay
-    /// reproducible bit for bit.
+    /// one call per block; a shape that occurs once keeps the per-matrix call, a Muon group's
+    /// batches are split over `optimizer_threads`, and a batched manifold group ignores it.
+    /// Off by default: the batched products round differently from one product per matrix, so
+    /// the published runs (unbatched) stay reproducible bit for bit.
     #[serde(default, skip_serializing_if = "is_false")]
     pub batch: bool,
 }
@@ -611,7 +612,7 @@ fn label_group(
                 solver,
                 ..config.manifold
             };
-            Group::manifold(name, cfg).with_threads(config.optimizer_threads)
+            Group::manifold(name, cfg)
         }
     };
     let matrix = if label == ModuleLabel::AttentionQkv && config.assignment.split_qkv {
@@ -622,6 +623,7 @@ fn label_group(
     group
         .with_lr(config.muon_lr * factor)
         .with_batch(config.batch)
+        .with_threads(config.optimizer_threads)
         .with_matrix(matrix)
 }
 

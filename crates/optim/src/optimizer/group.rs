@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::jobs::{param_err, second_moment_len, Jobs};
+use super::jobs::{param_err, second_moment_len, Jobs, Workers};
 use super::matrix::{MatrixSpec, Resolved};
 #[cfg(feature = "dist")]
 use super::shard::Sharding;
@@ -82,7 +82,7 @@ pub struct Group {
     pub(crate) update: Update,
     pub(crate) matrix: MatrixSpec,
     pub(crate) batch: bool,
-    pub(crate) threads: usize,
+    pub(crate) workers: Workers,
     pub(crate) kernel: AdamWKernel,
     pub(crate) names: Vec<String>,
     pub(crate) params: Vec<Tensor>,
@@ -114,7 +114,7 @@ impl Group {
             update,
             matrix: MatrixSpec::matrix(),
             batch: true,
-            threads: 1,
+            workers: Workers::Auto,
             kernel: AdamWKernel::default(),
             names: Vec::new(),
             params: Vec::new(),
@@ -157,11 +157,17 @@ impl Group {
         Self { batch, ..self }
     }
 
-    /// Manifold Muon's blocks stepped on `threads` worker threads when not batched (1, the
-    /// default: on the calling thread).
+    /// The group's blocks stepped on `threads` worker threads, each with an even share of the
+    /// calling thread's libtorch threads (at least one): Muon's batches split into contiguous
+    /// parts, manifold Muon's blocks when not batched (a manifold batch is stepped whole). 1 is
+    /// the calling thread alone. By default the count is libtorch's thread count at each step,
+    /// used when every worker gets enough work and the work balances; an explicit count is
+    /// always used (up to the number of parts). Results do not depend on the count when a
+    /// product's result does not depend on its thread count, which holds where libtorch runs at
+    /// one thread. Not used when sharded ([`Optimizer::shard`](super::Optimizer::shard)).
     pub fn with_threads(self, threads: usize) -> Self {
-        let threads = threads.max(1);
-        Self { threads, ..self }
+        let workers = Workers::Count(threads.max(1));
+        Self { workers, ..self }
     }
 
     /// AdamW's kernel ([`AdamWKernel::Fused`] by default).
@@ -362,7 +368,7 @@ impl Group {
                     Ok(())
                 };
                 match shard {
-                    None => jobs.run(self.batch, &mut self.stats, step),
+                    None => jobs.run_workers(self.batch, self.workers, &mut self.stats, &step),
                     Some(s) => {
                         let c = *muon.config();
                         let second = |w: &Tensor| second_moment_len(&c, w);
@@ -380,7 +386,7 @@ impl Group {
             States::Manifold(opt, states) => {
                 opt.set_lr(lr).map_err(|e| group_err(&self.name, e))?;
                 let jobs = Jobs::collect(&self.names, &self.params, &self.layouts, states)?;
-                let (opt, threads) = (&*opt, self.threads);
+                let opt = &*opt;
                 let step = |stats: &mut Accumulator,
                             ws: &mut [Tensor],
                             gs: &[Tensor],
@@ -400,10 +406,10 @@ impl Group {
                     Ok(())
                 };
                 match shard {
-                    None if !self.batch && threads > 1 => {
-                        jobs.run_threads(opt, threads, &mut self.stats)
+                    None if !self.batch => {
+                        jobs.run_workers(false, self.workers, &mut self.stats, &step)
                     }
-                    None => jobs.run(self.batch, &mut self.stats, step),
+                    None => jobs.run(true, &mut self.stats, step),
                     Some(s) => s.run(
                         jobs,
                         &self.name,

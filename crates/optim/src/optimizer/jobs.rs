@@ -7,7 +7,7 @@ use tch::{Kind, Tensor};
 use super::matrix::Resolved;
 use super::stats::Accumulator;
 use crate::error::{OptimError, Result};
-use crate::{ManifoldMuon, ManifoldState, ManifoldStep, MuonConfig};
+use crate::MuonConfig;
 
 /// `e` as the error of parameter `name`.
 pub(crate) fn param_err(name: &str, e: OptimError) -> OptimError {
@@ -185,59 +185,210 @@ pub(super) fn second_moment_len(c: &MuonConfig, w: &Tensor) -> Option<usize> {
     })
 }
 
-impl Jobs<'_, '_, ManifoldState<Tensor>> {
-    /// Manifold Muon's blocks one by one on `threads` workers (round robin; results in block
-    /// order). Each worker first applies the calling thread's libtorch thread count
-    /// (`tch::set_num_threads`, which sets OpenMP's and MKL's count for the thread too): without
-    /// it the workers' products ran OpenMP teams of every core, whose threads spin at each
-    /// barrier (a manifold run at width 64 on a loaded 2-core machine took 7.7× as long per
-    /// step, with the same results).
-    pub(super) fn run_threads(
-        self,
-        opt: &ManifoldMuon,
-        threads: usize,
-        stats: &mut Accumulator,
-    ) -> Result<()> {
-        let workers = threads.min(self.jobs.len()).max(1);
-        let mut lanes: Vec<Vec<(usize, Job<'_, ManifoldState<Tensor>>)>> =
-            (0..workers).map(|_| Vec::new()).collect();
-        for (i, job) in self.jobs.into_iter().enumerate() {
-            lanes[i % workers].push((i, job));
+/// Steps one part of a batch on a worker thread: as [`StepBatch`], and shared by the workers.
+pub(super) trait StepShared<S>:
+    Fn(&mut Accumulator, &mut [Tensor], &[Tensor], &mut [S], usize) -> Result<()> + Sync
+{
+}
+
+impl<S, F> StepShared<S> for F where
+    F: Fn(&mut Accumulator, &mut [Tensor], &[Tensor], &mut [S], usize) -> Result<()> + Sync
+{
+}
+
+/// How many worker threads step a group's blocks ([`Jobs::run_workers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Workers {
+    /// libtorch's thread count on the calling thread, when the step is large enough and its
+    /// parts balance ([`plan`]); else the calling thread alone.
+    Auto,
+    /// This many, whatever the work (1: the calling thread).
+    Count(usize),
+}
+
+/// A batch's blocks or a contiguous part of them, with the whole batch's block count (the
+/// precision is decided on it).
+struct Part<'s, S> {
+    batch: usize,
+    jobs: Vec<Job<'s, S>>,
+    count: usize,
+}
+
+impl<S> Part<'_, S> {
+    /// The part's work in units of m·n·min(m, n) for m×n blocks: what one Newton–Schulz step
+    /// of a block costs, up to a constant.
+    fn cost(&self) -> f64 {
+        let Some(job) = self.jobs.first() else {
+            return 0.0;
+        };
+        let (m, n) = kappa_linalg::Matrix::shape(&job.w);
+        (m * n * m.min(n)) as f64 * self.jobs.len() as f64
+    }
+}
+
+/// Under [`Workers::Auto`], the smallest work a worker must get, in [`Part::cost`]'s units:
+/// 2²⁰ is about 3·10⁷ flops of Newton–Schulz (five quintic steps), half a millisecond or more
+/// on a CPU core, against the tens of microseconds a scoped thread takes to start and join.
+const AUTO_MIN_LANE_COST: f64 = (1u64 << 20) as f64;
+
+/// Under [`Workers::Auto`], the largest ratio of the busiest worker's work to an even share.
+/// One thread per worker pays only while the imbalance stays below what a two-thread product
+/// loses to its split (a step of GPT-2 small's Muon matrices took 0.84 of the time on two
+/// one-thread workers that it took on two libtorch threads, docs/performance.md).
+const AUTO_MAX_IMBALANCE: f64 = 1.15;
+
+/// The blocks of `batches` as parts on `workers` lanes: each batch split into at most
+/// `workers` contiguous parts of near-equal size and at least two blocks, the parts placed
+/// largest first on the least loaded lane. A part keeps its matrices' bits in the whole batch:
+/// it is stepped with the whole batch's batched call and precision, and libtorch's CPU `bmm`
+/// gives a matrix the same bits in any batch of two or more, but multiplies a batch of one with
+/// another kernel (the `shard` module's docs, "When the bits equal"). `None` when fewer than two lanes get
+/// work or, with `auto`, when the lanes' work is too small or too uneven to pay for threads:
+/// then the batches whole, in order.
+fn plan<S>(batches: Vec<Vec<Job<'_, S>>>, workers: usize, auto: bool) -> Plan<'_, S> {
+    let mut parts = Vec::new();
+    for (b, batch) in batches.into_iter().enumerate() {
+        let count = batch.len();
+        let pieces = workers.min(count / 2).max(1);
+        let mut rest = batch.into_iter();
+        for k in 0..pieces {
+            let size = count / pieces + usize::from(k < count % pieces);
+            parts.push(Part {
+                batch: b,
+                jobs: rest.by_ref().take(size).collect(),
+                count,
+            });
         }
-        type Done = (usize, usize, Result<ManifoldStep<Tensor>>);
+    }
+    let lanes = workers.min(parts.len());
+    if lanes < 2 {
+        return Err(whole(parts));
+    }
+    let costs: Vec<f64> = parts.iter().map(Part::cost).collect();
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by(|&a, &b| costs[b].total_cmp(&costs[a]));
+    let mut load = vec![0.0; lanes];
+    let mut lane_of = vec![0; parts.len()];
+    for i in order {
+        let lane = (0..lanes).fold(0, |best, l| if load[l] < load[best] { l } else { best });
+        load[lane] += costs[i];
+        lane_of[i] = lane;
+    }
+    let (total, busiest) = (
+        load.iter().sum::<f64>(),
+        load.iter().fold(0.0, |a: f64, &b| a.max(b)),
+    );
+    let small = load.iter().any(|&l| l < AUTO_MIN_LANE_COST);
+    if auto && (small || busiest > AUTO_MAX_IMBALANCE * total / lanes as f64) {
+        return Err(whole(parts));
+    }
+    let mut out: Vec<Vec<Part<'_, S>>> = (0..lanes).map(|_| Vec::new()).collect();
+    for (part, lane) in parts.into_iter().zip(lane_of) {
+        out[lane].push(part);
+    }
+    Ok(out)
+}
+
+/// The parts by lane, or (no plan) the batches to step on the calling thread in order.
+type Plan<'s, S> = std::result::Result<Vec<Vec<Part<'s, S>>>, Vec<Vec<Job<'s, S>>>>;
+
+/// The batches `parts` were cut from (a batch's parts are consecutive), in order.
+fn whole<'s, S>(parts: Vec<Part<'s, S>>) -> Vec<Vec<Job<'s, S>>> {
+    let mut out: Vec<(usize, Vec<Job<'s, S>>)> = Vec::new();
+    for part in parts {
+        match out.last_mut() {
+            Some((b, jobs)) if *b == part.batch => jobs.extend(part.jobs),
+            _ => out.push((part.batch, part.jobs)),
+        }
+    }
+    out.into_iter().map(|(_, jobs)| jobs).collect()
+}
+
+impl<S: Default + Send> Jobs<'_, '_, S> {
+    /// [`Jobs::run`] with the batches' blocks on worker threads ([`plan`]): each worker steps
+    /// its parts in turn on `max(1, t / lanes)` libtorch threads, t the calling thread's
+    /// count, so that the workers together use what the caller would. Products of one libtorch
+    /// thread each on independent blocks lose nothing to splitting one product over threads;
+    /// a worker that kept libtorch's default would start an OpenMP team of every core, whose
+    /// threads spin at each barrier (a manifold run at width 64 on a loaded 2-core machine
+    /// took 7.7× as long per step). Setting a thread's count sets libtorch's default for new
+    /// threads too, so the caller's is set again afterwards. The first error in lane order is
+    /// returned; a lane stops at its first error, the others finish their parts.
+    pub(super) fn run_workers(
+        self,
+        batch: bool,
+        workers: Workers,
+        stats: &mut Accumulator,
+        f: &impl StepShared<S>,
+    ) -> Result<()> {
+        let (names, params, layouts, copies) = (self.names, self.params, self.layouts, self.copies);
         let intra_op = tch::get_num_threads();
-        let mut out: Vec<Done> = std::thread::scope(|scope| {
+        let (count, auto) = match workers {
+            Workers::Auto => (usize::try_from(intra_op).unwrap_or(1), true),
+            Workers::Count(n) => (n, false),
+        };
+        let lanes = match plan(Self::batches(self.jobs, batch), count, auto) {
+            Ok(lanes) => lanes,
+            Err(batches) => {
+                for batch in batches {
+                    let count = batch.len();
+                    with_batch(names, batch, |ws, gs, ss| f(stats, ws, gs, ss, count))?;
+                }
+                return write_back(names, params, layouts, &copies);
+            }
+        };
+        let per_lane = (intra_op / lanes.len() as i32).max(1);
+        let done: Vec<(Accumulator, Result<()>)> = std::thread::scope(|scope| {
             let handles: Vec<_> = lanes
                 .into_iter()
-                .map(|lane| {
-                    scope.spawn(move || {
-                        tch::set_num_threads(intra_op);
-                        // Gradient mode is per thread: the blocks are views of leaves.
-                        let _guard = tch::no_grad_guard();
-                        lane.into_iter()
-                            .map(|(i, mut j)| (i, j.param, opt.step(&mut j.w, &j.g, j.state)))
-                            .collect::<Vec<_>>()
-                    })
-                })
+                .map(|lane| scope.spawn(move || step_lane(names, lane, per_lane, f)))
                 .collect();
             handles
                 .into_iter()
-                .flat_map(|h| {
+                .map(|h| {
                     h.join().unwrap_or_else(|_| {
                         let e = OptimError::Groups {
                             reason: "a worker thread panicked".into(),
                         };
-                        vec![(0, 0, Err(e))]
+                        (Accumulator::default(), Err(e))
                     })
                 })
                 .collect()
         });
-        out.sort_by_key(|(i, _, _)| *i);
-        for (_, param, step) in out {
-            stats.add_manifold(&step.map_err(|e| param_err(&self.names[param], e))?);
+        tch::set_num_threads(intra_op);
+        let mut first_err = None;
+        for (acc, result) in done {
+            stats.merge(&acc);
+            first_err = first_err.or(result.err());
         }
-        write_back(self.names, self.params, self.layouts, &self.copies)
+        match first_err {
+            Some(e) => Err(e),
+            None => write_back(names, params, layouts, &copies),
+        }
     }
+}
+
+/// One worker's parts, stepped in turn on `threads` libtorch threads without gradient
+/// recording (the mode is per thread, and the blocks are views of leaves).
+fn step_lane<S: Default>(
+    names: &[String],
+    lane: Vec<Part<'_, S>>,
+    threads: i32,
+    f: &impl StepShared<S>,
+) -> (Accumulator, Result<()>) {
+    tch::set_num_threads(threads);
+    let _guard = tch::no_grad_guard();
+    let mut acc = Accumulator::default();
+    for part in lane {
+        let count = part.count;
+        let stepped = with_batch(names, part.jobs, |ws, gs, ss| {
+            f(&mut acc, ws, gs, ss, count)
+        });
+        if let Err(e) = stepped {
+            return (acc, Err(e));
+        }
+    }
+    (acc, Ok(()))
 }
 
 /// The names of the parameters `indices` point at (each once), for an error of a batch.
@@ -250,5 +401,82 @@ pub(super) fn names_of(names: &[String], indices: &[usize]) -> String {
         format!("{} (and {more} more in the batch)", listed.join("`, `"))
     } else {
         listed.join("`, `")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `counts[i]` blocks of size `shapes[i]`, as batches of jobs on `states`.
+    fn batches<'s>(
+        shapes: &[[i64; 2]],
+        counts: &[usize],
+        states: &'s mut [u8],
+    ) -> Vec<Vec<Job<'s, u8>>> {
+        let mut states = states.iter_mut();
+        let mut out = Vec::new();
+        for (shape, &count) in shapes.iter().zip(counts) {
+            let jobs = (0..count)
+                .map(|_| Job {
+                    param: 0,
+                    w: Tensor::zeros(*shape, (Kind::Float, tch::Device::Cpu)),
+                    g: Tensor::zeros(*shape, (Kind::Float, tch::Device::Cpu)),
+                    state: states.next().expect("enough states"),
+                })
+                .collect();
+            out.push(jobs);
+        }
+        out
+    }
+
+    /// Each lane's part sizes and block counts.
+    fn lanes(plan: Plan<'_, u8>) -> Vec<Vec<(usize, usize)>> {
+        let lanes = plan.unwrap_or_else(|_| panic!("a plan"));
+        let sizes =
+            |lane: &Vec<Part<'_, u8>>| lane.iter().map(|p| (p.jobs.len(), p.count)).collect();
+        lanes.iter().map(sizes).collect()
+    }
+
+    #[test]
+    fn batches_split_into_even_parts_that_keep_their_batch_count() {
+        let mut states = [0; 15];
+        let plan = plan(
+            batches(&[[768, 768], [64, 64]], &[12, 3], &mut states),
+            2,
+            false,
+        );
+        // Largest first on the least loaded lane: 6 + 6 large, then the 3 small whole (a part
+        // of one block would round differently from its batch).
+        assert_eq!(lanes(plan), vec![vec![(6, 12), (3, 3)], vec![(6, 12)]]);
+    }
+
+    #[test]
+    fn auto_keeps_small_or_uneven_work_whole_on_the_caller() {
+        let mut states = [0; 30];
+        // 12 blocks of 32×32: 32³·6 = 2·10⁵ units a lane, under the floor of 2²⁰.
+        let small = plan(batches(&[[32, 32]], &[12], &mut states[..12]), 2, true);
+        assert_eq!(
+            small
+                .err()
+                .map(|b| b.iter().map(Vec::len).collect::<Vec<_>>()),
+            Some(vec![12])
+        );
+        // One large block and one a quarter of its size: lanes of 1 and 1/4, far from even;
+        // returned whole and in order.
+        let uneven = plan(
+            batches(&[[1024, 1024], [512, 512]], &[1, 2], &mut states[12..15]),
+            2,
+            true,
+        );
+        let whole: Option<Vec<usize>> = uneven.err().map(|b| b.iter().map(Vec::len).collect());
+        assert_eq!(whole, Some(vec![1, 2]));
+        // Explicitly asked for, the same work is spread anyway.
+        let forced = plan(
+            batches(&[[1024, 1024], [512, 512]], &[1, 2], &mut states[15..18]),
+            2,
+            false,
+        );
+        assert_eq!(lanes(forced), vec![vec![(1, 1)], vec![(2, 2)]]);
     }
 }

@@ -67,7 +67,7 @@ pub struct Rule {
     lr: f64,
     matrix: MatrixSpec,
     batch: bool,
-    threads: usize,
+    threads: Option<usize>,
 }
 
 impl Rule {
@@ -82,7 +82,7 @@ impl Rule {
             lr,
             matrix: MatrixSpec::matrix(),
             batch: true,
-            threads: 1,
+            threads: None,
         }
     }
 
@@ -134,8 +134,9 @@ impl Rule {
         Self { batch, ..self }
     }
 
-    /// Worker threads of manifold Muon ([`Group::with_threads`]).
+    /// Worker threads of the group ([`Group::with_threads`]; libtorch's count by default).
     pub fn threads(self, threads: usize) -> Self {
+        let threads = Some(threads.max(1));
         Self { threads, ..self }
     }
 
@@ -147,10 +148,13 @@ impl Rule {
     }
 
     fn empty_group(&self) -> Group {
-        Group::new(self.group.clone(), self.update, self.lr)
+        let group = Group::new(self.group.clone(), self.update, self.lr)
             .with_matrix(self.matrix.clone())
-            .with_batch(self.batch)
-            .with_threads(self.threads)
+            .with_batch(self.batch);
+        match self.threads {
+            Some(n) => group.with_threads(n),
+            None => group,
+        }
     }
 }
 

@@ -73,6 +73,23 @@ impl Accumulator {
         self.manifold_violation_max = self.manifold_violation_max.max(step.manifold_violation);
     }
 
+    /// Adds `other`'s counts and sums and takes the larger maxima (a worker's part of a step).
+    pub(crate) fn merge(&mut self, other: &Accumulator) {
+        self.updates += other.updates;
+        self.seconds += other.seconds;
+        self.dual += other.dual;
+        self.dual_steps += other.dual_steps;
+        self.msign_calls += other.msign_calls;
+        self.violation += other.violation;
+        self.violation_max = self.violation_max.max(other.violation_max);
+        self.descent_ratio += other.descent_ratio;
+        self.descent_ratios += other.descent_ratios;
+        self.diverged += other.diverged;
+        self.manifold_violation_max = self
+            .manifold_violation_max
+            .max(other.manifold_violation_max);
+    }
+
     /// Adds half of `twice`, the sums of two identical block updates (a block stepped beside a
     /// copy of itself): the counts and sums halved, the maxima as they are.
     #[cfg(feature = "dist")]
