@@ -517,9 +517,10 @@ fn print_split(shape: &Gpt2Shape) {
             .into(),
         what: "Muon on a fused QKV weight seen as 3 × heads row blocks \
                (`MatrixSpec::matrix().split(..).heads(..)`: one batched Newton–Schulz call \
-               through `Optimizer::step` on the calling thread) against one `Muon::step` per block on row views of the \
-               same weight. The blocks' arithmetic is the same either way, so what batching can \
-               save is the per-call overhead and the small products' lower GEMM throughput."
+               through `Optimizer::step` on the calling thread) against one `Muon::step` per \
+               block on row views of the same weight. The blocks' arithmetic is the same either \
+               way, so what batching can save is the per-call overhead and the small products' \
+               lower GEMM throughput."
             .into(),
         peer: "one call per block".into(),
         spread: "min–max over pairs",
@@ -797,8 +798,9 @@ fn print_versus_torch(threads: usize, shape: &Gpt2Shape) {
         title: "The whole-model optimizer step against torch.optim.Muon + torch.optim.AdamW".into(),
         what: "kappa's `Optimizer::step()` (Muon on GPT-2's hidden matrices, AdamW on the rest; \
                groups as built by default, so at two threads each Muon batch is split over two \
-               workers of one libtorch thread each) against `torch.optim.Muon` plus `torch.optim.AdamW` (as shipped: `foreach=None, \
-               fused=None`) with the same split and settings, in a child process. `f32`: both \
+               workers of one libtorch thread each) against `torch.optim.Muon` plus \
+               `torch.optim.AdamW` (as shipped: `foreach=None, fused=None`) with the same split \
+               and settings, in a child process. `f32`: both \
                orthogonalize in f32 (the reference's Newton–Schulz swapped for the same quintic \
                in f32); `bf16`: kappa's `Precision::Auto` against the reference as shipped (bf16 \
                Newton–Schulz), only on CPUs with native bf16 products; `-mkl`: the reference \

@@ -159,12 +159,13 @@ impl Group {
 
     /// The group's blocks stepped on `threads` worker threads, each with an even share of the
     /// calling thread's libtorch threads (at least one): Muon's batches split into contiguous
-    /// parts, manifold Muon's blocks when not batched (a manifold batch is stepped whole). 1 is
-    /// the calling thread alone. By default the count is libtorch's thread count at each step,
-    /// used when every worker gets enough work and the work balances; an explicit count is
-    /// always used (up to the number of parts). Results do not depend on the count when a
-    /// product's result does not depend on its thread count, which holds where libtorch runs at
-    /// one thread. Not used when sharded ([`Optimizer::shard`](super::Optimizer::shard)).
+    /// parts, manifold Muon's blocks when not batched (a manifold batch is stepped whole). 1 is the
+    /// calling thread alone. By default, up to libtorch's thread count at each step: the most
+    /// workers (two or more) that each get enough work and among which the work balances, else the
+    /// calling thread; an explicit count is always used (up to the number of parts). Results do not
+    /// depend on the count when a product's result does not depend on its thread count, which holds
+    /// where libtorch runs at one thread. Not used when sharded
+    /// ([`Optimizer::shard`](super::Optimizer::shard)).
     pub fn with_threads(self, threads: usize) -> Self {
         let workers = Workers::Count(threads.max(1));
         Self { workers, ..self }

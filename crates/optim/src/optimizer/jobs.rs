@@ -199,8 +199,8 @@ impl<S, F> StepShared<S> for F where
 /// How many worker threads step a group's blocks ([`Jobs::run_workers`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Workers {
-    /// libtorch's thread count on the calling thread, when the step is large enough and its
-    /// parts balance ([`plan`]); else the calling thread alone.
+    /// Up to libtorch's thread count on the calling thread: the most workers that each get
+    /// enough work and balance ([`choose`]); else the calling thread alone.
     Auto,
     /// This many, whatever the work (1: the calling thread).
     Count(usize),
@@ -209,99 +209,103 @@ pub(crate) enum Workers {
 /// A batch's blocks or a contiguous part of them, with the whole batch's block count (the
 /// precision is decided on it).
 struct Part<'s, S> {
-    batch: usize,
     jobs: Vec<Job<'s, S>>,
     count: usize,
 }
 
-impl<S> Part<'_, S> {
-    /// The part's work in units of m·n·min(m, n) for m×n blocks: what one Newton–Schulz step
-    /// of a block costs, up to a constant.
-    fn cost(&self) -> f64 {
-        let Some(job) = self.jobs.first() else {
-            return 0.0;
-        };
-        let (m, n) = kappa_linalg::Matrix::shape(&job.w);
-        (m * n * m.min(n)) as f64 * self.jobs.len() as f64
-    }
+/// Where a part of a batch goes: the batch, the part's length and its worker (parts of a batch
+/// are contiguous and in order).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Cut {
+    batch: usize,
+    len: usize,
+    lane: usize,
 }
 
-/// Under [`Workers::Auto`], the smallest work a worker must get, in [`Part::cost`]'s units:
-/// 2²⁰ is about 3·10⁷ flops of Newton–Schulz (five quintic steps), half a millisecond or more
-/// on a CPU core, against the tens of microseconds a scoped thread takes to start and join.
+/// Under [`Workers::Auto`], the smallest work a worker must get, in units of m·n·min(m, n)
+/// per m×n block (one Newton–Schulz step's products, up to a constant): 2²⁰ is about 3·10⁷
+/// flops of five quintic steps, half a millisecond or more on a CPU core, against the tens of
+/// microseconds a scoped thread takes to start and join.
 const AUTO_MIN_LANE_COST: f64 = (1u64 << 20) as f64;
 
-/// Under [`Workers::Auto`], the largest ratio of the busiest worker's work to an even share.
-/// One thread per worker pays only while the imbalance stays below what a two-thread product
-/// loses to its split (a step of GPT-2 small's Muon matrices took 0.84 of the time on two
-/// one-thread workers that it took on two libtorch threads, docs/performance.md).
+/// Under [`Workers::Auto`], the largest ratio of the busiest worker's work to an even share:
+/// workers of one libtorch thread each pay only while the imbalance stays below what a product
+/// loses to being split over threads (docs/performance.md has the whole-model step).
 const AUTO_MAX_IMBALANCE: f64 = 1.15;
 
-/// The blocks of `batches` as parts on `workers` lanes: each batch split into at most
-/// `workers` contiguous parts of near-equal size and at least two blocks, the parts placed
-/// largest first on the least loaded lane. A part keeps its matrices' bits in the whole batch:
-/// it is stepped with the whole batch's batched call and precision, and libtorch's CPU `bmm`
-/// gives a matrix the same bits in any batch of two or more, but multiplies a batch of one with
-/// another kernel (the `shard` module's docs, "When the bits equal"). `None` when fewer than two lanes get
-/// work or, with `auto`, when the lanes' work is too small or too uneven to pay for threads:
-/// then the batches whole, in order.
-fn plan<S>(batches: Vec<Vec<Job<'_, S>>>, workers: usize, auto: bool) -> Plan<'_, S> {
-    let mut parts = Vec::new();
-    for (b, batch) in batches.into_iter().enumerate() {
-        let count = batch.len();
+/// The cost of one block of `batch`, in [`AUTO_MIN_LANE_COST`]'s units.
+fn block_cost<S>(batch: &[Job<'_, S>]) -> f64 {
+    batch.first().map_or(0.0, |job| {
+        let (m, n) = kappa_linalg::Matrix::shape(&job.w);
+        (m * n * m.min(n)) as f64
+    })
+}
+
+/// Batches of `counts[i]` blocks of cost `costs[i]` on `workers` lanes: each batch cut into at
+/// most `workers` contiguous parts of near-equal size and at least two blocks, the parts placed
+/// largest first on the least loaded lane (lowest index on ties). A part keeps its matrices'
+/// bits in the whole batch: it is stepped with the whole batch's batched call and precision,
+/// and libtorch's CPU `bmm` gives a matrix the same bits in any batch of two or more but
+/// multiplies a batch of one with another kernel (the `shard` module's docs, "When the bits
+/// equal"). Returns the cuts in batch order and each lane's load.
+fn layout(counts: &[usize], costs: &[f64], workers: usize) -> (Vec<Cut>, Vec<f64>) {
+    let mut cuts = Vec::new();
+    for (batch, &count) in counts.iter().enumerate() {
         let pieces = workers.min(count / 2).max(1);
-        let mut rest = batch.into_iter();
         for k in 0..pieces {
-            let size = count / pieces + usize::from(k < count % pieces);
-            parts.push(Part {
-                batch: b,
-                jobs: rest.by_ref().take(size).collect(),
-                count,
+            let len = count / pieces + usize::from(k < count % pieces);
+            cuts.push(Cut {
+                batch,
+                len,
+                lane: 0,
             });
         }
     }
-    let lanes = workers.min(parts.len());
-    if lanes < 2 {
-        return Err(whole(parts));
-    }
-    let costs: Vec<f64> = parts.iter().map(Part::cost).collect();
-    let mut order: Vec<usize> = (0..parts.len()).collect();
-    order.sort_by(|&a, &b| costs[b].total_cmp(&costs[a]));
+    let lanes = workers.min(cuts.len()).max(1);
+    let cost = |c: &Cut| costs[c.batch] * c.len as f64;
+    let mut order: Vec<usize> = (0..cuts.len()).collect();
+    order.sort_by(|&a, &b| cost(&cuts[b]).total_cmp(&cost(&cuts[a])));
     let mut load = vec![0.0; lanes];
-    let mut lane_of = vec![0; parts.len()];
     for i in order {
         let lane = (0..lanes).fold(0, |best, l| if load[l] < load[best] { l } else { best });
-        load[lane] += costs[i];
-        lane_of[i] = lane;
+        load[lane] += cost(&cuts[i]);
+        cuts[i].lane = lane;
     }
-    let (total, busiest) = (
-        load.iter().sum::<f64>(),
-        load.iter().fold(0.0, |a: f64, &b| a.max(b)),
-    );
-    let small = load.iter().any(|&l| l < AUTO_MIN_LANE_COST);
-    if auto && (small || busiest > AUTO_MAX_IMBALANCE * total / lanes as f64) {
-        return Err(whole(parts));
-    }
-    let mut out: Vec<Vec<Part<'_, S>>> = (0..lanes).map(|_| Vec::new()).collect();
-    for (part, lane) in parts.into_iter().zip(lane_of) {
-        out[lane].push(part);
-    }
-    Ok(out)
+    (cuts, load)
 }
 
-/// The parts by lane, or (no plan) the batches to step on the calling thread in order.
-type Plan<'s, S> = std::result::Result<Vec<Vec<Part<'s, S>>>, Vec<Vec<Job<'s, S>>>>;
+/// The cuts to step on worker threads, or `None` for the calling thread: the layout on
+/// `workers` lanes when `auto` is off and at least two lanes get work; with `auto`, the layout
+/// on the most lanes, `workers` down to 2, in which every lane gets at least
+/// [`AUTO_MIN_LANE_COST`] and the busiest at most [`AUTO_MAX_IMBALANCE`] times an even share.
+fn choose(counts: &[usize], costs: &[f64], workers: usize, auto: bool) -> Option<Vec<Cut>> {
+    let fits = |load: &[f64]| {
+        let total: f64 = load.iter().sum();
+        let busiest = load.iter().fold(0.0, |a: f64, &b| a.max(b));
+        let least = load.iter().fold(f64::INFINITY, |a: f64, &b| a.min(b));
+        least >= AUTO_MIN_LANE_COST && busiest <= AUTO_MAX_IMBALANCE * total / load.len() as f64
+    };
+    let tries = if auto { 2..=workers } else { workers..=workers };
+    tries.rev().find_map(|w| {
+        let (cuts, load) = layout(counts, costs, w);
+        (load.len() >= 2 && (!auto || fits(&load))).then_some(cuts)
+    })
+}
 
-/// The batches `parts` were cut from (a batch's parts are consecutive), in order.
-fn whole<'s, S>(parts: Vec<Part<'s, S>>) -> Vec<Vec<Job<'s, S>>> {
-    let mut out: Vec<(usize, Vec<Job<'s, S>>)> = Vec::new();
-    for part in parts {
-        match out.last_mut() {
-            Some((b, jobs)) if *b == part.batch => jobs.extend(part.jobs),
-            _ => out.push((part.batch, part.jobs)),
+/// `batches` cut by `cuts` (from [`choose`] on these batches), as each lane's parts.
+fn lanes_of<'s, S>(batches: Vec<Vec<Job<'s, S>>>, cuts: &[Cut]) -> Vec<Vec<Part<'s, S>>> {
+    let lanes = cuts.iter().map(|c| c.lane + 1).max().unwrap_or(0);
+    let mut out: Vec<Vec<Part<'s, S>>> = (0..lanes).map(|_| Vec::new()).collect();
+    let mut cuts = cuts.iter().peekable();
+    for (b, batch) in batches.into_iter().enumerate() {
+        let count = batch.len();
+        let mut rest = batch.into_iter();
+        while let Some(cut) = cuts.next_if(|c| c.batch == b) {
+            let jobs = rest.by_ref().take(cut.len).collect();
+            out[cut.lane].push(Part { jobs, count });
         }
     }
-    out.into_iter().map(|(_, jobs)| jobs).collect()
+    out
 }
 
 impl<S: Default + Send> Jobs<'_, '_, S> {
@@ -327,16 +331,17 @@ impl<S: Default + Send> Jobs<'_, '_, S> {
             Workers::Auto => (usize::try_from(intra_op).unwrap_or(1), true),
             Workers::Count(n) => (n, false),
         };
-        let lanes = match plan(Self::batches(self.jobs, batch), count, auto) {
-            Ok(lanes) => lanes,
-            Err(batches) => {
-                for batch in batches {
-                    let count = batch.len();
-                    with_batch(names, batch, |ws, gs, ss| f(stats, ws, gs, ss, count))?;
-                }
-                return write_back(names, params, layouts, &copies);
+        let batches = Self::batches(self.jobs, batch);
+        let counts: Vec<usize> = batches.iter().map(Vec::len).collect();
+        let costs: Vec<f64> = batches.iter().map(|b| block_cost(b)).collect();
+        let Some(cuts) = choose(&counts, &costs, count, auto) else {
+            for batch in batches {
+                let count = batch.len();
+                with_batch(names, batch, |ws, gs, ss| f(stats, ws, gs, ss, count))?;
             }
+            return write_back(names, params, layouts, &copies);
         };
+        let lanes = lanes_of(batches, &cuts);
         let per_lane = (intra_op / lanes.len() as i32).max(1);
         let done: Vec<(Accumulator, Result<()>)> = std::thread::scope(|scope| {
             let handles: Vec<_> = lanes
@@ -408,75 +413,62 @@ pub(super) fn names_of(names: &[String], indices: &[usize]) -> String {
 mod tests {
     use super::*;
 
-    /// `counts[i]` blocks of size `shapes[i]`, as batches of jobs on `states`.
-    fn batches<'s>(
-        shapes: &[[i64; 2]],
-        counts: &[usize],
-        states: &'s mut [u8],
-    ) -> Vec<Vec<Job<'s, u8>>> {
-        let mut states = states.iter_mut();
-        let mut out = Vec::new();
-        for (shape, &count) in shapes.iter().zip(counts) {
-            let jobs = (0..count)
-                .map(|_| Job {
-                    param: 0,
-                    w: Tensor::zeros(*shape, (Kind::Float, tch::Device::Cpu)),
-                    g: Tensor::zeros(*shape, (Kind::Float, tch::Device::Cpu)),
-                    state: states.next().expect("enough states"),
-                })
-                .collect();
-            out.push(jobs);
-        }
-        out
-    }
-
-    /// Each lane's part sizes and block counts.
-    fn lanes(plan: Plan<'_, u8>) -> Vec<Vec<(usize, usize)>> {
-        let lanes = plan.unwrap_or_else(|_| panic!("a plan"));
-        let sizes =
-            |lane: &Vec<Part<'_, u8>>| lane.iter().map(|p| (p.jobs.len(), p.count)).collect();
-        lanes.iter().map(sizes).collect()
+    fn cut(batch: usize, len: usize, lane: usize) -> Cut {
+        Cut { batch, len, lane }
     }
 
     #[test]
-    fn batches_split_into_even_parts_that_keep_their_batch_count() {
-        let mut states = [0; 15];
-        let plan = plan(
-            batches(&[[768, 768], [64, 64]], &[12, 3], &mut states),
-            2,
-            false,
-        );
+    fn batches_split_into_even_parts_of_two_blocks_or_more() {
+        let costs = [768f64.powi(3), 64f64.powi(3)];
         // Largest first on the least loaded lane: 6 + 6 large, then the 3 small whole (a part
         // of one block would round differently from its batch).
-        assert_eq!(lanes(plan), vec![vec![(6, 12), (3, 3)], vec![(6, 12)]]);
+        let cuts = choose(&[12, 3], &costs, 2, false);
+        assert_eq!(cuts, Some(vec![cut(0, 6, 0), cut(0, 6, 1), cut(1, 3, 0)]));
     }
 
     #[test]
-    fn auto_keeps_small_or_uneven_work_whole_on_the_caller() {
-        let mut states = [0; 30];
+    fn auto_keeps_small_or_uneven_work_on_the_caller() {
         // 12 blocks of 32×32: 32³·6 = 2·10⁵ units a lane, under the floor of 2²⁰.
-        let small = plan(batches(&[[32, 32]], &[12], &mut states[..12]), 2, true);
-        assert_eq!(
-            small
-                .err()
-                .map(|b| b.iter().map(Vec::len).collect::<Vec<_>>()),
-            Some(vec![12])
-        );
-        // One large block and one a quarter of its size: lanes of 1 and 1/4, far from even;
-        // returned whole and in order.
-        let uneven = plan(
-            batches(&[[1024, 1024], [512, 512]], &[1, 2], &mut states[12..15]),
-            2,
-            true,
-        );
-        let whole: Option<Vec<usize>> = uneven.err().map(|b| b.iter().map(Vec::len).collect());
-        assert_eq!(whole, Some(vec![1, 2]));
+        assert_eq!(choose(&[12], &[32f64.powi(3)], 2, true), None);
+        // One large block and two of a quarter of its work together: lanes of 1 and 1/4.
+        let costs = [1024f64.powi(3), 512f64.powi(3)];
+        assert_eq!(choose(&[1, 2], &costs, 2, true), None);
         // Explicitly asked for, the same work is spread anyway.
-        let forced = plan(
-            batches(&[[1024, 1024], [512, 512]], &[1, 2], &mut states[15..18]),
-            2,
-            false,
+        let forced = choose(&[1, 2], &costs, 2, false);
+        assert_eq!(forced, Some(vec![cut(0, 1, 0), cut(1, 2, 1)]));
+    }
+
+    #[test]
+    fn auto_takes_the_most_workers_that_balance() {
+        // GPT-2 small's Muon batches: 12 blocks each of 2304×768, 768×768, 3072×768, 768×3072.
+        let cost = |m: f64, n: f64| m * n * m.min(n);
+        let costs = [
+            cost(2304.0, 768.0),
+            cost(768.0, 768.0),
+            cost(3072.0, 768.0),
+            cost(768.0, 3072.0),
+        ];
+        let counts = [12; 4];
+        // At two threads: each batch halved, every lane the same work.
+        let two = choose(&counts, &costs, 2, true).expect("a layout at two threads");
+        assert!(two.iter().all(|c| c.len == 6));
+        // At 64 threads one part per lane (24 lanes) is uneven; fewer lanes balance.
+        let many = choose(&counts, &costs, 64, true).expect("a layout at 64 threads");
+        let lanes = many.iter().map(|c| c.lane + 1).max().unwrap_or(0);
+        assert!((2..24).contains(&lanes), "{lanes} lanes");
+        let mut load = vec![0.0; lanes];
+        for c in &many {
+            assert!(c.len >= 2);
+            load[c.lane] += costs[c.batch] * c.len as f64;
+        }
+        let even = load.iter().sum::<f64>() / lanes as f64;
+        assert!(
+            load.iter().all(|&l| l <= AUTO_MAX_IMBALANCE * even),
+            "{load:?}"
         );
-        assert_eq!(lanes(forced), vec![vec![(1, 1)], vec![(2, 2)]]);
+        for (b, &n) in counts.iter().enumerate() {
+            let cut: usize = many.iter().filter(|c| c.batch == b).map(|c| c.len).sum();
+            assert_eq!(cut, n);
+        }
     }
 }
