@@ -406,11 +406,14 @@ impl Group {
                     steps.iter().for_each(|s| stats.add_manifold(s));
                     Ok(())
                 };
+                // A manifold batch is stepped whole, on the calling thread: its dual ascents
+                // run in lock step, so a part of it would not step as it does in the batch.
+                let workers = match self.batch {
+                    true => Workers::Count(1),
+                    false => self.workers,
+                };
                 match shard {
-                    None if !self.batch => {
-                        jobs.run_workers(false, self.workers, &mut self.stats, &step)
-                    }
-                    None => jobs.run(true, &mut self.stats, step),
+                    None => jobs.run_workers(self.batch, workers, &mut self.stats, &step),
                     Some(s) => s.run(
                         jobs,
                         &self.name,

@@ -108,24 +108,6 @@ impl<'a, 's, S: Default> Jobs<'a, 's, S> {
         out.into_iter().map(|(_, v)| v).collect()
     }
 
-    /// Runs `f` on each batch (the blocks' weights, gradients and states as slices; the states
-    /// are moved in and back), then writes back the stacks that were copies.
-    pub(super) fn run(
-        self,
-        batch: bool,
-        stats: &mut Accumulator,
-        mut f: impl StepBatch<S>,
-    ) -> Result<()> {
-        let (names, params, layouts, copies) = (self.names, self.params, self.layouts, self.copies);
-        for batch in Self::batches(self.jobs, batch) {
-            let count = batch.len();
-            with_batch(names, batch, |ws, gs, states| {
-                f(stats, ws, gs, states, count)
-            })?;
-        }
-        write_back(names, params, layouts, &copies)
-    }
-
     /// Splits the struct into its blocks and what [`write_back`] needs after them.
     #[cfg(feature = "dist")]
     pub(super) fn into_parts(self) -> (Vec<Job<'s, S>>, impl FnOnce() -> Result<()> + 'a) {
@@ -309,15 +291,17 @@ fn lanes_of<'s, S>(batches: Vec<Vec<Job<'s, S>>>, cuts: &[Cut]) -> Vec<Vec<Part<
 }
 
 impl<S: Default + Send> Jobs<'_, '_, S> {
-    /// [`Jobs::run`] with the batches' blocks on worker threads ([`plan`]): each worker steps
-    /// its parts in turn on `max(1, t / lanes)` libtorch threads, t the calling thread's
-    /// count, so that the workers together use what the caller would. Products of one libtorch
-    /// thread each on independent blocks lose nothing to splitting one product over threads;
-    /// a worker that kept libtorch's default would start an OpenMP team of every core, whose
-    /// threads spin at each barrier (a manifold run at width 64 on a loaded 2-core machine
-    /// took 7.7× as long per step). Setting a thread's count sets libtorch's default for new
-    /// threads too, so the caller's is set again afterwards. The first error in lane order is
-    /// returned; a lane stops at its first error, the others finish their parts.
+    /// Runs `f` on each batch (the blocks' weights, gradients and states as slices; the states are
+    /// moved in and back), then writes back the stacks that were copies. The batches' blocks go to
+    /// worker threads where [`choose`] lays them out, else the calling thread steps each batch
+    /// whole in order. Each worker steps its parts in turn on `max(1, t / lanes)` libtorch threads,
+    /// t the calling thread's count, so that the workers together use what the caller would.
+    /// Products of one libtorch thread each on independent blocks lose nothing to splitting one
+    /// product over threads; a worker that kept libtorch's default would start an OpenMP team of
+    /// every core, whose threads spin at each barrier (a manifold run at width 64 on a loaded
+    /// 2-core machine took 7.7× as long per step). Setting a thread's count sets libtorch's default
+    /// for new threads too, so the caller's is set again afterwards. The first error in lane order
+    /// is returned; a lane stops at its first error, the others finish their parts.
     pub(super) fn run_workers(
         self,
         batch: bool,
