@@ -182,7 +182,8 @@ impl<S, F> StepShared<S> for F where
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Workers {
     /// Up to libtorch's thread count on the calling thread: the most workers that each get
-    /// enough work and balance ([`choose`]); else the calling thread alone.
+    /// enough work and balance ([`choose`]); else the calling thread alone. Blocks off the CPU
+    /// stay on the calling thread ([`worker_count`]).
     Auto,
     /// This many, whatever the work (1: the calling thread).
     Count(usize),
@@ -214,6 +215,18 @@ const AUTO_MIN_LANE_COST: f64 = (1u64 << 20) as f64;
 /// workers of one libtorch thread each pay only while the imbalance stays below what a product
 /// loses to being split over threads (docs/performance.md has the whole-model step).
 const AUTO_MAX_IMBALANCE: f64 = 1.15;
+
+/// The lanes to lay out and whether [`choose`] may take fewer: `Auto` offers libtorch's
+/// `intra_op` count when every block is on the CPU and one lane otherwise. A CUDA kernel is
+/// queued on the device's stream and returns at once; host threads would queue on the same
+/// stream, and libtorch's thread count does not govern the device, so workers only add threads.
+fn worker_count(workers: Workers, intra_op: i32, on_cpu: bool) -> (usize, bool) {
+    match workers {
+        Workers::Auto if on_cpu => (usize::try_from(intra_op).unwrap_or(1), true),
+        Workers::Auto => (1, false),
+        Workers::Count(n) => (n, false),
+    }
+}
 
 /// The cost of one block of `batch`, in [`AUTO_MIN_LANE_COST`]'s units.
 fn block_cost<S>(batch: &[Job<'_, S>]) -> f64 {
@@ -311,11 +324,12 @@ impl<S: Default + Send> Jobs<'_, '_, S> {
     ) -> Result<()> {
         let (names, params, layouts, copies) = (self.names, self.params, self.layouts, self.copies);
         let intra_op = tch::get_num_threads();
-        let (count, auto) = match workers {
-            Workers::Auto => (usize::try_from(intra_op).unwrap_or(1), true),
-            Workers::Count(n) => (n, false),
-        };
         let batches = Self::batches(self.jobs, batch);
+        let on_cpu = batches
+            .iter()
+            .flatten()
+            .all(|j| j.w.device() == tch::Device::Cpu);
+        let (count, auto) = worker_count(workers, intra_op, on_cpu);
         let counts: Vec<usize> = batches.iter().map(Vec::len).collect();
         let costs: Vec<f64> = batches.iter().map(|b| block_cost(b)).collect();
         let Some(cuts) = choose(&counts, &costs, count, auto) else {
@@ -420,6 +434,19 @@ mod tests {
         // Explicitly asked for, the same work is spread anyway.
         let forced = choose(&[1, 2], &costs, 2, false);
         assert_eq!(forced, Some(vec![cut(0, 1, 0), cut(1, 2, 1)]));
+    }
+
+    #[test]
+    fn auto_keeps_blocks_off_the_cpu_on_the_caller() {
+        let costs = [768f64.powi(3); 4];
+        let counts = [12; 4];
+        let (n, auto) = worker_count(Workers::Auto, 8, true);
+        assert!(choose(&counts, &costs, n, auto).is_some());
+        let (n, auto) = worker_count(Workers::Auto, 8, false);
+        assert_eq!(choose(&counts, &costs, n, auto), None);
+        // An explicit count is used on any device.
+        let (n, auto) = worker_count(Workers::Count(2), 8, false);
+        assert!(choose(&counts, &costs, n, auto).is_some());
     }
 
     #[test]
