@@ -317,9 +317,10 @@ pub struct BenchArgs {
     /// `limits` runs too).
     #[arg(long)]
     bench: Option<String>,
-    /// Write docs/performance.md from this run's results: the machine's limits, one table per
-    /// comparison of kappa against its peer with kappa's fraction of the limit, the CPU, thread
-    /// counts, date, commit and this command.
+    /// Write this run's results into docs/performance.md: the part of each bench target that ran
+    /// (every target, or the one `--bench` names; the other parts are kept), with the CPU,
+    /// thread counts, date, commit and this command, the machine's limits, and one table per
+    /// comparison of kappa against its peer with kappa's fraction of the limit.
     #[arg(long)]
     publish: bool,
     /// Arguments passed to criterion (a filter, `--quick`, …).
@@ -350,7 +351,7 @@ pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         cmd.env("KAPPA_VENV", ws.venv_dir());
         if let Some(bench) = &args.bench {
             cmd.args(["--bench", bench]);
-            // The page holds every figure against the machine's limits, measured in the same run.
+            // A part's figures are read against the machine's limits measured in the same run.
             if args.publish && bench != "limits" {
                 cmd.args(["--bench", "limits"]);
             }
@@ -366,7 +367,7 @@ pub fn bench(ws: &Workspace, args: &BenchArgs) -> Result<()> {
         }
     }
     if args.publish {
-        crate::publish::write(ws, &published, &provenance)?;
+        crate::publish::write(ws, &published, &provenance, args.bench.as_deref())?;
     }
     Ok(())
 }

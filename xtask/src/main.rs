@@ -11,8 +11,8 @@
 //!   a Slurm job array with a dependent report job and submits them (see docs/cluster.md).
 //! - `cargo xtask report [--scale S] [--results DIR]… [--out DIR]` builds the report from run
 //!   folders written anywhere (units run on other machines), naming missing or failed units.
-//! - `cargo xtask bench [--threads N[,M…]] [--publish]` runs the criterion benchmarks (once per
-//!   count) and writes docs/performance.md.
+//! - `cargo xtask bench [--threads N[,M…]] [--bench NAME] [--publish]` runs the criterion
+//!   benchmarks (once per count) and writes the parts of docs/performance.md that ran.
 //! - `cargo xtask costs [--results DIR]… [--refresh]` sets the measured minutes of
 //!   `experiments/costs.toml` from the finished runs' run.json files.
 //! - `cargo xtask python [--bench [--threads N[,M…]] [--publish]]` builds the Python package

@@ -110,33 +110,35 @@ pub(crate) fn rate_cells(
     (rate_cell, fraction)
 }
 
-/// The page's section on the limits: one row per thread count measured, and how.
+/// How the limits are measured and what the rate columns mean: said once, in the page's
+/// introduction (each part gives its run's n and triad length with its table).
+pub(crate) const LIMITS_METHOD: &str = "Each part gives the machine's limits measured in its run \
+     (`--bench limits`, run with every `--publish`). GEMM: the best of five n×n products through \
+     libtorch, 2n³ flops each; bf16 only where the CPU has native bf16 products. Triad: a[i] = \
+     b[i] + s·c[i] over three f64 arrays on the run's threads, 24 bytes an element (two reads, \
+     one write, as STREAM counts it), the best of ten. In every table, kappa's rate is the \
+     table's work model over kappa's median time, and the fraction is that rate over the limit \
+     of the row's bound at the row's thread count, in the same part.";
+
+/// A part's limits: one row per thread count measured in its run, or a line saying that none
+/// was (then no row of the part shows a fraction of a limit).
 pub(crate) fn render_limits(limits: &[&Limits]) -> String {
-    let mut out = String::from("\n## The machine's limits (`--bench limits`)\n\n");
     let Some(first) = limits.first() else {
-        out.push_str(
-            "Not measured in this run, so no row shows a fraction of a limit: run the `limits` \
-             bench with the others (`cargo xtask bench --publish` adds it to a `--bench` run).\n",
-        );
-        return out;
+        return "\nThe machine's limits were not measured in this run, so no row shows a fraction \
+                of a limit (`cargo xtask bench --publish` runs the `limits` bench with the \
+                others).\n"
+            .to_string();
     };
-    out.push_str(
-        "| threads | f32 GEMM GFLOP/s | f64 GEMM GFLOP/s | bf16 GEMM GFLOP/s | triad GB/s |\n\
+    let mut out = format!(
+        "\nThe machine's limits in this run (GEMM n = {}, triad of {} elements):\n\n\
+         | threads | f32 GEMM GFLOP/s | f64 GEMM GFLOP/s | bf16 GEMM GFLOP/s | triad GB/s |\n\
          |---|---|---|---|---|\n",
+        first.gemm_n, first.triad_len
     );
     for l in limits {
         out.push_str(&l.row());
         out.push('\n');
     }
-    out.push_str(&format!(
-        "\nGEMM: the best of five n×n products through libtorch (n = {}), 2n³ flops each; bf16 \
-         only where the CPU has native bf16 products. Triad: a[i] = b[i] + s·c[i] over three f64 \
-         arrays of {} elements on the run's threads, 24 bytes an element (two reads, one write, \
-         as STREAM counts it), the best of ten. In every table below, kappa's rate is the \
-         table's work model over kappa's median time, and the fraction is that rate over the \
-         limit of the row's bound at the row's thread count.\n",
-        first.gemm_n, first.triad_len
-    ));
     out
 }
 
@@ -256,6 +258,6 @@ pub(crate) mod tests {
         assert!(page.contains("| 1 | 100.0 | 50.0 | — (no native bf16) | 20.0 |"));
         assert!(page.contains("| 2 | 100.0"));
         assert!(page.contains("n = 2048"));
-        assert!(render_limits(&[]).contains("Not measured in this run"));
+        assert!(render_limits(&[]).contains("not measured in this run"));
     }
 }

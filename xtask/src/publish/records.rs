@@ -118,9 +118,9 @@ pub(crate) fn render(
 ) -> String {
     let with_work = rows.iter().any(|r| r.work.is_some());
     let mut out = format!(
-        "\n## {} (`--bench {}`)\n\n{}\n\nkappa / {}: the median per-pair ratio (below 1: kappa is \
-         faster), with the {}.",
-        table.title, table.bench, table.what, table.peer, table.spread
+        "\n### {}\n\n{}\n\nkappa / {}: the median per-pair ratio (below 1: kappa is faster), \
+         with the {}.",
+        table.title, table.what, table.peer, table.spread
     );
     if with_work && !table.model.is_empty() {
         out.push_str(&format!(" Work of one kappa call: {}.", table.model));
@@ -226,7 +226,7 @@ mod tests {
             limits.clone().filter(|l| l.threads == t)
         });
         for needle in [
-            "## Muon step against torch.optim.Muon (`--bench optim`)",
+            "### Muon step against torch.optim.Muon\n",
             "kappa / torch.optim.Muon: the median per-pair ratio",
             "with the min–max over pairs. Work of one kappa call: 5·(4r²s + 2r³).",
             // 1e9 flops in 10 ms: 100 GFLOP/s, half of the 200 GFLOP/s f32 limit.
