@@ -132,8 +132,10 @@ pub enum OptimError {
         remedy: String,
     },
     /// An error in the update or the saved state of one parameter of an
-    /// [`Optimizer`](crate::optimizer::Optimizer), naming it (for an error of a batched call,
-    /// the parameters of the batch; for one of a whole group, the group).
+    #[cfg_attr(feature = "tch", doc = "[`Optimizer`](crate::optimizer::Optimizer),")]
+    #[cfg_attr(not(feature = "tch"), doc = "`Optimizer` (feature `tch`),")]
+    /// naming it (for an error of a batched call, the parameters of the batch; for one of a
+    /// whole group, the group).
     #[error("parameter `{name}`: {source}")]
     Param {
         /// The parameter's name.

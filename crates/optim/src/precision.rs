@@ -133,8 +133,12 @@ pub trait WorkingPrecision: Matrix + Elementwise {
     /// [`to_working`](Self::to_working) together with its norm (a [`Normed`] copy) and
     /// ‖self‖_F (the values of [`Matrix::frobenius_norm`]), from one pass over `self` where the
     /// backend has one: contiguous CPU f32 tensors with finite entries converted to bf16
-    /// ([`kappa_linalg::tch_backend::to_bf16_normed`]). `Ok(None)` elsewhere, and where `self`
-    /// is already in the working type.
+    #[cfg_attr(
+        feature = "tch",
+        doc = "([`kappa_linalg::tch_backend::to_bf16_normed`])."
+    )]
+    #[cfg_attr(not(feature = "tch"), doc = "(`to_bf16_normed`, feature `tch`).")]
+    /// `Ok(None)` elsewhere, and where `self` is already in the working type.
     fn to_working_with_norm(&self, p: Precision) -> Result<Option<(Normed<Self>, f64)>> {
         let _ = p;
         Ok(None)

@@ -163,10 +163,14 @@ impl Group {
     /// calling thread alone. By default, up to libtorch's thread count at each step: the most
     /// workers (two or more) that each get enough work and among which the work balances, else the
     /// calling thread, which also steps blocks off the CPU (a GPU's kernels queue on one stream
-    /// whatever thread launches them); an explicit count is always used (up to the number of parts). Results do not
-    /// depend on the count when a product's result does not depend on its thread count, which holds
-    /// where libtorch runs at one thread. Not used when sharded
-    /// ([`Optimizer::shard`](super::Optimizer::shard)).
+    /// whatever thread launches them); an explicit count is always used (up to the number of
+    /// parts). Results do not depend on the count when a product's result does not depend on its
+    /// thread count, which holds where libtorch runs at one thread. Not used when sharded
+    #[cfg_attr(
+        feature = "dist",
+        doc = "([`Optimizer::shard`](super::Optimizer::shard))."
+    )]
+    #[cfg_attr(not(feature = "dist"), doc = "(`Optimizer::shard`, feature `dist`).")]
     pub fn with_threads(self, threads: usize) -> Self {
         let workers = Workers::Count(threads.max(1));
         Self { workers, ..self }
