@@ -12,9 +12,9 @@
 //!
 //!   A = X·Xᵀ (`bmm`), B = b·A + c·A·A (`baddbmm`), X ← (B + a·I)·X (`bmm`),
 //!
-//! on the batch. Where a slice is large enough to be bound by arithmetic, not by calls, and its
-//! Gram products take the symmetric kernel (CPU f32/f64 tensors: libtorch's MKL `syrk` at any
-//! thread count, or OpenBLAS's on one thread; see `slices_go_alone`),
+//! on the batch. Where a slice is large enough to be bound by arithmetic, not by calls, on a
+//! CPU (f32/f64 tensors whose Gram products take the symmetric kernel, or bf16; the measured
+//! crossover, which depends on libtorch's thread count, is `slices_go_alone`'s),
 //! each slice instead runs [`newton_schulz`](crate::newton_schulz()) alone (the same bits as
 //! the per-matrix call, then one stacking copy). Only the products differ from the per-matrix
 //! path (a batched kernel may sum in another order than `mm`; a + B_ii rounds the same way,
@@ -387,24 +387,39 @@ fn normalized_at_once(
 }
 
 /// Whether [`newton_schulz_batched`] runs the slices of a [B, m, n] batch of `x`'s kind and
-/// device one by one (a caller that would stack them only for this call can skip the stacking): where the tensor takes the symmetric
-/// products of [`crate::syrk`] (`takes_syrk`) and a slice is large enough (r²s ≥ 2²², r ≤ s its
-/// sides) for their halved flops to outweigh one call per slice. Measured on one
-/// CPU thread, a 4-layer GPT's 16 matrices: batched `bmm` 0.69× the speed of one symmetric-product
-/// call per matrix at 256 wide (r²s ≈ 5–7·10⁷), even at 64 wide (r²s ≈ 10⁶); with the Gram
-/// products alone taken slice by slice and the rest batched, the batched step was still 0.82–0.86×
-/// the per-matrix one at 256 wide (AMD Zen 4), so the whole iteration goes slice by
-/// slice (then 0.92–0.97× at one thread, 0.94–0.99× at two: the stacking copies).
+/// device one by one (a caller that would stack them only for this call can skip the
+/// stacking). r ≤ s are a slice's sides; the rule is a measured crossover.
 ///
-/// CPU bf16 slices of that size go alone too, though they have no symmetric product: measured
-/// (AMD EPYC with avx512_bf16, one thread), Muon's batched steps over a GPT-2-small's 48 hidden
-/// matrices (12 per shape, r²s ≥ 4.5·10⁸) took 1.29× the time of `torch.optim.Muon`'s per-matrix
-/// bf16 steps, one call per matrix 1.00×; batches of 64×768 head blocks (r²s ≈ 3·10⁶, below the
+/// **Symmetric product** (`takes_syrk`: CPU f32/f64, see [`crate::syrk`]): slices go alone when
+/// r²s ≥ 2²², and on one libtorch thread also when r ≥ 48 and s ≥ 384. A slice alone computes
+/// its Gram products in half the flops and keeps its iterate in the core's cache through all
+/// the steps; the batch streams every slice through each product, in one call per product.
+/// - Measured on one CPU thread, a 4-layer GPT's 16 matrices: batched `bmm` 0.69× the speed of
+///   one symmetric-product call per matrix at 256 wide (r²s ≈ 5–7·10⁷); with the Gram products
+///   alone taken slice by slice and the rest batched, the batched step was still 0.82–0.86× the
+///   per-matrix one (AMD Zen 4), so the whole iteration goes slice by slice (then 0.92–0.97× at
+///   one thread, 0.94–0.99× at two: the stacking copies).
+/// - Below 2²², one thread (an AMD Zen 5; five quintic steps on batches of 12–36, medians of
+///   seven alternated rounds), time alone / batched at r ≥ 48, s ≥ 384: 0.74–0.82 through
+///   MKL's generic (AVX2) path, 0.65–0.93 through its AVX-512 path (48×768, 64×384, 64×768;
+///   64×512 on the first). Narrower slices disagree between the two paths (at 16–32 rows 0.85–0.91 on the
+///   first, 0.75–1.12 on the second) and stay batched, as do slices with s ≤ 256 (0.99–1.15,
+///   2.4 at 16×256) and all slices on more threads, where the batch spreads its slices over
+///   the threads and the two paths disagree too (64×768 on two threads: 1.6 and 0.69).
+///
+/// **CPU bf16** (no symmetric product): slices go alone when r²s ≥ 2²². Measured (AMD EPYC with
+/// avx512_bf16, one thread), Muon's batched steps over a GPT-2-small's 48 hidden matrices (12
+/// per shape, r²s ≥ 4.5·10⁸) took 1.29× the time of `torch.optim.Muon`'s per-matrix bf16
+/// steps, one call per matrix 1.00×; batches of 64×768 head blocks (r²s ≈ 3·10⁶, below the
 /// bound) stay 1.4× faster batched.
+///
+/// Every other batch (CUDA, or no symmetric product) is batched.
 pub fn slices_go_alone(x: &Tensor, m: usize, n: usize) -> bool {
     let (r, s) = (m.min(n), m.max(n));
-    let cpu_bf16 = x.device() == tch::Device::Cpu && x.kind() == Kind::BFloat16;
-    r * r * s >= 1 << 22 && (takes_syrk(x) || cpu_bf16)
+    if x.device() == tch::Device::Cpu && x.kind() == Kind::BFloat16 {
+        return r * r * s >= 1 << 22;
+    }
+    takes_syrk(x) && (r * r * s >= 1 << 22 || (tch::get_num_threads() == 1 && r >= 48 && s >= 384))
 }
 
 /// Every slice through [`newton_schulz`](crate::newton_schulz()) on its own, stacked: bit for
