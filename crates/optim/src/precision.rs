@@ -11,7 +11,7 @@
 //! |---|---|
 //! | f64 (any device) | f64 |
 //! | f32 / bf16 on CUDA | bf16 |
-//! | f32 / bf16 on a CPU with native bf16 products ([`cpu_has_native_bf16`]), ≥ [`AUTO_BF16_MIN_STEP_FLOPS`] per Newton–Schulz step (from about 112×112 or 320×80; a batch counts whole) | bf16 |
+//! | f32 / bf16 on a CPU with native bf16 products ([`cpu_has_native_bf16`]), from [`AUTO_BF16_MIN_STEP_FLOPS`] per Newton–Schulz step (about 112×112 or 320×80), or from [`AUTO_BF16_MIN_STEP_FLOPS_AVX512_F32`] (about 144×144 or 64×1024) where libtorch's MKL multiplies f32 with AVX-512 and the CPU has no AMX-BF16 (`auto_bf16_min_step_flops`, feature `tch`); a batch counts whole | bf16 |
 //! | f32 / bf16 on such a CPU, smaller matrices (bf16 products cost a fixed ≈ 18 µs per call there: f32 is faster and more accurate) | f32 |
 //! | f32 / bf16 on any other CPU | f32 |
 //! | `ndarray` matrices | their own type |
@@ -41,16 +41,33 @@ use crate::error::Result;
 pub const CPU_BF16_ENV: &str = "KAPPA_CPU_BF16";
 
 /// The flops of one Newton–Schulz step, per library call, from which [`Precision::Auto`]
-/// computes a CPU tensor's msign in bf16 (on CPUs with native bf16); below, in f32.
+/// computes a CPU tensor's msign in bf16 (on CPUs with native bf16) where f32 products run at
+/// AVX2 speed (below, in f32): libtorch's MKL on its generic path (an AMD CPU in a binary that
+/// has not answered MKL's vendor check, `kappa_linalg::mkl`), and CPUs with AMX-BF16, whose
+/// bf16 products are faster still (kept there unmeasured).
 ///
 /// libtorch's bf16 products on the CPU (oneDNN) cost ≈ 18 µs per call whatever their size, f32
 /// products (MKL) a few µs plus their arithmetic, so small matrices orthogonalize faster in f32
-/// — and more accurately. Measured (AMD EPYC Zen 5, one msign of Muon's quintic, bf16 time / f32
-/// time, 1 thread): 64×64 2.0–2.5, 256×64 1.14–1.43, 96×96 0.81–1.05, 112×112 0.64–0.77,
-/// 320×80 0.71–1.01, 128×128 0.55–0.75, 384×384 0.25–0.28 (2 threads move the crossover up about
-/// 2×; the rule keeps the one-thread value, so that the choice depends only on the shape).
-/// 8·10⁶ sits between 96×96 (5.3·10⁶ per step: f32) and 112×112 (8.4·10⁶: bf16).
+/// — and more accurately. Measured (AMD EPYC Zen 5, MKL's generic path, one msign of Muon's
+/// quintic, bf16 time / f32 time, 1 thread): 64×64 2.0–2.5, 256×64 1.14–1.43, 96×96 0.81–1.05,
+/// 112×112 0.64–0.77, 320×80 0.71–1.01, 128×128 0.55–0.75, 384×384 0.25–0.28 (2 threads move
+/// the crossover up about 2×; the rule keeps the one-thread value, so that the choice depends
+/// only on the shape and the process). 8·10⁶ sits between 96×96 (5.3·10⁶ per step: f32) and
+/// 112×112 (8.4·10⁶: bf16).
 pub const AUTO_BF16_MIN_STEP_FLOPS: f64 = 8e6;
+
+/// [`AUTO_BF16_MIN_STEP_FLOPS`] where libtorch's MKL multiplies f32 with its AVX-512 kernels
+/// (its Intel code path on a CPU with AVX-512F: every Intel one, and an AMD one in a binary that
+/// answers MKL's vendor check, as kappa's do) and bf16 products have no AMX-BF16: f32 is about
+/// twice as fast there, so bf16 pays only from larger matrices. 2²⁴.
+///
+/// Measured (AMD EPYC Zen 5, one `Muon::step` on one matrix, bf16 time / f32 time, 1 thread,
+/// two runs): 128×128 (1.3·10⁷ per step) 1.34–1.37, 64×768 (1.3·10⁷) 1.16–1.17, 96×384
+/// (1.6·10⁷) 1.15–1.16, 64×1024 (1.7·10⁷) 0.91–0.92, 128×512 0.87, 256×256 0.75–0.76,
+/// 768×768 0.66–0.72; the same build through MKL's generic path: 112×112 0.75, 128×128 0.69,
+/// 64×768 0.66, 768×768 0.30. 2²⁴ ≈ 1.68·10⁷ sits between 96×384 (1.59·10⁷: f32) and 64×1024
+/// (1.73·10⁷: bf16).
+pub const AUTO_BF16_MIN_STEP_FLOPS_AVX512_F32: f64 = 16_777_216.0;
 
 /// Flops of one quintic Newton–Schulz step on a matrix of shape `[.., m, n]` (leading
 /// dimensions are a batch): B·(4r²s + 2r³) with r = min(m, n), s = max(m, n) — two r×s
@@ -79,6 +96,19 @@ pub fn cpu_has_native_bf16() -> bool {
     )
 }
 
+/// Whether this x86-64 CPU has AMX-BF16 tile products (CPUID leaf 7, EDX bit 22), which
+/// libtorch's oneDNN uses for bf16 products; `false` on other architectures.
+pub fn detect_amx_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        (std::arch::x86_64::__cpuid_count(7, 0).edx >> 22) & 1 == 1
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The hardware answer of [`cpu_has_native_bf16`], without the environment override.
 pub fn detect_native_bf16() -> bool {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
@@ -103,7 +133,8 @@ pub fn detect_native_bf16() -> bool {
 pub enum Precision {
     /// bf16 where the device multiplies bf16 natively (CUDA tensors; CPU tensors when
     /// [`cpu_has_native_bf16`] and the matrix has at least [`AUTO_BF16_MIN_STEP_FLOPS`] per
-    /// Newton–Schulz step), f32 on other CPUs (bf16 is emulated there, and slower than f32) and
+    /// Newton–Schulz step, or [`AUTO_BF16_MIN_STEP_FLOPS_AVX512_F32`] where f32 products take
+    /// AVX-512 and bf16 ones no AMX: the module docs), f32 on other CPUs (bf16 is emulated there, and slower than f32) and
     /// for smaller matrices; f64 stays f64, and `ndarray` matrices compute in their own type.
     #[default]
     Auto,
@@ -188,6 +219,8 @@ impl<A: kappa_linalg::Real> WorkingPrecision for ndarray::Array2<A> {
 }
 
 #[cfg(feature = "tch")]
+pub use tch_impl::auto_bf16_min_step_flops;
+#[cfg(feature = "tch")]
 pub(crate) use tch_impl::batch_precision;
 
 #[cfg(feature = "tch")]
@@ -202,6 +235,35 @@ mod tch_impl {
             Kind::BFloat16 => "bf16",
             Kind::Double => "f64",
             _ => "unsupported",
+        }
+    }
+
+    /// The flops per Newton–Schulz step from which [`Precision::Auto`] computes a CPU tensor's
+    /// msign in bf16 in this process (asked once, cached):
+    /// [`AUTO_BF16_MIN_STEP_FLOPS_AVX512_F32`] where libtorch's MKL takes its Intel code path
+    /// (`kappa_linalg::mkl::mkl_dispatch`) on a CPU with AVX-512F and without AMX-BF16
+    /// ([`detect_amx_bf16`]), [`AUTO_BF16_MIN_STEP_FLOPS`] everywhere else.
+    pub fn auto_bf16_min_step_flops() -> f64 {
+        static FLOPS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+        *FLOPS.get_or_init(|| {
+            if f32_takes_avx512() && !detect_amx_bf16() {
+                AUTO_BF16_MIN_STEP_FLOPS_AVX512_F32
+            } else {
+                AUTO_BF16_MIN_STEP_FLOPS
+            }
+        })
+    }
+
+    /// Whether libtorch's MKL multiplies f32 with its AVX-512 kernels in this process.
+    fn f32_takes_avx512() -> bool {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        {
+            kappa_linalg::mkl::mkl_dispatch().intel_path == Some(true)
+                && std::arch::is_x86_feature_detected!("avx512f")
+        }
+        #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+        {
+            false
         }
     }
 
@@ -223,7 +285,8 @@ mod tch_impl {
                 (_, true) => Kind::BFloat16,
                 (_, false)
                     if cpu_has_native_bf16()
-                        && count as f64 * ns_step_flops(&t.size()) >= AUTO_BF16_MIN_STEP_FLOPS =>
+                        && count as f64 * ns_step_flops(&t.size())
+                            >= auto_bf16_min_step_flops() =>
                 {
                     Kind::BFloat16
                 }

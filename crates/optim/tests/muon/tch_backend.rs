@@ -294,9 +294,9 @@ fn the_gram_form_refuses_long_periods_in_bf16_only() {
 #[test]
 fn auto_precision_follows_the_cpu_rule() {
     // CPU tensors: bf16 where the CPU multiplies bf16 natively and the matrix is large enough
-    // (≥ AUTO_BF16_MIN_STEP_FLOPS per Newton–Schulz step), f32 elsewhere; f64 stays f64.
+    // (≥ auto_bf16_min_step_flops() per Newton–Schulz step), f32 elsewhere; f64 stays f64.
     let large = if cpu_has_native_bf16() { "bf16" } else { "f32" };
-    let (small, big) = (t32(&gaussian(8, 4, 1)), t32(&gaussian(128, 128, 1)));
+    let (small, big) = (t32(&gaussian(8, 4, 1)), t32(&gaussian(256, 256, 1)));
     for (t, want) in [(&small, "f32"), (&big, large)] {
         assert_eq!(t.working_name(Precision::Auto).unwrap(), want);
         let b = t.to_kind(Kind::BFloat16);
@@ -311,7 +311,26 @@ fn auto_precision_follows_the_cpu_rule() {
     assert!(flops(&[64, 192]) < precision::AUTO_BF16_MIN_STEP_FLOPS);
     assert!(flops(&[4, 64, 192]) >= precision::AUTO_BF16_MIN_STEP_FLOPS);
     assert_eq!(flops(&[64, 192]), flops(&[192, 64]));
-    let batch = Tensor::zeros([4, 64, 192], (Kind::Float, Device::Cpu));
+    // Where f32 products take AVX-512 (and bf16 ones no AMX): 96×384 below, 64×1024 above.
+    assert!(flops(&[96, 384]) < precision::AUTO_BF16_MIN_STEP_FLOPS_AVX512_F32);
+    assert!(flops(&[64, 1024]) >= precision::AUTO_BF16_MIN_STEP_FLOPS_AVX512_F32);
+    // This process uses one of the two, and Auto follows it on either side.
+    let threshold = precision::auto_bf16_min_step_flops();
+    assert!([
+        precision::AUTO_BF16_MIN_STEP_FLOPS,
+        precision::AUTO_BF16_MIN_STEP_FLOPS_AVX512_F32
+    ]
+    .contains(&threshold));
+    for shape in [[96, 96], [112, 112], [96, 384], [64, 1024]] {
+        let want = if flops(&shape) >= threshold {
+            large
+        } else {
+            "f32"
+        };
+        let t = Tensor::zeros(shape, (Kind::Float, Device::Cpu));
+        assert_eq!(t.working_name(Precision::Auto).unwrap(), want, "{shape:?}");
+    }
+    let batch = Tensor::zeros([8, 64, 192], (Kind::Float, Device::Cpu));
     assert_eq!(batch.working_name(Precision::Auto).unwrap(), large);
     let d = small.to_kind(Kind::Double);
     assert_eq!(d.working_name(Precision::Auto).unwrap(), "f64");
