@@ -402,10 +402,11 @@ fn normalized_at_once(
 /// - Below 2²², one thread (an AMD Zen 5; five quintic steps on batches of 12–36, medians of
 ///   seven alternated rounds), time alone / batched at r ≥ 48, s ≥ 384: 0.74–0.82 through
 ///   MKL's generic (AVX2) path, 0.65–0.93 through its AVX-512 path (48×768, 64×384, 64×768;
-///   64×512 on the first). Narrower slices disagree between the two paths (at 16–32 rows 0.85–0.91 on the
-///   first, 0.75–1.12 on the second) and stay batched, as do slices with s ≤ 256 (0.99–1.15,
-///   2.4 at 16×256) and all slices on more threads, where the batch spreads its slices over
-///   the threads and the two paths disagree too (64×768 on two threads: 1.6 and 0.69).
+///   64×512 on the first). Narrower slices disagree between the two paths (at 16–32 rows
+///   0.85–0.91 on the first, 0.75–1.12 on the second) and stay batched, as do slices with
+///   s ≤ 256 (0.99–1.15, 2.4 at 16×256) and all slices on more threads, where the batch spreads
+///   its slices over the threads and the two paths disagree too (64×768 on two threads: 1.6
+///   and 0.69).
 ///
 /// **CPU bf16** (no symmetric product): slices go alone when r²s ≥ 2²². Measured (AMD EPYC with
 /// avx512_bf16, one thread), Muon's batched steps over a GPT-2-small's 48 hidden matrices (12

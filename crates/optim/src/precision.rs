@@ -134,8 +134,9 @@ pub enum Precision {
     /// bf16 where the device multiplies bf16 natively (CUDA tensors; CPU tensors when
     /// [`cpu_has_native_bf16`] and the matrix has at least [`AUTO_BF16_MIN_STEP_FLOPS`] per
     /// Newton–Schulz step, or [`AUTO_BF16_MIN_STEP_FLOPS_AVX512_F32`] where f32 products take
-    /// AVX-512 and bf16 ones no AMX: the module docs), f32 on other CPUs (bf16 is emulated there, and slower than f32) and
-    /// for smaller matrices; f64 stays f64, and `ndarray` matrices compute in their own type.
+    /// AVX-512 and bf16 ones no AMX: the module docs), f32 on other CPUs (bf16 is emulated
+    /// there, and slower than f32) and for smaller matrices; f64 stays f64, and `ndarray`
+    /// matrices compute in their own type.
     #[default]
     Auto,
     /// Always the parameter's own type.
