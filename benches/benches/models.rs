@@ -402,7 +402,7 @@ fn versus_pytorch(
     })
 }
 
-/// The GPTs of the kappa-vs-PyTorch comparison: nanoGPT-style sizes with biases (the issue's
+/// The GPTs of the kappa-vs-PyTorch comparison: nanoGPT-style sizes with biases (a
 /// 4 layers × 4 heads × 256 wide, context 128, batch 8, and the CPU preset at the bench's batch).
 fn versus_models() -> [(&'static str, GptConfig, i64); 2] {
     let wide = GptConfig {

@@ -421,6 +421,94 @@ mod tests {
             );
         }
 
+        /// The phrases of [`HISTORY`] that never describe code: in doc comments "today's"
+        /// (the current version of a type) and "goal" (a benchmark's target) are ordinary words.
+        const HISTORY_IN_CODE: &[&str] = &[
+            "session",
+            "issue #",
+            "the issue's",
+            "build machine",
+            "the project's machine",
+            "earlier results",
+            "earlier figures",
+            "we fixed",
+            "another engineer",
+        ];
+
+        /// The doc-comment lines (`//!`, `///`) of a Rust file that speak of how the project was
+        /// built: a phrase of [`HISTORY_IN_CODE`] at the start of a word, or an issue number.
+        fn history_in_doc_comments(text: &str) -> Vec<(usize, String)> {
+            let mut hits = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                let doc = line.trim_start();
+                if !(doc.starts_with("//!") || doc.starts_with("///")) {
+                    continue;
+                }
+                let lower = doc.to_lowercase();
+                let phrase = HISTORY_IN_CODE.iter().find(|p| {
+                    lower.match_indices(*p).any(|(i, _)| {
+                        !lower[..i]
+                            .chars()
+                            .next_back()
+                            .is_some_and(char::is_alphanumeric)
+                    })
+                });
+                match phrase {
+                    Some(p) => hits.push((n + 1, format!("\"{p}\""))),
+                    None if has_issue_number(&lower) => {
+                        hits.push((n + 1, "an issue number".into()))
+                    }
+                    None => {}
+                }
+            }
+            hits
+        }
+
+        /// What rustdoc shows a reader follows the same rule as the Markdown docs.
+        #[test]
+        fn no_doc_comment_speaks_of_how_the_project_was_built() {
+            let ws = Workspace::locate().unwrap();
+            let mut files = Vec::new();
+            for dir in ["crates", "xtask", "benches", "python"] {
+                files_with(&ws.root().join(dir), &["rs"], &mut files);
+            }
+            // This file holds the phrases themselves, and fixtures that use them.
+            files.retain(|f| !f.ends_with("xtask/src/tidy.rs"));
+            assert!(files.len() > 50, "found only {} Rust files", files.len());
+            let hits: Vec<String> = files
+                .iter()
+                .flat_map(|p| {
+                    let text = fs::read_to_string(p).unwrap_or_default();
+                    let rel = p.strip_prefix(ws.root()).unwrap_or(p).display().to_string();
+                    history_in_doc_comments(&text)
+                        .into_iter()
+                        .map(move |(n, why)| format!("{rel}:{n}: {why}"))
+                })
+                .collect();
+            assert!(
+                hits.is_empty(),
+                "doc comments say how the project was built (say what is true now):\n{}",
+                hits.join("\n")
+            );
+        }
+
+        #[test]
+        fn a_doc_comment_that_speaks_of_how_it_was_built_is_caught() {
+            let code = "//! The step (issue 6's four parts).\n\
+                        /// Measured in session 21.\n\
+                        // issue 5: a plain comment is not documentation.\n\
+                        /// A key that today's `C` has; the goal ≥ 3 of this benchmark.\n\
+                        let s = \"issue 7\";\n";
+            let hits = history_in_doc_comments(code);
+            assert_eq!(
+                hits,
+                [
+                    (1, "an issue number".to_string()),
+                    (2, "\"session\"".to_string())
+                ]
+            );
+        }
+
         #[test]
         fn a_doc_that_leaves_an_experiment_out_is_caught() {
             let names = ["theory", "lra", "bert-sentiment"];

@@ -2,10 +2,9 @@
 //!
 //! Muon's reference (and `torch.optim.Muon`) casts every update to bf16 before Newton–Schulz. That
 //! is right on hardware that multiplies bf16 natively (GPUs; x86 CPUs with AVX512-BF16 or AMX-BF16;
-//! Arm CPUs with the BF16 extension) and slow where libtorch has to emulate bf16 products (issue 5
-//! measured ≈ 0.74 s for one `torch.optim.Muon` step at 384×384 on such a CPU against ≈ 0.04 s
-//! for an f32 quintic iteration). kappa therefore picks the precision per device
-//! ([`Precision::Auto`]):
+//! Arm CPUs with the BF16 extension) and slow where libtorch has to emulate bf16 products: there
+//! a bf16 orthogonalization costs many times an f32 one (`docs/optim.md`, "Precision per
+//! device"). kappa therefore picks the precision per device ([`Precision::Auto`]):
 //!
 //! | tensor | Auto computes msign in |
 //! |---|---|

@@ -2,7 +2,7 @@
 //! its baselines and ablations, its sample-size law, its rate against conditioning, and its
 //! iteration count, all through `kappa_optim::convergence`.
 //!
-//! Four parts (issue 6):
+//! Four parts:
 //! 1. Curves: population excess E_t = ½‖(AΣBᵀ − M)Σ^{1/2}‖² against t for the algorithm and every
 //!    baseline/ablation, over a grid of d, k ∈ {1, d}, κ(Σ), σ. The gradient oracle is the
 //!    population loss (n = ∞); the data enter through the spectral initialization and the
