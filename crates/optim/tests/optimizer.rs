@@ -139,6 +139,63 @@ fn check_blocks(size: &[i64], spec: MatrixSpec, pieces: impl Fn(&Tensor) -> Vec<
     }
 }
 
+/// `take_stats` says which updates computed msign in bf16, batched or not, for Muon and
+/// manifold Muon: all of them at `Precision::Bf16`, none at `Precision::F32`; AdamW groups
+/// have no count.
+#[test]
+fn the_stats_count_the_updates_whose_msign_ran_in_bf16() {
+    for precision in [Precision::F32, Precision::Bf16] {
+        for batch in [false, true] {
+            let muon: Vec<Tensor> = (0..3).map(|i| leaf(&[16, 32], i)).collect();
+            let stiefel: Vec<Tensor> = (0..2).map(|i| leaf(&[32, 16], 10 + i)).collect();
+            let bias = leaf(&[16], 20);
+            let named = |prefix: &str, ts: &[Tensor]| -> Vec<(String, Tensor)> {
+                let name = |i| format!("{prefix}.{i}");
+                ts.iter()
+                    .enumerate()
+                    .map(|(i, t)| (name(i), t.shallow_clone()))
+                    .collect()
+            };
+            let muon_config = MuonConfig {
+                precision,
+                ..MuonConfig::keller()
+            };
+            let manifold_config = ManifoldMuonConfig {
+                precision,
+                ..ManifoldMuonConfig::paper(Manifold::Stiefel)
+            };
+            let groups = vec![
+                Group::muon("muon", muon_config)
+                    .with_batch(batch)
+                    .with_params(named("muon", &muon)),
+                Group::manifold("stiefel", manifold_config)
+                    .with_batch(batch)
+                    .with_params(named("stiefel", &stiefel)),
+                Group::adamw("adamw", AdamWConfig::torch(), 1e-3)
+                    .with_param("b", bias.shallow_clone()),
+            ];
+            let mut opt = Optimizer::new(groups).unwrap();
+            for (i, p) in muon.iter().chain(&stiefel).chain([&bias]).enumerate() {
+                set_grad(p, &f32s(&p.size(), 100 + i as i64));
+            }
+            opt.step().unwrap();
+            let bf16 = precision == Precision::Bf16;
+            for (name, s) in opt.take_stats() {
+                let what = format!("{name}, {precision:?}, batch {batch}");
+                if name == "adamw" {
+                    assert_eq!((s.updates, s.msign_bf16), (1, None), "{what}");
+                    continue;
+                }
+                let n = if name == "muon" { 3 } else { 2 };
+                let expected = Some(if bf16 { n } else { 0 });
+                assert_eq!((s.updates, s.msign_bf16), (n, expected), "{what}");
+                let json = serde_json::to_string(&s).unwrap();
+                assert!(json.contains("\"msign_bf16\":"), "{what}: {json}");
+            }
+        }
+    }
+}
+
 #[test]
 fn qkv_split_into_heads_steps_each_head_alone() {
     let spec = MatrixSpec::matrix()

@@ -169,8 +169,20 @@ fn assert_same_stats(
         let what = format!("{what}, group `{name}`");
         assert!(e.updates > 0, "{what}: no updates counted");
         assert_eq!(
-            (e.updates, e.diverged, e.dual_steps, e.msign_calls),
-            (f.updates, f.diverged, f.dual_steps, f.msign_calls),
+            (
+                e.updates,
+                e.msign_bf16,
+                e.diverged,
+                e.dual_steps,
+                e.msign_calls
+            ),
+            (
+                f.updates,
+                f.msign_bf16,
+                f.diverged,
+                f.dual_steps,
+                f.msign_calls
+            ),
             "{what}"
         );
         assert_eq!(e.violation_max, f.violation_max, "{what}");

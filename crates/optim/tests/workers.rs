@@ -94,8 +94,8 @@ fn workers_step_every_block_as_the_calling_thread_does() {
         }
         for ((name, a), (_, b)) in alone_stats.iter().zip(&stats) {
             assert_eq!(
-                (a.updates, a.diverged),
-                (b.updates, b.diverged),
+                (a.updates, a.msign_bf16, a.diverged),
+                (b.updates, b.msign_bf16, b.diverged),
                 "{name} {threads:?}"
             );
             // Means of per-block values summed lane by lane: equal up to the order of a sum of

@@ -368,6 +368,14 @@ fn training_keeps_every_constraint_and_logs_the_dual_ascent() {
             let v = optimizers["mlp_in"].manifold_violation_max.unwrap();
             assert!(v <= band, "mlp_in violation {v:e} > {band:e}");
             assert!(!optimizers.contains_key("embedding") || optimizers["embedding"].updates == 0);
+            // Auto computes these 16-wide matrices' msign in f32 on every CPU (far below its
+            // bf16 size rule), and the record says so; AdamW groups carry no count.
+            for name in ["attn_qkv", "attn_out", "mlp_in", "mlp_out"] {
+                assert_eq!(optimizers[name].msign_bf16, Some(0), "{name}");
+            }
+            if let Some(g) = optimizers.get("gain_bias") {
+                assert_eq!(g.msign_bf16, None);
+            }
             saw_stats = true;
         }
     }

@@ -356,7 +356,7 @@ impl Group {
                             gs: &[Tensor],
                             ss: &mut [MuonState<Tensor>],
                             count: usize| {
-                    let n = if count > 1 {
+                    if count > 1 {
                         let precision = batch_precision(&ws[0], count, muon.config().precision);
                         let c = MuonConfig {
                             precision,
@@ -364,13 +364,13 @@ impl Group {
                         };
                         Muon::new(c)?
                             .step_batch_entries(ws, gs, ss, 1.0, Entries::WeightOnly)?
-                            .len()
+                            .iter()
+                            .for_each(|s| stats.add_update(s.precision));
                     } else {
                         let (w, g, s) = (&mut ws[0], &gs[0], &mut ss[0]);
-                        muon.step_entries(w, g, s, 1.0, Entries::WeightOnly)
-                            .map(|_| 1)?
-                    };
-                    stats.updates += n as u64;
+                        let step = muon.step_entries(w, g, s, 1.0, Entries::WeightOnly)?;
+                        stats.add_update(step.precision);
+                    }
                     Ok(())
                 };
                 match shard {

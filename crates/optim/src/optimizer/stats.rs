@@ -15,6 +15,11 @@ pub struct OptimizerStats {
     pub updates: u64,
     /// Seconds spent in the group's step.
     pub seconds: f64,
+    /// Of `updates`, those whose msign computed in bf16 (Muon and manifold Muon groups; absent
+    /// for AdamW). Under [`Precision::Auto`](crate::Precision::Auto) the working type depends on
+    /// the device, the CPU and the matrix's size: this is the record of what a run computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msign_bf16: Option<u64>,
     /// Mean dual-ascent iterations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dual_steps: Option<f64>,
@@ -45,6 +50,9 @@ pub struct OptimizerStats {
 pub(crate) struct Accumulator {
     pub(crate) updates: u64,
     pub(crate) seconds: f64,
+    /// Updates that called msign, and those of them that computed it in bf16.
+    msign: u64,
+    msign_bf16: u64,
     dual: u64,
     dual_steps: f64,
     msign_calls: f64,
@@ -57,9 +65,16 @@ pub(crate) struct Accumulator {
 }
 
 impl Accumulator {
+    /// One matrix (or block) update whose msign computed in `precision` (`"f32"`, `"bf16"`, …).
+    pub(crate) fn add_update(&mut self, precision: &str) {
+        self.updates += 1;
+        self.msign += 1;
+        self.msign_bf16 += u64::from(precision == "bf16");
+    }
+
     pub(crate) fn add_manifold(&mut self, step: &ManifoldStep<Tensor>) {
         let d = &step.dual;
-        self.updates += 1;
+        self.add_update(step.precision);
         self.dual += 1;
         self.dual_steps += d.dual_steps as f64;
         self.msign_calls += d.msign_calls as f64;
@@ -77,6 +92,8 @@ impl Accumulator {
     pub(crate) fn merge(&mut self, other: &Accumulator) {
         self.updates += other.updates;
         self.seconds += other.seconds;
+        self.msign += other.msign;
+        self.msign_bf16 += other.msign_bf16;
         self.dual += other.dual;
         self.dual_steps += other.dual_steps;
         self.msign_calls += other.msign_calls;
@@ -95,6 +112,8 @@ impl Accumulator {
     #[cfg(feature = "dist")]
     pub(crate) fn add_half_of(&mut self, twice: &Accumulator) {
         self.updates += twice.updates / 2;
+        self.msign += twice.msign / 2;
+        self.msign_bf16 += twice.msign_bf16 / 2;
         self.dual += twice.dual / 2;
         self.dual_steps += twice.dual_steps / 2.0;
         self.msign_calls += twice.msign_calls / 2.0;
@@ -110,7 +129,7 @@ impl Accumulator {
 
     /// The number of entries of [`Accumulator::to_row`].
     #[cfg(feature = "dist")]
-    pub(crate) const ROW: usize = 10;
+    pub(crate) const ROW: usize = 12;
 
     /// Every count, sum and maximum but `seconds`, as f64 (exact for counts below 2⁵³): what
     /// the ranks of a sharded step exchange ([`Accumulator::add_rows`]).
@@ -127,6 +146,8 @@ impl Accumulator {
             self.descent_ratios as f64,
             self.diverged as f64,
             self.manifold_violation_max,
+            self.msign as f64,
+            self.msign_bf16 as f64,
         ]
     }
 
@@ -144,6 +165,8 @@ impl Accumulator {
             self.descent_ratios += r[7] as u64;
             self.diverged += r[8] as u64;
             self.manifold_violation_max = self.manifold_violation_max.max(r[9]);
+            self.msign += r[10] as u64;
+            self.msign_bf16 += r[11] as u64;
         }
     }
 
@@ -152,6 +175,7 @@ impl Accumulator {
         OptimizerStats {
             updates: self.updates,
             seconds: self.seconds,
+            msign_bf16: (self.msign > 0).then_some(self.msign_bf16),
             dual_steps: per(self.dual_steps, self.dual),
             msign_calls: per(self.msign_calls, self.dual),
             violation: per(self.violation, self.dual),

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
+use kappa_optim::Precision;
 use kappa_train::{MetricsLine, Outcome, Preset, Record};
 
 use super::{Config, Point, Scaling, Study};
@@ -50,10 +51,18 @@ struct Trace {
     outcome: Option<Outcome>,
     metric: f64,
     seconds_per_step: f64,
+    /// Hidden-matrix updates whose msign computed in bf16, summed over the training records;
+    /// `None` while no record carries the count.
+    msign_bf16: Option<u64>,
 }
 
 impl Trace {
     fn add(&mut self, line: MetricsLine) {
+        if let Some(Record::Train { optimizers, .. }) = &line.record {
+            for n in optimizers.values().filter_map(|s| s.msign_bf16) {
+                *self.msign_bf16.get_or_insert(0) += n;
+            }
+        }
         if let Some(Record::Eval { heads, step, .. }) = &line.record {
             if !heads.is_empty() {
                 let n = heads.len() as f64;
@@ -387,6 +396,7 @@ fn manifold_study(section: &mut Section, config: &Config, traces: &Traces, figur
     let points = config.points();
     let widths = &config.manifold_widths;
     section.paragraph(&super::setup_manifolds(config));
+    section.paragraph(&precision_paragraph(config, traces, &points));
     // Loss per preset and width.
     per_point_table(section, config, traces, &points);
     // The ordering: paper HETERO 3.3544 < ALL-STIEFEL 3.3679 < UNCONSTRAINED 3.3855.
@@ -434,6 +444,73 @@ fn manifold_study(section: &mut Section, config: &Config, traces: &Traces, figur
     );
     mechanism(section, config, traces, &points, figures);
     lr_transfer(section, config, traces, &points);
+}
+
+/// What msign computed in: the configured working precision of the hidden-matrix optimizers
+/// and, at each width, the training records' count of msign updates in bf16 over every seed
+/// and variant ("not recorded" where a run's records carry no count).
+fn precision_paragraph(config: &Config, traces: &Traces, points: &[Point]) -> String {
+    let mut configured: Vec<Precision> = config
+        .manifolds
+        .variants
+        .iter()
+        .flat_map(|v| [v.modulewise.muon.precision, v.modulewise.manifold.precision])
+        .collect();
+    configured.sort_by_key(|&p| precision_name(p));
+    configured.dedup();
+    let names: Vec<String> = configured
+        .iter()
+        .map(|p| format!("`{}`", precision_name(*p)))
+        .collect();
+    let rule = if configured.contains(&Precision::Auto) {
+        ". Under `auto` that is f32 on a CPU without native bf16 products and, on a CPU with \
+         them (AVX512-BF16, AMX-BF16), bf16 for the matrices above its size rule (docs/optim.md, \
+         \"Precision per device\"): a point's result depends on the CPU it ran on by more than \
+         roundoff"
+    } else {
+        ", the same working type on every CPU"
+    };
+    let counts: Vec<Option<String>> = config
+        .manifold_widths
+        .iter()
+        .map(|&w| {
+            let traces: Vec<&Trace> = points
+                .iter()
+                .filter(|p| p.study == Study::Manifolds && p.width == w)
+                .flat_map(|p| traces.of(p).into_iter().map(|(_, t)| t))
+                .collect();
+            let count: Option<u64> = traces.iter().map(|t| t.msign_bf16).sum();
+            match count {
+                Some(n) if !traces.is_empty() => Some(format!("D = {w}: {n}")),
+                _ => None,
+            }
+        })
+        .collect();
+    let recorded = if counts.iter().all(Option::is_none) {
+        "These runs' training records carry no count of the msign updates that ran in bf16."
+            .to_string()
+    } else {
+        let cells: Vec<String> = (config.manifold_widths.iter().zip(&counts))
+            .map(|(w, c)| c.clone().unwrap_or(format!("D = {w}: not recorded")))
+            .collect();
+        format!(
+            "msign updates in bf16, summed over the training records of every seed and \
+             variant: {}.",
+            cells.join("; ")
+        )
+    };
+    format!(
+        "**Precision.** The hidden-matrix optimizers compute msign in {}{rule}. {recorded}",
+        names.join(", ")
+    )
+}
+
+/// A precision as its config files write it (its serde name).
+fn precision_name(p: Precision) -> String {
+    match serde_json::to_value(p) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{p:?}"),
+    }
 }
 
 /// Final loss (or "diverged at step N") and seconds per step per variant and width.
@@ -820,6 +897,57 @@ mod tests {
             paper,
             values,
         }
+    }
+
+    /// Traces of every manifold point of `config` on one seed: `count(width)` bf16 updates each.
+    fn traces_counting(config: &Config, count: impl Fn(usize) -> Option<u64>) -> Traces {
+        let labels = config
+            .points()
+            .into_iter()
+            .filter(|p| p.study == Study::Manifolds)
+            .map(|p| {
+                let trace = Trace {
+                    msign_bf16: count(p.width),
+                    ..Trace::default()
+                };
+                (p.label(), trace)
+            })
+            .collect();
+        Traces(BTreeMap::from([(0, labels)]))
+    }
+
+    #[test]
+    fn the_precision_paragraph_says_what_each_width_computed_in() {
+        let mut config = Scaling.config(crate::scale::Scale::Smoke).unwrap();
+        assert_eq!(config.manifold_widths, [8, 16, 32]);
+        let points = config.points();
+        let variants = config.manifolds.variants.len() as u64;
+        let text = |c: &Config, t: &Traces| precision_paragraph(c, t, &points);
+        // The smoke config runs `auto`: the paragraph says the result depends on the CPU.
+        let none = text(&config, &traces_counting(&config, |_| None));
+        assert!(none.contains("msign in `auto`"), "{none}");
+        assert!(none.contains("depends on the CPU"), "{none}");
+        assert!(none.contains("carry no count"), "{none}");
+        // Counts are summed over a width's variants; a width without them is named.
+        let counts = |w| match w {
+            8 => Some(0),
+            16 => None,
+            _ => Some(5),
+        };
+        let some = text(&config, &traces_counting(&config, counts));
+        let expected = format!("D = 8: 0; D = 16: not recorded; D = 32: {}.", 5 * variants);
+        assert!(some.ends_with(&expected), "{some}");
+        // f32 everywhere: the same on every CPU.
+        for v in &mut config.manifolds.variants {
+            v.modulewise.muon.precision = Precision::F32;
+            v.modulewise.manifold.precision = Precision::F32;
+        }
+        let f32 = text(&config, &traces_counting(&config, |_| Some(0)));
+        assert!(
+            f32.contains("msign in `f32`, the same working type"),
+            "{f32}"
+        );
+        assert!(f32.ends_with("D = 8: 0; D = 16: 0; D = 32: 0."), "{f32}");
     }
 
     #[test]
