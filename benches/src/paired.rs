@@ -129,17 +129,6 @@ pub fn ratios(num: &[f64], den: &[f64]) -> Vec<f64> {
     num.iter().zip(den).map(|(n, d)| n / d).collect()
 }
 
-/// The CPU's model name and its vector level, for the heading of a summary (Linux; "unknown"
-/// elsewhere).
-pub fn cpu_model() -> String {
-    let name = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    format!("{name} ({:?})", kappa_linalg::VectorLevel::of_this_cpu())
-}
+/// The CPU's model name and its vector level, for the heading of a summary
+/// ([`kappa_linalg::cpu_model`]).
+pub use kappa_linalg::cpu_model;

@@ -10,8 +10,9 @@
 //! edited in place with `toml_edit`, so its comments, layout and every other entry stay as they
 //! are. Without `--refresh` the command only shows what a refresh would change.
 //!
-//! The CPU model is this machine's (`/proc/cpuinfo`; run.json does not record it): refresh on
-//! the machine that ran the units.
+//! The CPU model is the one the runs' `run.json` files record (`hosts`, every CPU that computed
+//! a run); where a run records none, this machine's (`/proc/cpuinfo`): refresh such runs on the
+//! machine that ran them.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -43,6 +44,15 @@ struct RunJson {
     status: String,
     wall_seconds: f64,
     started_unix: u64,
+    /// The CPUs (and sources) that computed the run; absent in older folders.
+    #[serde(default)]
+    hosts: Vec<HostJson>,
+}
+
+/// One entry of `run.json`'s `hosts`.
+#[derive(Debug, Deserialize)]
+struct HostJson {
+    cpu: String,
 }
 
 /// The run's context, as `run.json` records it.
@@ -55,8 +65,19 @@ struct RunContext {
     threads: usize,
 }
 
-/// The completed runs of one (experiment, scale): (seed, minutes, threads, started).
-type Runs = Vec<(u64, f64, usize, u64)>;
+/// One completed run.
+#[derive(Clone, Debug, PartialEq)]
+struct Completed {
+    seed: u64,
+    minutes: f64,
+    threads: usize,
+    started: u64,
+    /// The CPUs its `run.json` records (empty: none recorded).
+    cpus: Vec<String>,
+}
+
+/// The completed runs of one (experiment, scale).
+type Runs = Vec<Completed>;
 
 /// Every `run.json` under `dir` (any depth).
 fn run_files(dir: &Path) -> Vec<PathBuf> {
@@ -81,7 +102,7 @@ fn run_files(dir: &Path) -> Vec<PathBuf> {
 /// The completed runs under `dirs`, per (experiment, scale); a seed seen twice (the same unit
 /// in two results folders) counts once, its latest run.
 fn completed_runs(dirs: &[PathBuf]) -> BTreeMap<(String, String), Runs> {
-    let mut by_seed: BTreeMap<(String, String, u64), (f64, usize, u64)> = BTreeMap::new();
+    let mut by_seed: BTreeMap<(String, String, u64), Completed> = BTreeMap::new();
     for path in dirs.iter().flat_map(|d| run_files(d)) {
         let Some(run) = fs::read_to_string(&path)
             .ok()
@@ -93,17 +114,24 @@ fn completed_runs(dirs: &[PathBuf]) -> BTreeMap<(String, String), Runs> {
         if run.status != "completed" {
             continue;
         }
+        let value = Completed {
+            seed: run.run.seed,
+            minutes: run.wall_seconds / 60.0,
+            threads: run.run.threads,
+            started: run.started_unix,
+            cpus: run.hosts.into_iter().map(|h| h.cpu).collect(),
+        };
         let key = (run.run.name, run.run.scale, run.run.seed);
-        let value = (run.wall_seconds / 60.0, run.run.threads, run.started_unix);
-        if by_seed.get(&key).is_none_or(|old| old.2 <= value.2) {
+        if by_seed
+            .get(&key)
+            .is_none_or(|old| old.started <= value.started)
+        {
             by_seed.insert(key, value);
         }
     }
     let mut runs: BTreeMap<(String, String), Runs> = BTreeMap::new();
-    for ((name, scale, seed), (minutes, threads, started)) in by_seed {
-        runs.entry((name, scale))
-            .or_default()
-            .push((seed, minutes, threads, started));
+    for ((name, scale, _), run) in by_seed {
+        runs.entry((name, scale)).or_default().push(run);
     }
     runs
 }
@@ -119,9 +147,10 @@ fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
-/// The new `minutes` (to 0.1, at least 0.1) and `basis` of an entry from its runs (not empty).
-fn measured(runs: &Runs, cpu: &str) -> (f64, String) {
-    let minutes: Vec<f64> = runs.iter().map(|r| r.1).collect();
+/// The new `minutes` (to 0.1, at least 0.1) and `basis` of an entry from its runs (not empty);
+/// the CPUs are the ones the runs record, or `this_cpu` when one of them records none.
+fn measured(runs: &Runs, this_cpu: &str) -> (f64, String) {
+    let minutes: Vec<f64> = runs.iter().map(|r| r.minutes).collect();
     let (lo, hi) = minutes
         .iter()
         .fold((f64::INFINITY, 0f64), |(lo, hi), &m| (lo.min(m), hi.max(m)));
@@ -129,10 +158,23 @@ fn measured(runs: &Runs, cpu: &str) -> (f64, String) {
     let mid = format!("{:.1}", median(minutes.clone()))
         .parse::<f64>()
         .map_or(0.1, |m| m.max(0.1));
-    let mut threads: Vec<String> = runs.iter().map(|r| r.2.to_string()).collect();
+    let mut threads: Vec<String> = runs.iter().map(|r| r.threads.to_string()).collect();
     threads.sort();
     threads.dedup();
-    let latest = runs.iter().map(|r| r.3).max().unwrap_or(0);
+    let cpu = match runs.iter().all(|r| !r.cpus.is_empty()) {
+        true => {
+            let mut cpus: Vec<&str> = runs
+                .iter()
+                .flat_map(|r| &r.cpus)
+                .map(String::as_str)
+                .collect();
+            cpus.sort();
+            cpus.dedup();
+            cpus.join(" and ")
+        }
+        false => this_cpu.to_string(),
+    };
+    let latest = runs.iter().map(|r| r.started).max().unwrap_or(0);
     let date = crate::publish::date(UNIX_EPOCH + Duration::from_secs(latest));
     let seeds = match runs.len() {
         1 => format!("1 seed, {lo:.1} min"),
@@ -332,8 +374,36 @@ mod tests {
     }
 
     #[test]
+    fn the_basis_names_the_cpus_the_runs_record() {
+        let run = |seed, cpus: &[&str]| Completed {
+            seed,
+            minutes: 2.0,
+            threads: 1,
+            started: 0,
+            cpus: cpus.iter().map(|c| c.to_string()).collect(),
+        };
+        let (a, b) = ("AMD EPYC (Avx2)", "Intel Xeon (Avx512)");
+        let recorded = vec![run(0, &[b]), run(1, &[a, b])];
+        let (_, basis) = measured(&recorded, "This CPU");
+        assert!(
+            basis.contains(&format!(", {a} and {b}, --threads 1")),
+            "{basis}"
+        );
+        // One run without a record: this machine's CPU stands for all.
+        let mixed = vec![run(0, &[a]), run(1, &[])];
+        let (_, basis) = measured(&mixed, "This CPU");
+        assert!(basis.contains(", This CPU, --threads 1"), "{basis}");
+    }
+
+    #[test]
     fn one_seed_gives_its_own_minutes() {
-        let runs = vec![(0, 0.04, 1, 0)];
+        let runs = vec![Completed {
+            seed: 0,
+            minutes: 0.04,
+            threads: 1,
+            started: 0,
+            cpus: Vec::new(),
+        }];
         let (minutes, basis) = measured(&runs, "CPU");
         assert_eq!(minutes, 0.1); // never below 0.1
         assert_eq!(

@@ -145,6 +145,7 @@ pub fn slurm(
         threads: args.threads,
         cuda: args.device.0.starts_with("cuda"),
         logs: dir.join("logs"),
+        source: crate::publish::source(ws),
     };
     write_and_submit(&dir, &units, &job, slurm, ranks)?;
     Ok(())
@@ -195,7 +196,8 @@ pub fn experiments_binary(ws: &Workspace, tc: &setup::Toolchain, threads: usize)
     ]);
     let threads = threads.to_string();
     cmd.env("OPENBLAS_NUM_THREADS", &threads)
-        .env("RAYON_NUM_THREADS", &threads);
+        .env("RAYON_NUM_THREADS", &threads)
+        .env(crate::slurm::SOURCE_ENV, crate::publish::source(ws));
     cmd
 }
 

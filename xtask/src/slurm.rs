@@ -17,7 +17,12 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Deserialize;
 
+use crate::reproduce::shell_word;
 use crate::workspace::{output_of, run};
+
+/// The environment variable that names the source a run's program was built from
+/// (`kappa_train::SOURCE_ENV`, recorded in each run folder's `run.json`).
+pub(crate) const SOURCE_ENV: &str = "KAPPA_SOURCE";
 
 /// The Slurm options of `cargo xtask reproduce`.
 #[derive(Args, Clone, Debug, Default, PartialEq)]
@@ -137,6 +142,8 @@ pub struct TrainJob<'a> {
     pub cuda: bool,
     /// Where the job's log goes (`<job id>.out`, both attempts appended).
     pub logs: PathBuf,
+    /// The source the binary was built from (`KAPPA_SOURCE` in its run folders' `run.json`).
+    pub source: String,
 }
 
 /// The script of a train job: `train` on every rank, `--resume` from the second attempt on,
@@ -156,7 +163,7 @@ pub fn train_script(job: &TrainJob<'_>, args: &TrainSlurmArgs) -> String {
     }
     requeue_options(&mut s, &format!("{}/%j.out", job.logs.display()));
     common_options(&mut s, &args.common);
-    environment(&mut s, job.lib_dir, job.threads);
+    environment(&mut s, job.lib_dir, job.threads, &job.source);
     let _ = writeln!(
         s,
         "attempt=$(( ${{SLURM_RESTART_COUNT:-0}} + 1 ))\necho \"kappa: attempt $attempt\""
@@ -233,6 +240,8 @@ pub struct Job<'a> {
     pub cuda: bool,
     /// Where the task and report logs go.
     pub logs: PathBuf,
+    /// The source the binary was built from (`KAPPA_SOURCE` in its run folders' `run.json`).
+    pub source: String,
 }
 
 /// The array script for `units`, each unit on `ranks` processes (one model trained
@@ -282,7 +291,7 @@ pub fn array_script(
         quote(job.logs.parent().unwrap_or(Path::new(".")))
     );
     let _ = writeln!(s, "unit=$(sed -n \"${{SLURM_ARRAY_TASK_ID}}p\" units.txt)");
-    environment(&mut s, job.lib_dir, job.threads);
+    environment(&mut s, job.lib_dir, job.threads, &job.source);
     let _ = writeln!(
         s,
         "{} {} reproduce {} --unit \"$unit\"",
@@ -304,13 +313,15 @@ fn requeue_options(s: &mut String, output: &str) {
     let _ = writeln!(s, "#SBATCH --open-mode=append");
 }
 
-/// libtorch's libraries and the BLAS and rayon thread counts of a task.
-fn environment(s: &mut String, lib_dir: &Path, threads: usize) {
+/// libtorch's libraries, the BLAS and rayon thread counts of a task, and the source the
+/// binary was built from.
+fn environment(s: &mut String, lib_dir: &Path, threads: usize, source: &str) {
     let _ = writeln!(s, "export LD_LIBRARY_PATH={}", quote(lib_dir));
     let _ = writeln!(
         s,
         "export OPENBLAS_NUM_THREADS={threads} RAYON_NUM_THREADS={threads}"
     );
+    let _ = writeln!(s, "export {}={}", SOURCE_ENV, shell_word(source));
 }
 
 /// The script's end: requeue `job` (a shell word) when the step exited 75 (stopped on request,
@@ -448,6 +459,7 @@ mod tests {
             threads: 2,
             cuda,
             logs: PathBuf::from("/scratch/results/slurm/cpu/logs"),
+            source: "0123456789ab with uncommitted changes".into(),
         }
     }
 
@@ -513,6 +525,7 @@ mod tests {
             threads: 4,
             cuda,
             logs: PathBuf::from("/runs/slurm/tiny/logs"),
+            source: "0123456789ab".into(),
         };
         let parse = |argv: &[&str]| {
             #[derive(clap::Parser)]
@@ -536,6 +549,7 @@ mod tests {
             "#SBATCH --signal=USR1@120",
             "#SBATCH --output=/runs/slurm/tiny/logs/%j.out",
             "export OPENBLAS_NUM_THREADS=4 RAYON_NUM_THREADS=4",
+            "export KAPPA_SOURCE=0123456789ab",
             "if [ \"$attempt\" -gt 1 ]; then again=--resume; else again=--fresh; fi",
             "srun --mpi=pmix '/k/kappa-experiments' train --config /j/job.toml $again",
             "if [ \"$status\" -eq 75 ]; then",

@@ -69,6 +69,7 @@ fn submit(
         threads: args.threads,
         cuda: args.device.0.starts_with("cuda"),
         logs,
+        source: crate::publish::source(ws),
     };
     submit_train(&dir, &train_script(&job, slurm), slurm.common.dry_run)?;
     Ok(())

@@ -216,6 +216,26 @@ pub fn blas_threads() -> Option<usize> {
     openblas::threads()
 }
 
+/// This CPU's model name (the first `model name` of `/proc/cpuinfo`; "unknown" where there is
+/// none) and its [`VectorLevel`]: what a run folder or a benchmark records of the machine.
+///
+/// ```
+/// let cpu = kappa_linalg::cpu_model(); // e.g. "AMD EPYC 9B45 (Avx512)"
+/// assert!(cpu.ends_with(')'));
+/// ```
+pub fn cpu_model() -> String {
+    let name = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    format!("{name} ({:?})", cpu_level())
+}
+
 /// Which BLAS kernel this process runs (see the module docs).
 ///
 /// ```

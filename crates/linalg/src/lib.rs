@@ -23,7 +23,7 @@
 //! | [`scalar`] | [`Real`] (`f32`, `f64`), [`scalar::max_abs_entry`], [`scalar::sum_of_squares`] (in f64 lanes, a fixed order; `sums_of_squares_to_bf16` also converts to bf16 in the same read) and the exact power-of-two rescaling behind the scale safety below |
 //! | [`threads`] | [`threads::init_global_pool`] (rayon's pool as kappa's binaries set it up: pinned when it has a worker per CPU), [`threads::Pinning`], [`threads::pinned_pool_builder`] |
 //! | `tch_backend` (with `tch`) | `impl Matrix for tch::Tensor`, `tensor_from_array`, `array_from_tensor`, `slice_frobenius_norms` (‖Xᵢ‖_F of every slice of a [B, m, n] tensor), `to_bf16_normed` (a CPU f32 tensor to bf16 with the norms of both, one read), `bf16_with_sums_of_squares` (that conversion on slices) |
-//! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback) |
+//! | [`blas`] | [`blas_report`]: the OpenBLAS kernel this process runs (upgraded from a generic fallback); [`cpu_model`] |
 //! | `mkl` (with `tch`, Linux) | `mkl_dispatch` (the code path libtorch's MKL takes), `mkl_intel_path!` (a binary's opt-in to MKL's feature-based kernels on AMD CPUs) |
 //!
 //! # Conventions
@@ -95,7 +95,7 @@ pub use batched::{
     newton_schulz_batched, newton_schulz_batched_normed, newton_schulz_each, slices_go_alone,
     NormedBatch,
 };
-pub use blas::{blas_report, BlasReport, KernelSelection, VectorLevel};
+pub use blas::{blas_report, cpu_model, BlasReport, KernelSelection, VectorLevel};
 pub use cond::{
     condition_number, condition_number_with, conditioning, conditioning_from_singular_values,
     numerical_rank, pseudo_condition_number, Conditioning, RankTolerance,

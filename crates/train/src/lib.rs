@@ -35,7 +35,7 @@ pub use modulewise::{
     modulewise_groups, modulewise_groups_by, modulewise_groups_of, Assignment, Geometry,
     LrMultipliers, ModuleLabel, ModulewiseConfig, Preset,
 };
-pub use run::{Resumed, Run, RunInfo, RunRecord, RunStatus};
+pub use run::{Resumed, Run, RunHost, RunInfo, RunRecord, RunStatus, SOURCE_ENV};
 pub use stop::StopFlag;
 pub use tasks::{
     Classification, ClassificationData, ClassifierModel, ImageClassification, LanguageModeling,

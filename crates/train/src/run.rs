@@ -95,6 +95,37 @@ pub struct RunInfo {
     /// last part: `kappa_linalg::threads::global_pool_description`).
     #[serde(default)]
     pub blas: String,
+    /// The machines and builds that computed the run, in the order they first did: one entry
+    /// per distinct [`RunHost`], so a run resumed on another CPU or from another source has
+    /// several. Empty where a folder's `run.json` does not record them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<RunHost>,
+}
+
+/// One process's machine and build, as [`RunInfo::hosts`] records them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunHost {
+    /// The CPU ([`kappa_linalg::cpu_model`]: model name and vector level).
+    pub cpu: String,
+    /// The source the program was built from, as the environment variable [`SOURCE_ENV`]
+    /// gives it (`cargo xtask reproduce` and `cargo xtask train` set the git commit, marked
+    /// when the work tree had changes); empty when it is unset.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+}
+
+/// The environment variable a program sets to name the source it was built from
+/// ([`RunHost::source`]).
+pub const SOURCE_ENV: &str = "KAPPA_SOURCE";
+
+impl RunHost {
+    /// This process's.
+    pub fn this_process() -> Self {
+        Self {
+            cpu: kappa_linalg::cpu_model(),
+            source: std::env::var(SOURCE_ENV).unwrap_or_default(),
+        }
+    }
 }
 
 /// [`RunInfo::blas`] for this process.
@@ -130,6 +161,8 @@ pub struct Run {
     started_unix: u64,
     earlier_seconds: f64,
     resumes: u32,
+    /// [`RunInfo::hosts`] of the earlier attempts of a resumed run.
+    earlier_hosts: Vec<RunHost>,
     interruption: Option<(usize, u64)>,
     /// The ranks of a data-parallel run ([`Run::data_parallel`]).
     comm: Option<Arc<dyn Communicator>>,
@@ -279,6 +312,7 @@ impl Run {
         if let Some(info) = previous {
             run.earlier_seconds = info.wall_seconds;
             run.resumes = info.resumes;
+            run.earlier_hosts = info.hosts;
         }
         run.resumes += 1;
         Ok(Resumed::Continued(run))
@@ -295,6 +329,7 @@ impl Run {
                 .map_or(0, |d| d.as_secs()),
             earlier_seconds: 0.0,
             resumes: 0,
+            earlier_hosts: Vec::new(),
             interruption: None,
             comm: None,
             follower: false,
@@ -435,6 +470,11 @@ impl Run {
     pub fn finish(mut self, status: RunStatus) -> Result<RunInfo> {
         self.metrics.sync()?;
         let untouched = self.is_resumed() && !self.metrics.changed;
+        let mut hosts = self.earlier_hosts;
+        let host = RunHost::this_process();
+        if !hosts.contains(&host) {
+            hosts.push(host);
+        }
         let info = RunInfo {
             run: self.context,
             status,
@@ -442,6 +482,7 @@ impl Run {
             started_unix: self.started_unix,
             resumes: self.resumes,
             blas: blas_description(),
+            hosts,
         };
         if self.follower || (untouched && !info.status.is_finished()) {
             return Ok(info);
@@ -736,6 +777,61 @@ mod tests {
             recs,
             vec![Rec { step: 1, loss: 2.0 }, Rec { step: 2, loss: 1.5 }]
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `run.json` names the CPU and source of every process that computed the run, once each:
+    /// a run resumed elsewhere keeps the earlier host and adds its own; one resumed where it
+    /// ran adds nothing; a folder without hosts reads as none.
+    #[test]
+    fn run_json_records_each_host_that_computed_the_run_once() {
+        let dir = std::env::temp_dir().join(format!("kappa-run-hosts-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let context = RunContext {
+            name: "demo".into(),
+            ..RunContext::default()
+        };
+        let cfg = Cfg {
+            sizes: vec![2],
+            rate: 0.3,
+        };
+        let failed = || RunStatus::Failed {
+            error: "killed".into(),
+        };
+        let info = Run::create(&dir, context.clone(), &cfg)
+            .unwrap()
+            .finish(failed())
+            .unwrap();
+        let here = RunHost::this_process();
+        assert!(here.cpu.ends_with(')'), "{here:?}");
+        assert_eq!(info.hosts, [here.clone()]);
+        // The same host resuming adds nothing.
+        let Ok(Resumed::Continued(mut run)) = Run::resume(&dir, context.clone(), &cfg) else {
+            panic!("not continued");
+        };
+        run.log(&Rec { step: 1, loss: 1.0 }).unwrap();
+        assert_eq!(run.finish(failed()).unwrap().hosts, [here.clone()]);
+        // Another machine's attempt in run.json: kept, first.
+        let path = dir.join("run.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        json["hosts"] = serde_json::json!([{ "cpu": "Other CPU (Avx2)", "source": "0123abcd" }]);
+        fs::write(&path, json.to_string()).unwrap();
+        let Ok(Resumed::Continued(mut run)) = Run::resume(&dir, context.clone(), &cfg) else {
+            panic!("not continued");
+        };
+        run.log(&Rec { step: 2, loss: 0.5 }).unwrap();
+        let info = run.finish(RunStatus::Completed).unwrap();
+        let other = RunHost {
+            cpu: "Other CPU (Avx2)".into(),
+            source: "0123abcd".into(),
+        };
+        assert_eq!(info.hosts, [other, here]);
+        assert_eq!(RunRecord::read(&dir).unwrap().info.hosts, info.hosts);
+        // A run.json without hosts reads as none.
+        json.as_object_mut().unwrap().remove("hosts");
+        fs::write(&path, json.to_string()).unwrap();
+        assert!(RunRecord::read(&dir).unwrap().info.hosts.is_empty());
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -112,6 +112,17 @@ pub(crate) fn cpu_name() -> String {
 
 /// The commit the benches were built from, marked when the work tree had changes.
 fn commit(ws: &Workspace) -> String {
+    let source = source(ws);
+    match source.split_once(' ') {
+        Some((head, rest)) => format!("`{head}` {rest}"),
+        None => format!("`{source}`"),
+    }
+}
+
+/// The work tree's commit (12 hex digits), followed by " with uncommitted changes" when a
+/// tracked file differs from it; "unknown" outside a git work tree. What a run folder records
+/// as its source (`KAPPA_SOURCE`).
+pub(crate) fn source(ws: &Workspace) -> String {
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)
@@ -123,8 +134,8 @@ fn commit(ws: &Workspace) -> String {
     };
     let head = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
     match git(&["status", "--porcelain", "--untracked-files=no"]) {
-        Some(changes) if !changes.is_empty() => format!("`{head}` with uncommitted changes"),
-        _ => format!("`{head}`"),
+        Some(changes) if !changes.is_empty() => format!("{head} with uncommitted changes"),
+        _ => head,
     }
 }
 

@@ -14,21 +14,44 @@ pub fn opened(title: &str, claim: &str, runs: &[RunRecord]) -> Section {
     section
 }
 
-/// One line per run: seed, status and wall time, so a report says what it was made from.
+/// One line per run: seed, status, wall time, threads, device, and the CPUs and sources that
+/// computed it ([`RunInfo::hosts`](kappa_train::RunInfo::hosts)), so a report says what it was
+/// made from and where.
 pub fn runs_table(section: &mut Section, runs: &[RunRecord]) {
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|r| {
+            let hosts = &r.info.hosts;
             vec![
                 r.info.run.seed.to_string(),
                 status(&r.info.status),
                 format!("{:.1}", r.info.wall_seconds),
                 r.info.run.threads.to_string(),
                 r.info.run.device.clone(),
+                distinct(hosts.iter().map(|h| h.cpu.as_str())),
+                distinct(hosts.iter().map(|h| h.source.as_str())),
             ]
         })
         .collect();
-    section.table(&["seed", "status", "wall s", "threads", "device"], &rows);
+    let header = [
+        "seed", "status", "wall s", "threads", "device", "CPU", "source",
+    ];
+    section.table(&header, &rows);
+}
+
+/// The distinct non-empty values in order of first appearance, joined by "; "; "not recorded"
+/// when there are none.
+fn distinct<'a>(values: impl Iterator<Item = &'a str>) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for v in values.filter(|v| !v.is_empty()) {
+        if !seen.contains(&v) {
+            seen.push(v);
+        }
+    }
+    match seen.is_empty() {
+        true => "not recorded".to_string(),
+        false => seen.join("; "),
+    }
 }
 
 /// How a run ended, on one line.
