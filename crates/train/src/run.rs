@@ -804,13 +804,16 @@ mod tests {
             .unwrap();
         let here = RunHost::this_process();
         assert!(here.cpu.ends_with(')'), "{here:?}");
-        assert_eq!(info.hosts, [here.clone()]);
+        assert_eq!(info.hosts, std::slice::from_ref(&here));
         // The same host resuming adds nothing.
         let Ok(Resumed::Continued(mut run)) = Run::resume(&dir, context.clone(), &cfg) else {
             panic!("not continued");
         };
         run.log(&Rec { step: 1, loss: 1.0 }).unwrap();
-        assert_eq!(run.finish(failed()).unwrap().hosts, [here.clone()]);
+        assert_eq!(
+            run.finish(failed()).unwrap().hosts,
+            std::slice::from_ref(&here)
+        );
         // Another machine's attempt in run.json: kept, first.
         let path = dir.join("run.json");
         let mut json: serde_json::Value =
