@@ -67,6 +67,23 @@ pub struct TestArgs {
     mpi: bool,
 }
 
+/// The features of every release build that `cargo xtask test` makes, so that one build serves
+/// the lints, the tests and the MPI checks: kappa-experiments' `nccl`, which implies its `mpi`
+/// and kappa-dist's `mpi` and `nccl`. Building them needs Open MPI's headers and libclang
+/// ([`crate::mpi_test::install`], which `test` runs first); NCCL is loaded at run time, so no
+/// build needs CUDA.
+pub(crate) const TEST_FEATURES: &str = "kappa-experiments/nccl";
+
+/// `cargo test` of the workspace with [`TEST_FEATURES`] in the release profile.
+pub(crate) const WORKSPACE_TESTS: [&str; 6] = [
+    "test",
+    "--workspace",
+    "--release",
+    "--locked",
+    "--features",
+    TEST_FEATURES,
+];
+
 /// The libraries users depend on alone: they must build, test and document without libtorch.
 const STANDALONE: &[&str] = &["kappa-linalg", "kappa-attention", "kappa-optim"];
 
@@ -88,12 +105,13 @@ pub fn test(ws: &Workspace, args: &TestArgs) -> Result<()> {
     if args.slurm {
         return crate::slurm_test::test(ws, &tc);
     }
+    crate::mpi_test::install()?;
     if args.mpi {
         return crate::mpi_test::test(ws, &tc);
     }
     if args.explore {
         run(cargo(ws, &tc)
-            .args(["test", "--workspace", "--release", "--locked"])
+            .args(WORKSPACE_TESTS)
             .env("KAPPA_EXPLORE", "1"))?;
         eprintln!("xtask test --explore: no counterexample found this time");
         return Ok(());
@@ -199,7 +217,6 @@ fn clean_packaged_builds() -> Vec<&'static str> {
 
 /// The steps of `cargo xtask test`, in order, each with what it checks.
 fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
-    let standalone_dir = ws.target_dir().join("standalone");
     let step = |what: &'static str, args: &[&str]| {
         let mut cmd = cargo(ws, tc);
         cmd.args(args);
@@ -211,33 +228,40 @@ fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
         "--all-targets",
         "--release",
         "--locked",
+        "--features",
+        TEST_FEATURES,
         "--",
         "-D",
         "warnings",
     ];
-    let mut docs = step(
-        "docs (warnings are errors)",
-        &["doc", "--workspace", "--no-deps", "--release", "--locked"],
-    );
+    let docs = [
+        "doc",
+        "--workspace",
+        "--no-deps",
+        "--release",
+        "--locked",
+        "--features",
+        TEST_FEATURES,
+    ];
+    let mut docs = step("docs (warnings are errors)", &docs);
     docs.1.env("RUSTDOCFLAGS", "-D warnings");
     // Verified: each package is built from its own tarball, as crates.io would.
     let mut packages = vec!["package", "--locked", "--allow-dirty"];
     packages.extend(PUBLISHED.iter().flat_map(|p| ["-p", p]));
-    let mut steps =
-        vec![
+    let mut packages = step(
+        "packages (cargo package of the published libraries)",
+        &packages,
+    );
+    // `cargo package` verifies in the dev profile, where a build of the tch crates compiles
+    // libtorch's C++ wrapper once more: without debug info (which nothing reads here) it and
+    // everything else compile and link faster.
+    packages.1.env("CARGO_PROFILE_DEV_DEBUG", "false");
+    let mut steps = vec![
         step("formatting", &["fmt", "--all", "--check"]),
-        step("lints", &clippy),
-        step("tests", &["test", "--workspace", "--release", "--locked"]),
+        step("lints (with the MPI and NCCL backends)", &clippy),
         step(
-            "kappa-dist's NCCL backend (feature nccl): lints and tests, GPU tests where a GPU is",
-            &["clippy", "-p", "kappa-dist", "--features", "nccl", "--all-targets", "--release"]
-                .into_iter()
-                .chain(["--locked", "--", "-D", "warnings"])
-                .collect::<Vec<_>>(),
-        ),
-        step(
-            "kappa-dist's NCCL backend: tests",
-            &["test", "-p", "kappa-dist", "--features", "nccl", "--release", "--locked"],
+            "tests (with the MPI and NCCL backends; the GPU tests where a GPU is)",
+            &WORKSPACE_TESTS,
         ),
         (
             "python package: built into the venv (maturin develop)",
@@ -245,27 +269,24 @@ fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
         ),
         ("python package: pytest", crate::python::pytest(ws)),
         docs,
-        step(
-            "packages (cargo package of the published libraries)",
-            &packages,
-        ),
+        packages,
     ];
-    steps.extend(standalone(ws, &standalone_dir));
+    steps.extend(standalone(ws));
     steps
 }
 
 /// The libraries alone, outside the workspace's feature unification and without libtorch in
-/// the environment: `cargo test` of each (own target dir), a build without the default LAPACK
-/// backend, and kappa-models' and kappa-train's docs in tch's doc-only mode (what docs.rs
-/// builds).
-fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Command)> {
+/// the environment: `cargo test` of each, a build without the default LAPACK backend, and
+/// kappa-models' and kappa-train's docs in tch's doc-only mode (what docs.rs builds). All in
+/// the release profile and the workspace's target folder, so that the dependencies whose
+/// features are the same as in the workspace's build (most of them) are not built again.
+fn standalone(ws: &Workspace) -> Vec<(&'static str, Command)> {
     let bare = |args: &[&str]| {
         let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
         let mut cmd = Command::new(program);
         cmd.current_dir(ws.root())
             .env_remove("LIBTORCH")
             .env_remove("LIBTORCH_USE_PYTORCH")
-            .env("CARGO_TARGET_DIR", dir)
             .args(args);
         cmd
     };
@@ -278,6 +299,7 @@ fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Comma
     let mut docs_rs = bare(&[
         "doc",
         "--no-deps",
+        "--release",
         "--locked",
         "-p",
         "kappa-models",
@@ -296,7 +318,7 @@ fn standalone(ws: &Workspace, dir: &std::path::Path) -> Vec<(&'static str, Comma
         ),
         (
             "standalone libraries: build without the default OpenBLAS backend",
-            with("check", &["--locked", "--no-default-features"]),
+            with("check", &["--release", "--locked", "--no-default-features"]),
         ),
         (
             "kappa-models, kappa-dist and kappa-train docs without libtorch (docs.rs mode)",

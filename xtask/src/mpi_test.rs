@@ -2,7 +2,9 @@
 //! `mpirun`, on loopback, each command under a timeout.
 //!
 //! Installs Debian's Open MPI and libclang (rsmpi's bindings are generated at build time) when
-//! they are missing (as root), lints and builds with the feature `mpi`, then:
+//! they are missing (as root) and builds what `cargo xtask test` builds: the workspace's tests
+//! with [`TEST_FEATURES`](crate::cargo::TEST_FEATURES), a build that also makes the binary and
+//! kappa-dist's `mpi_check` example (after the tests, it is up to date already). Then:
 //!
 //! 1. `mpi_check collectives` on 2 and 3 ranks: every collective gives the bits of the threads
 //!    backend (kappa-dist's `examples/mpi_check.rs`);
@@ -27,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::cargo::cargo;
+use crate::cargo::{cargo, WORKSPACE_TESTS};
 use crate::setup::Toolchain;
 use crate::workspace::{describe, output_of, run, Workspace};
 
@@ -53,36 +55,9 @@ const TIMEOUT: Duration = Duration::from_secs(180);
 pub fn test(ws: &Workspace, tc: &Toolchain) -> Result<()> {
     let started = Instant::now();
     install()?;
-    // `nccl` implies `mpi`: the lints cover the GPU ranks' code too (it loads NCCL at run time).
-    let features = "kappa-dist/mpi,kappa-experiments/nccl";
-    let mut lints = cargo(ws, tc);
-    lints.args([
-        "clippy",
-        "-p",
-        "kappa-dist",
-        "-p",
-        "kappa-experiments",
-        "--features",
-    ]);
-    lints.args([
-        features,
-        "--all-targets",
-        "--release",
-        "--locked",
-        "--",
-        "-D",
-        "warnings",
-    ]);
-    run(&mut lints)?;
-    run(cargo(ws, tc)
-        .args(["test", "-p", "kappa-experiments", "--features", "mpi"])
-        .args(["--release", "--locked", "--lib", "ranks"]))?;
-    run(cargo(ws, tc)
-        .args(["build", "--release", "--locked", "-p", "kappa-dist"])
-        .args(["--features", "mpi", "--example", "mpi_check"]))?;
-    run(cargo(ws, tc)
-        .args(["build", "--release", "--locked", "-p", "kappa-experiments"])
-        .args(["--features", "mpi"]))?;
+    // One build for the tests and these checks: other features or `-p` would build the
+    // dependency graph again with other features (minutes), for the same code.
+    run(cargo(ws, tc).args(WORKSPACE_TESTS).arg("--no-run"))?;
     let release = ws.target_dir().join("release");
     let scratch = scratch();
     let _ = fs::remove_dir_all(&scratch);

@@ -10,10 +10,10 @@
 //! into `docs/results/` (`docs/results/<scale>/` at a scale other than `cpu`).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use kappa_cli::{config_experiment, ExperimentName, ReportArgs, ReproduceArgs};
 
 use crate::slurm::{write_and_submit, Job, PlannedUnit, RankArgs, SlurmArgs};
@@ -95,13 +95,7 @@ pub fn slurm(
     }
     let tc = setup::setup(ws, &DataSelection::default())?;
     setup::data_only(ws, &data_needs(ws, &tc, &args, &selection)?)?;
-    let mut build = cargo(ws, &tc);
-    build.args(["build", "--release", "--locked", "-p", "kappa-experiments"]);
-    if let Some(feature) = ranks.feature(&args.device.0) {
-        crate::mpi_test::install()?;
-        build.args(["--features", feature]);
-    }
-    run(&mut build)?;
+    let binary = slurm_binary(ws, &tc, ranks.feature(&args.device.0))?;
     let (results, data) = (ws.results_dir(), ws.data_dir());
     let task_args = ReproduceArgs {
         resume: false,
@@ -123,7 +117,6 @@ pub fn slurm(
     let text = fs::read_to_string(&plan_path).with_context(|| plan_path.display().to_string())?;
     let units: Vec<PlannedUnit> = serde_json::from_str(&text).context("reading plan.json")?;
     let dir = results.join("slurm").join(args.scale.name());
-    let binary = ws.target_dir().join("release").join("kappa-experiments");
     let lib_dir = tc.libtorch.lib_dir();
     let words = |v: Vec<std::ffi::OsString>| -> Vec<String> {
         v.into_iter()
@@ -149,6 +142,43 @@ pub fn slurm(
     };
     write_and_submit(&dir, &units, &job, slurm, ranks)?;
     Ok(())
+}
+
+/// The variable naming a `kappa-experiments` binary that xtask runs instead of building one:
+/// `reproduce`, `train`, `report` and the scripts of `--slurm` then use it as it is (a binary
+/// built elsewhere, or with other features; `--slurm` over several ranks needs one built with
+/// `mpi`). `cargo xtask test --slurm` sets it to the binary the tests built.
+pub const BINARY_ENV: &str = "KAPPA_EXPERIMENTS_BINARY";
+
+/// The binary [`BINARY_ENV`] names (made absolute), where it is set.
+fn prebuilt() -> Option<PathBuf> {
+    let binary = std::env::var_os(BINARY_ENV).filter(|v| !v.is_empty())?;
+    Some(std::path::absolute(&binary).unwrap_or_else(|_| PathBuf::from(binary)))
+}
+
+/// The runner that `--slurm`'s scripts start: [`prebuilt`] where it is set, otherwise built
+/// (with `feature` where one is given, installing Open MPI where it is missing).
+pub(crate) fn slurm_binary(
+    ws: &Workspace,
+    tc: &setup::Toolchain,
+    feature: Option<&str>,
+) -> Result<PathBuf> {
+    if let Some(binary) = prebuilt() {
+        ensure!(
+            binary.is_file(),
+            "{BINARY_ENV}={}: no such file",
+            binary.display()
+        );
+        return Ok(binary);
+    }
+    let mut build = cargo(ws, tc);
+    build.args(["build", "--release", "--locked", "-p", "kappa-experiments"]);
+    if let Some(feature) = feature {
+        crate::mpi_test::install()?;
+        build.args(["--features", feature]);
+    }
+    run(&mut build)?;
+    Ok(ws.target_dir().join("release").join("kappa-experiments"))
 }
 
 /// `s` as one shell word (single-quoted when it has anything but safe characters).
@@ -184,16 +214,20 @@ pub fn report(ws: &Workspace, args: &ReportArgs) -> Result<()> {
 /// `cargo run` of the `kappa-experiments` binary (built in release, with the lock file) with
 /// its BLAS and rayon pools at `threads`; the subcommand and its options follow.
 pub fn experiments_binary(ws: &Workspace, tc: &setup::Toolchain, threads: usize) -> Command {
-    let mut cmd = cargo(ws, tc);
-    cmd.args([
-        "run",
-        "--release",
-        "--locked",
-        "--quiet",
-        "-p",
-        "kappa-experiments",
-        "--",
-    ]);
+    let mut cmd = match prebuilt() {
+        Some(binary) => {
+            let mut cmd = Command::new(binary);
+            cmd.current_dir(ws.root());
+            crate::cargo::with_toolchain(&mut cmd, ws, tc);
+            cmd
+        }
+        None => {
+            let mut cmd = cargo(ws, tc);
+            let run = ["run", "--release", "--locked", "--quiet"];
+            cmd.args(run).args(["-p", "kappa-experiments", "--"]);
+            cmd
+        }
+    };
     let threads = threads.to_string();
     cmd.env("OPENBLAS_NUM_THREADS", &threads)
         .env("RAYON_NUM_THREADS", &threads)

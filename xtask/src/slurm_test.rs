@@ -18,6 +18,10 @@
 //!    and requeues itself, and the second attempt resumes; the metrics and checkpoint must equal
 //!    the same job's on one process.
 //!
+//! Every step runs the binary that `cargo xtask test` built (its tests' build, with the feature
+//! `mpi`; built here when missing), named to xtask by [`BINARY_ENV`]: a build with other
+//! features would compile the dependency graph again, for the same code.
+//!
 //! The daemons are stopped and the folder removed however the test ends.
 
 use std::fs;
@@ -27,6 +31,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
+use crate::cargo::{cargo, WORKSPACE_TESTS};
+use crate::reproduce::BINARY_ENV;
 use crate::setup::Toolchain;
 use crate::workspace::{output_of, run, Workspace};
 
@@ -52,10 +58,21 @@ const TIMEOUT: Duration = Duration::from_secs(900);
 /// `cargo xtask test --slurm`.
 pub fn test(ws: &Workspace, tc: &Toolchain) -> Result<()> {
     install()?;
+    crate::mpi_test::install()?;
+    run(cargo(ws, tc).args(WORKSPACE_TESTS).arg("--no-run"))?;
+    let binary = ws.target_dir().join("release").join("kappa-experiments");
+    let xtask = |args: &[&str]| -> Result<Command> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(args)
+            .env(BINARY_ENV, &binary)
+            .current_dir(ws.root());
+        Ok(cmd)
+    };
     let root = std::env::temp_dir().join(format!("kappa-slurm-{}", std::process::id()));
     let _ = fs::remove_dir_all(&root);
     let cluster = Cluster::start(&root.join("cluster"))?;
-    let outcome = sweep(ws, &root, &cluster).and_then(|()| ranks_job(ws, tc, &root, &cluster));
+    let outcome =
+        sweep(&xtask, &root, &cluster).and_then(|()| ranks_job(&xtask, ws, tc, &root, &cluster));
     drop(cluster);
     if outcome.is_ok() {
         let _ = fs::remove_dir_all(&root);
@@ -68,20 +85,18 @@ pub fn test(ws: &Workspace, tc: &Toolchain) -> Result<()> {
     Ok(())
 }
 
-fn sweep(ws: &Workspace, root: &Path, cluster: &Cluster) -> Result<()> {
+/// An `xtask` command (this program) with these arguments, on the tests' binary.
+type Xtask<'a> = dyn Fn(&[&str]) -> Result<Command> + 'a;
+
+fn sweep(xtask: &Xtask, root: &Path, cluster: &Cluster) -> Result<()> {
     let (plain, slurm) = (root.join("plain"), root.join("slurm"));
-    let xtask = std::env::current_exe()?;
-    run(Command::new(&xtask)
-        .arg("reproduce")
+    run(xtask(&["reproduce"])?
         .args(SWEEP)
-        .env("KAPPA_RESULTS", &plain)
-        .current_dir(ws.root()))?;
-    run(Command::new(&xtask)
-        .args(["reproduce", "--slurm"])
+        .env("KAPPA_RESULTS", &plain))?;
+    run(xtask(&["reproduce", "--slurm"])?
         .args(SWEEP)
         .env("KAPPA_RESULTS", &slurm)
-        .env("SLURM_CONF", &cluster.conf)
-        .current_dir(ws.root()))?;
+        .env("SLURM_CONF", &cluster.conf))?;
     let unit = "gpt-sotu/smoke/seed-0";
     wait_for(&slurm.join(unit).join("metrics.jsonl"), 5)?;
     let array = cluster.output(&["squeue", "-h", "-n", "kappa-units", "-o", "%F"])?;
@@ -124,22 +139,25 @@ const RANKS_STEPS: &str = "train.steps=600";
 
 /// `cargo xtask train --slurm --ntasks-per-node 2` (`srun --mpi=pmix`), stopped with SIGUSR1,
 /// requeued and resumed, against the same job on one process.
-fn ranks_job(ws: &Workspace, tc: &Toolchain, root: &Path, cluster: &Cluster) -> Result<()> {
+fn ranks_job(
+    xtask: &Xtask,
+    ws: &Workspace,
+    tc: &Toolchain,
+    root: &Path,
+    cluster: &Cluster,
+) -> Result<()> {
     let dir = root.join("ranks");
     fs::create_dir_all(&dir)?;
     let job = crate::mpi_test::write_job(&dir)?;
-    let train = |out: &Path| {
-        let mut cmd = Command::new(std::env::current_exe().expect("xtask's own path"));
-        cmd.args(["train", "--threads", "1", "--set", RANKS_STEPS, "--config"])
+    let slurm = dir.join("slurm");
+    run(
+        xtask(&["train", "--threads", "1", "--set", RANKS_STEPS, "--config"])?
             .arg(&job)
             .arg("--out")
-            .arg(out)
+            .arg(&slurm)
             .env("SLURM_CONF", &cluster.conf)
-            .current_dir(ws.root());
-        cmd
-    };
-    let slurm = dir.join("slurm");
-    run(train(&slurm).args(["--slurm", "--ntasks-per-node", "2"]))?;
+            .args(["--slurm", "--ntasks-per-node", "2"]),
+    )?;
     let slurm_run = slurm.join("tiny-gpt");
     wait_for(&slurm_run.join("metrics.jsonl"), 5)?;
     let id = cluster.output(&["squeue", "-h", "-n", "kappa-train-tiny-gpt", "-o", "%i"])?;

@@ -39,18 +39,11 @@ fn submit(
     name: &str,
     slurm: &TrainSlurmArgs,
 ) -> Result<()> {
-    let mut build = crate::cargo::cargo(ws, tc);
-    build.args(["build", "--release", "--locked", "-p", "kappa-experiments"]);
-    if let Some(feature) = slurm.ranks.feature(&args.device.0) {
-        crate::mpi_test::install()?;
-        build.args(["--features", feature]);
-    }
-    run(&mut build)?;
+    let built = crate::reproduce::slurm_binary(ws, tc, slurm.ranks.feature(&args.device.0))?;
     let dir = args.out.join("slurm").join(name);
     let logs = dir.join("logs");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let binary = dir.join("kappa-experiments");
-    let built = ws.target_dir().join("release").join("kappa-experiments");
     fs::copy(&built, &binary).with_context(|| format!("copying {}", built.display()))?;
     let plain = TrainArgs {
         resume: false,

@@ -97,11 +97,17 @@ impl std::error::Error for Failed {}
 pub fn run(cmd: &mut Command) -> Result<()> {
     let line = describe(cmd);
     eprintln!("$ {line}");
+    let started = std::time::Instant::now();
     let status = cmd
         .status()
         .with_context(|| format!("could not start `{line}`"))?;
     if !status.success() {
         return Err(Failed { line, status }.into());
+    }
+    // Where a long command's time went, for logs such as CI's (quick commands say nothing).
+    let took = started.elapsed().as_secs_f64();
+    if took >= 10.0 {
+        eprintln!("$ (that took {took:.0} s)");
     }
     Ok(())
 }
