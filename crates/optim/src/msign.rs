@@ -830,6 +830,7 @@ impl<M: WorkingPrecision> Working<M> {
     }
 
     /// An output in the working type, back in `x`'s type (no copy when they are the same).
+    #[cfg(feature = "tch")]
     pub(crate) fn back(&self, out: M, x: &M) -> Result<M> {
         match self.converted {
             Some(_) => out.to_kind_of(x),

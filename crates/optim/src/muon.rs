@@ -300,6 +300,7 @@ pub(crate) enum Entries {
     /// step and whose buffers are finite (each made by a step from finite inputs, or checked by
     /// `load_state_dict`). A non-finite gradient or buffer that reaches a step anyway makes the
     /// momentum input non-finite, which msign reports (argument `x`) before anything changes.
+    #[cfg(feature = "tch")]
     WeightOnly,
 }
 
