@@ -277,7 +277,7 @@ fn checks(ws: &Workspace, tc: &Toolchain) -> Vec<(&'static str, Command)> {
 
 /// The libraries alone, outside the workspace's feature unification and without libtorch in
 /// the environment: `cargo test` of each, a build without the default LAPACK backend, and
-/// kappa-models' and kappa-train's docs in tch's doc-only mode (what docs.rs builds). All in
+/// kappa-models', kappa-dist's and kappa-train's docs in tch's doc-only mode (what docs.rs builds). All in
 /// the release profile and the workspace's target folder, so that the dependencies whose
 /// features are the same as in the workspace's build (most of them) are not built again.
 fn standalone(ws: &Workspace) -> Vec<(&'static str, Command)> {

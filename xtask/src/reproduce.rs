@@ -150,9 +150,15 @@ pub fn slurm(
 /// `mpi`). `cargo xtask test --slurm` sets it to the binary the tests built.
 pub const BINARY_ENV: &str = "KAPPA_EXPERIMENTS_BINARY";
 
-/// The binary [`BINARY_ENV`] names (made absolute), where it is set.
+/// The binary [`BINARY_ENV`] names, where it is set.
 fn prebuilt() -> Option<PathBuf> {
-    let binary = std::env::var_os(BINARY_ENV).filter(|v| !v.is_empty())?;
+    prebuilt_from(std::env::var_os(BINARY_ENV))
+}
+
+/// [`prebuilt`] from the variable's value: none when unset or empty, otherwise the path made
+/// absolute (the binary may be started from another folder than the user's).
+fn prebuilt_from(value: Option<std::ffi::OsString>) -> Option<PathBuf> {
+    let binary = value.filter(|v| !v.is_empty())?;
     Some(std::path::absolute(&binary).unwrap_or_else(|_| PathBuf::from(binary)))
 }
 
@@ -164,12 +170,7 @@ pub(crate) fn slurm_binary(
     feature: Option<&str>,
 ) -> Result<PathBuf> {
     if let Some(binary) = prebuilt() {
-        ensure!(
-            binary.is_file(),
-            "{BINARY_ENV}={}: no such file",
-            binary.display()
-        );
-        return Ok(binary);
+        return existing(binary);
     }
     let mut build = cargo(ws, tc);
     build.args(["build", "--release", "--locked", "-p", "kappa-experiments"]);
@@ -179,6 +180,16 @@ pub(crate) fn slurm_binary(
     }
     run(&mut build)?;
     Ok(ws.target_dir().join("release").join("kappa-experiments"))
+}
+
+/// `binary` where it is a file, else an error naming [`BINARY_ENV`].
+fn existing(binary: PathBuf) -> Result<PathBuf> {
+    ensure!(
+        binary.is_file(),
+        "{BINARY_ENV}={}: no such file",
+        binary.display()
+    );
+    Ok(binary)
 }
 
 /// `s` as one shell word (single-quoted when it has anything but safe characters).
@@ -211,8 +222,9 @@ pub fn report(ws: &Workspace, args: &ReportArgs) -> Result<()> {
     run(&mut cmd)
 }
 
-/// `cargo run` of the `kappa-experiments` binary (built in release, with the lock file) with
-/// its BLAS and rayon pools at `threads`; the subcommand and its options follow.
+/// `cargo run` of the `kappa-experiments` binary (built in release, with the lock file), or the
+/// binary [`BINARY_ENV`] names, with its BLAS and rayon pools at `threads`; the subcommand and
+/// its options follow.
 pub fn experiments_binary(ws: &Workspace, tc: &setup::Toolchain, threads: usize) -> Command {
     let mut cmd = match prebuilt() {
         Some(binary) => {
@@ -323,5 +335,20 @@ mod tests {
         assert_eq!(selection, [ExperimentName("theory".into())]);
         assert_eq!(forwarded.set[0].key, "a.b");
         assert!(checked(&["--only", "theroy"]).is_err());
+    }
+
+    #[test]
+    fn a_named_binary_is_made_absolute_and_must_exist() {
+        assert_eq!(prebuilt_from(None), None);
+        assert_eq!(prebuilt_from(Some("".into())), None);
+        let named = prebuilt_from(Some("bin/kappa-experiments".into())).unwrap();
+        assert!(named.is_absolute() && named.ends_with("bin/kappa-experiments"));
+        let err = existing(PathBuf::from("/no/such/binary")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "KAPPA_EXPERIMENTS_BINARY=/no/such/binary: no such file"
+        );
+        let this = std::env::current_exe().unwrap();
+        assert_eq!(existing(this.clone()).unwrap(), this);
     }
 }
