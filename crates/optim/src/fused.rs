@@ -115,9 +115,15 @@ fn chunk_sum_of_squares(x: &[f32]) -> f64 {
     kappa_linalg::scalar::sum_of_squares(x, f64::from)
 }
 
-/// Whether `t` is a defined, contiguous CPU f32 tensor.
+/// Whether `t` is a defined, dense, contiguous CPU f32 tensor (the layout checks come first:
+/// libtorch's contiguity query throws on a sparse tensor).
 fn eligible(t: &Tensor) -> bool {
-    t.defined() && t.kind() == Kind::Float && t.device() == Device::Cpu && t.is_contiguous()
+    t.defined()
+        && !t.is_sparse()
+        && !t.is_mkldnn()
+        && t.f_kind().ok() == Some(Kind::Float)
+        && t.device() == Device::Cpu
+        && t.is_contiguous()
 }
 
 /// The byte range of a contiguous f32 tensor's elements.

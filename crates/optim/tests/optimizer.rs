@@ -537,6 +537,44 @@ fn zero_grad_drops_gradients_and_the_clip_norm_matches_libtorch() {
 /// matrices (the second spoiled) and a matrix alone. (Matrices of other jobs stepped before the
 /// spoiled one keep their step: the check that would refuse the whole step up front is the pass
 /// the clip's finite norm skips.)
+/// A sparse gradient (an embedding looked up with `sparse = true`): step and clip refuse it by
+/// the parameter's name, nothing changes, and the optimizer works on once it is dense; a sparse
+/// parameter is refused when the optimizer is built.
+#[test]
+fn sparse_tensors_are_errors_naming_the_parameter() {
+    let table = leaf(&[10, 4], 40);
+    let mut opt = Optimizer::new(vec![Group::adamw("adamw", AdamWConfig::torch(), 1e-2)
+        .with_param("table", table.shallow_clone())])
+    .unwrap();
+    let rows = Tensor::from_slice(&[1i64, 2, 2]);
+    Tensor::embedding(&table, &rows, -1, false, true)
+        .sum(Kind::Float)
+        .backward();
+    assert!(table.grad().is_sparse());
+    let before = table.detach().copy();
+    for e in [
+        opt.step().unwrap_err(),
+        opt.clip_grad_norm(1.0).unwrap_err(),
+    ] {
+        let e = e.to_string();
+        assert!(e.contains("`table`") && e.contains("sparse"), "{e}");
+    }
+    assert!(table.detach().equal(&before));
+    assert_eq!(opt.steps(), 0);
+    opt.zero_grad().unwrap();
+    set_grad(&table, &f32s(&[10, 4], 41));
+    opt.step().unwrap();
+    assert_eq!(opt.steps(), 1);
+
+    let sparse = (f32s(&[4, 4], 42).to_sparse(None, None::<&[i64]>, None)).set_requires_grad(true);
+    let e = Optimizer::new(vec![
+        Group::adamw("adamw", AdamWConfig::torch(), 1e-2).with_param("s", sparse)
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("`s`") && e.contains("sparse"), "{e}");
+}
+
 #[test]
 fn a_gradient_spoiled_after_the_clip_still_stops_its_step() {
     for (shapes, spoiled) in [(vec![[6, 4], [6, 4]], 1), (vec![[5, 3]], 0)] {

@@ -201,8 +201,9 @@ impl MatrixSpec {
             None => vec![whole],
             Some(s) => {
                 let axis = s.axis.index() as usize;
-                let total: i64 = s.sizes.iter().map(|&x| x as i64).sum();
-                if s.sizes.contains(&0) || total != extent[axis] {
+                // Summed in u128: sizes near usize::MAX must not wrap into a plausible total.
+                let total: u128 = s.sizes.iter().map(|&x| x as u128).sum();
+                if s.sizes.contains(&0) || total != extent[axis] as u128 {
                     return Err(format!(
                         "split sizes {:?} do not add up to the {} {:?} has ({})",
                         s.sizes,
@@ -226,10 +227,10 @@ impl MatrixSpec {
         };
         if let Some(h) = self.heads {
             let axis = h.axis.index() as usize;
-            let count = h.count as i64;
-            let mut out = Vec::with_capacity(blocks.len() * h.count);
+            let mut out = Vec::new();
             for b in blocks {
-                if count == 0 || b.len[axis] % count != 0 {
+                let count = i64::try_from(h.count).unwrap_or(i64::MAX);
+                if count == 0 || count > b.len[axis] || b.len[axis] % count != 0 {
                     return Err(format!(
                         "{} heads do not divide a block of {} along {:?}",
                         h.count, b.len[axis], h.axis
@@ -355,8 +356,16 @@ mod tests {
 
     #[test]
     fn shapes_the_spec_cannot_handle_are_errors() {
-        let cases: [(MatrixSpec, &[i64]); 6] = [
+        let cases: [(MatrixSpec, &[i64]); 9] = [
             (MatrixSpec::matrix(), &[5]),
+            // Counts and sizes no shape can have: an error, never an allocation of that size.
+            (MatrixSpec::matrix().heads(Axis::Rows, 1 << 40), &[4, 3]),
+            (MatrixSpec::matrix().heads(Axis::Rows, usize::MAX), &[4, 3]),
+            // usize::MAX + 5 wraps to 4 in usize arithmetic: the sum must not.
+            (
+                MatrixSpec::matrix().split(Axis::Rows, [usize::MAX, 5]),
+                &[4, 3],
+            ),
             (MatrixSpec::matrix().split(Axis::Rows, [2, 2]), &[5, 3]),
             (MatrixSpec::matrix().heads(Axis::Cols, 2), &[4, 3]),
             (MatrixSpec::batched(&[0], &[1], &[1]), &[2, 3, 4]),

@@ -170,6 +170,7 @@ impl Optimizer {
                         bad(format!("it is in groups `{other}` and `{}`", g.name)),
                     ));
                 }
+                dense("param", t).map_err(|e| param_err(n, e.into()))?;
                 if t.defined() && t.numel() > 0 {
                     let key = (t.data_ptr() as usize, t.size(), t.stride());
                     if let Some(other) = storage.insert(key, n) {
@@ -269,7 +270,12 @@ impl Optimizer {
     /// through libtorch in f64.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64> {
         let _guard = tch::no_grad_guard();
-        let grads: Vec<Tensor> = self.params().map(|(_, p)| p.grad()).collect();
+        let mut grads = Vec::new();
+        for (name, p) in self.params() {
+            let g = p.grad();
+            dense("grad", &g).map_err(|e| param_err(name, e.into()))?;
+            grads.push(g);
+        }
         let total = match crate::fused::sum_of_squares(&grads) {
             Some(sum) => sum,
             None => {
@@ -331,6 +337,7 @@ impl Optimizer {
                 continue;
             }
             let named = |e: InputError| param_err(name, e.into());
+            dense("grad", &g).map_err(named)?;
             if g.size() != p.size() || g.kind() != p.kind() || g.device() != p.device() {
                 return Err(named(InputError::shape_mismatch(
                     "grad",
@@ -348,6 +355,13 @@ impl Optimizer {
             }
         }
         Ok(())
+    }
+
+    /// Forgets that a finite global norm was computed ([`Optimizer::clip_grad_norm`]), so the
+    /// next step checks every gradient's entries again: for callers that change gradients by
+    /// other means than this optimizer's calls in between.
+    pub fn recheck_gradients(&mut self) {
+        self.checked = false;
     }
 
     /// What each group's update did since the last call: (group name, statistics).
@@ -385,6 +399,29 @@ impl Optimizer {
         })?;
         self.load_state_dict(&tensors.into_iter().collect())
     }
+}
+
+/// Refuses a parameter or gradient the optimizers cannot read as an array of values: a sparse
+/// or oneDNN tensor (`nn.Embedding(sparse=True)` makes sparse gradients), or one of an element
+/// type libtorch's C API does not name. An undefined tensor passes (a parameter without a
+/// gradient is skipped).
+fn dense(arg: &'static str, g: &Tensor) -> std::result::Result<(), InputError> {
+    if !g.defined() {
+        return Ok(());
+    }
+    let layout = if g.is_sparse() {
+        "sparse"
+    } else if g.is_mkldnn() {
+        "oneDNN"
+    } else {
+        return g.f_kind().map(|_| ()).map_err(|e| {
+            InputError::invalid(arg, format!("an element type kappa cannot read ({e})"))
+        });
+    };
+    Err(InputError::invalid(
+        arg,
+        format!("a {layout} tensor; kappa's optimizers take dense (strided) tensors"),
+    ))
 }
 
 /// Σ g² of one tensor in f64 through libtorch.

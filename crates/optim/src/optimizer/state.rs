@@ -127,6 +127,8 @@ impl<'a> Reader<'a> {
             .get_key_value(key)
             .ok_or_else(|| state_err(key, "is missing".into()))?;
         self.used.insert(k.as_str());
+        // Checked once here, so the readers below may ask a tensor's kind without a panic.
+        super::dense("state", t).map_err(|e| state_err(key, e.to_string()))?;
         Ok(t)
     }
 
@@ -144,7 +146,8 @@ impl<'a> Reader<'a> {
                 format!("expected {n} Int64 step count(s), found {found}"),
             ));
         }
-        let v: Vec<i64> = Vec::try_from(&t.to_device(Device::Cpu)).map_err(libtorch("steps"))?;
+        let cpu = t.f_to_device(Device::Cpu).map_err(libtorch("steps"))?;
+        let v: Vec<i64> = Vec::try_from(&cpu).map_err(libtorch("steps"))?;
         v.into_iter()
             .map(|x| {
                 u64::try_from(x).map_err(|_| state_err(key, format!("a negative step count {x}")))
@@ -210,7 +213,9 @@ impl<'a> Reader<'a> {
         let Some(t) = self.optional(&k) else {
             return Ok(None);
         };
-        let t = t.to_kind(Kind::Double).to_device(Device::Cpu);
+        let t = (t.f_to_kind(Kind::Double))
+            .and_then(|t| t.f_to_device(Device::Cpu))
+            .map_err(libtorch("second"))?;
         let v: Vec<f64> = Vec::try_from(&t).map_err(libtorch("second"))?;
         if v.iter().any(|x| !x.is_finite() || *x < 0.0) {
             return Err(state_err(&k, "has a negative or non-finite entry".into()));
