@@ -12,6 +12,7 @@ A parameter group may name its own algorithm with ``"algorithm": "muon" | "manif
 (``muon_adamw`` builds exactly that from a model's parameter names).
 """
 
+import copy
 import json
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -23,6 +24,13 @@ __all__ = ["Muon", "ManifoldMuon", "AdamW", "Modulewise", "muon_adamw", "modulew
 
 # Settings that are not part of an algorithm's config.
 _GROUP_KEYS = ("params", "param_names", "lr", "initial_lr", "algorithm", "matrix", "batch")
+
+# Keys torch's lr schedulers keep in a group for their own bookkeeping (``OneCycleLR`` and
+# ``CyclicLR`` write them): never a setting of the optimizer.
+_SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum")
+
+# Keys of a group that are not fixed when the optimizer is built.
+_UNFROZEN = ("params", "param_names", "lr") + _SCHEDULER_KEYS
 
 # torch.optim.Muon's `adjust_lr_fn` names and kappa's `UpdateScale` forms.
 _SCALES = {None: "original", "original": "original", "match_rms_adamw": "match_rms_adamw", "none": "none"}
@@ -106,16 +114,17 @@ def _adamw_update(group: dict) -> dict:
 
 _UPDATES = {"muon": _muon_update, "manifold": _manifold_update, "adamw": _adamw_update}
 
-# Each algorithm's defaults, filled into a group that names the algorithm but not a setting.
+# Each algorithm's defaults (its class's), filled into a group that names another algorithm than
+# its optimizer's before the optimizer's own defaults apply.
 _DEFAULTS = {
     "muon": dict(
-        weight_decay=0.1, momentum=0.95, nesterov=True, msign="torch_muon", adjust_lr_fn=None,
+        lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, msign="torch_muon", adjust_lr_fn=None,
         precision="auto", normuon=None, cautious_weight_decay=False,
     ),
     "manifold": dict(
-        manifold="stiefel", solver="ascent", momentum=0.95, nesterov=True, msign="polar_express", precision="auto",
+        lr=0.02, manifold="stiefel", solver="ascent", momentum=0.95, nesterov=True, msign="polar_express", precision="auto",
     ),
-    "adamw": dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
+    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
 }
 
 
@@ -127,6 +136,7 @@ class _KappaOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable, defaults: dict) -> None:
         defaults = dict(defaults, algorithm=self._algorithm, matrix=None, batch=None)
+        self._clipped = None
         super().__init__(params, defaults)
         self._engine = self._build()
 
@@ -136,7 +146,7 @@ class _KappaOptimizer(torch.optim.Optimizer):
             raise ValueError(f"unknown algorithm `{algorithm}` (one of: {', '.join(_UPDATES)})")
         for key, value in _DEFAULTS[algorithm].items():
             group.setdefault(key, value)
-        return {k: v for k, v in group.items() if k not in ("params", "param_names", "initial_lr")}
+        return _settings(group)
 
     def _build(self):
         specs, tensors, index = [], [], 0
@@ -145,14 +155,14 @@ class _KappaOptimizer(torch.optim.Optimizer):
         self._keys = []  # the engine's name of each parameter, in param_groups order
         for i, group in enumerate(self.param_groups):
             settings = self._group_settings(group)
-            self._frozen.append(_without_lr(settings))
+            self._frozen.append(copy.deepcopy(settings))
             names = [str(index + j) for j in range(len(group["params"]))]
             index += len(names)
             self._keys.extend(names)
             specs.append({
                 "name": self._names[i],
                 "update": _UPDATES[group["algorithm"]](group),
-                "lr": group["lr"],
+                "lr": float(group["lr"]),
                 "matrix": group["matrix"],
                 "batch": group["batch"],
                 "names": names,
@@ -166,18 +176,44 @@ class _KappaOptimizer(torch.optim.Optimizer):
                 "kappa's optimizers fix their groups when built: create a new optimizer with "
                 "every group (and load the old one's state_dict into it where the groups match)"
             )
+        # A group of another algorithm than the optimizer's takes that algorithm's defaults
+        # (AdamW's lr and weight decay in a Muon optimizer), not the optimizer's.
+        algorithm = param_group.get("algorithm") if isinstance(param_group, dict) else None
+        if algorithm in _DEFAULTS and algorithm != self.defaults.get("algorithm", algorithm):
+            param_group = dict(param_group)
+            for key, value in _DEFAULTS[algorithm].items():
+                param_group.setdefault(key, value)
         super().add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's ``zero_grad``; the next step checks the new gradients' entries again."""
+        super().zero_grad(set_to_none)
+        self._clipped = None
+        if getattr(self, "_engine", None) is not None:
+            self._engine.recheck_gradients()
+
+    def _grad_versions(self) -> list:
+        return [
+            None if p.grad is None else (p.grad.data_ptr(), p.grad._version)
+            for group in self.param_groups for p in group["params"]
+        ]
 
     def _sync(self) -> None:
         for i, group in enumerate(self.param_groups):
-            settings = _without_lr({k: v for k, v in group.items() if k not in ("params", "param_names", "initial_lr")})
-            if settings != self._frozen[i]:
-                changed = sorted(k for k in set(settings) | set(self._frozen[i]) if settings.get(k) != self._frozen[i].get(k))
+            changed = _changed(_settings(group), self._frozen[i])
+            if changed:
+                hint = ""
+                if "momentum" in changed or "betas" in changed:
+                    hint = " (OneCycleLR and CyclicLR change momentum unless given cycle_momentum=False)"
                 raise ValueError(
                     f"param_groups[{i}]: {', '.join(changed)} changed after the optimizer was built; "
-                    "only `lr` may change between steps"
+                    f"only `lr` may change between steps{hint}"
                 )
-            self._engine.set_lr(self._names[i], float(group["lr"]))
+            try:
+                lr = float(group["lr"])
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"param_groups[{i}]: lr {group['lr']!r} is not a number") from e
+            self._engine.set_lr(self._names[i], lr)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -187,13 +223,19 @@ class _KappaOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._sync()
+        if self._clipped is not None and self._clipped != self._grad_versions():
+            self._engine.recheck_gradients()
+        self._clipped = None
         self._engine.step()
         return loss
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Scales all gradients so their global 2-norm is at most ``max_norm``; returns the norm
-        before scaling (and lets the next step skip its own finiteness pass)."""
-        return self._engine.clip_grad_norm(float(max_norm))
+        before scaling (and lets the next step skip its own finiteness pass, unless a gradient
+        changes in between)."""
+        norm = self._engine.clip_grad_norm(float(max_norm))
+        self._clipped = self._grad_versions()
+        return norm
 
     @property
     def steps(self) -> int:
@@ -210,7 +252,7 @@ class _KappaOptimizer(torch.optim.Optimizer):
         index_of = {k: i for i, k in enumerate(self._keys)}
         for key, tensor in self._engine.state_dict():
             if key.startswith("state/"):
-                name, rest = key[len("state/"):].split("/", 1)
+                name, rest = _owner(key[len("state/"):], index_of)
                 state.setdefault(index_of[name], {})[rest] = tensor
             elif not key.startswith("lr/"):
                 extra[key] = tensor
@@ -224,7 +266,9 @@ class _KappaOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Loads a ``state_dict()``; every entry is checked before anything changes (a missing,
-        extra or mis-shaped buffer raises ``ValueError`` naming it)."""
+        extra or mis-shaped buffer raises ``ValueError`` naming it, and so does a group whose
+        saved settings other than ``lr`` differ from this optimizer's: they are fixed when the
+        optimizer is built, so build it with the saved run's settings)."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError(f"the state has {len(groups)} parameter groups, the optimizer {len(self.param_groups)}")
@@ -232,6 +276,12 @@ class _KappaOptimizer(torch.optim.Optimizer):
             if len(saved["params"]) != len(group["params"]):
                 raise ValueError(
                     f"param_groups[{i}] has {len(group['params'])} parameters, the state's {len(saved['params'])}"
+                )
+            changed = _changed(_settings(saved), self._frozen[i])
+            if changed:
+                raise ValueError(
+                    f"param_groups[{i}]: the state's {', '.join(changed)} differ from this optimizer's; "
+                    "build the optimizer with the saved settings"
                 )
         flat: Dict[str, torch.Tensor] = dict(state_dict.get("kappa", {}))
         for index, buffers in state_dict["state"].items():
@@ -244,11 +294,32 @@ class _KappaOptimizer(torch.optim.Optimizer):
         self._engine.load_state_dict(flat)
         for saved, group in zip(groups, self.param_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
-        self._frozen = [_without_lr(self._group_settings(g)) for g in self.param_groups]
+        self._clipped = None
 
 
-def _without_lr(settings: dict) -> dict:
-    return {k: v for k, v in settings.items() if k != "lr"}
+def _owner(key: str, names: dict) -> Tuple[str, str]:
+    """(parameter name, buffer) of an engine state key ``<name>/<buffer>``: the longest prefix
+    that names a parameter, since a parameter name may itself hold ``/``."""
+    parts = key.split("/")
+    for j in range(len(parts) - 1, 0, -1):
+        name = "/".join(parts[:j])
+        if name in names:
+            return name, "/".join(parts[j:])
+    raise ValueError(f"the optimizer's state key `{key}` names no parameter")
+
+
+def _settings(group: dict) -> dict:
+    """The settings of a group that are fixed when the optimizer is built."""
+    return {k: v for k, v in group.items() if k not in _UNFROZEN}
+
+
+def _changed(settings: dict, frozen: dict) -> list:
+    """The keys whose values differ between two groups' fixed settings (tuples and lists of the
+    same values are equal: a state saved with ``torch.save`` may turn one into the other)."""
+    def norm(v):
+        return list(v) if isinstance(v, tuple) else v
+    keys = set(settings) | set(frozen)
+    return sorted(k for k in keys if norm(settings.get(k)) != norm(frozen.get(k)))
 
 
 class Muon(_KappaOptimizer):
@@ -460,16 +531,17 @@ class Modulewise(_KappaOptimizer):
             for name, algorithm, geometry, lr, names in infos
         ]
         self._prepared, self._infos = (engine, [info[0] for info in infos]), infos
+        self._clipped = None
         torch.optim.Optimizer.__init__(self, groups, {})
         self._engine = self._build()
 
     def _group_settings(self, group: dict) -> dict:
-        return {k: v for k, v in group.items() if k not in ("params", "param_names", "initial_lr")}
+        return _settings(group)
 
     def _build(self):
         engine, self._names = self._prepared
         self._keys = [name for _, _, _, _, names in self._infos for name in names]
-        self._frozen = [_without_lr(self._group_settings(g)) for g in self.param_groups]
+        self._frozen = [copy.deepcopy(_settings(g)) for g in self.param_groups]
         return engine
 
 

@@ -8,10 +8,23 @@
 
 extern "C" {
 
-// 1 if `obj` is a torch.Tensor (or a subclass such as nn.Parameter), 0 if not, -1 on error.
+// 1 if `obj` is a dense torch.Tensor with its own storage (or a subclass such as nn.Parameter),
+// 0 if it is no torch.Tensor, 2 if it is a sparse or other non-strided tensor, 3 if it is a
+// subclass whose operations run in Python (DTensor, FakeTensor, ...) or a tensor without storage:
+// kappa reads and writes tensors' memory, which those do not have. -1 on error.
 int kappa_is_tensor(PyObject* obj) {
   try {
-    return THPVariable_Check(obj) ? 1 : 0;
+    if (!THPVariable_Check(obj)) {
+      return 0;
+    }
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.defined() && t.layout() != at::kStrided) {
+      return 2;
+    }
+    if (t.defined() && (t.key_set().has(c10::DispatchKey::Python) || !t.has_storage())) {
+      return 3;
+    }
+    return 1;
   } catch (...) {
     return -1;
   }

@@ -38,6 +38,20 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor {
                     obj.get_type().name()?
                 )))
             }
+            2 => {
+                return Err(PyTypeError::new_err(
+                    "expected a dense (strided) torch.Tensor, got a sparse or other non-strided \
+                     layout",
+                ))
+            }
+            3 => {
+                return Err(PyTypeError::new_err(format!(
+                    "expected a torch.Tensor with its own storage, got a {} (a subclass that \
+                     runs in Python, such as DTensor, or a tensor without storage): pass its \
+                     local tensor",
+                    obj.get_type().name()?
+                )))
+            }
             _ => {
                 return Err(PyRuntimeError::new_err(
                     "torch could not inspect the object",

@@ -4,8 +4,9 @@
 //! option of the Rust API is reachable and named the same way.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use kappa_optim::optimizer::{Group, Grouping, MatrixSpec, Update};
 use kappa_optim::{
@@ -84,17 +85,50 @@ fn group(spec: GroupSpec, params: Vec<PyTensor>) -> PyResult<Group> {
 
 /// kappa-optim's optimizer over tensors shared with Python (no copies: a step writes into the
 /// parameters' own storage and reads their `.grad`).
-#[pyclass(module = "kappa._kappa", name = "Optimizer")]
+#[pyclass(module = "kappa._kappa", name = "Optimizer", frozen)]
 pub struct PyOptimizer {
     /// Locked for each call: a tch tensor may move between threads but not be shared, so a
-    /// Python thread that calls the optimizer waits for one already inside it.
+    /// Python thread that calls the optimizer waits for one already inside it (every method
+    /// takes `&self`, so pyo3's own borrow check never refuses a second thread).
     inner: Mutex<Optimizer>,
 }
 
 impl PyOptimizer {
-    fn inner(&self) -> PyResult<MutexGuard<'_, Optimizer>> {
-        self.inner.lock().map_err(|_| {
-            PyRuntimeError::new_err("the optimizer is unusable: a call into it panicked")
+    fn new_inner(optimizer: Optimizer) -> Self {
+        Self {
+            inner: Mutex::new(optimizer),
+        }
+    }
+
+    /// Runs `f` on the optimizer without the GIL (so a Python thread that waits for the lock
+    /// does not hold up the others). A panic inside (a defect in kappa, never an answer to bad
+    /// input, which is a typed error) becomes a `RuntimeError` here rather than a
+    /// `PanicException` (a `BaseException` that `except Exception` misses); it leaves the lock
+    /// poisoned, so every later call says the optimizer is unusable: its state may be
+    /// half-updated.
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Optimizer) -> PyResult<T> + Send,
+    ) -> PyResult<T> {
+        let call = AssertUnwindSafe(|| {
+            let mut inner = self.inner.lock().map_err(|_| {
+                PyRuntimeError::new_err(
+                    "the optimizer is unusable: an earlier call into it failed inside kappa; \
+                     build a new one and load the last saved state",
+                )
+            })?;
+            f(&mut inner)
+        });
+        py.detach(|| {
+            std::panic::catch_unwind(call).unwrap_or_else(|payload| {
+                let what = (payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".to_owned());
+                Err(PyRuntimeError::new_err(format!(
+                    "kappa's optimizer failed inside ({what}); it cannot be used further"
+                )))
+            })
         })
     }
 }
@@ -102,8 +136,9 @@ impl PyOptimizer {
 #[pymethods]
 impl PyOptimizer {
     /// `groups`: a JSON list of group settings; `params`: each group's tensors, in order.
+    /// Building retracts manifold groups' matrices, so it runs without the GIL.
     #[new]
-    fn new(groups: &str, params: Vec<Vec<PyTensor>>) -> PyResult<Self> {
+    fn new(py: Python<'_>, groups: &str, params: Vec<Vec<PyTensor>>) -> PyResult<Self> {
         let specs: Vec<GroupSpec> = from_json(groups)?;
         if specs.len() != params.len() {
             return Err(PyValueError::new_err(format!(
@@ -117,80 +152,86 @@ impl PyOptimizer {
             .zip(params)
             .map(|(spec, params)| group(spec, params))
             .collect::<PyResult<Vec<_>>>()?;
-        Ok(Self {
-            inner: Mutex::new(Optimizer::new(groups).py()?),
-        })
+        let optimizer = py.detach(|| Optimizer::new(groups).py())?;
+        Ok(Self::new_inner(optimizer))
     }
 
     /// One step of every group (the GIL is released while it runs).
-    fn step(&mut self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner()?.step().py())
+    fn step(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |o| o.step().py())
     }
 
     /// `n` steps on the gradients as they are, without returning to Python in between: the
     /// Rust side of the measurement of the Python boundary's cost (python/benches).
-    fn step_repeated(&mut self, py: Python<'_>, n: usize) -> PyResult<()> {
-        py.detach(|| {
-            let mut inner = self.inner()?;
-            (0..n).try_for_each(|_| inner.step().py())
-        })
+    fn step_repeated(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        self.with(py, |o| (0..n).try_for_each(|_| o.step().py()))
     }
 
     /// Sets every parameter's gradient to None.
-    fn zero_grad(&mut self) -> PyResult<()> {
-        self.inner()?.zero_grad().py()
+    fn zero_grad(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |o| o.zero_grad().py())
     }
 
     /// Scales the gradients so their global 2-norm is at most `max_norm`; returns the norm.
-    fn clip_grad_norm(&mut self, py: Python<'_>, max_norm: f64) -> PyResult<f64> {
-        py.detach(|| self.inner()?.clip_grad_norm(max_norm).py())
+    fn clip_grad_norm(&self, py: Python<'_>, max_norm: f64) -> PyResult<f64> {
+        self.with(py, |o| o.clip_grad_norm(max_norm).py())
+    }
+
+    /// Makes the next step check every gradient's entries (after a `clip_grad_norm` whose
+    /// finite norm would let it skip them) because the gradients changed since.
+    fn recheck_gradients(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |o| {
+            o.recheck_gradients();
+            Ok(())
+        })
     }
 
     /// Sets a group's rate.
-    fn set_lr(&mut self, group: &str, lr: f64) -> PyResult<()> {
-        self.inner()?.set_lr(group, lr).py()
+    fn set_lr(&self, py: Python<'_>, group: &str, lr: f64) -> PyResult<()> {
+        self.with(py, |o| o.set_lr(group, lr).py())
     }
 
     /// A group's rate (None for an unknown group).
-    fn lr(&self, group: &str) -> PyResult<Option<f64>> {
-        Ok(self.inner()?.lr(group))
+    fn lr(&self, py: Python<'_>, group: &str) -> PyResult<Option<f64>> {
+        self.with(py, |o| Ok(o.lr(group)))
     }
 
     /// Steps taken.
     #[getter]
-    fn steps(&self) -> PyResult<u64> {
-        Ok(self.inner()?.steps())
+    fn steps(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |o| Ok(o.steps()))
     }
 
     /// Each group's name and its parameters' names.
-    fn groups(&self) -> PyResult<Vec<(String, Vec<String>)>> {
-        let inner = self.inner()?;
-        let groups = inner.groups().iter();
-        Ok(groups
-            .map(|g| (g.name().to_owned(), g.names().to_vec()))
-            .collect())
+    fn groups(&self, py: Python<'_>) -> PyResult<Vec<(String, Vec<String>)>> {
+        self.with(py, |o| {
+            let groups = o.groups().iter();
+            Ok(groups
+                .map(|g| (g.name().to_owned(), g.names().to_vec()))
+                .collect())
+        })
     }
 
     /// The state, as (key, tensor) pairs (kappa-optim's `state_dict` keys).
-    fn state_dict(&self) -> PyResult<Vec<(String, PyTensor)>> {
-        let state = self.inner()?.state_dict().py()?;
+    fn state_dict(&self, py: Python<'_>) -> PyResult<Vec<(String, PyTensor)>> {
+        let state = self.with(py, |o| o.state_dict().py())?;
         Ok(state.into_iter().map(|(k, t)| (k, PyTensor(t))).collect())
     }
 
     /// Loads a state from `state_dict`, checking all of it before changing anything.
-    fn load_state_dict(&mut self, state: HashMap<String, PyTensor>) -> PyResult<()> {
+    fn load_state_dict(&self, py: Python<'_>, state: HashMap<String, PyTensor>) -> PyResult<()> {
         let state = state.into_iter().map(|(k, t)| (k, t.0)).collect();
-        self.inner()?.load_state_dict(&state).py()
+        self.with(py, move |o| o.load_state_dict(&state).py())
     }
 
     /// Writes the state to a safetensors file (atomically).
-    fn save(&self, path: PathBuf) -> PyResult<()> {
-        self.inner()?.save(&path).py()
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        self.with(py, |o| o.save(&path).py())
     }
 
     /// Reads the state from a safetensors file written by `save`.
-    fn load(&mut self, path: PathBuf) -> PyResult<()> {
-        self.inner()?.load(&path).py()
+    fn load(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        self.with(py, |o| o.load(&path).py())
     }
 }
 
@@ -302,6 +343,7 @@ type GroupInfo = (String, &'static str, String, f64, Vec<String>);
 /// Returns the optimizer and its groups.
 #[pyfunction]
 pub fn modulewise_optimizer(
+    py: Python<'_>,
     named: Vec<(String, PyTensor)>,
     labels: Vec<String>,
     config: &str,
@@ -341,13 +383,8 @@ pub fn modulewise_optimizer(
     let groups =
         modulewise_groups_of(named, &config, &train, |n, _| by_name.get(n).copied()).py()?;
     let infos = groups.iter().map(group_info).collect();
-    let optimizer = Optimizer::new(groups).py()?;
-    Ok((
-        PyOptimizer {
-            inner: Mutex::new(optimizer),
-        },
-        infos,
-    ))
+    let optimizer = py.detach(|| Optimizer::new(groups).py())?;
+    Ok((PyOptimizer::new_inner(optimizer), infos))
 }
 
 fn group_info(g: &Group) -> GroupInfo {
