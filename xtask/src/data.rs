@@ -100,28 +100,74 @@ impl FromStr for DataSelection {
 const STAMP: &str = ".kappa-complete";
 
 /// Installs one data set into `data_dir/<name>` unless its stamp is already there.
+///
+/// The set is built in a sibling `<name>.partial-<pid>` folder, stamped there, and renamed into
+/// place, so an interrupted conversion never looks complete. A `data_dir/<name>` that exists
+/// without a stamp and is not empty is not kappa's: it is refused, and nothing is deleted.
 pub fn ensure(set: DataSet, data_dir: &Path, report: &mut Report) -> Result<()> {
     let dest = data_dir.join(set.name());
     if let Ok(stamp) = fs::read_to_string(dest.join(STAMP)) {
         report.found(set.name(), format!("{} ({})", dest.display(), stamp.trim()));
         return Ok(());
     }
+    refuse_foreign(&dest)?;
     let downloads = data_dir.join(".downloads");
     fs::create_dir_all(&downloads)?;
-    // Build into a fresh folder so that an interrupted conversion never looks complete.
-    let _ = fs::remove_dir_all(&dest);
-    fs::create_dir_all(&dest)?;
+    remove_stale_partials(set, data_dir)?;
+    let partial = data_dir.join(format!("{}{}", partial_prefix(set), std::process::id()));
+    fs::create_dir_all(&partial)?;
     let source = match set {
-        DataSet::FashionMnist => fashion_mnist(&downloads, &dest)?,
-        DataSet::Sotu => sotu(&downloads, &dest)?,
-        DataSet::MovieReviews => movie_reviews(&downloads, &dest)?,
-        DataSet::Brown => brown(&downloads, &dest)?,
+        DataSet::FashionMnist => fashion_mnist(&downloads, &partial)?,
+        DataSet::Sotu => sotu(&downloads, &partial)?,
+        DataSet::MovieReviews => movie_reviews(&downloads, &partial)?,
+        DataSet::Brown => brown(&downloads, &partial)?,
     };
-    fs::write(dest.join(STAMP), format!("{source}\n"))?;
+    fs::write(partial.join(STAMP), format!("{source}\n"))?;
+    if dest.is_dir() {
+        // Empty (checked above): `remove_dir` refuses anything else.
+        fs::remove_dir(&dest).with_context(|| format!("removing empty {}", dest.display()))?;
+    }
+    fs::rename(&partial, &dest)
+        .with_context(|| format!("moving {} to {}", partial.display(), dest.display()))?;
     report.did(
         set.name(),
         format!("installed into {} from {source}", dest.display()),
     );
+    Ok(())
+}
+
+/// Fails when `dest` exists without a stamp and is not an empty folder: setup would otherwise
+/// have to overwrite files it did not write.
+fn refuse_foreign(dest: &Path) -> Result<()> {
+    let Ok(meta) = fs::symlink_metadata(dest) else {
+        return Ok(());
+    };
+    let empty = meta.is_dir() && fs::read_dir(dest)?.next().is_none();
+    ensure!(
+        empty,
+        "{} exists but has no {STAMP} stamp, so it was not installed by setup; setup deletes \
+         nothing it did not write. Move it away (or point KAPPA_DATA at another folder), then \
+         run setup again.",
+        dest.display()
+    );
+    Ok(())
+}
+
+/// `<name>.partial-`: the folders `ensure` builds in, followed by its process id.
+fn partial_prefix(set: DataSet) -> String {
+    format!("{}.partial-", set.name())
+}
+
+/// Removes the `<name>.partial-*` folders that earlier, interrupted setups left behind.
+fn remove_stale_partials(set: DataSet, data_dir: &Path) -> Result<()> {
+    let prefix = partial_prefix(set);
+    for entry in fs::read_dir(data_dir)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with(&prefix) && entry.file_type()?.is_dir() {
+            fs::remove_dir_all(entry.path())
+                .with_context(|| format!("removing {}", entry.path().display()))?;
+        }
+    }
     Ok(())
 }
 
@@ -527,6 +573,41 @@ mod tests {
         assert!(check_idx(&labels, 2051, 3).is_err());
         assert!(check_idx(&labels[..10], 2049, 3).is_err());
         assert!(check_idx(&labels[..3], 2049, 3).is_err());
+    }
+
+    #[test]
+    fn an_unstamped_folder_with_files_is_refused_and_kept() {
+        let data_dir =
+            std::env::temp_dir().join(format!("kappa-data-foreign-{}", std::process::id()));
+        let dest = data_dir.join("fashion-mnist");
+        fs::create_dir_all(&dest).unwrap();
+        fs::write(dest.join("mine.txt"), b"the user's own copy").unwrap();
+        let err = ensure(DataSet::FashionMnist, &data_dir, &mut Report::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&dest.display().to_string()) && err.contains("KAPPA_DATA"),
+            "{err}"
+        );
+        assert_eq!(
+            fs::read(dest.join("mine.txt")).unwrap(),
+            b"the user's own copy"
+        );
+        fs::remove_dir_all(&data_dir).unwrap();
+    }
+
+    #[test]
+    fn only_this_sets_partial_folders_are_stale() {
+        let data_dir =
+            std::env::temp_dir().join(format!("kappa-data-partial-{}", std::process::id()));
+        fs::create_dir_all(data_dir.join("sotu.partial-1/x")).unwrap();
+        fs::create_dir_all(data_dir.join("sotu")).unwrap();
+        fs::create_dir_all(data_dir.join("brown.partial-1")).unwrap();
+        remove_stale_partials(DataSet::Sotu, &data_dir).unwrap();
+        assert!(!data_dir.join("sotu.partial-1").exists());
+        assert!(data_dir.join("sotu").is_dir());
+        assert!(data_dir.join("brown.partial-1").is_dir());
+        fs::remove_dir_all(&data_dir).unwrap();
     }
 
     #[test]

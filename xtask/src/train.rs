@@ -5,10 +5,11 @@
 //! Slurm job instead ([`TrainSlurmArgs`]: nodes, ranks per node), one MPI rank per task.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use kappa_cli::TrainArgs;
+use sha2::{Digest, Sha256};
 
 use crate::data::DataSelection;
 use crate::reproduce::{experiments_binary, shell_word};
@@ -30,8 +31,9 @@ pub fn train(ws: &Workspace, args: &TrainArgs, slurm: &TrainSlurmArgs) -> Result
 }
 
 /// `--slurm`: builds the binary (with the feature `mpi` for several ranks, `nccl` on CUDA,
-/// installing Open MPI where it is missing), copies it into `<out>/slurm/<name>/` (a later build
-/// does not change a queued job's), writes `train.sbatch` there and submits it.
+/// installing Open MPI where it is missing), copies it into `<out>/slurm/<name>/` under a name
+/// made from its contents ([`copy_by_content`]: a later build neither changes a queued job's
+/// binary nor overwrites a running one), writes `train.sbatch` there and submits it.
 fn submit(
     ws: &Workspace,
     tc: &setup::Toolchain,
@@ -43,8 +45,7 @@ fn submit(
     let dir = args.out.join("slurm").join(name);
     let logs = dir.join("logs");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    let binary = dir.join("kappa-experiments");
-    fs::copy(&built, &binary).with_context(|| format!("copying {}", built.display()))?;
+    let binary = copy_by_content(&built, &dir)?;
     let plain = TrainArgs {
         resume: false,
         fresh: false,
@@ -66,6 +67,24 @@ fn submit(
     };
     submit_train(&dir, &train_script(&job, slurm), slurm.common.dry_run)?;
     Ok(())
+}
+
+/// `built` copied into `dir` as `kappa-experiments-<the first 16 hex digits of its sha256>`,
+/// through a temporary file and a rename; a file of that name already there (the same bytes)
+/// is used as it is. Returns the copy's path.
+fn copy_by_content(built: &Path, dir: &Path) -> Result<PathBuf> {
+    let mut hasher = Sha256::new();
+    let mut file = fs::File::open(built).with_context(|| format!("reading {}", built.display()))?;
+    std::io::copy(&mut file, &mut hasher)
+        .with_context(|| format!("reading {}", built.display()))?;
+    let hash = format!("{:x}", hasher.finalize());
+    let binary = dir.join(format!("kappa-experiments-{}", &hash[..16]));
+    if !binary.is_file() {
+        let tmp = dir.join(format!(".kappa-experiments.{}.tmp", std::process::id()));
+        fs::copy(built, &tmp).with_context(|| format!("copying {}", built.display()))?;
+        fs::rename(&tmp, &binary).with_context(|| format!("writing {}", binary.display()))?;
+    }
+    Ok(binary)
 }
 
 /// The file exists and is TOML; the paths are made absolute (the binary starts in the
@@ -107,6 +126,27 @@ fn check(args: &TrainArgs) -> Result<(TrainArgs, String)> {
 mod tests {
     use super::*;
     use std::fs;
+
+    #[test]
+    fn a_new_build_gets_a_new_name_and_leaves_the_old_copy_alone() {
+        let dir = std::env::temp_dir().join(format!("kappa-xtask-copy-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let built = dir.join("built");
+        fs::write(&built, "first build").unwrap();
+        let first = copy_by_content(&built, &dir).unwrap();
+        assert_eq!(copy_by_content(&built, &dir).unwrap(), first);
+        fs::write(&built, "second build").unwrap();
+        let second = copy_by_content(&built, &dir).unwrap();
+        assert_ne!(second, first);
+        assert_eq!(fs::read_to_string(&first).unwrap(), "first build");
+        assert_eq!(fs::read_to_string(&second).unwrap(), "second build");
+        let name = second.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with("kappa-experiments-") && name.len() == 34,
+            "{name}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_missing_or_malformed_file_fails_before_setup() {

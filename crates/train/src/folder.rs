@@ -8,7 +8,9 @@
 //!   below it (each also as a `.tmp` while it is written). Nothing else in the folder is the run's.
 //! - **Nothing it did not create is deleted.** A new run needs an absent or empty folder
 //!   ([`ensure_empty`]); [`remove_own_files`] (a fresh start, `--fresh`) deletes only the run's
-//!   own files, then the `variant-<n>` folders it emptied; anything else stays.
+//!   own files, then the `variant-<n>` folders it emptied; anything else stays. It first checks
+//!   that the folder's `config.toml` is a run's of that name ([`ensure_run_of`]), and a linked
+//!   `variant-<n>` is never the run's.
 //! - **Atomic writes.** [`write_atomic`] writes a sibling `.tmp`, flushes it to the disk
 //!   (`fsync`), renames it over the target and flushes the folder, so a crash leaves either the
 //!   old file or the new one, never a torn one.
@@ -201,7 +203,8 @@ fn variant_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
             name.strip_prefix("variant-")
                 .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         })
-        .filter(|name| file_kind(&dir.join(name)).ok() == Some(FileKind::Directory))
+        // A link is not the run's folder, whatever it leads to: it is neither read nor emptied.
+        .filter(|name| fs::symlink_metadata(dir.join(name)).is_ok_and(|m| m.is_dir()))
         .map(PathBuf::from)
         .collect();
     found.sort();
@@ -225,8 +228,11 @@ pub fn entries(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// Deletes the run's own files in `dir` ([`own_files`]) and the `variant-<n>` folders that are
-/// empty afterwards; anything else stays. Returns how many files were deleted.
-pub fn remove_own_files(dir: &Path) -> Result<usize> {
+/// empty afterwards; anything else stays. Returns how many files were deleted. A folder whose
+/// files are named like a run's but that is not a run of `name` ([`ensure_run_of`]) is an
+/// error, and nothing is deleted.
+pub fn remove_own_files(dir: &Path, name: &str) -> Result<usize> {
+    ensure_run_of(dir, name)?;
     let mut deleted = 0;
     for rel in own_files(dir)? {
         let path = dir.join(&rel);
@@ -241,6 +247,36 @@ pub fn remove_own_files(dir: &Path) -> Result<usize> {
         }
     }
     Ok(deleted)
+}
+
+/// `Ok` when `dir` holds none of a run's own files ([`own_files`]), or when its `config.toml`
+/// is a run's of `name`: a `[run]` table whose `name` (`experiment` in older folders) is
+/// `name`. Otherwise [`RunError::Folder`]: a file name alone does not make a file the run's.
+pub fn ensure_run_of(dir: &Path, name: &str) -> Result<()> {
+    if own_files(dir)?.is_empty() || recorded_name(dir).as_deref() == Some(name) {
+        return Ok(());
+    }
+    Err(RunError::Folder {
+        dir: dir.to_path_buf(),
+        reason: format!(
+            "holds files named like a run's, but its config.toml is not the config of a kappa \
+             run named `{name}` (a `[run]` table with name = \"{name}\"); nothing was deleted. \
+             Move the files away or choose another folder"
+        ),
+    })
+}
+
+/// The run name recorded in `dir/config.toml`'s `[run]` table, if it is a regular file that
+/// parses as TOML and has one.
+fn recorded_name(dir: &Path) -> Option<String> {
+    let path = dir.join("config.toml");
+    if file_kind(&path).ok()? != FileKind::Regular {
+        return None;
+    }
+    let file: toml::Table = toml::from_str(&fs::read_to_string(path).ok()?).ok()?;
+    let run = file.get("run")?.as_table()?;
+    let name = run.get("name").or_else(|| run.get("experiment"))?;
+    name.as_str().map(str::to_string)
 }
 
 /// `Ok` when `dir` is absent or empty; otherwise [`RunError::FolderInUse`], naming what is in
@@ -294,15 +330,20 @@ mod tests {
     #[test]
     fn a_fresh_start_deletes_only_the_runs_own_files() {
         let dir = scratch("own");
-        for f in ["config.toml", "metrics.jsonl", "run.json", "notes.txt"] {
+        for f in ["metrics.jsonl", "run.json", "notes.txt"] {
             fs::write(dir.join(f), f).unwrap();
         }
+        fs::write(dir.join("config.toml"), "[run]\nname = \"demo\"\n").unwrap();
         fs::create_dir_all(dir.join("variant-0")).unwrap();
         fs::write(dir.join("variant-0").join(CHECKPOINT_FILE), "w").unwrap();
         fs::create_dir_all(dir.join("variant-1")).unwrap();
         fs::write(dir.join("variant-1").join("mine.bin"), "keep").unwrap();
         fs::create_dir_all(dir.join("variant-x")).unwrap();
-        assert_eq!(remove_own_files(&dir).unwrap(), 4);
+        assert!(
+            remove_own_files(&dir, "other").is_err(),
+            "a run of another name"
+        );
+        assert_eq!(remove_own_files(&dir, "demo").unwrap(), 4);
         assert_eq!(
             entries(&dir).unwrap(),
             ["notes.txt", "variant-1", "variant-x"]
@@ -311,6 +352,35 @@ mod tests {
         let err = ensure_empty(&dir).unwrap_err().to_string();
         assert!(err.contains("notes.txt"), "{err}");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_fresh_start_refuses_a_folder_that_is_not_a_run_and_deletes_nothing() {
+        let dir = scratch("foreign");
+        fs::write(dir.join("config.toml"), "[server]\nport = 80\n").unwrap();
+        fs::write(dir.join("report.md"), "# my notes").unwrap();
+        let err = remove_own_files(&dir, "demo").unwrap_err().to_string();
+        assert!(err.contains("nothing was deleted"), "{err}");
+        assert_eq!(entries(&dir).unwrap(), ["config.toml", "report.md"]);
+        fs::write(dir.join("config.toml"), "not toml [").unwrap();
+        assert!(remove_own_files(&dir, "demo").is_err());
+        assert_eq!(entries(&dir).unwrap(), ["config.toml", "report.md"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_linked_variant_folder_is_not_the_runs() {
+        let dir = scratch("linked-variant");
+        let elsewhere = scratch("linked-target");
+        fs::write(elsewhere.join(CHECKPOINT_FILE), "keep").unwrap();
+        fs::write(dir.join("config.toml"), "[run]\nname = \"demo\"\n").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.join("variant-0")).unwrap();
+        assert_eq!(own_files(&dir).unwrap(), [PathBuf::from("config.toml")]);
+        assert_eq!(remove_own_files(&dir, "demo").unwrap(), 1);
+        assert!(elsewhere.join(CHECKPOINT_FILE).exists());
+        fs::remove_dir_all(&dir).unwrap();
+        fs::remove_dir_all(&elsewhere).unwrap();
     }
 
     #[test]

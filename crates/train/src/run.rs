@@ -230,10 +230,11 @@ impl Run {
 
     /// Starts a run in `dir` afresh (`--fresh`): deletes the run's own files there
     /// ([`folder::remove_own_files`]) and nothing else — a user's file in the folder stays
-    /// where it is — then writes `config.toml` as [`Run::create`] does.
+    /// where it is, and a folder whose `config.toml` is not a run's of `context.name` is an
+    /// error — then writes `config.toml` as [`Run::create`] does.
     pub fn start_over<C: Serialize>(dir: &Path, context: RunContext, config: &C) -> Result<Self> {
         folder::check_dir(dir)?;
-        folder::remove_own_files(dir)?;
+        folder::remove_own_files(dir, &context.name)?;
         Self::write_new(dir, context, config)
     }
 
@@ -516,15 +517,18 @@ fn config_text<C: Serialize>(context: &RunContext, config: &C) -> Result<String>
 }
 
 /// Fails with [`RunError::ConfigChanged`] unless the TOML at `path` equals `expected` as a
-/// TOML value (formatting aside), after [`renamed_keys`] and [`with_todays_defaults`].
+/// TOML value (formatting aside), after [`renamed_keys`], [`with_todays_defaults`] and
+/// [`placement_aside`].
 fn ensure_same_config<C: Serialize + DeserializeOwned>(path: &Path, expected: &str) -> Result<()> {
     let text = fs::read_to_string(path).map_err(|e| RunError::io(path, e))?;
     let mut on_disk: toml::Value =
         toml::from_str(&text).map_err(|e| RunError::format(path, 0, e))?;
     renamed_keys(&mut on_disk);
     with_todays_defaults::<C>(&mut on_disk);
-    let wanted: toml::Value =
+    let mut wanted: toml::Value =
         toml::from_str(expected).map_err(|e| RunError::format("the new config", 0, e))?;
+    placement_aside(&mut on_disk);
+    placement_aside(&mut wanted);
     let mut differences = Vec::new();
     toml_differences("", &on_disk, &wanted, &mut differences);
     if differences.is_empty() {
@@ -550,6 +554,23 @@ fn with_todays_defaults<C: Serialize + DeserializeOwned>(file: &mut toml::Value)
     };
     if let Ok(again) = toml::Value::try_from(&read) {
         *old = again;
+    }
+}
+
+/// Sets aside what says where a run's process runs rather than what it trains, both still
+/// recorded: `[run] data_dir` is not compared (the same data found by another path: a relative
+/// or absolute `--config`, a moved checkout), and `[run] device` is compared by its kind
+/// (`cuda:1` as `cuda`: each rank of several takes its own GPU, so a run saved by one process
+/// on `cuda` continues on four ranks, and the other way round; `cpu` and `cuda` still differ).
+fn placement_aside(file: &mut toml::Value) {
+    let Some(run) = file.get_mut("run").and_then(toml::Value::as_table_mut) else {
+        return;
+    };
+    run.remove("data_dir");
+    if let Some(toml::Value::String(device)) = run.get_mut("device") {
+        if let Some((kind, _)) = device.split_once(':') {
+            *device = kind.to_string();
+        }
     }
 }
 
@@ -742,6 +763,42 @@ mod tests {
         let fewer = CfgWithoutRate { sizes: vec![4] };
         let removed = differences(Run::resume(&dir, context, &fewer));
         assert_eq!(removed, ["config.rate: 0.5 → (absent)"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_run_resumes_on_another_gpu_index_or_data_path_but_not_another_device_kind() {
+        let dir = std::env::temp_dir().join(format!("kappa-run-place-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let saved = RunContext {
+            device: "cuda:2".into(),
+            data_dir: PathBuf::from("examples"),
+            ..RunContext::default()
+        };
+        let cfg = Cfg {
+            sizes: vec![4],
+            rate: 0.5,
+        };
+        (Run::create(&dir, saved, &cfg).unwrap())
+            .finish(RunStatus::Completed)
+            .unwrap();
+        let elsewhere = RunContext {
+            device: "cuda".into(),
+            data_dir: std::env::temp_dir().join("examples"),
+            ..RunContext::default()
+        };
+        let resumed = Run::resume(&dir, elsewhere.clone(), &cfg).unwrap();
+        assert!(matches!(resumed, Resumed::Finished(_)));
+        let on_cpu = RunContext {
+            device: "cpu".into(),
+            ..elsewhere
+        };
+        match Run::resume(&dir, on_cpu, &cfg) {
+            Err(RunError::ConfigChanged { differences, .. }) => {
+                assert_eq!(differences, ["run.device: \"cuda\" → \"cpu\""])
+            }
+            _ => panic!("a cuda run resumed on the CPU"),
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 
