@@ -160,6 +160,7 @@ impl Call {
     /// shard must be of `out`'s kind and hold this rank's shard of `out`'s elements.
     pub fn all_gather(rank: usize, world: usize, shard: &Tensor, out: &Tensor) -> Result<Self> {
         let op = Op::AllGather;
+        check_listed(op, rank, out.kind())?;
         check_same_kind(op, rank, shard, out, "shard")?;
         let expected = shard_range(out.numel(), world, rank).len();
         check_size(op, rank, "shard", expected, shard.numel())?;
@@ -168,6 +169,7 @@ impl Call {
 
     /// [`Communicator::broadcast`](crate::Communicator::broadcast) of `t` from `root`.
     pub fn broadcast(rank: usize, world: usize, t: &Tensor, root: usize) -> Result<Self> {
+        check_listed(Op::Broadcast, rank, t.kind())?;
         if root >= world {
             return Err(DistError::Argument {
                 op: Op::Broadcast,
@@ -200,8 +202,8 @@ impl Call {
     }
 }
 
-/// The element kinds a call descriptor names, by index ([`Call::encode`]).
-#[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
+/// The element kinds a call descriptor names, by index ([`Call::encode`]): the only kinds a
+/// collective takes ([`check_listed`]), so that ranks that agree on a call agree on its bytes.
 const KINDS: [Kind; 11] = [
     Kind::Uint8,
     Kind::Int8,
@@ -229,8 +231,8 @@ const OPS: [Op; 5] = [
 #[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
 impl Call {
     /// The call as five integers, what backends over a transport exchange to agree on a round:
-    /// operation, reduction (0 none, 1 sum, 2 mean), kind (an index into [`KINDS`], −1 none, −2
-    /// another), element count, root (−1 none).
+    /// operation, reduction (0 none, 1 sum, 2 mean), kind (an index into [`KINDS`], −1 none; the
+    /// constructors refuse any other kind, which would be −2), element count, root (−1 none).
     pub fn encode(&self) -> [i64; 5] {
         let op = OPS.iter().position(|o| *o == self.op).unwrap_or(0) as i64;
         let reduce = match self.reduce {
@@ -299,6 +301,19 @@ fn check_reducible(op: Op, rank: usize, kind: Kind, reduce: ReduceOp) -> Result<
         });
     }
     Ok(())
+}
+
+/// `kind` is one of [`KINDS`]: a kind outside them would reach the agreement as one code for
+/// all (complex f16 and complex f64 alike), though their elements differ in size.
+fn check_listed(op: Op, rank: usize, kind: Kind) -> Result<()> {
+    if KINDS.contains(&kind) {
+        return Ok(());
+    }
+    Err(DistError::Argument {
+        op,
+        rank,
+        reason: format!("{kind:?} elements: a collective takes {KINDS:?}"),
+    })
 }
 
 fn check_same_kind(op: Op, rank: usize, a: &Tensor, out: &Tensor, what: &str) -> Result<()> {
@@ -378,6 +393,22 @@ mod tests {
         for call in calls {
             assert_eq!(Call::decode(call.encode()), call);
         }
+    }
+
+    #[test]
+    fn kinds_the_descriptor_cannot_name_are_refused() {
+        let cpu = tch::Device::Cpu;
+        for kind in [Kind::ComplexHalf, Kind::ComplexDouble, Kind::QInt8] {
+            let Ok(t) = Tensor::f_zeros([4], (kind, cpu)) else {
+                continue; // this libtorch cannot make one on the CPU
+            };
+            let e = Call::broadcast(0, 2, &t, 1).unwrap_err();
+            assert!(matches!(e, DistError::Argument { .. }), "{e}");
+            assert!(Call::all_gather(0, 1, &t, &t).is_err(), "{kind:?}");
+        }
+        let listed = Tensor::zeros([4], (Kind::ComplexFloat, cpu));
+        let call = Call::broadcast(0, 2, &listed, 1).unwrap();
+        assert!((0..KINDS.len() as i64).contains(&call.encode()[2]));
     }
 
     #[test]

@@ -336,26 +336,30 @@ fn run_train(args: &TrainArgs) -> Result<()> {
     // process is one of N ranks.
     let ranks = kappa_experiments::ranks::Ranks::join(&args.device.0)?;
     let comm = ranks.communicator();
-    let context = kappa_train::RunContext {
-        seed: args.seed,
-        threads: args.threads,
-        device: ranks.device(&args.device.0)?,
-        stop,
-        ..kappa_train::RunContext::default()
-    };
     let rank = comm.rank();
-    let dir = kappa_experiments::train::run_train_ranks(
-        &args.config,
-        &args.set,
-        context,
-        &args.out,
-        match (args.resume, args.fresh) {
-            (true, _) => Existing::Resume,
-            (_, true) => Existing::StartOver,
-            _ => Existing::Refuse,
-        },
-        comm,
-    );
+    let existing = match (args.resume, args.fresh) {
+        (true, _) => Existing::Resume,
+        (_, true) => Existing::StartOver,
+        _ => Existing::Refuse,
+    };
+    // Every failure from here on goes through `ranks.end`, which prints it with the rank.
+    let dir = ranks.device(&args.device.0).and_then(|device| {
+        let context = kappa_train::RunContext {
+            seed: args.seed,
+            threads: args.threads,
+            device,
+            stop,
+            ..kappa_train::RunContext::default()
+        };
+        kappa_experiments::train::run_train_ranks(
+            &args.config,
+            &args.set,
+            context,
+            &args.out,
+            existing,
+            comm,
+        )
+    });
     let dir = ranks.end(dir)?;
     if rank == 0 {
         eprintln!("train: wrote {}", dir.join("report.md").display());

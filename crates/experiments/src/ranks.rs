@@ -123,13 +123,14 @@ impl Ranks {
         check_world(None, announced).map(|()| Ranks::One)
     }
 
+    /// Forms the NCCL group; a rank that fails to (no GPU, no NCCL) prints why and ends the
+    /// job through [`Ranks::end`], since the others may wait for it in NCCL's setup.
     #[cfg(feature = "nccl")]
     fn join_nccl(mpi: Arc<kappa_dist::Mpi>) -> Result<Self> {
-        let gpus = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
-        let gpu = local_gpu(|var| std::env::var(var).ok(), gpus)?;
-        let id = kappa_dist::NcclId::share(&*mpi)?;
-        let nccl = kappa_dist::Nccl::new(&id, mpi.rank(), mpi.world(), gpu)?;
-        Ok(Ranks::Nccl(mpi, Arc::new(nccl.with_timeout(RANK_TIMEOUT))))
+        match nccl_group(&mpi) {
+            Ok(nccl) => Ok(Ranks::Nccl(mpi, Arc::new(nccl.with_timeout(RANK_TIMEOUT)))),
+            Err(e) => Ranks::Mpi(mpi).end(Err(e)),
+        }
     }
 
     #[cfg(all(feature = "mpi", not(feature = "nccl")))]
@@ -175,13 +176,19 @@ impl Ranks {
     /// [`Preempted`](crate::runner::Preempted): every rank stopped after the same step), whose
     /// error is then returned; any other failure is
     /// printed (`error: rank R of W: …`) and ends the whole job (`MPI_Abort`), so that no rank
-    /// waits for this one.
+    /// waits for this one; over NCCL the communicator is then left as it is, not destroyed.
     pub fn end<T>(self, result: Result<T>) -> Result<T> {
         match self {
             Ranks::One => result,
             #[cfg(feature = "nccl")]
             Ranks::Nccl(mpi, nccl) => {
-                drop(nccl);
+                if matches!(&result, Err(e) if !stopped_on_request(e)) {
+                    // `ncclCommDestroy` can wait for the ranks this failure left behind: leave
+                    // the communicator to the `MPI_Abort` that follows.
+                    std::mem::forget(nccl);
+                } else {
+                    drop(nccl);
+                }
                 Ranks::Mpi(mpi).end(result)
             }
             #[cfg(feature = "mpi")]
@@ -202,6 +209,16 @@ impl Ranks {
             }
         }
     }
+}
+
+/// This rank's NCCL communicator on its GPU ([`local_gpu`]), with the id rank 0 shares over
+/// `mpi`.
+#[cfg(feature = "nccl")]
+fn nccl_group(mpi: &kappa_dist::Mpi) -> Result<kappa_dist::Nccl> {
+    let gpus = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
+    let gpu = local_gpu(|var| std::env::var(var).ok(), gpus)?;
+    let id = kappa_dist::NcclId::share(mpi)?;
+    Ok(kappa_dist::Nccl::new(&id, mpi.rank(), mpi.world(), gpu)?)
 }
 
 /// The environment variables through which launchers announce a process's rank on its node:

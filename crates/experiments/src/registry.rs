@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use kappa_cli::Set;
 use kappa_dist::Communicator;
+use kappa_train::RunError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -210,7 +211,13 @@ impl<E: Experiment> RegisteredExperiment for E {
             }
         };
         run.data_parallel(Arc::clone(comm));
-        let info = run_to_the_end(self, &config, run)?;
+        let (info, error) = run_recorded(self, &config, run)?;
+        // A failure may leave the other ranks in another collective, where a barrier would
+        // turn it into a mismatch on both: it goes to `Ranks::end`, which prints it with the
+        // rank and ends the job. A stop on request stopped every rank after the same step.
+        if let Some(e) = error.filter(|e| !is_interrupted(e)) {
+            return Err(e.context(format!("{} (recorded in its run.json)", dir.display())));
+        }
         // The others leave once rank 0 has written `run.json` (a launcher may end the job when
         // one process exits).
         comm.barrier()?;
@@ -257,18 +264,30 @@ fn reopen<E: Experiment>(
 }
 
 /// Runs `experiment` into `run` and writes `run.json`; an error is recorded as a failed run.
-fn run_to_the_end<E: Experiment>(
+fn run_to_the_end<E: Experiment>(experiment: &E, config: &E::Config, run: Run) -> Result<RunInfo> {
+    Ok(run_recorded(experiment, config, run)?.0)
+}
+
+/// [`run_to_the_end`], with the experiment's error (recorded as a failed run) beside its
+/// `run.json`.
+fn run_recorded<E: Experiment>(
     experiment: &E,
     config: &E::Config,
     mut run: Run,
-) -> Result<RunInfo> {
-    let status = match Experiment::run(experiment, config, &mut run) {
-        Ok(status) => status,
-        Err(e) => RunStatus::Failed {
-            error: format!("{e:#}"),
-        },
+) -> Result<(RunInfo, Option<anyhow::Error>)> {
+    let (status, error) = match Experiment::run(experiment, config, &mut run) {
+        Ok(status) => (status, None),
+        Err(e) => {
+            let error = format!("{e:#}");
+            (RunStatus::Failed { error }, Some(e))
+        }
     };
-    Ok(run.finish(status)?)
+    Ok((run.finish(status)?, error))
+}
+
+/// Whether `e` is a stop on request: the run checkpointed after a step every rank agreed on.
+fn is_interrupted(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref(), Some(RunError::Interrupted { .. }))
 }
 
 /// An experiment's config after `--config`, `--set` and [`Experiment::validate`]: the table

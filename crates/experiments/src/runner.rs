@@ -78,7 +78,8 @@ pub struct Settings<'a> {
     /// `resume` does and never touches another unit's.
     pub units: &'a [String],
     /// Raised (SIGTERM, SIGUSR1) to stop: the running unit checkpoints at its next step, no
-    /// further unit starts, and [`reproduce`] returns [`Preempted`].
+    /// further unit starts, and [`reproduce`] returns [`Preempted`] (on every rank, when the
+    /// flag of one is raised).
     pub stop: StopFlag,
     /// The ranks that run each unit together, one model trained data-parallel
     /// ([`RegisteredExperiment::resume_on_ranks`]; `reproduce --unit` under `mpirun` or
@@ -154,7 +155,7 @@ pub fn reproduce(
     let started = Instant::now();
     let mut failed = Vec::new();
     for (done, unit) in chosen.iter().enumerate() {
-        if settings.stop.is_raised() {
+        if stop_agreed(&*settings.ranks, &settings.stop)? {
             return Err(preempted(&chosen[done..]));
         }
         let speaks = settings.ranks.rank() == 0;
@@ -176,7 +177,7 @@ pub fn reproduce(
         if let RunStatus::Failed { error } = &info.status {
             failed.push(format!("{}: {error}", unit.id));
         }
-        if settings.stop.is_raised() && !info.status.is_finished() {
+        if stop_agreed(&*settings.ranks, &settings.stop)? && !info.status.is_finished() {
             return Err(preempted(&chosen[done..]));
         }
     }
@@ -188,6 +189,20 @@ pub fn reproduce(
         );
     }
     Ok(failed)
+}
+
+/// Whether the stop flag is raised on any rank: on several ranks every rank calls this at the
+/// same points and learns the same answer, so that all of them stop, and exit as preempted,
+/// where a signal reached one alone.
+fn stop_agreed(comm: &dyn Communicator, stop: &StopFlag) -> Result<bool> {
+    let raised = stop.is_raised();
+    if comm.world() == 1 {
+        return Ok(raised);
+    }
+    let device = comm.tensor_device().unwrap_or(tch::Device::Cpu);
+    let mut any = tch::Tensor::from_slice(&[i64::from(raised)]).f_to_device(device)?;
+    comm.all_reduce_sum(&mut any)?;
+    Ok(any.f_int64_value(&[0])? > 0)
 }
 
 /// On several ranks, a command that runs named units (`--unit`), each of an experiment that
@@ -240,7 +255,8 @@ pub fn plan_of(
 /// A rerun without `--resume` starts every run of the selected experiments at this scale
 /// afresh, so that the report never mixes configs: earlier run folders (`<results>/<name>/<scale>/*`
 /// holding a run's own files) are an error naming them, or with `--fresh` lose their own files
-/// ([`kappa_train::folder::remove_own_files`]); nothing else is deleted.
+/// ([`kappa_train::folder::remove_own_files`]) once every one of them is checked to hold a run
+/// of its experiment; nothing else is deleted.
 fn clear_scale_folders(
     experiments: &[Box<dyn RegisteredExperiment>],
     settings: &Settings<'_>,
@@ -253,7 +269,7 @@ fn clear_scale_folders(
             if folder::file_kind(&dir)? == folder::FileKind::Directory
                 && !folder::own_files(&dir)?.is_empty()
             {
-                earlier.push(dir);
+                earlier.push((dir, e.name()));
             }
         }
     }
@@ -265,12 +281,16 @@ fn clear_scale_folders(
             "earlier runs are in {} (and {} more run folder(s)); --resume keeps finished runs \
              and continues the others, --fresh starts them over (deleting only the runs' own \
              files); nothing was changed",
-            earlier[0].display(),
+            earlier[0].0.display(),
             earlier.len() - 1
         );
     }
-    for dir in &earlier {
-        folder::remove_own_files(dir)?;
+    // Every folder is checked before any is touched.
+    for (dir, name) in &earlier {
+        folder::ensure_run_of(dir, name)?;
+    }
+    for (dir, name) in &earlier {
+        folder::remove_own_files(dir, name)?;
     }
     Ok(())
 }
@@ -447,5 +467,27 @@ fn with_coverage(text: String, coverage: &Coverage) -> String {
     match text.find(OPEN) {
         Some(i) => format!("{}{note}{}", &text[..i], &text[i..]),
         None => text + &note,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_raised_on_one_rank_stops_every_rank() {
+        let agreed = kappa_dist::Threads::run(3, |comm| {
+            let stop = StopFlag::default();
+            if comm.rank() == 0 {
+                stop.raise();
+            }
+            stop_agreed(&comm, &stop).unwrap()
+        })
+        .unwrap();
+        assert_eq!(agreed, [true, true, true]);
+        let calm =
+            kappa_dist::Threads::run(2, |comm| stop_agreed(&comm, &StopFlag::default()).unwrap())
+                .unwrap();
+        assert_eq!(calm, [false, false]);
     }
 }
