@@ -289,6 +289,7 @@ impl ConfigSource {
             self.key_error(set.copied(), message)
         })?;
         self.check_kept(&config, &added)?;
+        self.check_fieldless_variants(&root, &config)?;
         Ok(config)
     }
 
@@ -319,6 +320,25 @@ impl ConfigSource {
             }
         }
         Ok(())
+    }
+
+    /// A table tagged by `kind` whose variant has no fields (`[optimizer] kind = "adamw"`,
+    /// `correction = { kind = "none" }`) is read by serde without a look at its other keys:
+    /// such a key is an error here, as it is in every other table.
+    fn check_fieldless_variants<C: Serialize>(
+        &self,
+        root: &toml::Value,
+        config: &C,
+    ) -> Result<(), ConfigError> {
+        let back =
+            toml::Value::try_from(config).map_err(|e| self.key_error(None, e.to_string()))?;
+        match dropped_by_fieldless_variant(root, &back, "") {
+            None => Ok(()),
+            Some((key, kind)) => Err(self.key_error(
+                None,
+                format!("unknown field {key}: `kind = \"{kind}\"` takes no other keys"),
+            )),
+        }
     }
 
     fn key_error(&self, set: Option<&Set>, message: String) -> ConfigError {
@@ -387,6 +407,33 @@ fn child<'v>(
 }
 
 /// The value at the dotted key of `set` in `root`, if there is one.
+/// The first key (dotted, below `prefix`) of a table in `file` tagged `kind = K` whose
+/// counterpart in `back` (the config written back) holds `kind` alone, with that `K`: a key the
+/// field-less variant dropped.
+fn dropped_by_fieldless_variant(
+    file: &toml::Value,
+    back: &toml::Value,
+    prefix: &str,
+) -> Option<(String, String)> {
+    let (toml::Value::Table(file), toml::Value::Table(back)) = (file, back) else {
+        return None;
+    };
+    let key_of = |k: &str| match prefix {
+        "" => k.to_string(),
+        p => format!("{p}.{k}"),
+    };
+    let fieldless = back.len() == 1 && back.contains_key("kind");
+    if let (true, Some(toml::Value::String(kind))) = (fieldless, file.get("kind")) {
+        if let Some(extra) = file.keys().find(|k| *k != "kind") {
+            return Some((key_of(extra), kind.clone()));
+        }
+    }
+    file.iter().find_map(|(k, v)| {
+        let below = back.get(k)?;
+        dropped_by_fieldless_variant(v, below, &key_of(k))
+    })
+}
+
 fn lookup<'v>(root: &'v toml::Value, set: &Set) -> Option<&'v toml::Value> {
     value_at(root, &set.path().map(String::from).collect::<Vec<_>>())
 }
@@ -836,6 +883,18 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn a_key_beside_a_fieldless_kind_is_an_error_not_dropped() {
+        let solid = DRAWING.replace("{ kind = \"hatched\", every = 2 }", "{ kind = \"solid\" }");
+        assert!(drawing(&solid, &[]).is_ok());
+        let text = solid.replace("\"solid\" }", "\"solid\", every = 2 }");
+        let err = drawing(&text, &[]).unwrap_err();
+        assert_eq!(
+            err,
+            "d.toml: unknown field shape.fill.every: `kind = \"solid\"` takes no other keys"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! name them, `--set KEY=VALUE` overrides a field); relative data paths are read from the
 //! config file's folder. The run folder `<out>/<name>/` holds the resolved config
 //! (`config.toml`), `metrics.jsonl`, `run.json`, the checkpoint
-//! (`variant-0/checkpoint.safetensors`, the trained weights at the end), `report.md` and its
+//! (`variant-0/checkpoint.safetensors`, the weights at the last checkpoint), `report.md` and its
 //! plots.
 //!
 //! # Data kinds (`[data] kind = …`)
@@ -240,8 +240,9 @@ impl TrainJob {
         Ok(())
     }
 
-    /// Checks the job against its loaded data before training starts, in microseconds: a
-    /// step's memory with the tokenizer's vocabulary, an image batch against the training
+    /// Checks the job against its loaded data before training starts, in microseconds: the
+    /// model's vocabulary and context against the text, a step's memory with the tokenizer's
+    /// vocabulary, an image batch against the training
     /// split, and `train.eval_batches` and `train.diagnostics.samples` against the
     /// validation split ([`TrainConfig::check_validation_counts`]: a window of `block_size`
     /// tokens or an image is one example). Errors name the key and its bound.
@@ -249,7 +250,21 @@ impl TrainJob {
         let batch = self.train.batch_size;
         let (examples, unit, zero) = match (&self.model, data) {
             (ModelSpec::Gpt(g), JobData::Text(corpus)) => {
-                self.ensure_step_fits(corpus.tokenizer.vocab_size())?;
+                let vocab = corpus.tokenizer.vocab_size();
+                anyhow::ensure!(
+                    g.vocab_size == 0 || g.vocab_size >= vocab,
+                    "model.vocab_size: is {}, smaller than the {vocab} symbols of the text's \
+                     tokenizer (0 takes the tokenizer's)",
+                    g.vocab_size
+                );
+                self.ensure_step_fits(vocab)?;
+                let train = corpus.tokens(Split::Train).size()[0] as usize;
+                anyhow::ensure!(
+                    train > g.block_size,
+                    "model.block_size: the training split has {train} tokens, fewer than \
+                     block_size + 1 = {}",
+                    g.block_size.saturating_add(1)
+                );
                 let windows = validation_windows(corpus, g.block_size)?;
                 (windows, "windows", "0 evaluates one batch")
             }
@@ -774,10 +789,16 @@ fn summary_paragraph(job: &TrainJob, record: &RunRecord, lines: &[MetricsLine]) 
         (RunStatus::Diverged { step, reason }, _) => format!("diverged at step {step}: {reason}"),
         (status, _) => format!("{status:?}"),
     };
+    let weights = match record.info.status {
+        RunStatus::Completed => "The trained weights are `variant-0/checkpoint.safetensors`.",
+        _ => {
+            "`variant-0/checkpoint.safetensors`, where it exists, holds the weights of the last \
+             checkpoint before the run ended."
+        }
+    };
     format!(
         "{model}, attention {conditioning}, optimizer {}, {} steps of batch {} at peak lr {}, \
-         seed {}, {} thread(s) on {}: {end}. Wall time {:.1} s. The trained weights are \
-         `variant-0/checkpoint.safetensors`.",
+         seed {}, {} thread(s) on {}: {end}. Wall time {:.1} s. {weights}",
         optimizer_label(&job.optimizer),
         job.train.steps,
         job.train.batch_size,

@@ -389,6 +389,17 @@ fn counts_beyond_the_validation_split_are_errors_naming_the_key_and_the_bound() 
         err.contains("train.batch_size: must be at most the 2 images"),
         "{err}"
     );
+    // A vocabulary smaller than the text's, and a training split shorter than one context.
+    let err = data_error(&gpt, &["model.vocab_size=5"]);
+    assert!(
+        err.contains("model.vocab_size: is 5, smaller than the"),
+        "{err}"
+    );
+    let err = data_error(&gpt, &["data.validation_fraction=0.995"]);
+    assert!(
+        err.contains("model.block_size: the training split has"),
+        "{err}"
+    );
     // Nothing was written: the checks come before the run folder.
     let out = dir.join("runs");
     let sets = ["train.eval_batches=1000000000".parse().unwrap()];

@@ -275,6 +275,15 @@ fn every_malformed_folder_is_a_typed_error_naming_the_file() {
         true,
     );
     spoiled(
+        "empty-test",
+        |d| {
+            fs::remove_dir_all(d.join("test")).unwrap();
+            fs::create_dir_all(d.join("test")).unwrap();
+            d.join("test")
+        },
+        false,
+    );
+    spoiled(
         "no-classes",
         |d| {
             fs::remove_dir_all(d.join("train")).unwrap();

@@ -86,6 +86,13 @@ pub(super) fn read_image_folder(dir: &Path) -> Result<(Pixels, Pixels, Vec<Strin
     }
     let train_files = list_split(&train_dir, &classes)?;
     let test_files = list_split(&test_dir, &classes)?;
+    if test_files.is_empty() {
+        // A test accuracy over no images would read as 0 %.
+        return Err(ModelsError::bad_data(
+            &test_dir,
+            format!("holds no images: the test accuracy needs at least one ({LAYOUT})"),
+        ));
+    }
     let shape = first_shape(&train_files[0].0)?;
     let count = train_files.len() + test_files.len();
     let culprit = format!(
