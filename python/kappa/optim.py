@@ -230,9 +230,9 @@ class _KappaOptimizer(torch.optim.Optimizer):
         return loss
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Scales all gradients so their global 2-norm is at most ``max_norm``; returns the norm
-        before scaling (and lets the next step skip its own finiteness pass, unless a gradient
-        changes in between)."""
+        """Scales all gradients so their global 2-norm is at most ``max_norm`` (``max_norm`` ≤ 0
+        scales nothing); returns the norm before scaling (and lets the next step skip its own
+        finiteness pass, unless a gradient changes in between)."""
         norm = self._engine.clip_grad_norm(float(max_norm))
         self._clipped = self._grad_versions()
         return norm

@@ -142,6 +142,7 @@ fn block_shape(fwd: &Forward<f64>, blocks: usize) -> PyResult<(usize, usize)> {
 #[pyo3(signature = (x, wq, wk, wv, dwq, dwk, dwv, scale = ScoreScaleArg::Name("one".into()), causal = false))]
 #[allow(clippy::too_many_arguments)]
 fn jvp_weights(
+    py: Python<'_>,
     x: PyTensor,
     wq: PyTensor,
     wk: PyTensor,
@@ -158,7 +159,10 @@ fn jvp_weights(
         matrix(&dwk.0, "dwk")?,
         matrix(&dwv.0, "dwv")?,
     );
-    tensor(fwd.jvp_weights(dq.view(), dk.view(), dv.view()).py()?)
+    tensor(
+        py.detach(|| fwd.jvp_weights(dq.view(), dk.view(), dv.view()))
+            .py()?,
+    )
 }
 
 /// Jᵀ·g for an N×k cotangent g without forming J: (dW_Q, dW_K, dW_V), each D×k.
@@ -166,6 +170,7 @@ fn jvp_weights(
 #[pyo3(signature = (x, wq, wk, wv, g, scale = ScoreScaleArg::Name("one".into()), causal = false))]
 #[allow(clippy::too_many_arguments)]
 fn vjp_weights(
+    py: Python<'_>,
     x: PyTensor,
     wq: PyTensor,
     wk: PyTensor,
@@ -175,7 +180,8 @@ fn vjp_weights(
     causal: bool,
 ) -> PyResult<(PyTensor, PyTensor, PyTensor)> {
     let fwd = forward(&x, [&wq, &wk, &wv], &scale, causal)?;
-    let w = fwd.vjp_weights(matrix(&g.0, "g")?.view()).py()?;
+    let g = matrix(&g.0, "g")?;
+    let w = py.detach(|| fwd.vjp_weights(g.view())).py()?;
     Ok((tensor(w.q)?, tensor(w.k)?, tensor(w.v)?))
 }
 
@@ -231,9 +237,10 @@ fn theorem_3_4_bound<'py>(
 /// The exact correction C = σ_max(W)·U Vᵀ of W (Theorem 3.5): W + C has κ(W + C) =
 /// (2σ_max)/(σ_max + σ_min). Returns C (f64).
 #[pyfunction]
-fn svd_correction(w: PyTensor) -> PyResult<PyTensor> {
-    let c = SvdCorrection::new(matrix(&w.0, "w")?.view()).py()?;
-    tensor(c.matrix().to_owned())
+fn svd_correction(py: Python<'_>, w: PyTensor) -> PyResult<PyTensor> {
+    let w = matrix(&w.0, "w")?;
+    let c = py.detach(|| SvdCorrection::new(w.view()).map(|c| c.matrix().to_owned()));
+    tensor(c.py()?)
 }
 
 /// λ·E, the D×k block identity at row `offset` scaled by λ (Theorem 3.8's cheap correction):
@@ -266,7 +273,8 @@ fn diagnostics<'py>(
             scores.dim()
         )));
     }
-    let a = attention_diagnostics(p.view(), scores.view(), causal, threshold).py()?;
+    let a =
+        (py.detach(|| attention_diagnostics(p.view(), scores.view(), causal, threshold))).py()?;
     let d = PyDict::new(py);
     d.set_item("mean_entropy", a.mean_entropy)?;
     d.set_item("uniform_entropy", a.uniform_entropy)?;

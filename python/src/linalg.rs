@@ -44,7 +44,8 @@ pub fn msign_config(method: &str) -> PyResult<String> {
 }
 
 fn parse_precision(precision: &str) -> PyResult<Precision> {
-    from_json(&format!("\"{precision}\""))
+    serde_json::from_value(serde_json::Value::String(precision.to_owned()))
+        .map_err(|_| unknown("precision", precision, "auto, native, f32, bf16"))
 }
 
 /// msign(x) = U·Vᵀ of a matrix, or of each matrix of a stack (leading dimensions are batch).
@@ -54,9 +55,10 @@ pub fn msign(py: Python<'_>, x: PyTensor, method: &str, precision: &str) -> PyRe
     let (method, precision) = (parse_msign(method)?, parse_precision(precision)?);
     let x = x.0;
     let size = x.size();
-    if size.len() < 2 {
+    if size.len() < 2 || size.contains(&0) {
         return Err(PyValueError::new_err(format!(
-            "msign needs a matrix or a stack of matrices, got a tensor of shape {size:?}"
+            "msign needs a matrix or a stack of matrices with no empty dimension, got a tensor \
+             of shape {size:?}"
         )));
     }
     let one = |m: &Tensor| kappa_optim::msign(m, method, precision).py();

@@ -82,3 +82,8 @@ def test_bad_inputs_raise():
         linalg.msign(torch.eye(3), {"polar_express": {"steps": "ten"}})
     with pytest.raises(TypeError):
         linalg.condition_number([[1.0, 0.0], [0.0, 1.0]])
+    for empty in (torch.ones(2, 0, 4), torch.ones(0, 4, 4), torch.ones(0, 3)):
+        with pytest.raises(ValueError, match="empty"):
+            linalg.msign(empty)
+    with pytest.raises(ValueError, match="unknown precision `half`"):
+        linalg.msign(torch.eye(3), precision="half")

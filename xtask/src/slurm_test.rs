@@ -180,7 +180,7 @@ fn ranks_job(
     // The reference: the same job on one process, here (the binary `--slurm` built for MPI
     // runs alone as a world of one).
     let single = dir.join("single");
-    let binary = slurm.join("slurm/tiny-gpt/kappa-experiments");
+    let binary = submitted_binary(&slurm.join("slurm/tiny-gpt"))?;
     let mut alone = Command::new(&binary);
     crate::cargo::with_toolchain(&mut alone, ws, tc);
     run(alone
@@ -374,4 +374,23 @@ fn slurm_conf(dir: &Path, host: &str) -> String {
          NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=8000 State=UNKNOWN\n\
          PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n"
     )
+}
+
+/// The binary `train --slurm` copied into `dir` (`kappa-experiments-<hash>`), the only one.
+fn submitted_binary(dir: &Path) -> Result<PathBuf> {
+    let copies: Vec<PathBuf> = fs::read_dir(dir)
+        .with_context(|| dir.display().to_string())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            (p.file_name().and_then(|n| n.to_str()))
+                .is_some_and(|n| n.starts_with("kappa-experiments-"))
+        })
+        .collect();
+    match copies.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => bail!(
+            "expected one copy of the binary in {}, found {copies:?}",
+            dir.display()
+        ),
+    }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// A collective operation (the `op` of every [`DistError`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Op {
     /// [`Communicator::all_reduce`](crate::Communicator::all_reduce).
     AllReduce,

@@ -13,10 +13,11 @@
 
 use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
 use kappa_attention::ScoreScale;
 
+use crate::check;
 use crate::conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, CorrectionConfig,
 };
@@ -193,33 +194,60 @@ impl SequenceClassifier {
         &self.cfg
     }
 
-    /// Logits B×classes and, with `trace`, every layer's attention trace. Not checked.
+    /// Logits B×classes and, with `trace`, every layer's attention trace. `tokens` is not
+    /// checked: [`SequenceClassifier::try_forward_trace`] checks it first.
+    ///
+    /// # Panics
+    ///
+    /// On `tokens` that [`Encoder::check`] rejects (libtorch's error).
     pub fn forward_trace(&self, tokens: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
         let (h, traces) = self.encoder.forward_trace(tokens, trace);
         let pooled = pool(&h, tokens, self.cfg.pad_id);
         (self.head.forward(&pooled), traces)
     }
 
-    /// Checked logits B×classes.
-    pub fn logits(&self, tokens: &Tensor) -> Result<Tensor> {
+    /// [`SequenceClassifier::forward_trace`] after [`Encoder::check`]: `tokens` B×T Int64
+    /// (T = `seq_len`) on the model's device, with ids in [0, `vocab_size`).
+    ///
+    /// Errors: [`ModelsError::Shape`] naming `tokens`.
+    pub fn try_forward_trace(
+        &self,
+        tokens: &Tensor,
+        trace: bool,
+    ) -> Result<(Tensor, Vec<AttentionTrace>)> {
         self.encoder.check(tokens)?;
-        Ok(self.forward_trace(tokens, false).0)
+        Ok(self.forward_trace(tokens, trace))
     }
 
-    /// Mean cross-entropy against integer `labels` (B).
+    /// Checked logits B×classes.
+    ///
+    /// Errors: as [`SequenceClassifier::try_forward_trace`].
+    pub fn logits(&self, tokens: &Tensor) -> Result<Tensor> {
+        Ok(self.try_forward_trace(tokens, false)?.0)
+    }
+
+    /// Mean cross-entropy against integer `labels` (B Int64 on the model's device, each in
+    /// [0, `num_classes`)).
+    ///
+    /// Errors: [`ModelsError::Shape`] naming `tokens` (as
+    /// [`SequenceClassifier::try_forward_trace`]) or `labels`.
     pub fn loss(&self, tokens: &Tensor, labels: &Tensor) -> Result<Tensor> {
         let logits = self.logits(tokens)?;
         let b = tokens.size()[0];
-        if labels.size() != [b] || labels.kind() != Kind::Int64 {
+        if labels.size() != [b] {
             return Err(ModelsError::Shape {
                 arg: "labels",
-                reason: format!(
-                    "expected {b} Int64 labels, found {:?} {:?}",
-                    labels.size(),
-                    labels.kind()
-                ),
+                reason: format!("expected {b} labels, found {:?}", labels.size()),
             });
         }
+        check::indices(
+            labels,
+            "labels",
+            "labels",
+            self.cfg.num_classes,
+            None,
+            self.encoder.wte.device(),
+        )?;
         Ok(logits.cross_entropy_for_logits(labels))
     }
 }
@@ -251,7 +279,7 @@ impl nn::Module for SequenceClassifier {
 mod tests {
     use super::*;
     use crate::nystrom::{NystromConfig, Pinv};
-    use tch::Device;
+    use tch::{Device, Kind};
 
     fn tokens(seed: u64) -> Tensor {
         crate::seeded(seed, || {

@@ -24,10 +24,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
 use kappa_attention::ScoreScale;
 
+use crate::check;
 use crate::conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, CorrectionConfig,
 };
@@ -187,34 +188,35 @@ impl Encoder {
         &self.cfg
     }
 
-    /// Checks that `tokens` is B×T Int64 with ids in the vocabulary.
+    /// Checks that `tokens` is B×T Int64 (T = `seq_len`) on the model's device with ids in
+    /// [0, `vocab_size`).
+    ///
+    /// Errors: [`ModelsError::Shape`] naming `tokens`.
     pub fn check(&self, tokens: &Tensor) -> Result<()> {
         let size = tokens.size();
         let t = self.cfg.seq_len as i64;
-        if size.len() != 2 || size[1] != t || tokens.kind() != Kind::Int64 {
+        if size.len() != 2 || size[1] != t {
             return Err(ModelsError::Shape {
                 arg: "tokens",
-                reason: format!(
-                    "expected B×{t} Int64 tokens, found {size:?} {:?}",
-                    tokens.kind()
-                ),
+                reason: format!("expected B×{t} tokens, found {size:?}"),
             });
         }
-        let (lo, hi) = (tokens.min().int64_value(&[]), tokens.max().int64_value(&[]));
-        if lo < 0 || hi >= self.cfg.vocab_size as i64 {
-            return Err(ModelsError::Shape {
-                arg: "tokens",
-                reason: format!(
-                    "token ids must lie in [0, {}), found [{lo}, {hi}]",
-                    self.cfg.vocab_size
-                ),
-            });
-        }
-        Ok(())
+        check::indices(
+            tokens,
+            "tokens",
+            "token ids",
+            self.cfg.vocab_size,
+            None,
+            self.wte.device(),
+        )
     }
 
     /// The final hidden states LN_f(x_L) (B×T×D) and, with `trace`, every layer's attention
-    /// trace. Not checked.
+    /// trace. `tokens` is not checked: [`Encoder::try_forward_trace`] checks it first.
+    ///
+    /// # Panics
+    ///
+    /// On `tokens` that [`Encoder::check`] rejects (libtorch's error).
     pub fn forward_trace(&self, tokens: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
         let mut x = Tensor::embedding(&self.wte, tokens, -1, false, false) + &self.wpe;
         let mut traces = Vec::new();
@@ -224,6 +226,18 @@ impl Encoder {
             traces.extend(tr);
         }
         (self.ln_f.forward(&x), traces)
+    }
+
+    /// [`Encoder::forward_trace`] after [`Encoder::check`].
+    ///
+    /// Errors: [`ModelsError::Shape`] naming `tokens`.
+    pub fn try_forward_trace(
+        &self,
+        tokens: &Tensor,
+        trace: bool,
+    ) -> Result<(Tensor, Vec<AttentionTrace>)> {
+        self.check(tokens)?;
+        Ok(self.forward_trace(tokens, trace))
     }
 }
 

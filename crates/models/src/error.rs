@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 /// Errors of kappa-models.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ModelsError {
     /// The device name is not `cpu`, `cuda` or `cuda:N`.
     #[error("unknown device `{0}`: use cpu, cuda or cuda:N")]
@@ -67,8 +68,9 @@ pub enum ModelsError {
         /// What went wrong.
         reason: String,
     },
-    /// A tensor has a shape the operation cannot take.
-    #[error("shape error in `{arg}`: {reason}")]
+    /// An argument (mostly a tensor) has a shape, size, kind or device, or entries (token ids,
+    /// targets or labels out of range), that the operation cannot take.
+    #[error("bad argument `{arg}`: {reason}")]
     Shape {
         /// The argument.
         arg: &'static str,

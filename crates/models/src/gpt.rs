@@ -12,6 +12,7 @@ use tch::{nn, Kind, Tensor};
 
 use kappa_attention::ScoreScale;
 
+use crate::check;
 use crate::conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, CorrectionConfig,
 };
@@ -20,6 +21,7 @@ use crate::error::{ModelsError, Result};
 use crate::layers::{
     block_parameters, ensure_weights_fit, Block, LayerNorm, StepSize, Transformer,
 };
+use crate::mlm::IGNORE;
 
 /// The size and the attention settings of a [`Gpt`].
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -277,6 +279,8 @@ impl Gpt {
         &self.cfg
     }
 
+    /// Checks that `idx` is B×T Int64 with 1 ≤ T ≤ `block_size`, on the model's device, with
+    /// ids in [0, `vocab_size`).
     fn check(&self, idx: &Tensor) -> Result<()> {
         let size = idx.size();
         if size.len() != 2 || size[1] < 1 || size[1] > self.cfg.block_size as i64 {
@@ -288,16 +292,23 @@ impl Gpt {
                 ),
             });
         }
-        if idx.kind() != Kind::Int64 {
-            return Err(ModelsError::Shape {
-                arg: "idx",
-                reason: format!("expected Int64 token ids, found {:?}", idx.kind()),
-            });
-        }
-        Ok(())
+        check::indices(
+            idx,
+            "idx",
+            "token ids",
+            self.cfg.vocab_size,
+            None,
+            self.wte.device(),
+        )
     }
 
-    /// Logits B×T×V and, with `trace`, every layer's attention trace. `idx` is not checked.
+    /// Logits B×T×V and, with `trace`, every layer's attention trace. `idx` is not checked:
+    /// [`Gpt::try_forward_trace`] checks it first.
+    ///
+    /// # Panics
+    ///
+    /// On an `idx` that [`Gpt::try_forward_trace`] rejects (libtorch's error, or an index out
+    /// of bounds for fewer than 2 dimensions).
     pub fn forward_trace(&self, idx: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
         let t = idx.size()[1];
         let pos = Tensor::arange(t, (Kind::Int64, idx.device()));
@@ -313,13 +324,33 @@ impl Gpt {
         (logits, traces)
     }
 
-    /// Checked logits B×T×V.
-    pub fn logits(&self, idx: &Tensor) -> Result<Tensor> {
+    /// [`Gpt::forward_trace`] after checking `idx`: B×T Int64 with 1 ≤ T ≤ `block_size`, on the
+    /// model's device, with ids in [0, `vocab_size`).
+    ///
+    /// Errors: [`ModelsError::Shape`] naming `idx`.
+    pub fn try_forward_trace(
+        &self,
+        idx: &Tensor,
+        trace: bool,
+    ) -> Result<(Tensor, Vec<AttentionTrace>)> {
         self.check(idx)?;
-        Ok(self.forward_trace(idx, false).0)
+        Ok(self.forward_trace(idx, trace))
     }
 
-    /// Mean next-token cross-entropy of `idx` against `targets` (both B×T).
+    /// Checked logits B×T×V.
+    ///
+    /// Errors: as [`Gpt::try_forward_trace`].
+    pub fn logits(&self, idx: &Tensor) -> Result<Tensor> {
+        Ok(self.try_forward_trace(idx, false)?.0)
+    }
+
+    /// Mean next-token cross-entropy of `idx` against `targets` (both B×T Int64 on the model's
+    /// device). Targets lie in [0, `vocab_size`) or are [`crate::mlm::IGNORE`] (-100,
+    /// PyTorch's ignore index), which leaves the position out of the mean; with every position
+    /// left out the mean is NaN.
+    ///
+    /// Errors: [`ModelsError::Shape`] naming `idx` (as [`Gpt::try_forward_trace`]) or
+    /// `targets`.
     pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor> {
         self.check(idx)?;
         if targets.size() != idx.size() {
@@ -328,11 +359,19 @@ impl Gpt {
                 reason: format!("expected {:?}, found {:?}", idx.size(), targets.size()),
             });
         }
+        let v = self.cfg.vocab_size;
+        check::indices(
+            targets,
+            "targets",
+            "targets",
+            v,
+            Some(IGNORE),
+            self.wte.device(),
+        )?;
         let logits = self.forward_trace(idx, false).0;
-        let v = self.cfg.vocab_size as i64;
         Ok(logits
-            .view([-1, v])
-            .cross_entropy_for_logits(&targets.view([-1])))
+            .view([-1, v as i64])
+            .cross_entropy_for_logits(&targets.reshape([-1])))
     }
 }
 

@@ -29,6 +29,7 @@
 //! tested.
 
 pub mod autocast;
+mod check;
 pub mod classifier;
 pub mod conditioned_attention;
 pub mod data;

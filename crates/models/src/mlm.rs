@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
 use tch::{nn, Device, Kind, Tensor};
 
+use crate::check;
 use crate::conditioned_attention::AttentionTrace;
 use crate::encoder::{Encoder, EncoderConfig, ENCODER};
 use crate::error::{ModelsError, Result};
@@ -222,9 +223,26 @@ impl MaskedLm {
         self.encoder.config()
     }
 
-    /// Final hidden states (B×T×D) and, with `trace`, the attention traces. Not checked.
+    /// Final hidden states (B×T×D) and, with `trace`, the attention traces. `tokens` is not
+    /// checked: [`MaskedLm::try_forward_trace`] checks it first.
+    ///
+    /// # Panics
+    ///
+    /// On `tokens` that [`Encoder::check`] rejects (libtorch's error).
     pub fn forward_trace(&self, tokens: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
         self.encoder.forward_trace(tokens, trace)
+    }
+
+    /// [`MaskedLm::forward_trace`] after [`Encoder::check`]: `tokens` B×T Int64 (T = `seq_len`)
+    /// on the model's device, with ids in [0, `vocab_size`).
+    ///
+    /// Errors: [`ModelsError::Shape`] naming `tokens`.
+    pub fn try_forward_trace(
+        &self,
+        tokens: &Tensor,
+        trace: bool,
+    ) -> Result<(Tensor, Vec<AttentionTrace>)> {
+        self.encoder.try_forward_trace(tokens, trace)
     }
 
     /// The head on hidden states h (…×D): logits …×V.
@@ -233,36 +251,40 @@ impl MaskedLm {
         z.linear(&self.encoder.wte, Some(&self.bias))
     }
 
-    /// The masked-LM loss of `inputs` (B×T) against `targets` (B×T, [`IGNORE`] where nothing
-    /// is predicted): the head runs on the selected positions only.
+    /// The masked-LM loss of `inputs` (B×T) against `targets` (B×T Int64 on the model's
+    /// device, in [0, `vocab_size`) where a position is predicted and [`IGNORE`] elsewhere): the
+    /// head runs on the selected positions only.
     ///
-    /// Errors: bad shapes or token ids; targets outside the vocabulary; no selected position.
+    /// Errors: [`ModelsError::Shape`] naming `tokens` for bad inputs (as [`Encoder::check`]),
+    /// or `targets` for a bad shape, kind or device, targets outside the vocabulary, or no
+    /// selected position.
     pub fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Result<MlmOutput> {
         self.encoder.check(inputs)?;
-        if targets.size() != inputs.size() || targets.kind() != Kind::Int64 {
+        if targets.size() != inputs.size() {
             return Err(ModelsError::Shape {
                 arg: "targets",
-                reason: format!(
-                    "expected {:?} Int64, found {:?} {:?}",
-                    inputs.size(),
-                    targets.size(),
-                    targets.kind()
-                ),
+                reason: format!("expected {:?}, found {:?}", inputs.size(), targets.size()),
             });
         }
+        let v = self.config().vocab_size;
+        check::indices(
+            targets,
+            "targets",
+            "targets",
+            v,
+            Some(IGNORE),
+            self.encoder.wte.device(),
+        )?;
         let flat = targets.flatten(0, -1);
         let selected = flat.ne(IGNORE).nonzero().squeeze_dim(1);
         let predicted = selected.size()[0];
-        let y = flat.index_select(0, &selected);
-        let v = self.config().vocab_size as i64;
-        if predicted == 0 || y.min().int64_value(&[]) < 0 || y.max().int64_value(&[]) >= v {
+        if predicted == 0 {
             return Err(ModelsError::Shape {
                 arg: "targets",
-                reason: format!(
-                    "need at least one selected position, with targets in [0, {v}) (found {predicted})"
-                ),
+                reason: format!("expected a selected position (a target other than {IGNORE})"),
             });
         }
+        let y = flat.index_select(0, &selected);
         let (h, _) = self.forward_trace(inputs, false);
         let d = h.size()[2];
         let logits = self.head(&h.reshape([-1, d]).index_select(0, &selected));

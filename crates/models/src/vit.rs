@@ -8,10 +8,11 @@
 
 use serde::{Deserialize, Serialize};
 use tch::nn::Module as _;
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
 use kappa_attention::ScoreScale;
 
+use crate::check;
 use crate::conditioned_attention::{
     AttentionConfig, AttentionKernel, AttentionTrace, CorrectionConfig,
 };
@@ -317,6 +318,7 @@ impl Vit {
         &self.cfg
     }
 
+    /// Checks that `images` is B×C×S×S floating point on the model's device.
     fn check(&self, images: &Tensor) -> Result<()> {
         let s = self.cfg.image_size as i64;
         let size = images.size();
@@ -332,10 +334,16 @@ impl Vit {
                 reason: format!("expected floating-point pixels, found {:?}", images.kind()),
             });
         }
-        Ok(())
+        check::on_device(images, "images", "images", self.patch_weight.device())
     }
 
-    /// Logits B×classes and, with `trace`, every layer's attention trace. Not checked.
+    /// Logits B×classes and, with `trace`, every layer's attention trace. `images` is not
+    /// checked: [`Vit::try_forward_trace`] checks it first.
+    ///
+    /// # Panics
+    ///
+    /// On `images` that [`Vit::try_forward_trace`] rejects (libtorch's error, or an index out
+    /// of bounds for a 0-dimensional tensor).
     pub fn forward_trace(&self, images: &Tensor, trace: bool) -> (Tensor, Vec<AttentionTrace>) {
         let b = images.size()[0];
         let ps = self.cfg.patch_size as i64;
@@ -362,26 +370,48 @@ impl Vit {
         (self.head.forward(&cls_out), traces)
     }
 
-    /// Checked logits B×classes.
-    pub fn logits(&self, images: &Tensor) -> Result<Tensor> {
+    /// [`Vit::forward_trace`] after checking `images`: B×C×S×S (`channels`, `image_size`),
+    /// floating point, on the model's device.
+    ///
+    /// Errors: [`ModelsError::Shape`] naming `images`.
+    pub fn try_forward_trace(
+        &self,
+        images: &Tensor,
+        trace: bool,
+    ) -> Result<(Tensor, Vec<AttentionTrace>)> {
         self.check(images)?;
-        Ok(self.forward_trace(images, false).0)
+        Ok(self.forward_trace(images, trace))
     }
 
-    /// Mean cross-entropy against integer `labels` (B).
+    /// Checked logits B×classes.
+    ///
+    /// Errors: as [`Vit::try_forward_trace`].
+    pub fn logits(&self, images: &Tensor) -> Result<Tensor> {
+        Ok(self.try_forward_trace(images, false)?.0)
+    }
+
+    /// Mean cross-entropy against integer `labels` (B Int64 on the model's device, each in
+    /// [0, `num_classes`)).
+    ///
+    /// Errors: [`ModelsError::Shape`] naming `images` (as [`Vit::try_forward_trace`]) or
+    /// `labels`.
     pub fn loss(&self, images: &Tensor, labels: &Tensor) -> Result<Tensor> {
         let logits = self.logits(images)?;
-        if labels.size() != [images.size()[0]] || labels.kind() != Kind::Int64 {
+        let b = images.size()[0];
+        if labels.size() != [b] {
             return Err(ModelsError::Shape {
                 arg: "labels",
-                reason: format!(
-                    "expected {} Int64 labels, found {:?} {:?}",
-                    images.size()[0],
-                    labels.size(),
-                    labels.kind()
-                ),
+                reason: format!("expected {b} labels, found {:?}", labels.size()),
             });
         }
+        check::indices(
+            labels,
+            "labels",
+            "labels",
+            self.cfg.num_classes,
+            None,
+            self.patch_weight.device(),
+        )?;
         Ok(logits.cross_entropy_for_logits(labels))
     }
 }
@@ -401,7 +431,7 @@ impl nn::Module for Vit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tch::Device;
+    use tch::{Device, Kind};
 
     #[test]
     fn parameter_count_matches_and_vit_b16_has_86m() {

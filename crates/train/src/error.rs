@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 /// Why a run folder could not be written, read or continued.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunError {
     /// A file of the run folder could not be read or written.
     #[error("I/O error at {path}: {error}")]
