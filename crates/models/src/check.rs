@@ -61,3 +61,15 @@ pub(crate) fn indices(
         reason: format!("{what} must lie in [0, {bound}){apart}, found [{lo}, {hi}]"),
     })
 }
+
+/// Checks that `labels` holds `batch` class indices (a vector of Int64 on `device`), each in
+/// [0, `classes`): the labels of a classifier's loss.
+pub(crate) fn labels(labels: &Tensor, batch: i64, classes: usize, device: Device) -> Result<()> {
+    if labels.size() != [batch] {
+        return Err(ModelsError::Shape {
+            arg: "labels",
+            reason: format!("expected {batch} labels, found {:?}", labels.size()),
+        });
+    }
+    indices(labels, "labels", "labels", classes, None, device)
+}

@@ -234,20 +234,7 @@ impl SequenceClassifier {
     pub fn loss(&self, tokens: &Tensor, labels: &Tensor) -> Result<Tensor> {
         let logits = self.logits(tokens)?;
         let b = tokens.size()[0];
-        if labels.size() != [b] {
-            return Err(ModelsError::Shape {
-                arg: "labels",
-                reason: format!("expected {b} labels, found {:?}", labels.size()),
-            });
-        }
-        check::indices(
-            labels,
-            "labels",
-            "labels",
-            self.cfg.num_classes,
-            None,
-            self.encoder.wte.device(),
-        )?;
+        check::labels(labels, b, self.cfg.num_classes, self.encoder.wte.device())?;
         Ok(logits.cross_entropy_for_logits(labels))
     }
 }

@@ -398,20 +398,7 @@ impl Vit {
     pub fn loss(&self, images: &Tensor, labels: &Tensor) -> Result<Tensor> {
         let logits = self.logits(images)?;
         let b = images.size()[0];
-        if labels.size() != [b] {
-            return Err(ModelsError::Shape {
-                arg: "labels",
-                reason: format!("expected {b} labels, found {:?}", labels.size()),
-            });
-        }
-        check::indices(
-            labels,
-            "labels",
-            "labels",
-            self.cfg.num_classes,
-            None,
-            self.patch_weight.device(),
-        )?;
+        check::labels(labels, b, self.cfg.num_classes, self.patch_weight.device())?;
         Ok(logits.cross_entropy_for_logits(labels))
     }
 }
